@@ -1,0 +1,42 @@
+# carve: see README.md. Every target installs or builds what it needs.
+SHELL := /bin/bash
+GO    ?= $(shell command -v go || echo /usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
+
+.PHONY: all build deps test test-race test-mesh fuzz demo bench clean
+
+all: build
+
+deps:
+	@deploy/install-deps.sh
+
+build: deps
+	$(GO) build -o bin/carve ./cmd/carve
+
+# The whole suite: vet, every package under the race detector, then the
+# tests that run real weaveworks/mesh routers over TCP, which mesh's known
+# data races keep out of -race (they carry a !race build tag).
+test: build
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -timeout 5m ./gossip/... ./ring/ringgossip/...
+
+# A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
+FUZZTIME ?= 20s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./master/
+	$(GO) test -run '^$$' -fuzz '^FuzzRegistrationDecode$$' -fuzztime $(FUZZTIME) ./master/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
+	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
+
+demo: build
+	./bin/carve demo $(DEMO_FLAGS)
+
+# Each row stands beside a baseline measured in the same run: read the ratios.
+bench: build
+	$(GO) run ./bench/master
+	$(GO) run ./bench/ring
+	$(GO) run ./bench/vxlan
+
+clean:
+	rm -rf bin

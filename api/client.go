@@ -1,0 +1,247 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNoMasters is returned by NewClient when no master URL is given.
+var ErrNoMasters = errors.New("no master URL given")
+
+// Client talks to any of a set of masters. A call tries the master that
+// answered last, then the others in order, moving on when one cannot be
+// reached or has no leader (503); an answer with a definite error (4xx)
+// ends the call. Safe for concurrent use.
+type Client struct {
+	masters   []string
+	http      *http.Client
+	preferred atomic.Int32
+}
+
+// NewClient returns a client for the given master base URLs
+// (e.g. "http://198.18.0.1:8080"). A nil httpClient means a default one.
+func NewClient(masters []string, httpClient *http.Client) (*Client, error) {
+	var clean []string
+	for _, m := range masters {
+		m = strings.TrimSpace(m)
+		if m == "" {
+			continue
+		}
+		if !strings.Contains(m, "://") {
+			m = "http://" + m
+		}
+		u, err := url.Parse(m)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return nil, fmt.Errorf("invalid master URL %q: want http://HOST:PORT", m)
+		}
+		clean = append(clean, strings.TrimRight(u.String(), "/"))
+	}
+	if len(clean) == 0 {
+		return nil, ErrNoMasters
+	}
+	if httpClient == nil {
+		httpClient = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	return &Client{masters: clean, http: httpClient}, nil
+}
+
+// Masters returns the master base URLs.
+func (c *Client) Masters() []string { return append([]string(nil), c.masters...) }
+
+// NewRequestID returns a random id for RegisterRequest.RequestID and friends.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsRetryable reports whether err is worth retrying later: the master could
+// not be reached, had no leader, or timed out.
+func IsRetryable(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status == 0 || e.Status >= 500 || e.Code == CodeNoLeader || e.Code == CodeTimeout
+	}
+	return err != nil && !errors.Is(err, context.Canceled)
+}
+
+// IsCode reports whether err is an API error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// Register registers (or re-registers) an agent and returns its leases.
+// A RequestID is generated when empty and kept across the failover retries
+// of this call, so the registration has one effect.
+func (c *Client) Register(ctx context.Context, req RegisterRequest) (*AgentInfo, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Agent returns one agent's record.
+func (c *Client) Agent(ctx context.Context, id string) (*AgentInfo, error) {
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodGet, "/overlay-master/agents/"+url.PathEscape(id), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeleteAgent removes an agent and frees its leases.
+func (c *Client) DeleteAgent(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/overlay-master/agents/"+url.PathEscape(id), nil, nil)
+}
+
+// DeleteAgents removes agents named by id or underlay IP (DC/OS bulk form)
+// and returns the new state.
+func (c *Client) DeleteAgents(ctx context.Context, agents []string) (*State, error) {
+	var out State
+	req := DeleteAgentsRequest{Agents: agents, RequestID: NewRequestID()}
+	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/delete", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// StateOptions select the kind of state read.
+type StateOptions struct {
+	// Consistent asks for a linearizable read (served through the leader).
+	Consistent bool
+	// Index and Wait make a blocking query: the answer comes when the state's
+	// index exceeds Index, or after Wait with the unchanged state.
+	Index uint64
+	Wait  time.Duration
+}
+
+// State reads the masters' state.
+func (c *Client) State(ctx context.Context, opts StateOptions) (*State, error) {
+	q := url.Values{}
+	if opts.Consistent {
+		q.Set("consistent", "true")
+	}
+	if opts.Wait > 0 {
+		q.Set("index", strconv.FormatUint(opts.Index, 10))
+		q.Set("wait", opts.Wait.String())
+	}
+	path := "/overlay-master/state"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out State
+	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ClusterStatus returns the Raft status as the first reachable master sees it.
+func (c *Client) ClusterStatus(ctx context.Context) (*ClusterStatus, error) {
+	var out ClusterStatus
+	if err := c.do(ctx, http.MethodGet, "/cluster/status", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Join adds a master to the Raft cluster as a voter (idempotent).
+func (c *Client) Join(ctx context.Context, req JoinRequest) error {
+	return c.do(ctx, http.MethodPost, "/cluster/join", req, nil)
+}
+
+// RemoveServer removes a master from the Raft cluster (idempotent).
+func (c *Client) RemoveServer(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/cluster/servers/"+url.PathEscape(id), nil, nil)
+}
+
+// do sends the request to the masters in turn, starting with the preferred one.
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body []byte
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode request: %w", err)
+		}
+		body = b
+	}
+	start := int(c.preferred.Load())
+	var lastErr error
+	for i := range c.masters {
+		idx := (start + i) % len(c.masters)
+		err := c.once(ctx, c.masters[idx], method, path, body, out)
+		if err == nil {
+			c.preferred.Store(int32(idx))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s %s: %w", method, path, ctx.Err())
+		}
+		if !IsRetryable(err) {
+			c.preferred.Store(int32(idx))
+			return err
+		}
+		lastErr = err
+	}
+	return lastErr
+}
+
+func (c *Client) once(ctx context.Context, base, method, path string, body []byte, out any) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
+	if err != nil {
+		return fmt.Errorf("build request: %w", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("%s %s%s: %v", method, base, path, err), Code: CodeInternal}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("read answer of %s: %v", base, err), Code: CodeInternal}
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, e) != nil || e.Message == "" {
+			e.Message = fmt.Sprintf("%s %s%s: %s", method, base, path, strings.TrimSpace(string(data)))
+		}
+		if e.Code == "" {
+			e.Code = CodeInternal
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode answer of %s%s: %w", base, path, err)
+	}
+	return nil
+}

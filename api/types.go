@@ -1,0 +1,202 @@
+// Package api holds the wire types (JSON, snake_case, DC/OS overlay compatible)
+// of the carve master and agent HTTP APIs, and a Go client for them.
+//
+// Addresses travel as strings, as in DC/OS's overlay.proto: the servers
+// validate them and name the offending field in their errors.
+package api
+
+import "strconv"
+
+// Overlay statuses, as DC/OS's overlay.proto names them.
+const (
+	StatusOK          = "STATUS_OK"
+	StatusFailed      = "STATUS_FAILED"
+	StatusConfiguring = "STATUS_CONFIGURING"
+	StatusDisabled    = "STATUS_DISABLED"
+)
+
+// Error codes carried in Error.Code; clients branch on them.
+const (
+	CodeBadRequest = "bad_request"
+	CodeNotFound   = "not_found"
+	CodeConflict   = "conflict"
+	CodeExhausted  = "exhausted"
+	CodeTooLarge   = "too_large"
+	CodeNoLeader   = "no_leader"
+	CodeInternal   = "internal"
+	CodeTimeout    = "timeout"
+	// CodeUnavailable: the master cannot serve the request yet (no network
+	// configuration committed, or the outcome of a write is unknown): retry.
+	CodeUnavailable = "unavailable"
+)
+
+// NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
+type NetworkConfig struct {
+	VTEPSubnet string `json:"vtep_subnet,omitempty"`
+	VTEPMACOUI string `json:"vtep_mac_oui,omitempty"`
+	VTEPName   string `json:"vtep_name,omitempty"`
+	VNI        uint32 `json:"vni,omitempty"`
+	VTEPPort   uint16 `json:"vtep_port,omitempty"`
+	VTEPMTU    int    `json:"vtep_mtu,omitempty"`
+	OverlayMTU int    `json:"overlay_mtu,omitempty"`
+	// Overlays are the virtual networks; each agent gets a subnet of each enabled one.
+	Overlays []OverlayNetwork `json:"overlays,omitempty"`
+}
+
+// OverlayNetwork is one virtual network of the configuration.
+type OverlayNetwork struct {
+	Name    string `json:"name"`
+	Subnet  string `json:"subnet,omitempty"`
+	Prefix  int    `json:"prefix,omitempty"`
+	Subnet6 string `json:"subnet6,omitempty"`
+	Prefix6 int    `json:"prefix6,omitempty"`
+	// Enabled defaults to true; a pointer so that "absent" and "false" differ.
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// IsEnabled reports whether the overlay is enabled (absent means enabled).
+func (o OverlayNetwork) IsEnabled() bool { return o.Enabled == nil || *o.Enabled }
+
+// AgentNetworkConfig tells which bridges an agent wants.
+type AgentNetworkConfig struct {
+	MesosBridge  bool `json:"mesos_bridge"`
+	DockerBridge bool `json:"docker_bridge"`
+}
+
+// RegisterRequest is the body of POST /overlay-master/agents.
+type RegisterRequest struct {
+	AgentID       string             `json:"agent_id"`
+	Hostname      string             `json:"hostname,omitempty"`
+	IP            string             `json:"ip"`
+	MeshAddr      string             `json:"mesh_addr,omitempty"`
+	NetworkConfig AgentNetworkConfig `json:"network_config"`
+	// RequestID makes a retry after an unknown outcome have one effect;
+	// the client sets it once per logical request.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// AgentInfo is an agent's record: its leases per overlay, versioned by the
+// Raft index of the last change.
+type AgentInfo struct {
+	AgentID       string             `json:"agent_id"`
+	Hostname      string             `json:"hostname,omitempty"`
+	IP            string             `json:"ip,omitempty"`
+	MeshAddr      string             `json:"mesh_addr,omitempty"`
+	Version       uint64             `json:"version"`
+	NetworkConfig AgentNetworkConfig `json:"network_config"`
+	Overlays      []AgentOverlay     `json:"overlays,omitempty"`
+}
+
+// Overlay returns the agent's overlay of that name, or nil.
+func (a *AgentInfo) Overlay(name string) *AgentOverlay {
+	for i := range a.Overlays {
+		if a.Overlays[i].Info.Name == name {
+			return &a.Overlays[i]
+		}
+	}
+	return nil
+}
+
+// AgentOverlay is one overlay's leases for one agent.
+type AgentOverlay struct {
+	Info         OverlayNetwork `json:"info"`
+	Subnet       string         `json:"subnet,omitempty"`
+	Subnet6      string         `json:"subnet6,omitempty"`
+	MesosBridge  *BridgeInfo    `json:"mesos_bridge,omitempty"`
+	DockerBridge *BridgeInfo    `json:"docker_bridge,omitempty"`
+	Backend      *BackendInfo   `json:"backend,omitempty"`
+	State        OverlayState   `json:"state"`
+}
+
+// BridgeInfo is a bridge's name and its sub-subnet.
+type BridgeInfo struct {
+	Name string `json:"name"`
+	IP   string `json:"ip,omitempty"`
+	IP6  string `json:"ip6,omitempty"`
+}
+
+// BackendInfo describes how the overlay is carried; VXLAN is the only backend.
+type BackendInfo struct {
+	VXLAN *VXLANInfo `json:"vxlan,omitempty"`
+}
+
+// VXLANInfo is the agent's VTEP.
+type VXLANInfo struct {
+	VNI      uint32 `json:"vni"`
+	VTEPName string `json:"vtep_name"`
+	VTEPIP   string `json:"vtep_ip"`
+	VTEPMAC  string `json:"vtep_mac"`
+	VTEPPort uint16 `json:"vtep_port"`
+	VTEPMTU  int    `json:"vtep_mtu"`
+}
+
+// OverlayState is the status of an overlay for an agent; Error says why when failed.
+type OverlayState struct {
+	Status string `json:"status"`
+	Error  string `json:"error,omitempty"`
+}
+
+// Tombstone records that an agent was deleted at Raft index Version, so that
+// late gossip of an older record cannot resurrect it.
+type Tombstone struct {
+	AgentID string `json:"agent_id"`
+	Version uint64 `json:"version"`
+}
+
+// State is the masters' whole state, GET /overlay-master/state.
+type State struct {
+	Network    NetworkConfig `json:"network"`
+	Index      uint64        `json:"index"`
+	Leader     string        `json:"leader,omitempty"`
+	Agents     []AgentInfo   `json:"agents,omitempty"`
+	Tombstones []Tombstone   `json:"tombstones,omitempty"`
+}
+
+// DeleteAgentsRequest is the DC/OS bulk delete body: agent ids or underlay IPs.
+type DeleteAgentsRequest struct {
+	Agents    []string `json:"agents"`
+	RequestID string   `json:"request_id,omitempty"`
+}
+
+// Error is the body of every error answer.
+type Error struct {
+	Message string `json:"error"`
+	Code    string `json:"code"`
+	// Status is the HTTP status it came with (not on the wire).
+	Status int `json:"-"`
+}
+
+func (e *Error) Error() string {
+	if e.Status != 0 {
+		return "carve: " + e.Message + " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+	}
+	return "carve: " + e.Message + " (" + e.Code + ")"
+}
+
+// ServerInfo is one Raft server as /cluster/status shows it.
+type ServerInfo struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr,omitempty"`
+	Voter    bool   `json:"voter"`
+}
+
+// ClusterStatus is GET /cluster/status: this node's view of the Raft cluster.
+type ClusterStatus struct {
+	ID                string       `json:"id"`
+	Role              string       `json:"role"`
+	Leader            *ServerInfo  `json:"leader,omitempty"`
+	Servers           []ServerInfo `json:"servers"`
+	Term              uint64       `json:"term"`
+	CommitIndex       uint64       `json:"commit_index"`
+	AppliedIndex      uint64       `json:"applied_index"`
+	LastIndex         uint64       `json:"last_index"`
+	LastSnapshotIndex uint64       `json:"last_snapshot_index"`
+}
+
+// JoinRequest is POST /cluster/join: add a master as a voter.
+type JoinRequest struct {
+	ID       string `json:"id"`
+	RaftAddr string `json:"raft_addr"`
+	HTTPAddr string `json:"http_addr,omitempty"`
+}

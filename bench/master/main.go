@@ -1,0 +1,290 @@
+// Command master benchmarks the masters: registrations per second through a
+// 3-master cluster on loopback beside the raw fsync rate of the same disk
+// (the physical limit of an unbatched log), and the latency of reading the
+// state at 10,000 agents beside encoding the same state naively.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/raftlog"
+)
+
+func main() {
+	stateAgents := flag.Int("state-agents", 10000, "agents in the state for the read benchmark")
+	flag.Parse()
+	if err := run(*stateAgents); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/master:", err)
+		os.Exit(1)
+	}
+}
+
+func run(stateAgents int) error {
+	dir, err := os.MkdirTemp("", "carve-bench-master-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+
+	fsyncs, err := fsyncRate(dir, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	tbl := benchtable.Table{Title: "masters: registrations through a 3-master cluster on loopback (real fsync)"}
+	for _, c := range []struct {
+		clients, total int
+		spread         bool
+	}{
+		{1, 300, false}, {64, 4000, false}, {1000, 12000, false}, {1000, 12000, true},
+	} {
+		rate, err := registrationRate(dir, c.clients, c.total, c.spread)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("register, %d clients, to the leader", c.clients)
+		if c.spread {
+			name = fmt.Sprintf("register, %d clients, spread over 3 masters", c.clients)
+		}
+		note := ""
+		if c.clients == 1000 {
+			note = "target >= 5000/s"
+		}
+		tbl.Add(benchtable.Row{Name: name, Value: rate, Unit: "ops/s", Baseline: "fsync/s of the same disk",
+			BaseVal: fsyncs, HigherIsBetter: true, Note: note})
+	}
+	if err := tbl.Print(os.Stdout); err != nil {
+		return err
+	}
+
+	st := benchtable.Table{Title: fmt.Sprintf("masters: GET /overlay-master/state at %d agents", stateAgents)}
+	get, marshal, size, err := stateLatency(dir, stateAgents)
+	if err != nil {
+		return err
+	}
+	st.Add(benchtable.Row{Name: "GET state (HTTP, cached encoding)", Value: get, Unit: "ms", Baseline: "json.Marshal of the same api.State",
+		BaseVal: marshal, Note: fmt.Sprintf("%d KiB answer", size/1024)})
+	return st.Print(os.Stdout)
+}
+
+// fsyncRate measures write+fdatasync of 4 KiB, the cost of one unbatched log append.
+func fsyncRate(dir string, d time.Duration) (float64, error) {
+	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		if _, err := f.WriteAt(buf, int64(n%256)*4096); err != nil {
+			return 0, err
+		}
+		if err := f.Sync(); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+type cluster struct {
+	masters []*master.Master
+	urls    []string
+}
+
+func startCluster(dir string) (*cluster, error) {
+	var lns []net.Listener
+	var peers []raftlog.Server
+	for i := range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		peers = append(peers, raftlog.Server{ID: fmt.Sprintf("m%d", i+1), Address: ln.Addr().String(), Voter: true})
+	}
+	c := &cluster{}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := range 3 {
+		ln := lns[i]
+		m, err := master.Start(context.Background(), master.Options{
+			ID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), HTTPAddr: "127.0.0.1:0",
+			RaftAddr: peers[i].Address, Peers: peers, Network: master.DefaultConfig(), Logger: quiet,
+			TuneRaft: func(rc *raftlog.Config) { rc.Listener = ln },
+		})
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.masters = append(c.masters, m)
+		c.urls = append(c.urls, "http://"+m.HTTPAddr())
+	}
+	return c, c.waitReady()
+}
+
+func (c *cluster) waitReady() error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range c.masters {
+			if _, ok := m.Table().Network(); ok && m.Node().IsLeader() {
+				ready := true
+				for _, f := range c.masters {
+					if _, ok := f.Table().Network(); !ok {
+						ready = false
+					}
+				}
+				if ready {
+					return nil
+				}
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("cluster not ready in 30s")
+}
+
+func (c *cluster) leaderURL() string {
+	for i, m := range c.masters {
+		if m.Node().IsLeader() {
+			return c.urls[i]
+		}
+	}
+	return c.urls[0]
+}
+
+func (c *cluster) close() {
+	for _, m := range c.masters {
+		_ = m.Close()
+	}
+}
+
+// registrationRate registers total new agents with the given concurrency.
+func registrationRate(dir string, clients, total int, spread bool) (float64, error) {
+	cdir, err := os.MkdirTemp(dir, "reg-")
+	if err != nil {
+		return 0, err
+	}
+	c, err := startCluster(cdir)
+	if err != nil {
+		return 0, err
+	}
+	defer c.close()
+	transport := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, IdleConnTimeout: time.Minute}
+	defer transport.CloseIdleConnections()
+	hc := &http.Client{Transport: transport, Timeout: time.Minute}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	ctx := context.Background()
+	start := time.Now()
+	for w := range clients {
+		urls := []string{c.leaderURL()}
+		if spread {
+			urls = []string{c.urls[w%3], c.urls[(w+1)%3], c.urls[(w+2)%3]}
+		}
+		cl, err := api.NewClient(urls, hc)
+		if err != nil {
+			return 0, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return
+				}
+				req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
+					NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}
+				if _, err := cl.Register(ctx, req); err != nil {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if n := failed.Load(); n > 0 {
+		return 0, fmt.Errorf("%d of %d registrations failed", n, total)
+	}
+	return float64(total) / elapsed.Seconds(), nil
+}
+
+// stateLatency fills a cluster with n agents and times state reads.
+func stateLatency(dir string, n int) (getMS, marshalMS float64, size int, err error) {
+	cdir, err := os.MkdirTemp(dir, "state-")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	c, err := startCluster(cdir)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer c.close()
+	cl, err := api.NewClient([]string{c.leaderURL()}, nil)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 256 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				_, _ = cl.Register(context.Background(), api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i),
+					IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1), NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}})
+			}
+		}()
+	}
+	wg.Wait()
+	url := c.urls[0] + "/overlay-master/state"
+	const reads = 30
+	var body []byte
+	start := time.Now()
+	for range reads {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	getMS = time.Since(start).Seconds() * 1000 / reads
+	var st api.State
+	if err := json.Unmarshal(body, &st); err != nil || len(st.Agents) != n {
+		return 0, 0, 0, fmt.Errorf("state has %d agents, want %d (%v)", len(st.Agents), n, err)
+	}
+	full := c.masters[0].Table().State()
+	start = time.Now()
+	for range reads {
+		if _, err := json.Marshal(full); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	marshalMS = time.Since(start).Seconds() * 1000 / reads
+	return getMS, marshalMS, len(body), nil
+}

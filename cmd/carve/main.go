@@ -1,0 +1,94 @@
+// Command carve runs a carve master, agent or demo, and reads the masters' state.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+const usage = `carve: a VXLAN overlay control plane
+
+usage:
+  carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
+               --peers m1=HOST:PORT,... [--config network.json] [--join URL]
+  carve state  --masters URL[,URL...] [--json]
+  carve demo   [--hosts 3] [--containers 2] [--keep]
+
+Run 'carve COMMAND -h' for the flags of a command.
+`
+
+// errUsage marks a command-line error: the message is printed with exit code 2.
+var errUsage = errors.New("usage")
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	args := os.Args[2:]
+	switch os.Args[1] {
+	case "master":
+		err = runMaster(ctx, args)
+	case "state":
+		err = runState(ctx, args, os.Stdout)
+	case "demo":
+		err = runDemo(ctx, args)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "carve: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		fmt.Fprintf(os.Stderr, "carve %s: %v\n", os.Args[1], err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// newFlagSet returns a flag set that reports errors instead of exiting.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("carve "+name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	return fs
+}
+
+// parseFlags parses and refuses stray arguments.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
+	return nil
+}
+
+// newLogger builds the process logger at the given level.
+func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, level)
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+}

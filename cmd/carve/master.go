@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/raftlog"
+)
+
+func runMaster(ctx context.Context, args []string) error {
+	fs := newFlagSet("master")
+	id := fs.String("id", "", "this master's Raft server id (e.g. m1)")
+	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots")
+	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HOST:PORT of the HTTP API")
+	raftAddr := fs.String("raft-addr", "127.0.0.1:8300", "HOST:PORT of the Raft transport (listen and advertise)")
+	peers := fs.String("peers", "", "initial voters: id=HOST:PORT,... (the same list on every master)")
+	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
+	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	logger, err := newLogger(os.Stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	if *id == "" {
+		return fmt.Errorf("%w: --id is required", errUsage)
+	}
+	if *dataDir == "" {
+		return fmt.Errorf("%w: --data-dir is required", errUsage)
+	}
+	for flagName, addr := range map[string]string{"--http-addr": *httpAddr, "--raft-addr": *raftAddr} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("%w: %s %q: want HOST:PORT", errUsage, flagName, addr)
+		}
+	}
+	servers, err := parsePeers(*peers)
+	if err != nil {
+		return err
+	}
+	if len(servers) == 0 && *join == "" {
+		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", errUsage)
+	}
+	netCfg := master.DefaultConfig()
+	if *config != "" {
+		if netCfg, err = master.LoadConfig(*config); err != nil {
+			return err
+		}
+	} else {
+		logger.Info("no --config: using the default network configuration")
+	}
+	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+		return fmt.Errorf("create --data-dir: %w", err)
+	}
+	m, err := master.Start(ctx, master.Options{
+		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
+		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	logger.Info("signal received, stopping")
+	return m.Close()
+}
+
+// parsePeers parses "m1=HOST:PORT,m2=HOST:PORT".
+func parsePeers(s string) ([]raftlog.Server, error) {
+	var out []raftlog.Server
+	seen := map[string]bool{}
+	for _, item := range strings.Split(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(item, "=")
+		if !ok || id == "" {
+			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", errUsage, item)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", errUsage, item)
+		}
+		if seen[id] {
+			return nil, fmt.Errorf("%w: --peers names %q twice", errUsage, id)
+		}
+		seen[id] = true
+		out = append(out, raftlog.Server{ID: id, Address: addr, Voter: true})
+	}
+	return out, nil
+}
+
+// splitMasters parses --masters.
+func splitMasters(s string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(s, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			out = append(out, m)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: --masters is required (URL[,URL...])", errUsage)
+	}
+	if _, err := api.NewClient(out, nil); err != nil {
+		return nil, fmt.Errorf("%w: --masters: %v", errUsage, err)
+	}
+	return out, nil
+}

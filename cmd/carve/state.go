@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+func runState(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlagSet("state")
+	masters := fs.String("masters", "", "master URLs, comma separated")
+	asJSON := fs.Bool("json", false, "print the raw state as JSON")
+	consistent := fs.Bool("consistent", false, "linearizable read through the leader")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	urls, err := splitMasters(*masters)
+	if err != nil {
+		return err
+	}
+	client, err := api.NewClient(urls, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := client.State(ctx, api.StateOptions{Consistent: *consistent})
+	if err != nil {
+		return fmt.Errorf("read state: %w", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	return printStateTable(out, st)
+}
+
+// printStateTable prints one row per agent: agent, ip, subnets, VTEP IP, MAC, version.
+func printStateTable(out io.Writer, st *api.State) error {
+	fmt.Fprintf(out, "index %d, leader %s, %d agents\n", st.Index, orDash(st.Leader), len(st.Agents))
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AGENT\tIP\tSUBNETS\tVTEP IP\tVTEP MAC\tVERSION")
+	for _, a := range st.Agents {
+		var subnets []string
+		vtepIP, vtepMAC := "-", "-"
+		for _, ov := range a.Overlays {
+			switch {
+			case ov.Subnet != "" || ov.Subnet6 != "":
+				s := ov.Info.Name + "=" + strings.Trim(ov.Subnet+","+ov.Subnet6, ",")
+				if ov.State.Status == api.StatusDisabled {
+					s += "(disabled)"
+				}
+				subnets = append(subnets, s)
+			case ov.State.Status == api.StatusFailed:
+				subnets = append(subnets, ov.Info.Name+"=FAILED("+ov.State.Error+")")
+			}
+			if ov.Backend != nil && ov.Backend.VXLAN != nil {
+				vtepIP, vtepMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", a.AgentID, orDash(a.IP), orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(st.Tombstones) > 0 {
+		fmt.Fprintf(out, "%d deleted agents (tombstones)\n", len(st.Tombstones))
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,334 @@
+package gossip
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/weaveworks/mesh"
+)
+
+// MeshConfig configures a MeshRouter.
+type MeshConfig struct {
+	// ID is this peer's agent id. It is the mesh nickname, and the mesh
+	// peer name is derived from a hash of it (see PeerName).
+	ID string
+	// Host and Port are where the router listens for other peers.
+	Host string
+	Port int
+	// Password turns on encryption when non-nil. Careful: an empty
+	// non-nil slice turns it on with an empty secret; nil means none.
+	Password []byte
+	// GossipInterval is how often every channel's complete state is
+	// gossiped; 0 means mesh's default (30 s).
+	GossipInterval time.Duration
+	// ConnLimit bounds the connections; 0 means 64.
+	ConnLimit int
+	// Logger receives the router's and mesh's messages; nil discards them.
+	Logger *slog.Logger
+}
+
+// MeshRouter is a Router over one mesh.Router.
+type MeshRouter struct {
+	id     string
+	router *mesh.Router
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	started  bool
+	stopped  bool
+	names    map[mesh.PeerName]string // learnt from nicknames
+	channels map[string]bool
+}
+
+// PeerName derives the mesh peer name of an agent id: the first bytes of its
+// SHA-256, as many as the mesh build's name flavour takes (6 by default).
+// Two ids sharing a name would be one peer to mesh; with 48 bits that needs
+// millions of agents to become likely.
+func PeerName(id string) mesh.PeerName {
+	sum := sha256.Sum256([]byte(id))
+	return mesh.PeerNameFromBin(sum[:mesh.NameSize])
+}
+
+// NewMeshRouter creates a router. Register channels, then Start it.
+func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
+	if cfg.ID == "" {
+		return nil, errors.New("gossip: empty peer id")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("peer", cfg.ID)
+	connLimit := cfg.ConnLimit
+	if connLimit == 0 {
+		connLimit = 64
+	}
+	mc := mesh.Config{
+		Host:               cfg.Host,
+		Port:               cfg.Port,
+		Password:           cfg.Password,
+		ConnLimit:          connLimit,
+		ProtocolMinVersion: mesh.ProtocolMinVersion,
+		PeerDiscovery:      true,
+		TrustedSubnets:     []*net.IPNet{},
+	}
+	if cfg.GossipInterval > 0 {
+		iv := cfg.GossipInterval
+		mc.GossipInterval = &iv
+	}
+	mr, err := mesh.NewRouter(mc, PeerName(cfg.ID), cfg.ID, mesh.NullOverlay{}, meshLogger{log})
+	if err != nil {
+		return nil, fmt.Errorf("gossip: mesh router: %w", err)
+	}
+	r := &MeshRouter{
+		id:       cfg.ID,
+		router:   mr,
+		log:      log,
+		names:    map[mesh.PeerName]string{PeerName(cfg.ID): cfg.ID},
+		channels: map[string]bool{},
+	}
+	return r, nil
+}
+
+// meshLogger sends mesh's chatter (connections coming and going) to slog at
+// debug level.
+type meshLogger struct{ log *slog.Logger }
+
+func (l meshLogger) Printf(format string, args ...any) {
+	l.log.Debug(fmt.Sprintf(format, args...), "from", "mesh")
+}
+
+// Self is this peer's id.
+func (r *MeshRouter) Self() string { return r.id }
+
+// Channel registers a channel; it must come before Start.
+func (r *MeshRouter) Channel(name string, h Handler) (Channel, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started {
+		return nil, fmt.Errorf("%w: channel %q", ErrStarted, name)
+	}
+	if r.channels[name] {
+		return nil, fmt.Errorf("%w: %q", ErrDuplicateChannel, name)
+	}
+	c := &meshChannel{router: r, name: name, h: h, log: r.log.With("channel", name)}
+	g, err := r.router.NewGossip(name, (*meshReceiver)(c))
+	if err != nil {
+		return nil, fmt.Errorf("gossip: channel %q: %w", name, err)
+	}
+	c.g = g
+	r.channels[name] = true
+	return c, nil
+}
+
+// Start listens for peers. mesh panics when it cannot listen; that comes
+// back as an error here.
+func (r *MeshRouter) Start() (err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopped {
+		return ErrStopped
+	}
+	if r.started {
+		return nil
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("gossip: mesh listen: %v", p)
+		}
+	}()
+	r.router.Start()
+	r.started = true
+	return nil
+}
+
+// Connect asks the router to connect to peers at the given host:port
+// addresses (and to keep trying); further peers are discovered through them.
+func (r *MeshRouter) Connect(addrs ...string) error {
+	if r.isStopped() {
+		return ErrStopped
+	}
+	return errors.Join(r.router.ConnectionMaker.InitiateConnections(addrs, false)...)
+}
+
+// Stop stops the router: it forgets its peers, and the channels drop
+// whatever still arrives. mesh offers no way to close its listener, which
+// lives until the process ends.
+func (r *MeshRouter) Stop() error {
+	r.mu.Lock()
+	if r.stopped {
+		r.mu.Unlock()
+		return nil
+	}
+	r.stopped = true
+	r.mu.Unlock()
+	r.router.ConnectionMaker.ForgetConnections(r.router.ConnectionMaker.Targets(false))
+	return r.router.Stop()
+}
+
+func (r *MeshRouter) isStopped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopped
+}
+
+// Peers returns the ids of the other peers mesh knows, sorted.
+func (r *MeshRouter) Peers() []string {
+	var out []string
+	for _, d := range r.router.Peers.Descriptions() {
+		if d.Self || d.NickName == "" {
+			continue
+		}
+		r.learn(d.Name, d.NickName)
+		out = append(out, d.NickName)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// learn records the id of a peer name, unless the nickname does not hash to
+// the name (another naming scheme, or a collision).
+func (r *MeshRouter) learn(name mesh.PeerName, id string) bool {
+	if PeerName(id) != name {
+		r.log.Warn("mesh peer nickname does not match its name", "name", name.String(), "nickname", id)
+		return false
+	}
+	r.mu.Lock()
+	r.names[name] = id
+	r.mu.Unlock()
+	return true
+}
+
+// idOf maps a mesh peer name back to its agent id ("" when unknown).
+func (r *MeshRouter) idOf(name mesh.PeerName) string {
+	r.mu.Lock()
+	id, ok := r.names[name]
+	r.mu.Unlock()
+	if ok {
+		return id
+	}
+	if p := r.router.Peers.Fetch(name); p != nil && r.learn(name, p.NickName) {
+		return p.NickName
+	}
+	return ""
+}
+
+type meshChannel struct {
+	router *MeshRouter
+	name   string
+	h      Handler
+	g      mesh.Gossip
+	log    *slog.Logger
+}
+
+// meshData carries our Data through mesh.
+type meshData struct{ d Data }
+
+func (m meshData) Encode() [][]byte { return m.d.Encode() }
+
+func (m meshData) Merge(o mesh.GossipData) mesh.GossipData {
+	other, ok := o.(meshData)
+	if !ok {
+		return o
+	}
+	return meshData{m.d.Merge(other.d)}
+}
+
+func wrap(d Data) mesh.GossipData {
+	if d == nil {
+		return nil // a typed nil would reach mesh as non-nil
+	}
+	return meshData{d}
+}
+
+func (c *meshChannel) Broadcast(d Data) {
+	if d != nil && !c.router.isStopped() {
+		c.g.GossipBroadcast(meshData{d})
+	}
+}
+
+func (c *meshChannel) Gossip(d Data) {
+	if d != nil && !c.router.isStopped() {
+		c.g.GossipNeighbourSubset(meshData{d})
+	}
+}
+
+// Unicast prefixes msg with the sender's id, so that the receiver learns it
+// without waiting for mesh's topology gossip.
+func (c *meshChannel) Unicast(dst string, msg []byte) error {
+	if c.router.isStopped() {
+		return ErrStopped
+	}
+	if dst == c.router.id {
+		return fmt.Errorf("%w: unicast to self", ErrUnknownPeer)
+	}
+	env := binary.AppendUvarint(nil, uint64(len(c.router.id)))
+	env = append(env, c.router.id...)
+	env = append(env, msg...)
+	if err := c.g.GossipUnicast(PeerName(dst), env); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrUnknownPeer, dst, err)
+	}
+	return nil
+}
+
+// meshReceiver is the mesh.Gossiper side of a channel. Errors are logged and
+// never returned to mesh, which would close the connection to the sender.
+type meshReceiver meshChannel
+
+func (c *meshReceiver) OnGossipUnicast(src mesh.PeerName, env []byte) error {
+	if c.router.isStopped() {
+		return nil
+	}
+	n, k := binary.Uvarint(env)
+	if k <= 0 || n > uint64(len(env)-k) {
+		c.log.Warn("dropping malformed unicast", "from", src.String())
+		return nil
+	}
+	id := string(env[k : k+int(n)])
+	if PeerName(id) != src {
+		c.log.Warn("dropping unicast whose sender id does not match its peer name", "from", src.String(), "id", id)
+		return nil
+	}
+	if err := c.h.OnUnicast(id, env[k+int(n):]); err != nil {
+		c.log.Warn("unicast handler", "from", id, "err", err)
+	}
+	return nil
+}
+
+func (c *meshReceiver) OnGossipBroadcast(src mesh.PeerName, update []byte) (mesh.GossipData, error) {
+	if c.router.isStopped() {
+		return nil, nil
+	}
+	d, err := c.h.OnBroadcast(c.router.idOf(src), update)
+	if err != nil {
+		c.log.Warn("broadcast handler", "from", c.router.idOf(src), "err", err)
+		return nil, nil
+	}
+	return wrap(d), nil
+}
+
+func (c *meshReceiver) Gossip() mesh.GossipData {
+	if c.router.isStopped() {
+		return nil
+	}
+	return wrap(c.h.Gossip())
+}
+
+func (c *meshReceiver) OnGossip(msg []byte) (mesh.GossipData, error) {
+	if c.router.isStopped() {
+		return nil, nil
+	}
+	d, err := c.h.OnGossip(msg)
+	if err != nil {
+		c.log.Warn("gossip handler", "err", err)
+		return nil, nil
+	}
+	return wrap(d), nil
+}

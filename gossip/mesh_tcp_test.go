@@ -1,0 +1,151 @@
+//go:build !race
+
+// Real mesh routers over TCP on 127.0.0.1. mesh has data races the race
+// detector reports, so these run only without -race.
+
+package gossip_test
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/gossip/internal/gset"
+)
+
+type meshPeer struct {
+	r    *gossip.MeshRouter
+	h    *gset.Handler
+	ch   gossip.Channel
+	addr string
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startMesh starts n routers with a "set" channel each and connects them in
+// a chain, so that the rest is found by discovery.
+func startMesh(t *testing.T, n int) []meshPeer {
+	t.Helper()
+	var peers []meshPeer
+	for i := range n {
+		id := fmt.Sprintf("agent-%d", i)
+		var p meshPeer
+		for attempt := 0; ; attempt++ {
+			port := freePort(t)
+			r, err := gossip.NewMeshRouter(gossip.MeshConfig{
+				ID: id, Host: "127.0.0.1", Port: port,
+				GossipInterval: 50 * time.Millisecond,
+				Logger:         slog.New(slog.DiscardHandler),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := &gset.Handler{}
+			ch, err := r.Channel("set", h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.SetEcho(ch)
+			if err := r.Start(); err != nil {
+				if attempt < 5 {
+					continue // the port was taken meanwhile
+				}
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { r.Stop() })
+			p = meshPeer{r, h, ch, fmt.Sprintf("127.0.0.1:%d", port)}
+			break
+		}
+		if i > 0 {
+			if err := p.r.Connect(peers[i-1].addr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		peers = append(peers, p)
+	}
+	// Wait until everyone knows everyone; the test's deadline bounds it.
+	for {
+		all := true
+		for _, p := range peers {
+			if len(p.r.Peers()) != n-1 {
+				all = false
+			}
+		}
+		if all {
+			return peers
+		}
+		select {
+		case <-t.Context().Done():
+			t.Fatal("mesh never formed")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-t.Context().Done():
+			t.Fatalf("never: %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func TestMeshBroadcastGossipUnicast(t *testing.T) {
+	peers := startMesh(t, 3)
+	if got := peers[0].r.Peers(); !slices.Equal(got, []string{"agent-1", "agent-2"}) {
+		t.Fatalf("Peers = %v", got)
+	}
+	// Broadcast.
+	peers[0].ch.Broadcast(peers[0].h.Add("b0"))
+	// Periodic gossip only (never broadcast).
+	peers[2].h.Add("g2")
+	want := []string{"b0", "g2"}
+	for _, p := range peers {
+		waitFor(t, p.r.Self()+" has "+fmt.Sprint(want), func() bool { return slices.Equal(p.h.Set(), want) })
+	}
+	if src := peers[1].h.BroadcastSources(); !slices.Contains(src, "agent-0") {
+		t.Errorf("broadcast sources seen by agent-1 = %v", src)
+	}
+	// Unicast across the chain (agent-0 to agent-2), answered.
+	if err := peers[0].ch.Unicast("agent-2", []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "answer", func() bool { return len(peers[0].h.Unicasts()) == 1 })
+	if got := peers[2].h.Unicasts(); len(got) != 1 || got[0] != (gset.Unicast{From: "agent-0", Msg: "ping"}) {
+		t.Fatalf("agent-2 received %v", got)
+	}
+	if got := peers[0].h.Unicasts()[0]; got != (gset.Unicast{From: "agent-2", Msg: "re:ping"}) {
+		t.Fatalf("agent-0 received %v", got)
+	}
+	if _, err := peers[0].r.Channel("late", &gset.Handler{}); err == nil {
+		t.Fatal("Channel after Start accepted")
+	}
+}
+
+func TestMeshStartTwiceOnOnePort(t *testing.T) {
+	port := freePort(t)
+	a, _ := gossip.NewMeshRouter(gossip.MeshConfig{ID: "a", Host: "127.0.0.1", Port: port})
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Stop() })
+	b, _ := gossip.NewMeshRouter(gossip.MeshConfig{ID: "b", Host: "127.0.0.1", Port: port})
+	if err := b.Start(); err == nil {
+		t.Fatal("second router on the same port started")
+	}
+}

@@ -1,0 +1,141 @@
+package netnslab
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPingTimeout bounds one echo when the context carries no deadline,
+// like `ping -c1 -W1`.
+const DefaultPingTimeout = time.Second
+
+var pingSeq atomic.Uint32
+
+// Ping sends one ICMP (or ICMPv6) echo request to dst from inside the
+// namespace and waits for the matching reply until ctx's deadline or
+// DefaultPingTimeout. It uses a raw socket opened inside the namespace (a
+// socket stays bound to the namespace it was created in), so it needs no
+// ping binary and never sends anything from the caller's namespace.
+func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
+	dst = dst.Unmap()
+	if !dst.IsValid() {
+		return errors.New("netnslab: ping: invalid address")
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(DefaultPingTimeout)
+	}
+	af, proto, reqType, replyType := unix.AF_INET6, unix.IPPROTO_ICMPV6, byte(128), byte(129)
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: dst.As16()}
+	if dst.Is4() {
+		af, proto, reqType, replyType = unix.AF_INET, unix.IPPROTO_ICMP, 8, 0
+		sa = &unix.SockaddrInet4{Addr: dst.As4()}
+	}
+	fd := -1
+	err := n.Do(func() error {
+		var err error
+		fd, err = unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("netnslab: ping socket in %s: %w", n.Name, err)
+	}
+	defer unix.Close(fd)
+	// connect() makes the kernel hand us only packets from dst.
+	if err := unix.Connect(fd, sa); err != nil {
+		return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
+	}
+
+	id := uint16(rand.Uint32())
+	seq := uint16(pingSeq.Add(1))
+	pkt := make([]byte, 8+32)
+	pkt[0] = reqType
+	binary.BigEndian.PutUint16(pkt[4:], id)
+	binary.BigEndian.PutUint16(pkt[6:], seq)
+	for i := 8; i < len(pkt); i++ {
+		pkt[i] = byte(i)
+	}
+	if dst.Is4() {
+		binary.BigEndian.PutUint16(pkt[2:], checksum(pkt))
+	} // the kernel fills in ICMPv6 checksums on raw ICMPv6 sockets
+	if _, err := unix.Write(fd, pkt); err != nil {
+		return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
+	}
+
+	buf := make([]byte, 1500)
+	for {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("netnslab: ping %s from %s: no reply", dst, n.Name)
+		}
+		// Short slices so that a cancelled context is noticed quickly.
+		tv := unix.NsecToTimeval(min(left, 100*time.Millisecond).Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return err
+		}
+		nr, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
+		}
+		msg := buf[:nr]
+		if dst.Is4() { // raw IPv4 sockets deliver the IP header too
+			if len(msg) < 20 {
+				continue
+			}
+			ihl := int(msg[0]&0x0f) * 4
+			if len(msg) < ihl {
+				continue
+			}
+			msg = msg[ihl:]
+		}
+		if len(msg) >= 8 && msg[0] == replyType &&
+			binary.BigEndian.Uint16(msg[4:]) == id && binary.BigEndian.Uint16(msg[6:]) == seq {
+			return nil
+		}
+	}
+}
+
+// PingRetry pings up to attempts times (each with DefaultPingTimeout, within
+// ctx) and returns nil on the first reply: the first packets of a fresh path
+// may be lost while neighbours resolve.
+func (n *Namespace) PingRetry(ctx context.Context, dst netip.Addr, attempts int) error {
+	var err error
+	for i := 0; i < max(attempts, 1); i++ {
+		pctx, cancel := context.WithTimeout(ctx, DefaultPingTimeout)
+		err = n.Ping(pctx, dst)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// checksum is the Internet checksum (RFC 1071).
+func checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}

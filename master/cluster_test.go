@@ -1,0 +1,720 @@
+package master
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/raftlog"
+)
+
+// testCluster runs n masters in this process over real TCP on loopback,
+// each with its own data dir; addresses stay fixed across restarts.
+type testCluster struct {
+	t         *testing.T
+	cfg       api.NetworkConfig
+	ids       []string
+	dirs      []string
+	raftAddrs []string
+	httpAddrs []string
+	masters   []*Master // nil when stopped
+	mu        sync.Mutex
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	t.Helper()
+	if os.Getenv("CARVE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n)}
+	for i := range n {
+		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
+		c.dirs = append(c.dirs, t.TempDir())
+		c.raftAddrs = append(c.raftAddrs, freeAddr(t))
+		c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+	}
+	t.Cleanup(func() {
+		for i := range c.masters {
+			c.stop(i)
+		}
+	})
+	for i := range n {
+		c.start(i)
+	}
+	return c
+}
+
+func (c *testCluster) peers() []raftlog.Server {
+	var out []raftlog.Server
+	for i, id := range c.ids {
+		if i >= 3 { // later nodes join
+			break
+		}
+		out = append(out, raftlog.Server{ID: id, Address: c.raftAddrs[i], Voter: true})
+	}
+	return out
+}
+
+func (c *testCluster) options(i int) Options {
+	return Options{
+		ID: c.ids[i], DataDir: c.dirs[i], HTTPAddr: c.httpAddrs[i], RaftAddr: c.raftAddrs[i],
+		Peers: c.peers(), Network: c.cfg, Logger: testLogger(c.t).With("node", c.ids[i]),
+		TuneRaft: func(rc *raftlog.Config) {
+			rc.HeartbeatTimeout = 300 * time.Millisecond
+			rc.ElectionTimeout = 300 * time.Millisecond
+			rc.LeaderLeaseTimeout = 200 * time.Millisecond
+		},
+	}
+}
+
+func (c *testCluster) start(i int) {
+	c.t.Helper()
+	c.startWith(i, c.options(i))
+}
+
+func (c *testCluster) startWith(i int, opts Options) {
+	c.t.Helper()
+	var m *Master
+	var err error
+	// The OS may hold a just-closed port for a moment.
+	for range 50 {
+		if m, err = Start(context.Background(), opts); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		c.t.Fatalf("start %s: %v", opts.ID, err)
+	}
+	c.mu.Lock()
+	c.masters[i] = m
+	c.mu.Unlock()
+}
+
+func (c *testCluster) stop(i int) {
+	c.mu.Lock()
+	m := c.masters[i]
+	c.masters[i] = nil
+	c.mu.Unlock()
+	if m != nil {
+		if err := m.Close(); err != nil && !errors.Is(err, raftlog.ErrClosed) {
+			c.t.Logf("close %s: %v", c.ids[i], err)
+		}
+	}
+}
+
+func (c *testCluster) running() []*Master {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*Master
+	for _, m := range c.masters {
+		if m != nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// waitLeader waits until a running master leads and has published its HTTP
+// address and committed the configuration, and returns its index.
+func (c *testCluster) waitLeader() int {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		for i, m := range c.masters {
+			if m == nil || !m.node.IsLeader() {
+				continue
+			}
+			if _, ok := m.table.Server(c.ids[i]); !ok {
+				continue
+			}
+			if _, ok := m.table.Network(); !ok {
+				continue
+			}
+			// every running follower must know the leader's address to proxy
+			ready := true
+			for _, f := range c.running() {
+				if _, ok := f.table.Server(c.ids[i]); !ok {
+					ready = false
+				}
+			}
+			if ready {
+				return i
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatalf("no leader within 30s")
+	return -1
+}
+
+func (c *testCluster) urls() []string {
+	var out []string
+	for _, a := range c.httpAddrs {
+		out = append(out, "http://"+a)
+	}
+	return out
+}
+
+func (c *testCluster) client(first int) *api.Client {
+	c.t.Helper()
+	urls := c.urls()
+	rot := append(append([]string{}, urls[first%len(urls):]...), urls[:first%len(urls)]...)
+	cl, err := api.NewClient(rot, &http.Client{Timeout: 20 * time.Second})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cl
+}
+
+// waitConverged waits until every running master's table shows the same state.
+func (c *testCluster) waitConverged() []byte {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var last []string
+	for time.Now().Before(deadline) {
+		last = last[:0]
+		for _, m := range c.running() {
+			data, _, err := m.table.StateJSON("")
+			if err != nil {
+				c.t.Fatal(err)
+			}
+			last = append(last, string(data))
+		}
+		same := true
+		for _, s := range last[1:] {
+			if s != last[0] {
+				same = false
+			}
+		}
+		if same && len(last) > 0 {
+			return []byte(last[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("masters did not converge")
+	return nil
+}
+
+// registerRetrying registers until acknowledged, keeping one request id
+// across retries as a real agent would.
+func registerRetrying(ctx context.Context, cl *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
+	req.RequestID = api.NewRequestID()
+	for {
+		info, err := cl.Register(ctx, req)
+		if err == nil {
+			return info, nil
+		}
+		if !api.IsRetryable(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (last error %v)", ctx.Err(), err)
+		case <-time.After(time.Duration(50+rand.IntN(150)) * time.Millisecond):
+		}
+	}
+}
+
+type leaseKey struct{ subnet, vtepIP, mac string }
+
+func leasesOf(a *api.AgentInfo) leaseKey {
+	ov := a.Overlay("carve")
+	if ov == nil || ov.Backend == nil {
+		return leaseKey{}
+	}
+	return leaseKey{ov.Subnet, ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC}
+}
+
+// checkNoDoubleLeases fails when two agents hold the same subnet, VTEP IP or MAC.
+func checkNoDoubleLeases(t *testing.T, st *api.State) {
+	t.Helper()
+	seen := map[string]string{}
+	for _, a := range st.Agents {
+		for _, ov := range a.Overlays {
+			keys := []string{"subnet " + ov.Subnet, "subnet6 " + ov.Subnet6}
+			if ov.Backend != nil {
+				keys = append(keys, "vtep "+ov.Backend.VXLAN.VTEPIP, "mac "+ov.Backend.VXLAN.VTEPMAC)
+			}
+			for _, k := range keys {
+				if strings.HasSuffix(k, " ") {
+					continue
+				}
+				if other, dup := seen[k]; dup && other != a.AgentID {
+					t.Errorf("%s held by both %s and %s", k, other, a.AgentID)
+				}
+				seen[k] = a.AgentID
+			}
+		}
+	}
+}
+
+func TestClusterRegistrationsThroughLeaderFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newTestCluster(t, 3, DefaultConfig())
+	leader := c.waitLeader()
+
+	const agents = 500
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var acked sync.Map // agent id -> *api.AgentInfo
+	var ackCount atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, agents)
+	for i := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := c.client(i) // spread over all masters
+			req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%03d", i), Hostname: fmt.Sprintf("h%d", i),
+				IP: fmt.Sprintf("198.18.%d.%d", i/200, i%200+1), NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}
+			info, err := registerRetrying(ctx, cl, req)
+			if err != nil {
+				errs <- fmt.Errorf("%s: %w", req.AgentID, err)
+				return
+			}
+			acked.Store(req.AgentID, info)
+			ackCount.Add(1)
+		}()
+	}
+	// Stop the leader once registrations are flowing.
+	for ackCount.Load() < 50 && ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("stopping leader %s after %d acknowledgements", c.ids[leader], ackCount.Load())
+	c.stop(leader)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	newLeader := c.waitLeader()
+	if newLeader == leader {
+		t.Fatalf("stopped leader still leads")
+	}
+	t.Logf("new leader %s; %d registrations acknowledged", c.ids[newLeader], ackCount.Load())
+
+	st, err := c.client(newLeader).State(ctx, api.StateOptions{Consistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Agents) != agents {
+		t.Errorf("state holds %d agents, want %d", len(st.Agents), agents)
+	}
+	byID := map[string]api.AgentInfo{}
+	for _, a := range st.Agents {
+		byID[a.AgentID] = a
+	}
+	acked.Range(func(k, v any) bool {
+		a, ok := byID[k.(string)]
+		if !ok {
+			t.Errorf("acknowledged %s is missing", k)
+			return true
+		}
+		if got, want := leasesOf(&a), leasesOf(v.(*api.AgentInfo)); got != want {
+			t.Errorf("%s: state has %+v, acknowledgement said %+v", k, got, want)
+		}
+		return true
+	})
+	checkNoDoubleLeases(t, st)
+
+	// The old leader comes back and catches up to the same state.
+	c.start(leader)
+	c.waitConverged()
+
+	// Registering every agent again returns identical leases.
+	for i := range agents {
+		id := fmt.Sprintf("agent-%03d", i)
+		before, _ := acked.Load(id)
+		info, err := c.client(i).Register(ctx, api.RegisterRequest{AgentID: id, Hostname: fmt.Sprintf("h%d", i),
+			IP: fmt.Sprintf("198.18.%d.%d", i/200, i%200+1), NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}})
+		if err != nil {
+			t.Fatalf("re-register %s: %v", id, err)
+		}
+		if before == nil || !jsonEqual(info, before) {
+			t.Errorf("re-register %s: got %+v, first answer %+v", id, info, before)
+		}
+	}
+	idx := st.Index
+	st2, err := c.client(0).State(ctx, api.StateOptions{Consistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Index != idx {
+		t.Errorf("unchanged re-registrations moved the state index %d -> %d", idx, st2.Index)
+	}
+}
+
+func TestClusterRestartFromDataDirs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	cfg := cfgWith(api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+		api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64})
+	for _, snapshot := range []bool{false, true} {
+		t.Run(fmt.Sprintf("snapshot=%v", snapshot), func(t *testing.T) {
+			c := newTestCluster(t, 3, cfg)
+			leader := c.waitLeader()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cl := c.client(leader)
+			for i := range 40 {
+				if _, err := registerRetrying(ctx, cl, api.RegisterRequest{AgentID: fmt.Sprintf("a%02d", i), IP: fmt.Sprintf("198.18.0.%d", i+1)}); err != nil {
+					t.Fatal(err)
+				}
+				if snapshot && i == 20 {
+					for _, m := range c.running() {
+						if err := m.node.TakeSnapshot(); err != nil {
+							t.Fatalf("snapshot: %v", err)
+						}
+					}
+				}
+			}
+			if _, err := cl.DeleteAgents(ctx, []string{"a05", "198.18.0.8"}); err != nil {
+				t.Fatal(err)
+			}
+			before := c.waitConverged()
+			for i := range c.masters {
+				c.stop(i)
+			}
+			for i := range c.masters {
+				c.start(i)
+			}
+			c.waitLeader()
+			after := c.waitConverged()
+			if !bytes.Equal(before, after) {
+				t.Fatalf("state after restart differs:\nbefore %s\nafter  %s", before, after)
+			}
+			if snapshot {
+				for _, m := range c.running() {
+					if m.node.Status().LastSnapshotIndex == 0 {
+						t.Errorf("%s restarted without its snapshot", m.opts.ID)
+					}
+				}
+			}
+		})
+	}
+}
+
+// httpCall sends a raw request and decodes the JSON answer.
+func httpCall(t *testing.T, method, url, contentType string, body io.Reader) (int, http.Header, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, data
+}
+
+func TestHTTPBadInput(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newTestCluster(t, 3, DefaultConfig())
+	leader := c.waitLeader()
+	ctx := context.Background()
+	if _, err := c.client(leader).Register(ctx, api.RegisterRequest{AgentID: "known", IP: "198.18.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	before := c.waitConverged()
+	follower := (leader + 1) % 3
+	huge := `{"agent_id":"x","ip":"198.18.0.1","hostname":"` + strings.Repeat("a", MaxBodyBytes) + `"}`
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		code, mention            string
+	}{
+		{"malformed JSON", "POST", "/overlay-master/agents", `{"agent_id": "a",`, 400, api.CodeBadRequest, "malformed JSON"},
+		{"not an object", "POST", "/overlay-master/agents", `[1,2]`, 400, api.CodeBadRequest, "want"},
+		{"empty body", "POST", "/overlay-master/agents", ``, 400, api.CodeBadRequest, "empty body"},
+		{"unknown field", "POST", "/overlay-master/agents", `{"agent_id":"a","ip":"198.18.0.1","colour":"red"}`, 400, api.CodeBadRequest, `"colour"`},
+		{"missing agent_id", "POST", "/overlay-master/agents", `{"ip":"198.18.0.1"}`, 400, api.CodeBadRequest, "agent_id"},
+		{"invalid IP", "POST", "/overlay-master/agents", `{"agent_id":"a","ip":"198.18.0.256"}`, 400, api.CodeBadRequest, "ip"},
+		{"wrong type", "POST", "/overlay-master/agents", `{"agent_id":7,"ip":"198.18.0.1"}`, 400, api.CodeBadRequest, "agent_id"},
+		{"oversized body", "POST", "/overlay-master/agents", huge, 413, api.CodeTooLarge, "larger than"},
+		{"trailing garbage", "POST", "/overlay-master/agents", `{"agent_id":"a","ip":"198.18.0.1"} x`, 400, api.CodeBadRequest, "after the JSON"},
+		{"unknown agent", "GET", "/overlay-master/agents/nobody", ``, 404, api.CodeNotFound, "nobody"},
+		{"delete unknown agent", "DELETE", "/overlay-master/agents/nobody", ``, 404, api.CodeNotFound, "nobody"},
+		{"bulk delete empty", "POST", "/overlay-master/agents/delete", `{"agents":[]}`, 400, api.CodeBadRequest, "agents"},
+		{"bulk delete bad field", "POST", "/overlay-master/agents/delete", `{"agent":["a"]}`, 400, api.CodeBadRequest, `"agent"`},
+		{"state bad param", "GET", "/overlay-master/state?foo=1", ``, 400, api.CodeBadRequest, "foo"},
+		{"state bad index", "GET", "/overlay-master/state?index=-1", ``, 400, api.CodeBadRequest, "index"},
+		{"state bad wait", "GET", "/overlay-master/state?index=1&wait=forever", ``, 400, api.CodeBadRequest, "wait"},
+		{"state bad consistent", "GET", "/overlay-master/state?consistent=maybe", ``, 400, api.CodeBadRequest, "consistent"},
+		{"join without id", "POST", "/cluster/join", `{"raft_addr":"127.0.0.1:1"}`, 400, api.CodeBadRequest, "id"},
+		{"join bad addr", "POST", "/cluster/join", `{"id":"m9","raft_addr":"nowhere"}`, 400, api.CodeBadRequest, "raft_addr"},
+		{"wrong method", "PUT", "/overlay-master/agents", `{}`, 405, api.CodeBadRequest, "PUT"},
+		{"no such endpoint", "GET", "/overlay-master/nothing", ``, 404, api.CodeNotFound, "nothing"},
+	}
+	for _, target := range []int{leader, follower} {
+		for _, tt := range tests {
+			t.Run(fmt.Sprintf("%s/%s", map[bool]string{true: "leader", false: "follower"}[target == leader], tt.name), func(t *testing.T) {
+				status, hdr, data := httpCall(t, tt.method, "http://"+c.httpAddrs[target]+tt.path, "application/json", strings.NewReader(tt.body))
+				if status != tt.status {
+					t.Errorf("status %d, want %d: %s", status, tt.status, data)
+				}
+				if ct := hdr.Get("Content-Type"); ct != "application/json" {
+					t.Errorf("content type %q", ct)
+				}
+				var e api.Error
+				if err := json.Unmarshal(data, &e); err != nil || e.Code != tt.code || !strings.Contains(e.Message, tt.mention) {
+					t.Errorf("body %s: want code %q and a message naming %q", data, tt.code, tt.mention)
+				}
+			})
+		}
+	}
+	after := c.waitConverged()
+	if !bytes.Equal(before, after) {
+		t.Errorf("bad input changed the state:\n%s\n%s", before, after)
+	}
+}
+
+func TestFollowerProxyWatchAndStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newTestCluster(t, 3, DefaultConfig())
+	leader := c.waitLeader()
+	follower := (leader + 1) % 3
+	c.waitConverged()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	onlyFollower, err := api.NewClient([]string{"http://" + c.httpAddrs[follower]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st0, err := onlyFollower.State(ctx, api.StateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st0.Leader != c.ids[leader] {
+		t.Errorf("state names leader %q, want %q", st0.Leader, c.ids[leader])
+	}
+
+	// A blocking watch on the follower wakes up when a registration commits.
+	type watchResult struct {
+		st  *api.State
+		err error
+	}
+	woke := make(chan watchResult, 1)
+	go func() {
+		st, err := onlyFollower.State(ctx, api.StateOptions{Index: st0.Index, Wait: 30 * time.Second})
+		woke <- watchResult{st, err}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case r := <-woke:
+		t.Fatalf("watch returned before any change: %+v %v", r.st, r.err)
+	default:
+	}
+	// The write goes to the follower, which proxies it to the leader.
+	info, err := onlyFollower.Register(ctx, api.RegisterRequest{AgentID: "via-follower", IP: "198.18.0.5"})
+	if err != nil {
+		t.Fatalf("register through follower: %v", err)
+	}
+	r := <-woke
+	if r.err != nil || r.st.Index <= st0.Index {
+		t.Fatalf("watch: %+v %v", r.st, r.err)
+	}
+	// Linearizable read through the follower sees the write at once.
+	st, err := onlyFollower.State(ctx, api.StateOptions{Consistent: true})
+	if err != nil || len(st.Agents) != 1 || st.Agents[0].Version != info.Version {
+		t.Fatalf("consistent read: %+v %v", st, err)
+	}
+	// A watch that times out answers with the unchanged state.
+	start := time.Now()
+	st2, err := onlyFollower.State(ctx, api.StateOptions{Index: st.Index + 1000, Wait: 300 * time.Millisecond})
+	if err != nil || st2.Index != st.Index || time.Since(start) < 300*time.Millisecond {
+		t.Errorf("timed out watch: %+v %v after %s", st2, err, time.Since(start))
+	}
+	// /cluster/status on a follower names the leader and its HTTP address.
+	cs, err := onlyFollower.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs.Role != "follower" || cs.Leader == nil || cs.Leader.ID != c.ids[leader] || cs.Leader.HTTPAddr != c.httpAddrs[leader] || len(cs.Servers) != 3 {
+		t.Errorf("cluster status %+v leader %+v", cs, cs.Leader)
+	}
+	// Delete through the follower, then its agent record is gone everywhere.
+	if err := onlyFollower.DeleteAgent(ctx, "via-follower"); err != nil {
+		t.Fatal(err)
+	}
+	if err := onlyFollower.DeleteAgent(ctx, "via-follower"); err != nil {
+		t.Errorf("second delete should be idempotent: %v", err)
+	}
+	if _, err := onlyFollower.Agent(ctx, "via-follower"); !api.IsCode(err, api.CodeNotFound) {
+		t.Errorf("deleted agent: %v", err)
+	}
+	// metrics are served
+	status, _, data := httpCall(t, "GET", "http://"+c.httpAddrs[leader]+"/metrics", "", nil)
+	for _, want := range []string{"carve_master_registrations_total", "carve_master_allocation_failures_total", "carve_master_agents"} {
+		if status != 200 || !bytes.Contains(data, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func TestNoLeaderAnswers503(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := &testCluster{t: t, cfg: DefaultConfig(), masters: make([]*Master, 3)}
+	for i := range 3 {
+		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
+		c.dirs = append(c.dirs, t.TempDir())
+		c.raftAddrs = append(c.raftAddrs, freeAddr(t))
+		c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+	}
+	t.Cleanup(func() { c.stop(0) })
+	c.start(0) // alone: no quorum, no leader
+	status, hdr, data := httpCall(t, "POST", "http://"+c.httpAddrs[0]+"/overlay-master/agents", "application/json",
+		strings.NewReader(`{"agent_id":"a","ip":"198.18.0.1"}`))
+	var e api.Error
+	_ = json.Unmarshal(data, &e)
+	if status != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || e.Code != api.CodeNoLeader {
+		t.Errorf("status %d Retry-After %q body %s", status, hdr.Get("Retry-After"), data)
+	}
+	// Reads still work (stale, empty).
+	status, _, _ = httpCall(t, "GET", "http://"+c.httpAddrs[0]+"/overlay-master/state", "", nil)
+	if status != 200 {
+		t.Errorf("state without leader: %d", status)
+	}
+}
+
+func TestJoinAndRemoveMaster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newTestCluster(t, 3, DefaultConfig())
+	leader := c.waitLeader()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := c.client(leader)
+	for i := range 10 {
+		if _, err := registerRetrying(ctx, cl, api.RegisterRequest{AgentID: fmt.Sprintf("a%d", i), IP: fmt.Sprintf("198.18.0.%d", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A fourth master joins through a follower.
+	c.ids = append(c.ids, "m4")
+	c.dirs = append(c.dirs, t.TempDir())
+	c.raftAddrs = append(c.raftAddrs, freeAddr(t))
+	c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+	c.masters = append(c.masters, nil)
+	opts := c.options(3)
+	opts.Join = "http://" + c.httpAddrs[(leader+1)%3]
+	c.startWith(3, opts)
+	want := c.waitConverged()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(c.masters[3].node.Status().Servers) != 4 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(c.masters[leader].node.Status().Servers); n != 4 {
+		t.Fatalf("after join the leader sees %d servers", n)
+	}
+	got, _, _ := c.masters[3].table.StateJSON("")
+	if !bytes.Equal(got, want) {
+		t.Fatalf("joined master has a different state")
+	}
+	// Joining again is idempotent.
+	if err := cl.Join(ctx, api.JoinRequest{ID: "m4", RaftAddr: c.raftAddrs[3], HTTPAddr: c.httpAddrs[3]}); err != nil {
+		t.Errorf("second join: %v", err)
+	}
+	// Remove it (twice: idempotent).
+	for range 2 {
+		if err := cl.RemoveServer(ctx, "m4"); err != nil {
+			t.Fatalf("remove: %v", err)
+		}
+	}
+	cs, err := cl.ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs.Servers) != 3 {
+		t.Errorf("after removal %d servers: %+v", len(cs.Servers), cs.Servers)
+	}
+}
+
+func TestMasterRestartWithChangedConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	two := cfgWith(api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
+		api.OverlayNetwork{Name: "two", Subnet: "10.2.0.0/16", Prefix: 24})
+	c := newTestCluster(t, 3, two)
+	leader := c.waitLeader()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := registerRetrying(ctx, c.client(leader), api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	// Every master restarts with a config that drops "two" and adds "three".
+	c.cfg = cfgWith(api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
+		api.OverlayNetwork{Name: "three", Subnet: "10.3.0.0/16", Prefix: 24})
+	for i := range c.masters {
+		c.stop(i)
+	}
+	for i := range c.masters {
+		c.start(i)
+	}
+	leader = c.waitLeader()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		a, err := c.client(leader).Agent(ctx, "a1")
+		if err == nil && a.Overlay("three") != nil {
+			if two := a.Overlay("two"); two == nil || two.Subnet != "10.2.0.0/24" || two.State.Status != api.StatusDisabled {
+				t.Fatalf("dropped overlay should be kept disabled: %+v", two)
+			}
+			if a.Overlay("three").Subnet != "10.3.0.0/24" {
+				t.Fatalf("added overlay: %+v", a.Overlay("three"))
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new config was not committed: %+v %v", a, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,314 @@
+// Package master is the carve master: the lease allocation rules, the
+// network-config validation, and the HTTP server, on top of a raftlog node
+// that replicates the LeaseTable.
+package master
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/raftlog"
+)
+
+// Options configure a master.
+type Options struct {
+	ID       string
+	DataDir  string
+	HTTPAddr string // listen address; port 0 picks one (see Master.HTTPAddr)
+	// HTTPListener, if set, is used instead of listening on HTTPAddr.
+	HTTPListener net.Listener
+	RaftAddr     string // listen and advertise address; port 0 picks one
+	// Peers are the initial voters; every master gets the same list and
+	// bootstraps only when it has no Raft state yet.
+	Peers []raftlog.Server
+	// Network is the validated configuration from this master's file.
+	Network api.NetworkConfig
+	// Join is the URL of a running master to join as a voter (a master not in Peers).
+	Join   string
+	Logger *slog.Logger
+	// TuneRaft may adjust the Raft configuration (tests shorten timeouts).
+	TuneRaft func(*raftlog.Config)
+}
+
+// Master is a running master: a Raft node, its lease table and the HTTP API.
+type Master struct {
+	opts     Options
+	log      *slog.Logger
+	table    *LeaseTable
+	node     *raftlog.Node
+	registry *prometheus.Registry
+	metrics  *metrics
+	httpSrv  *http.Server
+	httpLn   net.Listener
+
+	runCtx    context.Context // done when the master closes
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+type metrics struct {
+	registrations *prometheus.CounterVec
+	allocFailures *prometheus.CounterVec
+	httpRequests  *prometheus.CounterVec
+	forwarded     prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
+	m := &metrics{
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
+		}, []string{"result"}),
+		allocFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_allocation_failures_total", Help: "Leases that could not be allocated, by reason.",
+		}, []string{"reason"}),
+		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_http_requests_total", Help: "HTTP requests, by method, route and status code.",
+		}, []string{"method", "route", "code"}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_master_forwarded_requests_total", Help: "Requests this follower proxied to the leader.",
+		}),
+	}
+	// Export zeros for the known labels, so dashboards and alerts see the series.
+	for _, r := range []string{"ok", "unchanged", "error", "bad_request"} {
+		m.registrations.WithLabelValues(r)
+	}
+	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
+		m.allocFailures.WithLabelValues(r)
+	}
+	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "carve_master_agents", Help: "Agents in the lease table.",
+	}, func() float64 {
+		t.mu.RLock()
+		defer t.mu.RUnlock()
+		return float64(len(t.agents))
+	})
+	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
+	}, func() float64 { return float64(t.Index()) })
+	reg.MustRegister(m.registrations, m.allocFailures, m.httpRequests, m.forwarded, agents, stateIndex)
+	return m
+}
+
+// Start opens the Raft node from DataDir, starts the HTTP API and the
+// leader's duties, and joins a running cluster when Options.Join is set.
+func Start(ctx context.Context, opts Options) (*Master, error) {
+	if opts.ID == "" {
+		return nil, errors.New("master: --id is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if _, err := parseNetwork(WithDefaults(opts.Network)); err != nil {
+		return nil, err
+	}
+	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: NewLeaseTable(), registry: prometheus.NewRegistry()}
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.metrics = newMetrics(m.registry, m.table)
+
+	ln := opts.HTTPListener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+			return nil, fmt.Errorf("listen on --http-addr %s: %w", opts.HTTPAddr, err)
+		}
+	}
+	m.httpLn = ln
+
+	rcfg := raftlog.Config{
+		ID: opts.ID, RaftAddr: opts.RaftAddr, DataDir: opts.DataDir, Peers: opts.Peers,
+		Logger: opts.Logger, Registerer: m.registry,
+	}
+	if opts.TuneRaft != nil {
+		opts.TuneRaft(&rcfg)
+	}
+	node, err := raftlog.Open(ctx, rcfg, m.table)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("open raft: %w", err)
+	}
+	m.node = node
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	m.runCtx, m.cancel = runCtx, cancel
+	m.httpSrv = &http.Server{Handler: m.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)}
+	m.wg.Add(2)
+	go func() {
+		defer m.wg.Done()
+		if err := m.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("http server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer m.wg.Done()
+		m.leaderDuties(runCtx)
+	}()
+	if opts.Join != "" {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.joinCluster(runCtx)
+		}()
+	}
+	m.log.Info("master started", "http_addr", m.HTTPAddr(), "raft_addr", node.Addr(), "data_dir", opts.DataDir)
+	return m, nil
+}
+
+// HTTPAddr is the address the HTTP API listens on.
+func (m *Master) HTTPAddr() string { return m.httpLn.Addr().String() }
+
+// RaftAddr is the Raft transport's address.
+func (m *Master) RaftAddr() string { return m.node.Addr() }
+
+// Node exposes the Raft node (tests and status).
+func (m *Master) Node() *raftlog.Node { return m.node }
+
+// Table exposes the lease table (tests).
+func (m *Master) Table() *LeaseTable { return m.table }
+
+// Registry is the Prometheus registry served on /metrics.
+func (m *Master) Registry() *prometheus.Registry { return m.registry }
+
+// leaderDuties runs, whenever this node leads, what only a leader does:
+// publish its HTTP address in the log (followers proxy to it) and commit its
+// network configuration file when it differs from the committed one.
+func (m *Master) leaderDuties(ctx context.Context) {
+	changes := m.node.LeaderChanges()
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	for {
+		if m.node.IsLeader() {
+			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("leader setup", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Master) leaderSetup(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	self := serverMeta{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
+	if cur, ok := m.table.Server(m.opts.ID); !ok || cur != self {
+		if err := m.propose(ctx, command{Op: opServerMeta, ServerMeta: &self}); err != nil {
+			return fmt.Errorf("publish http address: %w", err)
+		}
+	}
+	change, warnings, err := m.table.ConfigChange(m.opts.Network)
+	if err != nil {
+		return fmt.Errorf("network config: %w", err)
+	}
+	if !change {
+		return nil
+	}
+	for _, w := range warnings {
+		m.log.Warn("network config", "warning", w)
+	}
+	if err := m.propose(ctx, command{Op: opSetConfig, SetConfig: &m.opts.Network}); err != nil {
+		return fmt.Errorf("commit network config: %w", err)
+	}
+	m.log.Info("network config committed", "overlays", len(m.opts.Network.Overlays))
+	return nil
+}
+
+// propose applies a command and returns its deterministic error, if any.
+func (m *Master) propose(ctx context.Context, c command) error {
+	data, err := encodeCommand(c)
+	if err != nil {
+		return err
+	}
+	out, _, err := m.node.Apply(ctx, data)
+	if err != nil {
+		return err
+	}
+	if res, ok := out.(applyResult); ok && res.Err != nil {
+		return res.Err
+	}
+	return nil
+}
+
+// joinCluster asks the masters at Options.Join to add this node, until one agrees.
+func (m *Master) joinCluster(ctx context.Context) {
+	client, err := api.NewClient([]string{m.opts.Join}, nil)
+	if err != nil {
+		m.log.Error("join", "err", err)
+		return
+	}
+	req := api.JoinRequest{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
+	backoff := 500 * time.Millisecond
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := client.Join(cctx, req)
+		cancel()
+		if err == nil {
+			m.log.Info("joined the cluster", "via", m.opts.Join)
+			return
+		}
+		m.log.Warn("join failed, retrying", "via", m.opts.Join, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff + rand.N(backoff/2)):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+// ClusterStatus is this node's view of the Raft cluster.
+func (m *Master) ClusterStatus() api.ClusterStatus {
+	st := m.node.Status()
+	out := api.ClusterStatus{
+		ID: m.opts.ID, Role: st.Role, Term: st.Term, CommitIndex: st.CommitIndex,
+		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
+		Servers: []api.ServerInfo{},
+	}
+	for _, srv := range st.Servers {
+		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}
+		if meta, ok := m.table.Server(srv.ID); ok {
+			info.HTTPAddr = meta.HTTPAddr
+		}
+		out.Servers = append(out.Servers, info)
+	}
+	if st.LeaderID != "" {
+		l := &api.ServerInfo{ID: st.LeaderID, RaftAddr: st.LeaderAddr, Voter: true}
+		if meta, ok := m.table.Server(st.LeaderID); ok {
+			l.HTTPAddr = meta.HTTPAddr
+		}
+		out.Leader = l
+	}
+	return out
+}
+
+// Close stops the HTTP API and the Raft node; idempotent.
+func (m *Master) Close() error {
+	m.closeOnce.Do(func() {
+		m.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		// Blocking state queries end on runCtx, so Shutdown does not wait for them.
+		_ = m.httpSrv.Shutdown(ctx)
+		_ = m.httpSrv.Close()
+		m.closeErr = m.node.Close()
+		m.wg.Wait()
+		m.log.Info("master stopped")
+	})
+	return m.closeErr
+}

@@ -1,0 +1,387 @@
+package ring
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+)
+
+// Attachment names who holds an address: one interface of one container.
+// Allocation is idempotent by attachment.
+type Attachment struct {
+	ContainerID string
+	Interface   string
+}
+
+// Allocation is an address held by an attachment.
+type Allocation struct {
+	Attachment
+	Addr netip.Addr
+}
+
+// Allocator is one peer's view of one overlay: the ring, the space of the
+// ranges the ring says the peer owns, and the addresses handed out. After
+// every operation the ranges the ring gives the peer equal those the space
+// holds. Not safe for concurrent use; deterministic (no randomness, no map
+// order leaks into results).
+type Allocator struct {
+	self     string
+	ring     *Ring
+	space    *Space
+	byAttach map[Attachment]netip.Addr
+	byAddr   map[netip.Addr]Attachment
+	reserved map[netip.Addr]bool
+}
+
+// NewAllocator returns the allocator of peer self (its agent id) over an
+// empty ring of the universe.
+func NewAllocator(self string, universe netip.Prefix) (*Allocator, error) {
+	if self == "" {
+		return nil, fmt.Errorf("%w: empty peer id", ErrInvalid)
+	}
+	r, err := NewRing(universe)
+	if err != nil {
+		return nil, err
+	}
+	s, _ := NewSpace(universe) // same universe, already validated
+	return &Allocator{
+		self: self, ring: r, space: s,
+		byAttach: map[Attachment]netip.Addr{},
+		byAddr:   map[netip.Addr]Attachment{},
+		reserved: map[netip.Addr]bool{},
+	}, nil
+}
+
+// Self is the peer this allocator acts for.
+func (a *Allocator) Self() string { return a.self }
+
+// Ring returns a copy of the ring, for queries; changes go through the
+// allocator so that the space follows.
+func (a *Allocator) Ring() *Ring { return a.ring.Clone() }
+
+// RingChanges is Ring().Changes() without the copy.
+func (a *Allocator) RingChanges() uint64 { return a.ring.Changes() }
+
+// EncodeRing is Ring().Encode() without the copy.
+func (a *Allocator) EncodeRing() []byte { return a.ring.Encode() }
+
+// Owned returns the ranges this peer owns.
+func (a *Allocator) Owned() []Range { return a.space.Owned() }
+
+// FreeCount is the number of free addresses this peer has.
+func (a *Allocator) FreeCount() Uint128 { return a.space.FreeCount() }
+
+func (a *Allocator) inUse(r Range) bool { return a.space.InUse(r) }
+
+// apply swaps in a new ring state after checking that it takes no range in
+// use from this peer, and makes the space follow.
+func (a *Allocator) apply(next state) error {
+	if err := takeover(a.ring.u, a.ring.st.view, next.view, a.self, a.inUse); err != nil {
+		return err
+	}
+	if err := a.space.setOwned(ownedIvals(a.ring.u, next.view, a.self)); err != nil {
+		var te *TakeoverError
+		if errors.As(err, &te) {
+			te.Peer = a.self
+		}
+		return err
+	}
+	a.ring.commit(next)
+	return nil
+}
+
+// Seed joins the master's lease table and tombstones into the ring (see
+// Ring.Seed). A table that would take from this peer a range where it has
+// allocations is refused with a *TakeoverError.
+func (a *Allocator) Seed(leases []Lease, tombstones []Tombstone) (changed bool, err error) {
+	next, changed, err := a.ring.trySeed(leases, tombstones)
+	if err != nil || !changed {
+		return false, err
+	}
+	if err := a.apply(next); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// Merge joins a remote ring into this peer's ring. It never accepts a change
+// that takes away a range where this peer has allocations: it returns a
+// *TakeoverError and leaves everything as it was. An invalid ring or one of
+// another universe is refused likewise.
+func (a *Allocator) Merge(remote *Ring) (changed bool, err error) {
+	next, changed, err := a.ring.tryMerge(remote)
+	if err != nil || !changed {
+		return false, err
+	}
+	if err := a.apply(next); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// MergeEncoded decodes a ring and merges it.
+func (a *Allocator) MergeEncoded(b []byte) (changed bool, err error) {
+	remote, err := Decode(b)
+	if err != nil {
+		return false, err
+	}
+	return a.Merge(remote)
+}
+
+// Grant gives the CIDR-aligned prefix p, which must lie inside one range of
+// this peer and hold no address in use, to peer to.
+func (a *Allocator) Grant(to string, p netip.Prefix) error {
+	start, end, err := a.ring.u.prefixSpan(p)
+	if err != nil {
+		return err
+	}
+	if a.inUse(a.ring.u.rangeOf(start, end.dec())) {
+		return fmt.Errorf("%w: %v holds addresses in use", ErrAddressInUse, p)
+	}
+	next, err := a.ring.tryGrant(a.self, to, p)
+	if err != nil {
+		return err
+	}
+	if err := a.apply(next); err != nil {
+		return err
+	}
+	_, err = a.SyncFree()
+	return err
+}
+
+// Donate chooses a block with Space.Donation and grants it to peer to: the
+// donor's half of a space request.
+func (a *Allocator) Donate(to string) (netip.Prefix, error) {
+	p, ok := a.space.Donation()
+	if !ok {
+		return netip.Prefix{}, ErrNothingToDonate
+	}
+	if err := a.Grant(to, p); err != nil {
+		return netip.Prefix{}, err
+	}
+	return p, nil
+}
+
+// Transfer takes over every range of a departed peer (see Ring.Transfer).
+func (a *Allocator) Transfer(from string) (int, error) {
+	next, n, err := a.ring.tryTransfer(from, a.self)
+	if err != nil || n == 0 {
+		return 0, err
+	}
+	if err := a.apply(next); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// SyncFree writes the space's free counts into the ring's tokens. Cheap when
+// nothing changed; a holder calls it before gossiping rather than on every
+// allocation, so that allocations do not flood the network.
+func (a *Allocator) SyncFree() (changed bool, err error) {
+	next, changed, err := a.ring.tryReportFree(a.self, a.space.FreeByRange())
+	if err != nil || !changed {
+		return false, err
+	}
+	a.ring.commit(next) // same owners, same ranges: nothing to check
+	return true, nil
+}
+
+// Lookup returns the address held by an attachment.
+func (a *Allocator) Lookup(at Attachment) (netip.Addr, bool) {
+	addr, ok := a.byAttach[at]
+	return addr, ok
+}
+
+// Holder returns the attachment holding addr.
+func (a *Allocator) Holder(addr netip.Addr) (Attachment, bool) {
+	at, ok := a.byAddr[addr]
+	return at, ok
+}
+
+// Allocate gives an attachment the lowest free address of subnet (never the
+// subnet's network, gateway or broadcast address). A second call for the same
+// attachment returns the address it already holds.
+func (a *Allocator) Allocate(at Attachment, subnet netip.Prefix) (netip.Addr, error) {
+	if addr, ok := a.byAttach[at]; ok {
+		return addr, nil
+	}
+	addr, err := a.space.Allocate(subnet)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	a.bind(at, addr)
+	return addr, nil
+}
+
+func (a *Allocator) bind(at Attachment, addr netip.Addr) {
+	a.byAttach[at] = addr
+	a.byAddr[addr] = at
+}
+
+// Claim gives an attachment a specific address, as when a restarted agent
+// takes back the addresses its running containers still use. Claiming the
+// address an attachment already holds is a no-op.
+func (a *Allocator) Claim(at Attachment, addr netip.Addr) error {
+	if cur, ok := a.byAttach[at]; ok {
+		if cur == addr {
+			return nil
+		}
+		return fmt.Errorf("%w: %v holds %v", ErrAttachmentBound, at, cur)
+	}
+	if other, ok := a.byAddr[addr]; ok {
+		return fmt.Errorf("%w: %v is held by %v", ErrAddressInUse, addr, other)
+	}
+	if err := a.space.Claim(addr); err != nil {
+		return err
+	}
+	a.bind(at, addr)
+	return nil
+}
+
+// Release frees the address of an attachment; ok is false if it held none.
+func (a *Allocator) Release(at Attachment) (addr netip.Addr, ok bool) {
+	addr, ok = a.byAttach[at]
+	if !ok {
+		return netip.Addr{}, false
+	}
+	a.unbind(Allocation{at, addr})
+	return addr, true
+}
+
+func (a *Allocator) unbind(al Allocation) {
+	delete(a.byAttach, al.Attachment)
+	delete(a.byAddr, al.Addr)
+	// The address is in use in the space by construction; a failure
+	// here would be a bug, and freeing nothing is the safe side.
+	_ = a.space.Release(al.Addr)
+}
+
+// ReleaseContainer frees every address of a container and returns them.
+func (a *Allocator) ReleaseContainer(containerID string) []Allocation {
+	return a.releaseWhere(func(at Attachment) bool { return at.ContainerID == containerID })
+}
+
+// GC frees every address whose attachment is not in keep and returns them.
+// A kept attachment with an empty Interface keeps every interface of its
+// container.
+func (a *Allocator) GC(keep []Attachment) []Allocation {
+	exact := map[Attachment]bool{}
+	whole := map[string]bool{}
+	for _, k := range keep {
+		if k.Interface == "" {
+			whole[k.ContainerID] = true
+		}
+		exact[k] = true
+	}
+	return a.releaseWhere(func(at Attachment) bool { return !exact[at] && !whole[at.ContainerID] })
+}
+
+func (a *Allocator) releaseWhere(match func(Attachment) bool) []Allocation {
+	var out []Allocation
+	for at, addr := range a.byAttach {
+		if match(at) {
+			out = append(out, Allocation{at, addr})
+		}
+	}
+	sortAllocations(out)
+	for _, al := range out {
+		a.unbind(al)
+	}
+	return out
+}
+
+func sortAllocations(as []Allocation) {
+	sort.Slice(as, func(i, j int) bool { return as[i].Addr.Less(as[j].Addr) })
+}
+
+// Allocations returns every address handed out, in address order.
+func (a *Allocator) Allocations() []Allocation {
+	out := make([]Allocation, 0, len(a.byAttach))
+	for at, addr := range a.byAttach {
+		out = append(out, Allocation{at, addr})
+	}
+	sortAllocations(out)
+	return out
+}
+
+// Reserve takes an owned address out of circulation without an attachment
+// (a bridge's gateway, say), so that it is neither allocated nor donated.
+// Reserving a reserved address is a no-op.
+func (a *Allocator) Reserve(addr netip.Addr) error {
+	if a.reserved[addr] {
+		return nil
+	}
+	if at, ok := a.byAddr[addr]; ok {
+		return fmt.Errorf("%w: %v is held by %v", ErrAddressInUse, addr, at)
+	}
+	if err := a.space.Claim(addr); err != nil {
+		return err
+	}
+	a.reserved[addr] = true
+	return nil
+}
+
+// Unreserve returns a reserved address to the free space.
+func (a *Allocator) Unreserve(addr netip.Addr) {
+	if a.reserved[addr] {
+		delete(a.reserved, addr)
+		_ = a.space.Release(addr)
+	}
+}
+
+// Reserved returns the reserved addresses in order.
+func (a *Allocator) Reserved() []netip.Addr {
+	out := make([]netip.Addr, 0, len(a.reserved))
+	for addr := range a.reserved {
+		out = append(out, addr)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// State is the full state of an allocator, for persistence: the space is
+// derived from it, so it is not stored.
+type State struct {
+	Self        string
+	Ring        []byte // Ring.Encode
+	Allocations []Allocation
+	Reserved    []netip.Addr
+}
+
+// State exports the allocator.
+func (a *Allocator) State() State {
+	return State{Self: a.self, Ring: a.ring.Encode(), Allocations: a.Allocations(), Reserved: a.Reserved()}
+}
+
+// RestoreAllocator rebuilds an allocator from an exported state, checking
+// that every address is owned by the peer and held once.
+func RestoreAllocator(st State) (*Allocator, error) {
+	r, err := Decode(st.Ring)
+	if err != nil {
+		return nil, fmt.Errorf("restore ring: %w", err)
+	}
+	a, err := NewAllocator(st.Self, r.u.prefix)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.space.setOwned(ownedIvals(r.u, r.st.view, a.self)); err != nil {
+		return nil, err
+	}
+	a.ring = r
+	for _, al := range st.Allocations {
+		if err := a.Claim(al.Attachment, al.Addr); err != nil {
+			return nil, fmt.Errorf("restore %v: %w", al, err)
+		}
+	}
+	for _, addr := range st.Reserved {
+		if a.reserved[addr] {
+			return nil, fmt.Errorf("%w: %v reserved twice", ErrInvalid, addr)
+		}
+		if err := a.Reserve(addr); err != nil {
+			return nil, fmt.Errorf("restore reserved %v: %w", addr, err)
+		}
+	}
+	return a, nil
+}

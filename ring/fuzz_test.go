@@ -1,0 +1,141 @@
+package ring
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+// fuzzSeeds are encodings of a few real rings.
+func fuzzSeeds(f *testing.F) [][]byte {
+	f.Helper()
+	var out [][]byte
+	out = append(out, validEnc().bytes())
+	r := newRing(f, "10.0.0.0/16")
+	out = append(out, r.Encode())
+	mustSeed(f, r, []Lease{{"a", pfx(f, "10.0.1.0/24"), 5}, {"b", pfx(f, "10.0.2.0/24"), 6}}, []Tombstone{{"c", 3}})
+	out = append(out, r.Encode())
+	if err := r.Grant("a", "b", pfx(f, "10.0.1.64/26")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, r.Encode())
+	mustSeed(f, r, nil, []Tombstone{{"a", 9}})
+	out = append(out, r.Encode())
+	v6 := newRing(f, "fd00::/48")
+	mustSeed(f, v6, []Lease{{"a", pfx(f, "fd00:0:0:1::/64"), 1}}, nil)
+	out = append(out, v6.Encode())
+	return out
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, s := range fuzzSeeds(f) {
+		f.Add(s)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{1, 4, 10, 0, 0, 0, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Decode error %v is not ErrInvalid", err)
+			}
+			return
+		}
+		if !bytes.Equal(r.Encode(), b) {
+			t.Fatalf("accepted a non-canonical encoding:\n%x\n%x", b, r.Encode())
+		}
+		if changed, err := r.Clone().Merge(r); err != nil || changed {
+			t.Fatalf("self merge = %v, %v", changed, err)
+		}
+		toks := r.Tokens()
+		for i := 1; i < len(toks); i++ {
+			if toks[i-1].Start.Compare(toks[i].Start) >= 0 {
+				t.Fatalf("view not sorted: %v", r)
+			}
+		}
+		for _, tk := range toks {
+			if o, ok := r.Owner(tk.Start); !ok || o != tk.Owner {
+				t.Fatalf("Owner(%v) = %q, %v; token says %q", tk.Start, o, ok, tk.Owner)
+			}
+		}
+	})
+}
+
+func FuzzMerge(f *testing.F) {
+	seeds := fuzzSeeds(f)
+	for _, a := range seeds {
+		for _, b := range seeds {
+			f.Add(a, b)
+		}
+	}
+	f.Fuzz(func(t *testing.T, ab, bb []byte) {
+		a, errA := Decode(ab)
+		b, errB := Decode(bb)
+		if errA != nil || errB != nil {
+			// An invalid remote is refused and leaves the local ring
+			// untouched.
+			if errA == nil {
+				local := a.Clone()
+				if _, err := local.Merge(b); err == nil || !bytes.Equal(local.Encode(), ab) {
+					t.Fatalf("merge of an invalid ring: %v", err)
+				}
+			}
+			return
+		}
+		x := a.Clone()
+		_, err1 := x.Merge(b)
+		y := b.Clone()
+		_, err2 := y.Merge(a)
+		if (err1 == nil) != (err2 == nil) {
+			t.Fatalf("merge errors differ by direction: %v vs %v", err1, err2)
+		}
+		if err1 != nil {
+			if !bytes.Equal(x.Encode(), ab) {
+				t.Fatalf("refused merge changed the ring")
+			}
+			return
+		}
+		if !bytes.Equal(x.Encode(), y.Encode()) {
+			t.Fatalf("merge not commutative:\n%v\n%v", x, y)
+		}
+		if _, err := Decode(x.Encode()); err != nil {
+			t.Fatalf("merge produced an invalid ring: %v", err)
+		}
+		if changed, err := x.Merge(b); err != nil || changed {
+			t.Fatalf("merge not idempotent: %v, %v", changed, err)
+		}
+		// The guarded merge of a peer with allocations either refuses
+		// with the state unchanged, or keeps ring and space equal.
+		owners := a.Peers()
+		if len(owners) == 0 {
+			return
+		}
+		al, err := RestoreAllocator(State{Self: owners[0], Ring: ab})
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		for _, rg := range al.Owned() {
+			if _, err := al.space.AllocateIn(Range{rg.Last, rg.Last}); err != nil {
+				t.Fatalf("allocate %v: %v", rg.Last, err)
+			}
+			al.byAddr[rg.Last] = Attachment{ContainerID: rg.Last.String()}
+			al.byAttach[Attachment{ContainerID: rg.Last.String()}] = rg.Last
+		}
+		before := al.State()
+		if _, err := al.Merge(b); err != nil {
+			var te *TakeoverError
+			if !errors.As(err, &te) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrOtherUniverse) {
+				t.Fatalf("guarded merge error %v", err)
+			}
+			if !bytes.Equal(al.State().Ring, before.Ring) {
+				t.Fatalf("refused guarded merge changed the ring")
+			}
+		}
+		checkInvariant(t, al)
+		for _, got := range al.Allocations() {
+			if o, _ := al.ring.Owner(got.Addr); o != al.self {
+				t.Fatalf("allocation %v lost to %q", got.Addr, o)
+			}
+		}
+	})
+}

@@ -1,0 +1,346 @@
+package ring
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+// randomRing builds an arbitrary valid state over a small universe, with
+// few distinct versions and owners so that ties happen often.
+func randomRing(t testing.TB, rng *rand.Rand) *Ring {
+	t.Helper()
+	r := newRing(t, "10.0.0.0/24")
+	owners := []string{"", "a", "b", "c"}
+	raw := []rawToken{{}}
+	for x := uint64(8); x < 256; x += 8 {
+		if rng.IntN(4) == 0 {
+			raw = append(raw, rawToken{start: U128(x)})
+		}
+	}
+	for i := range raw {
+		raw[i].owner = owners[rng.IntN(len(owners))]
+		raw[i].version = uint64(rng.IntN(4))<<epochShift | uint64(rng.IntN(3))
+		size := rangeEnd(r.u, raw, i).Sub(raw[i].start)
+		raw[i].free = U128(rng.Uint64N(size.Lo + 1))
+	}
+	var leases []leaseEntry
+	for q := uint64(0); q < 4; q++ {
+		if rng.IntN(2) == 0 {
+			leases = append(leases, leaseEntry{start: U128(q * 64), end: U128(q*64 + 64), bits: 26,
+				owner: owners[1+rng.IntN(3)], index: uint64(1 + rng.IntN(4))})
+		}
+	}
+	var tombs []Tombstone
+	for _, o := range owners[1:] {
+		if rng.IntN(3) == 0 {
+			tombs = append(tombs, Tombstone{o, uint64(1 + rng.IntN(4))})
+		}
+	}
+	r.st = r.derive(raw, leases, tombs)
+	checkValid(t, r)
+	return r
+}
+
+func merged(t testing.TB, a, b *Ring) *Ring {
+	t.Helper()
+	c := a.Clone()
+	if _, err := c.Merge(b); err != nil {
+		t.Fatalf("merge: %v\n%v\n%v", err, a, b)
+	}
+	checkValid(t, c)
+	return c
+}
+
+// TestCRDTLaws checks commutativity, associativity and idempotence of Merge
+// on arbitrary states, comparing encodings byte for byte.
+func TestCRDTLaws(t *testing.T) {
+	for seed := uint64(1); seed <= 300; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		a, b, c := randomRing(t, rng), randomRing(t, rng), randomRing(t, rng)
+		ab, ba := merged(t, a, b), merged(t, b, a)
+		if !bytes.Equal(ab.Encode(), ba.Encode()) {
+			t.Fatalf("seed %d: merge not commutative:\n%v\n%v", seed, ab, ba)
+		}
+		left, right := merged(t, ab, c), merged(t, a, merged(t, b, c))
+		if !bytes.Equal(left.Encode(), right.Encode()) {
+			t.Fatalf("seed %d: merge not associative:\n%v\n%v", seed, left, right)
+		}
+		if aa := merged(t, a, a); !bytes.Equal(aa.Encode(), a.Encode()) {
+			t.Fatalf("seed %d: merge not idempotent", seed)
+		}
+		if changed, _ := ab.Clone().Merge(a); changed {
+			t.Fatalf("seed %d: merging a part into the whole reported a change", seed)
+		}
+		// The view is a function of the state.
+		if !slices.Equal(ab.Tokens(), ba.Tokens()) {
+			t.Fatalf("seed %d: equal states, different views", seed)
+		}
+	}
+}
+
+// history drives several peers through random grants, transfers, seeds,
+// allocations and merges of current and stale rings.
+type history struct {
+	t       testing.TB
+	seed    uint64
+	rng     *rand.Rand
+	peers   map[string]*Allocator
+	live    []string // peers that act
+	dead    []string // peers that stopped; their allocators are frozen
+	taken   map[string]bool
+	leases  []Lease
+	tombs   []Tombstone
+	index   uint64 // Raft index of the master
+	nextNet int
+	sent    []*Ring // every ring ever sent, for stale and duplicate deliveries
+	nextID  int
+}
+
+func newHistory(t testing.TB, seed uint64) *history {
+	h := &history{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 2)), peers: map[string]*Allocator{}, taken: map[string]bool{}}
+	for range 3 {
+		h.register()
+	}
+	return h
+}
+
+func (h *history) fatalf(format string, args ...any) {
+	h.t.Helper()
+	h.t.Fatalf("seed %d: %s", h.seed, fmt.Sprintf(format, args...))
+}
+
+func (h *history) pick(from []string) string { return from[h.rng.IntN(len(from))] }
+
+// register is the master leasing a never-used /24 to a new agent.
+func (h *history) register() {
+	if h.nextNet >= 250 {
+		return
+	}
+	id := fmt.Sprintf("p%02d", h.nextID)
+	h.nextID++
+	a, err := NewAllocator(id, netip.MustParsePrefix("10.0.0.0/16"))
+	if err != nil {
+		h.fatalf("%v", err)
+	}
+	h.index++
+	h.leases = append(h.leases, Lease{id, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(h.nextNet), 0}), 24), h.index})
+	h.nextNet++
+	h.peers[id] = a
+	h.live = append(h.live, id)
+	h.seedPeer(id)
+}
+
+func (h *history) seedPeer(id string) {
+	if _, err := h.peers[id].Seed(h.leases, h.tombs); err != nil {
+		h.fatalf("seed %s: %v", id, err)
+	}
+}
+
+func (h *history) send(id string) *Ring {
+	r := h.peers[id].Ring()
+	h.sent = append(h.sent, r)
+	return r
+}
+
+func (h *history) merge(to string, r *Ring) {
+	if _, err := h.peers[to].Merge(r); err != nil {
+		h.fatalf("merge into %s: %v", to, err)
+	}
+}
+
+func (h *history) step() {
+	switch op := h.rng.IntN(12); {
+	case op == 0:
+		h.register()
+	case op == 1: // a peer learns the master's table
+		h.seedPeer(h.pick(h.live))
+	case op == 2 && len(h.live) > 2: // a peer stops; sometimes the master deletes it
+		i := h.rng.IntN(len(h.live))
+		id := h.live[i]
+		h.live = slices.Delete(h.live, i, i+1)
+		h.dead = append(h.dead, id)
+		if h.rng.IntN(2) == 0 {
+			h.index++
+			h.tombs = append(h.tombs, Tombstone{id, h.index})
+		}
+	case op == 3 && len(h.dead) > 0: // one live peer takes over a dead one
+		d := h.pick(h.dead)
+		if h.taken[d] {
+			return
+		}
+		to := h.pick(h.live)
+		// It must know the dead peer's last ring first, or it would
+		// take back what the dead peer had given away.
+		h.merge(to, h.peers[d].Ring())
+		if _, err := h.peers[to].Transfer(d); err != nil {
+			h.fatalf("transfer %s to %s: %v", d, to, err)
+		}
+		h.taken[d] = true
+	case op == 4 && len(h.live) > 1: // a grant, as a space request would do
+		from, to := h.pick(h.live), h.pick(h.live)
+		if from == to {
+			return
+		}
+		if _, err := h.peers[from].Donate(to); err != nil && !isNothing(err) {
+			h.fatalf("donate %s to %s: %v", from, to, err)
+		}
+	case op <= 7: // allocations and releases
+		a := h.peers[h.pick(h.live)]
+		at := Attachment{fmt.Sprint("c", h.rng.IntN(40)), "eth0"}
+		if h.rng.IntN(3) == 0 {
+			a.Release(at)
+			return
+		}
+		owned := a.Owned()
+		if len(owned) == 0 {
+			return
+		}
+		rg := owned[h.rng.IntN(len(owned))]
+		if _, err := a.space.AllocateIn(rg); err == nil {
+			// Exercise the space directly too, then give it back.
+			a.space.Release(rg.First)
+		}
+		for _, p := range rg.Prefixes() {
+			if _, err := a.Allocate(at, p); err == nil {
+				break
+			}
+		}
+	case op == 8 && len(h.sent) > 0: // a stale or duplicate ring arrives
+		h.merge(h.pick(h.live), h.sent[h.rng.IntN(len(h.sent))])
+	default: // fresh gossip between two live peers
+		from, to := h.pick(h.live), h.pick(h.live)
+		if _, err := h.peers[from].SyncFree(); err != nil {
+			h.fatalf("sync free %s: %v", from, err)
+		}
+		h.merge(to, h.send(from))
+	}
+}
+
+func isNothing(err error) bool { return err == ErrNothingToDonate }
+
+// check asserts that no address is owned by two live peers, each judged by
+// its own ring, and that every allocator's space matches its ring.
+func (h *history) check() {
+	h.t.Helper()
+	type span struct {
+		peer string
+		r    Range
+	}
+	var spans []span
+	for _, id := range h.live {
+		a := h.peers[id]
+		checkInvariant(h.t, a)
+		for _, r := range a.Owned() {
+			spans = append(spans, span{id, r})
+		}
+	}
+	slices.SortFunc(spans, func(x, y span) int { return x.r.First.Compare(y.r.First) })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].r.First.Compare(spans[i-1].r.Last) <= 0 {
+			h.fatalf("%s owns %v and %s owns %v", spans[i-1].peer, spans[i-1].r, spans[i].peer, spans[i].r)
+		}
+	}
+}
+
+// converge gossips between live peers until nothing changes, then checks
+// that they all hold the same ring.
+func (h *history) converge() {
+	h.t.Helper()
+	for round := 0; ; round++ {
+		changed := false
+		for _, from := range h.live {
+			r := h.peers[from].Ring()
+			for _, to := range h.live {
+				c, err := h.peers[to].Merge(r)
+				if err != nil {
+					h.fatalf("converge merge into %s: %v", to, err)
+				}
+				changed = changed || c
+			}
+		}
+		if !changed {
+			break
+		}
+		if round > len(h.live)+2 {
+			h.fatalf("no convergence after %d full rounds", round)
+		}
+	}
+	want := h.peers[h.live[0]].Ring()
+	for _, id := range h.live[1:] {
+		if got := h.peers[id].Ring(); !got.Equal(want) {
+			h.fatalf("%s and %s differ after convergence:\n%v\n%v", h.live[0], id, want, got)
+		}
+	}
+}
+
+func TestHistories(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			h := newHistory(t, seed)
+			for range 250 {
+				h.step()
+				h.check()
+			}
+			h.converge()
+			h.check()
+			// Two newcomers that merge every ring ever sent and the
+			// live peers' rings, each in its own order and with its own
+			// duplicates, reach the same ring.
+			all := append(slices.Clone(h.sent), h.peers[h.live[0]].Ring())
+			var lates []*Allocator
+			for k := range 2 {
+				late := mustAllocator(t, fmt.Sprint("late", k), "10.0.0.0/16")
+				for _, i := range h.rng.Perm(len(all)) {
+					for range 1 + h.rng.IntN(2) {
+						if _, err := late.Merge(all[i]); err != nil {
+							t.Fatalf("seed %d: %v", seed, err)
+						}
+					}
+				}
+				lates = append(lates, late)
+			}
+			if !lates[0].ring.Equal(lates[1].ring) {
+				t.Fatalf("seed %d: newcomers differ:\n%v\n%v", seed, lates[0].ring, lates[1].ring)
+			}
+		})
+	}
+}
+
+// TestSeedOrderIndependence checks that peers given the same lease table in
+// pieces, in any order, with repeats, derive the same ring.
+func TestSeedOrderIndependence(t *testing.T) {
+	for seed := uint64(1); seed <= 50; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 3))
+		var leases []Lease
+		var tombs []Tombstone
+		for i := range 20 {
+			owner := fmt.Sprint("a", rng.IntN(8))
+			leases = append(leases, Lease{owner, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(rng.IntN(6)), 0}), 24), uint64(i + 1)})
+			if rng.IntN(5) == 0 {
+				tombs = append(tombs, Tombstone{owner, uint64(i + 1 + rng.IntN(5))})
+			}
+		}
+		ref := newRing(t, "10.0.0.0/16")
+		mustSeed(t, ref, leases, tombs)
+		for peer := range 3 {
+			r := newRing(t, "10.0.0.0/16")
+			perm := rng.Perm(len(leases))
+			for _, i := range perm {
+				mustSeed(t, r, []Lease{leases[i]}, nil)
+				if rng.IntN(3) == 0 {
+					mustSeed(t, r, []Lease{leases[rng.IntN(len(leases))]}, nil)
+				}
+			}
+			for _, i := range rng.Perm(len(tombs)) {
+				mustSeed(t, r, nil, []Tombstone{tombs[i]})
+			}
+			if !r.Equal(ref) {
+				t.Fatalf("seed %d peer %d: ring differs\n%v\n%v", seed, peer, ref, r)
+			}
+		}
+	}
+}
