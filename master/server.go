@@ -26,6 +26,9 @@ import (
 // MaxBodyBytes is the largest request body a master reads.
 const MaxBodyBytes = 1 << 20
 
+// indexHeader carries the Raft index of a committed write.
+const indexHeader = "X-Carve-Index"
+
 // forwardedHeader marks a request proxied by a follower, so that a leader
 // change in between cannot make two followers bounce it between them.
 const forwardedHeader = "X-Carve-Forwarded-By"
@@ -266,7 +269,7 @@ func (s *server) apply(ctx context.Context, w http.ResponseWriter, r *http.Reque
 		writeError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return applyResult{}, true
 	}
-	out, _, err := s.m.node.Apply(ctx, data)
+	out, index, err := s.m.node.Apply(ctx, data)
 	switch {
 	case err == nil:
 	case errors.Is(err, raftlog.ErrNotLeader):
@@ -292,6 +295,9 @@ func (s *server) apply(ctx context.Context, w http.ResponseWriter, r *http.Reque
 	for _, warn := range res.Warnings {
 		s.log.Warn("network config", "warning", warn)
 	}
+	// The follower that proxied this write waits for this index before it
+	// answers, so a client reads its own writes from the master it used.
+	w.Header().Set(indexHeader, strconv.FormatUint(index, 10))
 	return res, false
 }
 
@@ -342,7 +348,14 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 	}
 	defer resp.Body.Close()
 	s.m.metrics.forwarded.Inc()
-	for _, h := range []string{"Content-Type", "Retry-After"} {
+	if idx, err := strconv.ParseUint(resp.Header.Get(indexHeader), 10, 64); err == nil && resp.StatusCode < 300 {
+		ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
+		if err := s.m.node.WaitApplied(ctx, idx); err != nil {
+			s.log.Warn("proxied write committed but not yet applied here", "index", idx, "err", err)
+		}
+		cancel()
+	}
+	for _, h := range []string{"Content-Type", "Retry-After", indexHeader} {
 		if v := resp.Header.Get(h); v != "" {
 			w.Header().Set(h, v)
 		}
@@ -407,7 +420,7 @@ func (s *server) writeState(w http.ResponseWriter) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Carve-Index", strconv.FormatUint(s.m.table.Index(), 10))
+	w.Header().Set("X-Carve-State-Index", strconv.FormatUint(s.m.table.Index(), 10))
 	_, _ = w.Write(data)
 }
 
