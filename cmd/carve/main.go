@@ -19,6 +19,8 @@ const usage = `carve: a VXLAN overlay control plane
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
                --peers m1=HOST:PORT,... [--config network.json] [--join URL]
+  carve agent  --data-dir DIR --masters URL[,URL...] [--id ID] [--ip UNDERLAY_IP] \
+               [--http-addr HOST:PORT] [--mesh-addr HOST:PORT] [--mesos-bridge=true] [--docker-bridge=true]
   carve state  --masters URL[,URL...] [--json]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
@@ -40,6 +42,8 @@ func main() {
 	switch os.Args[1] {
 	case "master":
 		err = runMaster(ctx, args)
+	case "agent":
+		err = runAgent(ctx, args)
 	case "state":
 		err = runState(ctx, args, os.Stdout)
 	case "demo":

@@ -1,0 +1,251 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/raftlog"
+)
+
+func quietLogger() *slog.Logger {
+	if os.Getenv("CARVE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startMaster runs a one-voter master on loopback (the agent tests are about
+// agents; the 3-master cluster is tested in package master and in e2e).
+func startMaster(t *testing.T, dir string) *master.Master {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := master.Start(context.Background(), master.Options{
+		ID: "m1", DataDir: dir, HTTPAddr: "127.0.0.1:0", RaftAddr: ln.Addr().String(),
+		Peers:   []raftlog.Server{{ID: "m1", Address: ln.Addr().String(), Voter: true}},
+		Network: master.DefaultConfig(), Logger: quietLogger(),
+		TuneRaft: func(c *raftlog.Config) {
+			c.Listener = ln
+			c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "master ready", func() bool {
+		_, ok := m.Table().Network()
+		return ok && m.Node().IsLeader()
+	})
+	return m
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// fakeRouter adapts a fakegossip router (race-free, in-process) to Router.
+type fakeRouter struct {
+	*fakegossip.Router
+	net *fakegossip.Network
+}
+
+func (r fakeRouter) Start() error                  { return nil }
+func (r fakeRouter) Connect(addrs ...string) error { return nil }
+func (r fakeRouter) Stop() error                   { r.net.Leave(r.Self()); return nil }
+
+// runningAgent is an agent running in a goroutine.
+type runningAgent struct {
+	*Agent
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+// stop ends the agent and waits for it (once; the cleanup calls it too).
+func (r *runningAgent) stop(t *testing.T) {
+	t.Helper()
+	r.once.Do(func() {
+		r.cancel()
+		if err := <-r.done; err != nil {
+			t.Errorf("agent %s: %v", r.id, err)
+		}
+	})
+}
+
+func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gnet *fakegossip.Network) *runningAgent {
+	t.Helper()
+	a, err := New(Config{
+		DataDir: dataDir, Masters: []string{masterURL}, ID: fmt.Sprintf("host-%d", host.Index), IP: host.IP.Addr(),
+		HTTPAddr: "127.0.0.1:0", MesosBridge: true, DockerBridge: true, ResyncInterval: time.Second,
+		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: quietLogger().With("host", host.Index),
+		NewRouter: func(id string) (Router, error) {
+			r, err := gnet.Join(id)
+			return fakeRouter{Router: r, net: gnet}, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{Agent: a, cancel: cancel, done: make(chan error, 1)}
+	go func() { ra.done <- a.Run(ctx) }()
+	t.Cleanup(func() { ra.stop(t) })
+	return ra
+}
+
+// programmedPeers is the set of peers an agent reports programmed.
+func programmedPeers(a *Agent) map[string]bool {
+	out := map[string]bool{}
+	for _, p := range a.Peers().Peers {
+		if p.Programmed {
+			out[p.AgentID] = true
+		}
+	}
+	return out
+}
+
+// kernelHasPeer reads host's kernel back: neighbour, FDB entry and route of a peer.
+func kernelHasPeer(t *testing.T, host *netnslab.Host, vtepIP, mac, underlay, subnet string) bool {
+	t.Helper()
+	h, err := host.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName("vtep1024")
+	if err != nil {
+		return false
+	}
+	neighs, err := h.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fdb, err := h.NeighList(link.Attrs().Index, 7 /* AF_BRIDGE */)
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes, err := h.RouteList(link, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var haveNeigh, haveFDB, haveRoute bool
+	for _, n := range neighs {
+		if n.IP.String() == vtepIP && n.HardwareAddr.String() == mac {
+			haveNeigh = true
+		}
+	}
+	for _, n := range fdb {
+		if n.HardwareAddr.String() == mac && n.IP.String() == underlay {
+			haveFDB = true
+		}
+	}
+	for _, r := range routes {
+		if r.Dst != nil && r.Dst.String() == subnet && r.Gw.String() == vtepIP {
+			haveRoute = true
+		}
+	}
+	return haveNeigh && haveFDB && haveRoute
+}
+
+// TestAgentsWithoutMasters: agents program each other from the masters'
+// state; with the masters gone, a restarted agent works from its persisted
+// state and learns what it missed through gossip.
+func TestAgentsWithoutMasters(t *testing.T) {
+	if !netnslab.IsRoot() {
+		t.Skip("needs root to create network namespaces")
+	}
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 3})
+	hosts := lab.Hosts()
+	dir := t.TempDir()
+	m := startMaster(t, filepath.Join(dir, "m1"))
+	url := "http://" + m.HTTPAddr()
+	gnet := fakegossip.New(fakegossip.Config{Seed: 7, GossipInterval: 300 * time.Millisecond, DropRate: 0.1, DuplicateRate: 0.1})
+	t.Cleanup(gnet.Close)
+	t.Logf("fake gossip seed %d", gnet.Seed())
+
+	agents := make([]*runningAgent, 3)
+	for i, h := range hosts {
+		agents[i] = startAgent(t, h, url, filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
+	}
+	for i, a := range agents {
+		waitFor(t, fmt.Sprintf("agent %d programs both others", i), func() bool { return len(programmedPeers(a.Agent)) == 2 })
+		waitFor(t, fmt.Sprintf("agent %d overlay OK", i), func() bool {
+			ov := a.Overlay().Overlay("carve")
+			return ov != nil && ov.State.Status == api.StatusOK
+		})
+	}
+	// The kernel holds what the agents report.
+	info2 := agents[1].Overlay()
+	vx := info2.Overlays[0].Backend.VXLAN
+	if !kernelHasPeer(t, hosts[0], "100.64.0.2", vx.VTEPMAC, hosts[1].IP.Addr().String(), info2.Overlays[0].Subnet) &&
+		!kernelHasPeer(t, hosts[0], stripPrefix(vx.VTEPIP), vx.VTEPMAC, hosts[1].IP.Addr().String(), info2.Overlays[0].Subnet) {
+		t.Fatalf("host 1's kernel lacks host 2's entries")
+	}
+
+	// Agent 3 stops; a new agent ("late", a record only) registers; agents 1
+	// and 2 learn it from the masters; then every master goes away.
+	agents[2].stop(t)
+	client, err := api.NewClient([]string{url}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, err := client.Register(context.Background(), api.RegisterRequest{AgentID: "late", IP: "198.18.0.99", MeshAddr: "198.18.0.99:6783"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range agents[:2] {
+		waitFor(t, "agents 1-2 program the late agent", func() bool { return programmedPeers(a.Agent)["late"] })
+	}
+	m.Close()
+
+	// Agent 3 restarts with no master: it programs from its persisted state,
+	// and learns "late" from gossip.
+	agents[2] = startAgent(t, hosts[2], url, filepath.Join(dir, "a2"), gnet)
+	waitFor(t, "restarted agent programs its old peers and the late one from gossip", func() bool {
+		p := programmedPeers(agents[2].Agent)
+		return p["host-1"] && p["host-2"] && p["late"]
+	})
+	if agents[2].Peers().MastersReachable {
+		t.Error("masters reported reachable while down")
+	}
+	lvx := late.Overlays[0].Backend.VXLAN
+	waitFor(t, "host 3's kernel holds the late agent", func() bool {
+		return kernelHasPeer(t, hosts[2], stripPrefix(lvx.VTEPIP), lvx.VTEPMAC, "198.18.0.99", late.Overlays[0].Subnet)
+	})
+	// Its own overlay stays OK from the persisted leases.
+	if ov := agents[2].Overlay().Overlay("carve"); ov == nil || ov.State.Status != api.StatusOK {
+		t.Errorf("restarted agent's overlay: %+v", ov)
+	}
+}
+
+func stripPrefix(p string) string {
+	ip, _, err := net.ParseCIDR(p)
+	if err != nil {
+		return p
+	}
+	return ip.String()
+}

@@ -1,0 +1,223 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/vxlan"
+)
+
+func rec(id string, v uint64, ip string) PeerRecord {
+	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02",
+		Subnets: []string{"10.128.2.0/24"}}
+}
+
+func TestMembershipMergeRules(t *testing.T) {
+	tests := []struct {
+		name    string
+		steps   []MembershipState
+		wantIDs []string
+		wantIP  string // of "a", when present
+	}{
+		{"newer record wins", []MembershipState{{Records: []PeerRecord{rec("a", 5, "198.18.0.1")}}, {Records: []PeerRecord{rec("a", 9, "198.18.0.2")}}}, []string{"a"}, "198.18.0.2"},
+		{"older record loses", []MembershipState{{Records: []PeerRecord{rec("a", 9, "198.18.0.2")}}, {Records: []PeerRecord{rec("a", 5, "198.18.0.1")}}}, []string{"a"}, "198.18.0.2"},
+		{"tombstone removes older record", []MembershipState{{Records: []PeerRecord{rec("a", 5, "198.18.0.1")}}, {Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}}}, nil, ""},
+		{"late older gossip cannot resurrect", []MembershipState{{Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}}, {Records: []PeerRecord{rec("a", 5, "198.18.0.1")}}}, nil, ""},
+		{"tombstone at the same version wins", []MembershipState{{Records: []PeerRecord{rec("a", 7, "198.18.0.1")}}, {Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}}}, nil, ""},
+		{"re-registration after delete comes back", []MembershipState{{Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}}, {Records: []PeerRecord{rec("a", 8, "198.18.0.3")}}}, []string{"a"}, "198.18.0.3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := NewMembership()
+			for _, s := range tt.steps {
+				m.Merge(s)
+			}
+			st := m.State()
+			var ids []string
+			for _, r := range st.Records {
+				ids = append(ids, r.ID)
+			}
+			if fmt.Sprint(ids) != fmt.Sprint(tt.wantIDs) {
+				t.Fatalf("records %v, want %v", ids, tt.wantIDs)
+			}
+			if r, ok := m.Record("a"); ok && r.IP != tt.wantIP {
+				t.Errorf("a has ip %s, want %s", r.IP, tt.wantIP)
+			}
+		})
+	}
+}
+
+// TestMembershipMergeIsAJoin: any order of the same updates, with
+// duplicates, and any grouping, gives the same membership.
+func TestMembershipMergeIsAJoin(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0))
+		var updates []MembershipState
+		for range 30 {
+			id := fmt.Sprintf("n%d", rng.IntN(6))
+			v := uint64(rng.IntN(20) + 1)
+			if rng.IntN(4) == 0 {
+				updates = append(updates, MembershipState{Tombstones: []api.Tombstone{{AgentID: id, Version: v}}})
+			} else {
+				r := rec(id, v, fmt.Sprintf("198.18.0.%d", rng.IntN(3)+1))
+				updates = append(updates, MembershipState{Records: []PeerRecord{r}})
+			}
+		}
+		reference := NewMembership()
+		for _, u := range updates {
+			reference.Merge(u)
+		}
+		want := reference.State()
+		for trial := range 5 {
+			perm := rng.Perm(len(updates))
+			a, b := NewMembership(), NewMembership()
+			for i, p := range perm {
+				// split between two peers, with duplicates, then merge one into the other
+				if i%2 == 0 || rng.IntN(3) == 0 {
+					a.Merge(updates[p])
+				} else {
+					b.Merge(updates[p])
+				}
+			}
+			a.Merge(b.State())
+			a.Merge(b.State()) // idempotent
+			if got := a.State(); !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d trial %d: merge order changed the result\ngot  %+v\nwant %+v", seed, trial, got, want)
+			}
+		}
+	}
+}
+
+func TestDecodeMembershipRejects(t *testing.T) {
+	good, _ := json.Marshal(MembershipState{Records: []PeerRecord{rec("a", 1, "198.18.0.1")}})
+	if _, err := DecodeMembership(good); err != nil {
+		t.Fatalf("good message refused: %v", err)
+	}
+	tests := []struct{ name, msg string }{
+		{"not json", `{`},
+		{"bad id", `{"records":[{"id":"a b","v":1}]}`},
+		{"zero version", `{"records":[{"id":"a","v":0}]}`},
+		{"bad ip", `{"records":[{"id":"a","v":1,"ip":"1.2.3"}]}`},
+		{"bad mesh", `{"records":[{"id":"a","v":1,"mesh":"nohost"}]}`},
+		{"bad vtep", `{"records":[{"id":"a","v":1,"vtep":"fd00::1/64","mac":"70:b3:d5:40:00:02"}]}`},
+		{"bad mac", `{"records":[{"id":"a","v":1,"vtep":"100.64.0.2/16","mac":"zz"}]}`},
+		{"host bits subnet", `{"records":[{"id":"a","v":1,"subnets":["10.0.0.1/24"]}]}`},
+		{"bad tombstone", `{"tombstones":[{"agent_id":"","version":3}]}`},
+		{"oversized", `{"records":[` + strings.Repeat(" ", maxGossipBytes) + `]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := DecodeMembership([]byte(tt.msg)); err == nil {
+				t.Errorf("accepted %.80s", tt.msg)
+			}
+		})
+	}
+}
+
+// FuzzDecodeMembership: remote gossip never panics the decoder, and what it
+// accepts merges and yields a usable desired state.
+func FuzzDecodeMembership(f *testing.F) {
+	good, _ := json.Marshal(MembershipState{Records: []PeerRecord{rec("a", 1, "198.18.0.1")},
+		Tombstones: []api.Tombstone{{AgentID: "b", Version: 4}}})
+	f.Add(good)
+	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","subnets":["fd00:1::/64"]}]}`))
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := DecodeMembership(data)
+		if err != nil {
+			return
+		}
+		m := NewMembership()
+		m.Merge(st)
+		_, _, _ = desiredState(selfInfo(), nil, netip.MustParseAddr("198.18.0.10"), m.State())
+	})
+}
+
+func selfInfo() *api.AgentInfo {
+	return &api.AgentInfo{AgentID: "self", IP: "198.18.0.10", Version: 3, Overlays: []api.AgentOverlay{{
+		Info:         api.OverlayNetwork{Name: "carve"},
+		Subnet:       "10.128.0.0/24",
+		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
+		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25", IP6: "fd00::8000:0:0:0/65"},
+		Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.1/16",
+			VTEPMAC: "70:b3:d5:40:00:01", VTEPPort: 4789, VTEPMTU: 1450}},
+		State: api.OverlayState{Status: api.StatusOK},
+	}}}
+}
+
+func TestDesiredState(t *testing.T) {
+	members := MembershipState{Records: []PeerRecord{
+		peerFromInfo(selfInfo()), // self is never a peer
+		rec("b", 4, "198.18.0.11"),
+		{ID: "no-ip", Version: 5, VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}, // lost its IP: skipped
+	}}
+	want, peers, err := desiredState(selfInfo(), &api.NetworkConfig{OverlayMTU: 1400}, netip.MustParseAddr("198.18.0.10"), members)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.VTEP.Name != "vtep1024" || want.VTEP.VNI != 1024 || want.VTEP.Address.String() != "100.64.0.1/16" ||
+		want.VTEP.MAC.String() != "70:b3:d5:40:00:01" || want.VTEP.Local.String() != "198.18.0.10" || want.VTEP.MTU != 1450 {
+		t.Errorf("vtep %+v", want.VTEP)
+	}
+	wantBridges := []vxlan.Bridge{
+		{Name: "m-carve", Gateway: netip.MustParsePrefix("10.128.0.1/25"), MTU: 1400},
+		{Name: "d-carve", Gateway: netip.MustParsePrefix("10.128.0.129/25"), Gateway6: netip.MustParsePrefix("fd00::8000:0:0:1/65"), MTU: 1400},
+	}
+	if !reflect.DeepEqual(want.Bridges, wantBridges) {
+		t.Errorf("bridges %+v", want.Bridges)
+	}
+	if !want.IPForward || !want.IPv6Forward {
+		t.Errorf("forwarding %v %v", want.IPForward, want.IPv6Forward)
+	}
+	if len(want.Peers) != 1 || want.Peers[0].ID != "b" || want.Peers[0].VTEPIP.String() != "100.64.0.2" ||
+		want.Peers[0].Subnets[0].String() != "10.128.2.0/24" || peers["b"] != 4 || len(peers) != 1 {
+		t.Errorf("peers %+v %v", want.Peers, peers)
+	}
+	if _, _, err := desiredState(&api.AgentInfo{AgentID: "x"}, nil, netip.MustParseAddr("198.18.0.10"), members); err == nil {
+		t.Error("a record without VTEP should be an error")
+	}
+}
+
+func TestStoreRoundTripAndID(t *testing.T) {
+	dir := t.TempDir()
+	s, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.LoadOrCreateID("")
+	if err != nil || !strings.HasPrefix(id, "agent-") {
+		t.Fatalf("id %q %v", id, err)
+	}
+	p := persisted{ID: id, Self: selfInfo(), Network: &api.NetworkConfig{VNI: 7}, MasterIndex: 42,
+		Membership: MembershipState{Records: []PeerRecord{rec("b", 4, "198.18.0.11")}}}
+	if err := s.Save(p); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	again, err := s.LoadOrCreateID("")
+	if err != nil || again != id {
+		t.Fatalf("id changed across restarts: %q -> %q (%v)", id, again, err)
+	}
+	if _, err := s.LoadOrCreateID("other"); err == nil {
+		t.Error("a different --id on an existing data dir must be refused")
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !jsonEqual(got, p) {
+		t.Errorf("loaded %+v\nwant %+v", got, p)
+	}
+}

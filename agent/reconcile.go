@@ -1,0 +1,218 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/vxlan"
+)
+
+// defaultOverlayMTU is used until the network configuration is known.
+const defaultOverlayMTU = 1420
+
+// reconcileLoop programs the kernel: the difference on every change, and a
+// full read-back resync every ResyncInterval (which repairs changes made by
+// hand). A failed reconcile is retried soon.
+func (a *Agent) reconcileLoop(ctx context.Context) {
+	resync := time.NewTicker(a.cfg.ResyncInterval)
+	defer resync.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	for {
+		full := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.reconcileCh:
+		case <-retry.C:
+		case <-resync.C:
+			full = true
+		}
+		if err := a.reconcile(ctx, full); err != nil {
+			a.log.Warn("reconcile", "err", err, "full", full)
+			retry.Reset(2 * time.Second)
+		}
+	}
+}
+
+// reconcile computes the desired dataplane and applies it.
+func (a *Agent) reconcile(ctx context.Context, full bool) error {
+	a.mu.RLock()
+	self, network := a.self, a.network
+	a.mu.RUnlock()
+	if self == nil {
+		return nil // never registered and nothing persisted: nothing to program yet
+	}
+	want, peers, err := desiredState(self, network, a.ip, a.members.State())
+	if err != nil {
+		a.setReport(self.Version, nil, nil, err)
+		return err
+	}
+	var rep vxlan.Report
+	mode := "apply"
+	if full {
+		mode = "resync"
+		rep, err = a.dp.Resync(ctx, want)
+	} else {
+		rep, err = a.dp.Apply(ctx, want)
+	}
+	a.metrics.observe(mode, &rep)
+	a.setReport(self.Version, &rep, peers, err)
+	if rep.Changes() > 0 {
+		a.log.Info("kernel reconciled", "mode", mode, "changes", rep.Changes(), "peers", len(want.Peers), "took", rep.Duration.Round(time.Microsecond))
+	}
+	return err
+}
+
+// setReport records what the last reconcile achieved.
+func (a *Agent) setReport(selfVersion uint64, rep *vxlan.Report, peers map[string]uint64, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.lastReport, a.lastErr = rep, err
+	if rep == nil {
+		return
+	}
+	failed := map[string]bool{}
+	for _, e := range rep.Errors {
+		if e.Peer != "" {
+			failed[e.Peer] = true
+		}
+	}
+	a.programmed = map[string]uint64{}
+	for id, v := range peers {
+		if !failed[id] {
+			a.programmed[id] = v
+		}
+	}
+	if err == nil {
+		a.reconciledSelf = selfVersion
+	}
+	a.metrics.peersProgrammed.Set(float64(len(a.programmed)))
+	a.metrics.peersKnown.Set(float64(len(peers)))
+}
+
+// desiredState computes the dataplane this agent wants: its VTEP, its
+// bridges, and an entry set for every other agent with an underlay IP. It
+// also returns the peers included, with their versions.
+func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr, members MembershipState) (vxlan.Desired, map[string]uint64, error) {
+	var want vxlan.Desired
+	var vx *api.VXLANInfo
+	for _, ov := range self.Overlays {
+		if ov.Backend != nil && ov.Backend.VXLAN != nil {
+			vx = ov.Backend.VXLAN
+			break
+		}
+	}
+	if vx == nil {
+		return want, nil, fmt.Errorf("the masters gave this agent no VTEP (no overlay leased)")
+	}
+	addr, err := netip.ParsePrefix(vx.VTEPIP)
+	if err != nil {
+		return want, nil, fmt.Errorf("own vtep_ip %q: %w", vx.VTEPIP, err)
+	}
+	mac, err := net.ParseMAC(vx.VTEPMAC)
+	if err != nil {
+		return want, nil, fmt.Errorf("own vtep_mac %q: %w", vx.VTEPMAC, err)
+	}
+	want.VTEP = vxlan.VTEP{Name: vx.VTEPName, VNI: vx.VNI, Port: vx.VTEPPort, Local: ip, MAC: mac, MTU: vx.VTEPMTU, Address: addr}
+	want.IPForward = true
+	mtu := defaultOverlayMTU
+	if network != nil && network.OverlayMTU > 0 {
+		mtu = network.OverlayMTU
+	}
+	for _, ov := range self.Overlays {
+		if ov.State.Status != api.StatusOK {
+			continue
+		}
+		for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
+			if br == nil {
+				continue
+			}
+			b := vxlan.Bridge{Name: br.Name, MTU: mtu}
+			if br.IP != "" {
+				if b.Gateway, err = gatewayOf(br.IP); err != nil {
+					return want, nil, fmt.Errorf("bridge %s: %w", br.Name, err)
+				}
+			}
+			if br.IP6 != "" {
+				if b.Gateway6, err = gatewayOf(br.IP6); err != nil {
+					return want, nil, fmt.Errorf("bridge %s: %w", br.Name, err)
+				}
+				want.IPv6Forward = true
+			}
+			want.Bridges = append(want.Bridges, b)
+		}
+	}
+	peers := map[string]uint64{}
+	for _, r := range members.Records {
+		if r.ID == self.AgentID || r.IP == "" || r.VTEPIP == "" {
+			continue
+		}
+		p, err := peerOf(r)
+		if err != nil {
+			continue // validated on the way in; a record we cannot use is skipped
+		}
+		want.Peers = append(want.Peers, p)
+		peers[r.ID] = r.Version
+	}
+	return want, peers, nil
+}
+
+func peerOf(r PeerRecord) (vxlan.Peer, error) {
+	ip, err := netip.ParseAddr(r.IP)
+	if err != nil {
+		return vxlan.Peer{}, err
+	}
+	vtep, err := netip.ParsePrefix(r.VTEPIP)
+	if err != nil {
+		return vxlan.Peer{}, err
+	}
+	mac, err := net.ParseMAC(r.VTEPMAC)
+	if err != nil {
+		return vxlan.Peer{}, err
+	}
+	p := vxlan.Peer{ID: r.ID, UnderlayIP: ip, VTEPIP: vtep.Addr(), VTEPMAC: mac}
+	for _, s := range r.Subnets {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil {
+			return vxlan.Peer{}, err
+		}
+		p.Subnets = append(p.Subnets, pr)
+	}
+	return p, nil
+}
+
+// gatewayOf is the first host address of a bridge's sub-subnet, with its prefix length.
+func gatewayOf(subnet string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(subnet)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return netip.PrefixFrom(p.Masked().Addr().Next(), p.Bits()), nil
+}
+
+// urlHostPort returns HOST:PORT of a master URL (port 80 when absent).
+func urlHostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("master URL %q: want http://HOST:PORT", raw)
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), "80"), nil
+	}
+	return u.Host, nil
+}
+
+func jsonEqual(a, b any) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
+}

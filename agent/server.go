@@ -1,0 +1,120 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/vxlan"
+)
+
+func (a *Agent) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /overlay-agent/overlay", a.handleOverlay)
+	mux.HandleFunc("GET /overlay-agent/overlays", a.handleOverlay)
+	mux.HandleFunc("GET /overlay-agent/peers", a.handlePeers)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, api.Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path, Code: api.CodeNotFound})
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func (a *Agent) handleOverlay(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.Overlay())
+}
+
+// Overlay is the agent's record with each overlay's local status:
+// CONFIGURING until the kernel holds the current leases, FAILED with the
+// kernel's error, OK once programmed.
+func (a *Agent) Overlay() *api.AgentInfo {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.self == nil {
+		return &api.AgentInfo{AgentID: a.id, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr}
+	}
+	var info api.AgentInfo
+	data, _ := json.Marshal(a.self)
+	_ = json.Unmarshal(data, &info)
+	for i := range info.Overlays {
+		ov := &info.Overlays[i]
+		if ov.State.Status != api.StatusOK {
+			continue
+		}
+		switch msg := a.overlayError(ov); {
+		case msg != "":
+			ov.State = api.OverlayState{Status: api.StatusFailed, Error: msg}
+		case a.reconciledSelf < a.self.Version:
+			ov.State = api.OverlayState{Status: api.StatusConfiguring}
+		}
+	}
+	return &info
+}
+
+// overlayError names the last reconcile's failure that concerns this
+// overlay: its VTEP, its bridges or their addresses. Failures of single peer
+// entries show in /overlay-agent/peers instead.
+func (a *Agent) overlayError(ov *api.AgentOverlay) string {
+	if a.lastErr == nil {
+		return ""
+	}
+	if a.lastReport == nil { // the desired state itself could not be computed
+		return a.lastErr.Error()
+	}
+	var names []string
+	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
+		if br != nil {
+			names = append(names, br.Name)
+		}
+	}
+	for _, e := range a.lastReport.Errors {
+		switch e.Kind {
+		case vxlan.KindVTEP:
+			return e.Error()
+		case vxlan.KindBridge, vxlan.KindAddress, vxlan.KindSysctl:
+			if e.Kind == vxlan.KindSysctl {
+				return e.Error()
+			}
+			for _, n := range names {
+				if strings.Contains(e.Key, n) || strings.Contains(e.Error(), n) {
+					return e.Error()
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func (a *Agent) handlePeers(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.Peers())
+}
+
+// Peers is the agent's membership view with what is programmed.
+func (a *Agent) Peers() *api.AgentPeers {
+	st := a.members.State()
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, MastersReachable: a.mastersReachable,
+		Peers: []api.AgentPeer{}, Tombstones: st.Tombstones}
+	for _, p := range st.Records {
+		if p.ID == a.id {
+			continue
+		}
+		v, ok := a.programmed[p.ID]
+		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: p.VTEPIP, VTEPMAC: p.VTEPMAC,
+			Subnets: p.Subnets, Version: p.Version, Programmed: ok && v >= p.Version})
+	}
+	return out
+}

@@ -1,0 +1,166 @@
+package agent
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/api"
+)
+
+// The agent's local state lives in one bbolt file, written in one
+// transaction per change and fsynced before the change is acted on.
+const (
+	storeFile   = "agent.db"
+	agentBucket = "agent"
+	keyID       = "id"
+	keySelf     = "self"
+	keyNetwork  = "network"
+	keyMembers  = "membership"
+	keyIndex    = "master_index"
+)
+
+// Store is the agent's persistent state: its id, its last known leases, the
+// network configuration, and the membership, so that a restart with every
+// master down keeps the dataplane working.
+type Store struct {
+	db *bolt.DB
+}
+
+// persisted is what the agent keeps across restarts.
+type persisted struct {
+	ID          string
+	Self        *api.AgentInfo
+	Network     *api.NetworkConfig
+	Membership  MembershipState
+	MasterIndex uint64
+}
+
+// OpenStore opens (or creates) the store in dir.
+func OpenStore(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	db, err := bolt.Open(filepath.Join(dir, storeFile), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("open %s: another agent holds it (is one already running with this --data-dir?)", filepath.Join(dir, storeFile))
+		}
+		return nil, fmt.Errorf("open agent store: %w", err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		_, err := tx.CreateBucketIfNotExists([]byte(agentBucket))
+		return err
+	}); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init agent store: %w", err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
+
+// DB exposes the database, so that the IPAM state can share its transactions.
+func (s *Store) DB() *bolt.DB { return s.db }
+
+// LoadOrCreateID returns the persisted agent id, creating one when there is
+// none. A fixed id (--id) wins and is persisted; changing it later is refused,
+// because leases and container addresses belong to the id.
+func (s *Store) LoadOrCreateID(fixed string) (string, error) {
+	var id string
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(agentBucket))
+		cur := string(b.Get([]byte(keyID)))
+		switch {
+		case cur != "" && fixed != "" && cur != fixed:
+			return fmt.Errorf("--id %q differs from the id %q this data dir belongs to (use another --data-dir, or drop --id)", fixed, cur)
+		case cur != "":
+			id = cur
+			return nil
+		case fixed != "":
+			id = fixed
+		default:
+			var buf [8]byte
+			if _, err := rand.Read(buf[:]); err != nil {
+				return err
+			}
+			id = "agent-" + hex.EncodeToString(buf[:])
+		}
+		return b.Put([]byte(keyID), []byte(id))
+	})
+	if err != nil {
+		return "", fmt.Errorf("agent id: %w", err)
+	}
+	return id, nil
+}
+
+// Load reads the persisted state (zero values when absent).
+func (s *Store) Load() (persisted, error) {
+	var p persisted
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(agentBucket))
+		p.ID = string(b.Get([]byte(keyID)))
+		if v := b.Get([]byte(keySelf)); v != nil {
+			p.Self = &api.AgentInfo{}
+			if err := json.Unmarshal(v, p.Self); err != nil {
+				return fmt.Errorf("decode persisted self record: %w", err)
+			}
+		}
+		if v := b.Get([]byte(keyNetwork)); v != nil {
+			p.Network = &api.NetworkConfig{}
+			if err := json.Unmarshal(v, p.Network); err != nil {
+				return fmt.Errorf("decode persisted network config: %w", err)
+			}
+		}
+		if v := b.Get([]byte(keyMembers)); v != nil {
+			st, err := DecodeMembership(v)
+			if err != nil {
+				return fmt.Errorf("decode persisted membership: %w", err)
+			}
+			p.Membership = st
+		}
+		if v := b.Get([]byte(keyIndex)); v != nil {
+			if err := json.Unmarshal(v, &p.MasterIndex); err != nil {
+				return fmt.Errorf("decode persisted master index: %w", err)
+			}
+		}
+		return nil
+	})
+	return p, err
+}
+
+// Save writes the state in one transaction (fsynced on commit).
+func (s *Store) Save(p persisted) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(agentBucket))
+		put := func(key string, v any) error {
+			data, err := json.Marshal(v)
+			if err != nil {
+				return fmt.Errorf("encode %s: %w", key, err)
+			}
+			return b.Put([]byte(key), data)
+		}
+		if p.Self != nil {
+			if err := put(keySelf, p.Self); err != nil {
+				return err
+			}
+		}
+		if p.Network != nil {
+			if err := put(keyNetwork, p.Network); err != nil {
+				return err
+			}
+		}
+		if err := put(keyMembers, p.Membership); err != nil {
+			return err
+		}
+		return put(keyIndex, p.MasterIndex)
+	})
+}

@@ -1,0 +1,90 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// AgentPeer is another agent as an agent knows it, and whether its kernel
+// entries (neighbour, FDB, routes) are programmed here.
+type AgentPeer struct {
+	AgentID    string   `json:"agent_id"`
+	IP         string   `json:"ip,omitempty"`
+	VTEPIP     string   `json:"vtep_ip,omitempty"`
+	VTEPMAC    string   `json:"vtep_mac,omitempty"`
+	Subnets    []string `json:"subnets,omitempty"`
+	Version    uint64   `json:"version"`
+	Programmed bool     `json:"programmed"`
+}
+
+// AgentPeers is GET /overlay-agent/peers: the membership an agent holds,
+// merged from the masters' state and from gossip.
+type AgentPeers struct {
+	Self string `json:"self"`
+	// MasterIndex is the index of the last master state this agent read.
+	MasterIndex uint64 `json:"master_index"`
+	// MastersReachable tells whether the last watch of the masters succeeded.
+	MastersReachable bool        `json:"masters_reachable"`
+	Peers            []AgentPeer `json:"peers"`
+	Tombstones       []Tombstone `json:"tombstones,omitempty"`
+}
+
+// AgentClient reads an agent's HTTP API.
+type AgentClient struct {
+	base string
+	http *http.Client
+}
+
+// NewAgentClient returns a client for the agent at base ("http://HOST:PORT").
+func NewAgentClient(base string, hc *http.Client) *AgentClient {
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	return &AgentClient{base: strings.TrimRight(base, "/"), http: hc}
+}
+
+// Overlay returns the agent's record with each overlay's status.
+func (c *AgentClient) Overlay(ctx context.Context) (*AgentInfo, error) {
+	var out AgentInfo
+	return &out, c.get(ctx, "/overlay-agent/overlay", &out)
+}
+
+// Peers returns the agent's membership view.
+func (c *AgentClient) Peers(ctx context.Context) (*AgentPeers, error) {
+	var out AgentPeers
+	return &out, c.get(ctx, "/overlay-agent/peers", &out)
+}
+
+func (c *AgentClient) get(ctx context.Context, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("GET %s%s: %v", c.base, path, err), Code: CodeInternal}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("read %s%s: %w", c.base, path, err)
+	}
+	if resp.StatusCode >= 300 {
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, e) != nil || e.Message == "" {
+			e.Message, e.Code = strings.TrimSpace(string(data)), CodeInternal
+		}
+		return e
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode %s%s: %w", c.base, path, err)
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/carve-net/carve/agent"
+)
+
+func runAgent(ctx context.Context, args []string) error {
+	fs := newFlagSet("agent")
+	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
+	masters := fs.String("masters", "", "master URLs, comma separated")
+	id := fs.String("id", "", "agent id (default: created on first start and kept in --data-dir)")
+	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
+	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API")
+	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (served once container IPs land)")
+	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
+	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where CNI network configs are written (once container IPs land)")
+	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
+	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
+	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	logger, err := newLogger(os.Stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	if *dataDir == "" {
+		return fmt.Errorf("%w: --data-dir is required", errUsage)
+	}
+	urls, err := splitMasters(*masters)
+	if err != nil {
+		return err
+	}
+	var underlay netip.Addr
+	if *ip != "" {
+		if underlay, err = netip.ParseAddr(*ip); err != nil || underlay.Zone() != "" {
+			return fmt.Errorf("%w: --ip %q is not an IP address", errUsage, *ip)
+		}
+	}
+	if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
+		return fmt.Errorf("%w: --http-addr %q: want HOST:PORT", errUsage, *httpAddr)
+	}
+	if *meshAddr != "" {
+		if _, err := netip.ParseAddrPort(*meshAddr); err != nil {
+			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", errUsage, *meshAddr)
+		}
+	}
+	if *resync < time.Second {
+		return fmt.Errorf("%w: --resync-interval %s: at least 1s", errUsage, *resync)
+	}
+	_, _ = socket, cniConfDir
+	hostname, _ := os.Hostname()
+	a, err := agent.New(agent.Config{
+		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
+		HTTPAddr: *httpAddr, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		ResyncInterval: *resync, Logger: logger,
+	})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
