@@ -62,6 +62,8 @@ type Config struct {
 	Hostname string
 	// HTTPAddr is where the agent's HTTP API listens.
 	HTTPAddr string
+	// Socket is the unix socket of the IPAM service.
+	Socket string
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr     string
@@ -94,6 +96,8 @@ type Agent struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	httpLn   net.Listener
+	ipam     *IPAM
+	ipamLn   net.Listener
 
 	mu               sync.RWMutex
 	self             *api.AgentInfo
@@ -179,6 +183,14 @@ func New(cfg Config) (*Agent, error) {
 	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
+	if a.ipam, err = newIPAM(a); err != nil {
+		return nil, err
+	}
+	if cfg.Socket != "" {
+		if a.ipamLn, err = listenUnix(cfg.Socket); err != nil {
+			return nil, fmt.Errorf("agent: --socket %s: %w", cfg.Socket, err)
+		}
+	}
 	ok = true
 	return a, nil
 }
@@ -227,6 +239,9 @@ func (a *Agent) ID() string { return a.id }
 // HTTPAddr is the address the HTTP API listens on.
 func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
 
+// IPAM is the agent's container address service.
+func (a *Agent) IPAM() *IPAM { return a.ipam }
+
 // Registry is the Prometheus registry served on /metrics.
 func (a *Agent) Registry() *prometheus.Registry { return a.registry }
 
@@ -259,6 +274,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.registerLoop)
 	run(a.watchLoop)
 	run(a.gossipLoop)
+	if a.ipamLn != nil {
+		run(func(ctx context.Context) { a.ipam.serve(ctx, a.ipamLn) })
+	}
 	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "mesh_addr", a.cfg.MeshAddr, "masters", a.client.Masters())
 	a.connectPeers()
 	a.trigger(a.reconcileCh) // from the persisted state, before any master answers
@@ -279,6 +297,9 @@ func (a *Agent) Run(ctx context.Context) error {
 func (a *Agent) closeResources() {
 	if a.httpLn != nil {
 		a.httpLn.Close()
+	}
+	if a.ipamLn != nil {
+		a.ipamLn.Close()
 	}
 	if a.dp != nil {
 		a.dp.Close()

@@ -51,7 +51,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
-	want, peers, err := desiredState(self, network, a.ip, a.members.State())
+	members := a.members.State()
+	a.ipam.sync(self, network, members)
+	want, peers, err := desiredState(self, network, a.ip, members)
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
 		return err

@@ -18,7 +18,7 @@ func runAgent(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "agent id (default: created on first start and kept in --data-dir)")
 	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API")
-	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (served once container IPs land)")
+	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where CNI network configs are written (once container IPs land)")
 	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
@@ -56,11 +56,11 @@ func runAgent(ctx context.Context, args []string) error {
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", errUsage, *resync)
 	}
-	_, _ = socket, cniConfDir
+	_ = cniConfDir
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		HTTPAddr: *httpAddr, Socket: *socket, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger,
 	})
 	if err != nil {
