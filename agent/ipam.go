@@ -465,6 +465,53 @@ func (s *IPAM) Release(req api.IPAMRequest) (*api.Released, error) {
 	return out, nil
 }
 
+// ReleaseAddress frees whichever attachment holds addr on the network
+// (Docker's ReleaseAddress names only the address). An address nobody holds
+// is no error: Docker also releases gateways it never asked us for.
+func (s *IPAM) ReleaseAddress(network string, addr netip.Addr) (*api.Released, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &api.Released{Released: []api.Allocation{}}
+	o := s.overlays[network]
+	if o == nil {
+		return out, nil
+	}
+	for _, at := range sortedAttachments(o.attached) {
+		rec := o.attached[at]
+		if rec.V4 != addr && rec.V6 != addr {
+			continue
+		}
+		if err := s.save(network, at, nil); err != nil {
+			return nil, ipamErr(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
+		}
+		out.Released = append(out.Released, *s.allocation(o, at, rec))
+		s.releaseMem(o, at)
+		s.a.metrics.ipamOps.WithLabelValues("release").Inc()
+	}
+	return out, nil
+}
+
+// Networks names the overlays this agent can allocate on now.
+func (s *IPAM) Networks() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sortedKeys(s.overlays)
+}
+
+// BridgeSubnets returns a bridge's IPv4 and IPv6 sub-subnets on an overlay
+// (an invalid prefix where the family is absent), and false when this agent
+// has no such bridge.
+func (s *IPAM) BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.overlays[network]
+	if o == nil {
+		return netip.Prefix{}, netip.Prefix{}, false
+	}
+	p, ok := o.bridges[bridge]
+	return p[0], p[1], ok
+}
+
 // Lookup returns an attachment's addresses.
 func (s *IPAM) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
 	if err := validateIPAMRequest(&req, true); err != nil {

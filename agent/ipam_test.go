@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -157,6 +158,14 @@ func TestIPAMAllocationRules(t *testing.T) {
 	}
 	if _, err := h.client.Lookup(ctx, api.IPAMRequest{Network: "carve", ContainerID: "c1", IfName: "eth0"}); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("lookup after release: %v", err)
+	}
+	// Release by address (Docker's way); an address nobody holds is fine.
+	d := h.alloc("dock", "eth0", api.BridgeDocker)
+	if rel, err := h.ipam.ReleaseAddress("carve", netip.MustParsePrefix(d.IPs[0].Address).Addr()); err != nil || len(rel.Released) != 1 {
+		t.Errorf("release by address: %+v %v", rel, err)
+	}
+	if rel, err := h.ipam.ReleaseAddress("carve", netip.MustParseAddr("10.128.3.1")); err != nil || len(rel.Released) != 0 {
+		t.Errorf("release of the gateway: %+v %v", rel, err)
 	}
 	// The freed address is the lowest free again.
 	if got := addrs(h.alloc("c2", "eth0", "")); !strings.HasPrefix(got, "10.128.2.2/24") {
