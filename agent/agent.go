@@ -91,6 +91,7 @@ type Agent struct {
 	client   *api.Client
 	router   Router
 	channel  gossip.Channel
+	rings    gossip.Channel
 	dp       *vxlan.Dataplane
 	members  *Membership
 	registry *prometheus.Registry
@@ -171,20 +172,24 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.MeshAddr == "" {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
 	}
+	// The IPAM exists before the router: ring gossip may arrive at once.
+	if a.ipam, err = newIPAM(a); err != nil {
+		return nil, err
+	}
 	if a.router, err = a.newRouter(); err != nil {
 		return nil, err
 	}
 	if a.channel, err = a.router.Channel(GossipChannel, (*gossipHandler)(a)); err != nil {
 		return nil, fmt.Errorf("agent: gossip channel: %w", err)
 	}
+	if a.rings, err = a.router.Channel(RingChannel, (*ringHandler)(a)); err != nil {
+		return nil, fmt.Errorf("agent: ring gossip channel: %w", err)
+	}
 	if a.dp, err = vxlan.New(vxlan.Options{NetNS: cfg.NetNS, Logger: a.log}); err != nil {
 		return nil, fmt.Errorf("agent: dataplane: %w", err)
 	}
 	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
-	}
-	if a.ipam, err = newIPAM(a); err != nil {
-		return nil, err
 	}
 	if cfg.Socket != "" {
 		if a.ipamLn, err = listenUnix(cfg.Socket); err != nil {

@@ -206,6 +206,24 @@ func TestAgentsWithoutMasters(t *testing.T) {
 		t.Fatalf("host 1's kernel lacks host 2's entries")
 	}
 
+	// Rings converge through gossip: allocations on agent 1 change its free
+	// counts, and every agent ends up with the same ring bytes.
+	for i := range 5 {
+		if _, err := agents[0].IPAM().Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "rings converge", func() bool {
+		gnet.GossipRound()
+		first := agents[0].IPAM().rings()
+		for _, a := range agents[1:] {
+			if !jsonEqual(a.IPAM().rings(), first) {
+				return false
+			}
+		}
+		return len(first.Rings) == 1
+	})
+
 	// Agent 3 stops; a new agent ("late", a record only) registers; agents 1
 	// and 2 learn it from the masters; then every master goes away.
 	agents[2].stop(t)

@@ -124,7 +124,8 @@ func newIPAM(a *Agent) (*IPAM, error) {
 // sync brings the overlays' allocators in line with this agent's leases and
 // everyone's (from membership): new overlays get an allocator, the ring is
 // re-seeded, and persisted allocations are claimed back before any new one.
-func (s *IPAM) sync(self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) {
+// It reports whether a ring changed (to be gossiped).
+func (s *IPAM) sync(self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) (ringChanged bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.mtu = defaultOverlayMTU
@@ -150,8 +151,10 @@ func (s *IPAM) sync(self *api.AgentInfo, network *api.NetworkConfig, members Mem
 			o.bridges[kind] = p
 		}
 		var err4, err6 error
-		o.alloc4, err4 = s.seed(o.alloc4, ov.Info.Name, "4", ov.Info.Subnet, members)
-		o.alloc6, err6 = s.seed(o.alloc6, ov.Info.Name, "6", ov.Info.Subnet6, members)
+		var ch4, ch6 bool
+		o.alloc4, ch4, err4 = s.seed(o.alloc4, ov.Info.Name, "4", ov.Info.Subnet, members)
+		o.alloc6, ch6, err6 = s.seed(o.alloc6, ov.Info.Name, "6", ov.Info.Subnet6, members)
+		ringChanged = ringChanged || ch4 || ch6
 		if o.seedErr = errors.Join(err4, err6); o.seedErr != nil {
 			s.log.Error("the ring refused the masters' leases", "overlay", ov.Info.Name, "err", o.seedErr)
 		}
@@ -160,21 +163,22 @@ func (s *IPAM) sync(self *api.AgentInfo, network *api.NetworkConfig, members Mem
 			s.claimPersisted(o)
 		}
 	}
+	return ringChanged
 }
 
 // seed creates (or re-seeds) the allocator of one overlay family.
-func (s *IPAM) seed(alloc *ring.Allocator, overlay, family, universe string, members MembershipState) (*ring.Allocator, error) {
+func (s *IPAM) seed(alloc *ring.Allocator, overlay, family, universe string, members MembershipState) (*ring.Allocator, bool, error) {
 	if universe == "" {
-		return nil, nil
+		return nil, false, nil
 	}
 	u, err := netip.ParsePrefix(universe)
 	if err != nil {
-		return alloc, fmt.Errorf("universe %q: %w", universe, err)
+		return alloc, false, fmt.Errorf("universe %q: %w", universe, err)
 	}
 	fresh := alloc == nil
 	if fresh {
 		if alloc, err = ring.NewAllocator(s.a.id, u); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	var leases []ring.Lease
@@ -192,7 +196,7 @@ func (s *IPAM) seed(alloc *ring.Allocator, overlay, family, universe string, mem
 	}
 	changed, err := alloc.Seed(leases, tombs)
 	if err != nil {
-		return alloc, err
+		return alloc, false, err
 	}
 	if fresh {
 		// Grants made through the ring live only in the ring: merge the
@@ -203,8 +207,10 @@ func (s *IPAM) seed(alloc *ring.Allocator, overlay, family, universe string, mem
 			return nil
 		})
 		if saved != nil {
-			if _, err := alloc.MergeEncoded(saved); err != nil {
+			if merged, err := alloc.MergeEncoded(saved); err != nil {
 				s.log.Warn("persisted ring not merged", "overlay", overlay, "family", family, "err", err)
+			} else {
+				changed = changed || merged
 			}
 		}
 	}
@@ -213,10 +219,10 @@ func (s *IPAM) seed(alloc *ring.Allocator, overlay, family, universe string, mem
 		if err := s.db.Update(func(tx *bolt.Tx) error {
 			return tx.Bucket([]byte(ipamRingBucket)).Put([]byte(overlay+"/"+family), enc)
 		}); err != nil {
-			return alloc, fmt.Errorf("persist ring: %w", err)
+			return alloc, changed, fmt.Errorf("persist ring: %w", err)
 		}
 	}
-	return alloc, nil
+	return alloc, changed || fresh, nil
 }
 
 // claimPersisted takes back the addresses of persisted allocations.

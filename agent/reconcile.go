@@ -52,7 +52,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
 	members := a.members.State()
-	a.ipam.sync(self, network, members)
+	if a.ipam.sync(self, network, members) {
+		a.rings.Broadcast(ringData{msg: a.ipam.rings()})
+	}
 	want, peers, err := desiredState(self, network, a.ip, members)
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
