@@ -70,10 +70,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	}
 	a.metrics.observe(mode, &rep)
 	a.setReport(self.Version, &rep, peers, err)
-	if rep.Changes() > 0 {
-		a.log.Info("kernel reconciled", "mode", mode, "changes", rep.Changes(), "peers", len(want.Peers), "took", rep.Duration.Round(time.Microsecond))
-	}
-	return err
+	return err // the dataplane logs what it changed
 }
 
 // setReport records what the last reconcile achieved.
