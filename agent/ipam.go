@@ -563,6 +563,9 @@ func (s *IPAM) GC(req api.GCRequest) (*api.Released, error) {
 	if req.Network == "" {
 		return nil, ipamErr(http.StatusBadRequest, api.CodeBadRequest, "network is required")
 	}
+	if req.Bridge != "" && req.Bridge != api.BridgeMesos && req.Bridge != api.BridgeDocker {
+		return nil, ipamErr(http.StatusBadRequest, api.CodeBadRequest, "bridge %q: want %q, %q or empty", req.Bridge, api.BridgeMesos, api.BridgeDocker)
+	}
 	keep := map[ring.Attachment]bool{}
 	keepAll := map[string]bool{}
 	for i, k := range req.Keep {
@@ -582,10 +585,10 @@ func (s *IPAM) GC(req api.GCRequest) (*api.Released, error) {
 		return out, nil
 	}
 	for _, at := range sortedAttachments(o.attached) {
-		if keep[at] || keepAll[at.ContainerID] {
+		rec := o.attached[at]
+		if keep[at] || keepAll[at.ContainerID] || (req.Bridge != "" && rec.Bridge != req.Bridge) {
 			continue
 		}
-		rec := o.attached[at]
 		if err := s.save(req.Network, at, nil); err != nil {
 			return out, ipamErr(http.StatusInternalServerError, api.CodeInternal, "persist gc: %v", err)
 		}

@@ -188,6 +188,10 @@ func TestIPAMExhaustionAndGC(t *testing.T) {
 	if err != nil || !st.Ready || st.Free[api.BridgeDocker] != 0 || st.Free[api.BridgeMesos] != 253 {
 		t.Errorf("status %+v %v", st, err)
 	}
+	// A GC scoped to the mesos bridge leaves the docker allocations alone.
+	if rel, err := h.client.GC(ctx, api.GCRequest{Network: "carve", Bridge: api.BridgeMesos}); err != nil || len(rel.Released) != 0 {
+		t.Fatalf("mesos-scoped gc released %d docker allocations (%v)", len(rel.Released), err)
+	}
 	// GC keeps exactly the listed attachments.
 	keep := []api.IPAMRequest{{ContainerID: "c1", IfName: "eth0"}, {ContainerID: "c7"}}
 	rel, err := h.client.GC(ctx, api.GCRequest{Network: "carve", Keep: keep})

@@ -74,6 +74,9 @@ type Allocation struct {
 // GCRequest releases every allocation of the network not in Keep.
 type GCRequest struct {
 	Network string `json:"network"`
+	// Bridge limits the collection to one bridge kind, so that a CNI runtime's
+	// list of live attachments never frees Docker's; empty means every bridge.
+	Bridge string `json:"bridge,omitempty"`
 	// Keep lists the live attachments; an entry with an empty IfName keeps
 	// every interface of that container.
 	Keep []IPAMRequest `json:"keep"`

@@ -1,0 +1,483 @@
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/carve-net/carve/api"
+)
+
+// call is one CNI command for carve-ipam.
+type call struct {
+	cmd         string // ADD, DEL, CHECK, GC, STATUS
+	conf        []byte
+	containerID string
+	ifName      string
+}
+
+// runner runs a call and returns ADD's result (nil otherwise) or the CNI error.
+type runner func(t *testing.T, c call) (*types100.Result, *types.Error)
+
+// runners run carve-ipam in-process (under the race detector) and as the
+// binary a runtime executes (through libcni's invoke, with the CNI_*
+// environment and the JSON error on stdout).
+var runners = map[string]runner{"in-process": runInProcess, "binary": runBinary}
+
+func runInProcess(t *testing.T, c call) (*types100.Result, *types.Error) {
+	t.Helper()
+	var out bytes.Buffer
+	p := &Plugin{Stdout: &out}
+	args := &skel.CmdArgs{ContainerID: c.containerID, Netns: "/nonexistent/netns", IfName: c.ifName, Path: pluginDir, StdinData: c.conf}
+	fn := map[string]func(*skel.CmdArgs) error{"ADD": p.Add, "DEL": p.Del, "CHECK": p.Check, "GC": p.GC, "STATUS": p.Status}[c.cmd]
+	if err := fn(args); err != nil {
+		var ce *types.Error
+		if errors.As(err, &ce) {
+			return nil, ce
+		}
+		return nil, types.NewError(types.ErrInternal, err.Error(), "") // as skel does
+	}
+	if c.cmd != "ADD" {
+		if out.Len() != 0 {
+			t.Errorf("%s printed %q", c.cmd, out.String())
+		}
+		return nil, nil
+	}
+	return decodeResult(t, c.conf, out.Bytes()), nil
+}
+
+func decodeResult(t *testing.T, conf, out []byte) *types100.Result {
+	t.Helper()
+	var v struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	_ = json.Unmarshal(conf, &v)
+	r, err := version.NewResult(v.CNIVersion, out)
+	if err != nil {
+		t.Fatalf("decode result %s: %v", out, err)
+	}
+	res, err := types100.NewResultFromResult(r)
+	if err != nil {
+		t.Fatalf("convert result: %v", err)
+	}
+	return res
+}
+
+func runBinary(t *testing.T, c call) (*types100.Result, *types.Error) {
+	t.Helper()
+	args := &invoke.Args{Command: c.cmd, ContainerID: c.containerID, NetNS: "/nonexistent/netns", IfName: c.ifName, Path: pluginDir}
+	plugin := filepath.Join(pluginDir, PluginType)
+	ctx := context.Background()
+	var err error
+	var res types.Result
+	if c.cmd == "ADD" {
+		res, err = invoke.ExecPluginWithResult(ctx, plugin, c.conf, args, nil)
+	} else {
+		err = invoke.ExecPluginWithoutResult(ctx, plugin, c.conf, args, nil)
+	}
+	if err != nil {
+		var ce *types.Error
+		if !errors.As(err, &ce) {
+			t.Fatalf("%s: not a CNI error: %v", c.cmd, err)
+		}
+		return nil, ce
+	}
+	if res == nil {
+		return nil, nil
+	}
+	r, err := types100.NewResultFromResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, nil
+}
+
+// ipamConf is what a parent plugin hands carve-ipam: its own configuration
+// with the ipam section, plus extra top-level keys (prevResult, GC list).
+func ipamConf(t testing.TB, sock, network string, extra map[string]any) []byte {
+	t.Helper()
+	conf := map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       network,
+		"type":       "bridge",
+		"bridge":     MesosBridge(network),
+		"ipam":       map[string]any{"type": PluginType, "network": network, "socket": sock},
+	}
+	for k, v := range extra {
+		conf[k] = v
+	}
+	b, err := json.Marshal(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// prevResultOf renders addresses as a prevResult.
+func prevResultOf(addrs ...string) map[string]any {
+	var ips []any
+	for _, a := range addrs {
+		ips = append(ips, map[string]any{"address": a})
+	}
+	return map[string]any{"cniVersion": "1.1.0", "ips": ips}
+}
+
+func wantCNIError(t *testing.T, err *types.Error, code uint, msgs ...string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("no error; want CNI error %d", code)
+	}
+	if err.Code != code {
+		t.Fatalf("CNI error %d (%s); want %d", err.Code, err.Msg, code)
+	}
+	for _, m := range msgs {
+		if !strings.Contains(err.Msg+" "+err.Details, m) {
+			t.Errorf("CNI error %q (details %q) does not mention %q", err.Msg, err.Details, m)
+		}
+	}
+}
+
+// TestPluginAgentUnreachable covers every command with no agent behind the
+// socket: ADD must answer "try again later", DEL must fail (so the runtime
+// retries and nothing leaks), STATUS "plugin not available".
+func TestPluginAgentUnreachable(t *testing.T) {
+	absent := filepath.Join(shortTempDir(t), "agent.sock")
+
+	// A stale socket: the file exists, nobody listens (an agent that died).
+	stale := filepath.Join(shortTempDir(t), "agent.sock")
+	ln, err := net.Listen("unix", stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+
+	prev := map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}
+	gc := map[string]any{"cni.dev/valid-attachments": []any{}}
+	tests := []struct {
+		cmd   string
+		extra map[string]any
+		code  uint
+	}{
+		{"ADD", nil, types.ErrTryAgainLater},
+		{"DEL", nil, types.ErrTryAgainLater},
+		{"CHECK", prev, types.ErrTryAgainLater},
+		{"GC", gc, types.ErrTryAgainLater},
+		{"STATUS", nil, types.ErrPluginNotAvailable},
+	}
+	for rname, run := range runners {
+		for sname, sock := range map[string]string{"absent": absent, "stale": stale} {
+			for _, tc := range tests {
+				t.Run(rname+"/"+sname+"/"+tc.cmd, func(t *testing.T) {
+					res, cerr := run(t, call{tc.cmd, ipamConf(t, sock, "ov", tc.extra), "c1", "eth0"})
+					if res != nil {
+						t.Fatalf("%s succeeded with %v", tc.cmd, res)
+					}
+					wantCNIError(t, cerr, tc.code, sock)
+				})
+			}
+		}
+	}
+}
+
+func TestPluginAgainstFakeAgent(t *testing.T) {
+	for rname, run := range runners {
+		t.Run(rname, func(t *testing.T) {
+			f := startFakeAgent(t,
+				fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25"), Docker: netip.MustParsePrefix("10.1.0.128/25"), MTU: 1420},
+				fakeNetConfig{Name: "tiny", Mesos: netip.MustParsePrefix("10.2.0.0/30")},
+				fakeNetConfig{Name: "late", Mesos: netip.MustParsePrefix("10.3.0.0/25"), NotReady: true},
+			)
+			conf := func(network string, extra map[string]any) []byte { return ipamConf(t, f.Sock, network, extra) }
+
+			// ADD: the lowest free address after the gateway, with the
+			// prefix, the gateway, the default route and no interfaces.
+			res, cerr := run(t, call{"ADD", conf("ov", nil), "c1", "eth0"})
+			if cerr != nil {
+				t.Fatalf("ADD: %v", cerr)
+			}
+			if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.1.0.2/25" || res.IPs[0].Gateway.String() != "10.1.0.1" || res.IPs[0].Interface != nil {
+				t.Fatalf("ADD result IPs = %v", res.IPs)
+			}
+			if len(res.Interfaces) != 0 {
+				t.Errorf("an IPAM plugin returned interfaces: %v", res.Interfaces)
+			}
+			if len(res.Routes) != 1 || res.Routes[0].Dst.String() != "0.0.0.0/0" || res.Routes[0].GW.String() != "10.1.0.1" {
+				t.Errorf("ADD routes = %v", res.Routes)
+			}
+			// Retried ADD: the same address; another interface: the next one.
+			if again, cerr := run(t, call{"ADD", conf("ov", nil), "c1", "eth0"}); cerr != nil || again.IPs[0].Address.String() != "10.1.0.2/25" {
+				t.Errorf("retried ADD = %v, %v", again, cerr)
+			}
+			if other, cerr := run(t, call{"ADD", conf("ov", nil), "c1", "eth1"}); cerr != nil || other.IPs[0].Address.String() != "10.1.0.3/25" {
+				t.Errorf("ADD eth1 = %v, %v", other, cerr)
+			}
+			// An older config version gets its result in that version.
+			old := ipamConf(t, f.Sock, "ov", map[string]any{"cniVersion": "0.4.0"})
+			if r040, cerr := run(t, call{"ADD", old, "c2", "eth0"}); cerr != nil || r040.IPs[0].Address.String() != "10.1.0.4/25" {
+				t.Errorf("ADD with cniVersion 0.4.0 = %v, %v", r040, cerr)
+			}
+
+			// CHECK: matches, then differs, then the allocation is gone.
+			if _, cerr := run(t, call{"CHECK", conf("ov", map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}), "c1", "eth0"}); cerr != nil {
+				t.Errorf("CHECK of the right address: %v", cerr)
+			}
+
+			// DEL frees; DEL again, of an unknown container, or of an
+			// overlay the agent no longer has, succeeds.
+			for _, c := range []call{
+				{"DEL", conf("ov", nil), "c1", "eth0"},
+				{"DEL", conf("ov", nil), "c1", "eth0"},
+				{"DEL", conf("ov", nil), "never-added", "eth0"},
+				{"DEL", conf("gone", nil), "c1", "eth0"},
+			} {
+				if _, cerr := run(t, c); cerr != nil {
+					t.Errorf("DEL %s %s on %s: %v", c.containerID, c.ifName, "ov", cerr)
+				}
+			}
+			if got, want := f.Keys("ov"), []string{"c1/eth1", "c2/eth0"}; !slices.Equal(got, want) {
+				t.Errorf("after DEL the agent holds %v, want %v", got, want)
+			}
+			_, cerr = run(t, call{"CHECK", conf("ov", map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}), "c1", "eth0"})
+			wantCNIError(t, cerr, types.ErrInternal, "holds no address", "c1")
+
+			// The agent's errors.
+			_, cerr = run(t, call{"ADD", conf("late", nil), "c1", "eth0"})
+			wantCNIError(t, cerr, types.ErrTryAgainLater, "not_ready", "no lease")
+			_, cerr = run(t, call{"ADD", conf("nope", nil), "c1", "eth0"})
+			wantCNIError(t, cerr, types.ErrInvalidNetworkConfig, "unknown network nope")
+			if _, cerr := run(t, call{"ADD", conf("tiny", nil), "c1", "eth0"}); cerr != nil {
+				t.Fatalf("ADD on tiny: %v", cerr)
+			}
+			_, cerr = run(t, call{"ADD", conf("tiny", nil), "c2", "eth0"})
+			wantCNIError(t, cerr, types.ErrInternal, "exhausted", "no free address in 10.2.0.0/30")
+
+			// STATUS follows readiness.
+			if _, cerr := run(t, call{"STATUS", conf("ov", nil), "", ""}); cerr != nil {
+				t.Errorf("STATUS ov: %v", cerr)
+			}
+			_, cerr = run(t, call{"STATUS", conf("late", nil), "", ""})
+			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "not ready", "no lease")
+			_, cerr = run(t, call{"STATUS", conf("nope", nil), "", ""})
+			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "unknown network")
+			f.SetReady("late", true)
+			if _, cerr := run(t, call{"STATUS", conf("late", nil), "", ""}); cerr != nil {
+				t.Errorf("STATUS after ready: %v", cerr)
+			}
+			if _, cerr := run(t, call{"ADD", conf("late", nil), "c1", "eth0"}); cerr != nil {
+				t.Errorf("ADD after ready: %v", cerr)
+			}
+		})
+	}
+}
+
+// TestPluginCheck compares the agent's addresses with prevResult.
+func TestPluginCheck(t *testing.T) {
+	f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25")})
+	if _, err := api.NewIPAMClient(f.Sock, 0).Allocate(context.Background(), api.IPAMRequest{Network: "ov", ContainerID: "c1", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		extra map[string]any
+		code  uint
+		msg   string
+	}{
+		{"same", map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}, 0, ""},
+		{"same with gateway", map[string]any{"prevResult": map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "10.1.0.2/25", "gateway": "10.1.0.1"}}}}, 0, ""},
+		{"other address", map[string]any{"prevResult": prevResultOf("10.1.0.9/25")}, types.ErrInternal, "10.1.0.2/25 missing from prevResult"},
+		{"other prefix", map[string]any{"prevResult": prevResultOf("10.1.0.2/24")}, types.ErrInternal, "10.1.0.2/24 not held by the agent"},
+		{"extra address", map[string]any{"prevResult": prevResultOf("10.1.0.2/25", "10.1.0.3/25")}, types.ErrInternal, "10.1.0.3/25 not held"},
+		{"no addresses", map[string]any{"prevResult": prevResultOf()}, types.ErrInternal, "missing from prevResult"},
+		{"other gateway", map[string]any{"prevResult": map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "10.1.0.2/25", "gateway": "10.1.0.126"}}}}, types.ErrInternal, "gateway 10.1.0.126, agent has 10.1.0.1"},
+		{"no prevResult", nil, types.ErrInvalidNetworkConfig, "prevResult"},
+		{"garbage prevResult", map[string]any{"prevResult": map[string]any{"cniVersion": "1.1.0", "ips": []any{map[string]any{"address": "nope"}}}}, types.ErrDecodingFailure, "prevResult"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cerr := runInProcess(t, call{"CHECK", ipamConf(t, f.Sock, "ov", tc.extra), "c1", "eth0"})
+			if tc.code == 0 {
+				if cerr != nil {
+					t.Fatalf("CHECK: %v", cerr)
+				}
+				return
+			}
+			wantCNIError(t, cerr, tc.code, tc.msg)
+		})
+	}
+}
+
+// TestPluginGC frees exactly the allocations that are not listed, across
+// bridges and interfaces, and refuses a GC without a list.
+func TestPluginGC(t *testing.T) {
+	for rname, run := range runners {
+		t.Run(rname, func(t *testing.T) {
+			f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25"), Docker: netip.MustParsePrefix("10.1.0.128/25")},
+				fakeNetConfig{Name: "other", Mesos: netip.MustParsePrefix("10.9.0.0/25")})
+			cl := api.NewIPAMClient(f.Sock, 0)
+			for _, k := range []string{"a/eth0", "b/eth0", "b/eth1", "c/eth0", "c/eth1", "d/eth0"} {
+				cid, ifn, _ := strings.Cut(k, "/")
+				for _, network := range []string{"ov", "other"} {
+					if _, err := cl.Allocate(context.Background(), api.IPAMRequest{Network: network, ContainerID: cid, IfName: ifn}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			_, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", nil), "", ""})
+			wantCNIError(t, cerr, types.ErrInvalidNetworkConfig, "valid-attachments")
+			if got := len(f.Keys("ov")); got != 6 {
+				t.Fatalf("a refused GC changed the allocations: %d left", got)
+			}
+
+			valid := []types.GCAttachment{{ContainerID: "a", IfName: "eth0"}, {ContainerID: "b", IfName: "eth1"}, {ContainerID: "c", IfName: ""}}
+			if _, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", map[string]any{"cni.dev/valid-attachments": valid}), "", ""}); cerr != nil {
+				t.Fatalf("GC: %v", cerr)
+			}
+			if got, want := f.Keys("ov"), []string{"a/eth0", "b/eth1", "c/eth0", "c/eth1"}; !slices.Equal(got, want) {
+				t.Errorf("after GC the agent holds %v, want %v", got, want)
+			}
+			if got := len(f.Keys("other")); got != 6 {
+				t.Errorf("GC of ov touched another overlay: %d left of 6", got)
+			}
+			// Nothing live: everything goes.
+			if _, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", map[string]any{"cni.dev/valid-attachments": nil}), "", ""}); cerr != nil {
+				t.Fatalf("GC with null list: %v", cerr)
+			}
+			if got := f.Keys("ov"); len(got) != 0 {
+				t.Errorf("after GC of nothing live the agent holds %v", got)
+			}
+		})
+	}
+}
+
+func TestPluginVersion(t *testing.T) {
+	info, err := invoke.GetVersionInfo(context.Background(), filepath.Join(pluginDir, PluginType), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"0.4.0", "1.0.0", "1.1.0"} {
+		if !slices.Contains(info.SupportedVersions(), v) {
+			t.Errorf("carve-ipam does not support CNI %s: %v", v, info.SupportedVersions())
+		}
+	}
+}
+
+// TestResultFromAllocation refuses what the agent should never send rather
+// than handing the runtime a broken result.
+func TestResultFromAllocation(t *testing.T) {
+	tests := []struct {
+		name string
+		in   *api.Allocation
+		err  string
+	}{
+		{"nil", nil, "no address"},
+		{"no ips", &api.Allocation{}, "no address"},
+		{"bad address", &api.Allocation{IPs: []api.IPConfig{{Address: "10.0.0.2"}}}, `address "10.0.0.2"`},
+		{"bad gateway", &api.Allocation{IPs: []api.IPConfig{{Address: "10.0.0.2/24", Gateway: "x"}}}, `gateway "x"`},
+		{"bad route", &api.Allocation{IPs: []api.IPConfig{{Address: "10.0.0.2/24"}}, Routes: []api.Route{{Dst: "default"}}}, `route destination "default"`},
+		{"bad route gw", &api.Allocation{IPs: []api.IPConfig{{Address: "10.0.0.2/24"}}, Routes: []api.Route{{Dst: "0.0.0.0/0", GW: "y"}}}, `gateway "y"`},
+		{"dual stack", &api.Allocation{IPs: []api.IPConfig{{Address: "10.0.0.2/24", Gateway: "10.0.0.1"}, {Address: "fd00::2/64", Gateway: "fd00::1"}},
+			Routes: []api.Route{{Dst: "0.0.0.0/0", GW: "10.0.0.1"}, {Dst: "::/0", GW: "fd00::1"}}}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := ResultFromAllocation(tc.in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ResultFromAllocation = %v, %v; want error with %q", res, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.IPs) != 2 || res.IPs[1].Address.String() != "fd00::2/64" || len(res.Routes) != 2 || res.Routes[1].Dst.String() != "::/0" {
+				t.Errorf("result = %+v", res)
+			}
+		})
+	}
+}
+
+// TestFakeAgentContract pins the fake's behaviour to the contract the tests
+// rely on, through the real client.
+func TestFakeAgentContract(t *testing.T) {
+	f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/29"), Docker: netip.MustParsePrefix("10.1.0.8/29")})
+	cl := api.NewIPAMClient(f.Sock, 0)
+	ctx := context.Background()
+	addr := func(cid, ifn, bridge, claim string) (string, error) {
+		a, err := cl.Allocate(ctx, api.IPAMRequest{Network: "ov", ContainerID: cid, IfName: ifn, Bridge: bridge, Address: claim})
+		if err != nil {
+			return "", err
+		}
+		return a.IPs[0].Address, nil
+	}
+	wantCode := func(err error, code string) {
+		t.Helper()
+		var ae *api.Error
+		if !errors.As(err, &ae) || ae.Code != code {
+			t.Errorf("error %v; want code %s", err, code)
+		}
+	}
+	steps := []struct{ cid, ifn, bridge, claim, want, code string }{
+		{"a", "eth0", "", "", "10.1.0.2/29", ""},
+		{"a", "eth0", "", "", "10.1.0.2/29", ""},
+		{"b", "eth0", "", "10.1.0.5", "10.1.0.5/29", ""},
+		{"c", "eth0", "", "10.1.0.5", "", api.CodeTaken},
+		{"c", "eth0", "", "10.1.0.1", "", api.CodeBadRequest},
+		{"c", "eth0", "", "", "10.1.0.3/29", ""},
+		{"d", "eth0", "", "", "10.1.0.4/29", ""},
+		{"e", "eth0", "", "", "10.1.0.6/29", ""},
+		{"f", "eth0", "", "", "", api.CodeExhausted},
+		{"f", "eth0", "docker", "", "10.1.0.10/29", ""},
+		{"", "eth0", "", "", "", api.CodeBadRequest},
+	}
+	for _, s := range steps {
+		got, err := addr(s.cid, s.ifn, s.bridge, s.claim)
+		if s.code != "" {
+			wantCode(err, s.code)
+			continue
+		}
+		if err != nil || got != s.want {
+			t.Errorf("allocate %s/%s = %s, %v; want %s", s.cid, s.ifn, got, err, s.want)
+		}
+	}
+	if rel, err := cl.Release(ctx, api.IPAMRequest{Network: "ov", ContainerID: "zz", IfName: "eth0"}); err != nil || len(rel.Released) != 0 {
+		t.Errorf("release of an unknown attachment = %v, %v", rel, err)
+	}
+	if _, err := cl.Lookup(ctx, api.IPAMRequest{Network: "ov", ContainerID: "zz", IfName: "eth0"}); err != nil {
+		wantCode(err, api.CodeNotFound)
+	} else {
+		t.Error("lookup of an unknown attachment succeeded")
+	}
+	if _, err := cl.Release(ctx, api.IPAMRequest{Network: "ov", ContainerID: "c", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := addr("g", "eth0", "", ""); err != nil || got != "10.1.0.3/29" {
+		t.Errorf("allocation after a release = %s, %v; want the freed 10.1.0.3/29", got, err)
+	}
+	st, err := cl.Status(ctx, "ov")
+	if err != nil || !st.Ready || st.Free["mesos"] != 0 || st.Free["docker"] != 4 {
+		t.Errorf("status = %+v, %v", st, err)
+	}
+	if _, err := os.Stat(f.Sock); err != nil {
+		t.Fatal(err)
+	}
+	f.Stop()
+	if _, err := cl.Status(ctx, "ov"); !errors.Is(err, api.ErrAgentUnreachable) {
+		t.Errorf("status of a stopped agent: %v; want ErrAgentUnreachable", err)
+	}
+}
