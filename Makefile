@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= $(shell command -v go || echo /usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
 
-.PHONY: all build deps test test-race test-mesh fuzz demo bench clean
+.PHONY: all build deps cni-plugins test fuzz demo bench clean
 
 all: build
 
@@ -12,6 +12,12 @@ deps:
 
 build: deps
 	$(GO) build -o bin/carve ./cmd/carve
+	$(GO) build -o bin/carve-ipam ./cmd/carve-ipam
+
+# The CNI reference plugins (bridge, loopback, portmap, host-local), built
+# from the github.com/containernetworking/plugins version pinned in go.mod.
+cni-plugins: deps
+	GO=$(GO) deploy/build-cni-plugins.sh bin/cni
 
 # The whole suite: vet, every package under the race detector, then the
 # tests that run real weaveworks/mesh routers over TCP, which mesh's known
@@ -37,6 +43,7 @@ bench: build
 	$(GO) run ./bench/master
 	$(GO) run ./bench/ring
 	$(GO) run ./bench/vxlan
+	$(GO) run ./bench/agent
 
 clean:
 	rm -rf bin

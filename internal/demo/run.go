@@ -1,3 +1,8 @@
+// Package demo runs `carve demo`: a whole carve cluster inside network
+// namespaces (labcluster), with containers on every host, and shows what
+// carve did: the kernel state of one host, the masters' state and a ping
+// matrix through the overlay. Everything is removed on exit, on error and on
+// SIGINT/SIGTERM (the caller's ctx ends); --keep leaves it running until then.
 package demo
 
 import (
@@ -7,146 +12,240 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/netnslab"
 )
+
+// Prefix starts the names of the demo's namespaces; a demo that was killed
+// leaves namespaces (and processes) with it, which the next demo removes.
+const Prefix = "carvedemo"
 
 // Options configure the demo.
 type Options struct {
-	Binary string // the carve binary (os.Executable of `carve demo`)
-	Hosts  int
-	Keep   bool
-	Out    io.Writer
+	// Binary is the carve binary that runs masters and agents (the running
+	// `carve demo` itself).
+	Binary string
+	// Hosts is the number of host namespaces, each with an agent; masters
+	// run in the first three.
+	Hosts int
+	// Containers is the number of container namespaces per host.
+	Containers int
+	// Keep leaves the cluster running until ctx ends (Ctrl-C).
+	Keep bool
+	// Out receives the demo's output.
+	Out io.Writer
 }
 
-const demoNetwork = `{
-  "vtep_subnet": "100.64.0.0/16",
-  "overlays": [
-    {"name": "carve", "subnet": "10.128.0.0/9", "prefix": 24},
-    {"name": "blue",  "subnet": "10.96.0.0/16", "prefix": 24, "subnet6": "fd00:b::/48", "prefix6": 64}
-  ]
-}
-`
-
-// Run starts 3 masters, registers the hosts as agents, shows the state,
-// fails the leader over, and stops everything, also when ctx is cancelled.
+// Run builds the cluster, shows it, and removes it before returning.
 func Run(ctx context.Context, opts Options) (err error) {
 	out := opts.Out
-	dir, err := os.MkdirTemp("", "carve-demo-")
+	if !netnslab.IsRoot() {
+		return errors.New("the demo creates network namespaces: run it as root (sudo make demo)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return errors.New("the demo needs iproute2 (`ip`, `bridge`): run deploy/install-deps.sh or apt-get install iproute2")
+	}
+	if killed, removed, err := labcluster.RemoveStale(Prefix); err != nil {
+		fmt.Fprintf(out, "warning: cleaning up after an earlier demo: %v\n", err)
+	} else if len(killed)+len(removed) > 0 {
+		fmt.Fprintf(out, "== removed the leftovers of a demo that was killed: %d processes, %d namespaces\n", len(killed), len(removed))
+	}
+
+	removeStaleDirs(out)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("carve-demo-%d-", os.Getpid()))
 	if err != nil {
 		return err
 	}
-	ms, err := NewMasters(opts.Binary, dir, 3, []byte(demoNetwork))
+	masters := min(3, opts.Hosts)
+	c, err := labcluster.New(labcluster.Options{Binary: opts.Binary, Hosts: opts.Hosts, Masters: masters, Prefix: Prefix, Dir: dir})
 	if err != nil {
-		os.RemoveAll(dir)
-		return err
+		return errors.Join(err, os.RemoveAll(dir))
 	}
 	defer func() {
-		fmt.Fprintln(out, "\n== stopping the masters and removing", dir)
-		err = errors.Join(err, ms.StopAll())
-		if err == nil || ctx.Err() != nil {
-			os.RemoveAll(dir)
-		} else {
-			fmt.Fprintln(out, "keeping", dir, "for the logs (master logs: m*.log)")
+		if err != nil && ctx.Err() == nil {
+			fmt.Fprintln(out, "\n== the demo failed; the end of each process log:")
+			c.DumpLogs(out, 25)
 		}
+		fmt.Fprintf(out, "\n== removing everything: stopping %d processes (by PID), deleting the namespaces %s* and %s\n",
+			masters+opts.Hosts, c.Lab.Prefix(), c.Dir)
+		err = errors.Join(err, c.Close(), os.RemoveAll(dir))
 	}()
+	h1 := c.Host(1)
 
-	fmt.Fprintf(out, "== starting 3 masters (data under %s)\n", dir)
-	if err := ms.StartAll(); err != nil {
+	fmt.Fprintf(out, "== carve demo: %d host(s), each a network namespace on an underlay bridge (198.18.0.0/15);\n", opts.Hosts)
+	where := fmt.Sprintf("masters in hosts 1-%d", masters)
+	if masters == 1 {
+		where = "a master in host 1"
+	}
+	fmt.Fprintf(out, "   %s, an agent in every host, containers per host: %d; files in %s\n", where, opts.Containers, c.Dir)
+	start := time.Now()
+	if err := c.StartMasters(ctx); err != nil {
 		return err
 	}
-	for _, p := range ms.Procs {
-		fmt.Fprintf(out, "   %s  http %s  raft %s  pid %d\n", p.ID, p.HTTPAddr, p.RaftAddr, p.cmd.Process.Pid)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	leader, err := ms.WaitLeader(wctx)
-	cancel()
+	leader, err := c.WaitLeader(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "   leader elected: %s\n", ms.Procs[leader].ID)
-
-	client, err := api.NewClient(ms.URLs(), nil)
-	if err != nil {
-		return err
+	for _, m := range c.Masters() {
+		role := ""
+		if m == leader {
+			role = "  (leader)"
+		}
+		fmt.Fprintf(out, "   master %s in %s  http %s  raft %s  pid %d%s\n", m.ID, m.Host.NS.Name, m.HTTPAddr, m.RaftAddr, m.PID(), role)
 	}
-	fmt.Fprintf(out, "\n== registering %d agents (spread over all masters; followers proxy to the leader)\n", opts.Hosts)
-	for i := range opts.Hosts {
-		if err := registerHost(ctx, ms, i, i%len(ms.Procs)); err != nil {
+	for _, h := range c.Hosts() {
+		if err := c.StartAgent(h); err != nil {
 			return err
 		}
 	}
-	if err := printState(ctx, out, opts.Binary, ms.URLs()); err != nil {
+	if err := c.WaitConverged(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   every agent has programmed every other agent (%s after the first master started)\n\n", time.Since(start).Round(time.Millisecond))
+	if err := printHosts(ctx, out, c); err != nil {
 		return err
 	}
 
-	fmt.Fprintf(out, "\n== stopping the leader %s: the other two elect a new one\n", ms.Procs[leader].ID)
-	if err := ms.Stop(leader); err != nil {
-		return err
+	for _, h := range c.Hosts() {
+		for range opts.Containers {
+			if _, err := c.AddContainer(ctx, h, "carve"); err != nil {
+				return err
+			}
+		}
 	}
-	wctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-	newLeader, err := ms.WaitLeader(wctx)
-	cancel()
-	if err != nil {
-		return err
+	if opts.Containers > 0 {
+		fmt.Fprintf(out, "\n== containers: a namespace each, on its host's m-carve bridge, with the next address of the host's\n")
+		fmt.Fprintf(out, "   mesos sub-subnet (the bridge, their gateway, has the first)\n")
+		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "   CONTAINER\tHOST\tADDRESS\tGATEWAY\tNAMESPACE")
+		for _, ct := range c.Containers() {
+			fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%s\n", ct.Name, ct.Host.Name, ct.Addr, ct.Gateway, ct.NS.Name)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintf(out, "   new leader: %s; registering host-%d, and host-0 again (same leases)\n", ms.Procs[newLeader].ID, opts.Hosts)
-	if err := registerHost(ctx, ms, opts.Hosts, newLeader); err != nil {
-		return err
+
+	vtep := c.Network().VTEPName
+	fmt.Fprintf(out, "\n== the kernel state carve programmed in %s (ip netns exec %s ...)\n", h1.Name, h1.NS.Name)
+	for _, args := range [][]string{
+		{"ip", "-d", "link", "show", vtep},
+		{"ip", "neigh", "show", "dev", vtep},
+		{"bridge", "fdb", "show", "dev", vtep},
+		{"ip", "route", "show", "proto", "202"},
+	} {
+		if err := runShown(ctx, out, h1.NS.ExecArgs(args...), strings.Join(args, " ")); err != nil {
+			return err
+		}
 	}
-	if err := registerHost(ctx, ms, 0, (newLeader+1)%len(ms.Procs)); err != nil {
-		return err
+
+	urls := strings.Join(c.MasterURLs(), ",")
+	fmt.Fprintf(out, "\n== the masters' state, read from inside %s\n$ carve state --masters %s\n", h1.Name, urls)
+	cmd := exec.CommandContext(ctx, opts.Binary, "state", "--masters", urls, "--consistent")
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := h1.NS.Run(cmd); err != nil {
+		return fmt.Errorf("carve state: %w", err)
 	}
-	fmt.Fprintf(out, "\n== restarting %s from its data dir\n", ms.Procs[leader].ID)
-	if err := ms.Start(leader); err != nil {
-		return err
+
+	if len(c.Containers()) > 0 {
+		fmt.Fprintf(out, "\n== ping matrix: every container pings every container on the other hosts, through the overlay\n")
+		m := c.PingAll(ctx)
+		if err := m.Print(out); err != nil {
+			return err
+		}
+		if err := m.Err(); err != nil {
+			return err
+		}
 	}
-	if err := printState(ctx, out, opts.Binary, ms.URLs()); err != nil {
-		return err
-	}
-	if cs, err := client.ClusterStatus(ctx); err == nil && cs.Leader != nil {
-		fmt.Fprintf(out, "\ncluster (as %s sees it): leader %s at %s, %d servers, commit index %d\n",
-			cs.ID, cs.Leader.ID, cs.Leader.HTTPAddr, len(cs.Servers), cs.CommitIndex)
-	}
+
 	if opts.Keep {
-		fmt.Fprintf(out, "\n--keep: masters keep running; try\n   %s state --masters %s\nCtrl-C to stop.\n", opts.Binary, strings.Join(ms.URLs(), ","))
+		printLookAround(out, c, opts.Binary)
 		<-ctx.Done()
 	}
 	return nil
 }
 
-// registerHost registers demo host i through master via (retrying over all).
-func registerHost(ctx context.Context, ms *Masters, i, via int) error {
-	urls := append([]string{ms.Procs[via].URL()}, ms.URLs()...)
-	cl, err := api.NewClient(urls, nil)
-	if err != nil {
-		return err
-	}
-	req := api.RegisterRequest{AgentID: fmt.Sprintf("host-%d", i), Hostname: fmt.Sprintf("host-%d", i),
-		IP: fmt.Sprintf("198.18.0.%d", 10+i), MeshAddr: fmt.Sprintf("198.18.0.%d:6783", 10+i),
-		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}, RequestID: api.NewRequestID()}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := cl.Register(ctx, req)
-		if err == nil {
-			return nil
+// removeStaleDirs removes the work directories of demos that were killed
+// (carve-demo-<pid>-* in the temporary directory, whose pid no longer runs).
+func removeStaleDirs(out io.Writer) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "carve-demo-*-*"))
+	for _, d := range dirs {
+		rest := strings.TrimPrefix(filepath.Base(d), "carve-demo-")
+		pidStr, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
 		}
-		if !api.IsRetryable(err) || time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("register %s: %w", req.AgentID, err)
+		if labcluster.PIDAlive(pid) {
+			continue // that demo still runs
 		}
-		time.Sleep(200 * time.Millisecond)
+		if err := os.RemoveAll(d); err != nil {
+			fmt.Fprintf(out, "warning: remove %s: %v\n", d, err)
+		}
 	}
 }
 
-// printState runs `carve state`, as a user would.
-func printState(ctx context.Context, out io.Writer, binary string, urls []string) error {
-	fmt.Fprintf(out, "\n$ carve state --masters %s\n", strings.Join(urls, ","))
-	cmd := exec.CommandContext(ctx, binary, "state", "--masters", strings.Join(urls, ","), "--consistent")
+// printHosts prints one row per host: its namespace, addresses, and the
+// leases its agent holds.
+func printHosts(ctx context.Context, out io.Writer, c *labcluster.Cluster) error {
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tNAMESPACE\tUNDERLAY IP\tMASTER\tAGENT ID\tVTEP IP\tVTEP MAC\tm-carve BRIDGE")
+	for _, h := range c.Hosts() {
+		info, err := c.AgentClient(h).Overlay(ctx)
+		if err != nil {
+			return fmt.Errorf("agent on %s: %w", h.Name, err)
+		}
+		master := "-"
+		if h.Master != nil {
+			master = h.Master.ID
+		}
+		vtepIP, vtepMAC, bridge := "-", "-", "-"
+		if ov := info.Overlay("carve"); ov != nil {
+			if ov.Backend != nil && ov.Backend.VXLAN != nil {
+				vtepIP, vtepMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+			}
+			if ov.MesosBridge != nil {
+				bridge = ov.MesosBridge.IP
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, h.NS.Name, h.IP().Addr(), master, info.AgentID, vtepIP, vtepMAC, bridge)
+	}
+	return tw.Flush()
+}
+
+// runShown prints "$ shown" and runs argv with its output to out.
+func runShown(ctx context.Context, out io.Writer, argv []string, shown string) error {
+	fmt.Fprintf(out, "$ %s\n", shown)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("carve state: %w", err)
+		return fmt.Errorf("%s: %w", strings.Join(argv, " "), err)
 	}
 	return nil
+}
+
+// printLookAround tells how to explore the running cluster.
+func printLookAround(out io.Writer, c *labcluster.Cluster, binary string) {
+	h1 := c.Host(1)
+	hosts := c.Hosts()
+	last := hosts[len(hosts)-1]
+	ip := h1.IP().Addr().String()
+	fmt.Fprintf(out, "\n== --keep: the cluster keeps running until Ctrl-C, which removes it. Look around (as root):\n")
+	fmt.Fprintf(out, "   ip netns list | grep %s\n", c.Lab.Prefix())
+	fmt.Fprintf(out, "   ip netns exec %s ip -d link show %s\n", last.NS.Name, c.Network().VTEPName)
+	fmt.Fprintf(out, "   ip netns exec %s bridge fdb show dev %s\n", last.NS.Name, c.Network().VTEPName)
+	fmt.Fprintf(out, "   ip netns exec %s %s state --masters %s\n", h1.NS.Name, binary, strings.Join(c.MasterURLs(), ","))
+	fmt.Fprintf(out, "   ip netns exec %s curl -s http://%s:%d/overlay-agent/peers     # the agent's view (needs curl)\n", h1.NS.Name, ip, labcluster.AgentHTTPPort)
+	if cs := c.Containers(); len(cs) > 1 {
+		a, b := cs[0], cs[len(cs)-1]
+		fmt.Fprintf(out, "   ip netns exec %s ping -c3 %s     # %s -> %s (needs iputils-ping)\n", a.NS.Name, b.Addr.Addr(), a.Name, b.Name)
+	}
+	fmt.Fprintf(out, "   tail -f %s/logs/*.log\n", c.Dir)
+	fmt.Fprintf(out, "   masters' HTTP API from the lab: ip netns exec %s curl -s %s/overlay-master/state\n", h1.NS.Name, c.MasterURLs()[0])
 }

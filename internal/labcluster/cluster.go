@@ -1,0 +1,824 @@
+// Package labcluster runs a whole carve cluster inside network namespaces:
+// a netnslab lab, three `carve master` processes in host namespaces 1..3,
+// and a `carve agent` in every host namespace, all real processes of a real
+// carve binary. The end-to-end test, `carve demo` and the agent benchmark
+// share it.
+//
+// The harness itself lives in the root namespace, which has no route to the
+// lab's underlay (198.18.0.0/15) and must never send anything towards it. Its
+// HTTP connections to masters and agents are therefore opened from inside the
+// lab's underlay namespace, where the underlay bridge carries ControlAddr.
+//
+// Everything is undone by Close: processes are stopped by their PID (SIGTERM,
+// then SIGKILL), the namespaces removed, and the work directory deleted when
+// the cluster created it. ForTest ties that to t.Cleanup and prints the tail
+// of every process log when the test failed.
+package labcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/master"
+	"github.com/vishvananda/netlink"
+)
+
+// Ports every process listens on, on its host's underlay IP (each host is a
+// namespace of its own, so they never collide).
+const (
+	MasterHTTPPort = 8080
+	MasterRaftPort = 8300
+	AgentHTTPPort  = 9797
+	AgentMeshPort  = 6783
+)
+
+// ControlAddr is the harness's own address, on the underlay bridge inside the
+// lab's underlay namespace (hosts start at 198.18.0.11).
+const ControlAddr = "198.18.0.2/15"
+
+// DefaultPrefix starts the names of the namespaces of a cluster when
+// Options.Prefix is empty.
+const DefaultPrefix = "carvecluster"
+
+// Options configure New.
+type Options struct {
+	// Binary is the carve binary that runs masters and agents (required).
+	Binary string
+	// Hosts is the number of host namespaces, each with an agent (default 3).
+	Hosts int
+	// Masters is the number of masters, in hosts 1..Masters (default 3, at
+	// most Hosts).
+	Masters int
+	// Network is the masters' network configuration (default
+	// master.DefaultConfig(): overlay "carve", 10.128.0.0/9, /24 per agent).
+	Network *api.NetworkConfig
+	// Dir holds data dirs, sockets, configs and logs. Empty: a new temporary
+	// directory, removed by Close.
+	Dir string
+	// Prefix starts every namespace name (default DefaultPrefix), so that
+	// netnslab.RemoveStale / RemoveStale can find the leftovers of a run that
+	// was killed.
+	Prefix string
+	// LogLevel of masters and agents (default "info").
+	LogLevel string
+	// DockerBridge asks agents for the d-<overlay> bridge as well as
+	// m-<overlay>.
+	DockerBridge bool
+	// AgentArgs are appended to every agent's command line.
+	AgentArgs []string
+	// Logger receives the harness's progress (default: discarded).
+	Logger *slog.Logger
+}
+
+// Cluster is a running lab cluster. Its methods are safe for concurrent use;
+// Close may be called from a signal handler while others run.
+type Cluster struct {
+	// Lab holds the namespaces.
+	Lab *netnslab.Lab
+	// Dir is the work directory.
+	Dir string
+
+	opts       Options
+	log        *slog.Logger
+	network    api.NetworkConfig // with defaults filled in
+	configPath string
+	ownDir     bool
+	http       *http.Client
+
+	mu         sync.Mutex
+	closed     bool
+	hosts      []*Host
+	masters    []*Master
+	containers []*Container
+}
+
+// Host is one host namespace with its agent and, for hosts 1..Masters, a
+// master.
+type Host struct {
+	// NS is the lab host. NS.IP is the address it was created with; IP()
+	// is the current one (see Cluster.SetUnderlayIP).
+	NS *netnslab.Host
+	// Name is a short name for tables and logs ("h1").
+	Name string
+	// Index is the host's number, from 1.
+	Index int
+	// Master runs on this host, or is nil.
+	Master *Master
+	// Agent is the host's agent process (it may be stopped).
+	Agent *Process
+	// Dir holds the host's files; AgentDataDir is the agent's --data-dir.
+	Dir          string
+	AgentDataDir string
+
+	c *Cluster
+	// guarded by c.mu
+	ip            netip.Prefix
+	agentID       string
+	nextContainer map[string]int // overlay -> next host number for a container
+}
+
+// Master is one master process and its addresses.
+type Master struct {
+	*Process
+	// ID is its Raft server id ("m1").
+	ID string
+	// Host is the host namespace it runs in.
+	Host *Host
+	// HTTPAddr and RaftAddr are its listeners, on its host's underlay IP.
+	HTTPAddr, RaftAddr string
+	// DataDir is its --data-dir (Raft log and snapshots); it survives
+	// restarts.
+	DataDir string
+}
+
+// URL is the master's HTTP base URL.
+func (m *Master) URL() string { return "http://" + m.HTTPAddr }
+
+// Container is a container namespace on a host's m-<overlay> bridge.
+type Container struct {
+	// NS is the lab container.
+	NS *netnslab.Container
+	// Host is the host it is attached to.
+	Host *Host
+	// Overlay is the overlay whose mesos bridge it is on.
+	Overlay string
+	// Addr is its address in the host's mesos sub-subnet.
+	Addr netip.Prefix
+	// Gateway is the bridge's address, the container's default route.
+	Gateway netip.Addr
+	// Name is a short name ("h1c1").
+	Name string
+}
+
+// Label names the container with its address, for tables.
+func (c *Container) Label() string { return c.Name + " " + c.Addr.Addr().String() }
+
+// String is the label.
+func (c *Container) String() string { return c.Label() }
+
+// New creates the lab (underlay and host namespaces), the work directory and
+// the masters' configuration; nothing runs yet (see Start). On error,
+// everything already created is removed.
+func New(opts Options) (_ *Cluster, err error) {
+	if opts.Binary == "" {
+		return nil, errors.New("labcluster: Options.Binary (the carve binary) is required")
+	}
+	if opts.Hosts == 0 {
+		opts.Hosts = 3
+	}
+	if opts.Masters == 0 {
+		opts.Masters = min(3, opts.Hosts)
+	}
+	if opts.Masters < 1 || opts.Masters > opts.Hosts {
+		return nil, fmt.Errorf("labcluster: %d masters on %d hosts: want 1..hosts", opts.Masters, opts.Hosts)
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.LogLevel == "" {
+		opts.LogLevel = "info"
+	}
+	netCfg := master.DefaultConfig()
+	if opts.Network != nil {
+		netCfg = *opts.Network
+	}
+	netCfg = master.WithDefaults(netCfg)
+	c := &Cluster{opts: opts, network: netCfg, log: opts.Logger}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, c.Close())
+		}
+	}()
+	if opts.Dir == "" {
+		if c.Dir, err = os.MkdirTemp("", "carve-cluster-"); err != nil {
+			return nil, fmt.Errorf("labcluster: %w", err)
+		}
+		c.ownDir = true
+	} else {
+		c.Dir = opts.Dir
+	}
+	for _, d := range []string{"logs", "masters", "hosts"} {
+		if err := os.MkdirAll(filepath.Join(c.Dir, d), 0o755); err != nil {
+			return nil, fmt.Errorf("labcluster: %w", err)
+		}
+	}
+	c.configPath = filepath.Join(c.Dir, "network.json")
+	data, err := json.MarshalIndent(netCfg, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: encode network config: %w", err)
+	}
+	if err := os.WriteFile(c.configPath, append(data, '\n'), 0o644); err != nil {
+		return nil, fmt.Errorf("labcluster: write network config: %w", err)
+	}
+
+	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix})
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: %w", err)
+	}
+	c.Lab = lab
+	if err := addControlAddr(lab); err != nil {
+		return nil, err
+	}
+	c.http = newHTTPClient(lab.Underlay)
+
+	for _, nh := range lab.Hosts() {
+		name := "h" + strconv.Itoa(nh.Index)
+		dir := filepath.Join(c.Dir, "hosts", name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("labcluster: %w", err)
+		}
+		h := &Host{NS: nh, Name: name, Index: nh.Index, Dir: dir, AgentDataDir: filepath.Join(dir, "agent"),
+			c: c, ip: nh.IP, nextContainer: map[string]int{}}
+		h.Agent = newProcess("agent-"+name, filepath.Join(c.Dir, "logs", "agent-"+name+".log"), nh.Namespace)
+		c.hosts = append(c.hosts, h)
+	}
+	for i := range opts.Masters {
+		h := c.hosts[i]
+		id := "m" + strconv.Itoa(i+1)
+		ip := h.ip.Addr().String()
+		m := &Master{ID: id, Host: h,
+			HTTPAddr: ip + ":" + strconv.Itoa(MasterHTTPPort), RaftAddr: ip + ":" + strconv.Itoa(MasterRaftPort),
+			DataDir: filepath.Join(c.Dir, "masters", id),
+			Process: newProcess(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace)}
+		h.Master = m
+		c.masters = append(c.masters, m)
+	}
+	c.log.Info("lab created", "hosts", opts.Hosts, "masters", opts.Masters, "prefix", lab.Prefix(), "dir", c.Dir)
+	return c, nil
+}
+
+// addControlAddr puts ControlAddr on the underlay bridge, so that the
+// harness can talk to the hosts from the underlay namespace.
+func addControlAddr(lab *netnslab.Lab) error {
+	nh, err := netlink.NewHandleAt(lab.Underlay.NsHandle())
+	if err != nil {
+		return fmt.Errorf("labcluster: netlink in the underlay: %w", err)
+	}
+	defer nh.Close()
+	br, err := nh.LinkByName(netnslab.UnderlayBridge)
+	if err != nil {
+		return fmt.Errorf("labcluster: underlay bridge: %w", err)
+	}
+	addr, err := netlink.ParseAddr(ControlAddr)
+	if err != nil {
+		return err
+	}
+	if err := nh.AddrAdd(br, addr); err != nil {
+		return fmt.Errorf("labcluster: control address on the underlay bridge: %w", err)
+	}
+	return nil
+}
+
+// Hosts returns the hosts, in order.
+func (c *Cluster) Hosts() []*Host {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Host(nil), c.hosts...)
+}
+
+// Host returns host i (from 1).
+func (c *Cluster) Host(i int) *Host {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hosts[i-1]
+}
+
+// Masters returns the masters, in order.
+func (c *Cluster) Masters() []*Master {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Master(nil), c.masters...)
+}
+
+// Network is the masters' network configuration, defaults filled in.
+func (c *Cluster) Network() api.NetworkConfig { return c.network }
+
+// ConfigPath is the masters' --config file.
+func (c *Cluster) ConfigPath() string { return c.configPath }
+
+// HTTPClient returns the client whose connections start in the lab.
+func (c *Cluster) HTTPClient() *http.Client { return c.http }
+
+// IP is the host's current underlay address with its prefix.
+func (h *Host) IP() netip.Prefix {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	return h.ip
+}
+
+// AgentID is the id the host's agent reported last ("" before it answered).
+func (h *Host) AgentID() string {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	return h.agentID
+}
+
+// AgentURL is the agent's HTTP base URL on the host's current IP.
+func (h *Host) AgentURL() string {
+	return "http://" + hostPort(h.IP().Addr(), AgentHTTPPort)
+}
+
+func hostPort(a netip.Addr, port int) string {
+	return netip.AddrPortFrom(a, uint16(port)).String()
+}
+
+// MasterURLs are the masters' HTTP base URLs.
+func (c *Cluster) MasterURLs() []string {
+	var out []string
+	for _, m := range c.Masters() {
+		out = append(out, m.URL())
+	}
+	return out
+}
+
+// Client returns a master client (failover across all masters) whose
+// connections start in the lab.
+func (c *Cluster) Client() *api.Client {
+	cl, err := api.NewClient(c.MasterURLs(), c.http)
+	if err != nil {
+		panic(fmt.Sprintf("labcluster: master URLs: %v", err)) // the cluster always has masters
+	}
+	return cl
+}
+
+// AgentClient returns a client of h's agent, on h's current IP.
+func (c *Cluster) AgentClient(h *Host) *api.AgentClient {
+	return api.NewAgentClient(h.AgentURL(), c.http)
+}
+
+// peersFlag is the --peers value shared by every master.
+func (c *Cluster) peersFlag() string {
+	var parts []string
+	for _, m := range c.Masters() {
+		parts = append(parts, m.ID+"="+m.RaftAddr)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Start starts the masters, waits for a leader, starts every agent and waits
+// until the cluster has converged (WaitConverged).
+func (c *Cluster) Start(ctx context.Context) error {
+	if err := c.StartMasters(ctx); err != nil {
+		return err
+	}
+	for _, h := range c.Hosts() {
+		if err := c.StartAgent(h); err != nil {
+			return err
+		}
+	}
+	c.log.Info("agents started; waiting until every agent has programmed every other", "agents", len(c.Hosts()))
+	return c.WaitConverged(ctx)
+}
+
+// StartMasters starts every master and waits for a leader.
+func (c *Cluster) StartMasters(ctx context.Context) error {
+	for _, m := range c.Masters() {
+		if err := c.StartMaster(m); err != nil {
+			return err
+		}
+	}
+	m, err := c.WaitLeader(ctx)
+	if err != nil {
+		return err
+	}
+	c.log.Info("masters up", "leader", m.ID)
+	return nil
+}
+
+// StartMaster starts (or restarts, from its data dir) one master.
+func (c *Cluster) StartMaster(m *Master) error {
+	args := []string{"master", "--id", m.ID, "--data-dir", m.DataDir,
+		"--http-addr", m.HTTPAddr, "--raft-addr", m.RaftAddr, "--peers", c.peersFlag(),
+		"--config", c.configPath, "--log-level", c.opts.LogLevel}
+	if err := m.start(c.opts.Binary, args); err != nil {
+		return fmt.Errorf("labcluster: %w", err)
+	}
+	c.log.Info("master started", "id", m.ID, "host", m.Host.Name, "http", m.HTTPAddr, "pid", m.PID())
+	return nil
+}
+
+// WaitLeader waits until a running master is leader and the network
+// configuration is committed, and returns it.
+func (c *Cluster) WaitLeader(ctx context.Context) (*Master, error) {
+	var leader *Master
+	err := Eventually(ctx, 200*time.Millisecond, func() error {
+		running := 0
+		var errs []error
+		for _, m := range c.Masters() {
+			if !m.Running() {
+				continue
+			}
+			running++
+			cl, err := api.NewClient([]string{m.URL()}, c.http)
+			if err != nil {
+				return err
+			}
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cs, err := cl.ClusterStatus(cctx)
+			if err == nil && cs.Role == "leader" && cs.Leader != nil && cs.Leader.HTTPAddr != "" {
+				var st *api.State
+				st, err = cl.State(cctx, api.StateOptions{})
+				if err == nil && st.Index > 0 {
+					cancel()
+					leader = m
+					return nil
+				}
+			}
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", m.ID, err))
+			}
+		}
+		if running == 0 {
+			return Permanent(errors.New("no master is running"))
+		}
+		return errors.Join(append([]error{errors.New("no leader yet")}, errs...)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: wait for a leader: %w", err)
+	}
+	return leader, nil
+}
+
+// StopMaster stops a master with SIGTERM (SIGKILL after StopTimeout).
+func (c *Cluster) StopMaster(ctx context.Context, m *Master) error {
+	c.log.Info("stopping master", "id", m.ID, "pid", m.PID())
+	return m.Stop(ctx, 0)
+}
+
+// KillMaster kills a master with SIGKILL.
+func (c *Cluster) KillMaster(m *Master) error {
+	c.log.Info("killing master", "id", m.ID, "pid", m.PID())
+	return m.Kill()
+}
+
+// agentArgs is h's agent command line on its current IP, then the cluster's
+// AgentArgs, then extra (later flags win).
+func (c *Cluster) agentArgs(h *Host, extra []string) []string {
+	ip := h.IP().Addr()
+	args := []string{"agent",
+		"--data-dir", h.AgentDataDir,
+		"--masters", strings.Join(c.MasterURLs(), ","),
+		"--ip", ip.String(),
+		"--http-addr", hostPort(ip, AgentHTTPPort),
+		"--mesh-addr", hostPort(ip, AgentMeshPort),
+		"--socket", filepath.Join(h.Dir, "agent.sock"),
+		"--cni-conf-dir", filepath.Join(h.Dir, "cni"),
+		"--mesos-bridge=true",
+		"--docker-bridge=" + strconv.FormatBool(c.opts.DockerBridge),
+		"--log-level", c.opts.LogLevel,
+	}
+	args = append(args, c.opts.AgentArgs...)
+	return append(args, extra...)
+}
+
+// StartAgent starts h's agent on the host's current IP, with extra flags
+// appended (they override the harness's). It does not wait: see WaitAgent
+// and WaitConverged.
+func (c *Cluster) StartAgent(h *Host, extra ...string) error {
+	if err := os.MkdirAll(h.AgentDataDir, 0o755); err != nil {
+		return fmt.Errorf("labcluster: %w", err)
+	}
+	if err := h.Agent.start(c.opts.Binary, c.agentArgs(h, extra)); err != nil {
+		return fmt.Errorf("labcluster: %w", err)
+	}
+	c.log.Info("agent started", "host", h.Name, "ip", h.IP().Addr(), "pid", h.Agent.PID())
+	return nil
+}
+
+// StopAgent stops h's agent with SIGTERM (SIGKILL after StopTimeout). The
+// agent leaves its kernel state in place.
+func (c *Cluster) StopAgent(ctx context.Context, h *Host) error {
+	c.log.Info("stopping agent", "host", h.Name, "pid", h.Agent.PID())
+	return h.Agent.Stop(ctx, 0)
+}
+
+// KillAgent kills h's agent with SIGKILL.
+func (c *Cluster) KillAgent(h *Host) error {
+	c.log.Info("killing agent", "host", h.Name, "pid", h.Agent.PID())
+	return h.Agent.Kill()
+}
+
+// ResetAgentData deletes h's agent data dir (the agent must be stopped), so
+// that the next start is a new agent with a new id.
+func (c *Cluster) ResetAgentData(h *Host) error {
+	if h.Agent.Running() {
+		return fmt.Errorf("labcluster: agent on %s is running", h.Name)
+	}
+	c.mu.Lock()
+	h.agentID = ""
+	c.mu.Unlock()
+	if err := os.RemoveAll(h.AgentDataDir); err != nil {
+		return fmt.Errorf("labcluster: %w", err)
+	}
+	return nil
+}
+
+// agentReady reads h's agent and returns its record when every enabled
+// overlay is STATUS_OK; it remembers the agent's id.
+func (c *Cluster) agentReady(ctx context.Context, h *Host) (*api.AgentInfo, error) {
+	if !h.Agent.Running() {
+		return nil, Permanent(fmt.Errorf("agent on %s is not running (%v); log:\n%s", h.Name, h.Agent.ExitErr(), h.Agent.Tail(20)))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.AgentClient(h).Overlay(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("agent on %s: %w", h.Name, err)
+	}
+	if info.AgentID != "" {
+		c.mu.Lock()
+		h.agentID = info.AgentID
+		c.mu.Unlock()
+	}
+	if len(info.Overlays) == 0 {
+		return info, fmt.Errorf("agent on %s (%s): no overlays yet", h.Name, info.AgentID)
+	}
+	var probs []string
+	for _, ov := range info.Overlays {
+		switch ov.State.Status {
+		case api.StatusOK, api.StatusDisabled:
+		default:
+			probs = append(probs, fmt.Sprintf("%s %s %s", ov.Info.Name, ov.State.Status, ov.State.Error))
+		}
+	}
+	if len(probs) > 0 {
+		return info, fmt.Errorf("agent on %s (%s): %s", h.Name, info.AgentID, strings.Join(probs, "; "))
+	}
+	return info, nil
+}
+
+// WaitAgent waits until h's agent answers with every enabled overlay
+// STATUS_OK, and returns its record.
+func (c *Cluster) WaitAgent(ctx context.Context, h *Host) (*api.AgentInfo, error) {
+	var info *api.AgentInfo
+	err := Eventually(ctx, 100*time.Millisecond, func() error {
+		var err error
+		info, err = c.agentReady(ctx, h)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: wait for agent on %s: %w", h.Name, err)
+	}
+	return info, nil
+}
+
+// Converged returns nil when every running agent reports every enabled
+// overlay STATUS_OK and `programmed: true` for every other running agent,
+// and otherwise an error listing what is missing.
+func (c *Cluster) Converged(ctx context.Context) error {
+	var running []*Host
+	for _, h := range c.Hosts() {
+		if h.Agent.Running() {
+			running = append(running, h)
+		}
+	}
+	var errs []error
+	ids := map[*Host]string{}
+	for _, h := range running {
+		info, err := c.agentReady(ctx, h)
+		if info != nil && info.AgentID != "" {
+			ids[h] = info.AgentID
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, h := range running {
+		if ids[h] == "" {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		peers, err := c.AgentClient(h).Peers(cctx)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("peers of %s: %w", h.Name, err))
+			continue
+		}
+		programmed := map[string]bool{}
+		for _, p := range peers.Peers {
+			programmed[p.AgentID] = p.Programmed
+		}
+		for _, o := range running {
+			if o == h {
+				continue
+			}
+			id := ids[o]
+			if id == "" {
+				errs = append(errs, fmt.Errorf("%s: id of %s unknown yet", h.Name, o.Name))
+				continue
+			}
+			p, known := programmed[id]
+			switch {
+			case !known:
+				errs = append(errs, fmt.Errorf("%s does not know %s (%s)", h.Name, o.Name, id))
+			case !p:
+				errs = append(errs, fmt.Errorf("%s has not programmed %s (%s)", h.Name, o.Name, id))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// WaitConverged waits until Converged returns nil.
+func (c *Cluster) WaitConverged(ctx context.Context) error {
+	if err := Eventually(ctx, 200*time.Millisecond, func() error { return c.Converged(ctx) }); err != nil {
+		return fmt.Errorf("labcluster: not converged: %w", err)
+	}
+	return nil
+}
+
+// State is the masters' state (a consistent read).
+func (c *Cluster) State(ctx context.Context) (*api.State, error) {
+	return c.Client().State(ctx, api.StateOptions{Consistent: true})
+}
+
+// SetUnderlayIP re-addresses h's underlay interface: the old address goes,
+// ip comes (it must lie in 198.18.0.0/15). Stop the agent first and start it
+// again afterwards: its flags follow the host's current IP. A host that runs
+// a master is refused, since the master's Raft address is fixed in every
+// master's --peers.
+func (c *Cluster) SetUnderlayIP(h *Host, ip netip.Prefix) error {
+	underlay := netip.MustParsePrefix("198.18.0.0/15")
+	if !underlay.Contains(ip.Addr()) || ip.Bits() != netnslab.UnderlayPrefixLen {
+		return fmt.Errorf("labcluster: %s is not a /%d address in %s", ip, netnslab.UnderlayPrefixLen, underlay)
+	}
+	if h.Master != nil {
+		return fmt.Errorf("labcluster: %s runs master %s bound to %s; re-addressing it needs a Raft membership change", h.Name, h.Master.ID, h.IP().Addr())
+	}
+	old := h.IP()
+	nh, err := netlink.NewHandleAt(h.NS.NsHandle())
+	if err != nil {
+		return fmt.Errorf("labcluster: netlink in %s: %w", h.Name, err)
+	}
+	defer nh.Close()
+	link, err := nh.LinkByName(h.NS.Link)
+	if err != nil {
+		return fmt.Errorf("labcluster: %s in %s: %w", h.NS.Link, h.Name, err)
+	}
+	// Old first: the new address shares the old one's subnet and would be
+	// deleted with it as its secondary.
+	oldAddr, _ := netlink.ParseAddr(old.String())
+	if err := nh.AddrDel(link, oldAddr); err != nil {
+		return fmt.Errorf("labcluster: remove %s from %s: %w", old, h.Name, err)
+	}
+	newAddr, _ := netlink.ParseAddr(ip.String())
+	if err := nh.AddrAdd(link, newAddr); err != nil {
+		return fmt.Errorf("labcluster: add %s to %s: %w", ip, h.Name, err)
+	}
+	c.mu.Lock()
+	h.ip = ip
+	c.mu.Unlock()
+	c.log.Info("host re-addressed", "host", h.Name, "old", old, "new", ip)
+	return nil
+}
+
+// AddContainer attaches a new container namespace to h's m-<overlay> bridge
+// with the next free host address of h's mesos sub-subnet (as the agent
+// reports it: the bridge has the first, containers get the second, third,
+// ...) and a default route via the bridge.
+func (c *Cluster) AddContainer(ctx context.Context, h *Host, overlay string) (*Container, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	info, err := c.AgentClient(h).Overlay(cctx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: container on %s: %w", h.Name, err)
+	}
+	ov := info.Overlay(overlay)
+	if ov == nil || ov.MesosBridge == nil || ov.MesosBridge.IP == "" {
+		return nil, fmt.Errorf("labcluster: agent on %s has no mesos bridge for overlay %q", h.Name, overlay)
+	}
+	sub, err := netip.ParsePrefix(ov.MesosBridge.IP)
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: mesos bridge of %s on %s: %w", overlay, h.Name, err)
+	}
+	sub = sub.Masked()
+	gw := sub.Addr().Next()
+	c.mu.Lock()
+	n := h.nextContainer[overlay]
+	if n == 0 {
+		n = 2
+	}
+	h.nextContainer[overlay] = n + 1
+	c.mu.Unlock()
+	addr := sub.Addr()
+	for range n {
+		addr = addr.Next()
+	}
+	if !sub.Contains(addr) || !sub.Contains(addr.Next()) { // not past the broadcast address
+		return nil, fmt.Errorf("labcluster: %s on %s is full", sub, h.Name)
+	}
+	nc, err := c.Lab.AddContainer(h.NS, netnslab.ContainerConfig{
+		Bridge: ov.MesosBridge.Name, Address: netip.PrefixFrom(addr, sub.Bits()), Gateway: gw})
+	if err != nil {
+		return nil, fmt.Errorf("labcluster: %w", err)
+	}
+	ct := &Container{NS: nc, Host: h, Overlay: overlay, Addr: netip.PrefixFrom(addr, sub.Bits()), Gateway: gw,
+		Name: strings.TrimPrefix(nc.Name, c.Lab.Prefix())}
+	c.mu.Lock()
+	c.containers = append(c.containers, ct)
+	c.mu.Unlock()
+	c.log.Info("container added", "name", ct.Name, "host", h.Name, "bridge", ov.MesosBridge.Name, "addr", ct.Addr)
+	return ct, nil
+}
+
+// Containers returns every container added so far, in order.
+func (c *Cluster) Containers() []*Container {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Container(nil), c.containers...)
+}
+
+// Kernel reads h's VTEP and carve's entries on it.
+func (c *Cluster) Kernel(h *Host) (*KernelState, error) {
+	return ReadKernel(h.NS.Namespace, c.network.VTEPName)
+}
+
+// PingAll runs the ping matrix over every container.
+func (c *Cluster) PingAll(ctx context.Context) *PingMatrix {
+	return Ping(ctx, c.Containers())
+}
+
+// processes lists every process of the cluster, masters first.
+func (c *Cluster) processes() []*Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var ps []*Process
+	for _, m := range c.masters {
+		ps = append(ps, m.Process)
+	}
+	for _, h := range c.hosts {
+		ps = append(ps, h.Agent)
+	}
+	return ps
+}
+
+// DumpLogs writes the last n lines of every process log that exists.
+func (c *Cluster) DumpLogs(w io.Writer, n int) {
+	for _, p := range c.processes() {
+		if _, err := os.Stat(p.LogPath); err != nil {
+			continue
+		}
+		fmt.Fprintf(w, "--- %s (pid %d, running %v): last %d lines of %s\n%s\n", p.Name, p.PID(), p.Running(), n, p.LogPath, p.Tail(n))
+	}
+}
+
+// Close stops every process (SIGTERM, SIGKILL after a few seconds), removes
+// the namespaces, and deletes the work directory if New created it. It is
+// idempotent and safe to call concurrently with anything else.
+func (c *Cluster) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, p := range c.processes() {
+		wg.Go(func() {
+			if err := p.Stop(context.Background(), 5*time.Second); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if c.http != nil {
+		c.http.CloseIdleConnections()
+	}
+	if c.Lab != nil {
+		if err := c.Lab.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.ownDir && c.Dir != "" {
+		if err := os.RemoveAll(c.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("labcluster: close: %w", err)
+	}
+	return nil
+}
