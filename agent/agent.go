@@ -64,6 +64,9 @@ type Config struct {
 	HTTPAddr string
 	// Socket is the unix socket of the IPAM service.
 	Socket string
+	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
+	// bridge; empty writes none.
+	CNIConfDir string
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr     string

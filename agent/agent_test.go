@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/master"
@@ -100,7 +102,7 @@ func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gn
 	t.Helper()
 	a, err := New(Config{
 		DataDir: dataDir, Masters: []string{masterURL}, ID: fmt.Sprintf("host-%d", host.Index), IP: host.IP.Addr(),
-		HTTPAddr: "127.0.0.1:0", MesosBridge: true, DockerBridge: true, ResyncInterval: time.Second,
+		HTTPAddr: "127.0.0.1:0", CNIConfDir: filepath.Join(dataDir, "cni"), Socket: filepath.Join(dataDir, "agent.sock"), MesosBridge: true, DockerBridge: true, ResyncInterval: time.Second,
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: quietLogger().With("host", host.Index),
 		NewRouter: func(id string) (Router, error) {
 			r, err := gnet.Join(id)
@@ -197,6 +199,11 @@ func TestAgentsWithoutMasters(t *testing.T) {
 			ov := a.Overlay().Overlay("carve")
 			return ov != nil && ov.State.Status == api.StatusOK
 		})
+	}
+	// Each agent wrote the CNI config of its overlay, naming its socket.
+	conf, err := os.ReadFile(filepath.Join(dir, "a0", "cni", "carve.conflist"))
+	if err != nil || !cni.IsCarveConflist(conf) || !strings.Contains(string(conf), filepath.Join(dir, "a0", "agent.sock")) {
+		t.Fatalf("conflist: %v\n%s", err, conf)
 	}
 	// The kernel holds what the agents report.
 	info2 := agents[1].Overlay()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -55,6 +56,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	if a.ipam.sync(self, network, members) {
 		a.rings.Broadcast(ringData{msg: a.ipam.rings()})
 	}
+	a.writeConflists(self, network)
 	want, peers, err := desiredState(self, network, a.ip, members)
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
@@ -71,6 +73,43 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.metrics.observe(mode, &rep)
 	a.setReport(self.Version, &rep, peers, err)
 	return err // the dataplane logs what it changed
+}
+
+// writeConflists keeps one CNI network config per overlay that has a mesos
+// bridge here, and removes carve's configs of overlays that went away. A
+// config is written only once the overlay has its lease, so a runtime never
+// sees a network the agent cannot serve.
+func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) {
+	dir := a.cfg.CNIConfDir
+	if dir == "" {
+		return
+	}
+	mtu := defaultOverlayMTU
+	if network != nil && network.OverlayMTU > 0 {
+		mtu = network.OverlayMTU
+	}
+	var keep []string
+	for _, ov := range self.Overlays {
+		if ov.State.Status != api.StatusOK || ov.MesosBridge == nil {
+			continue
+		}
+		keep = append(keep, ov.Info.Name)
+		wrote, err := cni.WriteConflist(dir, ov.Info.Name, mtu, a.cfg.Socket)
+		if err != nil {
+			a.log.Error("write CNI config", "overlay", ov.Info.Name, "dir", dir, "err", err)
+			continue
+		}
+		if wrote {
+			a.log.Info("CNI config written", "path", cni.ConflistPath(dir, ov.Info.Name))
+		}
+	}
+	removed, err := cni.PruneConflists(dir, keep)
+	if err != nil {
+		a.log.Error("prune CNI configs", "dir", dir, "err", err)
+	}
+	for _, path := range removed {
+		a.log.Info("CNI config removed (overlay gone)", "path", path)
+	}
 }
 
 // setReport records what the last reconcile achieved.

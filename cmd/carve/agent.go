@@ -20,7 +20,7 @@ func runAgent(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
-	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where CNI network configs are written (once container IPs land)")
+	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
 	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
@@ -56,11 +56,10 @@ func runAgent(ctx context.Context, args []string) error {
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", errUsage, *resync)
 	}
-	_ = cniConfDir
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, Socket: *socket, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger,
 	})
 	if err != nil {
