@@ -84,6 +84,8 @@ type IPAM struct {
 	overlays map[string]*overlayIPAM
 	persist  map[string]map[ring.Attachment]allocRecord // loaded from disk, claimed as overlays appear
 	mtu      int
+	// grower, when set, is asked for more space when a bridge is full.
+	grower Grower
 }
 
 func newIPAM(a *Agent) (*IPAM, error) {
@@ -319,6 +321,32 @@ func (s *IPAM) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	if err := validateIPAMRequest(&req, true); err != nil {
 		return nil, ipamErr(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
+	a, err := s.allocate(req)
+	var ie *ipamError
+	if grower := s.grower; grower != nil && errors.As(err, &ie) && ie.code == api.CodeExhausted {
+		// The seam for growth: get more space outside the lock, then retry once.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if gerr := grower.Grow(ctx, req.Network, req.Bridge); gerr != nil {
+			return nil, ipamErr(http.StatusConflict, api.CodeExhausted, "%s; no more space: %v", ie.msg, gerr)
+		}
+		return s.allocate(req)
+	}
+	return a, err
+}
+
+// Grower obtains more address space for an overlay whose bridge is full:
+// another lease from the masters, or a CIDR-aligned grant from a peer
+// through the ring (ring.Allocator.Donate on the donor, ringgossip's
+// request/answer exchange), after which sync or a ring merge gives the
+// allocator the new range and the dataplane routes it. None is wired today:
+// a full bridge answers "exhausted".
+type Grower interface {
+	Grow(ctx context.Context, overlay, bridge string) error
+}
+
+// allocate is Allocate under the lock.
+func (s *IPAM) allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o, err := s.overlayFor(req.Network)

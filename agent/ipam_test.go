@@ -275,3 +275,29 @@ func TestIPAMSurvivesRestart(t *testing.T) {
 		t.Errorf("next allocation %s, want 10.128.2.12/24", got.IPs[0].Address)
 	}
 }
+
+// growerFunc adapts a function to Grower.
+type growerFunc func(ctx context.Context, overlay, bridge string) error
+
+func (f growerFunc) Grow(ctx context.Context, overlay, bridge string) error { return f(ctx, overlay, bridge) }
+
+// TestIPAMGrowthSeam: a full bridge asks the Grower once, and its refusal
+// is part of the exhausted answer.
+func TestIPAMGrowthSeam(t *testing.T) {
+	h := newIPAMHarness(t, t.TempDir())
+	var asked []string
+	h.ipam.grower = growerFunc(func(ctx context.Context, overlay, bridge string) error {
+		asked = append(asked, overlay+"/"+bridge)
+		return fmt.Errorf("the masters have no free subnet")
+	})
+	for i := range 253 {
+		h.alloc(fmt.Sprintf("c%d", i), "eth0", api.BridgeDocker)
+	}
+	_, err := h.client.Allocate(context.Background(), api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeDocker})
+	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), "no free subnet") {
+		t.Fatalf("err %v", err)
+	}
+	if fmt.Sprint(asked) != "[carve/docker]" {
+		t.Errorf("grower asked %v", asked)
+	}
+}
