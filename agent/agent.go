@@ -67,6 +67,9 @@ type Config struct {
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
+	// CNICacheDir is the runtime's libcni cache (results/), read to take
+	// back the addresses of running containers after a lost disk; empty: none.
+	CNICacheDir string
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr     string

@@ -163,6 +163,7 @@ func (s *IPAM) sync(self *api.AgentInfo, network *api.NetworkConfig, members Mem
 		if s.overlays[ov.Info.Name] == nil {
 			s.overlays[ov.Info.Name] = o
 			s.claimPersisted(o)
+			s.reclaimFromCNICache(o)
 		}
 	}
 	return ringChanged

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -44,12 +45,18 @@ type ipamHarness struct {
 
 func newIPAMHarness(t *testing.T, dir string) *ipamHarness {
 	t.Helper()
+	return newIPAMHarnessWithCache(t, dir, "")
+}
+
+func newIPAMHarnessWithCache(t *testing.T, dir, cniCache string) *ipamHarness {
+	t.Helper()
 	st, err := OpenStore(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	self := ipamSelf("self")
-	a := &Agent{id: "self", log: quietLogger(), store: st, metrics: newMetrics(prometheus.NewRegistry()), self: self}
+	a := &Agent{id: "self", log: quietLogger(), store: st, metrics: newMetrics(prometheus.NewRegistry()), self: self,
+		cfg: Config{CNICacheDir: cniCache}}
 	ipam, err := newIPAM(a)
 	if err != nil {
 		t.Fatal(err)
@@ -279,7 +286,9 @@ func TestIPAMSurvivesRestart(t *testing.T) {
 // growerFunc adapts a function to Grower.
 type growerFunc func(ctx context.Context, overlay, bridge string) error
 
-func (f growerFunc) Grow(ctx context.Context, overlay, bridge string) error { return f(ctx, overlay, bridge) }
+func (f growerFunc) Grow(ctx context.Context, overlay, bridge string) error {
+	return f(ctx, overlay, bridge)
+}
 
 // TestIPAMGrowthSeam: a full bridge asks the Grower once, and its refusal
 // is part of the exhausted answer.
@@ -299,5 +308,43 @@ func TestIPAMGrowthSeam(t *testing.T) {
 	}
 	if fmt.Sprint(asked) != "[carve/docker]" {
 		t.Errorf("grower asked %v", asked)
+	}
+}
+
+// TestIPAMReclaimsFromCNICache: an agent that lost its data dir takes back
+// the addresses running CNI containers hold before it hands out new ones.
+func TestIPAMReclaimsFromCNICache(t *testing.T) {
+	cache := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(cache, "results"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	entries := map[string]string{
+		"carve-live1-eth0": `{"kind":"cniCacheV1","containerId":"live1","ifName":"eth0","networkName":"carve","result":{"cniVersion":"1.1.0","ips":[{"address":"10.128.2.2/24"},{"address":"fd00:0:0:1::2/65"}]}}`,
+		"carve-live2-eth0": `{"kind":"cniCacheV1","containerId":"live2","ifName":"eth0","networkName":"carve","result":{"ips":[{"address":"10.128.2.5/24"}]}}`,
+		"other-x-eth0":     `{"kind":"cniCacheV1","containerId":"x","ifName":"eth0","networkName":"other","result":{"ips":[{"address":"10.128.2.3/24"}]}}`,
+		"carve-bad-eth0":   `not json`,
+	}
+	for name, body := range entries {
+		if err := os.WriteFile(filepath.Join(cache, "results", name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := newIPAMHarnessWithCache(t, t.TempDir(), cache)
+	ctx := context.Background()
+	if a, err := h.client.Lookup(ctx, api.IPAMRequest{Network: "carve", ContainerID: "live1", IfName: "eth0"}); err != nil ||
+		addrs(a) != "10.128.2.2/24 gw 10.128.2.1, fd00:0:0:1::2/65 gw fd00:0:0:1::1" {
+		t.Fatalf("live1 not reclaimed: %v %v", a, err)
+	}
+	if _, err := h.client.Lookup(ctx, api.IPAMRequest{Network: "carve", ContainerID: "x", IfName: "eth0"}); !api.IsCode(err, api.CodeNotFound) {
+		t.Errorf("another network's cache entry was claimed: %v", err)
+	}
+	// New allocations step around the reclaimed addresses.
+	var got []string
+	for i := range 3 {
+		a := h.alloc(fmt.Sprintf("new%d", i), "eth0", "")
+		got = append(got, a.IPs[0].Address)
+	}
+	if fmt.Sprint(got) != "[10.128.2.3/24 10.128.2.4/24 10.128.2.6/24]" {
+		t.Errorf("new allocations %v", got)
 	}
 }
