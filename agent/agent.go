@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netns"
 
+	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/vxlan"
@@ -67,6 +68,11 @@ type Config struct {
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
+	// DockerPluginSocket is where the Docker remote IPAM plugin listens (with
+	// DockerBridge); empty disables the plugin.
+	DockerPluginSocket string
+	// DockerHost is the Docker engine the agent creates its networks on.
+	DockerHost string
 	// CNICacheDir is the runtime's libcni cache (results/), read to take
 	// back the addresses of running containers after a lost disk; empty: none.
 	CNICacheDir string
@@ -105,6 +111,7 @@ type Agent struct {
 	httpLn   net.Listener
 	ipam     *IPAM
 	ipamLn   net.Listener
+	docker   *dockeripam.Service
 
 	mu               sync.RWMutex
 	self             *api.AgentInfo
@@ -182,6 +189,15 @@ func New(cfg Config) (*Agent, error) {
 	if a.ipam, err = newIPAM(a); err != nil {
 		return nil, err
 	}
+	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
+		a.docker, err = dockeripam.New(a.ipam, dockeripam.Options{
+			PluginSocket: cfg.DockerPluginSocket, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
+			MTU: func(string) int { return a.overlayMTU() },
+		})
+		if err != nil {
+			return nil, fmt.Errorf("agent: docker plugin: %w", err)
+		}
+	}
 	if a.router, err = a.newRouter(); err != nil {
 		return nil, err
 	}
@@ -244,6 +260,16 @@ func underlayIP(masterURL string) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
+// overlayMTU is the overlay MTU of the committed network configuration.
+func (a *Agent) overlayMTU() int {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.network != nil && a.network.OverlayMTU > 0 {
+		return a.network.OverlayMTU
+	}
+	return defaultOverlayMTU
+}
+
 // ID is the agent's id.
 func (a *Agent) ID() string { return a.id }
 
@@ -287,6 +313,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.gossipLoop)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.serve(ctx, a.ipamLn) })
+	}
+	if a.docker != nil {
+		// Docker is optional: a failure here is reported, never fatal.
+		run(func(ctx context.Context) {
+			if err := a.docker.Run(ctx); err != nil {
+				a.log.Error("docker plugin stopped", "socket", a.cfg.DockerPluginSocket, "err", err)
+			}
+		})
 	}
 	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "mesh_addr", a.cfg.MeshAddr, "masters", a.client.Masters())
 	a.connectPeers()

@@ -57,6 +57,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		a.rings.Broadcast(ringData{msg: a.ipam.rings()})
 	}
 	a.writeConflists(self, network)
+	if a.docker != nil {
+		a.docker.Sync()
+	}
 	want, peers, err := desiredState(self, network, a.ip, members)
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)

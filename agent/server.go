@@ -16,6 +16,13 @@ func (a *Agent) routes() http.Handler {
 	mux.HandleFunc("GET /overlay-agent/overlay", a.handleOverlay)
 	mux.HandleFunc("GET /overlay-agent/overlays", a.handleOverlay)
 	mux.HandleFunc("GET /overlay-agent/peers", a.handlePeers)
+	mux.HandleFunc("GET /overlay-agent/docker", func(w http.ResponseWriter, r *http.Request) {
+		if a.docker == nil {
+			writeJSON(w, http.StatusNotFound, api.Error{Message: "the Docker plugin is off (--docker-bridge=false or no --docker-plugin-socket)", Code: api.CodeNotFound})
+			return
+		}
+		writeJSON(w, http.StatusOK, a.docker.Status())
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
 	})

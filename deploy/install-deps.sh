@@ -7,6 +7,14 @@ need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)   # cgo, for go test -race
 command -v git >/dev/null 2>&1 || need+=(git)
+# The Docker plugin's test runs a real engine inside a network namespace of
+# its own, with a tiny image made from a static busybox.
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
+  need+=(docker.io)
+fi
+# (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
+static=$(ldd /bin/busybox 2>&1 || true)
+[[ $static == *"not a dynamic"* ]] || need+=(busybox-static)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
@@ -15,6 +23,16 @@ if ((${#need[@]})); then
   fi
   echo "install-deps: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # Never let a package start its service (a system dockerd would create a
+  # bridge and firewall rules in the root namespace): a policy-rc.d guard
+  # for the length of the install, removed again if we put it there.
+  guard=""
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    guard=/usr/sbin/policy-rc.d
+  fi
+  trap '[[ -n "$guard" ]] && rm -f "$guard"' EXIT
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/dockeripam"
 )
 
 func runAgent(ctx context.Context, args []string) error {
@@ -21,6 +22,8 @@ func runAgent(ctx context.Context, args []string) error {
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
+	dockerSocket := fs.String("docker-plugin-socket", dockeripam.DefaultPluginSocket, "the Docker remote IPAM plugin's socket (with --docker-bridge; empty: no plugin); the driver is named after it")
+	dockerHost := fs.String("docker-host", dockeripam.DefaultDockerHost, "the Docker engine on which the agent creates its d-<overlay> networks")
 	cniCacheDir := fs.String("cni-cache-dir", agent.DefaultCNICacheDir, "the CNI runtime's cache, read to take back running containers' addresses after a lost data dir (empty: none)")
 	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
@@ -60,7 +63,8 @@ func runAgent(ctx context.Context, args []string) error {
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
+		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger,
 	})
 	if err != nil {

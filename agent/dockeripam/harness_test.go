@@ -1,0 +1,202 @@
+package dockeripam_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/raftlog"
+)
+
+// These tests import package agent, so they live in the external test
+// package: the agent imports dockeripam.
+
+// The real IPAM satisfies the interface the plugin depends on.
+var _ dockeripam.AddressService = (*agent.IPAM)(nil)
+
+func testLogger() *slog.Logger {
+	if os.Getenv("CARVE_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+var waitLimit = 60 * time.Second
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// testNetwork has a dual-stack overlay "carve" and an IPv4 one, "blue".
+func testNetwork() api.NetworkConfig {
+	cfg := master.DefaultConfig()
+	cfg.Overlays = []api.OverlayNetwork{
+		{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24, Subnet6: "fd00:ca7e::/48", Prefix6: 64},
+		{Name: "blue", Subnet: "10.0.0.0/16", Prefix: 24},
+	}
+	return cfg
+}
+
+// doubleService is the test double laid out like an agent of testNetwork.
+func doubleService() *fakeIPAM {
+	f := newFakeIPAM()
+	p := netip.MustParsePrefix
+	f.addOverlay("carve", map[string][2]netip.Prefix{
+		api.BridgeMesos:  {p("10.128.0.0/25"), p("fd00:ca7e::/65")},
+		api.BridgeDocker: {p("10.128.0.128/25"), p("fd00:ca7e:0:0:8000::/65")},
+	})
+	f.addOverlay("blue", map[string][2]netip.Prefix{
+		api.BridgeMesos:  {p("10.0.0.0/25"), {}},
+		api.BridgeDocker: {p("10.0.0.128/25"), {}},
+	})
+	return f
+}
+
+// startMaster runs a one-voter master on loopback.
+func startMaster(t *testing.T, dir string, cfg api.NetworkConfig) *master.Master {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := master.Start(context.Background(), master.Options{
+		ID: "m1", DataDir: dir, HTTPAddr: "127.0.0.1:0", RaftAddr: ln.Addr().String(),
+		Peers:   []raftlog.Server{{ID: "m1", Address: ln.Addr().String(), Voter: true}},
+		Network: cfg, Logger: testLogger(),
+		TuneRaft: func(c *raftlog.Config) {
+			c.Listener = ln
+			c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	waitFor(t, "master ready", func() bool {
+		_, ok := m.Table().Network()
+		return ok && m.Node().IsLeader()
+	})
+	return m
+}
+
+// fakeRouter adapts a fakegossip router (in-process, race-free) to agent.Router.
+type fakeRouter struct {
+	*fakegossip.Router
+	net *fakegossip.Network
+}
+
+func (r fakeRouter) Start() error            { return nil }
+func (r fakeRouter) Connect(...string) error { return nil }
+func (r fakeRouter) Stop() error             { r.net.Leave(r.Self()); return nil }
+
+// realAgent runs a real master and a real agent whose dataplane works in
+// host's namespace (it creates d-carve there with its gateway), and returns
+// the agent's *agent.IPAM once both overlays are served.
+func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
+	t.Helper()
+	dir := t.TempDir()
+	m := startMaster(t, filepath.Join(dir, "m1"), testNetwork())
+	gnet := fakegossip.New(fakegossip.Config{Seed: 1})
+	t.Cleanup(gnet.Close)
+	a, err := agent.New(agent.Config{
+		DataDir: filepath.Join(dir, "agent"), Masters: []string{"http://" + m.HTTPAddr()}, ID: "host-1", IP: host.IP.Addr(),
+		HTTPAddr: "127.0.0.1:0", MesosBridge: true, DockerBridge: true, ResyncInterval: 5 * time.Second,
+		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: testLogger(),
+		NewRouter: func(id string) (agent.Router, error) {
+			r, err := gnet.Join(id)
+			return fakeRouter{Router: r, net: gnet}, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+	waitFor(t, "the agent serves both overlays with docker bridges", func() bool {
+		for _, ov := range []string{"carve", "blue"} {
+			if _, _, ok := a.IPAM().BridgeSubnets(ov, api.BridgeDocker); !ok {
+				return false
+			}
+			o := a.Overlay().Overlay(ov)
+			if o == nil || o.State.Status != api.StatusOK {
+				return false
+			}
+		}
+		return true
+	})
+	return a
+}
+
+// backend is an AddressService under test.
+type backend struct {
+	name string
+	svc  dockeripam.AddressService
+}
+
+// backends returns the double, and the real IPAM of a real agent when the
+// test can create namespaces (root).
+func backends(t *testing.T) []backend {
+	t.Helper()
+	out := []backend{{"double", doubleService()}}
+	if !netnslab.IsRoot() {
+		t.Log("the real *agent.IPAM needs root (its agent programs a namespace): testing the double only")
+		return out
+	}
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1})
+	a := realAgent(t, lab.Hosts()[0])
+	return append(out, backend{"agent", a.IPAM()})
+}
+
+// pluginCall posts a plugin call to h and returns the status, the content
+// type and the body.
+func pluginCall(t *testing.T, h http.Handler, path string, body any) (int, string, string) {
+	t.Helper()
+	var rd io.Reader = http.NoBody
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req := httptest.NewRequest(http.MethodPost, path, rd)
+	req.Header.Set("Accept", dockeripam.ContentType)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Header().Get("Content-Type"), strings.TrimSpace(rec.Body.String())
+}

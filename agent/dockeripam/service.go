@@ -1,0 +1,717 @@
+package dockeripam
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+// Defaults of Options.
+const (
+	// DefaultPluginSocket is where Docker looks for the "carve" IPAM driver.
+	DefaultPluginSocket = "/run/docker/plugins/carve.sock"
+	// DefaultDockerHost is the engine's usual socket.
+	DefaultDockerHost = "unix:///var/run/docker.sock"
+	// DefaultMTU is DESIGN.md's overlay_mtu, used when Options.MTU says nothing.
+	DefaultMTU = 1420
+
+	// DefaultEngineRetry is slow: an agent on a host without Docker should
+	// cost nothing.
+	DefaultEngineRetry = 30 * time.Second
+	// DefaultSyncInterval bounds how late a new overlay gets its network when
+	// the agent does not call Sync.
+	DefaultSyncInterval = 10 * time.Second
+	// DefaultGCInterval is the fallback period of the leak collection; events
+	// trigger it sooner.
+	DefaultGCInterval = time.Minute
+	// DefaultGCGrace covers Docker's gap between allocating an address and
+	// attaching the container (and a container start that takes long).
+	DefaultGCGrace = 2 * time.Minute
+
+	// engineCallTimeout bounds one engine call (not the event stream).
+	engineCallTimeout = 20 * time.Second
+	// eventDebounce groups the events of one container removal into one collection.
+	eventDebounce = time.Second
+)
+
+// Docker network options carve sets (moby's netlabel and bridge driver).
+const (
+	optBridgeName = "com.docker.network.bridge.name"
+	optMasquerade = "com.docker.network.bridge.enable_ip_masquerade"
+	optMTU        = "com.docker.network.driver.mtu"
+	// LabelOverlay marks the Docker networks carve created.
+	LabelOverlay = "net.carve.overlay"
+)
+
+// NetworkName is the Docker network (and bridge) of an overlay.
+func NetworkName(overlay string) string { return "d-" + overlay }
+
+// Options configure a Service. Zero values take the defaults.
+type Options struct {
+	// PluginSocket is the plugin's unix socket; Docker names the IPAM driver
+	// after its base name without ".sock". Docker only discovers plugins in
+	// /run/docker/plugins, /etc/docker/plugins and /usr/lib/docker/plugins.
+	PluginSocket string
+	// DockerHost is the engine, unix:///path.
+	DockerHost string
+	// MTU returns an overlay's MTU (its bridge's); nil, or 0, means DefaultMTU.
+	MTU    func(overlay string) int
+	Logger *slog.Logger
+
+	// EngineRetry is how long to wait before trying an absent engine again.
+	EngineRetry time.Duration
+	// SyncInterval is how often the overlays are checked for new ones
+	// (Service.Sync checks at once).
+	SyncInterval time.Duration
+	// GCInterval is the period of the leak collection (events also trigger it).
+	GCInterval time.Duration
+	// GCGrace is how long an allocation must be seen unused by any container
+	// before the collector releases it.
+	GCGrace time.Duration
+	// Now is the clock (tests); nil means time.Now.
+	Now func() time.Time
+}
+
+// Service is the Docker side of an agent: the IPAM plugin and the engine loop.
+type Service struct {
+	opts   Options
+	log    *slog.Logger
+	name   string
+	driver *driver
+	syncCh chan struct{}
+	gcCh   chan chan error
+
+	mu     sync.Mutex
+	status Status
+	logged map[string]string // what was last logged per subject, to log changes once
+	// ensured is, per overlay, the desired network last found in place.
+	ensured map[string]string
+}
+
+// Status is the Docker side's state, for the agent's HTTP API.
+type Status struct {
+	Plugin   PluginStatus    `json:"plugin"`
+	Engine   EngineStatus    `json:"engine"`
+	Networks []NetworkStatus `json:"networks"`
+	GC       GCStatus        `json:"gc"`
+}
+
+// PluginStatus is the IPAM driver's socket.
+type PluginStatus struct {
+	Socket  string `json:"socket"`
+	Driver  string `json:"driver"`
+	Serving bool   `json:"serving"`
+	Error   string `json:"error,omitempty"`
+}
+
+// EngineStatus tells whether a Docker engine answers.
+type EngineStatus struct {
+	Host       string `json:"host"`
+	Connected  bool   `json:"connected"`
+	Version    string `json:"version,omitempty"`
+	APIVersion string `json:"api_version,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Network states, in NetworkStatus.State.
+const (
+	// NetworkPending: not checked yet (no engine, or the overlay just appeared).
+	NetworkPending = "pending"
+	// NetworkOK: the Docker network exists with carve's settings.
+	NetworkOK = "ok"
+	// NetworkMismatch: a network of that name exists with other settings;
+	// carve leaves it alone rather than break its containers.
+	NetworkMismatch = "mismatch"
+	// NetworkError: the engine refused or failed a call; retried.
+	NetworkError = "error"
+)
+
+// NetworkStatus is one overlay's Docker network.
+type NetworkStatus struct {
+	Overlay string `json:"overlay"`
+	Name    string `json:"name"`
+	ID      string `json:"id,omitempty"`
+	State   string `json:"state"`
+	Error   string `json:"error,omitempty"`
+}
+
+// GCStatus is the leak collector's last run.
+type GCStatus struct {
+	LastRun  time.Time `json:"last_run,omitzero"`
+	Released int       `json:"released"`
+	Error    string    `json:"error,omitempty"`
+}
+
+// New prepares a Service; Run starts it.
+func New(svc AddressService, opts Options) (*Service, error) {
+	if svc == nil {
+		return nil, errors.New("dockeripam: no address service")
+	}
+	if opts.PluginSocket == "" {
+		opts.PluginSocket = DefaultPluginSocket
+	}
+	if opts.DockerHost == "" {
+		opts.DockerHost = DefaultDockerHost
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.EngineRetry <= 0 {
+		opts.EngineRetry = DefaultEngineRetry
+	}
+	if opts.SyncInterval <= 0 {
+		opts.SyncInterval = DefaultSyncInterval
+	}
+	if opts.GCInterval <= 0 {
+		opts.GCInterval = DefaultGCInterval
+	}
+	if opts.GCGrace <= 0 {
+		opts.GCGrace = DefaultGCGrace
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	name := strings.TrimSuffix(filepath.Base(opts.PluginSocket), ".sock")
+	if !strings.HasSuffix(opts.PluginSocket, ".sock") || name == "" || !filepath.IsAbs(opts.PluginSocket) {
+		return nil, fmt.Errorf("dockeripam: plugin socket %q: want an absolute path ending in <driver name>.sock", opts.PluginSocket)
+	}
+	if _, err := newEngineClient(opts.DockerHost); err != nil {
+		return nil, fmt.Errorf("dockeripam: %w", err)
+	}
+	log := opts.Logger.With("component", "docker")
+	s := &Service{
+		opts: opts, log: log, name: name, driver: newDriver(svc, log, opts.Now),
+		syncCh: make(chan struct{}, 1), gcCh: make(chan chan error),
+		logged: map[string]string{}, ensured: map[string]string{},
+	}
+	s.status.Plugin = PluginStatus{Socket: opts.PluginSocket, Driver: name}
+	s.status.Engine = EngineStatus{Host: opts.DockerHost, Error: "not tried yet"}
+	return s, nil
+}
+
+// DriverName is the IPAM driver name Docker knows the plugin by.
+func (s *Service) DriverName() string { return s.name }
+
+// Handler serves the plugin protocol (Run serves it on the plugin socket).
+func (s *Service) Handler() http.Handler { return s.driver }
+
+// Sync asks the engine loop to check the overlays now (the agent calls it
+// when its leases change). It never blocks.
+func (s *Service) Sync() {
+	select {
+	case s.syncCh <- struct{}{}:
+	default:
+	}
+}
+
+// CollectNow runs a leak collection in the engine loop and waits for it; it
+// fails when no engine is connected or ctx ends first.
+func (s *Service) CollectNow(ctx context.Context) error {
+	done := make(chan error, 1)
+	select {
+	case s.gcCh <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Status is a copy of the current state.
+func (s *Service) Status() *Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.status
+	st.Networks = slices.Clone(s.status.Networks)
+	return &st
+}
+
+// Run serves the plugin socket and runs the engine loop until ctx ends. It
+// fails only when the socket cannot be served; an absent engine is a
+// status, retried every EngineRetry.
+func (s *Service) Run(ctx context.Context) error {
+	ln, err := listenPlugin(s.opts.PluginSocket)
+	if err != nil {
+		s.setPlugin(false, err)
+		return fmt.Errorf("dockeripam: plugin socket: %w", err)
+	}
+	s.setPlugin(true, nil)
+	s.log.Info("docker IPAM plugin serving", "socket", s.opts.PluginSocket, "driver", s.name)
+	srv := &http.Server{Handler: s.driver, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	loopDone := make(chan struct{})
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	go func() {
+		defer close(loopDone)
+		s.engineLoop(loopCtx)
+	}()
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	stopLoop()
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	_ = srv.Shutdown(shut)
+	cancel()
+	<-loopDone
+	// Unix listeners remove their socket file on Close.
+	s.setPlugin(false, nil)
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("dockeripam: plugin socket: %w", serveErr)
+	}
+	return nil
+}
+
+func (s *Service) setPlugin(serving bool, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.status.Plugin.Serving = serving
+	s.status.Plugin.Error = ""
+	if err != nil {
+		s.status.Plugin.Error = err.Error()
+	}
+}
+
+// listenPlugin listens on the plugin socket, creating its directory,
+// replacing a stale socket file and refusing one that another process serves.
+func listenPlugin(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create %s: %w", filepath.Dir(path), err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s is served by another process (another carve agent running?)", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// note logs msg at level when it differs from what was last logged about
+// subject, so that a state that persists is logged once, not every retry.
+func (s *Service) note(subject string, level slog.Level, msg string, args ...any) {
+	key := msg + fmt.Sprint(args...)
+	s.mu.Lock()
+	same := s.logged[subject] == key
+	s.logged[subject] = key
+	s.mu.Unlock()
+	if !same {
+		s.log.Log(context.Background(), level, msg, args...)
+	}
+}
+
+// engineLoop connects to the engine, retrying slowly while there is none.
+func (s *Service) engineLoop(ctx context.Context) {
+	for {
+		err := s.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
+		for i := range s.status.Networks {
+			if s.status.Networks[i].State == NetworkOK {
+				s.status.Networks[i].State = NetworkPending
+			}
+		}
+		s.mu.Unlock()
+		s.note("engine", slog.LevelWarn, "docker engine unavailable; retrying", "host", s.opts.DockerHost, "err", err, "retry", s.opts.EngineRetry)
+		t := time.NewTimer(s.opts.EngineRetry)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+				break wait
+			case done := <-s.gcCh:
+				done <- fmt.Errorf("no Docker engine connected: %w", err)
+			}
+		}
+	}
+}
+
+// session runs while the engine answers: it ensures the networks, follows
+// the events and collects leaks. It returns why the engine was lost.
+func (s *Service) session(ctx context.Context) error {
+	c, err := newEngineClient(s.opts.DockerHost)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	cctx, cancel := context.WithTimeout(ctx, engineCallTimeout)
+	v, err := c.connect(cctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Connected: true, Version: v.Version, APIVersion: c.version}
+	s.mu.Unlock()
+	s.note("engine", slog.LevelInfo, "docker engine connected", "host", s.opts.DockerHost, "version", v.Version, "api", c.version)
+
+	evCtx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	evCh := make(chan struct{}, 1)
+	evErr := make(chan error, 1)
+	startEvents := func() {
+		go func() {
+			evErr <- c.events(evCtx, func(ev event) {
+				s.log.Debug("docker event", "type", ev.Type, "action", ev.Action, "actor", ev.Actor.ID)
+				select {
+				case evCh <- struct{}{}:
+				default:
+				}
+			})
+		}()
+	}
+	startEvents()
+
+	s.ensureAll(ctx, c)
+	// A failed first collection is not fatal: the periodic one retries.
+	_ = s.collect(ctx, c)
+
+	syncT := time.NewTicker(s.opts.SyncInterval)
+	defer syncT.Stop()
+	gcT := time.NewTicker(s.opts.GCInterval)
+	defer gcT.Stop()
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	defer debounce.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.syncCh:
+			s.ensureAll(ctx, c)
+		case <-syncT.C:
+			s.ensureNew(ctx, c)
+		case <-gcT.C:
+			// Also re-checks the networks: one removed by hand comes back.
+			s.ensureAll(ctx, c)
+			_ = s.collect(ctx, c)
+		case <-evCh:
+			debounce.Reset(eventDebounce)
+		case <-debounce.C:
+			_ = s.collect(ctx, c)
+		case done := <-s.gcCh:
+			done <- s.collect(ctx, c)
+		case err := <-evErr:
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			// The stream broke: the engine stopped, or restarted.
+			pctx, cancel := context.WithTimeout(ctx, engineCallTimeout)
+			_, perr := c.connect(pctx)
+			cancel()
+			if perr != nil {
+				return perr
+			}
+			s.note("events", slog.LevelWarn, "docker event stream ended; following it again", "err", err)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
+			startEvents()
+		}
+	}
+}
+
+// desiredNetwork is the Docker network carve wants for an overlay.
+func (s *Service) desiredNetwork(overlay string) (dockerNetwork, bool) {
+	v4, v6, ok := s.driver.svc.BridgeSubnets(overlay, api.BridgeDocker)
+	if !ok || (!v4.IsValid() && !v6.IsValid()) {
+		return dockerNetwork{}, false
+	}
+	mtu := 0
+	if s.opts.MTU != nil {
+		mtu = s.opts.MTU(overlay)
+	}
+	if mtu <= 0 {
+		mtu = DefaultMTU
+	}
+	n := dockerNetwork{Name: NetworkName(overlay), Driver: "bridge", EnableIPv6: v6.IsValid()}
+	n.IPAM.Driver = s.name
+	n.IPAM.Options = map[string]string{OptionNetwork: overlay}
+	for _, p := range []poolID{{prefix: v4}, {prefix: v6, v6: true}} {
+		if p.prefix.IsValid() {
+			p.prefix = p.prefix.Masked()
+			n.IPAM.Config = append(n.IPAM.Config, ipamConfig{Subnet: p.prefix.String(), Gateway: p.gateway().String()})
+		}
+	}
+	n.Options = map[string]string{
+		optBridgeName: NetworkName(overlay),
+		optMasquerade: "false",
+		optMTU:        strconv.Itoa(mtu),
+	}
+	n.Labels = map[string]string{LabelOverlay: overlay}
+	return n, true
+}
+
+// differences lists how an existing network differs from the desired one.
+func differences(have *dockerNetwork, want dockerNetwork) []string {
+	var out []string
+	diff := func(what, h, w string) {
+		if h != w {
+			if h == "" {
+				h = "unset"
+			}
+			out = append(out, fmt.Sprintf("%s is %s (want %s)", what, h, w))
+		}
+	}
+	diff("driver", have.Driver, want.Driver)
+	diff("IPAM driver", have.IPAM.Driver, want.IPAM.Driver)
+	diff("IPAM option "+OptionNetwork, have.IPAM.Options[OptionNetwork], want.IPAM.Options[OptionNetwork])
+	subnets := func(cs []ipamConfig) string {
+		var ss []string
+		for _, c := range cs {
+			s := c.Subnet
+			if c.Gateway != "" {
+				s += " gateway " + c.Gateway
+			}
+			if c.IPRange != "" {
+				s += " range " + c.IPRange
+			}
+			ss = append(ss, s)
+		}
+		slices.Sort(ss)
+		return strings.Join(ss, ", ")
+	}
+	diff("subnets", subnets(have.IPAM.Config), subnets(want.IPAM.Config))
+	diff("IPv6", strconv.FormatBool(have.EnableIPv6), strconv.FormatBool(want.EnableIPv6))
+	for _, k := range []string{optBridgeName, optMTU, optMasquerade} {
+		diff("option "+k, have.Options[k], want.Options[k])
+	}
+	return out
+}
+
+// ensureAll checks (and creates) the network of every overlay.
+func (s *Service) ensureAll(ctx context.Context, c *engineClient) { s.ensure(ctx, c, false) }
+
+// ensureNew checks only overlays that are new, changed or not yet OK.
+func (s *Service) ensureNew(ctx context.Context, c *engineClient) { s.ensure(ctx, c, true) }
+
+func (s *Service) ensure(ctx context.Context, c *engineClient, onlyNew bool) {
+	prev := map[string]NetworkStatus{}
+	s.mu.Lock()
+	for _, n := range s.status.Networks {
+		prev[n.Overlay] = n
+	}
+	s.mu.Unlock()
+	var out []NetworkStatus
+	for _, ov := range s.driver.svc.Networks() {
+		want, ok := s.desiredNetwork(ov)
+		if !ok {
+			continue
+		}
+		spec, _ := json.Marshal(want)
+		s.mu.Lock()
+		same := s.ensured[ov] == string(spec)
+		s.mu.Unlock()
+		if p, seen := prev[ov]; onlyNew && seen && p.State == NetworkOK && same {
+			out = append(out, p)
+			continue
+		}
+		st := s.ensureOne(ctx, c, ov, want)
+		s.mu.Lock()
+		if st.State == NetworkOK {
+			s.ensured[ov] = string(spec)
+		} else {
+			delete(s.ensured, ov)
+		}
+		s.mu.Unlock()
+		out = append(out, st)
+	}
+	s.mu.Lock()
+	s.status.Networks = out
+	s.mu.Unlock()
+}
+
+func (s *Service) ensureOne(ctx context.Context, c *engineClient, overlay string, want dockerNetwork) NetworkStatus {
+	st := NetworkStatus{Overlay: overlay, Name: want.Name}
+	cctx, cancel := context.WithTimeout(ctx, engineCallTimeout)
+	defer cancel()
+	have, err := c.inspectNetwork(cctx, want.Name)
+	if errors.Is(err, errNotFound) {
+		id, cerr := c.createNetwork(cctx, want)
+		if cerr == nil {
+			s.log.Info("created docker network", "network", want.Name, "id", id, "subnets", want.IPAM.Config, "driver", s.name)
+			st.ID, st.State = id, NetworkOK
+			s.note("net/"+overlay, slog.LevelDebug, "docker network ok", "network", want.Name)
+			return st
+		}
+		var ae *apiError
+		if !errors.As(cerr, &ae) || ae.Status != http.StatusConflict {
+			st.State, st.Error = NetworkError, fmt.Sprintf("create Docker network %s: %v", want.Name, cerr)
+			s.note("net/"+overlay, slog.LevelError, "docker network not created", "network", want.Name, "err", cerr)
+			return st
+		}
+		// Created meanwhile by someone else: look at it.
+		have, err = c.inspectNetwork(cctx, want.Name)
+	}
+	if err != nil {
+		st.State, st.Error = NetworkError, fmt.Sprintf("inspect Docker network %s: %v", want.Name, err)
+		s.note("net/"+overlay, slog.LevelError, "docker network not inspected", "network", want.Name, "err", err)
+		return st
+	}
+	st.ID = have.ID
+	if diffs := differences(have, want); have.Name == want.Name && len(diffs) > 0 {
+		st.State = NetworkMismatch
+		st.Error = fmt.Sprintf("Docker network %s exists with other settings: %s; carve leaves it alone (remove it with `docker network rm %s` and carve recreates it)",
+			want.Name, strings.Join(diffs, "; "), want.Name)
+		s.note("net/"+overlay, slog.LevelWarn, st.Error, "network", want.Name)
+		return st
+	}
+	if have.Name != want.Name {
+		st.State, st.Error = NetworkError, fmt.Sprintf("Docker resolved %s to network %q", want.Name, have.Name)
+		return st
+	}
+	st.State = NetworkOK
+	s.note("net/"+overlay, slog.LevelDebug, "docker network ok", "network", want.Name)
+	return st
+}
+
+// collect releases the docker-bridge allocations that no container of the
+// engine uses and that have been unused for GCGrace. It releases nothing
+// when the engine cannot be listed completely.
+func (s *Service) collect(ctx context.Context, c *engineClient) error {
+	used, err := s.usedAddresses(ctx, c)
+	now := s.opts.Now()
+	if err != nil {
+		s.mu.Lock()
+		s.status.GC.LastRun, s.status.GC.Error = now, err.Error()
+		s.mu.Unlock()
+		s.note("gc", slog.LevelWarn, "docker leak collection skipped: the engine's endpoints could not be listed", "err", err)
+		return err
+	}
+	released, err := s.driver.collect(used, now, s.opts.GCGrace)
+	s.mu.Lock()
+	s.status.GC.LastRun = now
+	s.status.GC.Released += released
+	s.status.GC.Error = ""
+	if err != nil {
+		s.status.GC.Error = err.Error()
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.note("gc", slog.LevelWarn, "docker leak collection", "err", err)
+	} else {
+		s.note("gc", slog.LevelDebug, "docker leak collection ok")
+	}
+	return err
+}
+
+// usedAddresses lists the addresses of every endpoint on the networks whose
+// IPAM driver is this plugin.
+func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[string]bool, error) {
+	cctx, cancel := context.WithTimeout(ctx, engineCallTimeout)
+	defer cancel()
+	nets, err := c.listNetworks(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("list Docker networks: %w", err)
+	}
+	used := map[string]bool{}
+	for _, n := range nets {
+		if n.IPAM.Driver != s.name {
+			continue
+		}
+		full, err := c.inspectNetwork(cctx, n.ID)
+		if err != nil {
+			return nil, fmt.Errorf("inspect Docker network %s: %w", n.Name, err)
+		}
+		for _, ep := range full.Containers {
+			for _, a := range []string{ep.IPv4Address, ep.IPv6Address} {
+				if addr, err := parseAddr(a); err == nil {
+					used[addr.String()] = true
+				}
+			}
+		}
+	}
+	return used, nil
+}
+
+// collect is the decision, under the driver's lock so that no request for
+// the same attachment interleaves: an allocation is released when none of
+// its addresses is in used and it was already seen unused grace ago.
+func (d *driver) collect(used map[string]bool, now time.Time, grace time.Duration) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seen := map[string]bool{}
+	released := 0
+	var errs []error
+	for _, ov := range d.svc.Networks() {
+		for _, a := range d.svc.List(ov).Allocations {
+			if a.Bridge != api.BridgeDocker {
+				continue
+			}
+			key := attachmentKey(ov, a.ContainerID, a.IfName)
+			inUse := false
+			for _, ip := range a.IPs {
+				if addr, err := parseAddr(ip.Address); err == nil && used[addr.String()] {
+					inUse = true
+				}
+			}
+			if inUse {
+				continue
+			}
+			seen[key] = true
+			since, ok := d.unusedSince[key]
+			if !ok {
+				d.unusedSince[key] = now
+				continue
+			}
+			if now.Sub(since) < grace {
+				continue
+			}
+			if _, err := d.svc.Release(api.IPAMRequest{Network: ov, ContainerID: a.ContainerID, IfName: a.IfName, Bridge: api.BridgeDocker}); err != nil {
+				errs = append(errs, fmt.Errorf("release %s/%s on %s: %w", a.ContainerID, a.IfName, ov, err))
+				continue
+			}
+			delete(d.unusedSince, key)
+			released++
+			d.log.Info("released an address no container uses", "overlay", ov, "attachment", a.ContainerID, "ifname", a.IfName, "addresses", a.IPs, "unused_since", since)
+		}
+	}
+	for k := range d.unusedSince {
+		if !seen[k] {
+			delete(d.unusedSince, k)
+		}
+	}
+	return released, errors.Join(errs...)
+}
