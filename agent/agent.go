@@ -27,6 +27,7 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -214,7 +215,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
 	if cfg.Socket != "" {
-		if a.ipamLn, err = listenUnix(cfg.Socket); err != nil {
+		if a.ipamLn, err = unixsock.Listen(cfg.Socket); err != nil {
 			return nil, fmt.Errorf("agent: --socket %s: %w", cfg.Socket, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/unixsock"
 )
 
 // ipamSelf is an agent record with a dual-stack overlay whose /23 gives a
@@ -67,7 +68,7 @@ func newIPAMHarnessWithCache(t *testing.T, dir, cniCache string) *ipamHarness {
 	members := MembershipState{Records: []PeerRecord{peerFromInfo(self), other}}
 	ipam.sync(self, &api.NetworkConfig{OverlayMTU: 1400}, members)
 	sock := filepath.Join(dir, "agent.sock")
-	ln, err := listenUnix(sock)
+	ln, err := unixsock.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}

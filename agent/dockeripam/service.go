@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/unixsock"
 )
 
 // Defaults of Options.
@@ -247,7 +246,7 @@ func (s *Service) Status() *Status {
 // fails only when the socket cannot be served; an absent engine is a
 // status, retried every EngineRetry.
 func (s *Service) Run(ctx context.Context) error {
-	ln, err := listenPlugin(s.opts.PluginSocket)
+	ln, err := unixsock.Listen(s.opts.PluginSocket)
 	if err != nil {
 		s.setPlugin(false, err)
 		return fmt.Errorf("dockeripam: plugin socket: %w", err)
@@ -290,35 +289,6 @@ func (s *Service) setPlugin(serving bool, err error) {
 	if err != nil {
 		s.status.Plugin.Error = err.Error()
 	}
-}
-
-// listenPlugin listens on the plugin socket, creating its directory,
-// replacing a stale socket file and refusing one that another process serves.
-func listenPlugin(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", filepath.Dir(path), err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("%s exists and is not a socket", path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("%s is served by another process (another carve agent running?)", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("remove stale socket: %w", err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
 }
 
 // note logs msg at level when it differs from what was last logged about
