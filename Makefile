@@ -35,7 +35,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
 
-demo: build
+demo: build cni-plugins
 	./bin/carve demo $(DEMO_FLAGS)
 
 # Each row stands beside a baseline measured in the same run: read the ratios.
@@ -44,6 +44,7 @@ bench: build
 	$(GO) run ./bench/ring
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
+	$(GO) run ./bench/cni
 
 clean:
 	rm -rf bin

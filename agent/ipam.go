@@ -306,6 +306,11 @@ func (s *IPAM) overlayFor(name string) (*overlayIPAM, error) {
 		return nil, ipamErr(http.StatusServiceUnavailable, api.CodeNotReady, "this agent has no lease yet (not registered with a master)")
 	}
 	if ov := self.Overlay(name); ov != nil {
+		if ov.State.Status == api.StatusOK {
+			// Leased, but the allocator is not built yet (the agent is
+			// starting and restoring its allocations): retry shortly.
+			return nil, ipamErr(http.StatusServiceUnavailable, api.CodeNotReady, "overlay %q is starting up: its allocations are being restored", name)
+		}
 		msg := fmt.Sprintf("overlay %q is %s here", name, ov.State.Status)
 		if ov.State.Error != "" {
 			msg += ": " + ov.State.Error
@@ -553,10 +558,17 @@ func (s *IPAM) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
-	if o := s.overlays[req.Network]; o != nil {
-		if rec, ok := o.attached[at]; ok {
-			return s.allocation(o, at, rec), nil
-		}
+	o, err := s.overlayFor(req.Network)
+	if err != nil {
+		// Not restored yet (not_ready), or an unknown network (not_found):
+		// never "no addresses" for an attachment that may hold some.
+		return nil, err
+	}
+	if rec, ok := o.attached[at]; ok {
+		return s.allocation(o, at, rec), nil
+	}
+	if _, pending := s.persist[req.Network][at]; pending {
+		return nil, ipamErr(http.StatusServiceUnavailable, api.CodeNotReady, "%s/%s holds a persisted address that is not claimable yet", req.ContainerID, req.IfName)
 	}
 	return nil, ipamErr(http.StatusNotFound, api.CodeNotFound, "no addresses for %s/%s on %q", req.ContainerID, req.IfName, req.Network)
 }

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -347,5 +348,34 @@ func TestIPAMReclaimsFromCNICache(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[10.128.2.3/24 10.128.2.4/24 10.128.2.6/24]" {
 		t.Errorf("new allocations %v", got)
+	}
+}
+
+// TestIPAMLookupBeforeRestore: between a restart and the first sync, a
+// persisted attachment is not_ready (the runtime retries), never not_found.
+func TestIPAMLookupBeforeRestore(t *testing.T) {
+	dir := t.TempDir()
+	h := newIPAMHarness(t, dir)
+	h.alloc("c1", "eth0", "")
+	h.close()
+	st, err := OpenStore(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	a := &Agent{id: "self", log: quietLogger(), store: st, metrics: newMetrics(prometheus.NewRegistry()), self: ipamSelf("self")}
+	ipam, err := newIPAM(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.ipam = ipam
+	for _, tt := range []struct {
+		network, code string
+	}{{"carve", api.CodeNotReady}, {"nope", api.CodeNotFound}} {
+		_, err := ipam.Lookup(api.IPAMRequest{Network: tt.network, ContainerID: "c1", IfName: "eth0"})
+		var ie *ipamError
+		if !errors.As(err, &ie) || ie.code != tt.code {
+			t.Errorf("lookup on %s before sync: %v, want %s", tt.network, err, tt.code)
+		}
 	}
 }

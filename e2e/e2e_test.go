@@ -1,7 +1,8 @@
-// Package e2e holds the end-to-end test of carve (issue 4): real `carve
-// master` and `carve agent` processes in network namespaces, containers on
-// the agents' bridges, and pings through the VXLAN overlay. It needs root
-// and skips without it.
+// Package e2e holds the end-to-end tests of carve (issues 4 and 5): real
+// `carve master` and `carve agent` processes in network namespaces,
+// containers attached to the agents' bridges through CNI (the agent's
+// conflist, the reference bridge plugin, carve-ipam), and pings through the
+// VXLAN overlay. They need root and skip without it.
 package e2e
 
 import (
@@ -68,7 +69,7 @@ func TestOverlay(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, h := range c.Hosts() {
-			ct, err := c.AddContainer(ctx, h, "carve")
+			ct, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +134,7 @@ func TestOverlay(t *testing.T) {
 			// First fit gives the freed subnet back; if it did not, the
 			// container needs an address in the new one.
 			t.Logf("%s got subnets %v, not the old one of %s: new container", h.Name, back.Subnets, ct.Addr)
-			nc, err := c.AddContainer(ctx, h, "carve")
+			nc, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -665,6 +665,9 @@ func (d *Dataplane) ensureBridge(b Bridge, rep *Report) error {
 		if err := d.h.LinkSetAlias(link, OwnerAlias); err != nil {
 			return fmt.Errorf("mark: %w", err)
 		}
+		if err := d.pinMAC(link); err != nil {
+			return err
+		}
 		rep.Bridges.Added++
 	} else {
 		changed := false
@@ -672,6 +675,9 @@ func (d *Dataplane) ensureBridge(b Bridge, rep *Report) error {
 			// Adopted: it has the name the desired state gives a carve bridge.
 			if err := d.h.LinkSetAlias(link, OwnerAlias); err != nil {
 				return fmt.Errorf("mark: %w", err)
+			}
+			if err := d.pinMAC(link); err != nil {
+				return err
 			}
 			changed = true
 		}
@@ -707,6 +713,22 @@ func (d *Dataplane) ensureBridge(b Bridge, rep *Report) error {
 		if err := d.h.LinkSetUp(link); err != nil {
 			return fmt.Errorf("set up: %w", err)
 		}
+	}
+	return nil
+}
+
+// pinMAC sets a bridge's MAC to the one it has. A bridge whose MAC was never
+// set takes the lowest MAC of its ports and changes it as containers come
+// and go: the gateway MAC in the containers' ARP caches goes stale, and the
+// CNI bridge plugin's CHECK fails for every container attached before the
+// change (it compares the bridge MAC of the ADD result). The bridge plugin
+// pins the MAC itself only when it adds the gateway address, which carve
+// has already put there. Setting a MAC notifies
+// NETDEV_CHANGEADDR, which flushes the bridge's neighbours, so it is done
+// once, when carve creates or adopts the bridge.
+func (d *Dataplane) pinMAC(link netlink.Link) error {
+	if err := d.h.LinkSetHardwareAddr(link, link.Attrs().HardwareAddr); err != nil {
+		return fmt.Errorf("pin MAC %s: %w", link.Attrs().HardwareAddr, err)
 	}
 	return nil
 }

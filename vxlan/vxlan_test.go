@@ -3,6 +3,7 @@ package vxlan_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -539,6 +540,25 @@ func TestBridges(t *testing.T) {
 		t.Errorf("accept_dad on the IPv6 gateway bridge = %s, want 0", v)
 	}
 	assertNoChange(t, "Resync", resync(t, e.dp, d))
+
+	// The MAC of a created or adopted bridge is pinned: ports with lower
+	// MACs (container veths) come and go without changing it.
+	for i, name := range []string{"m-carve", "d-carve"} {
+		br, err := e.nl.LinkByName(name)
+		must(t, err)
+		before := br.Attrs().HardwareAddr.String()
+		port := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: fmt.Sprintf("port%d", i), HardwareAddr: mustMAC("02:00:00:00:00:01"), MTU: 1420},
+			PeerName: fmt.Sprintf("peer%d", i)}
+		must(t, e.nl.LinkAdd(port))
+		must(t, e.nl.LinkSetMaster(port, br))
+		must(t, e.nl.LinkSetUp(port))
+		after, err := e.nl.LinkByName(name)
+		must(t, err)
+		if got := after.Attrs().HardwareAddr.String(); got != before {
+			t.Errorf("%s: MAC %s became %s when a port joined", name, before, got)
+		}
+		must(t, e.nl.LinkDel(port))
+	}
 
 	// Gateway change, bridge removal (incremental).
 	d.Bridges = []vxlan.Bridge{{Name: "m-carve", Gateway: netip.MustParsePrefix("10.128.1.1/26"), MTU: 1400}}

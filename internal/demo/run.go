@@ -62,8 +62,13 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err != nil {
 		return err
 	}
+	cniPath, err := cniPlugins(ctx, out, opts.Binary, dir)
+	if err != nil {
+		return errors.Join(err, os.RemoveAll(dir))
+	}
 	masters := min(3, opts.Hosts)
-	c, err := labcluster.New(labcluster.Options{Binary: opts.Binary, Hosts: opts.Hosts, Masters: masters, Prefix: Prefix, Dir: dir})
+	c, err := labcluster.New(labcluster.Options{Binary: opts.Binary, Hosts: opts.Hosts, Masters: masters, Prefix: Prefix, Dir: dir,
+		CNIPath: cniPath})
 	if err != nil {
 		return errors.Join(err, os.RemoveAll(dir))
 	}
@@ -112,20 +117,24 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 
+	if opts.Containers > 0 {
+		fmt.Fprintf(out, "\n== containers: a namespace each, attached through CNI as a runtime does it: libcni (run inside the host)\n")
+		fmt.Fprintf(out, "   loads the agent's %s, the reference bridge plugin puts a veth on m-carve and asks carve-ipam,\n",
+			filepath.Join(h1.CNIConfDir(), "carve.conflist"))
+		fmt.Fprintf(out, "   which asks the agent over %s for the lowest free address of the host's mesos sub-subnet\n", h1.SocketPath())
+	}
 	for _, h := range c.Hosts() {
 		for range opts.Containers {
-			if _, err := c.AddContainer(ctx, h, "carve"); err != nil {
+			if _, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{}); err != nil {
 				return err
 			}
 		}
 	}
 	if opts.Containers > 0 {
-		fmt.Fprintf(out, "\n== containers: a namespace each, on its host's m-carve bridge, with the next address of the host's\n")
-		fmt.Fprintf(out, "   mesos sub-subnet (the bridge, their gateway, has the first)\n")
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "   CONTAINER\tHOST\tADDRESS\tGATEWAY\tNAMESPACE")
+		fmt.Fprintln(tw, "   CONTAINER\tHOST\tCNI ATTACHMENT\tADDRESS\tGATEWAY\tHOST VETH\tNAMESPACE")
 		for _, ct := range c.Containers() {
-			fmt.Fprintf(tw, "   %s\t%s\t%s\t%s\t%s\n", ct.Name, ct.Host.Name, ct.Addr, ct.Gateway, ct.NS.Name)
+			fmt.Fprintf(tw, "   %s\t%s\t%s/%s\t%s\t%s\t%s\t%s\n", ct.Name, ct.Host.Name, ct.ContainerID, ct.IfName, ct.Addr, ct.Gateway, ct.NS.HostLink, ct.NS.Name)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -246,6 +255,27 @@ func printLookAround(out io.Writer, c *labcluster.Cluster, binary string) {
 		a, b := cs[0], cs[len(cs)-1]
 		fmt.Fprintf(out, "   ip netns exec %s ping -c3 %s     # %s -> %s (needs iputils-ping)\n", a.NS.Name, b.Addr.Addr(), a.Name, b.Name)
 	}
-	fmt.Fprintf(out, "   tail -f %s/logs/*.log\n", c.Dir)
+	fmt.Fprintf(out, "   cat %s     # the conflist the agent wrote\n", filepath.Join(h1.CNIConfDir(), "carve.conflist"))
+	fmt.Fprintf(out, "   curl -s --unix-socket %s http://agent/ipam/allocations     # the agent's IPAM (needs curl)\n", h1.SocketPath())
+	fmt.Fprintf(out, "   tail -f %s/logs/*.log     # masters, agents, and the CNI plugins' stderr\n", c.Dir)
 	fmt.Fprintf(out, "   masters' HTTP API from the lab: ip netns exec %s curl -s %s/overlay-master/state\n", h1.NS.Name, c.MasterURLs()[0])
+}
+
+// cniPlugins finds carve-ipam and the reference CNI plugins next to the
+// carve binary (`make build` puts carve-ipam in bin/, `make cni-plugins` the
+// reference plugins in bin/cni/), and otherwise builds them with Go into the
+// demo's directory, which is removed with it.
+func cniPlugins(ctx context.Context, out io.Writer, binary, dir string) ([]string, error) {
+	bin := filepath.Dir(binary)
+	if path, err := labcluster.FindCNIPlugins(bin, filepath.Join(bin, "cni")); err == nil {
+		fmt.Fprintf(out, "== CNI plugins (carve-ipam, bridge, portmap) from %s\n", strings.Join(path, ":"))
+		return path, nil
+	}
+	target := filepath.Join(dir, "cni-bin")
+	fmt.Fprintf(out, "== building the CNI plugins (%s) into %s\n", strings.Join(labcluster.CNIPlugins(), ", "), target)
+	built, err := labcluster.BuildCNIPlugins(ctx, target)
+	if err != nil {
+		return nil, fmt.Errorf("no CNI plugins next to %s (make build cni-plugins) and building them failed: %w", binary, err)
+	}
+	return []string{built}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -64,4 +65,75 @@ func BuildCarve(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("labcluster: go build ./cmd/carve: %w\n%s", err, stderr.String())
 	}
 	return out, nil
+}
+
+// CNIPathEnv names the environment variable that carries the directory of
+// the CNI plugins (carve-ipam and the reference plugins) to tests, set by
+// RunTests next to BinaryEnv; set it yourself to skip the build.
+const CNIPathEnv = "CARVE_CNI_PATH"
+
+// CNIPlugins are the binaries a cluster's CNI attachments run: carve-ipam,
+// the reference plugins carve's conflists chain (bridge, portmap), loopback,
+// and host-local for comparisons.
+func CNIPlugins() []string {
+	return []string{"carve-ipam", "bridge", "loopback", "portmap", "host-local"}
+}
+
+// cniPackages are the packages of CNIPlugins, in the same order. The
+// reference plugins come from the github.com/containernetworking/plugins
+// version pinned in go.mod, as deploy/build-cni-plugins.sh builds them.
+func cniPackages() []string {
+	const ref = "github.com/containernetworking/plugins/plugins/"
+	return []string{"./cmd/carve-ipam", ref + "main/bridge", ref + "main/loopback", ref + "meta/portmap", ref + "ipam/host-local"}
+}
+
+// BuildCNIPlugins builds CNIPlugins into dir with one go build (the build
+// cache makes it cheap after the first run) and returns dir, ready to be a
+// cluster's Options.CNIPath.
+func BuildCNIPlugins(ctx context.Context, dir string) (string, error) {
+	root, err := ModuleRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	goCmd, err := goTool()
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("labcluster: %w", err)
+	}
+	args := append([]string{"build", "-o", dir + string(os.PathSeparator)}, cniPackages()...)
+	cmd := exec.CommandContext(ctx, goCmd, args...)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("labcluster: go %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return dir, nil
+}
+
+// FindCNIPlugins returns the directories among dirs that hold CNIPlugins,
+// the CNI_PATH to use, or an error naming the plugins found in none.
+func FindCNIPlugins(dirs ...string) ([]string, error) {
+	var path, missing []string
+	for _, p := range CNIPlugins() {
+		found := false
+		for _, d := range dirs {
+			if fi, err := os.Stat(filepath.Join(d, p)); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+				found = true
+				if !slices.Contains(path, d) {
+					path = append(path, d)
+				}
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, p)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("labcluster: CNI plugins %s not found in %s", strings.Join(missing, ", "), strings.Join(dirs, ", "))
+	}
+	return path, nil
 }

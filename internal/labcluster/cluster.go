@@ -1,8 +1,11 @@
 // Package labcluster runs a whole carve cluster inside network namespaces:
 // a netnslab lab, three `carve master` processes in host namespaces 1..3,
 // and a `carve agent` in every host namespace, all real processes of a real
-// carve binary. The end-to-end test, `carve demo` and the agent benchmark
-// share it.
+// carve binary. Containers are namespaces attached the way a CNI runtime
+// attaches them: libcni, run inside the host namespace, with the conflist
+// the host's agent wrote, the reference bridge plugin and carve-ipam (see
+// AddCNIContainer). The end-to-end tests, `carve demo` and the agent and CNI
+// benchmarks share it.
 //
 // The harness itself lives in the root namespace, which has no route to the
 // lab's underlay (198.18.0.0/15) and must never send anything towards it. Its
@@ -34,6 +37,8 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/master"
+	"github.com/containernetworking/cni/libcni"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 )
 
@@ -80,6 +85,10 @@ type Options struct {
 	DockerBridge bool
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string
+	// CNIPath lists the directories holding carve-ipam and the reference
+	// CNI plugins (CNIPlugins), the CNI_PATH of every attachment; see
+	// BuildCNIPlugins and FindCNIPlugins. Containers need it.
+	CNIPath []string
 	// Logger receives the harness's progress (default: discarded).
 	Logger *slog.Logger
 }
@@ -103,7 +112,8 @@ type Cluster struct {
 	closed     bool
 	hosts      []*Host
 	masters    []*Master
-	containers []*Container
+	containers []*Container // attached ones
+	seq        int          // containers created, for names
 }
 
 // Host is one host namespace with its agent and, for hosts 1..Masters, a
@@ -125,10 +135,13 @@ type Host struct {
 	AgentDataDir string
 
 	c *Cluster
+	// cni is the host's CNI runtime: libcni with the host's own result
+	// cache, so that a GC on one host never DELs another host's attachments.
+	cni    *libcni.CNIConfig
+	cniLog *os.File // the plugins' stderr
 	// guarded by c.mu
-	ip            netip.Prefix
-	agentID       string
-	nextContainer map[string]int // overlay -> next host number for a container
+	ip      netip.Prefix
+	agentID string
 }
 
 // Master is one master process and its addresses.
@@ -148,18 +161,28 @@ type Master struct {
 // URL is the master's HTTP base URL.
 func (m *Master) URL() string { return "http://" + m.HTTPAddr }
 
-// Container is a container namespace on a host's m-<overlay> bridge.
+// Container is a container namespace on a host, attached to an overlay's
+// m-<overlay> bridge through CNI (see AddCNIContainer). Addr, Gateway, Result
+// and NS.HostLink are set by a successful ADD; do not read them while a
+// CNIAdd of the same container runs.
 type Container struct {
-	// NS is the lab container.
+	// NS is the lab container: its namespace, its host, and once attached
+	// the host end of its veth and its addresses.
 	NS *netnslab.Container
 	// Host is the host it is attached to.
 	Host *Host
-	// Overlay is the overlay whose mesos bridge it is on.
+	// Overlay is the overlay (the CNI network) it is attached to.
 	Overlay string
-	// Addr is its address in the host's mesos sub-subnet.
+	// ContainerID and IfName identify the CNI attachment (CNI_CONTAINERID,
+	// CNI_IFNAME), the key of the agent's IPAM.
+	ContainerID, IfName string
+	// Addr is its address in the host's mesos sub-subnet, from the ADD
+	// result; invalid until an ADD succeeded.
 	Addr netip.Prefix
 	// Gateway is the bridge's address, the container's default route.
 	Gateway netip.Addr
+	// Result is the last successful ADD's result.
+	Result *types100.Result
 	// Name is a short name ("h1c1").
 	Name string
 }
@@ -245,9 +268,12 @@ func New(opts Options) (_ *Cluster, err error) {
 			return nil, fmt.Errorf("labcluster: %w", err)
 		}
 		h := &Host{NS: nh, Name: name, Index: nh.Index, Dir: dir, AgentDataDir: filepath.Join(dir, "agent"),
-			c: c, ip: nh.IP, nextContainer: map[string]int{}}
+			c: c, ip: nh.IP}
 		h.Agent = newProcess("agent-"+name, filepath.Join(c.Dir, "logs", "agent-"+name+".log"), nh.Namespace)
 		c.hosts = append(c.hosts, h)
+		if err := c.newCNIRuntime(h); err != nil {
+			return nil, err
+		}
 	}
 	for i := range opts.Masters {
 		h := c.hosts[i]
@@ -479,8 +505,14 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--ip", ip.String(),
 		"--http-addr", hostPort(ip, AgentHTTPPort),
 		"--mesh-addr", hostPort(ip, AgentMeshPort),
-		"--socket", filepath.Join(h.Dir, "agent.sock"),
-		"--cni-conf-dir", filepath.Join(h.Dir, "cni"),
+		"--socket", h.SocketPath(),
+		"--cni-conf-dir", h.CNIConfDir(),
+		// The lab's runtime cache, never the machine's /var/lib/cni.
+		"--cni-cache-dir", h.CNICacheDir(),
+		// Nothing of Docker's on the machine: the plugin's socket in the
+		// lab, and an engine that does not exist.
+		"--docker-plugin-socket", filepath.Join(h.Dir, "docker-plugin.sock"),
+		"--docker-host", "unix://" + filepath.Join(h.Dir, "no-docker-engine.sock"),
 		"--mesos-bridge=true",
 		"--docker-bridge=" + strconv.FormatBool(c.opts.DockerBridge),
 		"--log-level", c.opts.LogLevel,
@@ -690,56 +722,8 @@ func (c *Cluster) SetUnderlayIP(h *Host, ip netip.Prefix) error {
 	return nil
 }
 
-// AddContainer attaches a new container namespace to h's m-<overlay> bridge
-// with the next free host address of h's mesos sub-subnet (as the agent
-// reports it: the bridge has the first, containers get the second, third,
-// ...) and a default route via the bridge.
-func (c *Cluster) AddContainer(ctx context.Context, h *Host, overlay string) (*Container, error) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	info, err := c.AgentClient(h).Overlay(cctx)
-	cancel()
-	if err != nil {
-		return nil, fmt.Errorf("labcluster: container on %s: %w", h.Name, err)
-	}
-	ov := info.Overlay(overlay)
-	if ov == nil || ov.MesosBridge == nil || ov.MesosBridge.IP == "" {
-		return nil, fmt.Errorf("labcluster: agent on %s has no mesos bridge for overlay %q", h.Name, overlay)
-	}
-	sub, err := netip.ParsePrefix(ov.MesosBridge.IP)
-	if err != nil {
-		return nil, fmt.Errorf("labcluster: mesos bridge of %s on %s: %w", overlay, h.Name, err)
-	}
-	sub = sub.Masked()
-	gw := sub.Addr().Next()
-	c.mu.Lock()
-	n := h.nextContainer[overlay]
-	if n == 0 {
-		n = 2
-	}
-	h.nextContainer[overlay] = n + 1
-	c.mu.Unlock()
-	addr := sub.Addr()
-	for range n {
-		addr = addr.Next()
-	}
-	if !sub.Contains(addr) || !sub.Contains(addr.Next()) { // not past the broadcast address
-		return nil, fmt.Errorf("labcluster: %s on %s is full", sub, h.Name)
-	}
-	nc, err := c.Lab.AddContainer(h.NS, netnslab.ContainerConfig{
-		Bridge: ov.MesosBridge.Name, Address: netip.PrefixFrom(addr, sub.Bits()), Gateway: gw})
-	if err != nil {
-		return nil, fmt.Errorf("labcluster: %w", err)
-	}
-	ct := &Container{NS: nc, Host: h, Overlay: overlay, Addr: netip.PrefixFrom(addr, sub.Bits()), Gateway: gw,
-		Name: strings.TrimPrefix(nc.Name, c.Lab.Prefix())}
-	c.mu.Lock()
-	c.containers = append(c.containers, ct)
-	c.mu.Unlock()
-	c.log.Info("container added", "name", ct.Name, "host", h.Name, "bridge", ov.MesosBridge.Name, "addr", ct.Addr)
-	return ct, nil
-}
-
-// Containers returns every container added so far, in order.
+// Containers returns the containers that are attached (their ADD succeeded
+// and no DEL did since), in the order they were attached.
 func (c *Cluster) Containers() []*Container {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -770,13 +754,23 @@ func (c *Cluster) processes() []*Process {
 	return ps
 }
 
-// DumpLogs writes the last n lines of every process log that exists.
+// DumpLogs writes the last n lines of every process log that exists, and of
+// the CNI plugins' stderr on every host.
 func (c *Cluster) DumpLogs(w io.Writer, n int) {
 	for _, p := range c.processes() {
 		if _, err := os.Stat(p.LogPath); err != nil {
 			continue
 		}
 		fmt.Fprintf(w, "--- %s (pid %d, running %v): last %d lines of %s\n%s\n", p.Name, p.PID(), p.Running(), n, p.LogPath, p.Tail(n))
+	}
+	for _, h := range c.Hosts() {
+		if h.cniLog == nil {
+			continue
+		}
+		if fi, err := os.Stat(h.cniLog.Name()); err != nil || fi.Size() == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "--- CNI plugins on %s (their stderr): last %d lines of %s\n%s\n", h.Name, n, h.cniLog.Name(), tailFile(h.cniLog.Name(), n))
 	}
 }
 
@@ -810,6 +804,11 @@ func (c *Cluster) Close() error {
 	if c.Lab != nil {
 		if err := c.Lab.Close(); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	for _, h := range c.Hosts() {
+		if h.cniLog != nil {
+			_ = h.cniLog.Close()
 		}
 	}
 	if c.ownDir && c.Dir != "" {

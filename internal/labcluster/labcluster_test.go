@@ -193,7 +193,7 @@ func TestKernelAndPing(t *testing.T) {
 		}
 	}
 
-	// Containers on the bridges, by hand: AddContainer asks an agent.
+	// Containers on the bridges, by hand: no agent runs here to serve CNI.
 	var cs []*Container
 	for i, h := range hosts {
 		for k := 2; k <= 3; k++ {
@@ -448,8 +448,9 @@ func TestTailFile(t *testing.T) {
 }
 
 // TestCluster runs real agents: the harness starts them, sees them converge,
-// gives containers addresses from each agent's mesos sub-subnet, and finds
-// every agent's entries in the other hosts' kernels.
+// finds every agent's entries in the other hosts' kernels, and attaches
+// containers through CNI (the agent's conflist, the bridge plugin,
+// carve-ipam), which then ping across hosts, and detaches them with DEL and GC.
 func TestCluster(t *testing.T) {
 	c := ForTest(t, Options{Hosts: 2, Masters: 1, Prefix: testPrefix})
 	ctx := deadline(t, 90*time.Second)
@@ -487,16 +488,51 @@ func TestCluster(t *testing.T) {
 			}
 		}
 		for range 2 {
-			if _, err := c.AddContainer(ctx, h, "carve"); err != nil {
+			if _, err := c.AddCNIContainer(ctx, h, "carve", CNIOptions{}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	cs := c.Containers()
+	if len(cs) != 4 {
+		t.Fatalf("%d containers attached, want 4", len(cs))
+	}
+	// The agent's IPAM hands out the lowest free addresses after the gateway.
 	if cs[0].Addr.Addr().Next() != cs[1].Addr.Addr() || cs[0].Gateway.Next() != cs[0].Addr.Addr() {
 		t.Fatalf("container addresses %s %s gateway %s: want gateway+1, gateway+2", cs[0].Addr, cs[1].Addr, cs[0].Gateway)
 	}
+	for _, ct := range cs {
+		if ct.NS.HostLink == "" || ct.Result == nil || ct.ContainerID != ct.Name || ct.IfName != DefaultIfName {
+			t.Fatalf("%s: host link %q, result %v, attachment %s/%s", ct.Name, ct.NS.HostLink, ct.Result, ct.ContainerID, ct.IfName)
+		}
+		if err := c.CheckCNIContainer(ctx, ct); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if m := c.PingAll(ctx); !m.OK() {
 		t.Fatalf("%v\n%s", m.Err(), m)
+	}
+
+	// DEL detaches (and may be repeated); GC through the conflist DELs what
+	// the valid list leaves out.
+	h1 := c.Host(1)
+	if err := c.DelCNIContainer(ctx, cs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DelCNIContainer(ctx, cs[0]); err != nil {
+		t.Fatalf("second DEL: %v", err)
+	}
+	if got := c.AttachedOn(h1, "carve"); len(got) != 1 || got[0] != cs[1] {
+		t.Fatalf("attached on h1 after DEL: %v", got)
+	}
+	if err := c.GCNetwork(ctx, h1, "carve", nil); err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.IPAMClient(h1).List(ctx, "carve")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Allocations) != 0 {
+		t.Fatalf("h1's agent holds %v after a GC with no valid attachment", list.Allocations)
 	}
 }

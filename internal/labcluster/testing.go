@@ -16,9 +16,10 @@ import (
 
 // RunTests is the body of a TestMain for tests that use ForTest: as root, it
 // cleans up what killed runs with this namespace prefix left behind
-// (RemoveStale), builds the carve binary once for the whole test binary
-// (unless $CARVE_BINARY names one already), exports its path in BinaryEnv,
-// runs the tests and removes the build. Without root the tests run as they
+// (RemoveStale), builds the carve binary and the CNI plugins once for the
+// whole test binary (unless $CARVE_BINARY and $CARVE_CNI_PATH name them
+// already), exports their paths in BinaryEnv and CNIPathEnv, runs the tests
+// and removes the builds. Without root the tests run as they
 // are and skip themselves.
 func RunTests(m *testing.M, prefix string) int {
 	if !netnslab.IsRoot() {
@@ -27,7 +28,7 @@ func RunTests(m *testing.M, prefix string) int {
 	if killed, removed, err := RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
 		fmt.Fprintf(os.Stderr, "labcluster: leftovers of killed runs: killed pids %v, removed namespaces %v, err %v\n", killed, removed, err)
 	}
-	if os.Getenv(BinaryEnv) != "" {
+	if os.Getenv(BinaryEnv) != "" && os.Getenv(CNIPathEnv) != "" {
 		return m.Run()
 	}
 	// A test binary killed by its -timeout skips its defers: the next run
@@ -40,22 +41,37 @@ func RunTests(m *testing.M, prefix string) int {
 	}
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	bin, err := BuildCarve(ctx, dir)
+	defer cancel()
+	if os.Getenv(BinaryEnv) == "" {
+		bin, err := BuildCarve(ctx, dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := os.Setenv(BinaryEnv, bin); err != nil {
+			fmt.Fprintln(os.Stderr, "labcluster:", err)
+			return 1
+		}
+	}
+	if os.Getenv(CNIPathEnv) == "" {
+		plugins, err := BuildCNIPlugins(ctx, filepath.Join(dir, "cni"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if err := os.Setenv(CNIPathEnv, plugins); err != nil {
+			fmt.Fprintln(os.Stderr, "labcluster:", err)
+			return 1
+		}
+	}
 	cancel()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := os.Setenv(BinaryEnv, bin); err != nil {
-		fmt.Fprintln(os.Stderr, "labcluster:", err)
-		return 1
-	}
 	return m.Run()
 }
 
 // ForTest creates a cluster for a test (nothing runs yet: call Start or
 // StartMasters). It skips the test without root, takes the binary from
-// $CARVE_BINARY when opts.Binary is empty, puts the work directory in
+// $CARVE_BINARY when opts.Binary is empty and the CNI plugins from
+// $CARVE_CNI_PATH when opts.CNIPath is nil, puts the work directory in
 // t.TempDir, logs progress through t.Log, and registers a cleanup that, when
 // the test failed, logs every host's kernel state and the tail of every
 // process log, then closes the cluster.
@@ -69,6 +85,9 @@ func ForTest(t testing.TB, opts Options) *Cluster {
 		if opts.Binary == "" {
 			t.Fatalf("labcluster: no carve binary: call labcluster.RunTests from TestMain or set $%s", BinaryEnv)
 		}
+	}
+	if opts.CNIPath == nil {
+		opts.CNIPath = filepath.SplitList(os.Getenv(CNIPathEnv))
 	}
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()

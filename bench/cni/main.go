@@ -1,0 +1,380 @@
+// Command cni benchmarks container attachment through CNI on a real agent
+// (labcluster: a master and an agent, real `carve` processes, in network
+// namespaces), each figure beside a baseline measured in the same run:
+//
+//   - CNI ADD+DEL through the reference bridge plugin with carve-ipam (the
+//     conflist the agent wrote; every allocation and release is a fsynced
+//     bbolt transaction in the agent) beside the same bridge plugin with
+//     host-local (a conflist written here: same plugins, same bridge MTU, a
+//     bridge of its own in the same host namespace), sequentially and with
+//     several runtimes in parallel;
+//   - allocations and releases per second of the agent's IPAM through its
+//     unix socket, beside fsynced bbolt Update transactions per second on the
+//     same disk (the agent's data dir's file system).
+//
+// libcni runs inside the host namespace, as in the tests, so the plugins and
+// their veths live there. It needs root; everything happens inside
+// namespaces it creates and removes (also on SIGINT/SIGTERM).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/master"
+)
+
+// prefix names the benchmark's namespaces.
+const prefix = "carvebenchcni"
+
+// overlay is the lab's overlay; each agent gets a /22 of it, so the mesos
+// bridge has 509 container addresses.
+const overlay = "carve"
+
+// hostLocalSubnet is the baseline's container range: private, outside the
+// overlay, used only inside the host namespace.
+const hostLocalSubnet = "172.30.0.0/22"
+
+func main() {
+	cycles := flag.Int("cycles", 200, "ADD+DEL cycles per CNI measurement")
+	parallel := flag.Int("parallel", 8, "runtimes attaching at once in the parallel measurements")
+	allocs := flag.Int("allocs", 400, "allocations (then releases) per IPAM measurement (at most 500)")
+	binary := flag.String("carve", "", "carve binary (default: build ./cmd/carve of this module)")
+	cniPath := flag.String("cni-path", "", "directory with carve-ipam and the reference plugins (default: build them)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *cycles, *parallel, *allocs, *binary, *cniPath); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/cni:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath string) (err error) {
+	if !netnslab.IsRoot() {
+		return errors.New("needs root to create network namespaces")
+	}
+	if cycles < 1 || parallel < 1 || allocs < parallel || allocs > 500 {
+		return fmt.Errorf("-cycles %d -parallel %d -allocs %d: want cycles, parallel >= 1 and parallel <= allocs <= 500", cycles, parallel, allocs)
+	}
+	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
+	}
+	dir, err := os.MkdirTemp("", "carve-bench-cni-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if binary == "" {
+		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
+			return err
+		}
+	}
+	if cniPath == "" {
+		if cniPath, err = labcluster.BuildCNIPlugins(ctx, filepath.Join(dir, "cni-bin")); err != nil {
+			return err
+		}
+	}
+	netCfg := master.DefaultConfig()
+	netCfg.Overlays[0].Prefix = 22
+	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",
+		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab")})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			c.DumpLogs(os.Stderr, 20)
+		}
+		err = errors.Join(err, c.Close())
+	}()
+	fmt.Fprintln(os.Stderr, "== starting a master and an agent")
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = c.Start(wctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	h := c.Host(1)
+
+	b, err := newBench(ctx, c, h, dir, cniPath, parallel)
+	if err != nil {
+		return err
+	}
+	cniTbl := benchtable.Table{Title: fmt.Sprintf("CNI ADD+DEL through the bridge plugin: carve-ipam (real agent) vs host-local, same host namespace, MTU %d", c.Network().OverlayMTU)}
+	for _, workers := range []int{1, parallel} {
+		// Alternate the two, so that drift on a noisy machine hits both.
+		var carve, local measurement
+		for round := range 2 {
+			for _, side := range []struct {
+				list *libcni.NetworkConfigList
+				acc  *measurement
+			}{{b.carveList, &carve}, {b.localList, &local}} {
+				fmt.Fprintf(os.Stderr, "== %s: %d ADD+DEL cycles, %d at once (round %d)\n", side.list.Name, cycles/2, workers, round+1)
+				m, err := b.cycles(ctx, side.list, workers, cycles/2)
+				if err != nil {
+					return fmt.Errorf("%s: %w", side.list.Name, err)
+				}
+				side.acc.merge(m)
+			}
+		}
+		what := "sequential"
+		if workers > 1 {
+			what = strconv.Itoa(workers) + " in parallel"
+		}
+		base := "bridge + host-local, same run"
+		cniTbl.Add(benchtable.Row{Name: "ADD+DEL latency, " + what, Value: ms(median(carve.cycle)), Unit: "ms", Baseline: base,
+			BaseVal: ms(median(local.cycle)), Note: fmt.Sprintf("median of %d", len(carve.cycle))})
+		cniTbl.Add(benchtable.Row{Name: "ADD latency, " + what, Value: ms(median(carve.add)), Unit: "ms", Baseline: base,
+			BaseVal: ms(median(local.add)), Note: "median"})
+		cniTbl.Add(benchtable.Row{Name: "DEL latency, " + what, Value: ms(median(carve.del)), Unit: "ms", Baseline: base,
+			BaseVal: ms(median(local.del)), Note: "median"})
+		cniTbl.Add(benchtable.Row{Name: "ADD+DEL throughput, " + what, Value: carve.rate(), Unit: "cycles/s", Baseline: base,
+			BaseVal: local.rate(), HigherIsBetter: true})
+	}
+
+	ipamTbl := benchtable.Table{Title: "agent IPAM over its unix socket (each change one fsynced bbolt transaction) vs raw fsynced bbolt Update, same disk"}
+	for _, workers := range []int{1, parallel} {
+		fmt.Fprintf(os.Stderr, "== IPAM: %d allocations and releases, %d clients\n", allocs, workers)
+		alloc, release, err := b.ipam(ctx, workers, allocs)
+		if err != nil {
+			return err
+		}
+		bolt, err := boltUpdates(filepath.Join(h.AgentDataDir, "bench-baseline.db"), workers, allocs)
+		if err != nil {
+			return err
+		}
+		what, base := "sequential", "bbolt Update/s, sequential"
+		if workers > 1 {
+			what, base = strconv.Itoa(workers)+" clients", fmt.Sprintf("bbolt Update/s, %d goroutines", workers)
+		}
+		ipamTbl.Add(benchtable.Row{Name: "allocate, " + what, Value: alloc, Unit: "ops/s", Baseline: base, BaseVal: bolt,
+			HigherIsBetter: true, Note: fmt.Sprintf("%d allocations", allocs)})
+		ipamTbl.Add(benchtable.Row{Name: "release, " + what, Value: release, Unit: "ops/s", Baseline: base, BaseVal: bolt,
+			HigherIsBetter: true})
+	}
+	if err := cniTbl.Print(os.Stdout); err != nil {
+		return err
+	}
+	return ipamTbl.Print(os.Stdout)
+}
+
+// bench holds the runtime side: a libcni runtime of its own (the same
+// plugins, a cache dir in the lab) called from inside the host namespace,
+// the two lists, and a container namespace per parallel runtime.
+type bench struct {
+	c          *labcluster.Cluster
+	h          *labcluster.Host
+	cni        *libcni.CNIConfig
+	carveList  *libcni.NetworkConfigList
+	localList  *libcni.NetworkConfigList
+	containers []*netnslab.Namespace
+	seq        int
+}
+
+func newBench(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host, dir, cniPath string, parallel int) (*bench, error) {
+	carveList, err := c.Conflist(h, overlay)
+	if err != nil {
+		return nil, err
+	}
+	// The baseline: carve's list with host-local in place of carve-ipam,
+	// on a bridge of its own (the bridge plugin creates it, with the
+	// gateway) with the same MTU.
+	doc := fmt.Sprintf(`{"cniVersion": %q, "name": "host-local", "plugins": [
+  {"type": "bridge", "bridge": "b-hostlocal", "isGateway": true, "ipMasq": false, "hairpinMode": true, "mtu": %d,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}`,
+		carveList.CNIVersion, c.Network().OverlayMTU, hostLocalSubnet, filepath.Join(dir, "host-local"))
+	localList, err := libcni.NetworkConfFromBytes([]byte(doc))
+	if err != nil {
+		return nil, fmt.Errorf("host-local list: %w", err)
+	}
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	b := &bench{c: c, h: h, carveList: carveList, localList: localList,
+		cni: libcni.NewCNIConfigWithCacheDir([]string{cniPath}, filepath.Join(dir, "cni-cache"), exec)}
+	for i := range parallel {
+		n, err := c.Lab.AddNamespace("bc" + strconv.Itoa(i))
+		if err != nil {
+			return nil, err
+		}
+		b.containers = append(b.containers, n)
+	}
+	// Warm up both lists (the baseline's bridge is created by its first ADD).
+	for _, list := range []*libcni.NetworkConfigList{carveList, localList} {
+		if _, err := b.cycles(ctx, list, 1, 3); err != nil {
+			return nil, fmt.Errorf("warm-up of %s: %w", list.Name, err)
+		}
+	}
+	return b, nil
+}
+
+// measurement is what a series of ADD+DEL cycles took.
+type measurement struct {
+	add, del, cycle []time.Duration
+	n               int
+	wall            time.Duration
+}
+
+func (m *measurement) merge(o measurement) {
+	m.add = append(m.add, o.add...)
+	m.del = append(m.del, o.del...)
+	m.cycle = append(m.cycle, o.cycle...)
+	m.n += o.n
+	m.wall += o.wall
+}
+
+// rate is cycles per second of wall time.
+func (m *measurement) rate() float64 { return float64(m.n) / m.wall.Seconds() }
+
+// cycles runs n ADD+DEL cycles of list, spread over workers runtimes, each
+// attaching its own container namespace again and again with a new
+// container id.
+func (b *bench) cycles(ctx context.Context, list *libcni.NetworkConfigList, workers, n int) (measurement, error) {
+	var mu sync.Mutex
+	var out measurement
+	var errs []error
+	next := make(chan struct{}, n)
+	for range n {
+		next <- struct{}{}
+	}
+	close(next)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for range next {
+				mu.Lock()
+				b.seq++
+				rt := &libcni.RuntimeConf{ContainerID: "bench-" + strconv.Itoa(b.seq), IfName: "eth0", NetNS: b.containers[w].Path}
+				mu.Unlock()
+				octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				t0 := time.Now()
+				err := b.h.NS.Do(func() error {
+					_, err := b.cni.AddNetworkList(octx, list, rt)
+					return err
+				})
+				t1 := time.Now()
+				if err == nil {
+					err = b.h.NS.Do(func() error { return b.cni.DelNetworkList(octx, list, rt) })
+				}
+				t2 := time.Now()
+				cancel()
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", rt.ContainerID, err))
+				} else {
+					out.add = append(out.add, t1.Sub(t0))
+					out.del = append(out.del, t2.Sub(t1))
+					out.cycle = append(out.cycle, t2.Sub(t0))
+					out.n++
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	out.wall = time.Since(start)
+	return out, errors.Join(errs...)
+}
+
+// ipam allocates n attachments over the agent's socket from workers clients
+// at once, then releases them, and returns allocations and releases per second.
+func (b *bench) ipam(ctx context.Context, workers, n int) (alloc, release float64, err error) {
+	cl := api.NewIPAMClient(b.h.SocketPath(), 30*time.Second)
+	run := func(op func(i int) error) (float64, error) {
+		var mu sync.Mutex
+		var errs []error
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := range workers {
+			wg.Go(func() {
+				for i := w; i < n; i += workers {
+					if err := op(i); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return float64(n) / time.Since(start).Seconds(), errors.Join(errs...)
+	}
+	req := func(i int) api.IPAMRequest {
+		return api.IPAMRequest{Network: overlay, ContainerID: fmt.Sprintf("ipam-bench-%d-%d", workers, i), IfName: "eth0"}
+	}
+	if alloc, err = run(func(i int) error { _, err := cl.Allocate(ctx, req(i)); return err }); err != nil {
+		return 0, 0, fmt.Errorf("allocate: %w", err)
+	}
+	if release, err = run(func(i int) error { _, err := cl.Release(ctx, req(i)); return err }); err != nil {
+		return 0, 0, fmt.Errorf("release: %w", err)
+	}
+	return alloc, release, nil
+}
+
+// boltUpdates is the baseline: n bbolt Update transactions (one small put
+// each, fsynced like the agent's) from workers goroutines, per second, in a
+// fresh file at path.
+func boltUpdates(path string, workers, n int) (float64, error) {
+	_ = os.Remove(path)
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return 0, err
+	}
+	defer os.Remove(path)
+	defer db.Close()
+	if err := db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("b")); return err }); err != nil {
+		return 0, err
+	}
+	val := []byte(`{"bridge":"mesos","v4":"10.128.0.2"}`)
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < n; i += workers {
+				key := []byte("carve\x00baseline-" + strconv.Itoa(i) + "\x00eth0")
+				if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("b")).Put(key, val) }); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds(), errors.Join(errs...)
+}
+
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
