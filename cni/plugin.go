@@ -65,6 +65,19 @@ func (p *Plugin) context() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), p.timeout())
 }
 
+// attachmentConfig parses the configuration of a command that names one
+// attachment (ADD, DEL, CHECK) and checks that it does.
+func attachmentConfig(args *skel.CmdArgs) (*Config, error) {
+	cfg, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return nil, err
+	}
+	if err := requireAttachment(args); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
 func (cfg *Config) request(args *skel.CmdArgs) api.IPAMRequest {
 	return api.IPAMRequest{Network: cfg.Network, ContainerID: args.ContainerID, IfName: args.IfName, Bridge: cfg.Bridge}
 }
@@ -73,11 +86,8 @@ func (cfg *Config) request(args *skel.CmdArgs) api.IPAMRequest {
 // network, container id and interface, so a retried ADD gets the same ones)
 // and prints them as a CNI result with the agent's routes and no interfaces.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	cfg, err := ParseConfig(args.StdinData)
+	cfg, err := attachmentConfig(args)
 	if err != nil {
-		return err
-	}
-	if err := requireAttachment(args); err != nil {
 		return err
 	}
 	ctx, cancel := p.context()
@@ -108,11 +118,8 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // succeeds; an unreachable agent fails the DEL, so that the runtime retries
 // and no address leaks.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	cfg, err := ParseConfig(args.StdinData)
+	cfg, err := attachmentConfig(args)
 	if err != nil {
-		return err
-	}
-	if err := requireAttachment(args); err != nil {
 		return err
 	}
 	ctx, cancel := p.context()
@@ -131,11 +138,8 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 // Check verifies that the agent still holds exactly the addresses of the
 // attachment's previous result.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	cfg, err := ParseConfig(args.StdinData)
+	cfg, err := attachmentConfig(args)
 	if err != nil {
-		return err
-	}
-	if err := requireAttachment(args); err != nil {
 		return err
 	}
 	if cfg.PrevResult == nil {

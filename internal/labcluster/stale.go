@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -107,19 +106,8 @@ func staleNamespaces(prefix string) (map[nsID]string, error) {
 	}
 	out := map[nsID]string{}
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), prefix+"-")
+		pid, ok := netnslab.CreatorPID(e.Name(), prefix)
 		if !ok {
-			continue
-		}
-		fields := strings.SplitN(rest, "-", 3)
-		if len(fields) != 3 {
-			continue
-		}
-		pid, err := strconv.Atoi(fields[0])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if _, err := strconv.Atoi(fields[1]); err != nil {
 			continue
 		}
 		if PIDAlive(pid) {

@@ -688,6 +688,28 @@ func removeNamed(path string) error {
 	return nil
 }
 
+// CreatorPID parses a namespace name a lab with this prefix made
+// ("<prefix>-<pid>-<counter>-<suffix>") and returns the pid of the process
+// that made it; false when the name is not one.
+func CreatorPID(name, prefix string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, prefix+"-")
+	if !ok {
+		return 0, false
+	}
+	fields := strings.SplitN(rest, "-", 3)
+	if len(fields) != 3 {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(fields[0])
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	if _, err := strconv.Atoi(fields[1]); err != nil {
+		return 0, false
+	}
+	return pid, true
+}
+
 // RemoveStale removes namespaces left behind by labs of processes that no
 // longer exist (e.g. a test binary that was killed): names of the form
 // prefix-<pid>-<n>-... whose pid is not running. prefix "" means
@@ -707,19 +729,8 @@ func RemoveStale(prefix string) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, e := range entries {
-		rest, ok := strings.CutPrefix(e.Name(), prefix+"-")
+		pid, ok := CreatorPID(e.Name(), prefix)
 		if !ok {
-			continue
-		}
-		fields := strings.SplitN(rest, "-", 3)
-		if len(fields) != 3 {
-			continue
-		}
-		pid, err := strconv.Atoi(fields[0])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if _, err := strconv.Atoi(fields[1]); err != nil {
 			continue
 		}
 		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
