@@ -42,6 +42,9 @@ const (
 	// comes within 5 s, later ones at most a minute apart.
 	firstRetry = 2 * time.Second
 	maxRetry   = time.Minute
+	// maxWatchRetry caps the state watch's retries lower: gossip covers
+	// the gap, but masters that come back should be followed soon.
+	maxWatchRetry = 10 * time.Second
 )
 
 // Router is a gossip router the agent can start, stop and point at peers.
@@ -462,6 +465,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			a.setReachable(false)
 			var wait time.Duration
 			wait, delay = backoff(delay)
+			delay = min(delay, maxWatchRetry)
 			a.log.Debug("state watch failed", "err", err, "retry_in", wait)
 			if !sleep(ctx, wait) {
 				return
