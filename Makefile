@@ -34,6 +34,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRegistrationDecode$$' -fuzztime $(FUZZTIME) ./master/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/
+	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
 
 demo: build cni-plugins
 	./bin/carve demo $(DEMO_FLAGS)
