@@ -447,3 +447,42 @@ func TestLeakCollection(t *testing.T) {
 	e.events <- map[string]any{"Type": "container", "Action": "destroy", "Actor": map[string]any{"ID": "c1"}}
 	waitFor(t, "a collection after the event", func() bool { return s.Status().GC.LastRun.Equal(clk.Now()) })
 }
+
+// TestReclaimRunningContainers: addresses that running containers hold but
+// the agent does not know (it lost its data dir) are taken back from the
+// engine's endpoints before new addresses are handed out.
+func TestReclaimRunningContainers(t *testing.T) {
+	e := startFakeEngine(t)
+	f := doubleService()
+	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
+	waitFor(t, "networks", func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK })
+
+	// Lowest free addresses of the docker range would be .130 and .131: a
+	// running container holds .130 without any allocation.
+	e.attach("d-carve", "running", "10.128.0.130/25")
+	if err := s.CollectNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var holder string
+	for _, a := range f.List("carve").Allocations {
+		if a.IPs[0].Address == "10.128.0.130/25" {
+			holder = a.ContainerID
+		}
+	}
+	if !strings.HasPrefix(holder, "docker-ep-") {
+		t.Fatalf("the running container's address was not taken back: %+v", f.List("carve").Allocations)
+	}
+	pl := &plugin{t: t, h: s.Handler()}
+	pool := pl.pool("carve", false)
+	if got := pl.address(pool.PoolID, "", nil); got == "10.128.0.130/25" {
+		t.Fatalf("handed out the address a running container holds: %s", got)
+	}
+	// A second collection claims nothing twice.
+	before := len(f.List("carve").Allocations)
+	if err := s.CollectNow(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if after := len(f.List("carve").Allocations); after != before {
+		t.Errorf("allocations went from %d to %d on a second collection", before, after)
+	}
+}

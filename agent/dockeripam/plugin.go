@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -169,6 +170,12 @@ type driver struct {
 	svc AddressService
 	log *slog.Logger
 	now func() time.Time
+
+	// gated closes RequestAddress while Service.Run follows an engine, until
+	// ready: running containers' addresses have been taken back (or no
+	// engine answers at the configured host, so there is nothing to take
+	// back from). A driver used without Run is never gated.
+	gated, ready atomic.Bool
 
 	mu sync.Mutex
 	// unusedSince is when the collector first saw an attachment held by no
@@ -390,6 +397,9 @@ func (d *driver) requestAddress(req requestAddressRequest) (*requestAddressRespo
 	}
 	if want.IsValid() && !p.prefix.Contains(want) {
 		return nil, errorf("address %s is outside overlay %q's docker range %s", want, p.overlay, p.prefix)
+	}
+	if d.gated.Load() && !d.ready.Load() {
+		return nil, errorf("carve is still taking back the addresses of running containers from the engine; retry in a moment")
 	}
 	areq := api.IPAMRequest{Network: p.overlay, IfName: "eth0", Bridge: api.BridgeDocker, Family: p.family()}
 	if p.v6 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -246,6 +247,7 @@ func (s *Service) Status() *Status {
 // fails only when the socket cannot be served; an absent engine is a
 // status, retried every EngineRetry.
 func (s *Service) Run(ctx context.Context) error {
+	s.driver.gated.Store(true)
 	ln, err := unixsock.Listen(s.opts.PluginSocket)
 	if err != nil {
 		s.setPlugin(false, err)
@@ -311,6 +313,9 @@ func (s *Service) engineLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		// No engine at the configured host: there are no containers of its
+		// to take back addresses for, so requests need not wait.
+		s.driver.ready.Store(true)
 		s.mu.Lock()
 		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
 		for i := range s.status.Networks {
@@ -581,7 +586,7 @@ func (s *Service) ensureOne(ctx context.Context, c *engineClient, overlay string
 // engine uses and that have been unused for GCGrace. It releases nothing
 // when the engine cannot be listed completely.
 func (s *Service) collect(ctx context.Context, c *engineClient) error {
-	used, err := s.usedAddresses(ctx, c)
+	used, eps, err := s.usedAddresses(ctx, c)
 	now := s.opts.Now()
 	if err != nil {
 		s.mu.Lock()
@@ -590,6 +595,10 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 		s.note("gc", slog.LevelWarn, "docker leak collection skipped: the engine's endpoints could not be listed", "err", err)
 		return err
 	}
+	// Addresses running containers hold that the agent does not know (it
+	// lost its data dir) are claimed back first; only then may new
+	// addresses be handed out.
+	s.driver.reclaim(eps)
 	released, err := s.driver.collect(used, now, s.opts.GCGrace)
 	s.mu.Lock()
 	s.status.GC.LastRun = now
@@ -607,33 +616,94 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 	return err
 }
 
+// dockerEndpoint is an address an endpoint holds on one of the plugin's networks.
+type dockerEndpoint struct {
+	overlay    string
+	endpointID string
+	addr       netip.Addr
+}
+
 // usedAddresses lists the addresses of every endpoint on the networks whose
-// IPAM driver is this plugin.
-func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[string]bool, error) {
+// IPAM driver is this plugin, and those endpoints with their overlay.
+func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[string]bool, []dockerEndpoint, error) {
 	cctx, cancel := context.WithTimeout(ctx, engineCallTimeout)
 	defer cancel()
 	nets, err := c.listNetworks(cctx)
 	if err != nil {
-		return nil, fmt.Errorf("list Docker networks: %w", err)
+		return nil, nil, fmt.Errorf("list Docker networks: %w", err)
 	}
 	used := map[string]bool{}
+	var eps []dockerEndpoint
 	for _, n := range nets {
 		if n.IPAM.Driver != s.name {
 			continue
 		}
 		full, err := c.inspectNetwork(cctx, n.ID)
 		if err != nil {
-			return nil, fmt.Errorf("inspect Docker network %s: %w", n.Name, err)
+			return nil, nil, fmt.Errorf("inspect Docker network %s: %w", n.Name, err)
 		}
-		for _, ep := range full.Containers {
+		overlay := full.IPAM.Options["network"]
+		if overlay == "" {
+			overlay = strings.TrimPrefix(full.Name, "d-")
+		}
+		for id, ep := range full.Containers {
 			for _, a := range []string{ep.IPv4Address, ep.IPv6Address} {
 				if addr, err := parseAddr(a); err == nil {
 					used[addr.String()] = true
+					epID := ep.EndpointID
+					if epID == "" {
+						epID = id
+					}
+					eps = append(eps, dockerEndpoint{overlay: overlay, endpointID: epID, addr: addr})
 				}
 			}
 		}
 	}
-	return used, nil
+	return used, eps, nil
+}
+
+// reclaim claims, for the endpoints' addresses that no allocation holds, an
+// attachment named after the endpoint (Docker releases by address, so the
+// name only has to be unique), and opens the driver for new requests.
+func (d *driver) reclaim(eps []dockerEndpoint) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	defer d.ready.Store(true)
+	held := map[string]map[netip.Addr]bool{}
+	claimed := 0
+	for _, ep := range eps {
+		if held[ep.overlay] == nil {
+			held[ep.overlay] = map[netip.Addr]bool{}
+			for _, a := range d.svc.List(ep.overlay).Allocations {
+				for _, ip := range a.IPs {
+					if addr, err := parseAddr(ip.Address); err == nil {
+						held[ep.overlay][addr] = true
+					}
+				}
+			}
+		}
+		if held[ep.overlay][ep.addr] {
+			continue
+		}
+		id := ep.endpointID
+		if len(id) > 16 {
+			id = id[:16]
+		}
+		req := api.IPAMRequest{Network: ep.overlay, ContainerID: attachmentPrefix + "ep-" + id, IfName: "eth0",
+			Bridge: api.BridgeDocker, Address: ep.addr.String(), Family: "4"}
+		if ep.addr.Is6() {
+			req.IfName, req.Family = "eth0-v6", "6"
+		}
+		if _, err := d.svc.Allocate(req); err != nil {
+			d.log.Error("could not take back the address of a running container", "overlay", ep.overlay, "endpoint", ep.endpointID, "address", ep.addr, "err", err)
+			continue
+		}
+		held[ep.overlay][ep.addr] = true
+		claimed++
+	}
+	if claimed > 0 {
+		d.log.Warn("took back the addresses of running Docker containers", "count", claimed)
+	}
 }
 
 // collect is the decision, under the driver's lock so that no request for
