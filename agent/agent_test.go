@@ -18,9 +18,9 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/cni"
 	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/master"
-	"github.com/carve-net/carve/raftlog"
 )
 
 func quietLogger() *slog.Logger {
@@ -34,28 +34,7 @@ func quietLogger() *slog.Logger {
 // agents; the 3-master cluster is tested in package master and in e2e).
 func startMaster(t *testing.T, dir string) *master.Master {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := master.Start(context.Background(), master.Options{
-		ID: "m1", DataDir: dir, HTTPAddr: "127.0.0.1:0", RaftAddr: ln.Addr().String(),
-		Peers:   []raftlog.Server{{ID: "m1", Address: ln.Addr().String(), Voter: true}},
-		Network: master.DefaultConfig(), Logger: quietLogger(),
-		TuneRaft: func(c *raftlog.Config) {
-			c.Listener = ln
-			c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	waitFor(t, "master ready", func() bool {
-		_, ok := m.Table().Network()
-		return ok && m.Node().IsLeader()
-	})
-	return m
+	return mastertest.Start(t, dir, master.DefaultConfig(), quietLogger())
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -68,16 +47,6 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
-
-// fakeRouter adapts a fakegossip router (race-free, in-process) to Router.
-type fakeRouter struct {
-	*fakegossip.Router
-	net *fakegossip.Network
-}
-
-func (r fakeRouter) Start() error                  { return nil }
-func (r fakeRouter) Connect(addrs ...string) error { return nil }
-func (r fakeRouter) Stop() error                   { r.net.Leave(r.Self()); return nil }
 
 // runningAgent is an agent running in a goroutine.
 type runningAgent struct {
@@ -106,7 +75,10 @@ func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gn
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: quietLogger().With("host", host.Index),
 		NewRouter: func(id string) (Router, error) {
 			r, err := gnet.Join(id)
-			return fakeRouter{Router: r, net: gnet}, err
+			if err != nil {
+				return nil, err
+			}
+			return r, nil
 		},
 	})
 	if err != nil {

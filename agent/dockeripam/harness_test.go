@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -20,9 +19,9 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/master"
-	"github.com/carve-net/carve/raftlog"
 )
 
 // These tests import package agent, so they live in the external test
@@ -76,42 +75,10 @@ func doubleService() *fakeIPAM {
 	return f
 }
 
-// startMaster runs a one-voter master on loopback.
 func startMaster(t *testing.T, dir string, cfg api.NetworkConfig) *master.Master {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := master.Start(context.Background(), master.Options{
-		ID: "m1", DataDir: dir, HTTPAddr: "127.0.0.1:0", RaftAddr: ln.Addr().String(),
-		Peers:   []raftlog.Server{{ID: "m1", Address: ln.Addr().String(), Voter: true}},
-		Network: cfg, Logger: testLogger(),
-		TuneRaft: func(c *raftlog.Config) {
-			c.Listener = ln
-			c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	waitFor(t, "master ready", func() bool {
-		_, ok := m.Table().Network()
-		return ok && m.Node().IsLeader()
-	})
-	return m
+	return mastertest.Start(t, dir, cfg, testLogger())
 }
-
-// fakeRouter adapts a fakegossip router (in-process, race-free) to agent.Router.
-type fakeRouter struct {
-	*fakegossip.Router
-	net *fakegossip.Network
-}
-
-func (r fakeRouter) Start() error            { return nil }
-func (r fakeRouter) Connect(...string) error { return nil }
-func (r fakeRouter) Stop() error             { r.net.Leave(r.Self()); return nil }
 
 // realAgent runs a real master and a real agent whose dataplane works in
 // host's namespace (it creates d-carve there with its gateway), and returns
@@ -128,7 +95,10 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: testLogger(),
 		NewRouter: func(id string) (agent.Router, error) {
 			r, err := gnet.Join(id)
-			return fakeRouter{Router: r, net: gnet}, err
+			if err != nil {
+				return nil, err
+			}
+			return r, nil
 		},
 	})
 	if err != nil {

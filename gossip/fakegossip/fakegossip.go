@@ -371,6 +371,19 @@ var _ gossip.Router = (*Router)(nil)
 // Self is the peer's id.
 func (r *Router) Self() string { return r.id }
 
+// Start does nothing: a fake router delivers from the moment it joins. It
+// exists so that a fake router can stand where a mesh router is started.
+func (r *Router) Start() error { return nil }
+
+// Connect does nothing: every peer of the fake network reaches every other.
+func (r *Router) Connect(...string) error { return nil }
+
+// Stop leaves the network, as a stopped mesh router does.
+func (r *Router) Stop() error {
+	r.n.Leave(r.id)
+	return nil
+}
+
 // Channel registers a channel handler; unlike mesh, any time is fine.
 func (r *Router) Channel(name string, h gossip.Handler) (gossip.Channel, error) {
 	r.n.mu.Lock()
