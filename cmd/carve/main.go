@@ -20,8 +20,9 @@ usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
                --peers m1=HOST:PORT,... [--config network.json] [--join URL]
   carve agent  --data-dir DIR --masters URL[,URL...] [--id ID] [--ip UNDERLAY_IP] \
-               [--http-addr HOST:PORT] [--mesh-addr HOST:PORT] [--mesos-bridge=true] [--docker-bridge=true]
-  carve state  --masters URL[,URL...] [--json]
+               [--http-addr HOST:PORT] [--socket PATH] [--mesh-addr HOST:PORT] \
+               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true]
+  carve state  --masters URL[,URL...] [--json] [--consistent]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
 Run 'carve COMMAND -h' for the flags of a command.
