@@ -1,14 +1,11 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -177,19 +174,11 @@ func (c *Client) RemoveServer(ctx context.Context, id string) error {
 
 // do sends the request to the masters in turn, starting with the preferred one.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
-	var body []byte
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
-		}
-		body = b
-	}
 	start := int(c.preferred.Load())
 	var lastErr error
 	for i := range c.masters {
 		idx := (start + i) % len(c.masters)
-		err := c.once(ctx, c.masters[idx], method, path, body, out)
+		err := c.once(ctx, c.masters[idx], method, path, in, out)
 		if err == nil {
 			c.preferred.Store(int32(idx))
 			return nil
@@ -206,42 +195,6 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	return lastErr
 }
 
-func (c *Client) once(ctx context.Context, base, method, path string, body []byte, out any) error {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, base+path, rd)
-	if err != nil {
-		return fmt.Errorf("build request: %w", err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return &Error{Message: fmt.Sprintf("%s %s%s: %v", method, base, path, err), Code: CodeInternal}
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return &Error{Message: fmt.Sprintf("read answer of %s: %v", base, err), Code: CodeInternal}
-	}
-	if resp.StatusCode >= 300 {
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(data, e) != nil || e.Message == "" {
-			e.Message = fmt.Sprintf("%s %s%s: %s", method, base, path, strings.TrimSpace(string(data)))
-		}
-		if e.Code == "" {
-			e.Code = CodeInternal
-		}
-		return e
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("decode answer of %s%s: %w", base, path, err)
-	}
-	return nil
+func (c *Client) once(ctx context.Context, base, method, path string, in, out any) error {
+	return Call(ctx, c.http, method, base+path, in, out, nil)
 }

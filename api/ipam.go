@@ -1,12 +1,9 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -158,37 +155,9 @@ func (c *IPAMClient) Status(ctx context.Context, network string) (*IPAMStatus, e
 }
 
 func (c *IPAMClient) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://carve-agent"+path, body)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
+	err := Call(ctx, c.http, method, "http://carve-agent"+path, in, out, nil)
+	if errors.Is(err, ErrUnreachable) {
 		return fmt.Errorf("%w at %s: %v", ErrAgentUnreachable, c.sock, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("%w: read answer: %v", ErrAgentUnreachable, err)
-	}
-	if resp.StatusCode >= 300 {
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(data, e) != nil || e.Message == "" {
-			e.Message, e.Code = string(bytes.TrimSpace(data)), CodeInternal
-		}
-		return e
-	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(data, out)
+	return err
 }

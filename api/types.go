@@ -145,11 +145,16 @@ type Tombstone struct {
 
 // State is the masters' whole state, GET /overlay-master/state.
 type State struct {
-	Network    NetworkConfig `json:"network"`
-	Index      uint64        `json:"index"`
-	Leader     string        `json:"leader,omitempty"`
-	Agents     []AgentInfo   `json:"agents,omitempty"`
-	Tombstones []Tombstone   `json:"tombstones,omitempty"`
+	Network NetworkConfig `json:"network"`
+	Index   uint64        `json:"index"`
+	// ClusterID names the Raft log the state comes from: it is chosen when
+	// the cluster is bootstrapped and changes only when the cluster is
+	// rebuilt from nothing, so an agent can tell a rebuilt cluster (a new
+	// id) from a master that is merely behind (the same id, a lower index).
+	ClusterID  string      `json:"cluster_id,omitempty"`
+	Leader     string      `json:"leader,omitempty"`
+	Agents     []AgentInfo `json:"agents,omitempty"`
+	Tombstones []Tombstone `json:"tombstones,omitempty"`
 }
 
 // DeleteAgentsRequest is the DC/OS bulk delete body: agent ids or underlay IPs.
@@ -164,7 +169,12 @@ type Error struct {
 	Code    string `json:"code"`
 	// Status is the HTTP status it came with (not on the wire).
 	Status int `json:"-"`
+	// cause is what made a call fail without an answer (wraps ErrUnreachable).
+	cause error
 }
+
+// Unwrap returns the transport failure behind an error without an answer.
+func (e *Error) Unwrap() error { return e.cause }
 
 func (e *Error) Error() string {
 	if e.Status != 0 {

@@ -1,0 +1,133 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// ErrUnreachable marks a call whose server could not be reached or did not
+// answer at all (as opposed to one that answered with an error).
+var ErrUnreachable = errors.New("unreachable")
+
+// MaxAnswerBytes bounds the answers Call reads (a 10,000-agent state is
+// about 6 MB).
+const MaxAnswerBytes = 256 << 20
+
+// Call is the tree's one JSON-over-HTTP client call: it sends in (when not
+// nil) as JSON to url, decodes a 2xx answer into out (when not nil), and
+// turns any other status into an *Error carrying the status and the server's
+// message (`{"error","code"}`, or Docker's `{"message"}`). A failure to reach
+// the server is an *Error with Status 0 that wraps ErrUnreachable.
+// hdr, when not nil, receives the answer's headers on success.
+func Call(ctx context.Context, hc *http.Client, method, url string, in, out any, hdr *http.Header) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return fmt.Errorf("encode request to %s: %w", url, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		return fmt.Errorf("build request %s %s: %w", method, url, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("%s %s: %v", method, url, err), Code: CodeInternal,
+			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("read answer of %s %s: %v", method, url, err), Code: CodeInternal,
+			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+	}
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		var wire struct {
+			Error   string `json:"error"`
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		}
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(data, &wire) == nil {
+			e.Message, e.Code = cmp(wire.Error, wire.Message), wire.Code
+		}
+		if e.Message == "" {
+			e.Message = fmt.Sprintf("%s %s: %s", method, url, strings.TrimSpace(string(data)))
+		}
+		if e.Code == "" {
+			e.Code = CodeInternal
+		}
+		return e
+	}
+	if hdr != nil {
+		*hdr = resp.Header
+	}
+	if out == nil || len(data) == 0 && resp.StatusCode == http.StatusNoContent {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode answer of %s %s: %w", method, url, err)
+	}
+	return nil
+}
+
+// cmp returns the first non-empty string.
+func cmp(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// DecodeStrict decodes exactly one JSON value from r into v, refusing
+// unknown fields and trailing data, with an error that names the field.
+func DecodeStrict(r io.Reader, v any) error {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty body: want a JSON object")
+		}
+		return describeJSONError(err)
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// describeJSONError turns encoding/json's errors into messages naming the field.
+func describeJSONError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		if field == "" {
+			field = "(top level)"
+		}
+		return fmt.Errorf("field %q: want %s, got JSON %s", field, te.Type, te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Errorf("malformed JSON at byte %d: %v", se.Offset, se)
+	}
+	msg := err.Error()
+	if strings.HasPrefix(msg, "json: unknown field ") {
+		return fmt.Errorf("unknown field %s", strings.TrimPrefix(msg, "json: unknown field "))
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("malformed JSON: unexpected end of input")
+	}
+	return fmt.Errorf("malformed JSON: %w", err)
+}
