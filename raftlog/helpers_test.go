@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 // testSM is a deterministic state machine: it counts every command and keeps
@@ -280,22 +282,6 @@ func (c *cluster) running() []*testNode {
 	return out
 }
 
-// eventually polls cond until it returns nil or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitLeader waits until exactly one of the given (running) nodes is leader
 // and all of them agree on it.
 func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
@@ -304,7 +290,7 @@ func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
 		nodes = c.running()
 	}
 	var leader *testNode
-	eventually(c.t, 20*time.Second, "a leader", func() error {
+	testutil.Eventually(c.t, 20*time.Second, "a leader", func() error {
 		leader = nil
 		for _, tn := range nodes {
 			if tn.node.IsLeader() {
@@ -369,7 +355,7 @@ func (c *cluster) waitConverged(minIndex uint64, nodes ...*testNode) fingerprint
 		nodes = c.running()
 	}
 	var fp fingerprint
-	eventually(c.t, 30*time.Second, "replicas to converge", func() error {
+	testutil.Eventually(c.t, 30*time.Second, "replicas to converge", func() error {
 		fp = nodes[0].sm.fingerprint()
 		if fp.LastIndex < minIndex {
 			return fmt.Errorf("%s at index %d < %d", nodes[0].id, fp.LastIndex, minIndex)
