@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -138,25 +140,26 @@ func startCluster(dir string) (*cluster, error) {
 	return c, c.waitReady()
 }
 
+// waitReady waits until a master leads with the cluster id and the
+// configuration committed and every master has caught up (serves the state).
 func (c *cluster) waitReady() error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return retry.Until(ctx, 50*time.Millisecond, func() error {
+		leaders := 0
 		for _, m := range c.masters {
-			if _, ok := m.Table().Network(); ok && m.Node().IsLeader() {
-				ready := true
-				for _, f := range c.masters {
-					if _, ok := f.Table().Network(); !ok {
-						ready = false
-					}
-				}
-				if ready {
-					return nil
-				}
+			if m.Node().IsLeader() {
+				leaders++
+			}
+			if _, ok := m.Table().Network(); !ok || m.Table().ClusterID() == "" || !m.Node().IsCaughtUp() {
+				return fmt.Errorf("%s is not ready", m.Node().ID())
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("cluster not ready in 30s")
+		if leaders == 0 {
+			return errors.New("no leader")
+		}
+		return nil
+	})
 }
 
 func (c *cluster) leaderURL() string {
