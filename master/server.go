@@ -98,18 +98,20 @@ func (r *statusRecorder) Flush() {
 // servable writes a 503 and returns false while this master's table is not
 // the cluster's to serve: it has not caught up with a leader since it
 // started (restarted without quorum, say: its table is empty or a snapshot's
-// old one), or the cluster's first leader has not committed the cluster id
-// and the network configuration yet. confirmed skips the first check for a
-// read that a read barrier on the leader just confirmed.
+// old one), or the cluster's first leader has not committed the network
+// configuration yet (it commits the cluster id before it). The cluster id is
+// not required: a leader of an older version commits none, and its
+// followers must keep serving through a rolling upgrade. confirmed skips the
+// first check for a read that a read barrier on the leader just confirmed.
 func (s *server) servable(w http.ResponseWriter, confirmed bool) bool {
 	if !confirmed && !s.m.node.IsCaughtUp() {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader,
 			"this master has not caught up with a leader since it started (no quorum, or its log is still being replayed): it serves no state until it has; retry, or ask another master")
 		return false
 	}
-	if _, ok := s.m.table.Network(); !ok || s.m.table.ClusterID() == "" {
+	if _, ok := s.m.table.Network(); !ok {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable,
-			"the cluster is not initialised yet: its first leader has not committed the cluster id and the network configuration; retry")
+			"the cluster is not initialised yet: its first leader has not committed the network configuration; retry")
 		return false
 	}
 	return true

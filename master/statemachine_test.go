@@ -402,18 +402,7 @@ func TestSnapshotRestoreIdentical(t *testing.T) {
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"n03", "n07"}}})
 	h.apply(command{Op: opServerMeta, ServerMeta: &serverMeta{ID: "m1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
 
-	snap, err := h.table.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if _, err := snap.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	restored := NewLeaseTable()
-	if err := restored.Restore(h.index, &buf); err != nil {
-		t.Fatal(err)
-	}
+	restored := restoreCopy(t, h)
 	want, _, _ := h.table.StateJSON("m1")
 	got, _, _ := restored.StateJSON("m1")
 	if !bytes.Equal(want, got) {

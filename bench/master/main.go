@@ -193,6 +193,7 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 	hc := &http.Client{Transport: transport, Timeout: time.Minute}
 	var next atomic.Int64
 	var failed atomic.Int64
+	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	ctx := context.Background()
 	start := time.Now()
@@ -216,7 +217,9 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 				req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
 					NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}
 				if _, err := cl.Register(ctx, req); err != nil {
-					failed.Add(1)
+					if failed.Add(1) == 1 {
+						firstErr.Store(err)
+					}
 				}
 			}
 		}()
@@ -224,7 +227,7 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 	wg.Wait()
 	elapsed := time.Since(start)
 	if n := failed.Load(); n > 0 {
-		return 0, fmt.Errorf("%d of %d registrations failed", n, total)
+		return 0, fmt.Errorf("%d of %d registrations failed; the first: %v", n, total, firstErr.Load())
 	}
 	return float64(total) / elapsed.Seconds(), nil
 }
