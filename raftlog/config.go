@@ -23,22 +23,6 @@ const (
 	DefaultSnapshotInterval   = 120 * time.Second
 	DefaultTrailingLogs       = 10240
 	DefaultMaxAppendEntries   = 1024
-
-	// snapshotRetain is how many snapshots FileSnapshotStore keeps.
-	snapshotRetain = 2
-	// logCacheSize is how many recent entries are kept in memory so that
-	// replication to followers does not read them back from bolt.
-	logCacheSize = 2048
-	// transportTimeout bounds one transport I/O operation (raft also uses it
-	// to scale InstallSnapshot timeouts).
-	transportTimeout = 10 * time.Second
-	// transportMaxPool is the number of pooled connections per peer.
-	transportMaxPool = 3
-	// boltOpenTimeout bounds the wait for the data directory's file lock, so
-	// that a second process on the same directory fails instead of hanging.
-	boltOpenTimeout = 5 * time.Second
-	// raftDBFile is the single bolt file holding both log and stable store.
-	raftDBFile = "raft.db"
 )
 
 // Server is one member of the Raft configuration.

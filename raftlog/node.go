@@ -9,10 +9,25 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
+)
+
+// Storage of a node's data directory.
+const (
+	// snapshotRetain is how many snapshots FileSnapshotStore keeps.
+	snapshotRetain = 2
+	// logCacheSize is how many recent entries are kept in memory so that
+	// replication to followers does not read them back from bolt.
+	logCacheSize = 2048
+	// boltOpenTimeout bounds the wait for the data directory's file lock, so
+	// that a second process on the same directory fails instead of hanging.
+	boltOpenTimeout = 5 * time.Second
+	// raftDBFile is the single bolt file holding both log and stable store.
+	raftDBFile = "raft.db"
 )
 
 // Node is a running Raft member. All methods are safe for concurrent use.

@@ -10,6 +10,14 @@ import (
 	"github.com/hashicorp/raft"
 )
 
+const (
+	// transportTimeout bounds one transport I/O operation (raft also uses it
+	// to scale InstallSnapshot timeouts).
+	transportTimeout = 10 * time.Second
+	// transportMaxPool is the number of pooled connections per peer.
+	transportMaxPool = 3
+)
+
 // streamLayer is raft's TCP stream layer on a listener we bound (or were
 // given), so that a pre-bound listener can be used.
 type streamLayer struct {
