@@ -202,6 +202,13 @@ type ClusterStatus struct {
 	AppliedIndex      uint64       `json:"applied_index"`
 	LastIndex         uint64       `json:"last_index"`
 	LastSnapshotIndex uint64       `json:"last_snapshot_index"`
+	// ClusterID is the id in State.ClusterID ("" until the first leader
+	// committed it).
+	ClusterID string `json:"cluster_id,omitempty"`
+	// CaughtUp tells whether this master has applied what the cluster had
+	// committed when it first heard from a leader after it started; until
+	// then it answers state reads with 503.
+	CaughtUp bool `json:"caught_up"`
 }
 
 // JoinRequest is POST /cluster/join: add a master as a voter.

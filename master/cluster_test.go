@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -19,6 +18,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -106,14 +107,14 @@ func (c *testCluster) start(i int) {
 func (c *testCluster) startWith(i int, opts Options) {
 	c.t.Helper()
 	var m *Master
-	var err error
 	// The OS may hold a just-closed port for a moment.
-	for range 50 {
-		if m, err = Start(context.Background(), opts); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
+		var err error
+		m, err = Start(context.Background(), opts)
+		return err
+	})
 	if err != nil {
 		c.t.Fatalf("start %s: %v", opts.ID, err)
 	}
@@ -146,37 +147,37 @@ func (c *testCluster) running() []*Master {
 	return out
 }
 
-// waitLeader waits until a running master leads and has published its HTTP
-// address and committed the configuration, and returns its index.
+// waitLeader waits until a running master leads and has committed the
+// cluster id, its HTTP address and the configuration, and every running
+// master has caught up and knows the leader's address; it returns the
+// leader's index.
 func (c *testCluster) waitLeader() int {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	leader := -1
+	testutil.Eventually(c.t, 0, "a leader every master follows", func() error {
+		leader = -1
 		for i, m := range c.masters {
-			if m == nil || !m.node.IsLeader() {
-				continue
-			}
-			if _, ok := m.table.Server(c.ids[i]); !ok {
-				continue
-			}
-			if _, ok := m.table.Network(); !ok {
-				continue
-			}
-			// every running follower must know the leader's address to proxy
-			ready := true
-			for _, f := range c.running() {
-				if _, ok := f.table.Server(c.ids[i]); !ok {
-					ready = false
-				}
-			}
-			if ready {
-				return i
+			if m != nil && m.node.IsLeader() {
+				leader = i
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	c.t.Fatalf("no leader within 30s")
-	return -1
+		if leader < 0 {
+			return errors.New("no leader")
+		}
+		lm := c.masters[leader]
+		if _, ok := lm.table.Network(); !ok || lm.table.ClusterID() == "" {
+			return fmt.Errorf("leader %s has not committed the cluster id and the configuration", c.ids[leader])
+		}
+		// every running master must have caught up and know the leader's
+		// address to proxy
+		for _, m := range c.running() {
+			if _, ok := m.table.Server(c.ids[leader]); !ok || !m.node.IsCaughtUp() {
+				return fmt.Errorf("%s has not caught up with leader %s", m.opts.ID, c.ids[leader])
+			}
+		}
+		return nil
+	})
+	return leader
 }
 
 func (c *testCluster) urls() []string {
@@ -201,36 +202,32 @@ func (c *testCluster) client(first int) *api.Client {
 // waitConverged waits until every running master's table shows the same state.
 func (c *testCluster) waitConverged() []byte {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last []string
-	for time.Now().Before(deadline) {
-		last = last[:0]
+	var state []byte
+	testutil.Eventually(c.t, 0, "the masters to converge", func() error {
+		state = nil
 		for _, m := range c.running() {
 			data, _, err := m.table.StateJSON("")
 			if err != nil {
-				c.t.Fatal(err)
+				return retry.Permanent(err)
 			}
-			last = append(last, string(data))
-		}
-		same := true
-		for _, s := range last[1:] {
-			if s != last[0] {
-				same = false
+			if state != nil && !bytes.Equal(data, state) {
+				return fmt.Errorf("%s differs", m.opts.ID)
 			}
+			state = data
 		}
-		if same && len(last) > 0 {
-			return []byte(last[0])
+		if state == nil {
+			return errors.New("no master running")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	c.t.Fatalf("masters did not converge")
-	return nil
+		return nil
+	})
+	return state
 }
 
 // registerRetrying registers until acknowledged, keeping one request id
 // across retries as a real agent would.
 func registerRetrying(ctx context.Context, cl *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
 	req.RequestID = api.NewRequestID()
+	backoff := retry.Backoff{First: 100 * time.Millisecond, Max: time.Second}
 	for {
 		info, err := cl.Register(ctx, req)
 		if err == nil {
@@ -239,10 +236,8 @@ func registerRetrying(ctx context.Context, cl *api.Client, req api.RegisterReque
 		if !api.IsRetryable(err) || ctx.Err() != nil {
 			return nil, err
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, backoff.Next()) {
 			return nil, fmt.Errorf("%w (last error %v)", ctx.Err(), err)
-		case <-time.After(time.Duration(50+rand.IntN(150)) * time.Millisecond):
 		}
 	}
 }
@@ -311,9 +306,7 @@ func TestClusterRegistrationsThroughLeaderFailover(t *testing.T) {
 		}()
 	}
 	// Stop the leader once registrations are flowing.
-	for ackCount.Load() < 50 && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Eventually(t, 0, "50 acknowledged registrations", testutil.True(func() bool { return ackCount.Load() >= 50 }))
 	t.Logf("stopping leader %s after %d acknowledgements", c.ids[leader], ackCount.Load())
 	c.stop(leader)
 	wg.Wait()
@@ -485,6 +478,8 @@ func TestHTTPBadInput(t *testing.T) {
 		{"state bad consistent", "GET", "/overlay-master/state?consistent=maybe", ``, 400, api.CodeBadRequest, "consistent"},
 		{"join without id", "POST", "/cluster/join", `{"raft_addr":"127.0.0.1:1"}`, 400, api.CodeBadRequest, "id"},
 		{"join bad addr", "POST", "/cluster/join", `{"id":"m9","raft_addr":"nowhere"}`, 400, api.CodeBadRequest, "raft_addr"},
+		{"join wildcard raft addr", "POST", "/cluster/join", `{"id":"m9","raft_addr":"0.0.0.0:8300"}`, 400, api.CodeBadRequest, "wildcard"},
+		{"join wildcard http addr", "POST", "/cluster/join", `{"id":"m9","raft_addr":"127.0.0.1:1","http_addr":"[::]:8080"}`, 400, api.CodeBadRequest, "http_addr"},
 		{"wrong method", "PUT", "/overlay-master/agents", `{}`, 405, api.CodeBadRequest, "PUT"},
 		{"no such endpoint", "GET", "/overlay-master/nothing", ``, 404, api.CodeNotFound, "nothing"},
 	}
@@ -543,20 +538,16 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 		st, err := onlyFollower.State(ctx, api.StateOptions{Index: st0.Index, Wait: 30 * time.Second})
 		woke <- watchResult{st, err}
 	}()
-	time.Sleep(200 * time.Millisecond)
-	select {
-	case r := <-woke:
-		t.Fatalf("watch returned before any change: %+v %v", r.st, r.err)
-	default:
-	}
 	// The write goes to the follower, which proxies it to the leader.
 	info, err := onlyFollower.Register(ctx, api.RegisterRequest{AgentID: "via-follower", IP: "198.18.0.5"})
 	if err != nil {
 		t.Fatalf("register through follower: %v", err)
 	}
+	// The watch answers with the state that holds the write (nothing else
+	// changed the state meanwhile).
 	r := <-woke
-	if r.err != nil || r.st.Index <= st0.Index {
-		t.Fatalf("watch: %+v %v", r.st, r.err)
+	if r.err != nil || r.st.Index != info.Version || len(r.st.Agents) != 1 || r.st.Agents[0].AgentID != "via-follower" {
+		t.Fatalf("watch: %+v %v, want the state at index %d with via-follower", r.st, r.err, info.Version)
 	}
 	// Linearizable read through the follower sees the write at once.
 	st, err := onlyFollower.State(ctx, api.StateOptions{Consistent: true})
@@ -576,6 +567,9 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 	}
 	if cs.Role != "follower" || cs.Leader == nil || cs.Leader.ID != c.ids[leader] || cs.Leader.HTTPAddr != c.httpAddrs[leader] || len(cs.Servers) != 3 {
 		t.Errorf("cluster status %+v leader %+v", cs, cs.Leader)
+	}
+	if cs.ClusterID == "" || cs.ClusterID != st.ClusterID || !cs.CaughtUp {
+		t.Errorf("cluster status: cluster_id %q caught_up %v, state cluster_id %q", cs.ClusterID, cs.CaughtUp, st.ClusterID)
 	}
 	// Delete through the follower, then its agent record is gone everywhere.
 	if err := onlyFollower.DeleteAgent(ctx, "via-follower"); err != nil {
@@ -616,10 +610,13 @@ func TestNoLeaderAnswers503(t *testing.T) {
 	if status != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || e.Code != api.CodeNoLeader {
 		t.Errorf("status %d Retry-After %q body %s", status, hdr.Get("Retry-After"), data)
 	}
-	// Reads still work (stale, empty).
-	status, _, _ = httpCall(t, "GET", "http://"+c.httpAddrs[0]+"/overlay-master/state", "", nil)
-	if status != 200 {
-		t.Errorf("state without leader: %d", status)
+	// Reads too: this master has never caught up with a leader, so its
+	// (empty) table is not the cluster's.
+	status, hdr, data = httpCall(t, "GET", "http://"+c.httpAddrs[0]+"/overlay-master/state", "", nil)
+	e = api.Error{}
+	_ = json.Unmarshal(data, &e)
+	if status != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" || e.Code != api.CodeNoLeader {
+		t.Errorf("state without leader: status %d Retry-After %q body %s", status, hdr.Get("Retry-After"), data)
 	}
 }
 
@@ -647,10 +644,7 @@ func TestJoinAndRemoveMaster(t *testing.T) {
 	opts.Join = "http://" + c.httpAddrs[(leader+1)%3]
 	c.startWith(3, opts)
 	want := c.waitConverged()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(c.masters[3].node.Status().Servers) != 4 && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testutil.Eventually(t, 0, "m4 to see 4 servers", testutil.True(func() bool { return len(c.masters[3].node.Status().Servers) == 4 }))
 	if n := len(c.masters[leader].node.Status().Servers); n != 4 {
 		t.Fatalf("after join the leader sees %d servers", n)
 	}
@@ -700,21 +694,21 @@ func TestMasterRestartWithChangedConfig(t *testing.T) {
 		c.start(i)
 	}
 	leader = c.waitLeader()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		a, err := c.client(leader).Agent(ctx, "a1")
-		if err == nil && a.Overlay("three") != nil {
-			if two := a.Overlay("two"); two == nil || two.Subnet != "10.2.0.0/24" || two.State.Status != api.StatusDisabled {
-				t.Fatalf("dropped overlay should be kept disabled: %+v", two)
-			}
-			if a.Overlay("three").Subnet != "10.3.0.0/24" {
-				t.Fatalf("added overlay: %+v", a.Overlay("three"))
-			}
-			return
+	var a *api.AgentInfo
+	testutil.Eventually(t, 0, "the new config to be committed", func() error {
+		var err error
+		if a, err = c.client(leader).Agent(ctx, "a1"); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new config was not committed: %+v %v", a, err)
+		if a.Overlay("three") == nil {
+			return fmt.Errorf("a1 has no overlay three yet: %+v", a.Overlays)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if two := a.Overlay("two"); two == nil || two.Subnet != "10.2.0.0/24" || two.State.Status != api.StatusDisabled {
+		t.Fatalf("dropped overlay should be kept disabled: %+v", two)
+	}
+	if a.Overlay("three").Subnet != "10.3.0.0/24" {
+		t.Fatalf("added overlay: %+v", a.Overlay("three"))
 	}
 }

@@ -1,6 +1,8 @@
 package master
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 
@@ -9,15 +11,19 @@ import (
 
 // Command kinds in the Raft log.
 const (
-	opRegister   = "register"
-	opDelete     = "delete"
-	opSetConfig  = "set_config"
-	opServerMeta = "server_meta"
+	opRegister     = "register"
+	opDelete       = "delete"
+	opSetConfig    = "set_config"
+	opServerMeta   = "server_meta"
+	opSetClusterID = "set_cluster_id"
 )
 
+// maxClusterIDLen bounds a cluster id in the log.
+const maxClusterIDLen = 64
+
 // command is one Raft log entry. Everything non-deterministic (request ids,
-// the leader's config file) is decided before it enters the log; applying it
-// depends only on the state and the command.
+// the cluster id, the leader's config file) is decided before it enters the
+// log; applying it depends only on the state and the command.
 type command struct {
 	Op         string             `json:"op"`
 	RequestID  string             `json:"request_id,omitempty"`
@@ -25,6 +31,7 @@ type command struct {
 	Delete     *deleteCmd         `json:"delete,omitempty"`
 	SetConfig  *api.NetworkConfig `json:"set_config,omitempty"`
 	ServerMeta *serverMeta        `json:"server_meta,omitempty"`
+	ClusterID  string             `json:"cluster_id,omitempty"`
 }
 
 type registerCmd struct {
@@ -50,12 +57,49 @@ type serverMeta struct {
 	HTTPAddr string `json:"http_addr"`
 }
 
+// validate checks that a decoded command carries the body its op needs.
+func (c command) validate() error {
+	missing := false
+	switch c.Op {
+	case opRegister:
+		missing = c.Register == nil
+	case opDelete:
+		missing = c.Delete == nil
+	case opSetConfig:
+		missing = c.SetConfig == nil
+	case opServerMeta:
+		missing = c.ServerMeta == nil
+	case opSetClusterID:
+		if len(c.ClusterID) > maxClusterIDLen {
+			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)
+		}
+		missing = c.ClusterID == ""
+	default:
+		return fmt.Errorf("%w: unknown op %q", ErrBadCommand, c.Op)
+	}
+	if missing {
+		return fmt.Errorf("%w: %s without body", ErrBadCommand, c.Op)
+	}
+	return nil
+}
+
 func encodeCommand(c command) ([]byte, error) {
 	b, err := json.Marshal(c)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s command: %w", c.Op, err)
 	}
 	return b, nil
+}
+
+// commandDigest identifies what a request asks for (its op and body, not its
+// request id), so that a retry can be told from another request that reuses
+// the id. It is computed from the decoded command, hence the same on every
+// replica.
+func commandDigest(c command) string {
+	c.RequestID = ""
+	b, _ := json.Marshal(c) // the command was decoded from JSON: it encodes
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16])
 }
 
 // applyResult is what applying a command hands back to its proposer.

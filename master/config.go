@@ -2,15 +2,11 @@ package master
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
-	"regexp"
-	"strings"
 
 	"github.com/carve-net/carve/api"
 )
@@ -28,11 +24,6 @@ const (
 
 // ErrInvalidConfig is wrapped by every network configuration error.
 var ErrInvalidConfig = errors.New("invalid network config")
-
-var overlayNameRE = regexp.MustCompile(`^[a-z0-9-]{1,13}$`)
-
-// reservedOverlayNames clash with names CNI runtimes and Docker use themselves.
-var reservedOverlayNames = map[string]bool{"host": true, "bridge": true, "default": true, "none": true}
 
 // DefaultConfig returns the configuration used when a field is absent.
 func DefaultConfig() api.NetworkConfig {
@@ -65,7 +56,7 @@ func LoadConfig(path string) (api.NetworkConfig, error) {
 // defaults and validates it.
 func ParseConfig(data []byte) (api.NetworkConfig, error) {
 	var cfg api.NetworkConfig
-	if err := decodeStrict(bytes.NewReader(data), &cfg); err != nil {
+	if err := api.DecodeStrict(bytes.NewReader(data), &cfg); err != nil {
 		return api.NetworkConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	cfg = WithDefaults(cfg)
@@ -103,50 +94,6 @@ func WithDefaults(cfg api.NetworkConfig) api.NetworkConfig {
 		cfg.Overlays = d.Overlays
 	}
 	return cfg
-}
-
-// decodeStrict decodes one JSON value, refusing unknown fields and trailing data.
-func decodeStrict(r io.Reader, v any) error {
-	dec := json.NewDecoder(r)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("empty body: want a JSON object")
-		}
-		return describeJSONError(err)
-	}
-	if dec.More() {
-		return errors.New("unexpected data after the JSON object")
-	}
-	var extra json.RawMessage
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return errors.New("unexpected data after the JSON object")
-	}
-	return nil
-}
-
-// describeJSONError turns encoding/json's errors into messages naming the field.
-func describeJSONError(err error) error {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		field := te.Field
-		if field == "" {
-			field = "(top level)"
-		}
-		return fmt.Errorf("field %q: want %s, got JSON %s", field, te.Type, te.Value)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Errorf("malformed JSON at byte %d: %v", se.Offset, se)
-	}
-	msg := err.Error()
-	if strings.HasPrefix(msg, "json: unknown field ") {
-		return fmt.Errorf("unknown field %s", strings.TrimPrefix(msg, "json: unknown field "))
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return errors.New("malformed JSON: unexpected end of input")
-	}
-	return fmt.Errorf("malformed JSON: %w", err)
 }
 
 // overlayDef is a validated overlay.
@@ -199,7 +146,7 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 		return nil, configErr("vtep_mac_oui", "%s is a multicast address", cfg.VTEPMACOUI)
 	}
 	copy(n.oui[:], mac[:3])
-	if err := validIfName(cfg.VTEPName); err != nil {
+	if err := api.ValidateIfName(cfg.VTEPName); err != nil {
 		return nil, configErr("vtep_name", "%v", err)
 	}
 	if cfg.VNI < 1 || cfg.VNI > 1<<24-1 {
@@ -223,11 +170,8 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 	seen := map[string]bool{}
 	for i, o := range cfg.Overlays {
 		field := fmt.Sprintf("overlays[%d]", i)
-		if !overlayNameRE.MatchString(o.Name) {
-			return nil, configErr(field+".name", "%q must be 1-13 characters of [a-z0-9-]", o.Name)
-		}
-		if reservedOverlayNames[o.Name] {
-			return nil, configErr(field+".name", "%q is reserved (host, bridge, default and none are)", o.Name)
+		if err := api.ValidateOverlayName(o.Name); err != nil {
+			return nil, configErr(field+".name", "%v", err)
 		}
 		if seen[o.Name] {
 			return nil, configErr(field+".name", "%q is used twice", o.Name)
@@ -297,20 +241,4 @@ func parseCanonicalPrefix(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
 	}
 	return p, nil
-}
-
-// validIfName checks a Linux interface name.
-func validIfName(s string) error {
-	if s == "" || len(s) > 15 {
-		return fmt.Errorf("%q must be 1-15 characters", s)
-	}
-	if s == "." || s == ".." {
-		return fmt.Errorf("%q is not a valid interface name", s)
-	}
-	for _, r := range s {
-		if r <= ' ' || r == '/' || r == ':' || r > '~' {
-			return fmt.Errorf("%q contains a character not allowed in an interface name", s)
-		}
-	}
-	return nil
 }

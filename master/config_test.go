@@ -171,7 +171,7 @@ func FuzzRegistrationDecode(f *testing.F) {
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req api.RegisterRequest
-		if err := decodeStrict(strings.NewReader(string(data)), &req); err != nil {
+		if err := api.DecodeStrict(strings.NewReader(string(data)), &req); err != nil {
 			return
 		}
 		if err := ValidateRegistration(&req); err != nil {

@@ -5,10 +5,11 @@ package master
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -90,11 +92,7 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_agents", Help: "Agents in the lease table.",
-	}, func() float64 {
-		t.mu.RLock()
-		defer t.mu.RUnlock()
-		return float64(len(t.agents))
-	})
+	}, func() float64 { return float64(t.AgentCount()) })
 	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
 	}, func() float64 { return float64(t.Index()) })
@@ -124,6 +122,14 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		if ln, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 			return nil, fmt.Errorf("listen on --http-addr %s: %w", opts.HTTPAddr, err)
 		}
+	}
+	if err := checkAdvertisable(ln.Addr()); err != nil {
+		ln.Close()
+		addr := opts.HTTPAddr
+		if opts.HTTPListener != nil {
+			addr = ln.Addr().String()
+		}
+		return nil, fmt.Errorf("master: --http-addr %s: %w", addr, err)
 	}
 	m.httpLn = ln
 
@@ -185,15 +191,17 @@ func (m *Master) Table() *LeaseTable { return m.table }
 // Registry is the Prometheus registry served on /metrics.
 func (m *Master) Registry() *prometheus.Registry { return m.registry }
 
-// leaderDuties runs, whenever this node leads, what only a leader does:
+// leaderDuties runs, whenever this node leads and has caught up with the
+// log, what only a leader does: commit a cluster id when the log has none,
 // publish its HTTP address in the log (followers proxy to it) and commit its
 // network configuration file when it differs from the committed one.
 func (m *Master) leaderDuties(ctx context.Context) {
 	changes := m.node.LeaderChanges()
+	caughtUp := m.node.CaughtUp()
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
 	for {
-		if m.node.IsLeader() {
+		if m.node.IsLeader() && m.node.IsCaughtUp() {
 			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
 				m.log.Warn("leader setup", "err", err)
 			}
@@ -202,6 +210,8 @@ func (m *Master) leaderDuties(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-changes:
+		case <-caughtUp:
+			caughtUp = nil // closed for good: wait on it once
 		case <-tick.C:
 		}
 	}
@@ -210,6 +220,17 @@ func (m *Master) leaderDuties(ctx context.Context) {
 func (m *Master) leaderSetup(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if m.table.ClusterID() == "" {
+		id, err := newClusterID()
+		if err != nil {
+			return err
+		}
+		// Should another leader have committed one first, that one stays.
+		if err := m.propose(ctx, command{Op: opSetClusterID, ClusterID: id}); err != nil {
+			return fmt.Errorf("commit cluster id: %w", err)
+		}
+		m.log.Info("cluster id committed", "cluster_id", m.table.ClusterID())
+	}
 	self := serverMeta{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
 	if cur, ok := m.table.Server(m.opts.ID); !ok || cur != self {
 		if err := m.propose(ctx, command{Op: opServerMeta, ServerMeta: &self}); err != nil {
@@ -249,6 +270,15 @@ func (m *Master) propose(ctx context.Context, c command) error {
 	return nil
 }
 
+// newClusterID draws the id that names a new cluster's log.
+func newClusterID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("draw a cluster id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
 // joinCluster asks the masters at Options.Join to add this node, until one agrees.
 func (m *Master) joinCluster(ctx context.Context) {
 	client, err := api.NewClient([]string{m.opts.Join}, nil)
@@ -257,7 +287,7 @@ func (m *Master) joinCluster(ctx context.Context) {
 		return
 	}
 	req := api.JoinRequest{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
-	backoff := 500 * time.Millisecond
+	backoff := retry.Backoff{First: 500 * time.Millisecond, Max: 30 * time.Second}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 		err := client.Join(cctx, req)
@@ -266,13 +296,11 @@ func (m *Master) joinCluster(ctx context.Context) {
 			m.log.Info("joined the cluster", "via", m.opts.Join)
 			return
 		}
-		m.log.Warn("join failed, retrying", "via", m.opts.Join, "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
+		wait := backoff.Next()
+		m.log.Warn("join failed, retrying", "via", m.opts.Join, "err", err, "in", wait)
+		if !retry.Sleep(ctx, wait) {
 			return
-		case <-time.After(backoff + rand.N(backoff/2)):
 		}
-		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 
@@ -282,7 +310,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 	out := api.ClusterStatus{
 		ID: m.opts.ID, Role: st.Role, Term: st.Term, CommitIndex: st.CommitIndex,
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
-		Servers: []api.ServerInfo{},
+		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
 	}
 	for _, srv := range st.Servers {
 		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}

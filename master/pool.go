@@ -1,8 +1,9 @@
 package master
 
 import (
-	"encoding/binary"
 	"net/netip"
+
+	"github.com/carve-net/carve/ring"
 )
 
 // slicePool hands out, first fit, the equal-size slices of a prefix: the
@@ -45,21 +46,21 @@ func (p *slicePool) number(addr netip.Addr) (uint64, bool) {
 	if !p.base.Contains(addr) {
 		return 0, false
 	}
-	off := addrOffset(p.base.Addr(), addr)
-	shift := uint(addr.BitLen() - p.sliceBits)
-	// off fits in 128 bits; slice number = off >> shift, and it fits in 64 bits
-	// because slices are capped at 2^62.
-	n := shr128(off, shift)
+	off := ring.AddrUint128(addr).Sub(ring.AddrUint128(p.base.Addr()))
+	// Slice numbers fit in 64 bits: pools are capped at 2^62 slices.
+	n, _ := off.Rsh(p.shift()).Uint64()
 	if n < p.lo || n > p.hi {
 		return 0, false
 	}
 	return n, true
 }
 
+// shift is the number of address bits inside one slice.
+func (p *slicePool) shift() uint { return uint(p.base.Addr().BitLen() - p.sliceBits) }
+
 // addrAt returns the first address of slice n.
 func (p *slicePool) addrAt(n uint64) netip.Addr {
-	shift := uint(p.base.Addr().BitLen() - p.sliceBits)
-	return addShifted(p.base.Addr(), n, shift)
+	return addrPlus(p.base.Addr(), ring.U128(n).Lsh(p.shift()))
 }
 
 // prefixAt returns slice n as a prefix.
@@ -92,67 +93,15 @@ func (p *slicePool) release(n uint64) {
 	}
 }
 
-// addrOffset returns a - base as a 128-bit number (hi, lo).
-func addrOffset(base, a netip.Addr) [2]uint64 {
-	b16, a16 := base.As16(), a.As16()
-	bh, bl := binary.BigEndian.Uint64(b16[:8]), binary.BigEndian.Uint64(b16[8:])
-	ah, al := binary.BigEndian.Uint64(a16[:8]), binary.BigEndian.Uint64(a16[8:])
-	lo := al - bl
-	borrow := uint64(0)
-	if al < bl {
-		borrow = 1
-	}
-	return [2]uint64{ah - bh - borrow, lo}
-}
-
-func shr128(v [2]uint64, s uint) uint64 {
-	switch {
-	case s == 0:
-		return v[1]
-	case s >= 128:
-		return 0
-	case s >= 64:
-		return v[0] >> (s - 64)
-	default:
-		return v[1]>>s | v[0]<<(64-s)
-	}
-}
-
-// addShifted returns base + (n << shift) in 128-bit arithmetic.
-func addShifted(base netip.Addr, n uint64, shift uint) netip.Addr {
-	var hi, lo uint64
-	switch {
-	case shift >= 128:
-	case shift >= 64:
-		hi = n << (shift - 64)
-	case shift == 0:
-		lo = n
-	default:
-		lo = n << shift
-		hi = n >> (64 - shift)
-	}
-	b := base.As16()
-	bh, bl := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-	rl := bl + lo
-	carry := uint64(0)
-	if rl < bl {
-		carry = 1
-	}
-	rh := bh + hi + carry
-	var out [16]byte
-	binary.BigEndian.PutUint64(out[:8], rh)
-	binary.BigEndian.PutUint64(out[8:], rl)
-	a := netip.AddrFrom16(out)
-	if base.Is4() {
-		return a.Unmap()
-	}
-	return a
+// addrPlus returns a + off, in a's address family.
+func addrPlus(a netip.Addr, off ring.Uint128) netip.Addr {
+	return ring.AddrUint128(a).Add(off).Addr(a.Is4())
 }
 
 // halves splits a prefix into its two halves (the mesos and docker bridges).
 func halves(p netip.Prefix) (netip.Prefix, netip.Prefix) {
 	bits := p.Bits() + 1
 	first := netip.PrefixFrom(p.Addr(), bits)
-	second := netip.PrefixFrom(addShifted(p.Addr(), 1, uint(p.Addr().BitLen()-bits)), bits)
+	second := netip.PrefixFrom(addrPlus(p.Addr(), ring.U128(1).Lsh(uint(p.Addr().BitLen()-bits))), bits)
 	return first, second
 }

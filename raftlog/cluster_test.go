@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -216,7 +217,7 @@ func TestConcurrentAppliesDuringLeaderShutdown(t *testing.T) {
 
 	waitAcks := func(n int64) {
 		t.Helper()
-		eventually(t, 60*time.Second, fmt.Sprintf("%d acknowledged applies", n), func() error {
+		testutil.Eventually(t, 60*time.Second, fmt.Sprintf("%d acknowledged applies", n), func() error {
 			select {
 			case err := <-unexpected:
 				t.Fatalf("unexpected Apply error: %v", err)
@@ -313,7 +314,7 @@ func TestRestartAllFromDataDirs(t *testing.T) {
 				}
 			}
 			if tt.wantSnap {
-				eventually(t, 20*time.Second, "snapshots on every node", func() error {
+				testutil.Eventually(t, 20*time.Second, "snapshots on every node", func() error {
 					for _, tn := range c.nodes {
 						if st := tn.node.Status(); st.LastSnapshotIndex == 0 {
 							return fmt.Errorf("%s has no snapshot", tn.id)
@@ -407,7 +408,7 @@ func TestAddVoterCatchesUpViaSnapshotAndRemove(t *testing.T) {
 	if joiner.sm.restoreCount() == 0 {
 		t.Fatal("joiner caught up without InstallSnapshot although the log was compacted")
 	}
-	eventually(t, 10*time.Second, "4 voters everywhere", func() error {
+	testutil.Eventually(t, 10*time.Second, "4 voters everywhere", func() error {
 		for _, tn := range c.running() {
 			st := tn.node.Status()
 			voters := 0
@@ -441,7 +442,7 @@ func TestAddVoterCatchesUpViaSnapshotAndRemove(t *testing.T) {
 	}
 	want := []string{c.nodes[0].id, c.nodes[1].id, c.nodes[2].id}
 	sort.Strings(want)
-	eventually(t, 10*time.Second, "configuration without the joiner", func() error {
+	testutil.Eventually(t, 10*time.Second, "configuration without the joiner", func() error {
 		for _, tn := range c.nodes[:3] {
 			if got := ids(tn); !slices.Equal(got, want) {
 				return fmt.Errorf("%s sees %v", tn.id, got)
@@ -683,12 +684,60 @@ func TestOpenWithoutPeersDoesNotBootstrap(t *testing.T) {
 	if n.bootstrapped {
 		t.Fatal("bootstrapped without being in Peers")
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Without a configuration it has no voter to elect, itself included.
 	st := n.Status()
-	if st.Role != "follower" || st.LeaderID != "" || len(st.Servers) != 0 {
+	if st.Role != "follower" || st.LeaderID != "" || len(st.Servers) != 0 || st.CaughtUp {
 		t.Fatalf("status %+v", st)
 	}
 	if _, _, err := n.Apply(ctxTimeout(t, time.Second), []byte("x")); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("Apply: %v", err)
 	}
+}
+
+// A node restarted alone holds only what its snapshot and its own log give
+// it, and does not know what the cluster committed: it is not caught up. It
+// is once a leader has told it the commit index and it has applied that.
+func TestCaughtUpOnlyAfterHearingFromALeader(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	c.waitLeader()
+	allCaughtUp := func() error {
+		for _, tn := range c.running() {
+			if !tn.node.IsCaughtUp() {
+				return fmt.Errorf("%s is not caught up", tn.id)
+			}
+		}
+		return nil
+	}
+	testutil.Eventually(t, 0, "every node of a new cluster to catch up", allCaughtUp)
+	last := c.applyN("a", 20)
+	c.waitConverged(last)
+	alone := c.nodes[0]
+	if err := alone.node.TakeSnapshot(); err != nil {
+		t.Fatal(err)
+	}
+	last = c.applyN("b", 20)
+	c.waitConverged(last)
+	for _, tn := range c.nodes {
+		c.stop(tn)
+	}
+
+	c.start(alone, c.peers)
+	if st := alone.node.Status(); st.CaughtUp || alone.node.IsCaughtUp() {
+		t.Fatalf("%s is caught up with no other node running: %+v", alone.id, st)
+	}
+	if got := alone.sm.fingerprint().LastIndex; got >= last {
+		t.Fatalf("%s applied %d alone, want only its snapshot (< %d)", alone.id, got, last)
+	}
+	for _, tn := range c.nodes[1:] {
+		c.start(tn, c.peers)
+	}
+	select {
+	case <-alone.node.CaughtUp():
+	case <-time.After(testutil.WaitLimit):
+		t.Fatalf("%s did not catch up once the others were back", alone.id)
+	}
+	if got := alone.sm.fingerprint().LastIndex; got < last {
+		t.Errorf("%s caught up at applied index %d, before the committed %d", alone.id, got, last)
+	}
+	testutil.Eventually(t, 0, "every node to catch up after the restart", allCaughtUp)
 }

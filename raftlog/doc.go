@@ -14,7 +14,10 @@
 // replays the log entries after it only once it learns the commit index from a
 // leader (or wins an election). Right after Open the state may therefore be
 // behind; use WaitApplied or ConsistentRead before serving reads that must
-// reflect earlier writes.
+// reflect earlier writes. CaughtUp tells when the node has applied everything
+// the cluster had committed when it first heard from a leader after Open: a
+// node restarted without quorum never gets there, so it must not present its
+// state as the cluster's.
 //
 // # Writes
 //

@@ -16,6 +16,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 // testSM is a deterministic state machine: it counts every command and keeps
@@ -280,22 +283,6 @@ func (c *cluster) running() []*testNode {
 	return out
 }
 
-// eventually polls cond until it returns nil or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitLeader waits until exactly one of the given (running) nodes is leader
 // and all of them agree on it.
 func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
@@ -304,7 +291,7 @@ func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
 		nodes = c.running()
 	}
 	var leader *testNode
-	eventually(c.t, 20*time.Second, "a leader", func() error {
+	testutil.Eventually(c.t, 20*time.Second, "a leader", func() error {
 		leader = nil
 		for _, tn := range nodes {
 			if tn.node.IsLeader() {
@@ -330,26 +317,35 @@ func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
 // apply applies cmd on the current leader, retrying while leadership moves.
 func (c *cluster) apply(cmd string) (applyResult, uint64) {
 	c.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var res applyResult
+	var index uint64
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := retry.Until(ctx, 20*time.Millisecond, func() error {
 		leader := c.waitLeader()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		res, idx, err := leader.node.Apply(ctx, []byte(cmd))
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		out, idx, err := leader.node.Apply(actx, []byte(cmd))
 		cancel()
-		if err == nil {
-			r, ok := res.(applyResult)
-			if !ok {
-				c.t.Fatalf("apply %q: result %T, want applyResult", cmd, res)
-			}
-			if r.Index != idx {
-				c.t.Fatalf("apply %q: result index %d != returned index %d", cmd, r.Index, idx)
-			}
-			return r, idx
+		if errors.Is(err, ErrNotLeader) || errors.Is(err, ErrUnknownOutcome) {
+			return err
 		}
-		if !errors.Is(err, ErrNotLeader) && !errors.Is(err, ErrUnknownOutcome) || time.Now().After(deadline) {
-			c.t.Fatalf("apply %q on %s: %v", cmd, leader.id, err)
+		if err != nil {
+			return retry.Permanent(fmt.Errorf("on %s: %w", leader.id, err))
 		}
+		r, ok := out.(applyResult)
+		if !ok {
+			return retry.Permanent(fmt.Errorf("result %T, want applyResult", out))
+		}
+		if r.Index != idx {
+			return retry.Permanent(fmt.Errorf("result index %d != returned index %d", r.Index, idx))
+		}
+		res, index = r, idx
+		return nil
+	})
+	if err != nil {
+		c.t.Fatalf("apply %q: %v", cmd, err)
 	}
+	return res, index
 }
 
 func (c *cluster) applyN(prefix string, n int) uint64 {
@@ -369,7 +365,7 @@ func (c *cluster) waitConverged(minIndex uint64, nodes ...*testNode) fingerprint
 		nodes = c.running()
 	}
 	var fp fingerprint
-	eventually(c.t, 30*time.Second, "replicas to converge", func() error {
+	testutil.Eventually(c.t, 30*time.Second, "replicas to converge", func() error {
 		fp = nodes[0].sm.fingerprint()
 		if fp.LastIndex < minIndex {
 			return fmt.Errorf("%s at index %d < %d", nodes[0].id, fp.LastIndex, minIndex)

@@ -76,6 +76,15 @@ func (m *nodeMetrics) register(n *Node) error {
 			return 0
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "carve_raft_caught_up",
+			Help: "1 once this node has applied what the cluster had committed when it first heard from a leader after starting, else 0.",
+		}, func() float64 {
+			if n.IsCaughtUp() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "carve_raft_applied_index",
 			Help: "Index of the last log entry applied to the state machine.",
 		}, func() float64 { return float64(n.fsm.applied.Load()) }),

@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"math/bits"
 	"math/rand/v2"
+	"net/netip"
 )
 
 // Uint128 is an unsigned 128-bit integer. Offsets and counts of addresses in
@@ -144,3 +145,17 @@ func randBelow(rng *rand.Rand, n Uint128) Uint128 {
 		}
 	}
 }
+
+// Lsh returns u shifted left by n bits (0 from n >= 128).
+func (u Uint128) Lsh(n uint) Uint128 { return u.lsh(n) }
+
+// Rsh returns u shifted right by n bits (0 from n >= 128).
+func (u Uint128) Rsh(n uint) Uint128 { return u.rsh(n) }
+
+// AddrUint128 returns an address as a number: an IPv4 address in the low 32
+// bits, an IPv6 address in all 128.
+func AddrUint128(a netip.Addr) Uint128 { return addrInt(a) }
+
+// Addr returns the address whose number is u (see AddrUint128): IPv4 from
+// the low 32 bits when is4, else IPv6.
+func (u Uint128) Addr(is4 bool) netip.Addr { return intAddr(u, is4) }

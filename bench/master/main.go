@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -138,25 +140,26 @@ func startCluster(dir string) (*cluster, error) {
 	return c, c.waitReady()
 }
 
+// waitReady waits until a master leads with the cluster id and the
+// configuration committed and every master has caught up (serves the state).
 func (c *cluster) waitReady() error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return retry.Until(ctx, 50*time.Millisecond, func() error {
+		leaders := 0
 		for _, m := range c.masters {
-			if _, ok := m.Table().Network(); ok && m.Node().IsLeader() {
-				ready := true
-				for _, f := range c.masters {
-					if _, ok := f.Table().Network(); !ok {
-						ready = false
-					}
-				}
-				if ready {
-					return nil
-				}
+			if m.Node().IsLeader() {
+				leaders++
+			}
+			if _, ok := m.Table().Network(); !ok || m.Table().ClusterID() == "" || !m.Node().IsCaughtUp() {
+				return fmt.Errorf("%s is not ready", m.Node().ID())
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("cluster not ready in 30s")
+		if leaders == 0 {
+			return errors.New("no leader")
+		}
+		return nil
+	})
 }
 
 func (c *cluster) leaderURL() string {
@@ -190,6 +193,7 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 	hc := &http.Client{Transport: transport, Timeout: time.Minute}
 	var next atomic.Int64
 	var failed atomic.Int64
+	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	ctx := context.Background()
 	start := time.Now()
@@ -213,7 +217,9 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 				req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
 					NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}
 				if _, err := cl.Register(ctx, req); err != nil {
-					failed.Add(1)
+					if failed.Add(1) == 1 {
+						firstErr.Store(err)
+					}
 				}
 			}
 		}()
@@ -221,7 +227,7 @@ func registrationRate(dir string, clients, total int, spread bool) (float64, err
 	wg.Wait()
 	elapsed := time.Since(start)
 	if n := failed.Load(); n > 0 {
-		return 0, fmt.Errorf("%d of %d registrations failed", n, total)
+		return 0, fmt.Errorf("%d of %d registrations failed; the first: %v", n, total, firstErr.Load())
 	}
 	return float64(total) / elapsed.Seconds(), nil
 }

@@ -16,7 +16,7 @@ func runMaster(ctx context.Context, args []string) error {
 	fs := newFlagSet("master")
 	id := fs.String("id", "", "this master's Raft server id (e.g. m1)")
 	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots")
-	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HOST:PORT of the HTTP API")
+	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HOST:PORT of the HTTP API; a concrete address, not a wildcard: the other masters forward writes to it")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:8300", "HOST:PORT of the Raft transport (listen and advertise)")
 	peers := fs.String("peers", "", "initial voters: id=HOST:PORT,... (the same list on every master)")
 	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")

@@ -5,18 +5,21 @@ package mastertest
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/raftlog"
 )
 
 // Start runs a master with cfg in dir, waits until it leads with the
-// configuration committed, and stops it when the test ends.
+// cluster id and the configuration committed (it serves the state then), and
+// stops it when the test ends.
 func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *master.Master {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -36,14 +39,14 @@ func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *m
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, ok := m.Table().Network(); ok && m.Node().IsLeader() {
-			return m
+	testutil.Eventually(t, 0, "the master to lead with its cluster id and configuration committed", func() error {
+		if !m.Node().IsLeader() || !m.Node().IsCaughtUp() {
+			return errors.New("not the leader yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("mastertest: the master did not lead with its config committed within 30s")
+		if _, ok := m.Table().Network(); !ok || m.Table().ClusterID() == "" {
+			return errors.New("cluster id and configuration not committed yet")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/carve-net/carve/api"
@@ -362,12 +363,16 @@ func TestRequestIDDedup(t *testing.T) {
 	first := h.apply(cmd)
 	idx := h.table.Index()
 	// The same request applied again (a retry after an unknown outcome, now
-	// committed twice) has no second effect even though a1 changed meanwhile.
+	// committed twice) has no second effect even though a1 changed meanwhile,
+	// and is answered with its own outcome.
 	h.apply(command{Op: opRegister, Register: &registerCmd{AgentID: "a1", IP: "198.18.0.2"}})
 	idx2 := h.table.Index()
 	again := h.apply(cmd)
-	if again.Err != nil || again.Agent.IP != "198.18.0.2" || h.table.Index() != idx2 || idx2 == idx {
-		t.Errorf("duplicate request changed the state: %+v (index %d -> %d)", again.Agent, idx2, h.table.Index())
+	if again.Err != nil || again.Agent.IP != "198.18.0.1" || h.table.Index() != idx2 || idx2 == idx {
+		t.Errorf("duplicate request changed the state or was answered another outcome: %+v (index %d -> %d)", again.Agent, idx2, h.table.Index())
+	}
+	if cur, _ := h.table.Agent("a1"); cur.IP != "198.18.0.2" {
+		t.Errorf("the duplicate undid the later registration: %+v", cur)
 	}
 	if first.Agent.Overlays[0].Subnet != again.Agent.Overlays[0].Subnet {
 		t.Errorf("leases differ")
@@ -397,18 +402,7 @@ func TestSnapshotRestoreIdentical(t *testing.T) {
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"n03", "n07"}}})
 	h.apply(command{Op: opServerMeta, ServerMeta: &serverMeta{ID: "m1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
 
-	snap, err := h.table.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	if _, err := snap.WriteTo(&buf); err != nil {
-		t.Fatal(err)
-	}
-	restored := NewLeaseTable()
-	if err := restored.Restore(h.index, &buf); err != nil {
-		t.Fatal(err)
-	}
+	restored := restoreCopy(t, h)
 	want, _, _ := h.table.StateJSON("m1")
 	got, _, _ := restored.StateJSON("m1")
 	if !bytes.Equal(want, got) {
@@ -416,10 +410,14 @@ func TestSnapshotRestoreIdentical(t *testing.T) {
 	}
 	// The restored table allocates exactly as the original would.
 	h2 := &tableHarness{t: t, table: restored, index: h.index}
+	var retried []applyResult
 	for _, hh := range []*tableHarness{h, h2} {
 		hh.mustRegister("late", "198.18.9.9")
 		// duplicates are still recognised after restore
-		hh.apply(command{Op: opRegister, RequestID: "r5", Register: &registerCmd{AgentID: "n05", IP: "198.18.99.1"}})
+		retried = append(retried, hh.apply(command{Op: opRegister, RequestID: "r5", Register: &registerCmd{AgentID: "n05", IP: "198.18.0.6"}}))
+	}
+	if retried[0].Err != nil || !jsonEqual(retried[0], retried[1]) {
+		t.Errorf("a retry answered differently after restore:\n%+v\n%+v", retried[0], retried[1])
 	}
 	want, _, _ = h.table.StateJSON("m1")
 	got, _, _ = restored.StateJSON("m1")
@@ -499,4 +497,55 @@ func jsonEqual(a, b any) bool {
 	ja, _ := json.Marshal(a)
 	jb, _ := json.Marshal(b)
 	return bytes.Equal(ja, jb)
+}
+
+// The first cluster id committed stays: a second proposal (from a leader
+// that had not applied the first) changes nothing, and snapshots keep it.
+func TestClusterIDFirstWins(t *testing.T) {
+	h := newHarness(t, DefaultConfig())
+	if id := h.table.ClusterID(); id != "" {
+		t.Fatalf("new table has cluster id %q", id)
+	}
+	if res := h.apply(command{Op: opSetClusterID, ClusterID: "first"}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	idx := h.table.Index()
+	if res := h.apply(command{Op: opSetClusterID, ClusterID: "second"}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if id := h.table.ClusterID(); id != "first" || h.table.Index() != idx {
+		t.Errorf("cluster id %q at index %d, want %q unchanged at %d", id, h.table.Index(), "first", idx)
+	}
+	if res := h.apply(command{Op: opSetClusterID}); !errors.Is(res.Err, ErrBadCommand) {
+		t.Errorf("empty cluster id: %v", res.Err)
+	}
+	var st api.State
+	data, _, _ := h.table.StateJSON("")
+	if err := json.Unmarshal(data, &st); err != nil || st.ClusterID != "first" || h.table.State().ClusterID != "first" {
+		t.Errorf("state shows cluster id %q (%v): %s", st.ClusterID, err, data)
+	}
+	if id := restoreCopy(t, h).ClusterID(); id != "first" {
+		t.Errorf("restored cluster id %q", id)
+	}
+}
+
+// A snapshot written before outcomes and cluster ids were kept (format 1)
+// still restores; its request ids still stop a second effect.
+func TestRestoreFormat1Snapshot(t *testing.T) {
+	legacy := `{"format":1,"index":3,"state_index":2,
+		"network":{"vtep_subnet":"100.64.0.0/16","vtep_mac_oui":"70:B3:D5:00:00:00","vtep_name":"vtep1024","vni":1024,"vtep_port":4789,"vtep_mtu":1450,"overlay_mtu":1420,"overlays":[{"name":"carve","subnet":"10.128.0.0/9","prefix":24}]},
+		"agents":[{"id":"a1","ip":"198.18.0.1","bridges":{"mesos_bridge":false,"docker_bridge":false},"vtep":"100.64.0.1","leases":{"carve":{"subnet":"10.128.0.0/24"}},"version":2}],
+		"tombstones":{},"servers":{},"requests":[{"id":"r1","index":2}]}`
+	tbl := NewLeaseTable()
+	if err := tbl.Restore(3, strings.NewReader(legacy)); err != nil {
+		t.Fatal(err)
+	}
+	h := &tableHarness{t: t, table: tbl, index: 3}
+	res := h.apply(command{Op: opRegister, RequestID: "r1", Register: &registerCmd{AgentID: "a1", IP: "198.18.0.1"}})
+	if res.Err != nil || res.Agent.Overlay("carve").Subnet != "10.128.0.0/24" || tbl.Index() != 2 {
+		t.Errorf("retry after a format 1 restore: %+v %v (index %d)", res.Agent, res.Err, tbl.Index())
+	}
+	if id := tbl.ClusterID(); id != "" {
+		t.Errorf("format 1 snapshot gave cluster id %q", id)
+	}
 }

@@ -1,0 +1,120 @@
+package master
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/carve-net/carve/api"
+)
+
+// stateCache keeps each agent's rendered JSON, keyed by record pointer, so
+// that a state read at 10,000 agents re-renders only what changed.
+type stateCache struct {
+	mu     sync.Mutex
+	agents map[string]cachedAgent
+	// full is the encoded agents+tombstones part for fullIndex.
+	full      []byte
+	fullIndex uint64
+	fullValid bool
+}
+
+type cachedAgent struct {
+	rec  *agentRecord
+	data []byte
+}
+
+// StateJSON encodes the state, reusing the encodings of unchanged records,
+// and returns it with its index: both come from the same instant, so an
+// answer's index header and its body never disagree. leader is the current
+// leader's id (not part of the replicated state).
+func (t *LeaseTable) StateJSON(leader string) ([]byte, uint64, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	t.cache.mu.Lock()
+	defer t.cache.mu.Unlock()
+	if !t.cache.fullValid || t.cache.fullIndex != t.stateIndex {
+		full, err := t.encodeAgentsAndTombstones()
+		if err != nil {
+			return nil, 0, err
+		}
+		t.cache.full, t.cache.fullIndex, t.cache.fullValid = full, t.stateIndex, true
+	}
+	var out bytes.Buffer
+	netJSON := []byte("{}")
+	if t.net != nil {
+		var err error
+		if netJSON, err = json.Marshal(t.net.api); err != nil {
+			return nil, 0, fmt.Errorf("encode network: %w", err)
+		}
+	}
+	out.Grow(len(t.cache.full) + len(netJSON) + 128)
+	out.WriteString(`{"network":`)
+	out.Write(netJSON)
+	out.WriteString(`,"index":`)
+	out.WriteString(strconv.FormatUint(t.stateIndex, 10))
+	writeJSONField(&out, "cluster_id", t.clusterID)
+	writeJSONField(&out, "leader", leader)
+	out.Write(t.cache.full)
+	out.WriteString("}\n")
+	return out.Bytes(), t.stateIndex, nil
+}
+
+// writeJSONField appends `,"name":"value"` when value is not empty.
+func writeJSONField(out *bytes.Buffer, name, value string) {
+	if value == "" {
+		return
+	}
+	v, _ := json.Marshal(value)
+	out.WriteString(`,"` + name + `":`)
+	out.Write(v)
+}
+
+// encodeAgentsAndTombstones renders the agents and tombstones part of the
+// state, re-encoding only the records that changed since the last call; the
+// caller holds t.mu (read) and t.cache.mu.
+func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
+	var buf bytes.Buffer
+	ids := slices.Sorted(maps.Keys(t.agents))
+	if len(ids) > 0 {
+		buf.WriteString(`,"agents":[`)
+		for i, id := range ids {
+			rec := t.agents[id]
+			c, ok := t.cache.agents[id]
+			if !ok || c.rec != rec {
+				data, err := json.Marshal(renderAgent(t.net, rec))
+				if err != nil {
+					return nil, fmt.Errorf("encode agent %s: %w", id, err)
+				}
+				c = cachedAgent{rec: rec, data: data}
+				t.cache.agents[id] = c
+			}
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			buf.Write(c.data)
+		}
+		buf.WriteString(`]`)
+	}
+	if len(t.tombstones) > 0 {
+		buf.WriteString(`,"tombstones":[`)
+		for i, id := range slices.Sorted(maps.Keys(t.tombstones)) {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			tb, _ := json.Marshal(api.Tombstone{AgentID: id, Version: t.tombstones[id]})
+			buf.Write(tb)
+		}
+		buf.WriteString(`]`)
+	}
+	for id := range t.cache.agents {
+		if _, ok := t.agents[id]; !ok {
+			delete(t.cache.agents, id)
+		}
+	}
+	return buf.Bytes(), nil
+}

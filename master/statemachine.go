@@ -1,0 +1,360 @@
+package master
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/carve-net/carve/api"
+)
+
+// agentRecord is one agent's committed record. Records are immutable once
+// stored (copy on write), so snapshots, request outcomes and readers share
+// them freely.
+type agentRecord struct {
+	ID       string
+	Hostname string
+	IP       netip.Addr // invalid when another agent took the IP
+	MeshAddr string
+	Bridges  api.AgentNetworkConfig
+	VTEP     netip.Addr
+	Leases   map[string]overlayLease // by overlay name
+	Version  uint64
+}
+
+// overlayLease is an agent's share of one overlay.
+type overlayLease struct {
+	Subnet  netip.Prefix `json:"subnet,omitzero"`
+	Subnet6 netip.Prefix `json:"subnet6,omitzero"`
+	// Failed says why the overlay (or its IPv6 part) was left out.
+	Failed string `json:"failed,omitempty"`
+}
+
+func (r *agentRecord) clone() *agentRecord {
+	c := *r
+	c.Leases = maps.Clone(r.Leases)
+	if c.Leases == nil {
+		c.Leases = map[string]overlayLease{}
+	}
+	return &c
+}
+
+func (r *agentRecord) equal(o *agentRecord) bool {
+	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
+		r.Bridges == o.Bridges && r.VTEP == o.VTEP && maps.Equal(r.Leases, o.Leases)
+}
+
+// overlayPools are the allocators of one overlay.
+type overlayPools struct {
+	v4, v6 *slicePool
+}
+
+// Apply applies one command at a Raft index (raftlog.StateMachine).
+func (t *LeaseTable) Apply(index uint64, data []byte) any {
+	var c command
+	if err := json.Unmarshal(data, &c); err != nil {
+		return applyResult{Err: fmt.Errorf("%w: %v", ErrBadCommand, err)}
+	}
+	if err := c.validate(); err != nil {
+		return applyResult{Err: err}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if index > t.index {
+		t.index = index
+	}
+	before := t.stateIndex
+	res := t.applyCommand(index, c)
+	if t.stateIndex != before {
+		t.notifyChanged()
+	}
+	return res
+}
+
+// applyCommand applies a validated command; the caller holds t.mu.
+func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
+	var digest string
+	if c.RequestID != "" {
+		digest = commandDigest(c)
+		if o, ok := t.requests.lookup(c.RequestID); ok {
+			return t.repeatedRequest(c, digest, o)
+		}
+	}
+	outcome := requestOutcome{Index: index, Op: c.Op, Digest: digest}
+	var res applyResult
+	switch c.Op {
+	case opRegister:
+		rec, err := t.applyRegister(index, c.Register)
+		if err != nil {
+			return applyResult{Err: err}
+		}
+		outcome.Agent = rec
+		res.Agent = renderAgent(t.net, rec)
+	case opDelete:
+		deleted, err := t.applyDelete(index, c.Delete)
+		if err != nil {
+			return applyResult{Err: err}
+		}
+		outcome.Deleted = deleted
+		res.Deleted = deleted
+	case opSetConfig:
+		res = t.applySetConfig(index, *c.SetConfig)
+	case opSetClusterID:
+		t.applySetClusterID(index, c.ClusterID)
+	case opServerMeta:
+		t.servers[c.ServerMeta.ID] = *c.ServerMeta
+	}
+	if c.RequestID != "" && res.Err == nil {
+		t.requests.remember(c.RequestID, outcome)
+	}
+	return res
+}
+
+// repeatedRequest answers a request id seen before: a retry of the same
+// request (after an unknown outcome) gets that request's own outcome, and the
+// state does not change again; another request reusing the id is refused.
+func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome) applyResult {
+	legacy := o.Digest == "" // restored from a snapshot that kept no outcomes
+	if !legacy && o.Digest != digest {
+		return applyResult{Err: fmt.Errorf("%w: request_id %q named a %s request applied at index %d, not this %s request; give every new request a new request_id",
+			ErrRequestIDReused, c.RequestID, o.Op, o.Index, c.Op)}
+	}
+	switch c.Op {
+	case opRegister:
+		rec := o.Agent
+		if legacy {
+			if rec = t.agents[c.Register.AgentID]; rec == nil {
+				return applyResult{Err: fmt.Errorf("%w: %s was deleted after it registered", ErrUnknownAgent, c.Register.AgentID)}
+			}
+		}
+		return applyResult{Agent: renderAgent(t.net, rec)}
+	case opDelete:
+		if legacy {
+			return applyResult{Deleted: c.Delete.Agents}
+		}
+		return applyResult{Deleted: o.Deleted}
+	}
+	return applyResult{}
+}
+
+// applyRegister creates or updates an agent's record and returns it.
+func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, error) {
+	if t.net == nil {
+		return nil, ErrNoConfig
+	}
+	ip, err := netip.ParseAddr(c.IP)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ip %q", ErrBadCommand, c.IP)
+	}
+	old := t.agents[c.AgentID]
+	var rec *agentRecord
+	if old == nil {
+		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}}
+		n, ok := t.vteps.allocate(c.AgentID)
+		if !ok {
+			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
+		}
+		rec.VTEP = t.vteps.addrAt(n)
+	} else {
+		rec = old.clone()
+	}
+	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
+	// The newest registration takes the IP; the older record keeps its
+	// leases without an IP until it registers again.
+	if other, ok := t.byIP[ip]; ok && other != c.AgentID {
+		o := t.agents[other].clone()
+		o.IP = netip.Addr{}
+		o.Version = index
+		t.agents[other] = o
+		t.stateIndex = index
+	}
+	t.ensureLeases(rec)
+	if old != nil && old.equal(rec) {
+		return old, nil
+	}
+	if old != nil && old.IP.IsValid() && old.IP != ip && t.byIP[old.IP] == c.AgentID {
+		delete(t.byIP, old.IP)
+	}
+	t.byIP[ip] = c.AgentID
+	rec.Version = index
+	t.agents[c.AgentID] = rec
+	delete(t.tombstones, c.AgentID)
+	t.stateIndex = index
+	return rec, nil
+}
+
+// ensureLeases gives rec a subnet of every enabled overlay it lacks, and
+// records why when an overlay is exhausted.
+func (t *LeaseTable) ensureLeases(rec *agentRecord) {
+	for _, def := range t.net.overlays {
+		if !def.enabled {
+			continue
+		}
+		l := rec.Leases[def.api.Name]
+		pools := t.pools[def.api.Name]
+		l.Failed = ""
+		var failures []string
+		if def.subnet.IsValid() && !l.Subnet.IsValid() {
+			if n, ok := pools.v4.allocate(rec.ID); ok {
+				l.Subnet = pools.v4.prefixAt(n)
+			} else {
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix, def.subnet))
+			}
+		}
+		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
+			if n, ok := pools.v6.allocate(rec.ID); ok {
+				l.Subnet6 = pools.v6.prefixAt(n)
+			} else {
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix6, def.subnet6))
+			}
+		}
+		if len(failures) > 0 {
+			l.Failed = failures[0]
+			if len(failures) > 1 {
+				l.Failed += "; " + failures[1]
+			}
+		}
+		rec.Leases[def.api.Name] = l
+	}
+}
+
+// applyDelete removes agents (by id or underlay IP) and returns the ids it
+// removed.
+func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
+	var deleted []string
+	for _, name := range c.Agents {
+		id := name
+		if _, ok := t.agents[id]; !ok {
+			if ip, err := netip.ParseAddr(name); err == nil {
+				id = t.byIP[ip]
+			}
+		}
+		rec := t.agents[id]
+		if rec == nil {
+			if _, gone := t.tombstones[name]; c.Strict && !gone {
+				return nil, fmt.Errorf("%w %q", ErrUnknownAgent, name)
+			}
+			continue
+		}
+		t.freeLeases(rec)
+		delete(t.agents, id)
+		if rec.IP.IsValid() && t.byIP[rec.IP] == id {
+			delete(t.byIP, rec.IP)
+		}
+		t.tombstones[id] = index
+		t.stateIndex = index
+		deleted = append(deleted, id)
+	}
+	return deleted, nil
+}
+
+func (t *LeaseTable) freeLeases(rec *agentRecord) {
+	if n, ok := t.vteps.number(rec.VTEP); ok && t.vteps.used[n] == rec.ID {
+		t.vteps.release(n)
+	}
+	for name, l := range rec.Leases {
+		p := t.pools[name]
+		if p == nil {
+			continue
+		}
+		if l.Subnet.IsValid() && p.v4 != nil {
+			if n, ok := p.v4.number(l.Subnet.Addr()); ok && p.v4.used[n] == rec.ID {
+				p.v4.release(n)
+			}
+		}
+		if l.Subnet6.IsValid() && p.v6 != nil {
+			if n, ok := p.v6.number(l.Subnet6.Addr()); ok && p.v6.used[n] == rec.ID {
+				p.v6.release(n)
+			}
+		}
+	}
+}
+
+// applySetConfig merges a (validated) configuration into the state.
+func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyResult {
+	merged, warnings, err := t.mergeConfig(cfg)
+	if err != nil {
+		return applyResult{Err: err, Warnings: warnings}
+	}
+	if t.net != nil && configEqual(t.net.api, merged.api) {
+		return applyResult{Warnings: warnings}
+	}
+	t.net = merged
+	t.rebuildPools()
+	t.cache.agents = map[string]cachedAgent{}
+	// Give existing agents their share of overlays added or enabled now;
+	// sorted so every replica allocates in the same order.
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		old := t.agents[id]
+		rec := old.clone()
+		t.ensureLeases(rec)
+		if !old.equal(rec) {
+			rec.Version = index
+			t.agents[id] = rec
+		}
+	}
+	t.stateIndex = index
+	return applyResult{Warnings: warnings}
+}
+
+// applySetClusterID records the cluster id. The first one committed wins: a
+// second leader proposing its own (before it saw the first) changes nothing,
+// so every replica and every restart agrees on one id.
+func (t *LeaseTable) applySetClusterID(index uint64, id string) {
+	if t.clusterID != "" {
+		return
+	}
+	t.clusterID = id
+	t.stateIndex = index
+}
+
+// rebuildPools recreates every allocator from the records (after a config
+// change or a restore). Leases outside the current definitions are dropped
+// from the pools but stay in the records until the agent is deleted.
+func (t *LeaseTable) rebuildPools() {
+	t.vteps = newHostPool(t.net.vtepNet)
+	t.pools = map[string]*overlayPools{}
+	for _, d := range t.net.overlays {
+		p := &overlayPools{}
+		if d.subnet.IsValid() {
+			p.v4 = newSlicePool(d.subnet, d.prefix)
+		}
+		if d.subnet6.IsValid() {
+			p.v6 = newSlicePool(d.subnet6, d.prefix6)
+		}
+		t.pools[d.api.Name] = p
+	}
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		rec := t.agents[id]
+		if n, ok := t.vteps.number(rec.VTEP); ok {
+			t.vteps.take(n, id)
+		}
+		for name, l := range rec.Leases {
+			p := t.pools[name]
+			if p == nil {
+				continue
+			}
+			if p.v4 != nil && l.Subnet.IsValid() {
+				if n, ok := p.v4.number(l.Subnet.Addr()); ok {
+					p.v4.take(n, id)
+				}
+			}
+			if p.v6 != nil && l.Subnet6.IsValid() {
+				if n, ok := p.v6.number(l.Subnet6.Addr()); ok {
+					p.v6.take(n, id)
+				}
+			}
+		}
+	}
+	t.vteps.hint = t.vteps.lo
+	for _, p := range t.pools {
+		if p.v4 != nil {
+			p.v4.hint = p.v4.lo
+		}
+		if p.v6 != nil {
+			p.v6.hint = p.v6.lo
+		}
+	}
+}

@@ -1,0 +1,216 @@
+package master
+
+import (
+	"errors"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/raftlog"
+)
+
+// Errors that applying a command can give; the HTTP layer maps them to codes.
+var (
+	// ErrVTEPExhausted: no VTEP IP is left for a new agent.
+	ErrVTEPExhausted = errors.New("no free VTEP IP left")
+	// ErrNoConfig: the network configuration is not yet in the log.
+	ErrNoConfig = errors.New("the network configuration is not committed yet")
+	// ErrUnknownAgent: no agent by that id or IP.
+	ErrUnknownAgent = errors.New("unknown agent")
+	// ErrBadCommand: a log entry that cannot be decoded (never written by us).
+	ErrBadCommand = errors.New("undecodable command")
+	// ErrRequestIDReused: a request id already named another request (another
+	// command, or the same command with another body).
+	ErrRequestIDReused = errors.New("request_id already used by another request")
+)
+
+// LeaseTable is the replicated state of the masters: the cluster id, the
+// network configuration, every agent's leases, tombstones of deleted agents,
+// the outcomes of recent requests and the masters' HTTP addresses. It is the
+// Raft state machine: Apply is deterministic, and every change carries the
+// Raft index that applied it.
+type LeaseTable struct {
+	mu         sync.RWMutex
+	index      uint64 // last applied Raft index
+	stateIndex uint64 // index of the last change visible in State
+	clusterID  string
+	net        *network
+	agents     map[string]*agentRecord
+	byIP       map[netip.Addr]string
+	tombstones map[string]uint64
+	servers    map[string]serverMeta
+	requests   requestTable
+
+	vteps *slicePool
+	pools map[string]*overlayPools
+
+	// changed is closed and replaced whenever stateIndex moves (watchers).
+	changed chan struct{}
+	cache   stateCache
+}
+
+var _ raftlog.StateMachine = (*LeaseTable)(nil)
+
+// NewLeaseTable returns an empty table (no configuration yet).
+func NewLeaseTable() *LeaseTable {
+	t := &LeaseTable{changed: make(chan struct{})}
+	t.reset()
+	return t
+}
+
+func (t *LeaseTable) reset() {
+	t.index, t.stateIndex, t.clusterID, t.net = 0, 0, "", nil
+	t.agents = map[string]*agentRecord{}
+	t.byIP = map[netip.Addr]string{}
+	t.tombstones = map[string]uint64{}
+	t.servers = map[string]serverMeta{}
+	t.requests = newRequestTable()
+	t.vteps = nil
+	t.pools = map[string]*overlayPools{}
+	t.cache = stateCache{agents: map[string]cachedAgent{}}
+}
+
+// notifyChanged wakes the watchers; the caller holds t.mu for writing.
+func (t *LeaseTable) notifyChanged() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+// WouldChange reports whether registering req must go through the log; when
+// it need not (nothing would change), it returns the agent's current record,
+// so the registration can be answered without a log entry. A request id
+// already known always goes through the log, which answers a retry with the
+// request's own outcome and refuses a reused id.
+func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.net == nil {
+		return nil, true
+	}
+	if req.RequestID != "" && t.requests.known(req.RequestID) {
+		return nil, true
+	}
+	rec := t.agents[req.AgentID]
+	ip, err := netip.ParseAddr(req.IP)
+	if rec == nil || err != nil {
+		return nil, true
+	}
+	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig {
+		return nil, true
+	}
+	for _, def := range t.net.overlays {
+		if !def.enabled {
+			continue
+		}
+		l, ok := rec.Leases[def.api.Name]
+		if !ok || l.Failed != "" || (def.subnet.IsValid() && !l.Subnet.IsValid()) || (def.subnet6.IsValid() && !l.Subnet6.IsValid()) {
+			return nil, true
+		}
+	}
+	return renderAgent(t.net, rec), false
+}
+
+// Index returns the index of the last change visible in the state.
+func (t *LeaseTable) Index() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.stateIndex
+}
+
+// AppliedIndex returns the last Raft index applied.
+func (t *LeaseTable) AppliedIndex() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.index
+}
+
+// Changed returns a channel closed at the next change of the state, and the
+// state index it is relative to.
+func (t *LeaseTable) Changed() (<-chan struct{}, uint64) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.changed, t.stateIndex
+}
+
+// ClusterID returns the id the cluster's first leader committed, or "" while
+// none is committed.
+func (t *LeaseTable) ClusterID() string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.clusterID
+}
+
+// Network returns the committed network configuration, and false when none is committed.
+func (t *LeaseTable) Network() (api.NetworkConfig, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.net == nil {
+		return api.NetworkConfig{}, false
+	}
+	return t.net.api, true
+}
+
+// ConfigChange tells whether proposing cfg would change the committed
+// configuration, and the warnings merging it gives.
+func (t *LeaseTable) ConfigChange(cfg api.NetworkConfig) (bool, []string, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	merged, warnings, err := t.mergeConfig(cfg)
+	if err != nil {
+		return false, warnings, err
+	}
+	return t.net == nil || !configEqual(t.net.api, merged.api), warnings, nil
+}
+
+// Server returns the recorded addresses of a master.
+func (t *LeaseTable) Server(id string) (serverMeta, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	s, ok := t.servers[id]
+	return s, ok
+}
+
+// Agent returns one agent's record, or false.
+func (t *LeaseTable) Agent(id string) (*api.AgentInfo, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	rec := t.agents[id]
+	if rec == nil {
+		return nil, false
+	}
+	return renderAgent(t.net, rec), true
+}
+
+// Tombstone returns the index at which an agent was deleted.
+func (t *LeaseTable) Tombstone(id string) (uint64, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	v, ok := t.tombstones[id]
+	return v, ok
+}
+
+// AgentCount is the number of agents in the table.
+func (t *LeaseTable) AgentCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.agents)
+}
+
+// State returns the whole state as the API shows it.
+func (t *LeaseTable) State() api.State {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID}
+	if t.net != nil {
+		st.Network = t.net.api
+	}
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		st.Agents = append(st.Agents, *renderAgent(t.net, t.agents[id]))
+	}
+	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
+		st.Tombstones = append(st.Tombstones, api.Tombstone{AgentID: id, Version: t.tombstones[id]})
+	}
+	return st
+}
