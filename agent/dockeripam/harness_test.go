@@ -17,10 +17,12 @@ import (
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 )
 
@@ -28,7 +30,7 @@ import (
 // package: the agent imports dockeripam.
 
 // The real IPAM satisfies the interface the plugin depends on.
-var _ dockeripam.AddressService = (*agent.IPAM)(nil)
+var _ dockeripam.AddressService = (*ipam.Service)(nil)
 
 func testLogger() *slog.Logger {
 	if os.Getenv("CARVE_TEST_LOG") != "" {
@@ -37,18 +39,9 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-var waitLimit = 60 * time.Second
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of these tests: a real agent and a real
+// engine start slowly on a loaded machine.
+const waitLimit = 60 * time.Second
 
 // testNetwork has a dual-stack overlay "carve" and an IPv4 one, "blue".
 func testNetwork() api.NetworkConfig {
@@ -82,7 +75,7 @@ func startMaster(t *testing.T, dir string, cfg api.NetworkConfig) *master.Master
 
 // realAgent runs a real master and a real agent whose dataplane works in
 // host's namespace (it creates d-carve there with its gateway), and returns
-// the agent's *agent.IPAM once both overlays are served.
+// the agent's IPAM once both overlays are served.
 func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 	t.Helper()
 	dir := t.TempDir()
@@ -113,7 +106,7 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 			t.Errorf("agent: %v", err)
 		}
 	})
-	waitFor(t, "the agent serves both overlays with docker bridges", func() bool {
+	testutil.Eventually(t, waitLimit, "the agent serves both overlays with docker bridges", testutil.True(func() bool {
 		for _, ov := range []string{"carve", "blue"} {
 			if _, _, ok := a.IPAM().BridgeSubnets(ov, api.BridgeDocker); !ok {
 				return false
@@ -124,7 +117,7 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 			}
 		}
 		return true
-	})
+	}))
 	return a
 }
 
@@ -140,7 +133,7 @@ func backends(t *testing.T) []backend {
 	t.Helper()
 	out := []backend{{"double", doubleService()}}
 	if !netnslab.IsRoot() {
-		t.Log("the real *agent.IPAM needs root (its agent programs a namespace): testing the double only")
+		t.Log("the real agent's IPAM needs root (its agent programs a namespace): testing the double only")
 		return out
 	}
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1})
