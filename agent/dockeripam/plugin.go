@@ -228,34 +228,12 @@ func (d *driver) routes() http.Handler {
 		"/IpamDriver.GetDefaultAddressSpaces": func([]byte) (any, error) {
 			return addressSpacesResponse{LocalDefaultAddressSpace: LocalAddressSpace, GlobalDefaultAddressSpace: GlobalAddressSpace}, nil
 		},
-		"/IpamDriver.RequestPool": func(body []byte) (any, error) {
-			var req requestPoolRequest
-			if err := decode(body, &req); err != nil {
-				return nil, err
-			}
-			return d.requestPool(req)
-		},
-		"/IpamDriver.ReleasePool": func(body []byte) (any, error) {
-			var req releasePoolRequest
-			if err := decode(body, &req); err != nil {
-				return nil, err
-			}
+		"/IpamDriver.RequestPool": endpoint(d.requestPool),
+		"/IpamDriver.ReleasePool": endpoint(func(releasePoolRequest) (struct{}, error) {
 			return struct{}{}, nil // pools are the agent's ranges: nothing to free
-		},
-		"/IpamDriver.RequestAddress": func(body []byte) (any, error) {
-			var req requestAddressRequest
-			if err := decode(body, &req); err != nil {
-				return nil, err
-			}
-			return d.requestAddress(req)
-		},
-		"/IpamDriver.ReleaseAddress": func(body []byte) (any, error) {
-			var req releaseAddressRequest
-			if err := decode(body, &req); err != nil {
-				return nil, err
-			}
-			return d.releaseAddress(req)
-		},
+		}),
+		"/IpamDriver.RequestAddress": endpoint(d.requestAddress),
+		"/IpamDriver.ReleaseAddress": endpoint(d.releaseAddress),
 	}
 	for path, call := range endpoints {
 		r.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
@@ -273,6 +251,17 @@ func (d *driver) routes() http.Handler {
 		}).Methods(http.MethodPost)
 	}
 	return r
+}
+
+// endpoint adapts a call to the router: it decodes Docker's request body.
+func endpoint[Req, Resp any](call func(Req) (Resp, error)) func(body []byte) (any, error) {
+	return func(body []byte) (any, error) {
+		var req Req
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return call(req)
+	}
 }
 
 // refuse answers a call with the protocol's error shape.

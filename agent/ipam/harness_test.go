@@ -2,9 +2,7 @@ package ipam
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,12 +15,7 @@ import (
 	"github.com/carve-net/carve/internal/unixsock"
 )
 
-func testLogger() *slog.Logger {
-	if os.Getenv("CARVE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
+func testLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // testSelf is an agent record with a dual-stack overlay whose /23 gives a
 // /24 to each bridge.
@@ -37,20 +30,10 @@ func testSelf() *api.AgentInfo {
 	}}}
 }
 
-// peerOf is an agent's leased subnets, as the agent's membership has them.
+// peerOf is an agent's leased subnets (of its one overlay), as the agent's
+// membership has them.
 func peerOf(a *api.AgentInfo) Peer {
-	p := Peer{ID: a.AgentID, Version: a.Version}
-	for _, ov := range a.Overlays {
-		if ov.State.Status != api.StatusOK {
-			continue
-		}
-		for _, s := range []string{ov.Subnet, ov.Subnet6} {
-			if s != "" {
-				p.Subnets = append(p.Subnets, s)
-			}
-		}
-	}
-	return p
+	return Peer{ID: a.AgentID, Version: a.Version, Subnets: []string{a.Overlays[0].Subnet, a.Overlays[0].Subnet6}}
 }
 
 // testView is self and another agent holding the next /23.

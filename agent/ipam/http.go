@@ -18,27 +18,9 @@ const shutdownTimeout = 5 * time.Second
 // operator's tools call (api.IPAMClient).
 func (s *Service) Handler() http.Handler {
 	r := httpapi.NewRouter()
-	r.HandleFunc("/ipam/allocate", func(w http.ResponseWriter, r *http.Request) {
-		var req api.IPAMRequest
-		if httpapi.Decode(w, r, &req) {
-			v, err := s.Allocate(req)
-			reply(w, v, err)
-		}
-	}).Methods(http.MethodPost)
-	r.HandleFunc("/ipam/release", func(w http.ResponseWriter, r *http.Request) {
-		var req api.IPAMRequest
-		if httpapi.Decode(w, r, &req) {
-			v, err := s.Release(req)
-			reply(w, v, err)
-		}
-	}).Methods(http.MethodPost)
-	r.HandleFunc("/ipam/gc", func(w http.ResponseWriter, r *http.Request) {
-		var req api.GCRequest
-		if httpapi.Decode(w, r, &req) {
-			v, err := s.GC(req)
-			reply(w, v, err)
-		}
-	}).Methods(http.MethodPost)
+	r.HandleFunc("/ipam/allocate", post(s.Allocate)).Methods(http.MethodPost)
+	r.HandleFunc("/ipam/release", post(s.Release)).Methods(http.MethodPost)
+	r.HandleFunc("/ipam/gc", post(s.GC)).Methods(http.MethodPost)
 	r.HandleFunc("/ipam/lookup", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		v, err := s.Lookup(api.IPAMRequest{Network: q.Get("network"), ContainerID: q.Get("container_id"), IfName: q.Get("ifname")})
@@ -51,6 +33,17 @@ func (s *Service) Handler() http.Handler {
 		httpapi.WriteJSON(w, http.StatusOK, s.Status(r.URL.Query().Get("network")))
 	}).Methods(http.MethodGet)
 	return r
+}
+
+// post serves a call whose request is the JSON body.
+func post[Req, Resp any](call func(Req) (Resp, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Req
+		if httpapi.Decode(w, r, &req) {
+			v, err := call(req)
+			reply(w, v, err)
+		}
+	}
 }
 
 // reply writes an answer, or the error with its status and code.
