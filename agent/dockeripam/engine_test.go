@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -236,7 +235,7 @@ func TestNoEngine(t *testing.T) {
 	dir := shortTempDir(t)
 	host := "unix://" + filepath.Join(dir, "nobody.sock")
 	sock := filepath.Join(dir, "plugins", "carve.sock")
-	s := runService(t, doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: host})
+	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host})
 	testutil.Eventually(t, waitLimit, "engine status", testutil.True(func() bool { return s.Status().Engine.Error != "not tried yet" }))
 	st := s.Status()
 	if st.Engine.Connected || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
@@ -263,7 +262,7 @@ func TestNoEngine(t *testing.T) {
 	}
 
 	// A second service refuses the live socket.
-	other, err := dockeripam.New(doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: host, Logger: testLogger()})
+	other, err := dockeripam.New(newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,13 +279,13 @@ func TestStaleSocketReplaced(t *testing.T) {
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	ln.Close() // the file stays, nobody serves it: a crashed agent's
-	s := runService(t, doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: "unix://" + filepath.Join(filepath.Dir(sock), "none.sock")})
+	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: "unix://" + filepath.Join(filepath.Dir(sock), "none.sock")})
 	testutil.Eventually(t, waitLimit, "plugin serving", testutil.True(func() bool { return s.Status().Plugin.Serving }))
 }
 
 func TestEngineCreatesNetworks(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), MTU: func(string) int { return 1400 }, GCInterval: time.Hour})
 	testutil.Eventually(t, waitLimit, "both networks ok", testutil.True(func() bool {
 		return networkState(s, "carve").State == dockeripam.NetworkOK && networkState(s, "blue").State == dockeripam.NetworkOK
@@ -325,7 +324,7 @@ func TestEngineCreatesNetworks(t *testing.T) {
 	}
 
 	// A new overlay gets its network when the agent says so.
-	f.addOverlay("green", map[string][2]netip.Prefix{api.BridgeDocker: {netip.MustParsePrefix("10.2.0.128/25"), {}}})
+	f.addOverlay("green", [2]string{"10.2.0.0/16"}, [2]string{}, [2]string{"10.2.0.128/25"})
 	s.Sync()
 	testutil.Eventually(t, waitLimit, "green's network", testutil.True(func() bool { return networkState(s, "green").State == dockeripam.NetworkOK }))
 	if n := len(e.createBodies()); n != 3 {
@@ -338,7 +337,7 @@ func TestEngineMismatchLeftAlone(t *testing.T) {
 	e.setNetwork(map[string]any{"Name": "d-carve", "Id": "theirs", "Driver": "bridge",
 		"IPAM":    map[string]any{"Driver": "default", "Config": []any{map[string]any{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}}},
 		"Options": map[string]any{}})
-	s := runService(t, doubleService(), dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
+	s := runService(t, newTestService(t), dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
 	testutil.Eventually(t, waitLimit, "statuses", testutil.True(func() bool {
 		return networkState(s, "carve").State != "" && networkState(s, "blue").State == dockeripam.NetworkOK
 	}))
@@ -357,7 +356,7 @@ func TestEngineMismatchLeftAlone(t *testing.T) {
 
 func TestLeakCollection(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	const grace = time.Minute
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour, GCGrace: grace, Now: clk.Now})
@@ -454,7 +453,7 @@ func TestLeakCollection(t *testing.T) {
 // engine's endpoints before new addresses are handed out.
 func TestReclaimRunningContainers(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
 	testutil.Eventually(t, waitLimit, "networks", testutil.True(func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK }))
 

@@ -41,8 +41,6 @@ type overlay struct {
 	unserved string
 }
 
-func (o *overlay) serving() bool { return o.unserved == "" && o.seedErr == nil }
-
 // syncOverlays applies the view's overlays; the caller has quiesced. It
 // returns the rings that changed.
 func (s *Service) syncOverlays(v View, b *batch) ringMessage {

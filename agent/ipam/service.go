@@ -144,7 +144,8 @@ func (s *Service) UseChannel(ch gossip.Channel) {
 	s.channel = ch
 }
 
-// Sync brings the overlays' allocators in line with the view: served
+// Sync brings the overlays' allocators in line with the view (kept: the
+// caller changes none of it afterwards): served
 // overlays get an allocator seeded from everyone's leases, persisted
 // allocations are claimed back before any new one is made, overlays that
 // are no longer OK here stop taking allocations, and the rings that changed
@@ -154,6 +155,8 @@ func (s *Service) Sync(v View) {
 	s.broadcast(news)
 }
 
+// sync holds both locks across its one commit: it reshapes the state, and
+// runs only when the agent's view changes and on its periodic resync.
 func (s *Service) sync(v View) ringMessage {
 	s.quiesce()
 	defer s.commitMu.Unlock()
@@ -216,13 +219,14 @@ func (s *Service) forgetRings() {
 	s.staleRings = false
 }
 
-// Networks names the overlays this agent can allocate on now.
+// Networks names the overlays this agent serves (allocations on one whose
+// ring refused the masters' leases fail until it is fixed).
 func (s *Service) Networks() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
 	for _, name := range sortedKeys(s.overlays) {
-		if s.overlays[name].serving() {
+		if s.overlays[name].unserved == "" {
 			out = append(out, name)
 		}
 	}
