@@ -145,11 +145,11 @@ func (s *Service) UseChannel(ch gossip.Channel) {
 }
 
 // Sync brings the overlays' allocators in line with the view (kept: the
-// caller changes none of it afterwards): served
-// overlays get an allocator seeded from everyone's leases, persisted
-// allocations are claimed back before any new one is made, overlays that
-// are no longer OK here stop taking allocations, and the rings that changed
-// are broadcast. A view of another cluster than the rings' rebuilds first.
+// caller changes none of it afterwards): served overlays get an allocator
+// seeded from everyone's leases, persisted allocations are claimed back
+// before any new one is made, overlays that are no longer OK here stop
+// taking allocations, and the rings that changed are broadcast. A view of
+// another cluster than the rings' rebuilds first.
 func (s *Service) Sync(v View) {
 	news := s.sync(v)
 	s.broadcast(news)
