@@ -25,6 +25,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/unixsock"
@@ -107,13 +108,12 @@ type Agent struct {
 	client   *api.Client
 	router   Router
 	channel  gossip.Channel
-	rings    gossip.Channel
 	dp       *vxlan.Dataplane
 	members  *Membership
 	registry *prometheus.Registry
 	metrics  *metrics
 	httpLn   net.Listener
-	ipam     *IPAM
+	ipam     ipamService
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
 
@@ -190,11 +190,13 @@ func New(cfg Config) (*Agent, error) {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
 	}
 	// The IPAM exists before the router: ring gossip may arrive at once.
-	if a.ipam, err = newIPAM(a); err != nil {
+	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log})
+	if err != nil {
 		return nil, err
 	}
+	a.ipam = svc
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
-		a.docker, err = dockeripam.New(a.ipam, dockeripam.Options{
+		a.docker, err = dockeripam.New(svc, dockeripam.Options{
 			PluginSocket: cfg.DockerPluginSocket, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
 			MTU: func(string) int { return a.overlayMTU() },
 		})
@@ -208,9 +210,11 @@ func New(cfg Config) (*Agent, error) {
 	if a.channel, err = a.router.Channel(GossipChannel, (*gossipHandler)(a)); err != nil {
 		return nil, fmt.Errorf("agent: gossip channel: %w", err)
 	}
-	if a.rings, err = a.router.Channel(RingChannel, (*ringHandler)(a)); err != nil {
+	rings, err := a.router.Channel(ipam.RingChannel, a.ipam.RingGossip())
+	if err != nil {
 		return nil, fmt.Errorf("agent: ring gossip channel: %w", err)
 	}
+	a.ipam.UseChannel(rings)
 	if a.dp, err = vxlan.New(vxlan.Options{NetNS: cfg.NetNS, Logger: a.log}); err != nil {
 		return nil, fmt.Errorf("agent: dataplane: %w", err)
 	}
@@ -280,8 +284,8 @@ func (a *Agent) ID() string { return a.id }
 // HTTPAddr is the address the HTTP API listens on.
 func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
 
-// IPAM is the agent's container address service.
-func (a *Agent) IPAM() *IPAM { return a.ipam }
+// IPAM is the agent's container address service (New always makes an *ipam.Service).
+func (a *Agent) IPAM() *ipam.Service { s, _ := a.ipam.(*ipam.Service); return s }
 
 // Registry is the Prometheus registry served on /metrics.
 func (a *Agent) Registry() *prometheus.Registry { return a.registry }
@@ -316,7 +320,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.watchLoop)
 	run(a.gossipLoop)
 	if a.ipamLn != nil {
-		run(func(ctx context.Context) { a.ipam.serve(ctx, a.ipamLn) })
+		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}
 	if a.docker != nil {
 		// Docker is optional: a failure here is reported, never fatal.

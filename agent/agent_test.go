@@ -194,13 +194,13 @@ func TestAgentsWithoutMasters(t *testing.T) {
 	}
 	waitFor(t, "rings converge", func() bool {
 		gnet.GossipRound()
-		first := agents[0].IPAM().rings()
+		first := agents[0].IPAM().Rings()
 		for _, a := range agents[1:] {
-			if !jsonEqual(a.IPAM().rings(), first) {
+			if !jsonEqual(a.IPAM().Rings(), first) {
 				return false
 			}
 		}
-		return len(first.Rings) == 1
+		return len(first) == 1
 	})
 
 	// Agent 3 stops; a new agent ("late", a record only) registers; agents 1

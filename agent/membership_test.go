@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -221,21 +220,4 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	if !jsonEqual(got, p) {
 		t.Errorf("loaded %+v\nwant %+v", got, p)
 	}
-}
-
-// FuzzDecodeRingMessage: ring gossip from the network never panics the
-// decoder nor the merge, and leaves the allocators consistent.
-func FuzzDecodeRingMessage(f *testing.F) {
-	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"4","ring":"AAEC"}]}`))
-	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"5","ring":""}]}`))
-	f.Add([]byte(`{}`))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := decodeRingMessage(data)
-		if err != nil {
-			return
-		}
-		for _, e := range m.Rings {
-			_, _ = ring.Decode(e.Ring)
-		}
-	})
 }

@@ -17,7 +17,6 @@ type metrics struct {
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
 	gossipPeers      prometheus.Gauge
-	ipamOps          *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -50,12 +49,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		gossipPeers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_gossip_peers", Help: "Peers the mesh router knows.",
 		}),
-		ipamOps: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_ipam_operations_total", Help: "Container address operations, by kind.",
-		}, []string{"op"}),
-	}
-	for _, op := range []string{"allocate", "release", "gc_release"} {
-		m.ipamOps.WithLabelValues(op)
 	}
 	for _, k := range vxlan.Kinds {
 		m.changes.WithLabelValues(string(k))
@@ -68,7 +61,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.gossip.WithLabelValues(r)
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
-		m.mastersReachable, m.gossip, m.gossipPeers, m.ipamOps,
+		m.mastersReachable, m.gossip, m.gossipPeers,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

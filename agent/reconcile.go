@@ -53,9 +53,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
 	members := a.members.State()
-	if a.ipam.sync(self, network, members) {
-		a.rings.Broadcast(ringData{msg: a.ipam.rings()})
-	}
+	a.ipam.Sync(ipamView(self, network, members))
 	a.writeConflists(self, network)
 	if a.docker != nil {
 		a.docker.Sync()

@@ -1,7 +1,6 @@
 package dockeripam
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,10 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/carve-net/carve/api"
 )
 
 // The Docker Engine API, the few calls carve needs, over the engine's unix
-// socket with plain net/http (no Docker client module).
+// socket with api.Call (no Docker client module).
 
 // maxAPIVersion is the newest Engine API version this client speaks; an
 // older engine is spoken to in its own version, like Docker's client
@@ -63,70 +64,46 @@ func newEngineClient(host string) (*engineClient, error) {
 // close drops the client's idle connections (a session's client is not reused).
 func (c *engineClient) close() { c.http.CloseIdleConnections() }
 
-// apiError is an engine answer with a non-2xx status.
-type apiError struct {
-	Status  int
-	Message string
+// engineError is an engine answer with a non-2xx status (api.Call's
+// *api.Error, which it wraps); a 404 is errNotFound.
+type engineError struct{ answer *api.Error }
+
+func (e *engineError) Error() string {
+	return fmt.Sprintf("engine: %s (HTTP %d)", e.answer.Message, e.answer.Status)
 }
 
-func (e *apiError) Error() string { return fmt.Sprintf("engine: %s (HTTP %d)", e.Message, e.Status) }
+func (e *engineError) Unwrap() error { return e.answer }
 
-func (e *apiError) Is(target error) bool {
-	return target == errNotFound && e.Status == http.StatusNotFound
+func (e *engineError) Is(target error) bool {
+	return target == errNotFound && e.answer.Status == http.StatusNotFound
 }
 
-// do sends a call. path is below the version prefix; a nil out discards the body.
-func (c *engineClient) do(ctx context.Context, method, path string, in, out any) error {
-	resp, err := c.send(ctx, method, path, in)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if out == nil {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		return nil
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(out); err != nil {
-		return fmt.Errorf("engine: %s %s: bad answer: %w", method, path, err)
-	}
-	return nil
-}
-
-// send returns a 2xx response (the caller closes it) or an error.
-func (c *engineClient) send(ctx context.Context, method, path string, in any) (*http.Response, error) {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return nil, err
-		}
-		body = bytes.NewReader(b)
-	}
-	p := path
+// url is the call's URL, below the negotiated version prefix.
+func (c *engineClient) url(path string) string {
 	if c.version != "" {
-		p = "/v" + c.version + path
+		return "http://docker/v" + c.version + path
 	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+p, body)
-	if err != nil {
-		return nil, err
+	return "http://docker" + path
+}
+
+// do sends a call (api.Call); a nil out discards the answer, hdr (when not
+// nil) receives its headers.
+func (c *engineClient) do(ctx context.Context, method, path string, in, out any, hdr *http.Header) error {
+	return c.engineErr(api.Call(ctx, c.http, method, c.url(path), in, out, hdr))
+}
+
+// engineErr names the engine in a failure to reach it, and wraps its answers.
+func (c *engineClient) engineErr(err error) error {
+	var ae *api.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, api.ErrUnreachable):
+		return fmt.Errorf("no Docker engine at %s: %w", c.host, err)
+	case errors.As(err, &ae) && ae.Status != 0:
+		return &engineError{answer: ae}
 	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("no Docker engine at %s: %w", c.host, err)
-	}
-	if resp.StatusCode/100 != 2 {
-		defer resp.Body.Close()
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		var m struct{ Message string }
-		if json.Unmarshal(data, &m) != nil || m.Message == "" {
-			m.Message = strings.TrimSpace(string(data))
-		}
-		return nil, &apiError{Status: resp.StatusCode, Message: m.Message}
-	}
-	return resp, nil
+	return fmt.Errorf("engine: %w", err)
 }
 
 // engineVersion is what GET /version says.
@@ -139,20 +116,18 @@ type engineVersion struct {
 // connect pings the engine and settles the API version.
 func (c *engineClient) connect(ctx context.Context) (engineVersion, error) {
 	c.version = ""
-	resp, err := c.send(ctx, http.MethodGet, "/_ping", nil)
-	if err != nil {
+	var hdr http.Header
+	if err := c.do(ctx, http.MethodGet, "/_ping", nil, nil, &hdr); err != nil {
 		return engineVersion{}, err
 	}
-	server := resp.Header.Get("API-Version")
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	resp.Body.Close()
+	server := hdr.Get("API-Version")
 	if server != "" {
 		if err := c.settle(server); err != nil {
 			return engineVersion{}, err
 		}
 	}
 	var v engineVersion
-	if err := c.do(ctx, http.MethodGet, "/version", nil, &v); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/version", nil, &v, nil); err != nil {
 		return engineVersion{}, err
 	}
 	if server == "" {
@@ -237,7 +212,7 @@ type createNetworkRequest struct {
 
 func (c *engineClient) inspectNetwork(ctx context.Context, nameOrID string) (*dockerNetwork, error) {
 	var n dockerNetwork
-	if err := c.do(ctx, http.MethodGet, "/networks/"+url.PathEscape(nameOrID), nil, &n); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/networks/"+url.PathEscape(nameOrID), nil, &n, nil); err != nil {
 		return nil, err
 	}
 	return &n, nil
@@ -245,7 +220,7 @@ func (c *engineClient) inspectNetwork(ctx context.Context, nameOrID string) (*do
 
 func (c *engineClient) listNetworks(ctx context.Context) ([]dockerNetwork, error) {
 	var out []dockerNetwork
-	return out, c.do(ctx, http.MethodGet, "/networks", nil, &out)
+	return out, c.do(ctx, http.MethodGet, "/networks", nil, &out, nil)
 }
 
 func (c *engineClient) createNetwork(ctx context.Context, n dockerNetwork) (string, error) {
@@ -253,7 +228,7 @@ func (c *engineClient) createNetwork(ctx context.Context, n dockerNetwork) (stri
 		ID      string `json:"Id"`
 		Warning string `json:"Warning"`
 	}
-	if err := c.do(ctx, http.MethodPost, "/networks/create", createNetworkRequest{dockerNetwork: n, CheckDuplicate: true}, &out); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/networks/create", createNetworkRequest{dockerNetwork: n, CheckDuplicate: true}, &out, nil); err != nil {
 		return "", err
 	}
 	return out.ID, nil
@@ -270,17 +245,30 @@ type event struct {
 }
 
 // events streams the engine's container destroy and network disconnect
-// events to fn until ctx ends or the stream breaks.
+// events to fn until ctx ends or the stream breaks. A stream is no single
+// JSON answer, so this one call opens its request itself.
 func (c *engineClient) events(ctx context.Context, fn func(event)) error {
 	filters, _ := json.Marshal(map[string][]string{
 		"type":  {"container", "network"},
 		"event": {"destroy", "disconnect"},
 	})
-	resp, err := c.send(ctx, http.MethodGet, "/events?filters="+url.QueryEscape(string(filters)), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/events?filters="+url.QueryEscape(string(filters))), nil)
 	if err != nil {
 		return err
 	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("no Docker engine at %s: %w", c.host, err)
+	}
 	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var m struct{ Message string }
+		if json.Unmarshal(data, &m) != nil || m.Message == "" {
+			m.Message = strings.TrimSpace(string(data))
+		}
+		return &engineError{answer: &api.Error{Status: resp.StatusCode, Code: api.CodeInternal, Message: m.Message}}
+	}
 	dec := json.NewDecoder(resp.Body)
 	for {
 		var ev event

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 // fakeEngine is a Docker engine's API, the part carve uses, on a unix socket.
@@ -235,8 +235,8 @@ func TestNoEngine(t *testing.T) {
 	dir := shortTempDir(t)
 	host := "unix://" + filepath.Join(dir, "nobody.sock")
 	sock := filepath.Join(dir, "plugins", "carve.sock")
-	s := runService(t, doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: host})
-	waitFor(t, "engine status", func() bool { return s.Status().Engine.Error != "not tried yet" })
+	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host})
+	testutil.Eventually(t, waitLimit, "engine status", testutil.True(func() bool { return s.Status().Engine.Error != "not tried yet" }))
 	st := s.Status()
 	if st.Engine.Connected || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
 		t.Errorf("engine status %+v, want the missing engine named", st.Engine)
@@ -262,7 +262,7 @@ func TestNoEngine(t *testing.T) {
 	}
 
 	// A second service refuses the live socket.
-	other, err := dockeripam.New(doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: host, Logger: testLogger()})
+	other, err := dockeripam.New(newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,17 +279,17 @@ func TestStaleSocketReplaced(t *testing.T) {
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	ln.Close() // the file stays, nobody serves it: a crashed agent's
-	s := runService(t, doubleService(), dockeripam.Options{PluginSocket: sock, DockerHost: "unix://" + filepath.Join(filepath.Dir(sock), "none.sock")})
-	waitFor(t, "plugin serving", func() bool { return s.Status().Plugin.Serving })
+	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: "unix://" + filepath.Join(filepath.Dir(sock), "none.sock")})
+	testutil.Eventually(t, waitLimit, "plugin serving", testutil.True(func() bool { return s.Status().Plugin.Serving }))
 }
 
 func TestEngineCreatesNetworks(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), MTU: func(string) int { return 1400 }, GCInterval: time.Hour})
-	waitFor(t, "both networks ok", func() bool {
+	testutil.Eventually(t, waitLimit, "both networks ok", testutil.True(func() bool {
 		return networkState(s, "carve").State == dockeripam.NetworkOK && networkState(s, "blue").State == dockeripam.NetworkOK
-	})
+	}))
 	if st := s.Status().Engine; !st.Connected || st.APIVersion != "1.41" || st.Version != "fake-1" {
 		t.Errorf("engine status %+v", st)
 	}
@@ -324,9 +324,9 @@ func TestEngineCreatesNetworks(t *testing.T) {
 	}
 
 	// A new overlay gets its network when the agent says so.
-	f.addOverlay("green", map[string][2]netip.Prefix{api.BridgeDocker: {netip.MustParsePrefix("10.2.0.128/25"), {}}})
+	f.addOverlay("green", [2]string{"10.2.0.0/16"}, [2]string{}, [2]string{"10.2.0.128/25"})
 	s.Sync()
-	waitFor(t, "green's network", func() bool { return networkState(s, "green").State == dockeripam.NetworkOK })
+	testutil.Eventually(t, waitLimit, "green's network", testutil.True(func() bool { return networkState(s, "green").State == dockeripam.NetworkOK }))
 	if n := len(e.createBodies()); n != 3 {
 		t.Errorf("%d creates after green, want 3 (nothing re-created)", n)
 	}
@@ -337,10 +337,10 @@ func TestEngineMismatchLeftAlone(t *testing.T) {
 	e.setNetwork(map[string]any{"Name": "d-carve", "Id": "theirs", "Driver": "bridge",
 		"IPAM":    map[string]any{"Driver": "default", "Config": []any{map[string]any{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}}},
 		"Options": map[string]any{}})
-	s := runService(t, doubleService(), dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
-	waitFor(t, "statuses", func() bool {
+	s := runService(t, newTestService(t), dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
+	testutil.Eventually(t, waitLimit, "statuses", testutil.True(func() bool {
 		return networkState(s, "carve").State != "" && networkState(s, "blue").State == dockeripam.NetworkOK
-	})
+	}))
 	st := networkState(s, "carve")
 	if st.State != dockeripam.NetworkMismatch || st.ID != "theirs" {
 		t.Fatalf("status %+v, want a mismatch", st)
@@ -356,11 +356,11 @@ func TestEngineMismatchLeftAlone(t *testing.T) {
 
 func TestLeakCollection(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	clk := &clock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	const grace = time.Minute
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour, GCGrace: grace, Now: clk.Now})
-	waitFor(t, "networks", func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK })
+	testutil.Eventually(t, waitLimit, "networks", testutil.True(func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK }))
 
 	alloc := func(cid, bridge string) string {
 		t.Helper()
@@ -445,7 +445,7 @@ func TestLeakCollection(t *testing.T) {
 	// Docker events trigger a collection.
 	clk.advance(time.Hour)
 	e.events <- map[string]any{"Type": "container", "Action": "destroy", "Actor": map[string]any{"ID": "c1"}}
-	waitFor(t, "a collection after the event", func() bool { return s.Status().GC.LastRun.Equal(clk.Now()) })
+	testutil.Eventually(t, waitLimit, "a collection after the event", testutil.True(func() bool { return s.Status().GC.LastRun.Equal(clk.Now()) }))
 }
 
 // TestReclaimRunningContainers: addresses that running containers hold but
@@ -453,9 +453,9 @@ func TestLeakCollection(t *testing.T) {
 // engine's endpoints before new addresses are handed out.
 func TestReclaimRunningContainers(t *testing.T) {
 	e := startFakeEngine(t)
-	f := doubleService()
+	f := newTestService(t)
 	s := runService(t, f, dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
-	waitFor(t, "networks", func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK })
+	testutil.Eventually(t, waitLimit, "networks", testutil.True(func() bool { return networkState(s, "carve").State == dockeripam.NetworkOK }))
 
 	// Lowest free addresses of the docker range would be .130 and .131: a
 	// running container holds .130 without any allocation.

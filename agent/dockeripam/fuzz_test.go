@@ -41,7 +41,7 @@ func FuzzPluginRequest(f *testing.F) {
 		f.Add(uint8(i), []byte(body))
 	}
 	f.Fuzz(func(t *testing.T, endpoint uint8, body []byte) {
-		svc := doubleService()
+		svc := newTestService(t)
 		s, err := dockeripam.New(svc, dockeripam.Options{PluginSocket: "/nonexistent/carve.sock", Logger: testLogger()})
 		if err != nil {
 			t.Fatal(err)

@@ -2,6 +2,7 @@ package dockeripam_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -11,16 +12,21 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 )
 
@@ -28,7 +34,7 @@ import (
 // package: the agent imports dockeripam.
 
 // The real IPAM satisfies the interface the plugin depends on.
-var _ dockeripam.AddressService = (*agent.IPAM)(nil)
+var _ dockeripam.AddressService = (*ipam.Service)(nil)
 
 func testLogger() *slog.Logger {
 	if os.Getenv("CARVE_TEST_LOG") != "" {
@@ -37,18 +43,9 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-var waitLimit = 60 * time.Second
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// waitLimit bounds the waits of these tests: a real agent and a real
+// engine start slowly on a loaded machine.
+const waitLimit = 60 * time.Second
 
 // testNetwork has a dual-stack overlay "carve" and an IPv4 one, "blue".
 func testNetwork() api.NetworkConfig {
@@ -60,19 +57,70 @@ func testNetwork() api.NetworkConfig {
 	return cfg
 }
 
-// doubleService is the test double laid out like an agent of testNetwork.
-func doubleService() *fakeIPAM {
-	f := newFakeIPAM()
-	p := netip.MustParsePrefix
-	f.addOverlay("carve", map[string][2]netip.Prefix{
-		api.BridgeMesos:  {p("10.128.0.0/25"), p("fd00:ca7e::/65")},
-		api.BridgeDocker: {p("10.128.0.128/25"), p("fd00:ca7e:0:0:8000::/65")},
-	})
-	f.addOverlay("blue", map[string][2]netip.Prefix{
-		api.BridgeMesos:  {p("10.0.0.0/25"), {}},
-		api.BridgeDocker: {p("10.0.0.128/25"), {}},
-	})
-	return f
+// testService is the real IPAM (package ipam) on a store of its own, laid
+// out as an agent of testNetwork would be ("carve" and "blue"), without the
+// rest of the agent; addOverlay leases it another overlay.
+type testService struct {
+	*ipam.Service
+	view ipam.View
+}
+
+func newTestService(t testing.TB) *testService {
+	t.Helper()
+	s := emptyService(t)
+	s.addOverlay("carve", [2]string{"10.128.0.0/9", "fd00:ca7e::/48"}, [2]string{"10.128.0.0/25", "fd00:ca7e::/65"}, [2]string{"10.128.0.128/25", "fd00:ca7e:0:0:8000::/65"})
+	s.addOverlay("blue", [2]string{"10.0.0.0/16"}, [2]string{"10.0.0.0/25"}, [2]string{"10.0.0.128/25"})
+	return s
+}
+
+// emptyService is a testService with no overlay yet.
+func emptyService(t testing.TB) *testService {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(t.TempDir(), "agent.db"), 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	svc, err := ipam.New(ipam.Config{AgentID: "host-1", DB: db, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testService{Service: svc, view: ipam.View{Self: &api.AgentInfo{AgentID: "host-1", Version: 1}}}
+}
+
+// addOverlay leases the agent an overlay of the universes (IPv4, IPv6; ""
+// for none) whose subnet its bridges' ranges halve (mesos, docker; "" for
+// no such bridge), and syncs the IPAM.
+func (s *testService) addOverlay(name string, universe, mesos, docker [2]string) {
+	ov := api.AgentOverlay{Info: api.OverlayNetwork{Name: name, Subnet: universe[0], Subnet6: universe[1]},
+		State: api.OverlayState{Status: api.StatusOK}}
+	for fam, sub := range []*string{&ov.Subnet, &ov.Subnet6} {
+		if half := cmp.Or(mesos[fam], docker[fam]); half != "" {
+			p := netip.MustParsePrefix(half)
+			*sub = netip.PrefixFrom(p.Addr(), p.Bits()-1).Masked().String()
+		}
+	}
+	for _, br := range []struct {
+		ranges [2]string
+		dst    **api.BridgeInfo
+		prefix string
+	}{{mesos, &ov.MesosBridge, "m-"}, {docker, &ov.DockerBridge, "d-"}} {
+		if br.ranges != [2]string{} {
+			*br.dst = &api.BridgeInfo{Name: br.prefix + name, IP: br.ranges[0], IP6: br.ranges[1]}
+		}
+	}
+	self := *s.view.Self
+	self.Overlays = append(slices.Clone(self.Overlays), ov)
+	peer := ipam.Peer{ID: self.AgentID, Version: self.Version}
+	for _, o := range self.Overlays {
+		for _, sub := range []string{o.Subnet, o.Subnet6} {
+			if sub != "" {
+				peer.Subnets = append(peer.Subnets, sub)
+			}
+		}
+	}
+	s.view = ipam.View{Self: &self, Peers: []ipam.Peer{peer}}
+	s.Sync(s.view)
 }
 
 func startMaster(t *testing.T, dir string, cfg api.NetworkConfig) *master.Master {
@@ -82,7 +130,7 @@ func startMaster(t *testing.T, dir string, cfg api.NetworkConfig) *master.Master
 
 // realAgent runs a real master and a real agent whose dataplane works in
 // host's namespace (it creates d-carve there with its gateway), and returns
-// the agent's *agent.IPAM once both overlays are served.
+// the agent's IPAM once both overlays are served.
 func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 	t.Helper()
 	dir := t.TempDir()
@@ -113,7 +161,7 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 			t.Errorf("agent: %v", err)
 		}
 	})
-	waitFor(t, "the agent serves both overlays with docker bridges", func() bool {
+	testutil.Eventually(t, waitLimit, "the agent serves both overlays with docker bridges", testutil.True(func() bool {
 		for _, ov := range []string{"carve", "blue"} {
 			if _, _, ok := a.IPAM().BridgeSubnets(ov, api.BridgeDocker); !ok {
 				return false
@@ -124,7 +172,7 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 			}
 		}
 		return true
-	})
+	}))
 	return a
 }
 
@@ -134,13 +182,13 @@ type backend struct {
 	svc  dockeripam.AddressService
 }
 
-// backends returns the double, and the real IPAM of a real agent when the
+// backends returns the IPAM on its own, and the IPAM of a real agent when the
 // test can create namespaces (root).
 func backends(t *testing.T) []backend {
 	t.Helper()
-	out := []backend{{"double", doubleService()}}
+	out := []backend{{"service", newTestService(t)}}
 	if !netnslab.IsRoot() {
-		t.Log("the real *agent.IPAM needs root (its agent programs a namespace): testing the double only")
+		t.Log("the real agent's IPAM needs root (its agent programs a namespace): testing the IPAM on its own only")
 		return out
 	}
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1})

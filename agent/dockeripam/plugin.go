@@ -4,7 +4,7 @@
 // takes back the addresses of containers Docker forgot to release.
 //
 // The package does not import the agent: it works on an AddressService, which
-// *agent.IPAM satisfies, so that the protocol can be tested without one.
+// the agent's *ipam.Service satisfies.
 package dockeripam
 
 import (
@@ -25,10 +25,11 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
 )
 
 // AddressService is the part of the agent's IPAM that Docker needs.
-// *agent.IPAM implements it.
+// *ipam.Service implements it.
 type AddressService interface {
 	Allocate(api.IPAMRequest) (*api.Allocation, error)
 	Release(api.IPAMRequest) (*api.Released, error)
@@ -167,9 +168,10 @@ func parsePoolID(s string) (poolID, error) {
 // driver implements the plugin protocol over an AddressService. Its mutex
 // orders Docker's requests with the leak collector's decisions.
 type driver struct {
-	svc AddressService
-	log *slog.Logger
-	now func() time.Time
+	svc    AddressService
+	log    *slog.Logger
+	now    func() time.Time
+	router http.Handler
 
 	// gated closes RequestAddress while Service.Run follows an engine, until
 	// ready: running containers' addresses have been taken back (or no
@@ -185,7 +187,9 @@ type driver struct {
 }
 
 func newDriver(svc AddressService, log *slog.Logger, now func() time.Time) *driver {
-	return &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}}
+	d := &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}}
+	d.router = d.routes()
+	return d
 }
 
 func attachmentKey(network, containerID, ifname string) string {
@@ -202,66 +206,68 @@ func errorf(format string, args ...any) error {
 }
 
 // ServeHTTP answers Docker's plugin calls.
-func (d *driver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		writePlugin(w, http.StatusMethodNotAllowed, errorResponse{Err: "plugin calls are POST, not " + r.Method})
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		writePlugin(w, http.StatusBadRequest, errorResponse{Err: "read request: " + err.Error()})
-		return
-	}
-	v, err := d.call(r.URL.Path, body)
-	if err != nil {
-		status := http.StatusInternalServerError
-		if errors.Is(err, errNoEndpoint) {
-			status = http.StatusNotFound
-		}
-		d.log.Warn("docker ipam call refused", "call", r.URL.Path, "err", err)
-		writePlugin(w, status, errorResponse{Err: err.Error()})
-		return
-	}
-	writePlugin(w, http.StatusOK, v)
-}
+func (d *driver) ServeHTTP(w http.ResponseWriter, r *http.Request) { d.router.ServeHTTP(w, r) }
 
 var errNoEndpoint = errors.New("no such plugin endpoint")
 
-// call dispatches one call; body is Docker's JSON (remote input: any bytes).
-func (d *driver) call(path string, body []byte) (any, error) {
-	switch path {
-	case "/Plugin.Activate":
-		return activateResponse{Implements: []string{"IpamDriver"}}, nil
-	case "/IpamDriver.GetCapabilities":
-		return capabilitiesResponse{}, nil
-	case "/IpamDriver.GetDefaultAddressSpaces":
-		return addressSpacesResponse{LocalDefaultAddressSpace: LocalAddressSpace, GlobalDefaultAddressSpace: GlobalAddressSpace}, nil
-	case "/IpamDriver.RequestPool":
-		var req requestPoolRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return d.requestPool(req)
-	case "/IpamDriver.ReleasePool":
-		var req releasePoolRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return struct{}{}, nil // pools are the agent's ranges: nothing to free
-	case "/IpamDriver.RequestAddress":
-		var req requestAddressRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return d.requestAddress(req)
-	case "/IpamDriver.ReleaseAddress":
-		var req releaseAddressRequest
-		if err := decode(body, &req); err != nil {
-			return nil, err
-		}
-		return d.releaseAddress(req)
+// routes is the plugin protocol's router: one POST endpoint per call, and
+// the protocol's own error shape ({"Err"}) for everything else.
+func (d *driver) routes() http.Handler {
+	r := httpapi.NewRouter()
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.refuse(w, r, http.StatusNotFound, fmt.Errorf("%w: %s", errNoEndpoint, r.URL.Path))
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.refuse(w, r, http.StatusMethodNotAllowed, fmt.Errorf("plugin calls are POST, not %s", r.Method))
+	})
+	endpoints := map[string]func(body []byte) (any, error){
+		"/Plugin.Activate": func([]byte) (any, error) {
+			return activateResponse{Implements: []string{"IpamDriver"}}, nil
+		},
+		"/IpamDriver.GetCapabilities": func([]byte) (any, error) { return capabilitiesResponse{}, nil },
+		"/IpamDriver.GetDefaultAddressSpaces": func([]byte) (any, error) {
+			return addressSpacesResponse{LocalDefaultAddressSpace: LocalAddressSpace, GlobalDefaultAddressSpace: GlobalAddressSpace}, nil
+		},
+		"/IpamDriver.RequestPool": endpoint(d.requestPool),
+		"/IpamDriver.ReleasePool": endpoint(func(releasePoolRequest) (struct{}, error) {
+			return struct{}{}, nil // pools are the agent's ranges: nothing to free
+		}),
+		"/IpamDriver.RequestAddress": endpoint(d.requestAddress),
+		"/IpamDriver.ReleaseAddress": endpoint(d.releaseAddress),
 	}
-	return nil, fmt.Errorf("%w: %s", errNoEndpoint, path)
+	for path, call := range endpoints {
+		r.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, httpapi.MaxBodyBytes))
+			if err != nil {
+				d.refuse(w, r, http.StatusBadRequest, fmt.Errorf("read request: %w", err))
+				return
+			}
+			v, err := call(body)
+			if err != nil {
+				d.refuse(w, r, http.StatusInternalServerError, err)
+				return
+			}
+			writePlugin(w, http.StatusOK, v)
+		}).Methods(http.MethodPost)
+	}
+	return r
+}
+
+// endpoint adapts a call to the router: it decodes Docker's request body.
+func endpoint[Req, Resp any](call func(Req) (Resp, error)) func(body []byte) (any, error) {
+	return func(body []byte) (any, error) {
+		var req Req
+		if err := decode(body, &req); err != nil {
+			return nil, err
+		}
+		return call(req)
+	}
+}
+
+// refuse answers a call with the protocol's error shape.
+func (d *driver) refuse(w http.ResponseWriter, r *http.Request, status int, err error) {
+	d.log.Warn("docker ipam call refused", "call", r.URL.Path, "err", err)
+	writePlugin(w, status, errorResponse{Err: err.Error()})
 }
 
 // decode reads a request body. Unknown fields are ignored (the protocol is

@@ -306,8 +306,8 @@ func testProtocol(t *testing.T, svc dockeripam.AddressService) {
 	})
 
 	t.Run("the only overlay needs no option", func(t *testing.T) {
-		single := newFakeIPAM()
-		single.addOverlay("solo", map[string][2]netip.Prefix{api.BridgeDocker: {netip.MustParsePrefix("10.1.0.128/25"), {}}})
+		single := emptyService(t)
+		single.addOverlay("solo", [2]string{"10.1.0.0/16"}, [2]string{}, [2]string{"10.1.0.128/25"})
 		sp := newPlugin(t, single)
 		var out poolAnswer
 		sp.ok("/IpamDriver.RequestPool", map[string]any{}, &out)

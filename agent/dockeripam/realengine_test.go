@@ -30,6 +30,8 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 // TestRealDockerEngine runs a real dockerd (and its containerd) inside a
@@ -81,9 +83,9 @@ func TestRealDockerEngine(t *testing.T) {
 	ipam := a.IPAM()
 	v4, v6, _ := ipam.BridgeSubnets("carve", api.BridgeDocker)
 	gw4, gw6 := v4.Masked().Addr().Next(), v6.Masked().Addr().Next()
-	waitFor(t, "the agent's d-carve bridge with its gateways", func() bool {
+	testutil.Eventually(t, waitLimit, "the agent's d-carve bridge with its gateways", testutil.True(func() bool {
 		return bridgeHas(t, host, "d-carve", netip.PrefixFrom(gw4, v4.Bits()), netip.PrefixFrom(gw6, v6.Bits()))
-	})
+	}))
 
 	// The plugin, on a socket Docker discovers, under a name unique to this run.
 	driverName := fmt.Sprintf("carve-test-%d", os.Getpid())
@@ -97,7 +99,7 @@ func TestRealDockerEngine(t *testing.T) {
 	})
 
 	d := startDockerd(t, host, dir, bins)
-	waitFor(t, "the engine loop connects and creates both networks", func() bool {
+	testutil.Eventually(t, waitLimit, "the engine loop connects and creates both networks", testutil.True(func() bool {
 		st := s.Status()
 		for _, n := range st.Networks {
 			if n.State == dockeripam.NetworkMismatch || n.State == dockeripam.NetworkError {
@@ -105,7 +107,7 @@ func TestRealDockerEngine(t *testing.T) {
 			}
 		}
 		return st.Engine.Connected && networkState(s, "carve").State == dockeripam.NetworkOK && networkState(s, "blue").State == dockeripam.NetworkOK
-	})
+	}))
 	t.Logf("engine: %+v", s.Status().Engine)
 
 	var net1 struct {
@@ -196,7 +198,7 @@ func TestRealDockerEngine(t *testing.T) {
 	}
 
 	d.remove(t, id)
-	waitFor(t, "the container's addresses released", func() bool { return len(dockerAllocs(ipam, "carve")) == 0 })
+	testutil.Eventually(t, waitLimit, "the container's addresses released", testutil.True(func() bool { return len(dockerAllocs(ipam, "carve")) == 0 }))
 	if ports := bridgePorts(t, host, "d-carve"); len(ports) != 0 {
 		t.Errorf("ports of d-carve after removal: %v", ports)
 	}
@@ -207,13 +209,13 @@ func TestRealDockerEngine(t *testing.T) {
 	blueGW := netip.PrefixFrom(b4.Masked().Addr().Next(), b4.Bits())
 	t.Logf("after docker network rm d-blue, carve's bridge d-blue is still there: %v", bridgeHas(t, host, "d-blue"))
 	s.Sync()
-	waitFor(t, "d-blue recreated", func() bool {
+	testutil.Eventually(t, waitLimit, "d-blue recreated", testutil.True(func() bool {
 		var n struct{ IPAM struct{ Driver string } }
 		return d.try(http.MethodGet, "/networks/d-blue", nil, &n) == nil && n.IPAM.Driver == driverName
-	})
-	waitFor(t, "d-blue with its gateway", func() bool { return bridgeHas(t, host, "d-blue", blueGW) })
+	}))
+	testutil.Eventually(t, waitLimit, "d-blue with its gateway", testutil.True(func() bool { return bridgeHas(t, host, "d-blue", blueGW) }))
 	// The same pass inspected d-carve as Docker reports it: no difference.
-	waitFor(t, "d-blue ok", func() bool { return networkState(s, "blue").State == dockeripam.NetworkOK })
+	testutil.Eventually(t, waitLimit, "d-blue ok", testutil.True(func() bool { return networkState(s, "blue").State == dockeripam.NetworkOK }))
 	if st := networkState(s, "carve"); st.State != dockeripam.NetworkOK {
 		t.Errorf("d-carve, inspected: %+v", st)
 	}
@@ -446,29 +448,32 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
 	go func() { d.waited <- d.cmd.Wait() }()
 	t.Cleanup(func() { d.stop(t, host, cgroupParent) })
 
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
 		select {
 		case err := <-d.waited:
 			d.waited <- err
-			t.Skipf("dockerd cannot run here: it exited (%v): %s", err, daemonError(filepath.Join(dir, "dockerd.log")))
+			return retry.Permanent(fmt.Errorf("it exited (%v)", err))
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
+		pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer pcancel()
+		req, _ := http.NewRequestWithContext(pctx, http.MethodGet, "http://docker/_ping", nil)
 		resp, err := d.http.Do(req)
-		cancel()
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return d
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Skipf("dockerd did not answer within 90s: %s", daemonError(filepath.Join(dir, "dockerd.log")))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("ping: HTTP %d", resp.StatusCode)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Skipf("dockerd cannot run here: %v: %s", err, daemonError(filepath.Join(dir, "dockerd.log")))
 	}
+	return d
 }
 
 // daemonError is the reason a daemon gives in its log for failing.
@@ -513,10 +518,15 @@ func (d *dockerd) stop(t *testing.T, host *netnslab.Host, cgroupParent string) {
 	}
 	if ctdPID > 0 && isRunning(ctdPID) {
 		_ = syscall.Kill(ctdPID, syscall.SIGTERM)
-		for i := 0; i < 300 && isRunning(ctdPID); i++ {
-			time.Sleep(100 * time.Millisecond)
-		}
-		if isRunning(ctdPID) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := retry.Until(ctx, 100*time.Millisecond, func() error {
+			if isRunning(ctdPID) {
+				return errors.New("still running")
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
 			t.Errorf("containerd (pid %d) ignored SIGTERM for 30s; killing it", ctdPID)
 			_ = syscall.Kill(ctdPID, syscall.SIGKILL)
 		}

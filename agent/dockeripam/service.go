@@ -551,7 +551,7 @@ func (s *Service) ensureOne(ctx context.Context, c *engineClient, overlay string
 			s.note("net/"+overlay, slog.LevelDebug, "docker network ok", "network", want.Name)
 			return st
 		}
-		var ae *apiError
+		var ae *api.Error
 		if !errors.As(cerr, &ae) || ae.Status != http.StatusConflict {
 			st.State, st.Error = NetworkError, fmt.Sprintf("create Docker network %s: %v", want.Name, cerr)
 			s.note("net/"+overlay, slog.LevelError, "docker network not created", "network", want.Name, "err", cerr)

@@ -1,8 +1,7 @@
-package agent
+package ipam
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,108 +9,12 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/unixsock"
 )
 
-// ipamSelf is an agent record with a dual-stack overlay whose /23 gives a
-// /24 to each bridge.
-func ipamSelf(id string) *api.AgentInfo {
-	return &api.AgentInfo{AgentID: id, IP: "198.18.0.10", Version: 9, Overlays: []api.AgentOverlay{{
-		Info:         api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/16", Prefix: 23, Subnet6: "fd00::/48", Prefix6: 64},
-		Subnet:       "10.128.2.0/23",
-		Subnet6:      "fd00:0:0:1::/64",
-		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.2.0/24", IP6: "fd00:0:0:1::/65"},
-		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.3.0/24"},
-		Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.1/16",
-			VTEPMAC: "70:b3:d5:40:00:01", VTEPPort: 4789, VTEPMTU: 1450}},
-		State: api.OverlayState{Status: api.StatusOK},
-	}}}
-}
-
-// ipamHarness runs an IPAM on a real store and a real unix socket, without
-// the rest of the agent (no kernel work).
-type ipamHarness struct {
-	t      *testing.T
-	dir    string
-	ipam   *IPAM
-	client *api.IPAMClient
-	store  *Store
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func newIPAMHarness(t *testing.T, dir string) *ipamHarness {
-	t.Helper()
-	return newIPAMHarnessWithCache(t, dir, "")
-}
-
-func newIPAMHarnessWithCache(t *testing.T, dir, cniCache string) *ipamHarness {
-	t.Helper()
-	st, err := OpenStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	self := ipamSelf("self")
-	a := &Agent{id: "self", log: quietLogger(), store: st, metrics: newMetrics(prometheus.NewRegistry()), self: self,
-		cfg: Config{CNICacheDir: cniCache}}
-	ipam, err := newIPAM(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.ipam = ipam
-	other := rec("other", 4, "198.18.0.11")
-	other.Subnets = []string{"10.128.4.0/23", "fd00:0:0:2::/64"}
-	members := MembershipState{Records: []PeerRecord{peerFromInfo(self), other}}
-	ipam.sync(self, &api.NetworkConfig{OverlayMTU: 1400}, members)
-	sock := filepath.Join(dir, "agent.sock")
-	ln, err := unixsock.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h := &ipamHarness{t: t, dir: dir, ipam: ipam, client: api.NewIPAMClient(sock, 10*time.Second), store: st, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		ipam.serve(ctx, ln)
-		close(h.done)
-	}()
-	t.Cleanup(h.close)
-	return h
-}
-
-func (h *ipamHarness) close() {
-	if h.cancel == nil {
-		return
-	}
-	h.cancel()
-	<-h.done
-	h.store.Close()
-	h.cancel = nil
-}
-
-func (h *ipamHarness) alloc(cid, ifname, bridge string) *api.Allocation {
-	h.t.Helper()
-	a, err := h.client.Allocate(context.Background(), api.IPAMRequest{Network: "carve", ContainerID: cid, IfName: ifname, Bridge: bridge})
-	if err != nil {
-		h.t.Fatalf("allocate %s/%s: %v", cid, ifname, err)
-	}
-	return a
-}
-
-func addrs(a *api.Allocation) string {
-	var out []string
-	for _, ip := range a.IPs {
-		out = append(out, ip.Address+" gw "+ip.Gateway)
-	}
-	return strings.Join(out, ", ")
-}
-
-func TestIPAMAllocationRules(t *testing.T) {
-	h := newIPAMHarness(t, t.TempDir())
+func TestAllocationRules(t *testing.T) {
+	h := newHarness(t, t.TempDir(), harnessOptions{})
 	first := h.alloc("c1", "eth0", "")
 	tests := []struct{ name, got, want string }{
 		{"lowest free after the gateway, both families", addrs(first), "10.128.2.2/24 gw 10.128.2.1, fd00:0:0:1::2/65 gw fd00:0:0:1::1"},
@@ -170,10 +73,10 @@ func TestIPAMAllocationRules(t *testing.T) {
 	}
 	// Release by address (Docker's way); an address nobody holds is fine.
 	d := h.alloc("dock", "eth0", api.BridgeDocker)
-	if rel, err := h.ipam.ReleaseAddress("carve", netip.MustParsePrefix(d.IPs[0].Address).Addr()); err != nil || len(rel.Released) != 1 {
+	if rel, err := h.svc.ReleaseAddress("carve", netip.MustParsePrefix(d.IPs[0].Address).Addr()); err != nil || len(rel.Released) != 1 {
 		t.Errorf("release by address: %+v %v", rel, err)
 	}
-	if rel, err := h.ipam.ReleaseAddress("carve", netip.MustParseAddr("10.128.3.1")); err != nil || len(rel.Released) != 0 {
+	if rel, err := h.svc.ReleaseAddress("carve", netip.MustParseAddr("10.128.3.1")); err != nil || len(rel.Released) != 0 {
 		t.Errorf("release of the gateway: %+v %v", rel, err)
 	}
 	// The freed address is the lowest free again.
@@ -182,8 +85,8 @@ func TestIPAMAllocationRules(t *testing.T) {
 	}
 }
 
-func TestIPAMExhaustionAndGC(t *testing.T) {
-	h := newIPAMHarness(t, t.TempDir())
+func TestExhaustionAndGC(t *testing.T) {
+	h := newHarness(t, t.TempDir(), harnessOptions{})
 	ctx := context.Background()
 	// The docker /24 has 253 usable addresses (network, gateway, broadcast excluded).
 	for i := range 253 {
@@ -220,8 +123,8 @@ func TestIPAMExhaustionAndGC(t *testing.T) {
 	}
 }
 
-func TestIPAMConcurrentAllocationsAreDistinct(t *testing.T) {
-	h := newIPAMHarness(t, t.TempDir())
+func TestConcurrentAllocationsAreDistinct(t *testing.T) {
+	h := newHarness(t, t.TempDir(), harnessOptions{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	seen := map[string]string{}
@@ -254,9 +157,9 @@ func TestIPAMConcurrentAllocationsAreDistinct(t *testing.T) {
 	}
 }
 
-func TestIPAMSurvivesRestart(t *testing.T) {
+func TestSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	h := newIPAMHarness(t, dir)
+	h := newHarness(t, dir, harnessOptions{})
 	var before []string
 	for i := range 10 {
 		before = append(before, addrs(h.alloc(fmt.Sprintf("c%d", i), "eth0", "")))
@@ -266,7 +169,7 @@ func TestIPAMSurvivesRestart(t *testing.T) {
 	}
 	h.close()
 
-	h2 := newIPAMHarness(t, dir)
+	h2 := newHarness(t, dir, harnessOptions{})
 	for i := range 10 {
 		a, err := h2.client.Lookup(context.Background(), api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"})
 		switch {
@@ -294,10 +197,10 @@ func (f growerFunc) Grow(ctx context.Context, overlay, bridge string) error {
 
 // TestIPAMGrowthSeam: a full bridge asks the Grower once, and its refusal
 // is part of the exhausted answer.
-func TestIPAMGrowthSeam(t *testing.T) {
-	h := newIPAMHarness(t, t.TempDir())
+func TestGrowthSeam(t *testing.T) {
+	h := newHarness(t, t.TempDir(), harnessOptions{})
 	var asked []string
-	h.ipam.grower = growerFunc(func(ctx context.Context, overlay, bridge string) error {
+	h.svc.grower = growerFunc(func(ctx context.Context, overlay, bridge string) error {
 		asked = append(asked, overlay+"/"+bridge)
 		return fmt.Errorf("the masters have no free subnet")
 	})
@@ -315,7 +218,7 @@ func TestIPAMGrowthSeam(t *testing.T) {
 
 // TestIPAMReclaimsFromCNICache: an agent that lost its data dir takes back
 // the addresses running CNI containers hold before it hands out new ones.
-func TestIPAMReclaimsFromCNICache(t *testing.T) {
+func TestReclaimsFromCNICache(t *testing.T) {
 	cache := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(cache, "results"), 0o755); err != nil {
 		t.Fatal(err)
@@ -331,7 +234,7 @@ func TestIPAMReclaimsFromCNICache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h := newIPAMHarnessWithCache(t, t.TempDir(), cache)
+	h := newHarness(t, t.TempDir(), harnessOptions{cniCache: cache})
 	ctx := context.Background()
 	if a, err := h.client.Lookup(ctx, api.IPAMRequest{Network: "carve", ContainerID: "live1", IfName: "eth0"}); err != nil ||
 		addrs(a) != "10.128.2.2/24 gw 10.128.2.1, fd00:0:0:1::2/65 gw fd00:0:0:1::1" {
@@ -348,34 +251,5 @@ func TestIPAMReclaimsFromCNICache(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[10.128.2.3/24 10.128.2.4/24 10.128.2.6/24]" {
 		t.Errorf("new allocations %v", got)
-	}
-}
-
-// TestIPAMLookupBeforeRestore: between a restart and the first sync, a
-// persisted attachment is not_ready (the runtime retries), never not_found.
-func TestIPAMLookupBeforeRestore(t *testing.T) {
-	dir := t.TempDir()
-	h := newIPAMHarness(t, dir)
-	h.alloc("c1", "eth0", "")
-	h.close()
-	st, err := OpenStore(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	a := &Agent{id: "self", log: quietLogger(), store: st, metrics: newMetrics(prometheus.NewRegistry()), self: ipamSelf("self")}
-	ipam, err := newIPAM(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.ipam = ipam
-	for _, tt := range []struct {
-		network, code string
-	}{{"carve", api.CodeNotReady}, {"nope", api.CodeNotFound}} {
-		_, err := ipam.Lookup(api.IPAMRequest{Network: tt.network, ContainerID: "c1", IfName: "eth0"})
-		var ie *ipamError
-		if !errors.As(err, &ie) || ie.code != tt.code {
-			t.Errorf("lookup on %s before sync: %v, want %s", tt.network, err, tt.code)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package ipam
 
 import (
 	"encoding/json"
@@ -11,9 +11,6 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
-
-// DefaultCNICacheDir is where libcni-based runtimes cache ADD results.
-const DefaultCNICacheDir = "/var/lib/cni"
 
 // cniCacheEntry is the part of libcni's cached ADD result carve reads.
 type cniCacheEntry struct {
@@ -32,9 +29,9 @@ type cniCacheEntry struct {
 // an agent that lost its disk takes them back before handing out any new
 // address. libcni keeps a result until the container's DEL succeeds, so a
 // stale entry means a DEL still to come (or a GC), never a reused address.
-// The caller holds s.mu.
-func (s *IPAM) reclaimFromCNICache(o *overlayIPAM) {
-	dir := s.a.cfg.CNICacheDir
+// The claims are written in b; the caller has quiesced.
+func (s *Service) reclaimFromCNICache(o *overlay, b *batch) {
+	dir := s.cniCacheDir
 	if dir == "" {
 		return
 	}
@@ -53,7 +50,8 @@ func (s *IPAM) reclaimFromCNICache(o *overlayIPAM) {
 			continue
 		}
 		var e cniCacheEntry
-		if json.Unmarshal(data, &e) != nil || e.NetworkName != o.name || e.ContainerID == "" || e.IfName == "" {
+		if json.Unmarshal(data, &e) != nil || e.NetworkName != o.name ||
+			api.ValidateContainerID(e.ContainerID) != nil || api.ValidateIfName(e.IfName) != nil {
 			continue
 		}
 		at := ring.Attachment{ContainerID: e.ContainerID, Interface: e.IfName}
@@ -67,22 +65,20 @@ func (s *IPAM) reclaimFromCNICache(o *overlayIPAM) {
 				continue
 			}
 			addr := p.Addr()
-			switch {
-			case addr.Is4() && o.alloc4 != nil && subnets[0].Contains(addr) && o.alloc4.Claim(at, addr) == nil:
-				rec.V4 = addr
-			case addr.Is6() && o.alloc6 != nil && subnets[1].Contains(addr) && o.alloc6.Claim(at, addr) == nil:
-				rec.V6 = addr
+			fam := 0
+			if addr.Is6() {
+				fam = 1
+			}
+			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && subnets[fam].Contains(addr) && o.alloc[fam].Claim(at, addr) == nil {
+				rec.setAddr(fam, addr)
 			}
 		}
-		if !rec.V4.IsValid() && !rec.V6.IsValid() {
-			continue
-		}
-		if err := s.save(o.name, at, &rec); err != nil {
-			s.log.Error("persist a reclaimed address", "container", at.ContainerID, "err", err)
-			s.releaseMem(o, at)
+		if rec.empty() {
 			continue
 		}
 		o.attached[at] = rec
+		b.add(change{writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) },
+			durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}
 	if claimed > 0 {

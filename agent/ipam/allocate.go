@@ -1,0 +1,364 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// Grower obtains more address space for an overlay whose bridge is full:
+// another lease from the masters, or a CIDR-aligned grant from a peer
+// through the ring (ring.Allocator.Donate on the donor, ringgossip's
+// request/answer exchange), after which Sync or a ring merge gives the
+// allocator the new range and the dataplane routes it. None is wired today:
+// a full bridge answers "exhausted".
+type Grower interface {
+	Grow(ctx context.Context, overlay, bridge string) error
+}
+
+// growTimeout bounds one request for more space.
+const growTimeout = 10 * time.Second
+
+// Allocate gives an attachment its addresses (the same ones on a repeat),
+// once they are on disk.
+func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
+	if err := validateRequest(&req); err != nil {
+		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
+	}
+	a, err := s.allocate(req)
+	var full *api.Error
+	if grower := s.grower; grower != nil && errors.As(err, &full) && full.Code == api.CodeExhausted {
+		// The seam for growth: get more space outside the lock, then retry once.
+		ctx, cancel := context.WithTimeout(context.Background(), growTimeout)
+		defer cancel()
+		if gerr := grower.Grow(ctx, req.Network, req.Bridge); gerr != nil {
+			return nil, failure(http.StatusConflict, api.CodeExhausted, "%s; no more space: %v", full.Message, gerr)
+		}
+		return s.allocate(req)
+	}
+	return a, err
+}
+
+// allocate decides under the lock, then waits for the decision to be durable.
+func (s *Service) allocate(req api.IPAMRequest) (*api.Allocation, error) {
+	out, b, err := s.decideAllocation(req)
+	if err != nil || b == nil {
+		return out, err
+	}
+	if err := s.flush(b); err != nil {
+		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist allocation: %v", err)
+	}
+	s.metrics.ops.WithLabelValues("allocate").Inc()
+	return out, nil
+}
+
+// decideAllocation returns the attachment's addresses and the batch that
+// makes them durable (nil when they already are).
+func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch, error) {
+	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
+	key := allocKey(req.Network, at)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.waitPending(key) {
+	}
+	o, err := s.overlayFor(req.Network, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rec, ok := o.attached[at]; ok {
+		if rec.Bridge != req.Bridge {
+			return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds addresses on the %s bridge", at.ContainerID, at.Interface, rec.Bridge)
+		}
+		return s.render(o, at, rec), nil, nil
+	}
+	subnets, ok := o.bridges[req.Bridge]
+	if !ok {
+		return nil, nil, failure(http.StatusBadRequest, api.CodeBadRequest, "this agent has no %s bridge on %q (see --%s-bridge)", req.Bridge, req.Network, req.Bridge)
+	}
+	rec, err := take(o, at, req, subnets)
+	if err != nil {
+		return nil, nil, err
+	}
+	o.attached[at] = rec
+	b := s.enqueue(change{key: key, writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) }})
+	return s.render(o, at, rec), b, nil
+}
+
+// take allocates (or claims) the attachment's address in each family the
+// request and the bridge have; on failure nothing stays taken.
+func take(o *overlay, at ring.Attachment, req api.IPAMRequest, subnets [families]netip.Prefix) (allocRecord, error) {
+	var claim netip.Addr
+	if req.Address != "" {
+		claim, _ = netip.ParseAddr(req.Address) // validated
+	}
+	rec := allocRecord{Bridge: req.Bridge}
+	for fam := range families {
+		alloc, subnet := o.alloc[fam], subnets[fam]
+		if alloc == nil || !subnet.IsValid() || (req.Family != "" && req.Family != familyName(fam)) {
+			continue
+		}
+		var addr netip.Addr
+		var err error
+		if claim.IsValid() && claim.Is4() == (fam == 0) {
+			if !subnet.Contains(claim) {
+				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, subnet)
+			} else if err = alloc.Claim(at, claim); err == nil {
+				addr = claim
+			}
+		} else {
+			addr, err = alloc.Allocate(at, subnet)
+		}
+		if err != nil {
+			forget(o, at)
+			return allocRecord{}, allocError(err, req.Bridge, subnet, claim)
+		}
+		rec.setAddr(fam, addr)
+	}
+	if rec.empty() {
+		return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "no address family to allocate from on %q (family %q)", req.Network, req.Family)
+	}
+	return rec, nil
+}
+
+func allocError(err error, bridge string, subnet netip.Prefix, claim netip.Addr) error {
+	switch {
+	case errors.Is(err, ring.ErrFull):
+		return failure(http.StatusConflict, api.CodeExhausted, "exhausted: the %s bridge's %s has no free address", bridge, subnet)
+	case errors.Is(err, ring.ErrAddressInUse):
+		return failure(http.StatusConflict, api.CodeTaken, "address %s is held by another container", claim)
+	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
+		return failure(http.StatusConflict, api.CodeConflict, "address %s is not this agent's to give: %v", claim, err)
+	default:
+		return failure(http.StatusInternalServerError, api.CodeInternal, "allocate in %s: %v", subnet, err)
+	}
+}
+
+// forget frees an attachment's addresses at once: the undo of an
+// allocation that never became durable.
+func forget(o *overlay, at ring.Attachment) {
+	for _, alloc := range o.alloc {
+		if alloc != nil {
+			alloc.Release(at)
+		}
+	}
+	delete(o.attached, at)
+}
+
+// release frees an attachment and queues the deletion of its record. Its
+// addresses stay reserved until the deletion is durable (see commit.go).
+// The caller holds s.mu and flushes the batch.
+func (s *Service) release(o *overlay, at ring.Attachment) *batch {
+	rec := o.attached[at]
+	delete(o.attached, at)
+	var held [families]netip.Addr
+	for fam, alloc := range o.alloc {
+		if alloc == nil {
+			continue
+		}
+		if addr, ok := alloc.Release(at); ok {
+			if err := alloc.Reserve(addr); err != nil {
+				// Cannot happen (the address is owned and was just freed);
+				// if it did, the address is free at once, as before group commit.
+				s.log.Error("reserve a released address until its release is durable", "overlay", o.name, "addr", addr, "err", err)
+				continue
+			}
+			held[fam] = addr
+		}
+	}
+	return s.enqueue(change{
+		key:    allocKey(o.name, at),
+		writes: []write{deleteAlloc(o.name, at)},
+		durable: func() {
+			for fam, addr := range held {
+				if addr.IsValid() {
+					o.alloc[fam].Unreserve(addr)
+				}
+			}
+		},
+		undo: func() {
+			for fam, addr := range held {
+				if addr.IsValid() {
+					o.alloc[fam].Unreserve(addr)
+					if err := o.alloc[fam].Claim(at, addr); err != nil {
+						s.log.Error("take back a release that did not commit", "overlay", o.name, "addr", addr, "err", err)
+					}
+				}
+			}
+			o.attached[at] = rec
+		},
+	})
+}
+
+// Release frees an attachment's addresses; releasing nothing succeeds.
+func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
+	if err := validateRequest(&req); err != nil {
+		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
+	}
+	out, b := s.decideRelease(req)
+	if b == nil {
+		return out, nil
+	}
+	if err := s.flush(b); err != nil {
+		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
+	}
+	s.metrics.ops.WithLabelValues("release").Inc()
+	return out, nil
+}
+
+func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
+	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
+	key := allocKey(req.Network, at)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.waitPending(key) {
+	}
+	out := &api.Released{Released: []api.Allocation{}}
+	if o := s.overlays[req.Network]; o != nil {
+		if rec, ok := o.attached[at]; ok {
+			out.Released = append(out.Released, *s.render(o, at, rec))
+			return out, s.release(o, at)
+		}
+	}
+	// Not claimed (the overlay is not configured, or the address was not
+	// claimable): drop the persisted record so that it is not claimed later.
+	rec, ok := s.persist[req.Network][at]
+	if !ok {
+		return out, nil
+	}
+	delete(s.persist[req.Network], at)
+	out.Released = append(out.Released, api.Allocation{Network: req.Network, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge})
+	return out, s.enqueue(change{key: key, writes: []write{deleteAlloc(req.Network, at)}, undo: func() {
+		if s.persist[req.Network] == nil {
+			s.persist[req.Network] = map[ring.Attachment]allocRecord{}
+		}
+		s.persist[req.Network][at] = rec
+	}})
+}
+
+// ReleaseAddress frees whichever attachment holds addr on the network
+// (Docker's ReleaseAddress names only the address). An address nobody holds
+// is no error: Docker also releases gateways it never asked us for.
+func (s *Service) ReleaseAddress(network string, addr netip.Addr) (*api.Released, error) {
+	out, b := s.decideReleaseAddress(network, addr)
+	if b == nil {
+		return out, nil
+	}
+	if err := s.flush(b); err != nil {
+		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
+	}
+	s.metrics.ops.WithLabelValues("release").Add(float64(len(out.Released)))
+	return out, nil
+}
+
+func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Released, *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &api.Released{Released: []api.Allocation{}}
+	for {
+		o := s.overlays[network]
+		if o == nil {
+			return out, nil
+		}
+		var holders []ring.Attachment
+		busy := ""
+		for _, at := range sortedAttachments(o.attached) {
+			if rec := o.attached[at]; rec.V4 != addr && rec.V6 != addr {
+				continue
+			}
+			if key := allocKey(network, at); s.pending[key] != nil {
+				busy = key
+				break
+			}
+			holders = append(holders, at)
+		}
+		if busy != "" {
+			s.waitPending(busy) // lets s.mu go: look again
+			continue
+		}
+		var b *batch
+		for _, at := range holders {
+			out.Released = append(out.Released, *s.render(o, at, o.attached[at]))
+			b = s.release(o, at)
+		}
+		return out, b
+	}
+}
+
+// GC releases every allocation of the network whose attachment is not kept,
+// in one commit. Attachments with a change in flight are left alone: they
+// are being allocated or released right now.
+func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
+	if err := validateGC(req); err != nil {
+		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
+	}
+	keep := map[ring.Attachment]bool{}
+	keepAll := map[string]bool{}
+	for _, k := range req.Keep {
+		if k.IfName == "" {
+			keepAll[k.ContainerID] = true
+		}
+		keep[ring.Attachment{ContainerID: k.ContainerID, Interface: k.IfName}] = true
+	}
+	out, b := s.decideGC(req, func(at ring.Attachment) bool { return keep[at] || keepAll[at.ContainerID] })
+	if b == nil {
+		return out, nil
+	}
+	if err := s.flush(b); err != nil {
+		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist gc: %v", err)
+	}
+	s.log.Info("gc released stale allocations", "network", req.Network, "count", len(out.Released))
+	s.metrics.ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
+	return out, nil
+}
+
+func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (*api.Released, *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := &api.Released{Released: []api.Allocation{}}
+	o := s.overlays[req.Network]
+	if o == nil {
+		return out, nil
+	}
+	var b *batch
+	for _, at := range sortedAttachments(o.attached) {
+		rec := o.attached[at]
+		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.pending[allocKey(o.name, at)] != nil {
+			continue
+		}
+		out.Released = append(out.Released, *s.render(o, at, rec))
+		b = s.release(o, at)
+	}
+	return out, b
+}
+
+// Lookup returns an attachment's addresses.
+func (s *Service) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
+	if err := validateRequest(&req); err != nil {
+		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
+	}
+	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.waitPending(allocKey(req.Network, at)) {
+	}
+	o := s.overlays[req.Network]
+	if o == nil {
+		// Not restored yet (not_ready), or an unknown network (not_found):
+		// never "no addresses" for an attachment that may hold some.
+		_, err := s.overlayFor(req.Network, false)
+		return nil, err
+	}
+	if rec, ok := o.attached[at]; ok {
+		return s.render(o, at, rec), nil
+	}
+	if _, pending := s.persist[req.Network][at]; pending {
+		return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s/%s holds a persisted address that is not claimable yet", req.ContainerID, req.IfName)
+	}
+	return nil, failure(http.StatusNotFound, api.CodeNotFound, "no addresses for %s/%s on %q", req.ContainerID, req.IfName, req.Network)
+}

@@ -1,0 +1,249 @@
+package ipam
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// ringVersions returns n encodings of one overlay family's ring as peers
+// hold it over time: leases of /24s to a few agents at rising Raft indexes
+// (a subnet re-leased to another agent), free counts reported on the way.
+func ringVersions(t *testing.T, rng *rand.Rand, universe netip.Prefix, n int) [][]byte {
+	t.Helper()
+	owners := []string{"a", "b", "c", "d"}
+	var leases []ring.Lease
+	var out [][]byte
+	for v := uint64(1); len(out) < n; v++ {
+		p := netip.PrefixFrom(universe.Addr(), 24)
+		for range rng.IntN(16) {
+			p = netip.PrefixFrom(nextPrefix(p), 24)
+		}
+		leases = append(leases, ring.Lease{Owner: owners[rng.IntN(len(owners))], Prefix: p, Version: v})
+		// A peer's view: a random part of the table so far.
+		self := owners[rng.IntN(len(owners))]
+		a, err := ring.NewAllocator(self, universe)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var part []ring.Lease
+		for _, l := range leases {
+			if rng.IntN(2) == 0 {
+				part = append(part, l)
+			}
+		}
+		if _, err := a.Seed(part, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range a.Owned() {
+			if rng.IntN(2) == 0 {
+				_, _ = a.Allocate(ring.Attachment{ContainerID: fmt.Sprint("c", v), Interface: "eth0"}, netip.PrefixFrom(r.First, 24))
+			}
+		}
+		if _, err := a.SyncFree(); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, a.EncodeRing())
+	}
+	return out
+}
+
+func nextPrefix(p netip.Prefix) netip.Addr {
+	a := p.Addr()
+	for range 256 {
+		a = a.Next()
+	}
+	return a
+}
+
+// TestRingDataMergeIsAJoin (bug 7): coalescing many versions of the same
+// rings keeps one ring per (overlay, family), equal to the ring CRDT's merge
+// of all of them, whatever the order.
+func TestRingDataMergeIsAJoin(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		keys := []struct {
+			overlay, family string
+			universe        netip.Prefix
+		}{
+			{"carve", "4", netip.MustParsePrefix("10.128.0.0/16")},
+			{"blue", "4", netip.MustParsePrefix("10.64.0.0/16")},
+		}
+		want := map[string]*ring.Ring{}
+		var sends []ringData
+		for _, k := range keys {
+			for _, enc := range ringVersions(t, rng, k.universe, 30) {
+				sends = append(sends, ringData{msg: ringMessage{ClusterID: "c1", Rings: []ringEntry{{Overlay: k.overlay, Family: k.family, Ring: enc}}}})
+				r, err := ring.Decode(enc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				key := k.overlay + "/" + k.family
+				if want[key] == nil {
+					want[key] = r
+				} else if _, err := want[key].Merge(r); err != nil {
+					t.Fatalf("seed %d: reference merge: %v", seed, err)
+				}
+			}
+		}
+		// A bad encoding on the way is dropped for the valid rings.
+		sends = append(sends, ringData{msg: ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: []byte("garbage")}}}})
+		rng.Shuffle(len(sends), func(i, j int) { sends[i], sends[j] = sends[j], sends[i] })
+		var pending ringData = sends[0]
+		for _, d := range sends[1:] {
+			pending = pending.Merge(d).(ringData)
+		}
+		if pending.msg.ClusterID != "c1" {
+			t.Errorf("seed %d: cluster id %q", seed, pending.msg.ClusterID)
+		}
+		if len(pending.msg.Rings) != len(keys) {
+			t.Fatalf("seed %d: %d rings after coalescing, want one per key (%d)", seed, len(pending.msg.Rings), len(keys))
+		}
+		for _, e := range pending.msg.Rings {
+			got, err := ring.Decode(e.Ring)
+			if err != nil {
+				t.Fatalf("seed %d: %s/%s: %v", seed, e.Overlay, e.Family, err)
+			}
+			if w := want[e.Overlay+"/"+e.Family]; !got.Equal(w) {
+				t.Errorf("seed %d: %s/%s is not the merge of every version:\ngot  %v\nwant %v", seed, e.Overlay, e.Family, got, w)
+			}
+		}
+	}
+}
+
+// TestRingDataMergeAcrossClusters: pending data of a cluster that was
+// rebuilt since gives way to the new cluster's.
+func TestRingDataMergeAcrossClusters(t *testing.T) {
+	enc := ringVersions(t, rand.New(rand.NewPCG(1, 1)), netip.MustParsePrefix("10.128.0.0/16"), 2)
+	old := ringData{msg: ringMessage{ClusterID: "old", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: enc[0]}}}}
+	cur := ringData{msg: ringMessage{ClusterID: "new", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: enc[1]}}}}
+	got := old.Merge(cur).(ringData)
+	if got.msg.ClusterID != "new" || len(got.msg.Rings) != 1 || !bytes.Equal(got.msg.Rings[0].Ring, enc[1]) {
+		t.Errorf("merge across clusters kept %+v", got.msg)
+	}
+}
+
+func TestDecodeRingMessageRejects(t *testing.T) {
+	tests := []struct{ name, msg string }{
+		{"not json", `{`},
+		{"bad family", `{"rings":[{"overlay":"carve","family":"5","ring":""}]}`},
+		{"bad overlay", `{"rings":[{"overlay":"Carve!","family":"4","ring":""}]}`},
+		{"long cluster id", `{"cluster_id":"` + string(bytes.Repeat([]byte("x"), maxClusterIDLen+1)) + `","rings":[]}`},
+		{"oversized", `{"rings":[` + string(bytes.Repeat([]byte(" "), maxRingMessageBytes)) + `]}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := decodeRingMessage([]byte(tt.msg)); err == nil {
+				t.Errorf("accepted %.80s", tt.msg)
+			}
+		})
+	}
+}
+
+// fuzzService is a Service with allocations, for FuzzDecodeRingMessage.
+func fuzzService(f *testing.F) *Service {
+	f.Helper()
+	db, err := bolt.Open(f.TempDir()+"/agent.db", 0o600, &bolt.Options{NoSync: true})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { db.Close() })
+	s, err := New(Config{AgentID: "self", DB: db, Logger: testLogger()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	v := testView(testSelf())
+	v.ClusterID = "fuzz-cluster"
+	s.Sync(v)
+	for i := range 20 {
+		if _, err := s.Allocate(req(fmt.Sprintf("c%d", i))); err != nil {
+			f.Fatal(err)
+		}
+	}
+	return s
+}
+
+// checkAllocations fails when an address is held twice or lies outside the
+// ranges the ring gives this agent.
+func checkAllocations(t *testing.T, s *Service) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.overlays {
+		seen := map[netip.Addr]ring.Attachment{}
+		for at, rec := range o.attached {
+			for fam := range families {
+				addr := rec.addr(fam)
+				if !addr.IsValid() {
+					continue
+				}
+				if other, dup := seen[addr]; dup {
+					t.Fatalf("%s held by %v and %v", addr, other, at)
+				}
+				seen[addr] = at
+				if owner, ok := o.alloc[fam].Ring().Owner(addr); !ok || owner != s.id {
+					t.Fatalf("%s of %v is owned by %q in the ring", addr, at, owner)
+				}
+				if holder, ok := o.alloc[fam].Holder(addr); !ok || holder != at {
+					t.Fatalf("%s of %v is held by %v in the allocator", addr, at, holder)
+				}
+			}
+		}
+	}
+}
+
+// FuzzDecodeRingMessage: ring gossip from the network never panics the
+// decoder nor the merge into a real allocator holding allocations; after
+// any message no address is held twice or outside the agent's ranges, and
+// a refused merge leaves the rings as they were.
+func FuzzDecodeRingMessage(f *testing.F) {
+	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"4","ring":"AAEC"}]}`))
+	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"5","ring":""}]}`))
+	f.Add([]byte(`{}`))
+	s := fuzzService(f)
+	// Real rings: the agent's own, one that takes its range away, and
+	// one of another cluster.
+	own, _ := json.Marshal(s.rings())
+	f.Add(own)
+	thief, err := ring.NewAllocator("other", netip.MustParsePrefix("10.128.0.0/16"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	if _, err := thief.Seed([]ring.Lease{{Owner: "other", Prefix: netip.MustParsePrefix("10.128.2.0/23"), Version: 100}}, []ring.Tombstone{{Owner: "self", Version: 50}}); err != nil {
+		f.Fatal(err)
+	}
+	takeover, _ := json.Marshal(ringMessage{ClusterID: "fuzz-cluster", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
+	f.Add(takeover)
+	otherCluster, _ := json.Marshal(ringMessage{ClusterID: "another", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
+	f.Add(otherCluster)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := decodeRingMessage(data)
+		if err != nil {
+			return
+		}
+		for _, e := range m.Rings {
+			before := s.Rings()
+			_, err := s.mergeRings(ringMessage{ClusterID: m.ClusterID, Rings: []ringEntry{e}})
+			if err != nil && !maps.EqualFunc(before, s.Rings(), bytes.Equal) {
+				t.Fatalf("a refused merge (%v) changed the rings", err)
+			}
+			checkAllocations(t, s)
+		}
+		// The whole message through the handler, as the router delivers it.
+		_, _ = s.RingGossip().OnGossip(data)
+		checkAllocations(t, s)
+		if _, err := s.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"}); err == nil {
+			_, _ = s.Release(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"})
+		}
+		checkAllocations(t, s)
+	})
+}

@@ -1,0 +1,61 @@
+package ipam
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Ring gossip results, the label of carve_agent_ring_gossip_messages_total.
+const (
+	gossipNews         = "news"          // changed at least one ring
+	gossipKnown        = "known"         // changed nothing
+	gossipBad          = "bad"           // could not be decoded
+	gossipOtherCluster = "other_cluster" // from another masters' cluster: refused
+	gossipRefused      = "refused"       // a ring refused (takeover, other universe, invalid)
+)
+
+type metrics struct {
+	ops           *prometheus.CounterVec
+	commitSeconds prometheus.Histogram
+	commitWrites  prometheus.Histogram
+	commitErrors  prometheus.Counter
+	ringGossip    *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_operations_total", Help: "Container address operations, by kind.",
+		}, []string{"op"}),
+		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "carve_agent_ipam_commit_duration_seconds", Help: "Group commits of the IPAM: one bbolt transaction and fsync each.",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
+		}),
+		commitWrites: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "carve_agent_ipam_commit_writes", Help: "Writes (allocations, releases, rings) per group commit.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_commit_errors_total", Help: "Group commits that failed (their changes were taken back).",
+		}),
+		ringGossip: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ring_gossip_messages_total", Help: "Ring gossip received, by result (news, known, bad, other_cluster, refused).",
+		}, []string{"result"}),
+	}
+	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
+		m.ops.WithLabelValues(op)
+	}
+	for _, r := range []string{gossipNews, gossipKnown, gossipBad, gossipOtherCluster, gossipRefused} {
+		m.ringGossip.WithLabelValues(r)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("ipam: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,234 @@
+// Package ipam is an agent's container address service: it hands out
+// container addresses from the ranges the agent owns in each overlay's ring
+// (package ring), seeded from the masters' leases and gossiped to the other
+// agents, persists every allocation in the agent's bbolt store before
+// answering (group commit: concurrent changes share one transaction and one
+// fsync), and serves the unix-socket API that carve-ipam and the Docker
+// plugin use.
+//
+// It knows nothing of the agent: the agent hands it a View of what it
+// learned (its own record, every peer's leases, the tombstones) with Sync.
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/ring"
+)
+
+// RingChannel is the mesh channel that carries every overlay's rings. One
+// channel for all of them, because mesh channels must be registered before
+// the router starts, and an agent learns its overlays only later.
+const RingChannel = "carve-rings"
+
+// DefaultCNICacheDir is where libcni-based runtimes cache ADD results.
+const DefaultCNICacheDir = "/var/lib/cni"
+
+// defaultMTU is DESIGN.md's overlay_mtu, until the network configuration says.
+const defaultMTU = 1420
+
+// Config configures a Service.
+type Config struct {
+	// AgentID is this agent's id: the ring peer the allocators act for.
+	AgentID string
+	// DB is the agent's bbolt store; the IPAM owns its own buckets in it.
+	DB *bolt.DB
+	// CNICacheDir is the runtime's libcni cache (results/), read to take
+	// back the addresses of running containers after a lost disk; empty: none.
+	CNICacheDir string
+	// Registerer receives the metrics of the IPAM and its ring gossip; nil: none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// Peer is one agent's leased subnets, of every overlay.
+type Peer struct {
+	ID      string
+	Version uint64 // Raft index of the record the subnets come from
+	Subnets []string
+}
+
+// View is all the IPAM learns from the agent.
+type View struct {
+	// ClusterID is the masters' cluster; rings of another cluster are refused.
+	ClusterID string
+	Self      *api.AgentInfo // nil before the first registration
+	Network   *api.NetworkConfig
+	Peers     []Peer // every known agent, self included
+	// Tombstones are the agents the masters deleted.
+	Tombstones []api.Tombstone
+}
+
+// Service serves container addresses out of the ranges this agent owns.
+type Service struct {
+	id          string
+	db          *bolt.DB
+	cniCacheDir string
+	log         *slog.Logger
+	metrics     *metrics
+
+	// commitMu is held by the one goroutine writing a batch (see commit.go).
+	commitMu sync.Mutex
+
+	mu        sync.Mutex // the state below; never held across an fsync of a request
+	synced    bool       // a View arrived
+	view      View
+	mtu       int
+	clusterID string
+	// staleRings: the rings on disk belong to another cluster (forgetting
+	// them failed); they are never read back.
+	staleRings bool
+	overlays   map[string]*overlay
+	// persist holds the allocations loaded from disk that no overlay has
+	// claimed yet (its overlay is not served, or the ring does not give the
+	// address to this agent).
+	persist map[string]map[ring.Attachment]allocRecord
+	pending map[string]*batch // allocKey -> the batch with its change in flight
+	open    *batch            // the batch requests queue into
+	channel gossip.Channel    // ring gossip; nil until UseChannel
+	grower  Grower
+
+	// inTransaction, when set (tests), runs in every transaction after its
+	// writes; its error fails the transaction, which bbolt rolls back.
+	inTransaction func() error
+}
+
+// New opens the IPAM on the agent's store: it loads the persisted
+// allocations, which are claimed back as their overlays are synced.
+func New(cfg Config) (*Service, error) {
+	if err := api.ValidateAgentID(cfg.AgentID); err != nil {
+		return nil, fmt.Errorf("ipam: %w", err)
+	}
+	if cfg.DB == nil {
+		return nil, errors.New("ipam: no store (Config.DB)")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	st, err := load(cfg.DB)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
+		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
+		pending: map[string]*batch{},
+	}
+	n := 0
+	for _, m := range s.persist {
+		n += len(m)
+	}
+	if n > 0 {
+		s.log.Info("loaded allocations", "count", n, "cluster_id", s.clusterID)
+	}
+	return s, nil
+}
+
+// UseChannel gives the IPAM the ring channel (RingChannel) to broadcast its
+// changed rings on.
+func (s *Service) UseChannel(ch gossip.Channel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.channel = ch
+}
+
+// Sync brings the overlays' allocators in line with the view (kept: the
+// caller changes none of it afterwards): served overlays get an allocator
+// seeded from everyone's leases, persisted allocations are claimed back
+// before any new one is made, overlays that are no longer OK here stop
+// taking allocations, and the rings that changed are broadcast. A view of
+// another cluster than the rings' rebuilds first.
+func (s *Service) Sync(v View) {
+	news := s.sync(v)
+	s.broadcast(news)
+}
+
+// sync holds both locks across its one commit: it reshapes the state, and
+// runs only when the agent's view changes and on its periodic resync.
+func (s *Service) sync(v View) ringMessage {
+	s.quiesce()
+	defer s.commitMu.Unlock()
+	defer s.mu.Unlock()
+	b := newBatch()
+	switch {
+	case v.ClusterID == "" || v.ClusterID == s.clusterID:
+	case s.clusterID == "":
+		// The first cluster id this agent learns: its rings are that cluster's.
+		s.clusterID = v.ClusterID
+		b.add(change{writes: []write{{bucket: metaBucket, key: keyClusterID, value: []byte(v.ClusterID)}}})
+	default:
+		s.log.Warn("the masters' cluster changed: forgetting every ring", "was", s.clusterID, "now", v.ClusterID)
+		s.rebuildLocked(v.ClusterID)
+	}
+	s.synced, s.view = true, v
+	s.mtu = defaultMTU
+	if v.Network != nil && v.Network.OverlayMTU > 0 {
+		s.mtu = v.Network.OverlayMTU
+	}
+	if s.staleRings {
+		s.forgetRings()
+	}
+	news := s.syncOverlays(v, b)
+	s.finish(b, s.commit(b))
+	news.ClusterID = s.clusterID
+	return news
+}
+
+// Rebuild forgets every ring, in memory and on disk, because the masters'
+// cluster was rebuilt (clusterID is the new one): the old rings' leases
+// carry Raft indexes of a log that no longer exists and would beat the new
+// leases. The allocations are kept, and claimed back by the next Sync where
+// the new leases give their addresses to this agent.
+func (s *Service) Rebuild(clusterID string) {
+	s.quiesce()
+	defer s.commitMu.Unlock()
+	defer s.mu.Unlock()
+	s.log.Warn("the masters' cluster was rebuilt: forgetting every ring", "was", s.clusterID, "now", clusterID)
+	s.rebuildLocked(clusterID)
+}
+
+// rebuildLocked is Rebuild under quiesce.
+func (s *Service) rebuildLocked(clusterID string) {
+	for _, o := range s.overlays {
+		s.retire(o)
+	}
+	s.clusterID = clusterID
+	s.forgetRings()
+}
+
+// forgetRings deletes the persisted rings; until it succeeds (Sync tries
+// again) no ring is read back from disk. The caller holds s.mu.
+func (s *Service) forgetRings() {
+	if err := forgetRings(s.db, s.clusterID); err != nil {
+		s.log.Error("forget the persisted rings of the old cluster", "err", err)
+		s.staleRings = true
+		return
+	}
+	s.staleRings = false
+}
+
+// Networks names the overlays this agent serves (allocations on one whose
+// ring refused the masters' leases fail until it is fixed).
+func (s *Service) Networks() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, name := range sortedKeys(s.overlays) {
+		if s.overlays[name].unserved == "" {
+			out = append(out, name)
+		}
+	}
+	return out
+}

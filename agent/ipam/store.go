@@ -1,0 +1,164 @@
+package ipam
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/ring"
+)
+
+// The IPAM's buckets in the agent's store. An allocation is one key, made
+// durable before it is answered, so that after a crash at any point a
+// restarted agent holds every address it gave out and has not taken back.
+const (
+	allocBucket  = "ipam-allocations" // "<overlay>\x00<container>\x00<ifname>" -> allocRecord
+	ringBucket   = "ipam-rings"       // "<overlay>/<family>" -> ring encoding
+	metaBucket   = "ipam-meta"        // keyClusterID -> the cluster the rings belong to
+	keyClusterID = "cluster_id"
+)
+
+// allocRecord is a persisted attachment.
+type allocRecord struct {
+	Bridge string     `json:"bridge"`
+	V4     netip.Addr `json:"v4,omitzero"`
+	V6     netip.Addr `json:"v6,omitzero"`
+}
+
+// addr returns the record's address of a family (0: IPv4, 1: IPv6).
+func (r allocRecord) addr(fam int) netip.Addr {
+	if fam == 0 {
+		return r.V4
+	}
+	return r.V6
+}
+
+// setAddr sets the record's address of a family.
+func (r *allocRecord) setAddr(fam int, a netip.Addr) {
+	if fam == 0 {
+		r.V4 = a
+	} else {
+		r.V6 = a
+	}
+}
+
+func (r allocRecord) empty() bool { return !r.V4.IsValid() && !r.V6.IsValid() }
+
+// allocKey is an attachment's key in allocBucket, and in Service.pending.
+func allocKey(network string, at ring.Attachment) string {
+	return network + "\x00" + at.ContainerID + "\x00" + at.Interface
+}
+
+func parseAllocKey(k []byte) (string, ring.Attachment, bool) {
+	parts := strings.SplitN(string(k), "\x00", 3)
+	if len(parts) != 3 {
+		return "", ring.Attachment{}, false
+	}
+	return parts[0], ring.Attachment{ContainerID: parts[1], Interface: parts[2]}, true
+}
+
+// ringKey is a ring's key in ringBucket.
+func ringKey(overlay string, fam int) string { return overlay + "/" + familyName(fam) }
+
+// write is one change of a transaction; a nil value deletes the key.
+type write struct {
+	bucket string
+	key    string
+	value  []byte
+}
+
+func putAlloc(network string, at ring.Attachment, rec allocRecord) write {
+	data, _ := json.Marshal(rec) // addresses and a string: cannot fail
+	return write{bucket: allocBucket, key: allocKey(network, at), value: data}
+}
+
+func deleteAlloc(network string, at ring.Attachment) write {
+	return write{bucket: allocBucket, key: allocKey(network, at)}
+}
+
+func putRing(overlay string, fam int, enc []byte) write {
+	return write{bucket: ringBucket, key: ringKey(overlay, fam), value: enc}
+}
+
+// apply makes the writes in tx, in order.
+func apply(tx *bolt.Tx, writes []write) error {
+	for _, w := range writes {
+		b := tx.Bucket([]byte(w.bucket))
+		var err error
+		if w.value == nil {
+			err = b.Delete([]byte(w.key))
+		} else {
+			err = b.Put([]byte(w.key), w.value)
+		}
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", w.bucket, w.key, err)
+		}
+	}
+	return nil
+}
+
+// loaded is what the IPAM finds in the store when it starts.
+type loaded struct {
+	allocations map[string]map[ring.Attachment]allocRecord // by overlay
+	clusterID   string
+}
+
+// load creates the IPAM's buckets and reads the allocations and the
+// cluster id of the rings. The rings themselves are read when their overlay
+// is seeded.
+func load(db *bolt.DB) (loaded, error) {
+	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}}
+	err := db.Update(func(tx *bolt.Tx) error {
+		for _, b := range []string{allocBucket, ringBucket, metaBucket} {
+			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
+				return err
+			}
+		}
+		out.clusterID = string(tx.Bucket([]byte(metaBucket)).Get([]byte(keyClusterID)))
+		return tx.Bucket([]byte(allocBucket)).ForEach(func(k, v []byte) error {
+			network, at, ok := parseAllocKey(k)
+			var rec allocRecord
+			if !ok || json.Unmarshal(v, &rec) != nil {
+				return fmt.Errorf("corrupt allocation record %q", k)
+			}
+			if out.allocations[network] == nil {
+				out.allocations[network] = map[ring.Attachment]allocRecord{}
+			}
+			out.allocations[network][at] = rec
+			return nil
+		})
+	})
+	if err != nil {
+		return loaded{}, fmt.Errorf("ipam: load allocations: %w", err)
+	}
+	return out, nil
+}
+
+// savedRing returns the persisted ring of an overlay family (nil when none).
+func savedRing(db *bolt.DB, overlay string, fam int) []byte {
+	var out []byte
+	_ = db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket([]byte(ringBucket)).Get([]byte(ringKey(overlay, fam))); v != nil {
+			out = append([]byte(nil), v...)
+		}
+		return nil
+	})
+	return out
+}
+
+// forgetRings deletes every persisted ring and records the cluster they will
+// belong to from now on, in one transaction.
+func forgetRings(db *bolt.DB, clusterID string) error {
+	return db.Update(func(tx *bolt.Tx) error {
+		if err := tx.DeleteBucket([]byte(ringBucket)); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket([]byte(ringBucket)); err != nil {
+			return err
+		}
+		return tx.Bucket([]byte(metaBucket)).Put([]byte(keyClusterID), []byte(clusterID))
+	})
+}

@@ -1,0 +1,70 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/carve-net/carve/api"
+)
+
+// validateRequest checks an attachment request, names the bad field, and
+// fills in the default bridge.
+func validateRequest(req *api.IPAMRequest) error {
+	if err := validateNetwork(req.Network); err != nil {
+		return err
+	}
+	if err := api.ValidateContainerID(req.ContainerID); err != nil {
+		return fmt.Errorf("container_id: %w", err)
+	}
+	if err := api.ValidateIfName(req.IfName); err != nil {
+		return fmt.Errorf("ifname: %w", err)
+	}
+	switch req.Bridge {
+	case "":
+		req.Bridge = api.BridgeMesos
+	case api.BridgeMesos, api.BridgeDocker:
+	default:
+		return fmt.Errorf("bridge %q: want %q or %q", req.Bridge, api.BridgeMesos, api.BridgeDocker)
+	}
+	if req.Address != "" {
+		if a, err := netip.ParseAddr(req.Address); err != nil || a.Zone() != "" {
+			return fmt.Errorf("address %q is not an IP address", req.Address)
+		}
+	}
+	if req.Family != "" && req.Family != "4" && req.Family != "6" {
+		return fmt.Errorf("family %q: want 4, 6 or empty", req.Family)
+	}
+	return nil
+}
+
+// validateGC checks a collection request and names the bad field.
+func validateGC(req api.GCRequest) error {
+	if err := validateNetwork(req.Network); err != nil {
+		return err
+	}
+	if req.Bridge != "" && req.Bridge != api.BridgeMesos && req.Bridge != api.BridgeDocker {
+		return fmt.Errorf("bridge %q: want %q, %q or empty", req.Bridge, api.BridgeMesos, api.BridgeDocker)
+	}
+	for i, k := range req.Keep {
+		if err := api.ValidateContainerID(k.ContainerID); err != nil {
+			return fmt.Errorf("keep[%d].container_id: %w", i, err)
+		}
+		if k.IfName != "" {
+			if err := api.ValidateIfName(k.IfName); err != nil {
+				return fmt.Errorf("keep[%d].ifname: %w", i, err)
+			}
+		}
+	}
+	return nil
+}
+
+func validateNetwork(name string) error {
+	if name == "" {
+		return errors.New("network is required (the overlay name)")
+	}
+	if err := api.ValidateOverlayName(name); err != nil {
+		return fmt.Errorf("network: %w", err)
+	}
+	return nil
+}
