@@ -1,4 +1,5 @@
-// Command carve runs a carve master, agent or demo, and reads the masters' state.
+// Command carve runs a carve master or agent, reads the masters' state, and
+// starts the demo (bin/carve-lab).
 package main
 
 import (
@@ -48,7 +49,7 @@ func main() {
 	case "state":
 		err = runState(ctx, args, os.Stdout)
 	case "demo":
-		err = runDemo(ctx, args)
+		err = runDemo(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
