@@ -19,11 +19,12 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/internal/netnslab"
 )
 
 // These tests drive carve-ipam the way a runtime does: libcni loads the
-// conflist WriteConflist wrote and runs the reference bridge and portmap
+// conflist netconf.WriteConflist wrote and runs the reference bridge and portmap
 // plugins, which run carve-ipam. Everything happens in network namespaces
 // of a lab: libcni is called from inside a "host" namespace (the plugins it
 // forks inherit it, so the bridge, the veths and the ip_forward sysctl land
@@ -60,7 +61,7 @@ func newCNIHost(t *testing.T, overlay string, mesos netip.Prefix, mtu int) *cniH
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: MesosBridge(overlay), MTU: mtu}}
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: netconf.MesosBridge(overlay), MTU: mtu}}
 	if err := nh.LinkAdd(br); err != nil {
 		t.Fatalf("add bridge: %v", err)
 	}
@@ -77,7 +78,7 @@ func newCNIHost(t *testing.T, overlay string, mesos netip.Prefix, mtu int) *cniH
 	}
 
 	confDir := t.TempDir()
-	if _, err := WriteConflist(confDir, overlay, mtu, h.agent.Sock); err != nil {
+	if _, err := netconf.WriteConflist(confDir, overlay, mtu, h.agent.Sock); err != nil {
 		t.Fatal(err)
 	}
 	if h.list, err = libcni.LoadNetworkConf(confDir, overlay); err != nil {
@@ -202,7 +203,7 @@ func (h *cniHost) hostVeths(t *testing.T) []string {
 	}
 	var out []string
 	for _, l := range links {
-		if n := l.Attrs().Name; n != "lo" && n != MesosBridge(h.overlay) {
+		if n := l.Attrs().Name; n != "lo" && n != netconf.MesosBridge(h.overlay) {
 			out = append(out, n)
 		}
 	}

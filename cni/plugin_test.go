@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 )
 
 // call is one CNI command for carve-ipam.
@@ -80,7 +81,7 @@ func decodeResult(t *testing.T, conf, out []byte) *types100.Result {
 func runBinary(t *testing.T, c call) (*types100.Result, *types.Error) {
 	t.Helper()
 	args := &invoke.Args{Command: c.cmd, ContainerID: c.containerID, NetNS: "/nonexistent/netns", IfName: c.ifName, Path: pluginDir}
-	plugin := filepath.Join(pluginDir, PluginType)
+	plugin := filepath.Join(pluginDir, netconf.PluginType)
 	ctx := context.Background()
 	var err error
 	var res types.Result
@@ -114,8 +115,8 @@ func ipamConf(t testing.TB, sock, network string, extra map[string]any) []byte {
 		"cniVersion": "1.1.0",
 		"name":       network,
 		"type":       "bridge",
-		"bridge":     MesosBridge(network),
-		"ipam":       map[string]any{"type": PluginType, "network": network, "socket": sock},
+		"bridge":     netconf.MesosBridge(network),
+		"ipam":       map[string]any{"type": netconf.PluginType, "network": network, "socket": sock},
 	}
 	for k, v := range extra {
 		conf[k] = v
@@ -365,7 +366,7 @@ func TestPluginGC(t *testing.T) {
 }
 
 func TestPluginVersion(t *testing.T) {
-	info, err := invoke.GetVersionInfo(context.Background(), filepath.Join(pluginDir, PluginType), nil)
+	info, err := invoke.GetVersionInfo(context.Background(), filepath.Join(pluginDir, netconf.PluginType), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
