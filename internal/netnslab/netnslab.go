@@ -30,7 +30,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -196,7 +198,7 @@ func New(opts Options) (*Lab, error) {
 		return fail(err)
 	}
 	l.Underlay = u
-	err = u.withNetlink(func(h *netlink.Handle) error {
+	err = u.withNetlink(func(h netlinksafe.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: UnderlayBridge, MTU: mtu}}
 		if err := h.LinkAdd(br); err != nil {
 			return fmt.Errorf("add underlay bridge: %w", err)
@@ -267,7 +269,7 @@ func (l *Lab) AddNamespace(suffix string) (*Namespace, error) {
 	}
 	n.ns = h
 	n.mu.Unlock()
-	err = n.withNetlink(func(nh *netlink.Handle) error {
+	err = n.withNetlink(func(nh netlinksafe.Handle) error {
 		lo, err := nh.LinkByName("lo")
 		if err != nil {
 			return err
@@ -297,8 +299,8 @@ func (l *Lab) AddHost() (*Host, error) {
 	}
 	h := &Host{Namespace: n, Index: idx, IP: netip.PrefixFrom(ip, UnderlayPrefixLen), Link: HostLink}
 	peer := "h" + strconv.Itoa(idx)
-	err = l.Underlay.withNetlink(func(uh *netlink.Handle) error {
-		return n.withNetlink(func(hh *netlink.Handle) error {
+	err = l.Underlay.withNetlink(func(uh netlinksafe.Handle) error {
+		return n.withNetlink(func(hh netlinksafe.Handle) error {
 			// Created inside the host, its peer moved straight into the
 			// underlay: nothing ever appears in the caller's namespace.
 			veth := &netlink.Veth{
@@ -346,7 +348,7 @@ func (l *Lab) AddHost() (*Host, error) {
 // valid) and MTU (if non-zero), up. The dataplane creates its own bridges;
 // this is for lab tests that need one without it.
 func (h *Host) AddBridge(name string, addr netip.Prefix, mtu int) error {
-	return h.withNetlink(func(nh *netlink.Handle) error {
+	return h.withNetlink(func(nh netlinksafe.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}}
 		if err := nh.LinkAdd(br); err != nil {
 			return fmt.Errorf("netnslab: add bridge %s: %w", name, err)
@@ -376,8 +378,8 @@ func (l *Lab) AddContainer(h *Host, cfg ContainerConfig) (*Container, error) {
 		return nil, err
 	}
 	c := &Container{Namespace: n, Host: h, HostLink: "vc" + strconv.Itoa(seq), Config: cfg}
-	err = h.withNetlink(func(hh *netlink.Handle) error {
-		return n.withNetlink(func(ch *netlink.Handle) error {
+	err = h.withNetlink(func(hh netlinksafe.Handle) error {
+		return n.withNetlink(func(ch netlinksafe.Handle) error {
 			br, err := hh.LinkByName(cfg.Bridge)
 			if err != nil {
 				return fmt.Errorf("bridge %s in host %s: %w", cfg.Bridge, h.Name, err)
@@ -546,12 +548,13 @@ func (n *Namespace) Netlink() (*netlink.Handle, error) {
 }
 
 // withNetlink runs fn with a short-lived handle, so that setup code does not
-// accumulate sockets (which would also pin the namespace).
-func (n *Namespace) withNetlink(fn func(*netlink.Handle) error) error {
+// accumulate sockets (which would also pin the namespace). The handle
+// retries the lookups a concurrent change interrupts (netlinksafe).
+func (n *Namespace) withNetlink(fn func(netlinksafe.Handle) error) error {
 	if _, err := n.handle(); err != nil {
 		return err
 	}
-	nh, err := netlink.NewHandleAt(n.NsHandle())
+	nh, err := netlinksafe.NewHandleAt(n.NsHandle())
 	if err != nil {
 		return fmt.Errorf("netlink handle in %s: %w", n.Name, err)
 	}
@@ -599,37 +602,39 @@ func (n *Namespace) ExecArgs(args ...string) []string {
 	return append([]string{"ip", "netns", "exec", n.Name}, args...)
 }
 
-// sysctlPath maps "net.ipv4.ip_forward" to /proc/sys/net/ipv4/ip_forward.
-func sysctlPath(name string) (string, error) {
+// checkNetSysctl refuses names outside net.*: only those are per network
+// namespace, so any other would change the whole machine.
+func checkNetSysctl(name string) error {
 	if !strings.HasPrefix(name, "net.") || strings.Contains(name, "..") || strings.Contains(name, "/") {
-		return "", fmt.Errorf("netnslab: only net.* sysctls are per namespace, not %q", name)
+		return fmt.Errorf("netnslab: only net.* sysctls are per namespace, not %q", name)
 	}
-	return "/proc/sys/" + strings.ReplaceAll(name, ".", "/"), nil
+	return nil
 }
 
 // Sysctl reads a net.* sysctl as seen from inside the namespace (/proc/sys/net
 // resolves against the network namespace of the reading thread).
 func (n *Namespace) Sysctl(name string) (string, error) {
-	p, err := sysctlPath(name)
-	if err != nil {
+	if err := checkNetSysctl(name); err != nil {
 		return "", err
 	}
-	var v []byte
-	err = n.Do(func() error {
+	var v string
+	err := n.Do(func() error {
 		var err error
-		v, err = os.ReadFile(p)
+		v, err = sysctl.Sysctl(name)
 		return err
 	})
-	return strings.TrimSpace(string(v)), err
+	return strings.TrimSpace(v), err
 }
 
 // SetSysctl writes a net.* sysctl inside the namespace only.
 func (n *Namespace) SetSysctl(name, value string) error {
-	p, err := sysctlPath(name)
-	if err != nil {
+	if err := checkNetSysctl(name); err != nil {
 		return err
 	}
-	return n.Do(func() error { return os.WriteFile(p, []byte(value), 0o644) })
+	return n.Do(func() error {
+		_, err := sysctl.Sysctl(name, value)
+		return err
+	})
 }
 
 // Inode returns the inode number that identifies the namespace (the one
