@@ -25,7 +25,10 @@ import (
 // and the contract's error codes. One mutex serialises every call, as the
 // agent's store does.
 //
-// It stands in for the agent's IPAM service until that is committed.
+// The plugin's own tests use it to put the agent in the states they map to
+// CNI errors (not ready, exhausted, unknown network, down) on demand and in
+// milliseconds; carve-ipam against the real agent is tested by
+// labcluster.TestCluster and e2e.TestCNI.
 type fakeAgent struct {
 	Sock string
 

@@ -7,54 +7,38 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 
+	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/demo"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintf(os.Stderr, "carve demo: %v\n", err)
-		if errors.Is(err, errUsage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+	if code := cli.Report(os.Stderr, "carve demo", run(ctx, os.Args[1:])); code != 0 {
+		stop()
+		os.Exit(code)
 	}
 }
 
-// errUsage marks a command-line error: exit code 2.
-var errUsage = errors.New("usage")
-
 func run(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("carve demo", flag.ContinueOnError)
+	fs := cli.NewFlagSet("carve demo")
 	hosts := fs.Int("hosts", 3, "host namespaces, each with an agent (masters run in the first three)")
 	containers := fs.Int("containers", 2, "container namespaces per host")
 	keep := fs.Bool("keep", false, "leave the cluster running until Ctrl-C")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	if err := cli.Parse(fs, args); err != nil {
+		return err
 	}
 	if *hosts < 1 || *hosts > 50 {
-		return fmt.Errorf("%w: --hosts %d: want 1-50", errUsage, *hosts)
+		return fmt.Errorf("%w: --hosts %d: want 1-50", cli.ErrUsage, *hosts)
 	}
 	if *containers < 0 || *containers > 50 {
-		return fmt.Errorf("%w: --containers %d: want 0-50", errUsage, *containers)
+		return fmt.Errorf("%w: --containers %d: want 0-50", cli.ErrUsage, *containers)
 	}
 	carve, err := carveBinary()
 	if err != nil {
