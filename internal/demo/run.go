@@ -191,7 +191,7 @@ func removeStaleDirs(out io.Writer) {
 		if err != nil || pid <= 0 || pid == os.Getpid() {
 			continue
 		}
-		if labcluster.PIDAlive(pid) {
+		if netnslab.PIDAlive(pid) {
 			continue // that demo still runs
 		}
 		if err := os.RemoveAll(d); err != nil {

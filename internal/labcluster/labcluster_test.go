@@ -339,7 +339,7 @@ func TestRemoveStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = zombie.Wait() })
-	testutil.Eventually(t, 0, "the exited child becomes a zombie", testutil.True(func() bool { return !PIDAlive(zombie.Process.Pid) }))
+	testutil.Eventually(t, 0, "the exited child becomes a zombie", testutil.True(func() bool { return !netnslab.PIDAlive(zombie.Process.Pid) }))
 	withMaster := fmt.Sprintf("%s-%d-1-h1", prefix, zombie.Process.Pid)
 	empty := fmt.Sprintf("%s-%d-1-u", prefix, deadPID(t))
 	for _, name := range []string{withMaster, empty} {

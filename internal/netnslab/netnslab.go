@@ -15,6 +15,7 @@
 package netnslab
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -252,7 +253,7 @@ func (l *Lab) AddNamespace(suffix string) (*Namespace, error) {
 	if l.closed {
 		// Close ran meanwhile and will not see this one: undo it here.
 		l.mu.Unlock()
-		return nil, errors.Join(errors.New("netnslab: lab is closed"), removeNamed(path))
+		return nil, errors.Join(errors.New("netnslab: lab is closed"), RemoveMount(path))
 	}
 	l.namespaces = append(l.namespaces, n)
 	l.mu.Unlock()
@@ -489,7 +490,7 @@ func (n *Namespace) release() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := removeNamed(n.Path); err != nil {
+	if err := RemoveMount(n.Path); err != nil {
 		errs = append(errs, fmt.Errorf("remove namespace %s: %w", n.Name, err))
 	}
 	return errors.Join(errs...)
@@ -648,7 +649,10 @@ func (n *Namespace) Inode() (uint64, error) {
 }
 
 // createNamed creates a network namespace and bind-mounts it at path, as
-// `ip netns add` does. The unshare happens on a dedicated, locked OS thread
+// `ip netns add` does. (plugins/pkg/ns opens namespaces and runs code in
+// them, which Do uses, but creates none with a name of ours;
+// pkg/testutils.NewNS names them at random, which Stale could not trace to
+// their creator.) The unshare happens on a dedicated, locked OS thread
 // that is never unlocked, so the Go runtime discards it afterwards and no
 // other goroutine ever runs inside the new namespace by accident.
 func createNamed(path string) error {
@@ -682,8 +686,11 @@ func createNamed(path string) error {
 	return nil
 }
 
-// removeNamed undoes createNamed; a missing namespace is not an error.
-func removeNamed(path string) error {
+// RemoveMount undoes `ip netns add` (and createNamed): it detaches the
+// namespace's bind mount at path and removes the file; a missing one is not
+// an error. (plugins/pkg/testutils.UnmountNS fails on a missing or busy
+// mount, which a cleanup after a crash must get past.)
+func RemoveMount(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount: %w", err)
 	}
@@ -715,12 +722,11 @@ func CreatorPID(name, prefix string) (int, bool) {
 	return pid, true
 }
 
-// RemoveStale removes namespaces left behind by labs of processes that no
-// longer exist (e.g. a test binary that was killed): names of the form
-// prefix-<pid>-<n>-... whose pid is not running. prefix "" means
-// DefaultPrefix. It returns the names it removed. It never touches a
-// namespace whose creator still runs, nor names of any other form.
-func RemoveStale(prefix string) ([]string, error) {
+// Stale lists the namespaces (names under NetNSDir) left behind by labs of
+// processes that no longer run (PIDAlive: a zombie counts as gone), e.g. a
+// test binary that was killed: names of the form prefix-<pid>-<n>-... .
+// prefix "" means DefaultPrefix. Names of any other form are never listed.
+func Stale(prefix string) ([]string, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
@@ -731,21 +737,30 @@ func RemoveStale(prefix string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	var stale []string
+	for _, e := range entries {
+		if pid, ok := CreatorPID(e.Name(), prefix); ok && !PIDAlive(pid) {
+			stale = append(stale, e.Name())
+		}
+	}
+	return stale, nil
+}
+
+// RemoveStale removes the namespaces Stale lists and returns their names. It
+// never touches a namespace whose creator still runs.
+func RemoveStale(prefix string) ([]string, error) {
+	stale, err := Stale(prefix)
+	if err != nil {
+		return nil, err
+	}
 	var removed []string
 	var errs []error
-	for _, e := range entries {
-		pid, ok := CreatorPID(e.Name(), prefix)
-		if !ok {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
-			continue // its creator still runs
-		}
-		if err := removeNamed(filepath.Join(NetNSDir, e.Name())); err != nil {
+	for _, name := range stale {
+		if err := RemoveMount(filepath.Join(NetNSDir, name)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		removed = append(removed, e.Name())
+		removed = append(removed, name)
 	}
 	return removed, errors.Join(errs...)
 }
@@ -781,4 +796,23 @@ func ipv4ToUint(a netip.Addr) uint32 {
 
 func uintToIPv4(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// PIDAlive reports whether pid runs: it exists and is not a zombie. A
+// process killed with SIGKILL stays a zombie until its parent reaps it, and
+// its leftovers are stale from the moment it died.
+func PIDAlive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return true
+	}
+	return stat[i+2] != 'Z' && stat[i+2] != 'X'
 }
