@@ -302,14 +302,14 @@ func TestPluginAgentNotReady(t *testing.T) {
 	for rname, run := range runners {
 		t.Run(rname, func(t *testing.T) {
 			_, cerr := run(t, call{"ADD", ipamConf(t, a.Sock, "ov", nil), "c1", "eth0"})
-			wantCNIError(t, cerr, types.ErrTryAgainLater, api.CodeNotReady, "no lease")
+			wantCNIError(t, cerr, types.ErrTryAgainLater, api.CodeNotReady)
 			// DEL works without a lease: the agent drops whatever it kept
 			// of the attachment on disk.
 			if _, cerr := run(t, call{"DEL", ipamConf(t, a.Sock, "ov", nil), "c1", "eth0"}); cerr != nil {
 				t.Errorf("DEL without a lease: %v", cerr)
 			}
 			_, cerr = run(t, call{"STATUS", ipamConf(t, a.Sock, "ov", nil), "", ""})
-			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "no lease")
+			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "not ready")
 		})
 	}
 	a.StartMasters(t)
