@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/cni"
+	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/cni"
+	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/vxlan"
 )
 

@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 )
 
 // Config is what carve-ipam reads from the network configuration it is
@@ -21,7 +22,7 @@ type Config struct {
 	Network string
 	// Bridge is the bridge kind, api.BridgeMesos (default) or api.BridgeDocker (ipam.bridge).
 	Bridge string
-	// Socket is the agent's IPAM socket (ipam.socket, default DefaultSocket).
+	// Socket is the agent's IPAM socket (ipam.socket, default netconf.DefaultSocket).
 	Socket string
 	// ValidAttachments is the GC call's cni.dev/valid-attachments, nil when
 	// the configuration has none (HasAttachments tells absent from empty).
@@ -67,13 +68,13 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		return nil, invalidConfig(`network configuration has no "ipam" section`)
 	}
 	ip := nc.IPAM
-	if ip.Type != "" && ip.Type != PluginType {
-		return nil, invalidConfig("ipam.type is %q, want %q", ip.Type, PluginType)
+	if ip.Type != "" && ip.Type != netconf.PluginType {
+		return nil, invalidConfig("ipam.type is %q, want %q", ip.Type, netconf.PluginType)
 	}
 	if ip.Network == "" {
 		return nil, invalidConfig("ipam.network is missing: it names the carve overlay")
 	}
-	if err := validOverlay(ip.Network); err != nil {
+	if err := api.ValidateOverlayName(ip.Network); err != nil {
 		return nil, invalidConfig("ipam.network: %v", err)
 	}
 	cfg := &Config{
@@ -92,7 +93,7 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		return nil, invalidConfig("ipam.bridge is %q, want %q or %q", ip.Bridge, api.BridgeMesos, api.BridgeDocker)
 	}
 	if cfg.Socket == "" {
-		cfg.Socket = DefaultSocket
+		cfg.Socket = netconf.DefaultSocket
 	} else if !filepath.IsAbs(cfg.Socket) {
 		return nil, invalidConfig("ipam.socket %q is not an absolute path", ip.Socket)
 	}

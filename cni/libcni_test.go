@@ -2,13 +2,11 @@ package cni
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -16,26 +14,28 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
+	"github.com/carve-net/carve/internal/labcluster"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 // These tests drive carve-ipam the way a runtime does: libcni loads the
-// conflist WriteConflist wrote and runs the reference bridge and portmap
-// plugins, which run carve-ipam. Everything happens in network namespaces
-// of a lab: libcni is called from inside a "host" namespace (the plugins it
-// forks inherit it, so the bridge, the veths and the ip_forward sysctl land
-// there), and each container is another namespace. Nothing touches the
-// namespace the tests run in.
+// conflist the agent wrote and runs the reference bridge and portmap
+// plugins, which run carve-ipam, which asks the real agent. libcni is called
+// from inside the agent's host namespace (the plugins it forks inherit it,
+// so the veths land there), and each container is another namespace of the
+// lab. Nothing touches the namespace the tests run in.
 
-// cniHost is a host namespace with the overlay's bridge, a fake agent and a
-// libcni runtime.
+// cniHost is the host of a test agent with a libcni runtime of its own.
 type cniHost struct {
 	lab     *netnslab.Lab
 	host    *netnslab.Namespace
-	agent   *fakeAgent
+	agent   *testAgent
 	cni     *libcni.CNIConfig
 	list    *libcni.NetworkConfigList
 	overlay string
@@ -43,50 +43,29 @@ type cniHost struct {
 	mtu     int
 }
 
-func newCNIHost(t *testing.T, overlay string, mesos netip.Prefix, mtu int) *cniHost {
+// newCNIHost starts an agent (see startAgent) and loads the conflist it
+// wrote for ov; a host whose agent is not ready gets the conflist the agent
+// would write (it writes none before its lease).
+func newCNIHost(t *testing.T, ready bool) *cniHost {
 	t.Helper()
-	lab := netnslab.ForTest(t, netnslab.Options{Prefix: "carvecni"})
-	host, err := lab.AddNamespace("host")
-	if err != nil {
-		t.Fatal(err)
+	a := startAgent(t, ready)
+	h := &cniHost{lab: a.c.Lab, host: a.h.NS.Namespace, agent: a, overlay: "ov", mesos: ovMesos, mtu: a.c.Network().OverlayMTU}
+	confDir := a.h.CNIConfDir()
+	if !ready {
+		confDir = t.TempDir()
+		if _, err := netconf.WriteConflist(confDir, h.overlay, h.mtu, a.Sock); err != nil {
+			t.Fatal(err)
+		}
 	}
-	h := &cniHost{lab: lab, host: host, overlay: overlay, mesos: mesos, mtu: mtu}
-	h.agent = startFakeAgent(t, fakeNetConfig{Name: overlay, Mesos: mesos, MTU: mtu})
-
-	// The agent's dataplane creates m-<overlay> with the gateway (the
-	// sub-subnet's first host) before any container is attached.
-	nh, err := host.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: MesosBridge(overlay), MTU: mtu}}
-	if err := nh.LinkAdd(br); err != nil {
-		t.Fatalf("add bridge: %v", err)
-	}
-	gw := netip.PrefixFrom(mesos.Addr().Next(), mesos.Bits())
-	addr, err := netlink.ParseAddr(gw.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nh.AddrAdd(br, addr); err != nil {
-		t.Fatalf("bridge address: %v", err)
-	}
-	if err := nh.LinkSetUp(br); err != nil {
-		t.Fatal(err)
-	}
-
-	confDir := t.TempDir()
-	if _, err := WriteConflist(confDir, overlay, mtu, h.agent.Sock); err != nil {
-		t.Fatal(err)
-	}
-	if h.list, err = libcni.LoadNetworkConf(confDir, overlay); err != nil {
-		t.Fatalf("libcni.LoadNetworkConf: %v", err)
-	}
+	testutil.Eventually(t, 0, "the agent's conflist for "+h.overlay, func() error {
+		var err error
+		h.list, err = libcni.LoadNetworkConf(confDir, h.overlay)
+		return err
+	})
 	// An explicit exec: with nil, libcni sets its default lazily on every
 	// call, a data race when one CNIConfig runs calls concurrently.
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	h.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir}, t.TempDir(), exec)
+	h.cni = libcni.NewCNIConfigWithCacheDir(pluginPath(t), t.TempDir(), exec)
 	return h
 }
 
@@ -147,15 +126,6 @@ func (h *cniHost) status() error {
 	return h.host.Do(func() error { return h.cni.GetStatusNetworkList(context.Background(), h.list) })
 }
 
-// cniCode is the CNI error code inside a libcni error (0 when none).
-func cniCode(err error) uint {
-	var ce *types.Error
-	if errors.As(err, &ce) {
-		return ce.Code
-	}
-	return 0
-}
-
 // containerAddr reads eth0's IPv4 address, MTU and default gateway inside
 // the container.
 func containerAddr(t *testing.T, c *netnslab.Namespace) (netip.Prefix, int, netip.Addr) {
@@ -188,7 +158,8 @@ func containerAddr(t *testing.T, c *netnslab.Namespace) (netip.Prefix, int, neti
 	return netip.PrefixFrom(ip, ones), link.Attrs().MTU, gw
 }
 
-// hostVeths lists the links in the host namespace other than lo and the bridge.
+// hostVeths lists the ports of the overlay's bridge in the host namespace:
+// the host ends of the containers' veths.
 func (h *cniHost) hostVeths(t *testing.T) []string {
 	t.Helper()
 	nh, err := h.host.Netlink()
@@ -196,21 +167,26 @@ func (h *cniHost) hostVeths(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	links, err := nh.LinkList()
+	br, err := nh.LinkByName(netconf.MesosBridge(h.overlay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := netlinksafe.Handle{Handle: nh}.LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out []string
 	for _, l := range links {
-		if n := l.Attrs().Name; n != "lo" && n != MesosBridge(h.overlay) {
-			out = append(out, n)
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			out = append(out, l.Attrs().Name)
 		}
 	}
 	return out
 }
 
 func TestLibcniAddCheckDel(t *testing.T) {
-	h := newCNIHost(t, "ov", netip.MustParsePrefix("10.1.0.0/25"), 1400)
+	t.Parallel()
+	h := newCNIHost(t, true)
 	c := h.container(t, "c1")
 	rt := runtimeConf("cid-1", c)
 
@@ -230,13 +206,13 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	// The kernel agrees: inside the container, eth0 has the address, the
 	// overlay MTU and the default route via the bridge.
 	addr, mtu, gw := containerAddr(t, c)
-	if addr.String() != "10.1.0.2/25" || mtu != 1400 || gw != h.gateway() {
-		t.Errorf("container eth0: %s mtu %d gateway %s; want 10.1.0.2/25 mtu 1400 via %s", addr, mtu, gw, h.gateway())
+	if addr.String() != "10.1.0.2/25" || mtu != h.mtu || gw != h.gateway() {
+		t.Errorf("container eth0: %s mtu %d gateway %s; want 10.1.0.2/25 mtu %d via %s", addr, mtu, gw, h.mtu, h.gateway())
 	}
 	// In the host, the veth is a hairpin port of m-ov.
 	veths := h.hostVeths(t)
 	if len(veths) != 1 {
-		t.Fatalf("host links besides lo and the bridge: %v", veths)
+		t.Fatalf("ports of m-ov: %v; want the container's veth", veths)
 	}
 	nh, err := h.host.Netlink()
 	if err != nil {
@@ -257,10 +233,10 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	if pi, err := nh.LinkGetProtinfo(veth); err != nil || !pi.Hairpin {
 		t.Errorf("hairpin on %s = %v, %v", veths[0], pi.Hairpin, err)
 	}
-	// The plugins ran in the host namespace: the bridge plugin turned
-	// forwarding on there (and only there).
-	if v, err := h.host.Sysctl("net.ipv4.ip_forward"); err != nil || v != "1" {
-		t.Errorf("ip_forward in the host namespace = %q, %v; want 1", v, err)
+	// The plugins ran in the host namespace: the veth is not in the
+	// namespace the tests run in.
+	if _, err := netlink.LinkByName(veths[0]); err == nil {
+		t.Errorf("the host veth %s is in the tests' own namespace", veths[0])
 	}
 	// The container reaches its gateway (traffic inside the lab only).
 	if err := c.PingRetry(context.Background(), h.gateway(), 5); err != nil {
@@ -272,7 +248,7 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	}
 	// The agent lost the allocation: CHECK says so; the address comes back
 	// (the lowest free one) and CHECK passes again.
-	cl := api.NewIPAMClient(h.agent.Sock, 0)
+	cl := h.agent.ipam
 	req := api.IPAMRequest{Network: "ov", ContainerID: "cid-1", IfName: "eth0"}
 	if _, err := cl.Release(context.Background(), req); err != nil {
 		t.Fatal(err)
@@ -290,7 +266,7 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	if err := h.del(rt); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if keys := h.agent.Keys("ov"); len(keys) != 0 {
+	if keys := h.agent.Keys(t, "ov"); len(keys) != 0 {
 		t.Errorf("after DEL the agent holds %v", keys)
 	}
 	if v := h.hostVeths(t); len(v) != 0 {
@@ -301,77 +277,11 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	}
 }
 
-// TestLibcniConcurrentAdds runs 200 ADDs at once through libcni on one host:
-// 200 distinct addresses, each on its container's eth0; then 200 DELs at
-// once free them all.
-func TestLibcniConcurrentAdds(t *testing.T) {
-	const n = 200
-	h := newCNIHost(t, "big", netip.MustParsePrefix("10.2.0.0/24"), 1420)
-	containers := make([]*netnslab.Namespace, n)
-	for i := range containers {
-		containers[i] = h.container(t, fmt.Sprintf("c%d", i))
-	}
-	results := make([]*types100.Result, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range containers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			results[i], errs[i] = h.add(runtimeConf(fmt.Sprintf("cid-%d", i), containers[i]))
-		}()
-	}
-	close(start)
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent ADDs: %v", err)
-	}
-	seen := map[netip.Prefix]int{}
-	for i, res := range results {
-		if len(res.IPs) != 1 {
-			t.Fatalf("container %d: IPs %v", i, res.IPs)
-		}
-		p := netip.MustParsePrefix(res.IPs[0].Address.String())
-		if j, dup := seen[p]; dup {
-			t.Errorf("containers %d and %d both got %s", j, i, p)
-		}
-		seen[p] = i
-		if !h.mesos.Contains(p.Addr()) || p.Addr() == h.gateway() || p.Bits() != 24 {
-			t.Errorf("container %d got %s outside the pool %s (or the gateway)", i, p, h.mesos)
-		}
-		if got, _, _ := containerAddr(t, containers[i]); got != p {
-			t.Errorf("container %d: eth0 has %s, the result says %s", i, got, p)
-		}
-	}
-	if len(seen) != n || len(h.agent.Keys("big")) != n {
-		t.Fatalf("%d distinct addresses, the agent holds %d; want %d", len(seen), len(h.agent.Keys("big")), n)
-	}
-
-	for i := range containers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = h.del(runtimeConf(fmt.Sprintf("cid-%d", i), containers[i]))
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("concurrent DELs: %v", err)
-	}
-	if keys := h.agent.Keys("big"); len(keys) != 0 {
-		t.Errorf("after the DELs the agent holds %d allocations", len(keys))
-	}
-	if v := h.hostVeths(t); len(v) != 0 {
-		t.Errorf("after the DELs the host still has %d links", len(v))
-	}
-}
-
 // TestLibcniDelUnknownContainer: a runtime may DEL what it never added, with
 // or without the namespace; it must succeed and free nothing else.
 func TestLibcniDelUnknownContainer(t *testing.T) {
-	h := newCNIHost(t, "ov", netip.MustParsePrefix("10.1.0.0/25"), 1420)
+	t.Parallel()
+	h := newCNIHost(t, true)
 	live := runtimeConf("live", h.container(t, "live"))
 	if _, err := h.add(live); err != nil {
 		t.Fatal(err)
@@ -389,7 +299,7 @@ func TestLibcniDelUnknownContainer(t *testing.T) {
 			if err := h.del(tc.rt); err != nil {
 				t.Fatalf("DEL of an unknown container: %v", err)
 			}
-			if got := h.agent.Keys("ov"); !slices.Equal(got, []string{"live/eth0"}) {
+			if got := h.agent.Keys(t, "ov"); !slices.Equal(got, []string{"live/eth0"}) {
 				t.Errorf("the agent holds %v, want only live/eth0", got)
 			}
 		})
@@ -398,7 +308,8 @@ func TestLibcniDelUnknownContainer(t *testing.T) {
 
 // TestLibcniGC: a runtime's GC frees exactly the attachments it does not list.
 func TestLibcniGC(t *testing.T) {
-	h := newCNIHost(t, "ov", netip.MustParsePrefix("10.1.0.0/25"), 1420)
+	t.Parallel()
+	h := newCNIHost(t, true)
 	containers := map[string]*netnslab.Namespace{}
 	for _, cid := range []string{"a", "b", "c", "d"} {
 		containers[cid] = h.container(t, cid)
@@ -408,8 +319,7 @@ func TestLibcniGC(t *testing.T) {
 	}
 	// An allocation the runtime does not know of (say, its container's
 	// ADD result was lost): only carve-ipam's GC can free it.
-	cl := api.NewIPAMClient(h.agent.Sock, 0)
-	if _, err := cl.Allocate(context.Background(), api.IPAMRequest{Network: "ov", ContainerID: "leaked", IfName: "eth0"}); err != nil {
+	if _, err := h.agent.ipam.Allocate(context.Background(), api.IPAMRequest{Network: "ov", ContainerID: "leaked", IfName: "eth0"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -419,7 +329,7 @@ func TestLibcniGC(t *testing.T) {
 	if err := h.gc(h.list, "a/eth0", "b/eth0"); err != nil {
 		t.Fatalf("GC through the conflist: %v", err)
 	}
-	keys := h.agent.Keys("ov")
+	keys := h.agent.Keys(t, "ov")
 	for _, k := range []string{"c/eth0", "d/eth0"} {
 		if slices.Contains(keys, k) {
 			t.Errorf("GC kept the unlisted %s: %v", k, keys)
@@ -445,7 +355,7 @@ func TestLibcniGC(t *testing.T) {
 	if err := h.gc(direct, "a/eth0", "b/eth0"); err != nil {
 		t.Fatalf("GC through carve-ipam: %v", err)
 	}
-	if got, want := h.agent.Keys("ov"), []string{"a/eth0", "b/eth0"}; !slices.Equal(got, want) {
+	if got, want := h.agent.Keys(t, "ov"), []string{"a/eth0", "b/eth0"}; !slices.Equal(got, want) {
 		t.Errorf("after GC the agent holds %v, want exactly %v", got, want)
 	}
 	// The kernel side follows: a and b keep their eth0, c and d lost theirs.
@@ -466,7 +376,8 @@ func TestLibcniGC(t *testing.T) {
 // DEL fails (the runtime keeps retrying) and STATUS says "not available";
 // once the agent is back, the retried DELs go through and nothing leaked.
 func TestLibcniAgentDown(t *testing.T) {
-	h := newCNIHost(t, "ov", netip.MustParsePrefix("10.1.0.0/25"), 1420)
+	t.Parallel()
+	h := newCNIHost(t, true)
 	a := runtimeConf("a", h.container(t, "a"))
 	b := runtimeConf("b", h.container(t, "b"))
 	if _, err := h.add(a); err != nil {
@@ -476,9 +387,9 @@ func TestLibcniAgentDown(t *testing.T) {
 		t.Errorf("STATUS with the agent up: %v", err)
 	}
 
-	h.agent.Stop()
-	if _, err := h.add(b); cniCode(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), h.agent.Sock) {
-		t.Errorf("ADD with the agent down = %v (code %d); want code 11 naming the socket", err, cniCode(err))
+	h.agent.Stop(t)
+	if _, err := h.add(b); labcluster.CNICode(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), h.agent.Sock) {
+		t.Errorf("ADD with the agent down = %v (code %d); want code 11 naming the socket", err, labcluster.CNICode(err))
 	}
 	if err := h.del(a); err == nil {
 		t.Error("DEL with the agent down succeeded: the address would leak")
@@ -486,7 +397,7 @@ func TestLibcniAgentDown(t *testing.T) {
 	if err := h.del(b); err == nil {
 		t.Error("DEL (after the failed ADD) with the agent down succeeded")
 	}
-	if err := h.status(); cniCode(err) != types.ErrPluginNotAvailable {
+	if err := h.status(); labcluster.CNICode(err) != types.ErrPluginNotAvailable {
 		t.Errorf("STATUS with the agent down = %v; want code 50", err)
 	}
 
@@ -496,7 +407,7 @@ func TestLibcniAgentDown(t *testing.T) {
 			t.Errorf("retried DEL %s: %v", rt.ContainerID, err)
 		}
 	}
-	if keys := h.agent.Keys("ov"); len(keys) != 0 {
+	if keys := h.agent.Keys(t, "ov"); len(keys) != 0 {
 		t.Errorf("after the retried DELs the agent holds %v", keys)
 	}
 	if v := h.hostVeths(t); len(v) != 0 {
@@ -507,18 +418,16 @@ func TestLibcniAgentDown(t *testing.T) {
 	}
 }
 
-// TestLibcniStatusNotReady: STATUS through the bridge plugin reports the
-// agent's "no lease yet" as plugin-not-available, and recovers.
+// TestLibcniStatusNotReady: STATUS through the bridge plugin reports an
+// agent without a lease as plugin-not-available, and recovers once the
+// agent registered with a master.
 func TestLibcniStatusNotReady(t *testing.T) {
-	h := newCNIHost(t, "ov", netip.MustParsePrefix("10.1.0.0/25"), 1420)
-	h.agent.SetReady("ov", false)
-	if err := h.status(); cniCode(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "no lease") {
-		t.Errorf("STATUS not ready = %v; want code 50 with the agent's reason", err)
+	t.Parallel()
+	h := newCNIHost(t, false)
+	if err := h.status(); labcluster.CNICode(err) != types.ErrPluginNotAvailable || !strings.Contains(err.Error(), "not ready") {
+		t.Errorf("STATUS not ready = %v; want code 50 saying so", err)
 	}
-	if _, err := h.add(runtimeConf("a", h.container(t, "a"))); cniCode(err) != types.ErrTryAgainLater {
-		t.Errorf("ADD not ready = %v; want code 11", err)
-	}
-	h.agent.SetReady("ov", true)
+	h.agent.StartMasters(t)
 	if err := h.status(); err != nil {
 		t.Errorf("STATUS ready: %v", err)
 	}

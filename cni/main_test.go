@@ -1,57 +1,39 @@
 package cni
 
 import (
-	"fmt"
+	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
+	"time"
+
+	"github.com/carve-net/carve/internal/labcluster"
 )
 
-// pluginDir holds carve-ipam and the reference plugins, built by TestMain:
-// tests run them as a runtime does, as separate processes found in CNI_PATH.
-var pluginDir string
+// labPrefix starts the names of the tests' network namespaces.
+const labPrefix = "carvecnitest"
 
-// referencePlugins are the containernetworking/plugins binaries the tests
-// chain carve-ipam with, built from the version pinned in go.mod.
-var referencePlugins = []string{
-	"github.com/containernetworking/plugins/plugins/main/bridge",
-	"github.com/containernetworking/plugins/plugins/main/loopback",
-	"github.com/containernetworking/plugins/plugins/meta/portmap",
+// TestMain builds carve, carve-ipam and the reference plugins once for the
+// whole package (labcluster.RunTests): the tests run real agents, and run
+// carve-ipam as a runtime does, as a binary found in CNI_PATH.
+func TestMain(m *testing.M) { os.Exit(labcluster.RunTests(m, labPrefix)) }
+
+// pluginPath is the CNI_PATH holding carve-ipam and the reference plugins
+// RunTests built (it builds them as root; without, the test is skipped).
+func pluginPath(t testing.TB) []string {
+	t.Helper()
+	path := filepath.SplitList(os.Getenv(labcluster.CNIPathEnv))
+	if len(path) == 0 {
+		t.Skipf("no CNI plugins: labcluster.RunTests builds them as root, or set $%s", labcluster.CNIPathEnv)
+	}
+	return path
 }
 
-func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "carve-cni-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cni tests:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if err := buildPlugins(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "cni tests:", err)
-		return 1
-	}
-	pluginDir = dir
-	return m.Run()
-}
-
-// buildPlugins builds cmd/carve-ipam and the reference plugins into dir
-// (the go build cache makes this cheap after the first run).
-func buildPlugins(dir string) error {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
-	args := append([]string{"build", "-o", dir + string(os.PathSeparator), "github.com/carve-net/carve/cmd/carve-ipam"}, referencePlugins...)
-	cmd := exec.Command(goBin, args...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("go %v: %w\n%s", args, err, out)
-	}
-	return nil
+// bounded is a context for the blocking calls of one test, ended by its
+// cleanup or after two minutes, whichever comes first.
+func bounded(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
 }

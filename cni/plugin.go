@@ -1,3 +1,7 @@
+// Package cni is the carve-ipam CNI plugin (cmd/carve-ipam): a thin CNI
+// front, ADD, DEL, CHECK, GC, STATUS and VERSION, for the agent's IPAM
+// service on its unix socket (api.IPAMClient). The network configuration
+// lists that name it are written by package cni/netconf.
 package cni
 
 import (

@@ -5,8 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +20,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 )
 
 // call is one CNI command for carve-ipam.
@@ -42,7 +43,7 @@ func runInProcess(t *testing.T, c call) (*types100.Result, *types.Error) {
 	t.Helper()
 	var out bytes.Buffer
 	p := &Plugin{Stdout: &out}
-	args := &skel.CmdArgs{ContainerID: c.containerID, Netns: "/nonexistent/netns", IfName: c.ifName, Path: pluginDir, StdinData: c.conf}
+	args := &skel.CmdArgs{ContainerID: c.containerID, Netns: "/nonexistent/netns", IfName: c.ifName, StdinData: c.conf}
 	fn := map[string]func(*skel.CmdArgs) error{"ADD": p.Add, "DEL": p.Del, "CHECK": p.Check, "GC": p.GC, "STATUS": p.Status}[c.cmd]
 	if err := fn(args); err != nil {
 		var ce *types.Error
@@ -79,10 +80,13 @@ func decodeResult(t *testing.T, conf, out []byte) *types100.Result {
 
 func runBinary(t *testing.T, c call) (*types100.Result, *types.Error) {
 	t.Helper()
-	args := &invoke.Args{Command: c.cmd, ContainerID: c.containerID, NetNS: "/nonexistent/netns", IfName: c.ifName, Path: pluginDir}
-	plugin := filepath.Join(pluginDir, PluginType)
+	path := pluginPath(t)
+	args := &invoke.Args{Command: c.cmd, ContainerID: c.containerID, NetNS: "/nonexistent/netns", IfName: c.ifName, Path: strings.Join(path, string(filepath.ListSeparator))}
+	plugin, err := invoke.FindInPath(netconf.PluginType, path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
-	var err error
 	var res types.Result
 	if c.cmd == "ADD" {
 		res, err = invoke.ExecPluginWithResult(ctx, plugin, c.conf, args, nil)
@@ -114,8 +118,8 @@ func ipamConf(t testing.TB, sock, network string, extra map[string]any) []byte {
 		"cniVersion": "1.1.0",
 		"name":       network,
 		"type":       "bridge",
-		"bridge":     MesosBridge(network),
-		"ipam":       map[string]any{"type": PluginType, "network": network, "socket": sock},
+		"bridge":     netconf.MesosBridge(network),
+		"ipam":       map[string]any{"type": netconf.PluginType, "network": network, "socket": sock},
 	}
 	for k, v := range extra {
 		conf[k] = v
@@ -149,6 +153,18 @@ func wantCNIError(t *testing.T, err *types.Error, code uint, msgs ...string) {
 			t.Errorf("CNI error %q (details %q) does not mention %q", err.Msg, err.Details, m)
 		}
 	}
+}
+
+// shortTempDir returns a fresh directory with a short path (a unix socket
+// path must fit in 108 bytes), removed at the end of the test.
+func shortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "carvecni")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // TestPluginAgentUnreachable covers every command with no agent behind the
@@ -194,15 +210,15 @@ func TestPluginAgentUnreachable(t *testing.T) {
 	}
 }
 
-func TestPluginAgainstFakeAgent(t *testing.T) {
+// TestPluginAgainstAgent runs every command against a real agent: ADD gets
+// the lowest free address, idempotently; CHECK and DEL follow the agent's
+// allocations; the agent's refusals become the CNI codes a runtime acts on.
+func TestPluginAgainstAgent(t *testing.T) {
+	t.Parallel()
 	for rname, run := range runners {
 		t.Run(rname, func(t *testing.T) {
-			f := startFakeAgent(t,
-				fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25"), Docker: netip.MustParsePrefix("10.1.0.128/25"), MTU: 1420},
-				fakeNetConfig{Name: "tiny", Mesos: netip.MustParsePrefix("10.2.0.0/30")},
-				fakeNetConfig{Name: "late", Mesos: netip.MustParsePrefix("10.3.0.0/25"), NotReady: true},
-			)
-			conf := func(network string, extra map[string]any) []byte { return ipamConf(t, f.Sock, network, extra) }
+			a := startAgent(t, true)
+			conf := func(network string, extra map[string]any) []byte { return ipamConf(t, a.Sock, network, extra) }
 
 			// ADD: the lowest free address after the gateway, with the
 			// prefix, the gateway, the default route and no interfaces.
@@ -227,18 +243,18 @@ func TestPluginAgainstFakeAgent(t *testing.T) {
 				t.Errorf("ADD eth1 = %v, %v", other, cerr)
 			}
 			// An older config version gets its result in that version.
-			old := ipamConf(t, f.Sock, "ov", map[string]any{"cniVersion": "0.4.0"})
+			old := ipamConf(t, a.Sock, "ov", map[string]any{"cniVersion": "0.4.0"})
 			if r040, cerr := run(t, call{"ADD", old, "c2", "eth0"}); cerr != nil || r040.IPs[0].Address.String() != "10.1.0.4/25" {
 				t.Errorf("ADD with cniVersion 0.4.0 = %v, %v", r040, cerr)
 			}
 
-			// CHECK: matches, then differs, then the allocation is gone.
+			// CHECK of the right address passes.
 			if _, cerr := run(t, call{"CHECK", conf("ov", map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}), "c1", "eth0"}); cerr != nil {
 				t.Errorf("CHECK of the right address: %v", cerr)
 			}
 
 			// DEL frees; DEL again, of an unknown container, or of an
-			// overlay the agent no longer has, succeeds.
+			// overlay the agent does not have, succeeds.
 			for _, c := range []call{
 				{"DEL", conf("ov", nil), "c1", "eth0"},
 				{"DEL", conf("ov", nil), "c1", "eth0"},
@@ -246,40 +262,64 @@ func TestPluginAgainstFakeAgent(t *testing.T) {
 				{"DEL", conf("gone", nil), "c1", "eth0"},
 			} {
 				if _, cerr := run(t, c); cerr != nil {
-					t.Errorf("DEL %s %s on %s: %v", c.containerID, c.ifName, "ov", cerr)
+					t.Errorf("DEL %s %s: %v", c.containerID, c.ifName, cerr)
 				}
 			}
-			if got, want := f.Keys("ov"), []string{"c1/eth1", "c2/eth0"}; !slices.Equal(got, want) {
+			if got, want := a.Keys(t, "ov"), []string{"c1/eth1", "c2/eth0"}; !slices.Equal(got, want) {
 				t.Errorf("after DEL the agent holds %v, want %v", got, want)
 			}
 			_, cerr = run(t, call{"CHECK", conf("ov", map[string]any{"prevResult": prevResultOf("10.1.0.2/25")}), "c1", "eth0"})
 			wantCNIError(t, cerr, types.ErrInternal, "holds no address", "c1")
 
-			// The agent's errors.
-			_, cerr = run(t, call{"ADD", conf("late", nil), "c1", "eth0"})
-			wantCNIError(t, cerr, types.ErrTryAgainLater, "not_ready", "no lease")
+			// The agent's refusals: an overlay it does not have, a full
+			// bridge (tiny's mesos bridge has five addresses).
 			_, cerr = run(t, call{"ADD", conf("nope", nil), "c1", "eth0"})
-			wantCNIError(t, cerr, types.ErrInvalidNetworkConfig, "unknown network nope")
-			if _, cerr := run(t, call{"ADD", conf("tiny", nil), "c1", "eth0"}); cerr != nil {
-				t.Fatalf("ADD on tiny: %v", cerr)
+			wantCNIError(t, cerr, types.ErrInvalidNetworkConfig, `unknown network "nope"`)
+			for i := range 5 {
+				if _, cerr := run(t, call{"ADD", conf("tiny", nil), fmt.Sprint("t", i), "eth0"}); cerr != nil {
+					t.Fatalf("ADD %d on tiny: %v", i, cerr)
+				}
 			}
-			_, cerr = run(t, call{"ADD", conf("tiny", nil), "c2", "eth0"})
-			wantCNIError(t, cerr, types.ErrInternal, "exhausted", "no free address in 10.2.0.0/30")
+			_, cerr = run(t, call{"ADD", conf("tiny", nil), "t5", "eth0"})
+			wantCNIError(t, cerr, types.ErrInternal, "exhausted", tinyMesos.String())
 
-			// STATUS follows readiness.
+			// STATUS: ready on the agent's overlays, not on others.
 			if _, cerr := run(t, call{"STATUS", conf("ov", nil), "", ""}); cerr != nil {
 				t.Errorf("STATUS ov: %v", cerr)
 			}
-			_, cerr = run(t, call{"STATUS", conf("late", nil), "", ""})
-			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "not ready", "no lease")
 			_, cerr = run(t, call{"STATUS", conf("nope", nil), "", ""})
-			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "unknown network")
-			f.SetReady("late", true)
-			if _, cerr := run(t, call{"STATUS", conf("late", nil), "", ""}); cerr != nil {
-				t.Errorf("STATUS after ready: %v", cerr)
+			wantCNIError(t, cerr, types.ErrPluginNotAvailable, `unknown network "nope"`)
+		})
+	}
+}
+
+// TestPluginAgentNotReady: an agent that has no lease yet (no master has
+// answered it) makes ADD "try again later" and STATUS "not available"; DEL
+// succeeds; once it registers, ADD and STATUS work.
+func TestPluginAgentNotReady(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, false)
+	for rname, run := range runners {
+		t.Run(rname, func(t *testing.T) {
+			_, cerr := run(t, call{"ADD", ipamConf(t, a.Sock, "ov", nil), "c1", "eth0"})
+			wantCNIError(t, cerr, types.ErrTryAgainLater, api.CodeNotReady)
+			// DEL works without a lease: the agent drops whatever it kept
+			// of the attachment on disk.
+			if _, cerr := run(t, call{"DEL", ipamConf(t, a.Sock, "ov", nil), "c1", "eth0"}); cerr != nil {
+				t.Errorf("DEL without a lease: %v", cerr)
 			}
-			if _, cerr := run(t, call{"ADD", conf("late", nil), "c1", "eth0"}); cerr != nil {
-				t.Errorf("ADD after ready: %v", cerr)
+			_, cerr = run(t, call{"STATUS", ipamConf(t, a.Sock, "ov", nil), "", ""})
+			wantCNIError(t, cerr, types.ErrPluginNotAvailable, "not ready")
+		})
+	}
+	a.StartMasters(t)
+	for rname, run := range runners {
+		t.Run(rname+"/ready", func(t *testing.T) {
+			if _, cerr := run(t, call{"STATUS", ipamConf(t, a.Sock, "ov", nil), "", ""}); cerr != nil {
+				t.Errorf("STATUS once registered: %v", cerr)
+			}
+			if _, cerr := run(t, call{"ADD", ipamConf(t, a.Sock, "ov", nil), "c-" + rname, "eth0"}); cerr != nil {
+				t.Errorf("ADD once registered: %v", cerr)
 			}
 		})
 	}
@@ -287,9 +327,10 @@ func TestPluginAgainstFakeAgent(t *testing.T) {
 
 // TestPluginCheck compares the agent's addresses with prevResult.
 func TestPluginCheck(t *testing.T) {
-	f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25")})
-	if _, err := api.NewIPAMClient(f.Sock, 0).Allocate(context.Background(), api.IPAMRequest{Network: "ov", ContainerID: "c1", IfName: "eth0"}); err != nil {
-		t.Fatal(err)
+	t.Parallel()
+	a := startAgent(t, true)
+	if al, err := a.ipam.Allocate(bounded(t), api.IPAMRequest{Network: "ov", ContainerID: "c1", IfName: "eth0"}); err != nil || al.IPs[0].Address != "10.1.0.2/25" {
+		t.Fatalf("allocate c1/eth0 = %v, %v; want 10.1.0.2/25", al, err)
 	}
 	tests := []struct {
 		name  string
@@ -309,7 +350,7 @@ func TestPluginCheck(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, cerr := runInProcess(t, call{"CHECK", ipamConf(t, f.Sock, "ov", tc.extra), "c1", "eth0"})
+			_, cerr := runInProcess(t, call{"CHECK", ipamConf(t, a.Sock, "ov", tc.extra), "c1", "eth0"})
 			if tc.code == 0 {
 				if cerr != nil {
 					t.Fatalf("CHECK: %v", cerr)
@@ -324,11 +365,11 @@ func TestPluginCheck(t *testing.T) {
 // TestPluginGC frees exactly the allocations that are not listed, across
 // bridges and interfaces, and refuses a GC without a list.
 func TestPluginGC(t *testing.T) {
+	t.Parallel()
 	for rname, run := range runners {
 		t.Run(rname, func(t *testing.T) {
-			f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/25"), Docker: netip.MustParsePrefix("10.1.0.128/25")},
-				fakeNetConfig{Name: "other", Mesos: netip.MustParsePrefix("10.9.0.0/25")})
-			cl := api.NewIPAMClient(f.Sock, 0)
+			a := startAgent(t, true)
+			cl := a.ipam
 			for _, k := range []string{"a/eth0", "b/eth0", "b/eth1", "c/eth0", "c/eth1", "d/eth0"} {
 				cid, ifn, _ := strings.Cut(k, "/")
 				for _, network := range []string{"ov", "other"} {
@@ -337,27 +378,27 @@ func TestPluginGC(t *testing.T) {
 					}
 				}
 			}
-			_, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", nil), "", ""})
+			_, cerr := run(t, call{"GC", ipamConf(t, a.Sock, "ov", nil), "", ""})
 			wantCNIError(t, cerr, types.ErrInvalidNetworkConfig, "valid-attachments")
-			if got := len(f.Keys("ov")); got != 6 {
+			if got := len(a.Keys(t, "ov")); got != 6 {
 				t.Fatalf("a refused GC changed the allocations: %d left", got)
 			}
 
 			valid := []types.GCAttachment{{ContainerID: "a", IfName: "eth0"}, {ContainerID: "b", IfName: "eth1"}, {ContainerID: "c", IfName: ""}}
-			if _, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", map[string]any{"cni.dev/valid-attachments": valid}), "", ""}); cerr != nil {
+			if _, cerr := run(t, call{"GC", ipamConf(t, a.Sock, "ov", map[string]any{"cni.dev/valid-attachments": valid}), "", ""}); cerr != nil {
 				t.Fatalf("GC: %v", cerr)
 			}
-			if got, want := f.Keys("ov"), []string{"a/eth0", "b/eth1", "c/eth0", "c/eth1"}; !slices.Equal(got, want) {
+			if got, want := a.Keys(t, "ov"), []string{"a/eth0", "b/eth1", "c/eth0", "c/eth1"}; !slices.Equal(got, want) {
 				t.Errorf("after GC the agent holds %v, want %v", got, want)
 			}
-			if got := len(f.Keys("other")); got != 6 {
+			if got := len(a.Keys(t, "other")); got != 6 {
 				t.Errorf("GC of ov touched another overlay: %d left of 6", got)
 			}
 			// Nothing live: everything goes.
-			if _, cerr := run(t, call{"GC", ipamConf(t, f.Sock, "ov", map[string]any{"cni.dev/valid-attachments": nil}), "", ""}); cerr != nil {
+			if _, cerr := run(t, call{"GC", ipamConf(t, a.Sock, "ov", map[string]any{"cni.dev/valid-attachments": nil}), "", ""}); cerr != nil {
 				t.Fatalf("GC with null list: %v", cerr)
 			}
-			if got := f.Keys("ov"); len(got) != 0 {
+			if got := a.Keys(t, "ov"); len(got) != 0 {
 				t.Errorf("after GC of nothing live the agent holds %v", got)
 			}
 		})
@@ -365,7 +406,11 @@ func TestPluginGC(t *testing.T) {
 }
 
 func TestPluginVersion(t *testing.T) {
-	info, err := invoke.GetVersionInfo(context.Background(), filepath.Join(pluginDir, PluginType), nil)
+	plugin, err := invoke.FindInPath(netconf.PluginType, pluginPath(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := invoke.GetVersionInfo(context.Background(), plugin, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,75 +454,5 @@ func TestResultFromAllocation(t *testing.T) {
 				t.Errorf("result = %+v", res)
 			}
 		})
-	}
-}
-
-// TestFakeAgentContract pins the fake's behaviour to the contract the tests
-// rely on, through the real client.
-func TestFakeAgentContract(t *testing.T) {
-	f := startFakeAgent(t, fakeNetConfig{Name: "ov", Mesos: netip.MustParsePrefix("10.1.0.0/29"), Docker: netip.MustParsePrefix("10.1.0.8/29")})
-	cl := api.NewIPAMClient(f.Sock, 0)
-	ctx := context.Background()
-	addr := func(cid, ifn, bridge, claim string) (string, error) {
-		a, err := cl.Allocate(ctx, api.IPAMRequest{Network: "ov", ContainerID: cid, IfName: ifn, Bridge: bridge, Address: claim})
-		if err != nil {
-			return "", err
-		}
-		return a.IPs[0].Address, nil
-	}
-	wantCode := func(err error, code string) {
-		t.Helper()
-		var ae *api.Error
-		if !errors.As(err, &ae) || ae.Code != code {
-			t.Errorf("error %v; want code %s", err, code)
-		}
-	}
-	steps := []struct{ cid, ifn, bridge, claim, want, code string }{
-		{"a", "eth0", "", "", "10.1.0.2/29", ""},
-		{"a", "eth0", "", "", "10.1.0.2/29", ""},
-		{"b", "eth0", "", "10.1.0.5", "10.1.0.5/29", ""},
-		{"c", "eth0", "", "10.1.0.5", "", api.CodeTaken},
-		{"c", "eth0", "", "10.1.0.1", "", api.CodeBadRequest},
-		{"c", "eth0", "", "", "10.1.0.3/29", ""},
-		{"d", "eth0", "", "", "10.1.0.4/29", ""},
-		{"e", "eth0", "", "", "10.1.0.6/29", ""},
-		{"f", "eth0", "", "", "", api.CodeExhausted},
-		{"f", "eth0", "docker", "", "10.1.0.10/29", ""},
-		{"", "eth0", "", "", "", api.CodeBadRequest},
-	}
-	for _, s := range steps {
-		got, err := addr(s.cid, s.ifn, s.bridge, s.claim)
-		if s.code != "" {
-			wantCode(err, s.code)
-			continue
-		}
-		if err != nil || got != s.want {
-			t.Errorf("allocate %s/%s = %s, %v; want %s", s.cid, s.ifn, got, err, s.want)
-		}
-	}
-	if rel, err := cl.Release(ctx, api.IPAMRequest{Network: "ov", ContainerID: "zz", IfName: "eth0"}); err != nil || len(rel.Released) != 0 {
-		t.Errorf("release of an unknown attachment = %v, %v", rel, err)
-	}
-	if _, err := cl.Lookup(ctx, api.IPAMRequest{Network: "ov", ContainerID: "zz", IfName: "eth0"}); err != nil {
-		wantCode(err, api.CodeNotFound)
-	} else {
-		t.Error("lookup of an unknown attachment succeeded")
-	}
-	if _, err := cl.Release(ctx, api.IPAMRequest{Network: "ov", ContainerID: "c", IfName: "eth0"}); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := addr("g", "eth0", "", ""); err != nil || got != "10.1.0.3/29" {
-		t.Errorf("allocation after a release = %s, %v; want the freed 10.1.0.3/29", got, err)
-	}
-	st, err := cl.Status(ctx, "ov")
-	if err != nil || !st.Ready || st.Free["mesos"] != 0 || st.Free["docker"] != 4 {
-		t.Errorf("status = %+v, %v", st, err)
-	}
-	if _, err := os.Stat(f.Sock); err != nil {
-		t.Fatal(err)
-	}
-	f.Stop()
-	if _, err := cl.Status(ctx, "ov"); !errors.Is(err, api.ErrAgentUnreachable) {
-		t.Errorf("status of a stopped agent: %v; want ErrAgentUnreachable", err)
 	}
 }

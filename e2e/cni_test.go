@@ -17,6 +17,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 )
 
@@ -325,9 +326,9 @@ func (s *stream) run(ctx context.Context, t *testing.T) []*labcluster.Container 
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		err := labcluster.Eventually(ctx, 10*time.Millisecond, func() error {
+		err := retry.Until(ctx, 10*time.Millisecond, func() error {
 			if t.Failed() {
-				return labcluster.Permanent(errors.New("a worker failed"))
+				return retry.Permanent(errors.New("a worker failed"))
 			}
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -462,7 +463,7 @@ func (s *stream) retry(ctx context.Context, t *testing.T) {
 	t.Helper()
 	del := func(ct *labcluster.Container) {
 		t.Helper()
-		err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error { return s.c.DelCNIContainer(ctx, ct) })
+		err := retry.Until(ctx, 100*time.Millisecond, func() error { return s.c.DelCNIContainer(ctx, ct) })
 		if err != nil {
 			t.Fatalf("retried DEL of %s: %v", ct.Name, err)
 		}
@@ -477,10 +478,10 @@ func (s *stream) retry(ctx context.Context, t *testing.T) {
 			continue
 		}
 		del(ct)
-		err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			err := s.c.CNIAdd(ctx, ct)
 			if err != nil && labcluster.CNICode(err) != types.ErrTryAgainLater {
-				return labcluster.Permanent(err)
+				return retry.Permanent(err)
 			}
 			return err
 		})

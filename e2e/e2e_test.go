@@ -17,6 +17,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/vishvananda/netlink"
 )
 
@@ -91,7 +92,7 @@ func TestOverlay(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, o := range others(c, h) {
-			err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+			err := retry.Until(ctx, 100*time.Millisecond, func() error {
 				ks, err := c.Kernel(o)
 				if err != nil {
 					return err
@@ -163,7 +164,7 @@ func TestOverlay(t *testing.T) {
 			t.Fatalf("agent restarted with %v, want --ip %s", h.Agent.Args(), newIP.Addr())
 		}
 		for _, o := range others(c, h) {
-			err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+			err := retry.Until(ctx, 100*time.Millisecond, func() error {
 				ks, err := c.Kernel(o)
 				if err != nil {
 					return err
@@ -219,7 +220,7 @@ func TestOverlay(t *testing.T) {
 		if err := c.WaitConverged(ctx); err != nil {
 			t.Fatal(err)
 		}
-		err = labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+		err = retry.Until(ctx, 100*time.Millisecond, func() error {
 			p, err := c.AgentClient(h).Peers(ctx)
 			if err != nil {
 				return err
@@ -329,7 +330,7 @@ func matches(ks *labcluster.KernelState, st *api.State, self string) error {
 func waitKernelMatchesMasters(ctx context.Context, t *testing.T, c *labcluster.Cluster) {
 	t.Helper()
 	for _, h := range c.Hosts() {
-		err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			st, err := c.State(ctx)
 			if err != nil {
 				return err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // TestGossipWithoutMasters: a change seen by some agents reaches an agent
@@ -47,7 +48,7 @@ func TestGossipWithoutMasters(t *testing.T) {
 	}
 	// The agents still running (hosts 1 and 2) have seen both.
 	for _, h := range []*labcluster.Host{c.Host(1), c.Host(2)} {
-		if err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+		if err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			return peerState(ctx, c, h, "late", h3ID)
 		}); err != nil {
 			t.Fatalf("%s before the masters stop: %v", h.Name, err)
@@ -62,7 +63,7 @@ func TestGossipWithoutMasters(t *testing.T) {
 	if err := c.StartAgent(h4); err != nil {
 		t.Fatal(err)
 	}
-	err = labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+	err = retry.Until(ctx, 100*time.Millisecond, func() error {
 		if err := peerState(ctx, c, h4, "late", h3ID); err != nil {
 			return err
 		}

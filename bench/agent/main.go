@@ -27,6 +27,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/netnslab"
 )
 
@@ -321,7 +322,7 @@ func waitProgrammed(ctx context.Context, c *labcluster.Cluster, observers []*lab
 func waitGone(ctx context.Context, c *labcluster.Cluster, observers []*labcluster.Host, id string) error {
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return labcluster.Eventually(wctx, 50*time.Millisecond, func() error {
+	return retry.Until(wctx, 50*time.Millisecond, func() error {
 		for _, o := range observers {
 			p, err := c.AgentClient(o).Peers(wctx)
 			if err != nil {

@@ -10,10 +10,11 @@ import (
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/internal/cli"
 )
 
 func runAgent(ctx context.Context, args []string) error {
-	fs := newFlagSet("agent")
+	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
 	masters := fs.String("masters", "", "master URLs, comma separated")
 	id := fs.String("id", "", "agent id (default: created on first start and kept in --data-dir)")
@@ -29,7 +30,7 @@ func runAgent(ctx context.Context, args []string) error {
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	logger, err := newLogger(os.Stderr, *logLevel)
@@ -37,7 +38,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	if *dataDir == "" {
-		return fmt.Errorf("%w: --data-dir is required", errUsage)
+		return fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
 	}
 	urls, err := splitMasters(*masters)
 	if err != nil {
@@ -46,19 +47,19 @@ func runAgent(ctx context.Context, args []string) error {
 	var underlay netip.Addr
 	if *ip != "" {
 		if underlay, err = netip.ParseAddr(*ip); err != nil || underlay.Zone() != "" {
-			return fmt.Errorf("%w: --ip %q is not an IP address", errUsage, *ip)
+			return fmt.Errorf("%w: --ip %q is not an IP address", cli.ErrUsage, *ip)
 		}
 	}
 	if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
-		return fmt.Errorf("%w: --http-addr %q: want HOST:PORT", errUsage, *httpAddr)
+		return fmt.Errorf("%w: --http-addr %q: want HOST:PORT", cli.ErrUsage, *httpAddr)
 	}
 	if *meshAddr != "" {
 		if _, err := netip.ParseAddrPort(*meshAddr); err != nil {
-			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", errUsage, *meshAddr)
+			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
 		}
 	}
 	if *resync < time.Second {
-		return fmt.Errorf("%w: --resync-interval %s: at least 1s", errUsage, *resync)
+		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{

@@ -1,35 +1,48 @@
 package main
 
 import (
-	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"os/signal"
+	"path/filepath"
 	"syscall"
-
-	"github.com/carve-net/carve/internal/demo"
 )
 
-func runDemo(ctx context.Context, args []string) error {
-	fs := newFlagSet("demo")
-	hosts := fs.Int("hosts", 3, "host namespaces, each with an agent (masters run in the first three)")
-	containers := fs.Int("containers", 2, "container namespaces per host")
-	keep := fs.Bool("keep", false, "leave the cluster running until Ctrl-C")
-	if err := parseFlags(fs, args); err != nil {
-		return err
-	}
-	if *hosts < 1 || *hosts > 50 {
-		return fmt.Errorf("%w: --hosts %d: want 1-50", errUsage, *hosts)
-	}
-	if *containers < 0 || *containers > 50 {
-		return fmt.Errorf("%w: --containers %d: want 0-50", errUsage, *containers)
-	}
-	// `carve demo | head` must still clean up: a closed stdout makes writes
-	// fail instead of killing the process before it removes the namespaces.
-	signal.Ignore(syscall.SIGPIPE)
+// labBinary is the demo's own binary, built next to carve by make build. The
+// lab (namespaces, a cluster harness, libcni) lives there, not in carve.
+const labBinary = "carve-lab"
+
+// runDemo replaces this process with carve-lab, next to the carve binary,
+// with the same flags: signals and Ctrl-C go straight to the lab, which
+// cleans up. It returns only when the exec failed.
+func runDemo(args []string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find the carve binary: %w", err)
 	}
-	return demo.Run(ctx, demo.Options{Binary: self, Hosts: *hosts, Containers: *containers, Keep: *keep, Out: os.Stdout})
+	lab, err := findLab(self)
+	if err != nil {
+		return err
+	}
+	argv := append([]string{lab}, args...)
+	if err := syscall.Exec(lab, argv, os.Environ()); err != nil {
+		return fmt.Errorf("exec %s: %w", lab, err)
+	}
+	return nil
+}
+
+// findLab returns the path of carve-lab next to the carve binary self.
+func findLab(self string) (string, error) {
+	lab := filepath.Join(filepath.Dir(self), labBinary)
+	fi, err := os.Stat(lab)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("needs bin/%s, not found at %s: run make build", labBinary, lab)
+	case err != nil:
+		return "", fmt.Errorf("needs bin/%s: %w", labBinary, err)
+	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
+		return "", fmt.Errorf("needs bin/%s: %s is not an executable file: run make build", labBinary, lab)
+	}
+	return lab, nil
 }

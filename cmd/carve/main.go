@@ -1,10 +1,9 @@
-// Command carve runs a carve master, agent or demo, and reads the masters' state.
+// Command carve runs a carve master or agent, reads the masters' state, and
+// starts the demo (bin/carve-lab).
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/carve-net/carve/internal/cli"
 )
 
 const usage = `carve: a VXLAN overlay control plane
@@ -27,9 +28,6 @@ usage:
 
 Run 'carve COMMAND -h' for the flags of a command.
 `
-
-// errUsage marks a command-line error: the message is printed with exit code 2.
-var errUsage = errors.New("usage")
 
 func main() {
 	if len(os.Args) < 2 {
@@ -48,7 +46,7 @@ func main() {
 	case "state":
 		err = runState(ctx, args, os.Stdout)
 	case "demo":
-		err = runDemo(ctx, args)
+		err = runDemo(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return
@@ -56,44 +54,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "carve: unknown command %q\n\n%s", os.Args[1], usage)
 		os.Exit(2)
 	}
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0)
-		}
-		fmt.Fprintf(os.Stderr, "carve %s: %v\n", os.Args[1], err)
-		if errors.Is(err, errUsage) {
-			os.Exit(2)
-		}
-		os.Exit(1)
+	if code := cli.Report(os.Stderr, "carve "+os.Args[1], err); code != 0 {
+		stop()
+		os.Exit(code)
 	}
-}
-
-// newFlagSet returns a flag set that reports errors instead of exiting.
-func newFlagSet(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("carve "+name, flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	return fs
-}
-
-// parseFlags parses and refuses stray arguments.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
-	}
-	return nil
 }
 
 // newLogger builds the process logger at the given level.
 func newLogger(w io.Writer, level string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
-		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, level)
+		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", cli.ErrUsage, level)
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
 }

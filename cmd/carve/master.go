@@ -8,12 +8,13 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/raftlog"
 )
 
 func runMaster(ctx context.Context, args []string) error {
-	fs := newFlagSet("master")
+	fs := cli.NewFlagSet("carve master")
 	id := fs.String("id", "", "this master's Raft server id (e.g. m1)")
 	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots")
 	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HOST:PORT of the HTTP API; a concrete address, not a wildcard: the other masters forward writes to it")
@@ -22,7 +23,7 @@ func runMaster(ctx context.Context, args []string) error {
 	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	logger, err := newLogger(os.Stderr, *logLevel)
@@ -30,14 +31,14 @@ func runMaster(ctx context.Context, args []string) error {
 		return err
 	}
 	if *id == "" {
-		return fmt.Errorf("%w: --id is required", errUsage)
+		return fmt.Errorf("%w: --id is required", cli.ErrUsage)
 	}
 	if *dataDir == "" {
-		return fmt.Errorf("%w: --data-dir is required", errUsage)
+		return fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
 	}
 	for flagName, addr := range map[string]string{"--http-addr": *httpAddr, "--raft-addr": *raftAddr} {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return fmt.Errorf("%w: %s %q: want HOST:PORT", errUsage, flagName, addr)
+			return fmt.Errorf("%w: %s %q: want HOST:PORT", cli.ErrUsage, flagName, addr)
 		}
 	}
 	servers, err := parsePeers(*peers)
@@ -45,7 +46,7 @@ func runMaster(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(servers) == 0 && *join == "" {
-		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", errUsage)
+		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
 	}
 	netCfg := master.DefaultConfig()
 	if *config != "" {
@@ -81,13 +82,13 @@ func parsePeers(s string) ([]raftlog.Server, error) {
 		}
 		id, addr, ok := strings.Cut(item, "=")
 		if !ok || id == "" {
-			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", errUsage, item)
+			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", cli.ErrUsage, item)
 		}
 		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", errUsage, item)
+			return nil, fmt.Errorf("%w: --peers entry %q: want id=HOST:PORT", cli.ErrUsage, item)
 		}
 		if seen[id] {
-			return nil, fmt.Errorf("%w: --peers names %q twice", errUsage, id)
+			return nil, fmt.Errorf("%w: --peers names %q twice", cli.ErrUsage, id)
 		}
 		seen[id] = true
 		out = append(out, raftlog.Server{ID: id, Address: addr, Voter: true})
@@ -104,10 +105,10 @@ func splitMasters(s string) ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: --masters is required (URL[,URL...])", errUsage)
+		return nil, fmt.Errorf("%w: --masters is required (URL[,URL...])", cli.ErrUsage)
 	}
 	if _, err := api.NewClient(out, nil); err != nil {
-		return nil, fmt.Errorf("%w: --masters: %v", errUsage, err)
+		return nil, fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	return out, nil
 }

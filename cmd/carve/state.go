@@ -10,14 +10,15 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 )
 
 func runState(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlagSet("state")
+	fs := cli.NewFlagSet("carve state")
 	masters := fs.String("masters", "", "master URLs, comma separated")
 	asJSON := fs.Bool("json", false, "print the raw state as JSON")
 	consistent := fs.Bool("consistent", false, "linearizable read through the leader")
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	urls, err := splitMasters(*masters)

@@ -1,7 +1,7 @@
-// Package demo runs `carve demo`: a whole carve cluster inside network
-// namespaces (labcluster), with containers on every host, and shows what
-// carve did: the kernel state of one host, the masters' state and a ping
-// matrix through the overlay. Everything is removed on exit, on error and on
+// Package demo runs `carve demo` (bin/carve-lab): a whole carve cluster
+// inside network namespaces (labcluster), with containers on every host, and
+// shows what carve did: the kernel state of one host, the masters' state and
+// a ping matrix through the overlay. Everything is removed on exit, on error and on
 // SIGINT/SIGTERM (the caller's ctx ends); --keep leaves it running until then.
 package demo
 
@@ -28,8 +28,8 @@ const Prefix = "carvedemo"
 
 // Options configure the demo.
 type Options struct {
-	// Binary is the carve binary that runs masters and agents (the running
-	// `carve demo` itself).
+	// Binary is the carve binary that runs masters and agents (bin/carve,
+	// next to bin/carve-lab).
 	Binary string
 	// Hosts is the number of host namespaces, each with an agent; masters
 	// run in the first three.
@@ -191,7 +191,7 @@ func removeStaleDirs(out io.Writer) {
 		if err != nil || pid <= 0 || pid == os.Getpid() {
 			continue
 		}
-		if labcluster.PIDAlive(pid) {
+		if netnslab.PIDAlive(pid) {
 			continue // that demo still runs
 		}
 		if err := os.RemoveAll(d); err != nil {

@@ -4,7 +4,7 @@
 // carve binary. Containers are namespaces attached the way a CNI runtime
 // attaches them: libcni, run inside the host namespace, with the conflist
 // the host's agent wrote, the reference bridge plugin and carve-ipam (see
-// AddCNIContainer). The end-to-end tests, `carve demo` and the agent and CNI
+// AddCNIContainer). The end-to-end tests, `carve demo` (cmd/carve-lab) and the agent and CNI
 // benchmarks share it.
 //
 // The harness itself lives in the root namespace, which has no route to the
@@ -36,9 +36,11 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
 
@@ -293,7 +295,7 @@ func New(opts Options) (_ *Cluster, err error) {
 // addControlAddr puts ControlAddr on the underlay bridge, so that the
 // harness can talk to the hosts from the underlay namespace.
 func addControlAddr(lab *netnslab.Lab) error {
-	nh, err := netlink.NewHandleAt(lab.Underlay.NsHandle())
+	nh, err := netlinksafe.NewHandleAt(lab.Underlay.NsHandle())
 	if err != nil {
 		return fmt.Errorf("labcluster: netlink in the underlay: %w", err)
 	}
@@ -444,7 +446,7 @@ func (c *Cluster) StartMaster(m *Master) error {
 // configuration is committed, and returns it.
 func (c *Cluster) WaitLeader(ctx context.Context) (*Master, error) {
 	var leader *Master
-	err := Eventually(ctx, 200*time.Millisecond, func() error {
+	err := retry.Until(ctx, 200*time.Millisecond, func() error {
 		running := 0
 		var errs []error
 		for _, m := range c.Masters() {
@@ -473,7 +475,7 @@ func (c *Cluster) WaitLeader(ctx context.Context) (*Master, error) {
 			}
 		}
 		if running == 0 {
-			return Permanent(errors.New("no master is running"))
+			return retry.Permanent(errors.New("no master is running"))
 		}
 		return errors.Join(append([]error{errors.New("no leader yet")}, errs...)...)
 	})
@@ -567,7 +569,7 @@ func (c *Cluster) ResetAgentData(h *Host) error {
 // overlay is STATUS_OK; it remembers the agent's id.
 func (c *Cluster) agentReady(ctx context.Context, h *Host) (*api.AgentInfo, error) {
 	if !h.Agent.Running() {
-		return nil, Permanent(fmt.Errorf("agent on %s is not running (%v); log:\n%s", h.Name, h.Agent.ExitErr(), h.Agent.Tail(20)))
+		return nil, retry.Permanent(fmt.Errorf("agent on %s is not running (%v); log:\n%s", h.Name, h.Agent.ExitErr(), h.Agent.Tail(20)))
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -601,7 +603,7 @@ func (c *Cluster) agentReady(ctx context.Context, h *Host) (*api.AgentInfo, erro
 // STATUS_OK, and returns its record.
 func (c *Cluster) WaitAgent(ctx context.Context, h *Host) (*api.AgentInfo, error) {
 	var info *api.AgentInfo
-	err := Eventually(ctx, 100*time.Millisecond, func() error {
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
 		var err error
 		info, err = c.agentReady(ctx, h)
 		return err
@@ -671,7 +673,7 @@ func (c *Cluster) Converged(ctx context.Context) error {
 
 // WaitConverged waits until Converged returns nil.
 func (c *Cluster) WaitConverged(ctx context.Context) error {
-	if err := Eventually(ctx, 200*time.Millisecond, func() error { return c.Converged(ctx) }); err != nil {
+	if err := retry.Until(ctx, 200*time.Millisecond, func() error { return c.Converged(ctx) }); err != nil {
 		return fmt.Errorf("labcluster: not converged: %w", err)
 	}
 	return nil
@@ -696,7 +698,7 @@ func (c *Cluster) SetUnderlayIP(h *Host, ip netip.Prefix) error {
 		return fmt.Errorf("labcluster: %s runs master %s bound to %s; re-addressing it needs a Raft membership change", h.Name, h.Master.ID, h.IP().Addr())
 	}
 	old := h.IP()
-	nh, err := netlink.NewHandleAt(h.NS.NsHandle())
+	nh, err := netlinksafe.NewHandleAt(h.NS.NsHandle())
 	if err != nil {
 		return fmt.Errorf("labcluster: netlink in %s: %w", h.Name, err)
 	}

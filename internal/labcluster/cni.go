@@ -19,7 +19,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/cni"
+	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/internal/netnslab"
 )
 
@@ -75,7 +75,7 @@ func (c *Cluster) Conflist(h *Host, overlay string) (*libcni.NetworkConfigList, 
 	list, err := libcni.LoadNetworkConf(h.CNIConfDir(), overlay)
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: the conflist of %s on %s (has the agent written %s?): %w",
-			overlay, h.Name, cni.ConflistPath(h.CNIConfDir(), overlay), err)
+			overlay, h.Name, netconf.ConflistPath(h.CNIConfDir(), overlay), err)
 	}
 	return list, nil
 }
@@ -103,7 +103,7 @@ func (c *Cluster) NewContainer(h *Host, overlay string, opts CNIOptions) (*Conta
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
 	ct := &Container{
-		NS:          &netnslab.Container{Namespace: n, Host: h.NS, Config: netnslab.ContainerConfig{Bridge: cni.MesosBridge(overlay)}},
+		NS:          &netnslab.Container{Namespace: n, Host: h.NS, Config: netnslab.ContainerConfig{Bridge: netconf.MesosBridge(overlay)}},
 		Host:        h,
 		Overlay:     overlay,
 		ContainerID: opts.ContainerID,
@@ -309,7 +309,7 @@ func (c *Cluster) GCIPAM(ctx context.Context, h *Host, overlay string, valid []t
 	doc, err := json.Marshal(map[string]any{
 		"cniVersion": list.CNIVersion,
 		"name":       overlay + "-ipam-gc",
-		"plugins":    []any{map[string]any{"type": cni.PluginType, "ipam": ipam}},
+		"plugins":    []any{map[string]any{"type": netconf.PluginType, "ipam": ipam}},
 	})
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/vxlan"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -46,9 +47,12 @@ type VTEPState struct {
 }
 
 // ReadKernel reads the VTEP called vtepName and carve's entries on it inside
-// ns. A missing VTEP is not an error (VTEP is nil, the maps are empty).
+// ns. A missing VTEP is not an error (VTEP is nil, the maps are empty). The
+// link and route dumps are retried when a concurrent change interrupts them
+// (netlinksafe); the address and neighbour dumps, which netlinksafe does not
+// wrap, fail instead, and the callers' waits read again.
 func ReadKernel(ns *netnslab.Namespace, vtepName string) (*KernelState, error) {
-	nh, err := netlink.NewHandleAt(ns.NsHandle())
+	nh, err := netlinksafe.NewHandleAt(ns.NsHandle())
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: netlink in %s: %w", ns.Name, err)
 	}

@@ -18,7 +18,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/vxlan"
+	"github.com/vishvananda/netlink"
 )
 
 const testPrefix = "carvelabtest"
@@ -86,7 +88,7 @@ func TestMasters(t *testing.T) {
 	if err := c.StartMaster(leader); err != nil {
 		t.Fatal(err)
 	}
-	err = Eventually(ctx, 100*time.Millisecond, func() error {
+	testutil.Eventually(t, 0, "the restarted "+leader.ID+" serves the lease", func() error {
 		cl, err := api.NewClient([]string{leader.URL()}, c.HTTPClient())
 		if err != nil {
 			return err
@@ -100,9 +102,6 @@ func TestMasters(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatalf("restarted %s does not serve the lease: %v", leader.ID, err)
-	}
 	if err := c.StopMaster(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
@@ -219,14 +218,16 @@ func TestKernelAndPing(t *testing.T) {
 		t.Fatalf("table:\n%s", table)
 	}
 
-	// Host 2 loses its routes: its containers no longer reach host 1's, and
-	// the matrix says so.
+	// Host 2 loses its peer: the kernel no longer holds host 1's entries.
 	dp, err := vxlan.New(vxlan.Options{NetNS: hosts[1].NS.NsHandle()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dp.Close()
-	ks, _ := c.Kernel(hosts[1])
+	ks, err := c.Kernel(hosts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
 	mac, _ := net.ParseMAC(ks.VTEP.MAC)
 	_, err = dp.Resync(ctx, vxlan.Desired{VTEP: vxlan.VTEP{Name: "vtep1024", VNI: 1024, Port: 4789, Local: hosts[1].IP().Addr(),
 		MAC: mac, MTU: 1450, Address: ks.VTEP.Addrs[0]},
@@ -241,12 +242,38 @@ func TestKernelAndPing(t *testing.T) {
 	if err := ks.LacksPeer(agents[0].pe); err != nil {
 		t.Fatal(err)
 	}
-	m = Ping(ctx, []*Container{cs[0], cs[2]})
-	if m.OK() || m.Results[1][0].Err == nil {
-		t.Fatalf("ping from a host without routes succeeded:\n%s", m)
+	if err := ks.HasPeer(agents[0].pe); err == nil {
+		t.Fatalf("HasPeer = nil after the peer was removed:\n%s", ks)
 	}
-	if !strings.Contains(m.String(), "FAIL") {
-		t.Fatalf("table lacks FAIL:\n%s", m)
+}
+
+// TestPingMatrixReport renders a matrix with a failed pair: the table marks
+// it FAIL, the count and Err name it, skipped cells are dots.
+func TestPingMatrixReport(t *testing.T) {
+	h1, h2 := &Host{Name: "h1"}, &Host{Name: "h2"}
+	cs := []*Container{
+		{Name: "a", Host: h1, Addr: netip.MustParsePrefix("10.128.1.2/25")},
+		{Name: "b", Host: h2, Addr: netip.MustParsePrefix("10.128.2.2/25")},
+	}
+	lost := errors.New("no reply")
+	m := &PingMatrix{Containers: cs, Results: [][]PingResult{
+		{{Skipped: true}, {RTT: 1500 * time.Microsecond, Attempts: 1}},
+		{{Err: lost, Attempts: PingAttempts}, {Skipped: true}},
+	}}
+	if m.OK() || m.Pairs() != 2 {
+		t.Fatalf("OK %v, pairs %d; want false, 2", m.OK(), m.Pairs())
+	}
+	if err := m.Err(); !errors.Is(err, lost) || !strings.Contains(err.Error(), "1 of 2 pings failed") || !strings.Contains(err.Error(), "b 10.128.2.2 -> a 10.128.1.2") {
+		t.Fatalf("Err = %v", err)
+	}
+	want := strings.Join([]string{
+		`from \ to     a 10.128.1.2  b 10.128.2.2`,
+		`a 10.128.1.2  .             ok 1.50ms`,
+		`b 10.128.2.2  FAIL          .`,
+		`2 pairs pinged across hosts, 1 failed`,
+	}, "\n") + "\n"
+	if got := m.String(); got != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", got, want)
 	}
 }
 
@@ -270,13 +297,30 @@ func TestSetUnderlayIP(t *testing.T) {
 	if h3.IP() != nw {
 		t.Fatalf("IP() = %s, want %s", h3.IP(), nw)
 	}
-	if err := h1.NS.PingRetry(ctx, nw.Addr(), 3); err != nil {
+	// The kernel holds the new address on the underlay link, not the old.
+	nh, err := h3.NS.Netlink()
+	if err != nil {
 		t.Fatal(err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if err := h1.NS.Ping(pctx, old.Addr()); err == nil {
-		t.Fatalf("old address %s still answers", old)
+	link, err := nh.LinkByName(h3.NS.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := nh.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Prefix
+	for _, a := range addrs {
+		ones, _ := a.Mask.Size()
+		got = append(got, netip.PrefixFrom(addrOf(a.IP), ones))
+	}
+	if !slices.Equal(got, []netip.Prefix{nw}) {
+		t.Fatalf("%s on %s: %v, want only %s (not the old %s)", h3.NS.Link, h3.Name, got, nw, old)
+	}
+	// And the others reach it there.
+	if err := h1.NS.PingRetry(ctx, nw.Addr(), 3); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -295,15 +339,7 @@ func TestRemoveStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = zombie.Wait() })
-	err := Eventually(deadline(t, 10*time.Second), 10*time.Millisecond, func() error {
-		if PIDAlive(zombie.Process.Pid) {
-			return errors.New("not a zombie yet")
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	testutil.Eventually(t, 0, "the exited child becomes a zombie", testutil.True(func() bool { return !netnslab.PIDAlive(zombie.Process.Pid) }))
 	withMaster := fmt.Sprintf("%s-%d-1-h1", prefix, zombie.Process.Pid)
 	empty := fmt.Sprintf("%s-%d-1-u", prefix, deadPID(t))
 	for _, name := range []string{withMaster, empty} {
@@ -335,7 +371,7 @@ func TestRemoveStale(t *testing.T) {
 	live := ForTest(t, Options{Hosts: 1, Masters: 1, Prefix: prefix})
 
 	// Wait until `ip netns exec` has become carve.
-	err = Eventually(deadline(t, 10*time.Second), 20*time.Millisecond, func() error {
+	testutil.Eventually(t, 0, "ip netns exec becomes carve master", func() error {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid))
 		if err != nil {
 			return err
@@ -345,9 +381,6 @@ func TestRemoveStale(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	killed, removed, err := RemoveStale(prefix)
 	if err != nil {
 		t.Fatal(err)
@@ -361,11 +394,14 @@ func TestRemoveStale(t *testing.T) {
 	if !slices.Equal(removed, want) {
 		t.Fatalf("removed %v, want %v", removed, want)
 	}
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the stale master still runs")
-	}
+	testutil.Eventually(t, 0, "the stale master's exit", func() error {
+		select {
+		case <-done:
+			return nil
+		default:
+			return errors.New("the stale master still runs")
+		}
+	})
 	if _, err := os.Stat(live.Host(1).NS.Path); err != nil {
 		t.Fatalf("the live cluster's namespace is gone: %v", err)
 	}
@@ -402,31 +438,6 @@ func TestIsClusterProcess(t *testing.T) {
 		if got := isClusterProcess([]byte(in)); got != want {
 			t.Errorf("isClusterProcess(%q) = %v, want %v", in, got, want)
 		}
-	}
-}
-
-func TestEventually(t *testing.T) {
-	n := 0
-	err := Eventually(context.Background(), time.Millisecond, func() error {
-		n++
-		if n < 3 {
-			return errors.New("not yet")
-		}
-		return nil
-	})
-	if err != nil || n != 3 {
-		t.Fatalf("err %v after %d calls", err, n)
-	}
-	boom := errors.New("boom")
-	err = Eventually(context.Background(), time.Millisecond, func() error { return Permanent(boom) })
-	if !errors.Is(err, boom) {
-		t.Fatalf("permanent: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	err = Eventually(ctx, time.Millisecond, func() error { return boom })
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, boom) {
-		t.Fatalf("deadline: %v", err)
 	}
 }
 

@@ -70,20 +70,7 @@ func Ping(ctx context.Context, cs []*Container) *PingMatrix {
 // pingOnce pings to from inside from, up to PingAttempts echoes.
 func pingOnce(ctx context.Context, from *netnslab.Namespace, to netip.Addr) PingResult {
 	var r PingResult
-	for r.Attempts < PingAttempts {
-		r.Attempts++
-		pctx, cancel := context.WithTimeout(ctx, netnslab.DefaultPingTimeout)
-		start := time.Now()
-		r.Err = from.Ping(pctx, to)
-		r.RTT = time.Since(start)
-		cancel()
-		if r.Err == nil || ctx.Err() != nil {
-			break
-		}
-	}
-	if r.Err != nil {
-		r.RTT = 0
-	}
+	r.Attempts, r.RTT, r.Err = from.PingEchoes(ctx, to, PingAttempts)
 	return r
 }
 

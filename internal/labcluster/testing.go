@@ -135,7 +135,7 @@ func removeStaleBuilds() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "carve-test-bin-*-*"))
 	for _, d := range dirs {
 		pidStr, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), "carve-test-bin-"), "-")
-		if pid, err := strconv.Atoi(pidStr); err == nil && pid > 0 && !PIDAlive(pid) {
+		if pid, err := strconv.Atoi(pidStr); err == nil && pid > 0 && !netnslab.PIDAlive(pid) {
 			_ = os.RemoveAll(d)
 		}
 	}

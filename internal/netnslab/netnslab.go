@@ -15,6 +15,7 @@
 package netnslab
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -30,7 +31,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -196,7 +199,7 @@ func New(opts Options) (*Lab, error) {
 		return fail(err)
 	}
 	l.Underlay = u
-	err = u.withNetlink(func(h *netlink.Handle) error {
+	err = u.withNetlink(func(h netlinksafe.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: UnderlayBridge, MTU: mtu}}
 		if err := h.LinkAdd(br); err != nil {
 			return fmt.Errorf("add underlay bridge: %w", err)
@@ -250,7 +253,7 @@ func (l *Lab) AddNamespace(suffix string) (*Namespace, error) {
 	if l.closed {
 		// Close ran meanwhile and will not see this one: undo it here.
 		l.mu.Unlock()
-		return nil, errors.Join(errors.New("netnslab: lab is closed"), removeNamed(path))
+		return nil, errors.Join(errors.New("netnslab: lab is closed"), RemoveMount(path))
 	}
 	l.namespaces = append(l.namespaces, n)
 	l.mu.Unlock()
@@ -267,7 +270,7 @@ func (l *Lab) AddNamespace(suffix string) (*Namespace, error) {
 	}
 	n.ns = h
 	n.mu.Unlock()
-	err = n.withNetlink(func(nh *netlink.Handle) error {
+	err = n.withNetlink(func(nh netlinksafe.Handle) error {
 		lo, err := nh.LinkByName("lo")
 		if err != nil {
 			return err
@@ -297,8 +300,8 @@ func (l *Lab) AddHost() (*Host, error) {
 	}
 	h := &Host{Namespace: n, Index: idx, IP: netip.PrefixFrom(ip, UnderlayPrefixLen), Link: HostLink}
 	peer := "h" + strconv.Itoa(idx)
-	err = l.Underlay.withNetlink(func(uh *netlink.Handle) error {
-		return n.withNetlink(func(hh *netlink.Handle) error {
+	err = l.Underlay.withNetlink(func(uh netlinksafe.Handle) error {
+		return n.withNetlink(func(hh netlinksafe.Handle) error {
 			// Created inside the host, its peer moved straight into the
 			// underlay: nothing ever appears in the caller's namespace.
 			veth := &netlink.Veth{
@@ -346,7 +349,7 @@ func (l *Lab) AddHost() (*Host, error) {
 // valid) and MTU (if non-zero), up. The dataplane creates its own bridges;
 // this is for lab tests that need one without it.
 func (h *Host) AddBridge(name string, addr netip.Prefix, mtu int) error {
-	return h.withNetlink(func(nh *netlink.Handle) error {
+	return h.withNetlink(func(nh netlinksafe.Handle) error {
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}}
 		if err := nh.LinkAdd(br); err != nil {
 			return fmt.Errorf("netnslab: add bridge %s: %w", name, err)
@@ -376,8 +379,8 @@ func (l *Lab) AddContainer(h *Host, cfg ContainerConfig) (*Container, error) {
 		return nil, err
 	}
 	c := &Container{Namespace: n, Host: h, HostLink: "vc" + strconv.Itoa(seq), Config: cfg}
-	err = h.withNetlink(func(hh *netlink.Handle) error {
-		return n.withNetlink(func(ch *netlink.Handle) error {
+	err = h.withNetlink(func(hh netlinksafe.Handle) error {
+		return n.withNetlink(func(ch netlinksafe.Handle) error {
 			br, err := hh.LinkByName(cfg.Bridge)
 			if err != nil {
 				return fmt.Errorf("bridge %s in host %s: %w", cfg.Bridge, h.Name, err)
@@ -487,7 +490,7 @@ func (n *Namespace) release() error {
 			errs = append(errs, err)
 		}
 	}
-	if err := removeNamed(n.Path); err != nil {
+	if err := RemoveMount(n.Path); err != nil {
 		errs = append(errs, fmt.Errorf("remove namespace %s: %w", n.Name, err))
 	}
 	return errors.Join(errs...)
@@ -546,12 +549,13 @@ func (n *Namespace) Netlink() (*netlink.Handle, error) {
 }
 
 // withNetlink runs fn with a short-lived handle, so that setup code does not
-// accumulate sockets (which would also pin the namespace).
-func (n *Namespace) withNetlink(fn func(*netlink.Handle) error) error {
+// accumulate sockets (which would also pin the namespace). The handle
+// retries the lookups a concurrent change interrupts (netlinksafe).
+func (n *Namespace) withNetlink(fn func(netlinksafe.Handle) error) error {
 	if _, err := n.handle(); err != nil {
 		return err
 	}
-	nh, err := netlink.NewHandleAt(n.NsHandle())
+	nh, err := netlinksafe.NewHandleAt(n.NsHandle())
 	if err != nil {
 		return fmt.Errorf("netlink handle in %s: %w", n.Name, err)
 	}
@@ -599,37 +603,39 @@ func (n *Namespace) ExecArgs(args ...string) []string {
 	return append([]string{"ip", "netns", "exec", n.Name}, args...)
 }
 
-// sysctlPath maps "net.ipv4.ip_forward" to /proc/sys/net/ipv4/ip_forward.
-func sysctlPath(name string) (string, error) {
+// checkNetSysctl refuses names outside net.*: only those are per network
+// namespace, so any other would change the whole machine.
+func checkNetSysctl(name string) error {
 	if !strings.HasPrefix(name, "net.") || strings.Contains(name, "..") || strings.Contains(name, "/") {
-		return "", fmt.Errorf("netnslab: only net.* sysctls are per namespace, not %q", name)
+		return fmt.Errorf("netnslab: only net.* sysctls are per namespace, not %q", name)
 	}
-	return "/proc/sys/" + strings.ReplaceAll(name, ".", "/"), nil
+	return nil
 }
 
 // Sysctl reads a net.* sysctl as seen from inside the namespace (/proc/sys/net
 // resolves against the network namespace of the reading thread).
 func (n *Namespace) Sysctl(name string) (string, error) {
-	p, err := sysctlPath(name)
-	if err != nil {
+	if err := checkNetSysctl(name); err != nil {
 		return "", err
 	}
-	var v []byte
-	err = n.Do(func() error {
+	var v string
+	err := n.Do(func() error {
 		var err error
-		v, err = os.ReadFile(p)
+		v, err = sysctl.Sysctl(name)
 		return err
 	})
-	return strings.TrimSpace(string(v)), err
+	return strings.TrimSpace(v), err
 }
 
 // SetSysctl writes a net.* sysctl inside the namespace only.
 func (n *Namespace) SetSysctl(name, value string) error {
-	p, err := sysctlPath(name)
-	if err != nil {
+	if err := checkNetSysctl(name); err != nil {
 		return err
 	}
-	return n.Do(func() error { return os.WriteFile(p, []byte(value), 0o644) })
+	return n.Do(func() error {
+		_, err := sysctl.Sysctl(name, value)
+		return err
+	})
 }
 
 // Inode returns the inode number that identifies the namespace (the one
@@ -643,7 +649,10 @@ func (n *Namespace) Inode() (uint64, error) {
 }
 
 // createNamed creates a network namespace and bind-mounts it at path, as
-// `ip netns add` does. The unshare happens on a dedicated, locked OS thread
+// `ip netns add` does. (plugins/pkg/ns opens namespaces and runs code in
+// them, which Do uses, but creates none with a name of ours;
+// pkg/testutils.NewNS names them at random, which Stale could not trace to
+// their creator.) The unshare happens on a dedicated, locked OS thread
 // that is never unlocked, so the Go runtime discards it afterwards and no
 // other goroutine ever runs inside the new namespace by accident.
 func createNamed(path string) error {
@@ -677,8 +686,11 @@ func createNamed(path string) error {
 	return nil
 }
 
-// removeNamed undoes createNamed; a missing namespace is not an error.
-func removeNamed(path string) error {
+// RemoveMount undoes `ip netns add` (and createNamed): it detaches the
+// namespace's bind mount at path and removes the file; a missing one is not
+// an error. (plugins/pkg/testutils.UnmountNS fails on a missing or busy
+// mount, which a cleanup after a crash must get past.)
+func RemoveMount(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount: %w", err)
 	}
@@ -710,12 +722,11 @@ func CreatorPID(name, prefix string) (int, bool) {
 	return pid, true
 }
 
-// RemoveStale removes namespaces left behind by labs of processes that no
-// longer exist (e.g. a test binary that was killed): names of the form
-// prefix-<pid>-<n>-... whose pid is not running. prefix "" means
-// DefaultPrefix. It returns the names it removed. It never touches a
-// namespace whose creator still runs, nor names of any other form.
-func RemoveStale(prefix string) ([]string, error) {
+// Stale lists the namespaces (names under NetNSDir) left behind by labs of
+// processes that no longer run (PIDAlive: a zombie counts as gone), e.g. a
+// test binary that was killed: names of the form prefix-<pid>-<n>-... .
+// prefix "" means DefaultPrefix. Names of any other form are never listed.
+func Stale(prefix string) ([]string, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
@@ -726,21 +737,30 @@ func RemoveStale(prefix string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	var stale []string
+	for _, e := range entries {
+		if pid, ok := CreatorPID(e.Name(), prefix); ok && !PIDAlive(pid) {
+			stale = append(stale, e.Name())
+		}
+	}
+	return stale, nil
+}
+
+// RemoveStale removes the namespaces Stale lists and returns their names. It
+// never touches a namespace whose creator still runs.
+func RemoveStale(prefix string) ([]string, error) {
+	stale, err := Stale(prefix)
+	if err != nil {
+		return nil, err
+	}
 	var removed []string
 	var errs []error
-	for _, e := range entries {
-		pid, ok := CreatorPID(e.Name(), prefix)
-		if !ok {
-			continue
-		}
-		if err := syscall.Kill(pid, 0); err == nil || errors.Is(err, syscall.EPERM) {
-			continue // its creator still runs
-		}
-		if err := removeNamed(filepath.Join(NetNSDir, e.Name())); err != nil {
+	for _, name := range stale {
+		if err := RemoveMount(filepath.Join(NetNSDir, name)); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		removed = append(removed, e.Name())
+		removed = append(removed, name)
 	}
 	return removed, errors.Join(errs...)
 }
@@ -776,4 +796,23 @@ func ipv4ToUint(a netip.Addr) uint32 {
 
 func uintToIPv4(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// PIDAlive reports whether pid runs: it exists and is not a zombie. A
+// process killed with SIGKILL stays a zombie until its parent reaps it, and
+// its leftovers are stale from the moment it died.
+func PIDAlive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 || i+2 >= len(stat) {
+		return true
+	}
+	return stat[i+2] != 'Z' && stat[i+2] != 'X'
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // DefaultPingTimeout bounds one echo when the context carries no deadline,
@@ -113,16 +115,34 @@ func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
 // ctx) and returns nil on the first reply: the first packets of a fresh path
 // may be lost while neighbours resolve.
 func (n *Namespace) PingRetry(ctx context.Context, dst netip.Addr, attempts int) error {
-	var err error
-	for i := 0; i < max(attempts, 1); i++ {
-		pctx, cancel := context.WithTimeout(ctx, DefaultPingTimeout)
-		err = n.Ping(pctx, dst)
-		cancel()
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-	}
+	_, _, err := n.PingEchoes(ctx, dst, attempts)
 	return err
+}
+
+// pingRetryInterval spaces echoes that fail at once (no route, say); one
+// that times out is followed by the next immediately.
+const pingRetryInterval = 100 * time.Millisecond
+
+// PingEchoes is PingRetry that also tells how many echoes it sent and the
+// round trip of the one answered (zero when none was).
+func (n *Namespace) PingEchoes(ctx context.Context, dst netip.Addr, attempts int) (sent int, rtt time.Duration, err error) {
+	attempts = max(attempts, 1)
+	err = retry.Until(ctx, pingRetryInterval, func() error {
+		sent++
+		pctx, cancel := context.WithTimeout(ctx, DefaultPingTimeout)
+		defer cancel()
+		start := time.Now()
+		err := n.Ping(pctx, dst)
+		if err == nil {
+			rtt = time.Since(start)
+			return nil
+		}
+		if sent >= attempts {
+			return retry.Permanent(err)
+		}
+		return err
+	})
+	return sent, rtt, err
 }
 
 // checksum is the Internet checksum (RFC 1071).

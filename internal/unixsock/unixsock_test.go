@@ -15,6 +15,14 @@ func TestListen(t *testing.T) {
 	if err != nil {
 		t.Fatalf("fresh socket: %v", err)
 	}
+	// CNI plugins and Docker reach it as root or through the group.
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket file mode %v; want a socket with mode 0660", fi.Mode())
+	}
 	// A socket somebody serves is refused.
 	if _, err := Listen(path); err == nil || !strings.Contains(err.Error(), "served by another process") {
 		t.Errorf("live socket: %v", err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -25,19 +26,6 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// eventually polls cond; the test's deadline bounds it, no time limit of
-// its own.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("never: %s", what)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
 }
 
 func TestOverMesh(t *testing.T) {
@@ -71,14 +59,14 @@ func TestOverMesh(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, "mesh formed", func() bool {
+	testutil.Eventually(t, 0, "mesh formed", testutil.True(func() bool {
 		for _, r := range routers {
 			if len(r.Peers()) != count-1 {
 				return false
 			}
 		}
 		return true
-	})
+	}))
 	// Each agent learns only its own lease; gossip spreads the rest.
 	// agent-0's lease is a /30, which it fills.
 	for i, p := range peers {
@@ -100,7 +88,7 @@ func TestOverMesh(t *testing.T) {
 		}
 		return true
 	}
-	eventually(t, "rings converge", same)
+	testutil.Eventually(t, 0, "rings converge", testutil.True(same))
 	if err := peers[0].Update(func(a *ring.Allocator) error {
 		for x := netip.MustParseAddr("10.128.1.0"); x.Compare(netip.MustParseAddr("10.128.1.3")) <= 0; x = x.Next() {
 			if err := a.Reserve(x); err != nil {
@@ -111,11 +99,11 @@ func TestOverMesh(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := peers[0].RequestSpace(t.Context())
+	got, err := peers[0].RequestSpace(bounded(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "rings converge after the grant", same)
+	testutil.Eventually(t, 0, "rings converge after the grant", testutil.True(same))
 	for _, p := range peers {
 		p.View(func(a *ring.Allocator) {
 			if o, _ := a.Ring().Owner(got.Addr()); o != "agent-0" {

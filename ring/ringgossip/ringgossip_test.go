@@ -2,6 +2,7 @@ package ringgossip
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -61,12 +63,22 @@ func encoded(p *Peer) []byte {
 	return b
 }
 
+// bounded is a context for one blocking call of a test: it ends after
+// testutil.WaitLimit, so that a call that never returns fails the test
+// instead of running into -timeout (t.Context ends only after the test).
+func bounded(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.WaitLimit)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // converge runs gossip rounds until every live peer holds the same ring;
 // the bound is a number of rounds, not a time.
 func converge(t *testing.T, n *fakegossip.Network, peers []*Peer) {
 	t.Helper()
 	for round := 0; ; round++ {
-		if err := n.WaitIdle(t.Context()); err != nil {
+		if err := n.WaitIdle(bounded(t)); err != nil {
 			t.Fatalf("seed %d: %v", n.Seed(), err)
 		}
 		same := true
@@ -232,7 +244,7 @@ func TestSpaceRequest(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			got, err := full.RequestSpace(t.Context())
+			got, err := full.RequestSpace(bounded(t))
 			if err != nil {
 				t.Fatalf("seed %d: RequestSpace: %v", tt.cfg.Seed, err)
 			}
@@ -273,7 +285,7 @@ func TestSpaceRequest(t *testing.T) {
 func TestSpaceRequestNoDonor(t *testing.T) {
 	n := newNetwork(t, fakegossip.Config{Seed: 20})
 	peers := joinPeers(t, n, 2)
-	if _, err := peers[0].RequestSpace(t.Context()); !errors.Is(err, ErrNoDonor) {
+	if _, err := peers[0].RequestSpace(bounded(t)); !errors.Is(err, ErrNoDonor) {
 		t.Fatalf("RequestSpace with nobody owning anything = %v", err)
 	}
 	// A donor whose ring advertises space it has not got refuses; with no
@@ -294,7 +306,7 @@ func TestSpaceRequestNoDonor(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := peers[0].RequestSpace(t.Context()); !errors.Is(err, ErrNoDonor) {
+	if _, err := peers[0].RequestSpace(bounded(t)); !errors.Is(err, ErrNoDonor) {
 		t.Fatalf("RequestSpace from a full donor = %v", err)
 	}
 }

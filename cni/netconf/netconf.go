@@ -1,8 +1,10 @@
-// Package cni generates the CNI network configurations the agent writes for
-// containerizers, and holds the logic of the carve-ipam plugin that those
-// configurations name: a thin CNI front for the agent's IPAM service on its
-// unix socket (api.IPAMClient).
-package cni
+// Package netconf writes the CNI network configuration lists the agent
+// offers to container runtimes, <overlay>.conflist in the CNI configuration
+// directory: atomically, never rewritten when unchanged, and pruned when
+// their overlay is gone. The lists chain the bridge plugin, with carve-ipam
+// (package cni) as its IPAM, and portmap. It is the agent's side of CNI and
+// links nothing of the plugin or of libcni.
+package netconf
 
 import (
 	"bytes"
@@ -87,28 +89,14 @@ type portmapJSON struct {
 // safe file name and leaves "m-<overlay>" within the 15 bytes of an interface
 // name, a positive MTU and an absolute socket path.
 func (c Conflist) Validate() error {
-	if err := validOverlay(c.Overlay); err != nil {
-		return err
+	if err := api.ValidateOverlayName(c.Overlay); err != nil {
+		return fmt.Errorf("cni: %w", err)
 	}
 	if c.MTU < 68 || c.MTU > 65535 {
 		return fmt.Errorf("cni: overlay %s: mtu %d out of range [68, 65535]", c.Overlay, c.MTU)
 	}
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("cni: overlay %s: socket %q is not an absolute path", c.Overlay, c.Socket)
-	}
-	return nil
-}
-
-// validOverlay applies the masters' rule for overlay names: 1-13 characters
-// of [a-z0-9-].
-func validOverlay(name string) error {
-	if name == "" || len(name) > 13 {
-		return fmt.Errorf("cni: overlay name %q must be 1-13 characters", name)
-	}
-	for _, r := range name {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return fmt.Errorf("cni: overlay name %q: only [a-z0-9-] allowed", name)
-		}
 	}
 	return nil
 }
@@ -251,8 +239,8 @@ func IsCarveConflist(data []byte) bool {
 // and a file carve did not write (no carve-ipam in it) is left alone. It
 // reports whether it removed the file.
 func RemoveConflist(dir, overlay string) (bool, error) {
-	if err := validOverlay(overlay); err != nil {
-		return false, err
+	if err := api.ValidateOverlayName(overlay); err != nil {
+		return false, fmt.Errorf("cni: %w", err)
 	}
 	return removeIfCarve(dir, ConflistPath(dir, overlay))
 }

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// notInCarve are packages that belong to the lab (cmd/carve-lab), the tests
+// or carve-ipam, never to bin/carve: the namespace lab and cluster harness,
+// the shared test helpers, libcni (a CNI runtime), and the CNI plugin
+// itself (the agent writes conflists with cni/netconf alone).
+var notInCarve = []string{
+	"github.com/carve-net/carve/cni",
+	"github.com/carve-net/carve/internal/testutil",
+	"github.com/carve-net/carve/internal/demo",
+	"github.com/carve-net/carve/internal/labcluster",
+	"github.com/carve-net/carve/internal/netnslab",
+	"github.com/containernetworking/cni/libcni",
+}
+
+// testingImporters are the only packages of bin/carve allowed to import
+// package testing: hashicorp/raft v1.7.3 ships its test cluster helpers in
+// testing.go, without a build tag, so linking raft links testing. Nothing
+// else may.
+var testingImporters = map[string]bool{"github.com/hashicorp/raft": true}
+
+// TestNoLabInProductionBinary fails when bin/carve links a package of the
+// lab or a package that imports testing: `carve demo` execs bin/carve-lab
+// instead of linking the harness.
+func TestNoLabInProductionBinary(t *testing.T) {
+	out, err := exec.Command(goTool(), "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}",
+		"github.com/carve-net/carve/cmd/carve").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps ./cmd/carve: %v\n%s", err, out)
+	}
+	deps := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		deps[fields[0]] = true
+		for _, imp := range fields[1:] {
+			if imp == "testing" && !testingImporters[fields[0]] {
+				t.Errorf("cmd/carve links %s, which imports testing", fields[0])
+			}
+		}
+	}
+	if !deps["github.com/carve-net/carve/agent"] || !deps["github.com/carve-net/carve/master"] {
+		t.Fatalf("go list -deps ./cmd/carve lacks the agent or the master; output:\n%s", out)
+	}
+	for _, p := range notInCarve {
+		if deps[p] {
+			t.Errorf("cmd/carve links %s, which belongs to cmd/carve-lab, cmd/carve-ipam or the tests", p)
+		}
+	}
+}
+
+// goTool is the go command of the toolchain running the tests.
+func goTool() string {
+	p := filepath.Join(runtime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err != nil {
+		return "go"
+	}
+	return p
+}
