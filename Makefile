@@ -13,9 +13,9 @@ deps:
 # bin/carve is the production binary; bin/carve-lab is the demo (`carve demo`
 # execs it), kept apart so that carve links no lab or test harness.
 build: deps
-	$(GO) build -o bin/carve ./cmd/carve
-	$(GO) build -o bin/carve-ipam ./cmd/carve-ipam
-	$(GO) build -o bin/carve-lab ./cmd/carve-lab
+	$(GO) build -ldflags "-s -w" -o bin/carve ./cmd/carve
+	$(GO) build -ldflags "-s -w" -o bin/carve-ipam ./cmd/carve-ipam
+	$(GO) build -ldflags "-s -w" -o bin/carve-lab ./cmd/carve-lab
 
 # The CNI reference plugins (bridge, loopback, portmap, host-local), built
 # from the github.com/containernetworking/plugins version pinned in go.mod.

@@ -22,12 +22,6 @@ var notInCarve = []string{
 	"github.com/containernetworking/cni/libcni",
 }
 
-// testingImporters are the only packages of bin/carve allowed to import
-// package testing: hashicorp/raft v1.7.3 ships its test cluster helpers in
-// testing.go, without a build tag, so linking raft links testing. Nothing
-// else may.
-var testingImporters = map[string]bool{"github.com/hashicorp/raft": true}
-
 // TestNoLabInProductionBinary fails when bin/carve links a package of the
 // lab or a package that imports testing: `carve demo` execs bin/carve-lab
 // instead of linking the harness.
@@ -45,13 +39,16 @@ func TestNoLabInProductionBinary(t *testing.T) {
 		}
 		deps[fields[0]] = true
 		for _, imp := range fields[1:] {
-			if imp == "testing" && !testingImporters[fields[0]] {
+			if imp == "testing" {
 				t.Errorf("cmd/carve links %s, which imports testing", fields[0])
 			}
 		}
 	}
 	if !deps["github.com/carve-net/carve/agent"] || !deps["github.com/carve-net/carve/master"] {
 		t.Fatalf("go list -deps ./cmd/carve lacks the agent or the master; output:\n%s", out)
+	}
+	if deps["testing"] {
+		t.Errorf("cmd/carve links package testing")
 	}
 	for _, p := range notInCarve {
 		if deps[p] {
