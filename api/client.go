@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -28,8 +29,31 @@ type Client struct {
 }
 
 // NewClient returns a client for the given master base URLs
-// (e.g. "http://198.18.0.1:8080"). A nil httpClient means a default one.
+// (e.g. "https://198.18.0.1:8080"; without a scheme, http://). A nil
+// httpClient means a default one. Masters that serve TLS need NewClientWith
+// and the cluster CA.
 func NewClient(masters []string, httpClient *http.Client) (*Client, error) {
+	return NewClientWith(masters, ClientOptions{HTTPClient: httpClient})
+}
+
+// ClientOptions configure NewClientWith.
+type ClientOptions struct {
+	// TLS verifies the masters' certificates (RootCAs: the cluster CA) and
+	// presents this client's certificate (pki.Files.ClientConfig). With TLS,
+	// a master URL without a scheme is https://, and http:// is refused.
+	TLS *tls.Config
+	// HTTPClient, if set, makes the calls (its Timeout applies). With TLS,
+	// its transport must be nil or an *http.Transport, which is cloned with
+	// TLS set.
+	HTTPClient *http.Client
+}
+
+// NewClientWith returns a client for the given master base URLs.
+func NewClientWith(masters []string, opts ClientOptions) (*Client, error) {
+	scheme := "http://"
+	if opts.TLS != nil {
+		scheme = "https://"
+	}
 	var clean []string
 	for _, m := range masters {
 		m = strings.TrimSpace(m)
@@ -37,24 +61,46 @@ func NewClient(masters []string, httpClient *http.Client) (*Client, error) {
 			continue
 		}
 		if !strings.Contains(m, "://") {
-			m = "http://" + m
+			m = scheme + m
 		}
 		u, err := url.Parse(m)
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return nil, fmt.Errorf("invalid master URL %q: want http://HOST:PORT", m)
+			return nil, fmt.Errorf("invalid master URL %q: want %sHOST:PORT", m, scheme)
+		}
+		if opts.TLS != nil && u.Scheme != "https" {
+			return nil, fmt.Errorf("master URL %q: TLS is configured (--ca-file), so the URL must be https://", m)
 		}
 		clean = append(clean, strings.TrimRight(u.String(), "/"))
 	}
 	if len(clean) == 0 {
 		return nil, ErrNoMasters
 	}
-	if httpClient == nil {
-		httpClient = &http.Client{Transport: &http.Transport{
+	hc := opts.HTTPClient
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	if hc.Transport == nil {
+		c := *hc
+		c.Transport = &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
-		}}
+			TLSHandshakeTimeout: 10 * time.Second,
+			TLSClientConfig:     opts.TLS,
+		}
+		hc = &c
+	} else if opts.TLS != nil {
+		t, ok := hc.Transport.(*http.Transport)
+		if !ok {
+			return nil, fmt.Errorf("api client: TLS needs an *http.Transport, the HTTP client has a %T", hc.Transport)
+		}
+		c := *hc
+		t = t.Clone()
+		t.TLSClientConfig = opts.TLS
+		c.Transport = t
+		hc = &c
 	}
-	return &Client{masters: clean, http: httpClient}, nil
+	return &Client{masters: clean, http: hc}, nil
 }
 
 // Masters returns the master base URLs.
@@ -70,6 +116,9 @@ func NewRequestID() string {
 // IsRetryable reports whether err is worth retrying later: the master could
 // not be reached, had no leader, or timed out.
 func IsRetryable(err error) bool {
+	if errors.Is(err, ErrUntrusted) {
+		return false // a configuration error: retrying does not fix it
+	}
 	var e *Error
 	if errors.As(err, &e) {
 		return e.Status == 0 || e.Status >= 500 || e.Code == CodeNoLeader || e.Code == CodeTimeout

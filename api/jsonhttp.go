@@ -3,10 +3,13 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 )
@@ -14,6 +17,12 @@ import (
 // ErrUnreachable marks a call whose server could not be reached or did not
 // answer at all (as opposed to one that answered with an error).
 var ErrUnreachable = errors.New("unreachable")
+
+// ErrUntrusted marks a call that failed the TLS handshake on trust: the
+// server's certificate is not signed by the CA this client was given (or it
+// was given none), or the server refused this client's certificate. It is a
+// configuration error; retrying does not fix it.
+var ErrUntrusted = errors.New("TLS trust failure")
 
 // MaxAnswerBytes bounds the answers Call reads (a 10,000-agent state is
 // about 6 MB).
@@ -43,6 +52,10 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		if msg, ok := describeTrustFailure(err); ok {
+			return &Error{Message: fmt.Sprintf("%s %s: %s", method, url, msg), Code: CodeInternal,
+				cause: fmt.Errorf("%w: %w", ErrUntrusted, err)}
+		}
 		return &Error{Message: fmt.Sprintf("%s %s: %v", method, url, err), Code: CodeInternal,
 			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
 	}
@@ -80,6 +93,35 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 		return fmt.Errorf("decode answer of %s %s: %w", method, url, err)
 	}
 	return nil
+}
+
+// describeTrustFailure says what to do about a TLS handshake that failed on
+// trust, naming the flags that fix it; false for any other failure.
+func describeTrustFailure(err error) (string, bool) {
+	var unknownCA x509.UnknownAuthorityError
+	var verify *tls.CertificateVerificationError
+	var hostname x509.HostnameError
+	var op *net.OpError
+	switch {
+	case errors.As(err, &hostname):
+		return fmt.Sprintf("the server's TLS certificate does not name the address dialed (%v): issue it with --ip/--dns for that address", err), true
+	case errors.As(err, &unknownCA), errors.As(err, &verify):
+		return fmt.Sprintf("the server's TLS certificate is not trusted (%v): give the cluster CA with --ca-file", err), true
+	case errors.As(err, &op) && op.Op == "remote error" && refusedCertificate(op.Err.Error()):
+		return fmt.Sprintf("the server refused this client's TLS certificate (%v): give a certificate of the cluster CA with --cert-file and --key-file", err), true
+	}
+	return "", false
+}
+
+// refusedCertificate tells whether a TLS alert a server sent is about the
+// client's certificate (crypto/tls exports no type for received alerts).
+func refusedCertificate(alert string) bool {
+	for _, a := range []string{"bad certificate", "unknown certificate authority", "certificate required", "expired certificate", "unknown certificate", "unsupported certificate"} {
+		if strings.HasSuffix(alert, "tls: "+a) {
+			return true
+		}
+	}
+	return false
 }
 
 // cmp returns the first non-empty string.

@@ -28,6 +28,11 @@ const (
 	// CodeUnavailable: the master cannot serve the request yet (no network
 	// configuration committed, or the outcome of a write is unknown): retry.
 	CodeUnavailable = "unavailable"
+	// CodeUnauthenticated (HTTP 401): the request came without a client
+	// certificate of the cluster CA that carries a carve role.
+	CodeUnauthenticated = "unauthenticated"
+	// CodeForbidden (HTTP 403): the certificate's role may not do this.
+	CodeForbidden = "forbidden"
 )
 
 // NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
@@ -85,6 +90,9 @@ type AgentInfo struct {
 	Version       uint64             `json:"version"`
 	NetworkConfig AgentNetworkConfig `json:"network_config"`
 	Overlays      []AgentOverlay     `json:"overlays,omitempty"`
+	// Signature is the masters' ed25519 signature of RecordSigningBytes,
+	// standard base64; absent when the masters sign nothing (--insecure).
+	Signature string `json:"signature,omitempty"`
 }
 
 // Overlay returns the agent's overlay of that name, or nil.
@@ -141,6 +149,9 @@ type OverlayState struct {
 type Tombstone struct {
 	AgentID string `json:"agent_id"`
 	Version uint64 `json:"version"`
+	// Signature is the masters' ed25519 signature of TombstoneSigningBytes,
+	// standard base64; absent when the masters sign nothing.
+	Signature string `json:"signature,omitempty"`
 }
 
 // State is the masters' whole state, GET /overlay-master/state.
@@ -151,8 +162,13 @@ type State struct {
 	// the cluster is bootstrapped and changes only when the cluster is
 	// rebuilt from nothing, so an agent can tell a rebuilt cluster (a new
 	// id) from a master that is merely behind (the same id, a lower index).
-	ClusterID  string      `json:"cluster_id,omitempty"`
-	Leader     string      `json:"leader,omitempty"`
+	ClusterID string `json:"cluster_id,omitempty"`
+	Leader    string `json:"leader,omitempty"`
+	// SigningKey is the public half of the masters' record-signing key
+	// (EncodeSigningKey: standard base64 of the 32-byte ed25519 key); absent
+	// when the masters sign nothing. Trust it only from a master whose TLS
+	// certificate was verified against the cluster CA.
+	SigningKey string      `json:"signing_key,omitempty"`
 	Agents     []AgentInfo `json:"agents,omitempty"`
 	Tombstones []Tombstone `json:"tombstones,omitempty"`
 }
@@ -188,7 +204,10 @@ type ServerInfo struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	HTTPAddr string `json:"http_addr,omitempty"`
-	Voter    bool   `json:"voter"`
+	// URL is the master's API base URL: https://HTTP_ADDR when the masters
+	// serve TLS, http://HTTP_ADDR when they run --insecure.
+	URL   string `json:"url,omitempty"`
+	Voter bool   `json:"voter"`
 }
 
 // ClusterStatus is GET /cluster/status: this node's view of the Raft cluster.

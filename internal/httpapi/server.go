@@ -1,0 +1,194 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Defaults of ServerOptions.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 60 * time.Second
+	DefaultWriteTimeout      = 60 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxHeaderBytes    = 64 << 10
+	// DefaultMaxConns leaves room for 10,000 agents' watches on one master
+	// plus operators and the other masters.
+	DefaultMaxConns = 16384
+)
+
+// ServerOptions bound what a client can hold of a carve HTTP server. Zero
+// fields take the Default* values.
+type ServerOptions struct {
+	// ReadHeaderTimeout bounds the TLS handshake and the request headers: a
+	// client that sends them slowly (slowloris) is dropped when it expires.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a request's handling and answer, counted from the
+	// end of its headers. A handler that waits on purpose (the blocking
+	// watch) extends its own deadlines with ExtendDeadlines.
+	WriteTimeout time.Duration
+	// IdleTimeout closes a kept-alive connection that sends no next request.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds the request line and headers.
+	MaxHeaderBytes int
+	// MaxConns caps the connections held at once; the next ones wait in the
+	// kernel's listen backlog until one closes.
+	MaxConns int
+	// TLS, when set, serves HTTPS (HTTP/1.1) with this configuration.
+	TLS *tls.Config
+	// ErrorLog receives the server's own errors (TLS handshakes that fail,
+	// say); nil means the log package's standard logger.
+	ErrorLog *log.Logger
+}
+
+func (o ServerOptions) withDefaults() ServerOptions {
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if o.ReadTimeout <= 0 {
+		o.ReadTimeout = DefaultReadTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	return o
+}
+
+// Server is the one HTTP server constructor of carve: every timeout set, the
+// header size bounded, the connections capped, TLS when configured.
+type Server struct {
+	http  *http.Server
+	opts  ServerOptions
+	limit *limitListener // set by Serve
+	mu    sync.Mutex
+}
+
+// NewServer returns a server of handler bounded by opts.
+func NewServer(handler http.Handler, opts ServerOptions) *Server {
+	opts = opts.withDefaults()
+	return &Server{opts: opts, http: &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: opts.ReadHeaderTimeout,
+		ReadTimeout:       opts.ReadTimeout,
+		WriteTimeout:      opts.WriteTimeout,
+		IdleTimeout:       opts.IdleTimeout,
+		MaxHeaderBytes:    opts.MaxHeaderBytes,
+		ErrorLog:          opts.ErrorLog,
+	}}
+}
+
+// Serve accepts connections on ln until Shutdown or Close; it returns
+// http.ErrServerClosed then. Call it once.
+func (s *Server) Serve(ln net.Listener) error {
+	limited := newLimitListener(ln, s.opts.MaxConns)
+	s.mu.Lock()
+	s.limit = limited
+	s.mu.Unlock()
+	var serveLn net.Listener = limited
+	if s.opts.TLS != nil {
+		cfg := s.opts.TLS.Clone()
+		// HTTP/1.1 only: the timeouts above and ExtendDeadlines act on
+		// the connection, which HTTP/2 would share between requests.
+		cfg.NextProtos = []string{"http/1.1"}
+		serveLn = tls.NewListener(limited, cfg)
+	}
+	return s.http.Serve(serveLn)
+}
+
+// Conns is the number of connections the server holds now.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.limit == nil {
+		return 0
+	}
+	return s.limit.open()
+}
+
+// Shutdown stops accepting and waits for the requests in flight (see
+// http.Server.Shutdown).
+func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ctx) }
+
+// Close closes the listener and every connection at once.
+func (s *Server) Close() error { return s.http.Close() }
+
+// ExtendDeadlines gives a handler that waits on purpose (a blocking query)
+// d more to finish: the connection's write deadline, and its read deadline,
+// whose expiry would otherwise cancel the request's context while the
+// handler waits.
+func ExtendDeadlines(w http.ResponseWriter, d time.Duration) error {
+	rc := http.NewResponseController(w)
+	deadline := time.Now().Add(d)
+	if err := rc.SetWriteDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	if err := rc.SetReadDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return err
+	}
+	return nil
+}
+
+// limitListener holds at most cap(sem) connections: Accept waits for one to
+// close before taking the next from the backlog.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newLimitListener(ln net.Listener, n int) *limitListener {
+	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.closeOnce.Do(func() { close(l.done) })
+	return err
+}
+
+func (l *limitListener) open() int { return len(l.sem) }
+
+// limitConn gives its slot back once, on the first Close.
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
