@@ -29,6 +29,9 @@ type nodeMetrics struct {
 	applyLatency  prometheus.Histogram
 	applyErrors   *prometheus.CounterVec
 	leaderChanges prometheus.Counter
+	// tlsFailures counts transport connections refused in the TLS
+	// handshake (a peer of another CA or role, or no certificate).
+	tlsFailures *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -47,6 +50,13 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Name: "carve_raft_leader_changes_total",
 			Help: "Number of times this node observed a new leader.",
 		}),
+		tlsFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_raft_tls_handshake_failures_total",
+			Help: "Raft transport connections whose TLS handshake failed (untrusted or unauthorized peer), by direction (incoming, outgoing).",
+		}, []string{"direction"}),
+	}
+	for _, d := range []string{directionIncoming, directionOutgoing} {
+		m.tlsFailures.WithLabelValues(d)
 	}
 	for _, r := range []string{reasonNotLeader, reasonLeadershipLost, reasonUnknownOutcome, reasonNotSubmitted, reasonClosed, reasonOther} {
 		m.applyErrors.WithLabelValues(r)
@@ -61,7 +71,7 @@ func (m *nodeMetrics) register(n *Node) error {
 		return nil
 	}
 	cs := []prometheus.Collector{
-		m.applyLatency, m.applyErrors, m.leaderChanges,
+		m.applyLatency, m.applyErrors, m.leaderChanges, m.tlsFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "carve_raft_state",
 			Help: "Raft role of this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.",

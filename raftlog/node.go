@@ -128,7 +128,8 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 	}
 
 	caught := newCatchUp()
-	trans, err := newTransport(cfg, logger, caught.leaderCommit)
+	metrics := newNodeMetrics(cfg.Registerer)
+	trans, err := newTransport(cfg, logger, metrics.tlsFailures, caught.leaderCommit)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		store:    store,
 		logs:     logs,
 		trans:    trans,
-		metrics:  newNodeMetrics(cfg.Registerer),
+		metrics:  metrics,
 		obsCh:    make(chan raft.Observation, 64),
 		obsDone:  make(chan struct{}),
 		leaderCh: make(chan struct{}, 1),

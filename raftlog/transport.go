@@ -1,13 +1,17 @@
 package raftlog
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -18,15 +22,95 @@ const (
 	transportMaxPool = 3
 )
 
-// streamLayer is raft's TCP stream layer on a listener we bound (or were
-// given), so that a pre-bound listener can be used.
+// Directions of carve_raft_tls_handshake_failures_total.
+const (
+	directionIncoming = "incoming"
+	directionOutgoing = "outgoing"
+)
+
+// streamLayer is raft's stream layer on a listener we bound (or were
+// given), so that a pre-bound listener can be used; with TLS set, every
+// connection is TLS, both accepted and dialed.
 type streamLayer struct {
 	net.Listener
+	tls    *TransportTLS
+	logger *slog.Logger
+	failed *prometheus.CounterVec // TLS handshake failures by direction
 }
 
-func (s streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+// Accept returns the next connection. A TLS connection does its handshake
+// on its first read or write, in raft's goroutine for that connection, so
+// that a peer that never completes one delays nobody else.
+func (s *streamLayer) Accept() (net.Conn, error) {
+	c, err := s.Listener.Accept()
+	if err != nil || s.tls == nil {
+		return c, err
+	}
+	return &serverTLSConn{Conn: tls.Server(c, s.tls.Server), layer: s}, nil
+}
+
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", string(address))
+	c, err := d.Dial("tcp", string(address))
+	if err != nil || s.tls == nil {
+		return c, err
+	}
+	host, _, err := net.SplitHostPort(string(address))
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("raft TLS: peer address %q: %w", address, err)
+	}
+	cfg := s.tls.Client.Clone()
+	cfg.ServerName = host
+	tc := tls.Client(c, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		s.failed.WithLabelValues(directionOutgoing).Inc()
+		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
+	}
+	return tc, nil
+}
+
+// serverTLSConn is an accepted TLS connection whose handshake runs, under
+// transportTimeout, before its first read or write.
+type serverTLSConn struct {
+	*tls.Conn
+	layer *streamLayer
+	once  sync.Once
+	err   error
+}
+
+func (c *serverTLSConn) handshake() error {
+	c.once.Do(func() {
+		_ = c.Conn.SetDeadline(time.Now().Add(transportTimeout))
+		if err := c.Conn.Handshake(); err != nil {
+			c.layer.failed.WithLabelValues(directionIncoming).Inc()
+			c.layer.logger.Warn("raft transport refused a connection in the TLS handshake", "remote", c.RemoteAddr().String(), "err", err)
+			// Logged here; raft would log any error but EOF once more as
+			// an undecodable command.
+			c.err = io.EOF
+			return
+		}
+		// raft reads an idle connection without a deadline; clear ours.
+		c.err = c.Conn.SetDeadline(time.Time{})
+	})
+	return c.err
+}
+
+func (c *serverTLSConn) Read(b []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *serverTLSConn) Write(b []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
 }
 
 // commitObservingTransport is raft's TCP transport with one addition: it
@@ -42,7 +126,7 @@ type commitObservingTransport struct {
 	stopOnce sync.Once
 }
 
-func newTransport(cfg Config, logger *slog.Logger, onCommit func(uint64)) (*commitObservingTransport, error) {
+func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.CounterVec, onCommit func(uint64)) (*commitObservingTransport, error) {
 	ln := cfg.Listener
 	if ln == nil {
 		host, _, err := net.SplitHostPort(cfg.RaftAddr)
@@ -64,7 +148,7 @@ func newTransport(cfg Config, logger *slog.Logger, onCommit func(uint64)) (*comm
 	}
 	t := &commitObservingTransport{
 		NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream:  streamLayer{ln},
+			Stream:  &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures},
 			MaxPool: transportMaxPool,
 			Timeout: transportTimeout,
 			Logger:  newHCLogger(logger, "raft-net"),

@@ -1,0 +1,139 @@
+package raftlog
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/pki"
+)
+
+// testCA is a cluster CA in a temporary directory.
+type testCA struct {
+	t   *testing.T
+	dir string
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	dir := t.TempDir()
+	if err := pki.CreateCA(dir, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	return &testCA{t: t, dir: dir}
+}
+
+// transportTLS issues a certificate for 127.0.0.1 with the role and
+// returns the mutual transport configuration a master would use: both
+// sides verified against the CA, and the peer must carry the master role.
+func (ca *testCA) transportTLS(id string, role pki.Role) *TransportTLS {
+	ca.t.Helper()
+	name := fmt.Sprintf("%s-%s", id, role)
+	if err := pki.Issue(ca.dir, pki.IssueRequest{Role: role, Name: name, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
+		ca.t.Fatal(err)
+	}
+	files := pki.Files{CA: filepath.Join(ca.dir, pki.CAFile), Cert: pki.CertFile(ca.dir, name), Key: pki.KeyFile(ca.dir, name)}
+	server, err := files.ServerConfig(true)
+	if err != nil {
+		ca.t.Fatal(err)
+	}
+	client, err := files.ClientConfig()
+	if err != nil {
+		ca.t.Fatal(err)
+	}
+	server.VerifyConnection = pki.RequireRole(pki.RoleMaster)
+	client.VerifyConnection = pki.RequireRole(pki.RoleMaster)
+	return &TransportTLS{Server: server, Client: client}
+}
+
+func tlsFailures(n *Node, direction string) float64 {
+	var m dto.Metric
+	if err := n.metrics.tlsFailures.WithLabelValues(direction).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// A cluster replicates over mutual TLS, and a node that is not a master of
+// the cluster's CA (another CA, an agent's certificate, or plain TCP)
+// neither disturbs it by campaigning nor receives its log once added.
+func TestTLSTransportRefusesStrangers(t *testing.T) {
+	tests := []struct {
+		name string
+		tls  func(ca, foreign *testCA, id string) *TransportTLS
+	}{
+		{"certificate of another CA", func(_, foreign *testCA, id string) *TransportTLS { return foreign.transportTLS(id, pki.RoleMaster) }},
+		{"agent certificate of the cluster CA", func(ca, _ *testCA, id string) *TransportTLS { return ca.transportTLS(id, pki.RoleAgent) }},
+		{"plain TCP", func(_, _ *testCA, _ string) *TransportTLS { return nil }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ca, foreign := newTestCA(t), newTestCA(t)
+			c := newCluster(t, 3, func(cfg *Config) {
+				if cfg.TLS == nil {
+					cfg.TLS = ca.transportTLS(cfg.ID, pki.RoleMaster)
+				}
+			})
+			real := c.nodes
+			leader := c.waitLeader()
+			last := c.applyN("before", 20)
+			c.waitConverged(last)
+			term := leader.node.Status().Term
+
+			rogue := c.newTestNode()
+			// The rogue believes it belongs to the cluster: it campaigns,
+			// dialing every real node.
+			peers := append(append([]Server{}, c.peers...), Server{ID: rogue.id, Address: rogue.addr, Voter: true})
+			cfg := c.config(rogue, peers)
+			cfg.TLS = tt.tls(ca, foreign, rogue.id)
+			if cfg.TLS != nil {
+				// The rogue's own checks do not matter: it trusts everyone.
+				cfg.TLS.Server.VerifyConnection, cfg.TLS.Client.VerifyConnection = nil, nil
+				cfg.TLS.Client.InsecureSkipVerify = true
+				cfg.TLS.Server.ClientAuth = tls.RequestClientCert
+			}
+			rogue.sm = newTestSM()
+			n, err := Open(ctxTimeout(t, 5*time.Second), cfg, rogue.sm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rogue.node = n
+
+			incoming := func() (sum float64) {
+				for _, tn := range real {
+					sum += tlsFailures(tn.node, directionIncoming)
+				}
+				return sum
+			}
+			testutil.Eventually(t, 0, "the real nodes to refuse the rogue's connections", testutil.True(func() bool { return incoming() >= 3 }))
+
+			// Added as a voter, it still gets nothing: the leader cannot
+			// complete a handshake with it.
+			if err := leader.node.AddVoter(ctxTimeout(t, 10*time.Second), rogue.id, rogue.addr); err != nil {
+				t.Fatalf("AddVoter: %v", err)
+			}
+			out := tlsFailures(leader.node, directionOutgoing)
+			testutil.Eventually(t, 0, "the leader to fail its handshakes with the rogue", testutil.True(func() bool {
+				return tlsFailures(leader.node, directionOutgoing) >= out+2
+			}))
+			for i := range 5 {
+				if _, _, err := leader.node.Apply(ctxTimeout(t, 10*time.Second), []byte(fmt.Sprintf("after-%d", i))); err != nil {
+					t.Fatalf("apply with the rogue in the configuration: %v", err)
+				}
+			}
+			c.waitConverged(last+5, real...)
+			if got := rogue.sm.fingerprint(); got.Count != 0 {
+				t.Errorf("the rogue applied %d commands of the cluster", got.Count)
+			}
+			if st := leader.node.Status(); !leader.node.IsLeader() || st.Term != term {
+				t.Errorf("the rogue disturbed the cluster: leader %v, term %d (was %d)", leader.node.IsLeader(), st.Term, term)
+			}
+		})
+	}
+}
