@@ -20,6 +20,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -34,6 +35,8 @@ type testCluster struct {
 	httpAddrs []string
 	masters   []*Master // nil when stopped
 	mu        sync.Mutex
+	// pki, when set, runs the masters with TLS and signing; nil: --insecure.
+	pki *testPKI
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -58,7 +61,13 @@ func freeAddr(t *testing.T) string {
 
 func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n)}
+	return newTestClusterWith(t, n, cfg, nil)
+}
+
+// newTestClusterWith starts n masters; with p, secured by its CA.
+func newTestClusterWith(t *testing.T, n int, cfg api.NetworkConfig, p *testPKI) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p}
 	for i := range n {
 		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
 		c.dirs = append(c.dirs, t.TempDir())
@@ -88,7 +97,7 @@ func (c *testCluster) peers() []raftlog.Server {
 }
 
 func (c *testCluster) options(i int) Options {
-	return Options{
+	opts := Options{
 		ID: c.ids[i], DataDir: c.dirs[i], HTTPAddr: c.httpAddrs[i], RaftAddr: c.raftAddrs[i],
 		Peers: c.peers(), Network: c.cfg, Logger: testLogger(c.t).With("node", c.ids[i]),
 		TuneRaft: func(rc *raftlog.Config) {
@@ -97,6 +106,13 @@ func (c *testCluster) options(i int) Options {
 			rc.LeaderLeaseTimeout = 200 * time.Millisecond
 		},
 	}
+	if c.pki == nil {
+		opts.Insecure = true
+	} else {
+		opts.TLS = c.pki.files(c.ids[i], pki.RoleMaster)
+		opts.SigningKey = c.pki.signingKey
+	}
+	return opts
 }
 
 func (c *testCluster) start(i int) {
@@ -181,18 +197,35 @@ func (c *testCluster) waitLeader() int {
 }
 
 func (c *testCluster) urls() []string {
+	scheme := "http://"
+	if c.pki != nil {
+		scheme = "https://"
+	}
 	var out []string
 	for _, a := range c.httpAddrs {
-		out = append(out, "http://"+a)
+		out = append(out, scheme+a)
 	}
 	return out
 }
 
+// client is a failover client starting at master first; with TLS, it
+// holds an operator's certificate.
 func (c *testCluster) client(first int) *api.Client {
+	c.t.Helper()
+	return c.clientAs(first, "operator", pki.RoleOperator)
+}
+
+// clientAs is a failover client starting at master first with the
+// certificate of name and role (ignored without TLS).
+func (c *testCluster) clientAs(first int, name string, role pki.Role) *api.Client {
 	c.t.Helper()
 	urls := c.urls()
 	rot := append(append([]string{}, urls[first%len(urls):]...), urls[:first%len(urls)]...)
-	cl, err := api.NewClient(rot, &http.Client{Timeout: 20 * time.Second})
+	opts := api.ClientOptions{HTTPClient: &http.Client{Timeout: 20 * time.Second}}
+	if c.pki != nil {
+		opts.TLS = c.pki.clientTLS(name, role)
+	}
+	cl, err := api.NewClientWith(rot, opts)
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -126,7 +126,7 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("leader %s has not published its HTTP address yet; retry", leaderID))
 		return
 	}
-	target := "http://" + meta.HTTPAddr + r.URL.RequestURI()
+	target := s.m.scheme() + meta.HTTPAddr + r.URL.RequestURI()
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
 	if err != nil {
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
@@ -134,6 +134,10 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 	}
 	req.Header.Set("Content-Type", r.Header.Get("Content-Type"))
 	req.Header.Set(forwardedHeader, s.m.opts.ID)
+	if id, ok := requestIdentity(r); ok {
+		// The leader authorizes the client, not this master.
+		req.Header.Set(identityHeader, id.String())
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("forward to leader %s at %s: %v; retry", leaderID, meta.HTTPAddr, err))

@@ -135,7 +135,7 @@ func TestWildcardHTTPAddrRefused(t *testing.T) {
 			m, err := Start(context.Background(), Options{
 				ID: "m1", DataDir: t.TempDir(), HTTPAddr: addr, RaftAddr: raftAddr,
 				Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
-				Network: DefaultConfig(), Logger: testLogger(t),
+				Network: DefaultConfig(), Logger: testLogger(t), Insecure: true,
 			})
 			if err == nil {
 				m.Close()

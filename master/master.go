@@ -5,6 +5,7 @@ package master
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -19,7 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -41,6 +44,23 @@ type Options struct {
 	Logger *slog.Logger
 	// TuneRaft may adjust the Raft configuration (tests shorten timeouts).
 	TuneRaft func(*raftlog.Config)
+
+	// TLS names the cluster CA and this master's certificate (role master)
+	// and key: the API serves HTTPS and authorizes by the client's role,
+	// the Raft transport runs mutual TLS between masters, and forwarding
+	// and Join dial with this certificate. Required unless Insecure.
+	TLS pki.Files
+	// SigningKey signs every agent record and tombstone the API shows
+	// (signing.key of carve certs ca). Required with TLS; optional with
+	// Insecure.
+	SigningKey ed25519.PrivateKey
+	// Insecure runs the API and Raft without TLS or authentication, and
+	// logs InsecureWarning: for a throwaway lab only.
+	Insecure bool
+	// HTTPServer bounds the API server (timeouts, header size, connection
+	// cap); zero fields take httpapi's defaults. Its TLS and ErrorLog are
+	// the master's own.
+	HTTPServer httpapi.ServerOptions
 }
 
 // Master is a running master: a Raft node, its lease table and the HTTP API.
@@ -51,8 +71,11 @@ type Master struct {
 	node     *raftlog.Node
 	registry *prometheus.Registry
 	metrics  *metrics
-	httpSrv  *http.Server
+	security *security // nil with Options.Insecure
+	httpSrv  *httpapi.Server
 	httpLn   net.Listener
+	// joinClient reaches Options.Join (nil without one).
+	joinClient *api.Client
 
 	runCtx    context.Context // done when the master closes
 	cancel    context.CancelFunc
@@ -66,6 +89,7 @@ type metrics struct {
 	allocFailures *prometheus.CounterVec
 	httpRequests  *prometheus.CounterVec
 	forwarded     prometheus.Counter
+	authRefusals  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
@@ -82,6 +106,10 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_master_forwarded_requests_total", Help: "Requests this follower proxied to the leader.",
 		}),
+		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_auth_refusals_total",
+			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
+		}, []string{"reason"}),
 	}
 	// Export zeros for the known labels, so dashboards and alerts see the series.
 	for _, r := range []string{"ok", "unchanged", "error", "bad_request"} {
@@ -90,13 +118,16 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
 	}
+	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent} {
+		m.authRefusals.WithLabelValues(r)
+	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_agents", Help: "Agents in the lease table.",
 	}, func() float64 { return float64(t.AgentCount()) })
 	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
 	}, func() float64 { return float64(t.Index()) })
-	reg.MustRegister(m.registrations, m.allocFailures, m.httpRequests, m.forwarded, agents, stateIndex)
+	reg.MustRegister(m.registrations, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex)
 	return m
 }
 
@@ -113,12 +144,29 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		return nil, err
 	}
 	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: NewLeaseTable(), registry: prometheus.NewRegistry()}
+	sec, err := newSecurity(opts, m.log)
+	if err != nil {
+		return nil, err
+	}
+	m.security = sec
+	if opts.Insecure {
+		m.log.Warn(InsecureWarning)
+	}
+	m.table.SetSigningKey(opts.SigningKey)
+	if opts.Join != "" {
+		copts := api.ClientOptions{}
+		if sec != nil {
+			copts.TLS = sec.client
+		}
+		if m.joinClient, err = api.NewClientWith([]string{opts.Join}, copts); err != nil {
+			return nil, fmt.Errorf("master: --join: %w", err)
+		}
+	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.metrics = newMetrics(m.registry, m.table)
 
 	ln := opts.HTTPListener
 	if ln == nil {
-		var err error
 		if ln, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 			return nil, fmt.Errorf("listen on --http-addr %s: %w", opts.HTTPAddr, err)
 		}
@@ -137,6 +185,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		ID: opts.ID, RaftAddr: opts.RaftAddr, DataDir: opts.DataDir, Peers: opts.Peers,
 		Logger: opts.Logger, Registerer: m.registry,
 	}
+	if sec != nil {
+		rcfg.TLS = sec.raft
+	}
 	// Followers learn the commit index from the next AppendEntries; a short
 	// commit timeout wakes the agents' blocking watches on followers within
 	// ~10 ms of a commit instead of ~100 ms (a small idle message per tick).
@@ -153,7 +204,13 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCtx, m.cancel = runCtx, cancel
-	m.httpSrv = &http.Server{Handler: m.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)}
+	srvOpts := opts.HTTPServer
+	srvOpts.TLS = nil
+	if sec != nil {
+		srvOpts.TLS = sec.http
+	}
+	srvOpts.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
+	m.httpSrv = httpapi.NewServer(m.routes(), srvOpts)
 	m.wg.Add(2)
 	go func() {
 		defer m.wg.Done()
@@ -172,12 +229,18 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 			m.joinCluster(runCtx)
 		}()
 	}
-	m.log.Info("master started", "http_addr", m.HTTPAddr(), "raft_addr", node.Addr(), "data_dir", opts.DataDir)
+	m.log.Info("master started", "url", m.URL(), "raft_addr", node.Addr(), "data_dir", opts.DataDir, "tls", sec != nil, "signing", opts.SigningKey != nil)
 	return m, nil
 }
 
 // HTTPAddr is the address the HTTP API listens on.
 func (m *Master) HTTPAddr() string { return m.httpLn.Addr().String() }
+
+// URL is the API's base URL: https:// with TLS, http:// with Insecure.
+func (m *Master) URL() string { return m.scheme() + m.HTTPAddr() }
+
+// HTTPConns is the number of connections the API server holds now.
+func (m *Master) HTTPConns() int { return m.httpSrv.Conns() }
 
 // RaftAddr is the Raft transport's address.
 func (m *Master) RaftAddr() string { return m.node.Addr() }
@@ -281,11 +344,7 @@ func newClusterID() (string, error) {
 
 // joinCluster asks the masters at Options.Join to add this node, until one agrees.
 func (m *Master) joinCluster(ctx context.Context) {
-	client, err := api.NewClient([]string{m.opts.Join}, nil)
-	if err != nil {
-		m.log.Error("join", "err", err)
-		return
-	}
+	client := m.joinClient
 	req := api.JoinRequest{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
 	backoff := retry.Backoff{First: 500 * time.Millisecond, Max: 30 * time.Second}
 	for {
@@ -314,15 +373,15 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 	}
 	for _, srv := range st.Servers {
 		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}
-		if meta, ok := m.table.Server(srv.ID); ok {
-			info.HTTPAddr = meta.HTTPAddr
+		if meta, ok := m.table.Server(srv.ID); ok && meta.HTTPAddr != "" {
+			info.HTTPAddr, info.URL = meta.HTTPAddr, m.scheme()+meta.HTTPAddr
 		}
 		out.Servers = append(out.Servers, info)
 	}
 	if st.LeaderID != "" {
 		l := &api.ServerInfo{ID: st.LeaderID, RaftAddr: st.LeaderAddr, Voter: true}
-		if meta, ok := m.table.Server(st.LeaderID); ok {
-			l.HTTPAddr = meta.HTTPAddr
+		if meta, ok := m.table.Server(st.LeaderID); ok && meta.HTTPAddr != "" {
+			l.HTTPAddr, l.URL = meta.HTTPAddr, m.scheme()+meta.HTTPAddr
 		}
 		out.Leader = l
 	}

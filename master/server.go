@@ -36,8 +36,13 @@ type server struct {
 }
 
 func (m *Master) routes() http.Handler {
-	s := &server{m: m, log: m.log, client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}}
+	transport := &http.Transport{MaxIdleConnsPerHost: 256, TLSHandshakeTimeout: 10 * time.Second}
+	if m.security != nil {
+		transport.TLSClientConfig = m.security.client
+	}
+	s := &server{m: m, log: m.log, client: &http.Client{Transport: transport}}
 	r := httpapi.NewRouter()
+	r.Use(s.authorize)
 	r.HandleFunc("/overlay-master/agents", s.register).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/delete", s.deleteAgents).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)
@@ -48,7 +53,7 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer).Methods(http.MethodDelete)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	return s.instrument(r)
+	return s.instrument(s.authenticate(r))
 }
 
 // instrument counts requests by route and status.
@@ -88,6 +93,9 @@ func (r *statusRecorder) WriteHeader(code int) {
 	r.status = code
 	r.ResponseWriter.WriteHeader(code)
 }
+
+// Unwrap lets http.ResponseController reach the connection (deadlines).
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (r *statusRecorder) Flush() {
 	if f, ok := r.ResponseWriter.(http.Flusher); ok {
@@ -147,7 +155,7 @@ func (s *server) register(w http.ResponseWriter, r *http.Request) {
 			if info, changes := s.m.table.WouldChange(req); !changes {
 				s.m.metrics.registrations.WithLabelValues("unchanged").Inc()
 				setIndex(w, max(readIndex, info.Version))
-				httpapi.WriteJSON(w, http.StatusOK, info)
+				s.writeAgent(w, info)
 				return
 			}
 		}
@@ -166,7 +174,13 @@ func (s *server) register(w http.ResponseWriter, r *http.Request) {
 			s.m.metrics.allocFailures.WithLabelValues("overlay_subnet_exhausted").Inc()
 		}
 	}
-	httpapi.WriteJSON(w, http.StatusOK, res.Agent)
+	s.writeAgent(w, res.Agent)
+}
+
+// writeAgent answers one agent's record, signed.
+func (s *server) writeAgent(w http.ResponseWriter, info *api.AgentInfo) {
+	s.m.table.signAgent(info)
+	httpapi.WriteJSON(w, http.StatusOK, info)
 }
 
 func (s *server) getAgent(w http.ResponseWriter, r *http.Request) {
@@ -183,7 +197,7 @@ func (s *server) getAgent(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("unknown agent %q", id))
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, info)
+	s.writeAgent(w, info)
 }
 
 func (s *server) deleteAgent(w http.ResponseWriter, r *http.Request) {
@@ -274,6 +288,14 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = d
 		blocking = true
+	}
+	if blocking {
+		// The watch outlasts the server's read and write timeouts on
+		// purpose; a consistent one may wait for the leader first.
+		if err := httpapi.ExtendDeadlines(w, wait+2*applyTimeout); err != nil {
+			httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("extend the watch's deadlines: %v", err))
+			return
+		}
 	}
 	if consistent {
 		if !s.m.node.IsLeader() {

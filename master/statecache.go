@@ -12,11 +12,13 @@ import (
 	"github.com/carve-net/carve/api"
 )
 
-// stateCache keeps each agent's rendered JSON, keyed by record pointer, so
-// that a state read at 10,000 agents re-renders only what changed.
+// stateCache keeps each agent's rendered (and signed) JSON, keyed by record
+// pointer, and each tombstone's, keyed by version, so that a state read at
+// 10,000 agents re-renders and re-signs only what changed.
 type stateCache struct {
-	mu     sync.Mutex
-	agents map[string]cachedAgent
+	mu         sync.Mutex
+	agents     map[string]cachedAgent
+	tombstones map[string]cachedTombstone
 	// full is the encoded agents+tombstones part for fullIndex.
 	full      []byte
 	fullIndex uint64
@@ -26,6 +28,24 @@ type stateCache struct {
 type cachedAgent struct {
 	rec  *agentRecord
 	data []byte
+}
+
+type cachedTombstone struct {
+	version uint64
+	data    []byte
+}
+
+func newStateCache() stateCache {
+	return stateCache{agents: map[string]cachedAgent{}, tombstones: map[string]cachedTombstone{}}
+}
+
+// invalidate drops every cached encoding (what they render changed: the
+// network configuration, the cluster id or the signing key); the caller
+// holds c.mu or owns the table exclusively.
+func (c *stateCache) invalidate() {
+	c.agents = map[string]cachedAgent{}
+	c.tombstones = map[string]cachedTombstone{}
+	c.fullValid = false
 }
 
 // StateJSON encodes the state, reusing the encodings of unchanged records,
@@ -59,6 +79,7 @@ func (t *LeaseTable) StateJSON(leader string) ([]byte, uint64, error) {
 	out.WriteString(strconv.FormatUint(t.stateIndex, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
 	writeJSONField(&out, "leader", leader)
+	writeJSONField(&out, "signing_key", t.signer.publicKey())
 	out.Write(t.cache.full)
 	out.WriteString("}\n")
 	return out.Bytes(), t.stateIndex, nil
@@ -86,7 +107,9 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			rec := t.agents[id]
 			c, ok := t.cache.agents[id]
 			if !ok || c.rec != rec {
-				data, err := json.Marshal(renderAgent(t.net, rec))
+				info := renderAgent(t.net, rec)
+				t.signer.signAgent(info, t.clusterID)
+				data, err := json.Marshal(info)
 				if err != nil {
 					return nil, fmt.Errorf("encode agent %s: %w", id, err)
 				}
@@ -106,8 +129,19 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			tb, _ := json.Marshal(api.Tombstone{AgentID: id, Version: t.tombstones[id]})
-			buf.Write(tb)
+			version := t.tombstones[id]
+			c, ok := t.cache.tombstones[id]
+			if !ok || c.version != version {
+				tb := api.Tombstone{AgentID: id, Version: version}
+				t.signer.signTombstone(&tb, t.clusterID)
+				data, err := json.Marshal(tb)
+				if err != nil {
+					return nil, fmt.Errorf("encode tombstone %s: %w", id, err)
+				}
+				c = cachedTombstone{version: version, data: data}
+				t.cache.tombstones[id] = c
+			}
+			buf.Write(c.data)
 		}
 		buf.WriteString(`]`)
 	}
@@ -116,5 +150,14 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			delete(t.cache.agents, id)
 		}
 	}
+	for id := range t.cache.tombstones {
+		if _, ok := t.tombstones[id]; !ok {
+			delete(t.cache.tombstones, id)
+		}
+	}
+	t.signer.prune(func(id string) bool { return t.agents[id] != nil }, func(id string) bool {
+		_, ok := t.tombstones[id]
+		return ok
+	})
 	return buf.Bytes(), nil
 }

@@ -283,7 +283,9 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyRe
 	}
 	t.net = merged
 	t.rebuildPools()
-	t.cache.agents = map[string]cachedAgent{}
+	t.cache.mu.Lock()
+	t.cache.invalidate()
+	t.cache.mu.Unlock()
 	// Give existing agents their share of overlays added or enabled now;
 	// sorted so every replica allocates in the same order.
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
@@ -308,6 +310,10 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 	}
 	t.clusterID = id
 	t.stateIndex = index
+	// Signatures cover the cluster id.
+	t.cache.mu.Lock()
+	t.cache.invalidate()
+	t.cache.mu.Unlock()
 }
 
 // rebuildPools recreates every allocator from the records (after a config

@@ -49,6 +49,9 @@ type LeaseTable struct {
 	// changed is closed and replaced whenever stateIndex moves (watchers).
 	changed chan struct{}
 	cache   stateCache
+	// signer signs what the API shows (nil: nothing is signed); not part of
+	// the replicated state, so reset leaves it.
+	signer *recordSigner
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
@@ -69,7 +72,7 @@ func (t *LeaseTable) reset() {
 	t.requests = newRequestTable()
 	t.vteps = nil
 	t.pools = map[string]*overlayPools{}
-	t.cache = stateCache{agents: map[string]cachedAgent{}}
+	t.cache = newStateCache()
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
@@ -202,15 +205,19 @@ func (t *LeaseTable) AgentCount() int {
 func (t *LeaseTable) State() api.State {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID}
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey()}
 	if t.net != nil {
 		st.Network = t.net.api
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
-		st.Agents = append(st.Agents, *renderAgent(t.net, t.agents[id]))
+		info := renderAgent(t.net, t.agents[id])
+		t.signer.signAgent(info, t.clusterID)
+		st.Agents = append(st.Agents, *info)
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
-		st.Tombstones = append(st.Tombstones, api.Tombstone{AgentID: id, Version: t.tombstones[id]})
+		tb := api.Tombstone{AgentID: id, Version: t.tombstones[id]}
+		t.signer.signTombstone(&tb, t.clusterID)
+		st.Tombstones = append(st.Tombstones, tb)
 	}
 	return st
 }

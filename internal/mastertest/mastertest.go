@@ -8,25 +8,71 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
 
-// Start runs a master with cfg in dir, waits until it leads with the
-// cluster id and the configuration committed (it serves the state then), and
-// stops it when the test ends.
+// Start runs a master with cfg in dir, without TLS (--insecure), waits
+// until it leads with the cluster id and the configuration committed (it
+// serves the state then), and stops it when the test ends.
 func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *master.Master {
+	t.Helper()
+	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure = true })
+}
+
+// Secure is a master that serves TLS and signs records, and the cluster CA
+// that secures it.
+type Secure struct {
+	*master.Master
+	// PKIDir holds the CA (pki.CAFile), the signing key pair (pki.SignKey,
+	// pki.SignPub) and the certificates Issue made.
+	PKIDir string
+	t      testing.TB
+}
+
+// StartSecure runs a master like Start, with a new cluster CA in
+// dir/pki: TLS on its API and Raft, client certificates authorized by
+// role, records signed. Its URL is https://.
+func StartSecure(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *Secure {
+	t.Helper()
+	s := &Secure{PKIDir: filepath.Join(dir, "pki"), t: t}
+	if err := pki.CreateCA(s.PKIDir, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	files := s.Issue(pki.RoleMaster, "m1")
+	key, err := pki.LoadSigningKey(filepath.Join(s.PKIDir, pki.SignKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Master = start(t, filepath.Join(dir, "data"), cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = files, key })
+	return s
+}
+
+// Issue makes a certificate of the cluster CA for 127.0.0.1 (for an
+// agent, name is its agent id) and returns its files.
+func (s *Secure) Issue(role pki.Role, name string) pki.Files {
+	s.t.Helper()
+	if err := pki.Issue(s.PKIDir, pki.IssueRequest{Role: role, Name: name, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
+		s.t.Fatal(err)
+	}
+	return pki.Files{CA: filepath.Join(s.PKIDir, pki.CAFile), Cert: pki.CertFile(s.PKIDir, name), Key: pki.KeyFile(s.PKIDir, name)}
+}
+
+func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, secure func(*master.Options)) *master.Master {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := master.Start(context.Background(), master.Options{
+	opts := master.Options{
 		ID: "m1", DataDir: dir, HTTPAddr: "127.0.0.1:0", RaftAddr: ln.Addr().String(),
 		Peers:   []raftlog.Server{{ID: "m1", Address: ln.Addr().String(), Voter: true}},
 		Network: cfg, Logger: log,
@@ -34,8 +80,11 @@ func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *m
 			c.Listener = ln
 			c.HeartbeatTimeout, c.ElectionTimeout, c.LeaderLeaseTimeout = 200*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
 		},
-	})
+	}
+	secure(&opts)
+	m, err := master.Start(context.Background(), opts)
 	if err != nil {
+		ln.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })

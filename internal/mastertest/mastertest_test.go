@@ -1,0 +1,44 @@
+package mastertest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/pki"
+)
+
+// A secure master serves its signed state to an agent's certificate.
+func TestStartSecure(t *testing.T) {
+	m := StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	files := m.Issue(pki.RoleAgent, "a1")
+	cfg, err := files.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	info, err := cl.Register(ctx, api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := cl.State(ctx, api.StateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := api.ParseSigningKey(st.SigningKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := api.VerifyRecord(pub, info, st.ClusterID); err != nil {
+		t.Error(err)
+	}
+}
