@@ -1,13 +1,16 @@
 package master
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -372,4 +375,44 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 	if err := <-woke; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// --insecure is said at start, as a warning.
+func TestInsecureWarnsAtStart(t *testing.T) {
+	var logs syncBuffer
+	raftAddr := freeAddr(t)
+	m, err := Start(context.Background(), Options{
+		ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: raftAddr,
+		Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
+		Network: DefaultConfig(), Insecure: true,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if out := logs.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, InsecureWarning) {
+		t.Errorf("start log of an insecure master lacks the warning %q:\n%s", InsecureWarning, out)
+	}
+	if !strings.HasPrefix(m.URL(), "http://") {
+		t.Errorf("URL %s of an insecure master", m.URL())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -19,11 +19,16 @@ const usage = `carve: a VXLAN overlay control plane
 
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
-               --peers m1=HOST:PORT,... [--config network.json] [--join URL]
+               --peers m1=HOST:PORT,... [--config network.json] [--join URL] \
+               --ca-file ca.pem --cert-file m1.pem --key-file m1-key.pem \
+               --signing-key-file signing.key | --insecure
   carve agent  --data-dir DIR --masters URL[,URL...] [--id ID] [--ip UNDERLAY_IP] \
                [--http-addr HOST:PORT] [--socket PATH] [--mesh-addr HOST:PORT] \
                [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true]
-  carve state  --masters URL[,URL...] [--json] [--consistent]
+  carve state  --masters URL[,URL...] [--json] [--consistent] \
+               --ca-file ca.pem --cert-file op.pem --key-file op-key.pem | --insecure
+  carve certs  ca --dir DIR [--days N]
+  carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
 Run 'carve COMMAND -h' for the flags of a command.
@@ -45,6 +50,8 @@ func main() {
 		err = runAgent(ctx, args)
 	case "state":
 		err = runState(ctx, args, os.Stdout)
+	case "certs":
+		err = runCerts(args, os.Stdout)
 	case "demo":
 		err = runDemo(args)
 	case "help", "-h", "--help":

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -9,7 +11,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -22,6 +26,10 @@ func runMaster(ctx context.Context, args []string) error {
 	peers := fs.String("peers", "", "initial voters: id=HOST:PORT,... (the same list on every master)")
 	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
+	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
+	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS")
+	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
+	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -48,6 +56,21 @@ func runMaster(ctx context.Context, args []string) error {
 	if len(servers) == 0 && *join == "" {
 		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
 	}
+	if *maxConns < 1 {
+		return fmt.Errorf("%w: --max-connections %d: want at least 1", cli.ErrUsage, *maxConns)
+	}
+	if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
+		return err
+	}
+	if !*insecure && *signingKey == "" {
+		return fmt.Errorf("%w: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside ca.pem)", cli.ErrUsage)
+	}
+	var key ed25519.PrivateKey
+	if *signingKey != "" {
+		if key, err = pki.LoadSigningKey(*signingKey); err != nil {
+			return fmt.Errorf("--signing-key-file: %w", err)
+		}
+	}
 	netCfg := master.DefaultConfig()
 	if *config != "" {
 		if netCfg, err = master.LoadConfig(*config); err != nil {
@@ -62,6 +85,8 @@ func runMaster(ctx context.Context, args []string) error {
 	m, err := master.Start(ctx, master.Options{
 		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
 		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
+		TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
+		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns},
 	})
 	if err != nil {
 		return err
@@ -94,6 +119,31 @@ func parsePeers(s string) ([]raftlog.Server, error) {
 		out = append(out, raftlog.Server{ID: id, Address: addr, Voter: true})
 	}
 	return out, nil
+}
+
+// tlsFlags defines --ca-file, --cert-file and --key-file; certHelp says
+// which certificate --cert-file is.
+func tlsFlags(fs *flag.FlagSet, certHelp string) *pki.Files {
+	var f pki.Files
+	fs.StringVar(&f.CA, "ca-file", "", "the cluster CA certificate (ca.pem of carve certs ca): the masters' certificates are verified against it")
+	fs.StringVar(&f.Cert, "cert-file", "", certHelp)
+	fs.StringVar(&f.Key, "key-file", "", "the private key of --cert-file")
+	return &f
+}
+
+// checkSecurityFlags refuses --insecure beside TLS files, and TLS files
+// that are missing (needCert: the certificate and key too), naming the flags.
+func checkSecurityFlags(f pki.Files, insecure, needCert bool) error {
+	if insecure {
+		if f.Enabled() {
+			return fmt.Errorf("%w: --insecure contradicts --ca-file/--cert-file/--key-file: give one or the other", cli.ErrUsage)
+		}
+		return nil
+	}
+	if err := f.Check(needCert); err != nil {
+		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
+	}
+	return nil
 }
 
 // splitMasters parses --masters.

@@ -17,7 +17,9 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve state")
 	masters := fs.String("masters", "", "master URLs, comma separated")
 	asJSON := fs.Bool("json", false, "print the raw state as JSON")
-	consistent := fs.Bool("consistent", false, "linearizable read through the leader")
+	consistent := fs.Bool("consistent", false, "linearizable read through the leader (needs an operator certificate)")
+	tlsFiles := tlsFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
+	insecure := fs.Bool("insecure", false, "talk to masters that run --insecure (plain HTTP, no certificate)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -25,9 +27,18 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	client, err := api.NewClient(urls, nil)
-	if err != nil {
+	if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
 		return err
+	}
+	var copts api.ClientOptions
+	if !*insecure {
+		if copts.TLS, err = tlsFiles.ClientConfig(); err != nil {
+			return err
+		}
+	}
+	client, err := api.NewClientWith(urls, copts)
+	if err != nil {
+		return fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
