@@ -76,27 +76,26 @@ func NewClientWith(masters []string, opts ClientOptions) (*Client, error) {
 		return nil, ErrNoMasters
 	}
 	hc := opts.HTTPClient
-	if hc == nil {
-		hc = &http.Client{}
-	}
-	if hc.Transport == nil {
-		c := *hc
-		c.Transport = &http.Transport{
-			Proxy:               http.ProxyFromEnvironment,
+	switch {
+	case hc == nil:
+		hc = &http.Client{Transport: &http.Transport{
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     90 * time.Second,
 			TLSHandshakeTimeout: 10 * time.Second,
 			TLSClientConfig:     opts.TLS,
-		}
-		hc = &c
-	} else if opts.TLS != nil {
-		t, ok := hc.Transport.(*http.Transport)
-		if !ok {
+		}}
+	case opts.TLS != nil:
+		var t *http.Transport
+		switch tr := hc.Transport.(type) {
+		case nil:
+			t = http.DefaultTransport.(*http.Transport).Clone()
+		case *http.Transport:
+			t = tr.Clone()
+		default:
 			return nil, fmt.Errorf("api client: TLS needs an *http.Transport, the HTTP client has a %T", hc.Transport)
 		}
-		c := *hc
-		t = t.Clone()
 		t.TLSClientConfig = opts.TLS
+		c := *hc
 		c.Transport = t
 		hc = &c
 	}

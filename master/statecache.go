@@ -3,8 +3,10 @@ package master
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -95,31 +97,72 @@ func writeJSONField(out *bytes.Buffer, name, value string) {
 	out.Write(v)
 }
 
+// parallelEncodeMin is the number of records to encode from which the
+// work is spread over the CPUs: signing (~25µs a record) makes a first read
+// after a restart or a configuration change take a quarter second per
+// 10,000 agents on one core.
+const parallelEncodeMin = 64
+
+// encodeChangedAgents renders, signs and encodes into the cache the records
+// of ids whose cached encoding is missing or stale; the caller holds t.mu
+// (read) and t.cache.mu.
+func (t *LeaseTable) encodeChangedAgents(ids []string) error {
+	var stale []string
+	for _, id := range ids {
+		if c, ok := t.cache.agents[id]; !ok || c.rec != t.agents[id] {
+			stale = append(stale, id)
+		}
+	}
+	if len(stale) == 0 {
+		return nil
+	}
+	encoded := make([]cachedAgent, len(stale))
+	errs := make([]error, len(stale))
+	encode := func(i int) {
+		rec := t.agents[stale[i]]
+		info := renderAgent(t.net, rec)
+		t.signer.signAgent(info, t.clusterID)
+		data, err := json.Marshal(info)
+		if err != nil {
+			errs[i] = fmt.Errorf("encode agent %s: %w", stale[i], err)
+		}
+		encoded[i] = cachedAgent{rec: rec, data: data}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(stale)/parallelEncodeMin+1)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(stale); i += workers {
+				encode(i)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i, id := range stale {
+		t.cache.agents[id] = encoded[i]
+	}
+	return nil
+}
+
 // encodeAgentsAndTombstones renders the agents and tombstones part of the
 // state, re-encoding only the records that changed since the last call; the
 // caller holds t.mu (read) and t.cache.mu.
 func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 	var buf bytes.Buffer
 	ids := slices.Sorted(maps.Keys(t.agents))
+	if err := t.encodeChangedAgents(ids); err != nil {
+		return nil, err
+	}
 	if len(ids) > 0 {
 		buf.WriteString(`,"agents":[`)
 		for i, id := range ids {
-			rec := t.agents[id]
-			c, ok := t.cache.agents[id]
-			if !ok || c.rec != rec {
-				info := renderAgent(t.net, rec)
-				t.signer.signAgent(info, t.clusterID)
-				data, err := json.Marshal(info)
-				if err != nil {
-					return nil, fmt.Errorf("encode agent %s: %w", id, err)
-				}
-				c = cachedAgent{rec: rec, data: data}
-				t.cache.agents[id] = c
-			}
 			if i > 0 {
 				buf.WriteByte(',')
 			}
-			buf.Write(c.data)
+			buf.Write(t.cache.agents[id].data)
 		}
 		buf.WriteString(`]`)
 	}
