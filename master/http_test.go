@@ -147,3 +147,39 @@ func TestWildcardHTTPAddrRefused(t *testing.T) {
 		})
 	}
 }
+
+// Requests are counted under their route's template, so that dashboards
+// can tell state reads from registrations.
+func TestHTTPRequestsCountedByRoute(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newTestCluster(t, 1, DefaultConfig())
+	c.waitLeader()
+	base := "http://" + c.httpAddrs[0]
+	for _, path := range []string{"/overlay-master/state", "/overlay-master/agents/nobody", "/cluster/status", "/nothing"} {
+		httpCall(t, "GET", base+path, "", nil)
+	}
+	mfs, err := c.masters[0].registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		if mf.GetName() != "carve_master_http_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["method"]+" "+labels["route"]+" "+labels["code"]] = true
+		}
+	}
+	for _, want := range []string{"GET /overlay-master/state 200", "GET /overlay-master/agents/{id} 404", "GET /cluster/status 200", "GET other 404"} {
+		if !got[want] {
+			t.Errorf("no carve_master_http_requests_total series %q; have %v", want, got)
+		}
+	}
+}

@@ -44,7 +44,7 @@ func (m *Master) routes() http.Handler {
 	}
 	s := &server{m: m, log: m.log, client: &http.Client{Transport: transport}}
 	r := httpapi.NewRouter()
-	r.Use(s.authorize)
+	r.Use(recordRoute, s.authorize)
 	r.HandleFunc("/overlay-master/agents", s.register).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/delete", s.deleteAgents).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)
@@ -63,15 +63,26 @@ func (s *server) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
-		route := "other"
-		if m := mux.CurrentRoute(r); m != nil {
-			if tpl, err := m.GetPathTemplate(); err == nil {
-				route = tpl
-			}
-		} else if strings.HasPrefix(r.URL.Path, "/overlay-master/") || strings.HasPrefix(r.URL.Path, "/cluster/") {
+		route := rec.route
+		if route == "" {
 			route = routeTemplate(r.URL.Path)
 		}
 		s.m.metrics.httpRequests.WithLabelValues(r.Method, route, strconv.Itoa(rec.status)).Inc()
+	})
+}
+
+// recordRoute tells instrument which route served a request (a mux
+// middleware: only the router knows; instrument runs outside it).
+func recordRoute(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rec, ok := w.(*statusRecorder); ok {
+			if cur := mux.CurrentRoute(r); cur != nil {
+				if tpl, err := cur.GetPathTemplate(); err == nil {
+					rec.route = tpl
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 
@@ -89,6 +100,7 @@ func routeTemplate(path string) string {
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+	route  string // the matched route's template, set by recordRoute
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
