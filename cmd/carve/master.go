@@ -125,7 +125,7 @@ func parsePeers(s string) ([]raftlog.Server, error) {
 // which certificate --cert-file is.
 func tlsFlags(fs *flag.FlagSet, certHelp string) *pki.Files {
 	var f pki.Files
-	fs.StringVar(&f.CA, "ca-file", "", "the cluster CA certificate (ca.pem of carve certs ca): the masters' certificates are verified against it")
+	fs.StringVar(&f.CA, "ca-file", "", "the cluster CA certificate (ca.pem of carve certs ca): every peer's certificate is verified against it")
 	fs.StringVar(&f.Cert, "cert-file", "", certHelp)
 	fs.StringVar(&f.Key, "key-file", "", "the private key of --cert-file")
 	return &f
