@@ -215,17 +215,38 @@ func (c *testCluster) client(first int) *api.Client {
 	return c.clientAs(first, "operator", pki.RoleOperator)
 }
 
+// onlyClient is an operator's client of master i alone (no failover).
+func (c *testCluster) onlyClient(i int) *api.Client {
+	c.t.Helper()
+	var opts api.ClientOptions
+	if c.pki != nil {
+		opts.TLS = c.pki.clientTLS("operator", pki.RoleOperator)
+	}
+	cl, err := api.NewClientWith([]string{c.urls()[i]}, opts)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cl
+}
+
+// forEachSecurity runs a cluster test without TLS (--insecure) and with
+// it (TLS, certificates and signed records), each in its own subtest.
+func forEachSecurity(t *testing.T, test func(t *testing.T, p *testPKI)) {
+	t.Run("insecure", func(t *testing.T) { test(t, nil) })
+	t.Run("tls", func(t *testing.T) { test(t, newTestPKI(t)) })
+}
+
 // clientAs is a failover client starting at master first with the
 // certificate of name and role (ignored without TLS).
 func (c *testCluster) clientAs(first int, name string, role pki.Role) *api.Client {
 	c.t.Helper()
 	urls := c.urls()
 	rot := append(append([]string{}, urls[first%len(urls):]...), urls[:first%len(urls)]...)
-	opts := api.ClientOptions{HTTPClient: &http.Client{Timeout: 20 * time.Second}}
+	hc := &http.Client{Timeout: 20 * time.Second} // the shared default transport
 	if c.pki != nil {
-		opts.TLS = c.pki.clientTLS(name, role)
+		hc = c.pki.sharedHTTPClient(name, role)
 	}
-	cl, err := api.NewClientWith(rot, opts)
+	cl, err := api.NewClient(rot, hc)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -312,7 +333,11 @@ func TestClusterRegistrationsThroughLeaderFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, DefaultConfig())
+	forEachSecurity(t, testRegistrationsThroughLeaderFailover)
+}
+
+func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
+	c := newTestClusterWith(t, 3, DefaultConfig(), p)
 	leader := c.waitLeader()
 
 	const agents = 500
@@ -543,16 +568,17 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, DefaultConfig())
+	forEachSecurity(t, testFollowerProxyWatchAndStatus)
+}
+
+func testFollowerProxyWatchAndStatus(t *testing.T, p *testPKI) {
+	c := newTestClusterWith(t, 3, DefaultConfig(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	c.waitConverged()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	onlyFollower, err := api.NewClient([]string{"http://" + c.httpAddrs[follower]}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	onlyFollower := c.onlyClient(follower)
 	st0, err := onlyFollower.State(ctx, api.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -598,7 +624,8 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cs.Role != "follower" || cs.Leader == nil || cs.Leader.ID != c.ids[leader] || cs.Leader.HTTPAddr != c.httpAddrs[leader] || len(cs.Servers) != 3 {
+	if cs.Role != "follower" || cs.Leader == nil || cs.Leader.ID != c.ids[leader] || cs.Leader.HTTPAddr != c.httpAddrs[leader] ||
+		cs.Leader.URL != c.urls()[leader] || len(cs.Servers) != 3 {
 		t.Errorf("cluster status %+v leader %+v", cs, cs.Leader)
 	}
 	if cs.ClusterID == "" || cs.ClusterID != st.ClusterID || !cs.CaughtUp {
@@ -615,7 +642,11 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 		t.Errorf("deleted agent: %v", err)
 	}
 	// metrics are served
-	status, _, data := httpCall(t, "GET", "http://"+c.httpAddrs[leader]+"/metrics", "", nil)
+	hc := http.DefaultClient
+	if p != nil {
+		hc = p.httpClient("", "") // /metrics is open: no certificate
+	}
+	status, data := secureCall(t, hc, "GET", c.urls()[leader]+"/metrics", "", nil)
 	for _, want := range []string{"carve_master_registrations_total", "carve_master_allocation_failures_total", "carve_master_agents"} {
 		if status != 200 || !bytes.Contains(data, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
@@ -657,7 +688,11 @@ func TestJoinAndRemoveMaster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, DefaultConfig())
+	forEachSecurity(t, testJoinAndRemoveMaster)
+}
+
+func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
+	c := newTestClusterWith(t, 3, DefaultConfig(), p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -674,7 +709,7 @@ func TestJoinAndRemoveMaster(t *testing.T) {
 	c.httpAddrs = append(c.httpAddrs, freeAddr(t))
 	c.masters = append(c.masters, nil)
 	opts := c.options(3)
-	opts.Join = "http://" + c.httpAddrs[(leader+1)%3]
+	opts.Join = c.urls()[(leader+1)%3]
 	c.startWith(3, opts)
 	want := c.waitConverged()
 	testutil.Eventually(t, 0, "m4 to see 4 servers", testutil.True(func() bool { return len(c.masters[3].node.Status().Servers) == 4 }))

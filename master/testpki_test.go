@@ -30,6 +30,7 @@ type testPKI struct {
 	signingKey ed25519.PrivateKey
 	mu         sync.Mutex
 	issued     map[string]pki.Role
+	clients    map[string]*http.Client // by name, sharing connections
 }
 
 func newTestPKI(t *testing.T) *testPKI {
@@ -42,7 +43,7 @@ func newTestPKI(t *testing.T) *testPKI {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testPKI{t: t, dir: dir, signingKey: key, issued: map[string]pki.Role{}}
+	return &testPKI{t: t, dir: dir, signingKey: key, issued: map[string]pki.Role{}, clients: map[string]*http.Client{}}
 }
 
 func (p *testPKI) caFile() string { return filepath.Join(p.dir, pki.CAFile) }
@@ -82,6 +83,23 @@ func (p *testPKI) clientTLS(name string, role pki.Role) *tls.Config {
 func (p *testPKI) httpClient(name string, role pki.Role) *http.Client {
 	p.t.Helper()
 	return tlsHTTPClient(p.t, p.clientTLS(name, role))
+}
+
+// sharedHTTPClient is one HTTP client per name, whose connections every
+// caller shares (as http.DefaultTransport's are).
+func (p *testPKI) sharedHTTPClient(name string, role pki.Role) *http.Client {
+	p.t.Helper()
+	cfg := p.clientTLS(name, role)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	hc, ok := p.clients[name]
+	if !ok {
+		tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 1024}
+		p.t.Cleanup(tr.CloseIdleConnections)
+		hc = &http.Client{Transport: tr, Timeout: 20 * time.Second}
+		p.clients[name] = hc
+	}
+	return hc
 }
 
 func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {
