@@ -41,6 +41,15 @@
 //     was not applied.
 //   - ErrClosed alone: the node was closed before the call.
 //
+// # Transport security
+//
+// With Config.TLS the transport speaks TLS both ways (carve's masters use
+// mutual TLS with certificates of role master): an accepted connection
+// does its handshake, bounded by the transport timeout, in raft's own
+// goroutine for that connection, and a dialed one before raft uses it. A
+// failed handshake closes the connection, is logged, and counts in
+// carve_raft_tls_handshake_failures_total{direction="incoming|outgoing"}.
+//
 // # Snapshot format
 //
 // A snapshot file (raft's FileSnapshotStore, which adds its own CRC) holds a
