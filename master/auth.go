@@ -92,7 +92,7 @@ func clientIdentity(r *http.Request) (pki.Identity, error) {
 	leaf := r.TLS.VerifiedChains[0][0]
 	id, err := pki.IdentityOf(leaf)
 	if err != nil {
-		return pki.Identity{}, fmt.Errorf("client certificate %q carries no carve role (a carve://<role>/<name> URI): issue one with carve certs issue", leaf.Subject.CommonName)
+		return pki.Identity{}, fmt.Errorf("client certificate %q carries no carve role (a carve://ROLE/NAME URI): issue one with carve certs issue", leaf.Subject.CommonName)
 	}
 	return id, nil
 }
