@@ -186,8 +186,8 @@ func TestClientTrustFailures(t *testing.T) {
 	c := newTestClusterWith(t, 1, DefaultConfig(), p)
 	c.waitLeader()
 	foreign := newTestPKI(t)
-	foreignCert := foreign.clientTLS("operator", pki.RoleOperator)
-	foreignCert.RootCAs = p.clientTLS("", "").RootCAs // it trusts the master; the master does not trust it
+	foreignCert := foreign.ClientTLS("operator", pki.RoleOperator)
+	foreignCert.RootCAs = p.ClientTLS("", "").RootCAs // it trusts the master; the master does not trust it
 	tests := []struct {
 		name    string
 		tls     *api.ClientOptions
@@ -195,7 +195,7 @@ func TestClientTrustFailures(t *testing.T) {
 	}{
 		{"certificate of another CA", &api.ClientOptions{TLS: foreignCert}, "--cert-file and --key-file"},
 		{"no CA given", &api.ClientOptions{}, "--ca-file"},
-		{"another CA given", &api.ClientOptions{TLS: foreign.clientTLS("", "")}, "--ca-file"},
+		{"another CA given", &api.ClientOptions{TLS: foreign.ClientTLS("", "")}, "--ca-file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -240,9 +240,9 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 	c.httpAddrs = append(c.httpAddrs, freeAddr(t))
 	c.masters = append(c.masters, nil)
 	opts := c.options(3)
-	opts.TLS = foreign.files("m4", pki.RoleMaster)
-	opts.TLS.CA = p.caFile() // it trusts the cluster; the cluster does not trust it
-	opts.SigningKey = foreign.signingKey
+	opts.TLS = foreign.Files("m4", pki.RoleMaster)
+	opts.TLS.CA = p.CAFile() // it trusts the cluster; the cluster does not trust it
+	opts.SigningKey = foreign.SigningKey
 	c.startWith(3, opts)
 	m4 := c.masters[3]
 
@@ -300,17 +300,17 @@ func raftTLSFailures(t *testing.T, m *Master, direction string) float64 {
 // which flag is missing.
 func TestStartNeedsTLSOrInsecure(t *testing.T) {
 	p := newTestPKI(t)
-	master := p.files("m1", pki.RoleMaster)
-	agent := p.files("a1", pki.RoleAgent)
+	master := p.Files("m1", pki.RoleMaster)
+	agent := p.Files("a1", pki.RoleAgent)
 	tests := []struct {
 		name    string
 		set     func(*Options)
 		mention string
 	}{
 		{"nothing", func(o *Options) {}, "--ca-file, --cert-file, --key-file (or --insecure"},
-		{"no key", func(o *Options) { o.TLS = pki.Files{CA: master.CA, Cert: master.Cert}; o.SigningKey = p.signingKey }, "--key-file"},
+		{"no key", func(o *Options) { o.TLS = pki.Files{CA: master.CA, Cert: master.Cert}; o.SigningKey = p.SigningKey }, "--key-file"},
 		{"insecure with TLS", func(o *Options) { o.Insecure = true; o.TLS = master }, "--insecure contradicts"},
-		{"agent certificate", func(o *Options) { o.TLS = agent; o.SigningKey = p.signingKey }, "role agent; a master needs role master"},
+		{"agent certificate", func(o *Options) { o.TLS = agent; o.SigningKey = p.SigningKey }, "role agent; a master needs role master"},
 		{"no signing key", func(o *Options) { o.TLS = master }, "--signing-key-file is required"},
 	}
 	for _, tt := range tests {

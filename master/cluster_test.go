@@ -109,8 +109,8 @@ func (c *testCluster) options(i int) Options {
 	if c.pki == nil {
 		opts.Insecure = true
 	} else {
-		opts.TLS = c.pki.files(c.ids[i], pki.RoleMaster)
-		opts.SigningKey = c.pki.signingKey
+		opts.TLS = c.pki.Files(c.ids[i], pki.RoleMaster)
+		opts.SigningKey = c.pki.SigningKey
 	}
 	return opts
 }
@@ -220,7 +220,7 @@ func (c *testCluster) onlyClient(i int) *api.Client {
 	c.t.Helper()
 	var opts api.ClientOptions
 	if c.pki != nil {
-		opts.TLS = c.pki.clientTLS("operator", pki.RoleOperator)
+		opts.TLS = c.pki.ClientTLS("operator", pki.RoleOperator)
 	}
 	cl, err := api.NewClientWith([]string{c.urls()[i]}, opts)
 	if err != nil {

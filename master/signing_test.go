@@ -41,7 +41,7 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 	c := newTestClusterWith(t, 3, cfg, p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
-	pub, err := pki.LoadVerifyKey(filepath.Join(p.dir, pki.SignPub))
+	pub, err := pki.LoadVerifyKey(filepath.Join(p.Dir, pki.SignPub))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package master
 
 import (
 	"crypto/ecdsa"
-	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
@@ -12,84 +11,40 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/internal/pkitest"
 	"github.com/carve-net/carve/pki"
 )
 
-// testPKI is a cluster CA in a temporary directory, issuing certificates
-// for 127.0.0.1 on demand.
+// testPKI is a test's cluster CA with the HTTP clients the tests use.
 type testPKI struct {
-	t          *testing.T
-	dir        string
-	signingKey ed25519.PrivateKey
-	mu         sync.Mutex
-	issued     map[string]pki.Role
-	clients    map[string]*http.Client // by name, sharing connections
+	*pkitest.CA
+	t       *testing.T
+	mu      sync.Mutex
+	clients map[string]*http.Client // by name, sharing connections
 }
 
 func newTestPKI(t *testing.T) *testPKI {
 	t.Helper()
-	dir := t.TempDir()
-	if err := pki.CreateCA(dir, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	key, err := pki.LoadSigningKey(filepath.Join(dir, pki.SignKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testPKI{t: t, dir: dir, signingKey: key, issued: map[string]pki.Role{}, clients: map[string]*http.Client{}}
-}
-
-func (p *testPKI) caFile() string { return filepath.Join(p.dir, pki.CAFile) }
-
-// files issues (once) a certificate of name and role and names its files.
-func (p *testPKI) files(name string, role pki.Role) pki.Files {
-	p.t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if have, ok := p.issued[name]; !ok {
-		if err := pki.Issue(p.dir, pki.IssueRequest{Role: role, Name: name, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
-			p.t.Fatal(err)
-		}
-		p.issued[name] = role
-	} else if have != role {
-		p.t.Fatalf("test PKI: %s was issued as %s, asked as %s", name, have, role)
-	}
-	return pki.Files{CA: p.caFile(), Cert: pki.CertFile(p.dir, name), Key: pki.KeyFile(p.dir, name)}
-}
-
-// clientTLS is the client configuration of name and role; an empty name
-// means no certificate (the CA only).
-func (p *testPKI) clientTLS(name string, role pki.Role) *tls.Config {
-	p.t.Helper()
-	f := pki.Files{CA: p.caFile()}
-	if name != "" {
-		f = p.files(name, role)
-	}
-	cfg, err := f.ClientConfig()
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return cfg
+	return &testPKI{CA: pkitest.New(t), t: t, clients: map[string]*http.Client{}}
 }
 
 // httpClient is an HTTP client with clientTLS(name, role).
 func (p *testPKI) httpClient(name string, role pki.Role) *http.Client {
 	p.t.Helper()
-	return tlsHTTPClient(p.t, p.clientTLS(name, role))
+	return tlsHTTPClient(p.t, p.ClientTLS(name, role))
 }
 
 // sharedHTTPClient is one HTTP client per name, whose connections every
 // caller shares (as http.DefaultTransport's are).
 func (p *testPKI) sharedHTTPClient(name string, role pki.Role) *http.Client {
 	p.t.Helper()
-	cfg := p.clientTLS(name, role)
+	cfg := p.ClientTLS(name, role)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	hc, ok := p.clients[name]
@@ -113,7 +68,7 @@ func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {
 // signed without a carve role (no carve:// URI), as a foreign tool might.
 func (p *testPKI) withoutRole() *tls.Config {
 	p.t.Helper()
-	caPEM, err := os.ReadFile(p.caFile())
+	caPEM, err := os.ReadFile(p.CAFile())
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -122,7 +77,7 @@ func (p *testPKI) withoutRole() *tls.Config {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	keyPEM, err := os.ReadFile(filepath.Join(p.dir, pki.CAKey))
+	keyPEM, err := os.ReadFile(filepath.Join(p.Dir, pki.CAKey))
 	if err != nil {
 		p.t.Fatal(err)
 	}
@@ -145,7 +100,7 @@ func (p *testPKI) withoutRole() *tls.Config {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	cfg := p.clientTLS("", "")
+	cfg := p.ClientTLS("", "")
 	cfg.Certificates = []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}
 	return cfg
 }

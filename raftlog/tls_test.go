@@ -3,50 +3,22 @@ package raftlog
 import (
 	"crypto/tls"
 	"fmt"
-	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/carve-net/carve/internal/pkitest"
 	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/pki"
 )
 
-// testCA is a cluster CA in a temporary directory.
-type testCA struct {
-	t   *testing.T
-	dir string
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	dir := t.TempDir()
-	if err := pki.CreateCA(dir, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{t: t, dir: dir}
-}
-
-// transportTLS issues a certificate for 127.0.0.1 with the role and
-// returns the mutual transport configuration a master would use: both
-// sides verified against the CA, and the peer must carry the master role.
-func (ca *testCA) transportTLS(id string, role pki.Role) *TransportTLS {
-	ca.t.Helper()
+// transportTLS is the mutual transport configuration a master would use,
+// with a certificate of the role from ca: both sides verified against the
+// CA, and the peer must carry the master role.
+func transportTLS(ca *pkitest.CA, id string, role pki.Role) *TransportTLS {
 	name := fmt.Sprintf("%s-%s", id, role)
-	if err := pki.Issue(ca.dir, pki.IssueRequest{Role: role, Name: name, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
-		ca.t.Fatal(err)
-	}
-	files := pki.Files{CA: filepath.Join(ca.dir, pki.CAFile), Cert: pki.CertFile(ca.dir, name), Key: pki.KeyFile(ca.dir, name)}
-	server, err := files.ServerConfig(true)
-	if err != nil {
-		ca.t.Fatal(err)
-	}
-	client, err := files.ClientConfig()
-	if err != nil {
-		ca.t.Fatal(err)
-	}
+	server, client := ca.ServerTLS(name, role, true), ca.ClientTLS(name, role)
 	server.VerifyConnection = pki.RequireRole(pki.RoleMaster)
 	client.VerifyConnection = pki.RequireRole(pki.RoleMaster)
 	return &TransportTLS{Server: server, Client: client}
@@ -66,18 +38,18 @@ func tlsFailures(n *Node, direction string) float64 {
 func TestTLSTransportRefusesStrangers(t *testing.T) {
 	tests := []struct {
 		name string
-		tls  func(ca, foreign *testCA, id string) *TransportTLS
+		tls  func(ca, foreign *pkitest.CA, id string) *TransportTLS
 	}{
-		{"certificate of another CA", func(_, foreign *testCA, id string) *TransportTLS { return foreign.transportTLS(id, pki.RoleMaster) }},
-		{"agent certificate of the cluster CA", func(ca, _ *testCA, id string) *TransportTLS { return ca.transportTLS(id, pki.RoleAgent) }},
-		{"plain TCP", func(_, _ *testCA, _ string) *TransportTLS { return nil }},
+		{"certificate of another CA", func(_, foreign *pkitest.CA, id string) *TransportTLS { return transportTLS(foreign, id, pki.RoleMaster) }},
+		{"agent certificate of the cluster CA", func(ca, _ *pkitest.CA, id string) *TransportTLS { return transportTLS(ca, id, pki.RoleAgent) }},
+		{"plain TCP", func(_, _ *pkitest.CA, _ string) *TransportTLS { return nil }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ca, foreign := newTestCA(t), newTestCA(t)
+			ca, foreign := pkitest.New(t), pkitest.New(t)
 			c := newCluster(t, 3, func(cfg *Config) {
 				if cfg.TLS == nil {
-					cfg.TLS = ca.transportTLS(cfg.ID, pki.RoleMaster)
+					cfg.TLS = transportTLS(ca, cfg.ID, pki.RoleMaster)
 				}
 			})
 			real := c.nodes

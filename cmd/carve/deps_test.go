@@ -16,6 +16,8 @@ import (
 var notInCarve = []string{
 	"github.com/carve-net/carve/cni",
 	"github.com/carve-net/carve/internal/testutil",
+	"github.com/carve-net/carve/internal/pkitest",
+	"github.com/carve-net/carve/internal/mastertest",
 	"github.com/carve-net/carve/internal/demo",
 	"github.com/carve-net/carve/internal/labcluster",
 	"github.com/carve-net/carve/internal/netnslab",

@@ -9,13 +9,13 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/internal/pkitest"
 	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/pki"
 )
@@ -24,23 +24,8 @@ import (
 // configuration that trusts it, from a fresh CA.
 func testTLS(t *testing.T) (server, client *tls.Config) {
 	t.Helper()
-	dir := t.TempDir()
-	if err := pki.CreateCA(dir, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := pki.Issue(dir, pki.IssueRequest{Role: pki.RoleMaster, Name: "m1", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
-		t.Fatal(err)
-	}
-	files := pki.Files{CA: dir + "/" + pki.CAFile, Cert: pki.CertFile(dir, "m1"), Key: pki.KeyFile(dir, "m1")}
-	server, err := files.ServerConfig(false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err = pki.Files{CA: files.CA}.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return server, client
+	ca := pkitest.New(t)
+	return ca.ServerTLS("m1", pki.RoleMaster, false), ca.ClientTLS("", "")
 }
 
 // startServer serves handler with opts on a loopback port until the test ends.

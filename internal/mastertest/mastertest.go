@@ -8,12 +8,11 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/pkitest"
 	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
@@ -32,38 +31,19 @@ func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *m
 // that secures it.
 type Secure struct {
 	*master.Master
-	// PKIDir holds the CA (pki.CAFile), the signing key pair (pki.SignKey,
-	// pki.SignPub) and the certificates Issue made.
-	PKIDir string
-	t      testing.TB
+	// CA issues the certificates of clients (an agent's name is its agent
+	// id) and holds the signing key pair (pki.SignPub in CA.Dir).
+	CA *pkitest.CA
 }
 
-// StartSecure runs a master like Start, with a new cluster CA in
-// dir/pki: TLS on its API and Raft, client certificates authorized by
-// role, records signed. Its URL is https://.
+// StartSecure runs a master like Start with a new cluster CA: TLS on its
+// API and Raft, client certificates authorized by role, records signed.
+// Its URL is https://.
 func StartSecure(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *Secure {
 	t.Helper()
-	s := &Secure{PKIDir: filepath.Join(dir, "pki"), t: t}
-	if err := pki.CreateCA(s.PKIDir, 24*time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	files := s.Issue(pki.RoleMaster, "m1")
-	key, err := pki.LoadSigningKey(filepath.Join(s.PKIDir, pki.SignKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Master = start(t, filepath.Join(dir, "data"), cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = files, key })
-	return s
-}
-
-// Issue makes a certificate of the cluster CA for 127.0.0.1 (for an
-// agent, name is its agent id) and returns its files.
-func (s *Secure) Issue(role pki.Role, name string) pki.Files {
-	s.t.Helper()
-	if err := pki.Issue(s.PKIDir, pki.IssueRequest{Role: role, Name: name, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}); err != nil {
-		s.t.Fatal(err)
-	}
-	return pki.Files{CA: filepath.Join(s.PKIDir, pki.CAFile), Cert: pki.CertFile(s.PKIDir, name), Key: pki.KeyFile(s.PKIDir, name)}
+	ca := pkitest.New(t)
+	m := start(t, dir, cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = ca.Files("m1", pki.RoleMaster), ca.SigningKey })
+	return &Secure{Master: m, CA: ca}
 }
 
 func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, secure func(*master.Options)) *master.Master {

@@ -15,12 +15,7 @@ import (
 // A secure master serves its signed state to an agent's certificate.
 func TestStartSecure(t *testing.T) {
 	m := StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	files := m.Issue(pki.RoleAgent, "a1")
-	cfg, err := files.ClientConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: cfg})
+	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
 	if err != nil {
 		t.Fatal(err)
 	}
