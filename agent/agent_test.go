@@ -32,6 +32,18 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// hostsWithMaster skips the test without root; it returns n host
+// namespaces, a directory for the test, and a master running in dir/m1.
+func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Master) {
+	t.Helper()
+	if !netnslab.IsRoot() {
+		t.Skip("needs root to create network namespaces")
+	}
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: n})
+	dir := t.TempDir()
+	return lab.Hosts(), dir, startMaster(t, filepath.Join(dir, "m1"))
+}
+
 // startMaster runs a one-voter master on loopback (the agent tests are about
 // agents; the 3-master cluster is tested in package master and in e2e).
 func startMaster(t *testing.T, dir string) *master.Master {
@@ -153,13 +165,7 @@ func kernelHasPeer(t *testing.T, host *netnslab.Host, vtepIP, mac, underlay, sub
 // state; with the masters gone, a restarted agent works from its persisted
 // state and learns what it missed through gossip.
 func TestAgentsWithoutMasters(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 3})
-	hosts := lab.Hosts()
-	dir := t.TempDir()
-	m := startMaster(t, filepath.Join(dir, "m1"))
+	hosts, dir, m := hostsWithMaster(t, 3)
 	url := "http://" + m.HTTPAddr()
 	gnet := fakegossip.New(fakegossip.Config{Seed: 7, GossipInterval: 300 * time.Millisecond, DropRate: 0.1, DuplicateRate: 0.1})
 	t.Cleanup(gnet.Close)
@@ -255,15 +261,10 @@ func stripPrefix(p string) string {
 // address it is given, so an agent deleted at the masters, or one that
 // moved to another address, must be forgotten, or retries grow with churn.
 func TestMeshForgetsDeletedAndMovedPeers(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1})
-	dir := t.TempDir()
-	m := startMaster(t, filepath.Join(dir, "m1"))
+	hosts, dir, m := hostsWithMaster(t, 1)
 	gnet := fakegossip.New(fakegossip.Config{Seed: 14})
 	t.Cleanup(gnet.Close)
-	a := startAgent(t, lab.Hosts()[0], "http://"+m.HTTPAddr(), filepath.Join(dir, "a0"), gnet)
+	a := startAgent(t, hosts[0], "http://"+m.HTTPAddr(), filepath.Join(dir, "a0"), gnet)
 	router := a.router.(*fakegossip.Router)
 	cl := masterClient(t, m)
 	ctx := context.Background()

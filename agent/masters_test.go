@@ -153,12 +153,7 @@ func masterClient(t *testing.T, m *master.Master) *api.Client {
 // remember the id); the agent must then register with a new request id
 // rather than repeat the burnt one for ever.
 func TestRegistrationAnsweredDeletedRetriesWithNewRequestID(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1})
-	dir := t.TempDir()
-	m := startMaster(t, filepath.Join(dir, "m1"))
+	hosts, dir, m := hostsWithMaster(t, 1)
 	direct := masterClient(t, m)
 	p := newMasterProxy(t, m, "")
 	var mu sync.Mutex
@@ -189,7 +184,7 @@ func TestRegistrationAnsweredDeletedRetriesWithNewRequestID(t *testing.T) {
 	}
 	gnet := fakegossip.New(fakegossip.Config{Seed: 11})
 	t.Cleanup(gnet.Close)
-	a := startAgent(t, lab.Hosts()[0], p.URL(), filepath.Join(dir, "a0"), gnet)
+	a := startAgent(t, hosts[0], p.URL(), filepath.Join(dir, "a0"), gnet)
 
 	testutil.Eventually(t, 20*time.Second, "the agent registered again after its deletion", func() error {
 		_, err := direct.Agent(context.Background(), a.ID())
@@ -243,14 +238,8 @@ func gossipCount(t *testing.T, a *Agent, result string) float64 {
 // restarted meanwhile comes back from its disk. The up-to-date master
 // coming back is followed as usual.
 func TestStaleMasterIsIgnored(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 2})
-	hosts := lab.Hosts()
-	dir := t.TempDir()
+	hosts, dir, m := hostsWithMaster(t, 2)
 	mdir, staleDir := filepath.Join(dir, "m1"), filepath.Join(dir, "m1-stale")
-	m := startMaster(t, mdir)
 	m.Close()
 	copyDir(t, mdir, staleDir)
 	m = startMaster(t, mdir)
@@ -398,13 +387,7 @@ func (parrot) OnUnicast(string, []byte) error                  { return nil }
 // register with the new masters, tell the IPAM, persist the new cluster id,
 // and refuse gossip that still carries the old cluster's records.
 func TestRebuiltClusterResetsMembership(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 2})
-	hosts := lab.Hosts()
-	dir := t.TempDir()
-	m1 := startMaster(t, filepath.Join(dir, "m1"))
+	hosts, dir, m1 := hostsWithMaster(t, 2)
 	old := masterClient(t, m1)
 	ctx := context.Background()
 	// The old cluster also knows an agent that will not be in the new one,
