@@ -158,6 +158,17 @@ func (r *MeshRouter) Connect(addrs ...string) error {
 	return errors.Join(r.router.ConnectionMaker.InitiateConnections(addrs, false)...)
 }
 
+// Forget has the router stop trying the addresses given to Connect (those
+// of peers that were deleted or moved): mesh retries every address it was
+// given for ever. A connection that is up stays up until it breaks.
+func (r *MeshRouter) Forget(addrs ...string) error {
+	if r.isStopped() {
+		return ErrStopped
+	}
+	r.router.ConnectionMaker.ForgetConnections(addrs)
+	return nil
+}
+
 // Stop stops the router: it forgets its peers, and the channels drop
 // whatever still arrives. mesh offers no way to close its listener, which
 // lives until the process ends.

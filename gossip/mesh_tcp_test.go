@@ -15,6 +15,7 @@ import (
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/internal/gset"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 type meshPeer struct {
@@ -75,34 +76,15 @@ func startMesh(t *testing.T, n int) []meshPeer {
 		}
 		peers = append(peers, p)
 	}
-	// Wait until everyone knows everyone; the test's deadline bounds it.
-	for {
-		all := true
+	testutil.Eventually(t, 0, "the mesh forms", func() error {
 		for _, p := range peers {
-			if len(p.r.Peers()) != n-1 {
-				all = false
+			if got := p.r.Peers(); len(got) != n-1 {
+				return fmt.Errorf("%s knows %v", p.r.Self(), got)
 			}
 		}
-		if all {
-			return peers
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal("mesh never formed")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("never: %s", what)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return nil
+	})
+	return peers
 }
 
 func TestMeshBroadcastGossipUnicast(t *testing.T) {
@@ -116,7 +98,7 @@ func TestMeshBroadcastGossipUnicast(t *testing.T) {
 	peers[2].h.Add("g2")
 	want := []string{"b0", "g2"}
 	for _, p := range peers {
-		waitFor(t, p.r.Self()+" has "+fmt.Sprint(want), func() bool { return slices.Equal(p.h.Set(), want) })
+		testutil.Eventually(t, 0, p.r.Self()+" has "+fmt.Sprint(want), testutil.True(func() bool { return slices.Equal(p.h.Set(), want) }))
 	}
 	if src := peers[1].h.BroadcastSources(); !slices.Contains(src, "agent-0") {
 		t.Errorf("broadcast sources seen by agent-1 = %v", src)
@@ -125,7 +107,7 @@ func TestMeshBroadcastGossipUnicast(t *testing.T) {
 	if err := peers[0].ch.Unicast("agent-2", []byte("ping")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "answer", func() bool { return len(peers[0].h.Unicasts()) == 1 })
+	testutil.Eventually(t, 0, "the answer", testutil.True(func() bool { return len(peers[0].h.Unicasts()) == 1 }))
 	if got := peers[2].h.Unicasts(); len(got) != 1 || got[0] != (gset.Unicast{From: "agent-0", Msg: "ping"}) {
 		t.Fatalf("agent-2 received %v", got)
 	}
