@@ -18,6 +18,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/unixsock"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -75,6 +77,9 @@ type Config struct {
 	HTTPAddr string
 	// Socket is the unix socket of the IPAM service.
 	Socket string
+	// SocketGID is the group of the IPAM socket and of the Docker plugin
+	// socket (mode 0660, owner root); 0 is root's group.
+	SocketGID int
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
@@ -101,11 +106,27 @@ type Config struct {
 	// mesh router on MeshAddr.
 	NewRouter func(id string) (Router, error)
 	Logger    *slog.Logger
+
+	// TLS names the CA, the agent's certificate (role agent, named after the
+	// agent id) and its key: the HTTP API serves TLS with them and requires
+	// client certificates of the CA, and the masters are reached over https
+	// and must show a master certificate of the CA. Without ID, the agent id
+	// is the certificate's.
+	TLS pki.Files
+	// MeshPassword turns on mesh's authenticated encryption; ring gossip
+	// rides the same router. nil means none (an empty non-nil password would
+	// encrypt with an empty secret).
+	MeshPassword []byte
+	// Insecure allows running without TLS files, without MeshPassword and
+	// with plain http masters: for a throwaway lab only. New refuses each of
+	// them otherwise (ErrInsecure).
+	Insecure bool
 }
 
 // Agent is a running agent.
 type Agent struct {
 	cfg      Config
+	sec      *security
 	log      *slog.Logger
 	id       string
 	ip       netip.Addr
@@ -163,12 +184,16 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: --data-dir is required")
 	}
-	client, err := api.NewClient(cfg.Masters, &http.Client{Timeout: cfg.WatchWait + 15*time.Second})
+	sec, err := checkSecurity(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := api.NewClient(cfg.Masters, sec.httpClient(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("agent: --masters: %w", err)
 	}
 	a := &Agent{
-		cfg: cfg, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
+		cfg: cfg, sec: sec, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
 		programmed: map[string]uint64{}, connected: map[string]string{},
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
@@ -188,10 +213,13 @@ func New(cfg Config) (*Agent, error) {
 			a.closeResources()
 		}
 	}()
-	if a.id, err = a.store.LoadOrCreateID(cfg.ID); err != nil {
+	if a.id, err = a.store.LoadOrCreateID(sec.id, sec.idFrom); err != nil {
 		return nil, err
 	}
 	a.log = cfg.Logger.With("agent", a.id)
+	if len(sec.insecure) > 0 {
+		a.log.Warn("--insecure: the agent runs without " + strings.Join(sec.insecure, ", without ") + "; for a throwaway lab only")
+	}
 	p, err := a.store.Load()
 	if err != nil {
 		return nil, err
@@ -214,7 +242,7 @@ func New(cfg Config) (*Agent, error) {
 	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
 		a.docker, err = dockeripam.New(svc, dockeripam.Options{
-			PluginSocket: cfg.DockerPluginSocket, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
+			PluginSocket: cfg.DockerPluginSocket, SocketGID: cfg.SocketGID, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
 			MTU: func(string) int { return a.overlayMTU() },
 		})
 		if err != nil {
@@ -239,7 +267,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
 	if cfg.Socket != "" {
-		if a.ipamLn, err = unixsock.Listen(cfg.Socket); err != nil {
+		if a.ipamLn, err = unixsock.Listen(cfg.Socket, cfg.SocketGID); err != nil {
 			return nil, fmt.Errorf("agent: --socket %s: %w", cfg.Socket, err)
 		}
 	}
@@ -259,7 +287,7 @@ func (a *Agent) newRouter() (Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Logger: a.log})
+	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log})
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +343,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
 	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn), TLSConfig: a.sec.server}
 	var wg sync.WaitGroup
 	run := func(f func(context.Context)) {
 		wg.Add(1)
@@ -327,7 +355,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := srv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := srv.Serve
+		if srv.TLSConfig != nil {
+			serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+		}
+		if err := serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("http server stopped", "err", err)
 		}
 	}()
@@ -347,7 +379,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		})
 	}
-	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "mesh_addr", a.cfg.MeshAddr, "masters", a.client.Masters())
+	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "https", a.sec.server != nil, "mesh_addr", a.cfg.MeshAddr,
+		"mesh_encrypted", a.cfg.MeshPassword != nil, "masters", a.client.Masters())
 	a.connectPeers()
 	a.trigger(a.reconcileCh) // from the persisted state, before any master answers
 
@@ -412,6 +445,7 @@ func (a *Agent) register(ctx context.Context) {
 		RequestID:     api.NewRequestID(),
 	}
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}
+	explained := false // a TLS mismatch was logged as an error
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		info, err := a.client.Register(rctx, req)
@@ -440,6 +474,19 @@ func (a *Agent) register(ctx context.Context) {
 				// answered by registering again, at the usual pace.
 				wait = maxRetry
 			}
+		}
+		if why := explainMasterError(err, a.cfg.TLS); why != "" {
+			// A TLS or scheme mismatch: retrying does not fix it, the
+			// operator must. Said plainly, as an error the first time.
+			level := slog.LevelWarn
+			if !explained {
+				level, explained = slog.LevelError, true
+			}
+			a.log.Log(ctx, level, "registration failed: "+why+"; working from the last known state", "err", err, "retry_in", maxRetry)
+			if !retry.Sleep(ctx, maxRetry) {
+				return
+			}
+			continue
 		}
 		a.log.Warn("registration failed; working from the last known state", "err", err, "retry_in", wait.Round(time.Millisecond))
 		if !retry.Sleep(ctx, wait) {

@@ -76,10 +76,12 @@ func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gn
 }
 
 // newTestAgent creates host's agent on a fake gossip network, not running
-// yet (see runAgent).
-func newTestAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gnet *fakegossip.Network) *Agent {
+// yet (see runAgent). The masters of these tests serve plain http, and the
+// fake gossip network has no password: the agent runs --insecure unless
+// an option changes its configuration.
+func newTestAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gnet *fakegossip.Network, opts ...func(*Config)) *Agent {
 	t.Helper()
-	a, err := New(Config{
+	cfg := Config{
 		DataDir: dataDir, Masters: []string{masterURL}, ID: fmt.Sprintf("host-%d", host.Index), IP: host.IP.Addr(),
 		HTTPAddr: "127.0.0.1:0", CNIConfDir: filepath.Join(dataDir, "cni"), Socket: filepath.Join(dataDir, "agent.sock"), MesosBridge: true, DockerBridge: true, ResyncInterval: time.Second,
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: quietLogger().With("host", host.Index),
@@ -90,7 +92,12 @@ func newTestAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, 
 			}
 			return r, nil
 		},
-	})
+		Insecure: true,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

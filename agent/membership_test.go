@@ -192,7 +192,7 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := s.LoadOrCreateID("")
+	id, err := s.LoadOrCreateID("", "--id")
 	if err != nil || !strings.HasPrefix(id, "agent-") {
 		t.Fatalf("id %q %v", id, err)
 	}
@@ -207,11 +207,11 @@ func TestStoreRoundTripAndID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	again, err := s.LoadOrCreateID("")
+	again, err := s.LoadOrCreateID("", "--id")
 	if err != nil || again != id {
 		t.Fatalf("id changed across restarts: %q -> %q (%v)", id, again, err)
 	}
-	if _, err := s.LoadOrCreateID("other"); err == nil {
+	if _, err := s.LoadOrCreateID("other", "--id"); err == nil {
 		t.Error("a different --id on an existing data dir must be refused")
 	}
 	got, err := s.Load()

@@ -19,6 +19,7 @@ type metrics struct {
 	gossipPeers      prometheus.Gauge
 	staleStates      prometheus.Counter
 	rebuilds         prometheus.Counter
+	httpRefused      *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -57,6 +58,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_cluster_rebuilds_total", Help: "Rebuilds of the masters' cluster seen (a new cluster id): the membership was reset.",
 		}),
+		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_http_refused_total", Help: "Requests to the agent's HTTP API refused, by reason (no_certificate: no verified client certificate of the cluster CA).",
+		}, []string{"reason"}),
 	}
 	for _, k := range vxlan.Kinds {
 		m.changes.WithLabelValues(string(k))
@@ -68,8 +72,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"news", "known", "bad", "other_cluster"} {
 		m.gossip.WithLabelValues(r)
 	}
+	m.httpRefused.WithLabelValues("no_certificate")
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
-		m.mastersReachable, m.gossip, m.gossipPeers, m.staleStates, m.rebuilds,
+		m.mastersReachable, m.gossip, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -28,7 +28,10 @@ func (a *Agent) routes() http.Handler {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
 	}).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
-	return r
+	if a.sec.server == nil {
+		return r // --insecure without TLS files: plain http, open
+	}
+	return a.requireClientCert(r)
 }
 
 func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {

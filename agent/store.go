@@ -75,16 +75,17 @@ func (s *Store) Close() error { return s.db.Close() }
 func (s *Store) DB() *bolt.DB { return s.db }
 
 // LoadOrCreateID returns the persisted agent id, creating one when there is
-// none. A fixed id (--id) wins and is persisted; changing it later is refused,
-// because leases and container addresses belong to the id.
-func (s *Store) LoadOrCreateID(fixed string) (string, error) {
+// none. A fixed id (--id, or the agent certificate's) wins and is persisted;
+// changing it later is refused, because leases and container addresses
+// belong to the id. from names where the fixed id comes from, for the error.
+func (s *Store) LoadOrCreateID(fixed, from string) (string, error) {
 	var id string
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(agentBucket))
 		cur := string(b.Get([]byte(keyID)))
 		switch {
 		case cur != "" && fixed != "" && cur != fixed:
-			return fmt.Errorf("--id %q differs from the id %q this data dir belongs to (use another --data-dir, or drop --id)", fixed, cur)
+			return fmt.Errorf("%s %q differs from the id %q this data dir belongs to (use another --data-dir, or the id %q)", from, fixed, cur, cur)
 		case cur != "":
 			id = cur
 			return nil
