@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // TestLoneMasterAfterOutage (issue 12): every master is killed, and one
@@ -80,7 +81,7 @@ func TestLoneMasterAfterOutage(t *testing.T) {
 	// answered twice as many reads as there are agents, each agent has had
 	// its answers (a stale state after a long poll, or a 503).
 	reads := &readCounter{c: c, m: lone}
-	err = labcluster.Eventually(ctx, time.Second, func() error {
+	err = retry.Until(ctx, time.Second, func() error {
 		n, err := reads.count(ctx)
 		if err != nil {
 			return err
@@ -139,7 +140,7 @@ func TestLoneMasterAfterOutage(t *testing.T) {
 		t.Errorf("the masters came back in cluster %q, were in %q", after.ClusterID, clusterID)
 	}
 	for _, h := range c.Hosts() {
-		err := labcluster.Eventually(ctx, 100*time.Millisecond, func() error {
+		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			p, err := c.AgentClient(h).Peers(ctx)
 			if err != nil {
 				return err
@@ -215,7 +216,7 @@ func (r *readCounter) count(ctx context.Context) (int, error) {
 		}
 		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		if err != nil {
-			return 0, labcluster.Permanent(fmt.Errorf("master metrics line %q: %w", line, err))
+			return 0, retry.Permanent(fmt.Errorf("master metrics line %q: %w", line, err))
 		}
 		n += v
 	}
