@@ -12,10 +12,12 @@ import (
 	"net/http/httputil"
 	"net/netip"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,7 +117,8 @@ func (tm *tlsMaster) callers(key string) []string {
 // it, registers with a master over https presenting that certificate, and
 // serves its HTTP API over TLS: /healthz to anyone, every other route only
 // to clients with a certificate of the cluster CA (401 otherwise, counted);
-// a certificate of another CA fails the handshake.
+// a certificate of another CA fails the handshake. Its sockets are mode
+// 0660 in the group it was given.
 func TestAgentOverTLS(t *testing.T) {
 	hosts, dir, m := hostsWithMaster(t, 1)
 	ca := newTestCA(t)
@@ -123,11 +126,29 @@ func TestAgentOverTLS(t *testing.T) {
 	agentFiles := ca.files(pki.RoleAgent, "h1-agent", "127.0.0.1")
 	gnet := fakegossip.New(fakegossip.Config{Seed: 21})
 	t.Cleanup(gnet.Close)
+	const socketGID = 12345 // any group id will do: no /etc/group entry needed
+	pluginSocket := filepath.Join(dir, "docker", "carve.sock")
 	a := runAgent(t, newTestAgent(t, hosts[0], tm.srv.URL, filepath.Join(dir, "a0"), gnet, func(c *Config) {
 		c.ID, c.TLS, c.MeshPassword, c.Insecure = "", agentFiles, []byte("s3cret"), false
+		c.SocketGID = socketGID
+		c.DockerPluginSocket, c.DockerHost = pluginSocket, "unix://"+filepath.Join(dir, "no-docker-engine.sock")
 	}))
 	if a.ID() != "h1-agent" {
 		t.Fatalf("agent id %q, want the certificate's h1-agent", a.ID())
+	}
+	// The IPAM socket and the Docker plugin's: 0660, root and the group.
+	for _, sock := range []string{filepath.Join(dir, "a0", "agent.sock"), pluginSocket} {
+		testutil.Eventually(t, 0, sock+" is mode 0660, root:12345", func() error {
+			fi, err := os.Lstat(sock)
+			if err != nil {
+				return err
+			}
+			st := fi.Sys().(*syscall.Stat_t)
+			if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 || st.Uid != 0 || st.Gid != socketGID {
+				return fmt.Errorf("mode %v, owner %d:%d", fi.Mode(), st.Uid, st.Gid)
+			}
+			return nil
+		})
 	}
 	testutil.Eventually(t, 0, "the agent registered over https, overlay OK", testutil.True(func() bool {
 		ov := a.Overlay().Overlay("carve")

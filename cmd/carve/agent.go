@@ -22,7 +22,7 @@ func runAgent(ctx context.Context, args []string) error {
 	masters := fs.String("masters", "", "master URLs, comma separated")
 	id := fs.String("id", "", "agent id (default: the name in --cert-file; with --insecure and no certificate, created on first start and kept in --data-dir)")
 	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
-	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API")
+	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")

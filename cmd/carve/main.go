@@ -20,9 +20,10 @@ const usage = `carve: a VXLAN overlay control plane
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
                --peers m1=HOST:PORT,... [--config network.json] [--join URL]
-  carve agent  --data-dir DIR --masters URL[,URL...] [--id ID] [--ip UNDERLAY_IP] \
-               [--http-addr HOST:PORT] [--socket PATH] [--mesh-addr HOST:PORT] \
-               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true]
+  carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
+               --mesh-password-file FILE [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
+               [--socket PATH] [--socket-group GROUP] [--mesh-addr HOST:PORT] \
+               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
   carve state  --masters URL[,URL...] [--json] [--consistent]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 

@@ -278,7 +278,7 @@ func printSecurity(out io.Writer, c *labcluster.Cluster) {
 	if len(c.OperatorArgs()) > 0 {
 		fmt.Fprintf(out, "   masters serve TLS; this demo reads them with the operator certificate %s\n", op.Cert)
 	} else {
-		fmt.Fprintf(out, "   masters: plain http (--insecure): this carve's master has no TLS flags yet; agents talk to them with --insecure\n")
+		fmt.Fprintf(out, "   masters: plain http (this carve's master has no TLS flags yet); agents reach them with --insecure\n")
 	}
 }
 
