@@ -30,27 +30,24 @@ import (
 )
 
 // masterProxy stands between one agent and a real master. It passes every
-// request through, and fills in the cluster id of the state answers of a
-// master that serves none (a master older than cluster_id), so that the
-// tests tell clusters apart with real masters of either kind. Pointing it at
-// another master shows the agent a stale or a rebuilt cluster.
+// request through and counts the state answers; pointing it at another
+// master shows the agent a stale or a rebuilt cluster.
 type masterProxy struct {
 	t   *testing.T
 	srv *httptest.Server
 
 	mu        sync.Mutex
-	backend   *url.URL
-	clusterID string
-	states    int // state answers served since the last switch
+	backend *url.URL
+	states  int // state answers served since the last switch
 	// register, when set, may answer a registration itself (true) instead
 	// of passing it through.
 	register func(w http.ResponseWriter, body []byte) bool
 }
 
-func newMasterProxy(t *testing.T, m *master.Master, clusterID string) *masterProxy {
+func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 	t.Helper()
 	p := &masterProxy{t: t}
-	p.switchTo(m, clusterID)
+	p.switchTo(m)
 	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
 		p.mu.Lock()
 		r.SetURL(p.backend)
@@ -83,16 +80,15 @@ func newMasterProxy(t *testing.T, m *master.Master, clusterID string) *masterPro
 
 func (p *masterProxy) URL() string { return p.srv.URL }
 
-// switchTo sends every later request to m, stamping clusterID on states
-// that carry none.
-func (p *masterProxy) switchTo(m *master.Master, clusterID string) {
+// switchTo sends every later request to m.
+func (p *masterProxy) switchTo(m *master.Master) {
 	u, err := url.Parse("http://" + m.HTTPAddr())
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.backend, p.clusterID, p.states = u, clusterID, 0
+	p.backend, p.states = u, 0
 }
 
 // statesServed counts the state answers given since the last switch.
@@ -105,16 +101,12 @@ func (p *masterProxy) statesServed() int {
 func (p *masterProxy) serveState(w http.ResponseWriter, r *http.Request) {
 	p.mu.Lock()
 	u := *p.backend
-	clusterID := p.clusterID
 	p.mu.Unlock()
 	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
 	var st api.State
 	if err := api.Call(r.Context(), http.DefaultClient, http.MethodGet, u.String(), nil, &st, nil); err != nil {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
 		return
-	}
-	if st.ClusterID == "" {
-		st.ClusterID = clusterID
 	}
 	p.mu.Lock()
 	if p.backend.Host == u.Host {
@@ -155,7 +147,7 @@ func masterClient(t *testing.T, m *master.Master) *api.Client {
 func TestRegistrationAnsweredDeletedRetriesWithNewRequestID(t *testing.T) {
 	hosts, dir, m := hostsWithMaster(t, 1)
 	direct := masterClient(t, m)
-	p := newMasterProxy(t, m, "")
+	p := newMasterProxy(t, m)
 	var mu sync.Mutex
 	var ids []string
 	p.register = func(w http.ResponseWriter, body []byte) bool {
@@ -247,7 +239,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	gnet := fakegossip.New(fakegossip.Config{Seed: 12, GossipInterval: 300 * time.Millisecond})
 	t.Cleanup(gnet.Close)
 	t.Logf("fake gossip seed %d", gnet.Seed())
-	proxies := []*masterProxy{newMasterProxy(t, m, "c1"), newMasterProxy(t, m, "c1")}
+	proxies := []*masterProxy{newMasterProxy(t, m), newMasterProxy(t, m)}
 	agents := make([]*runningAgent, 2)
 	for i, h := range hosts {
 		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
@@ -262,6 +254,10 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	}))
 	before := agents[0].Peers().MasterIndex
 	network := *agents[0].network
+	c1 := masterState(t, m).ClusterID
+	if c1 == "" {
+		t.Fatal("the master serves no cluster id")
+	}
 
 	m.Close()
 	stale := startMaster(t, staleDir)
@@ -269,7 +265,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 		t.Fatalf("the stale master's index %d is not below the agents' %d", si, before)
 	}
 	for _, p := range proxies {
-		p.switchTo(stale, "c1")
+		p.switchTo(stale)
 	}
 	// Each agent has read the stale master's state (twice: it went on
 	// watching after the first).
@@ -318,13 +314,13 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if persisted.MasterIndex != before || persisted.ClusterID != "c1" || len(persisted.Membership.Records) != 2 {
-		t.Fatalf("persisted: index %d cluster %q %d records; want %d, c1, 2", persisted.MasterIndex, persisted.ClusterID, len(persisted.Membership.Records), before)
+	if persisted.MasterIndex != before || persisted.ClusterID != c1 || len(persisted.Membership.Records) != 2 {
+		t.Fatalf("persisted: index %d cluster %q %d records; want %d, %s, 2", persisted.MasterIndex, persisted.ClusterID, len(persisted.Membership.Records), before, c1)
 	}
 	deleteLink(t, hosts[1], "vtep1024")
 	agents[1] = startAgent(t, hosts[1], proxies[1].URL(), filepath.Join(dir, "a1"), gnet)
 	testutil.Eventually(t, 0, "the rebooted agent programs its peer from disk", testutil.True(func() bool { return len(programmedPeers(agents[1].Agent)) == 1 }))
-	proxies[1].switchTo(stale, "c1")
+	proxies[1].switchTo(stale)
 	testutil.Eventually(t, 0, "the rebooted agent reads the stale master", testutil.True(func() bool { return proxies[1].statesServed() >= 2 }))
 	checkKept(1, agents[1].Agent)
 
@@ -332,7 +328,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	stale.Close()
 	m = startMaster(t, mdir)
 	for _, p := range proxies {
-		p.switchTo(m, "c1")
+		p.switchTo(m)
 	}
 	for i, a := range agents {
 		testutil.Eventually(t, 0, fmt.Sprintf("agent %d follows the master again", i), func() error {
@@ -342,8 +338,8 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 			}
 			return nil
 		})
-		if id := a.Peers().ClusterID; id != "c1" {
-			t.Errorf("agent %d cluster id %q, want c1", i, id)
+		if id := a.Peers().ClusterID; id != c1 {
+			t.Errorf("agent %d cluster id %q, want %s", i, id, c1)
 		}
 	}
 }
@@ -405,7 +401,7 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	gnet := fakegossip.New(fakegossip.Config{Seed: 13, GossipInterval: 300 * time.Millisecond, DropRate: 0.1})
 	t.Cleanup(gnet.Close)
 	t.Logf("fake gossip seed %d", gnet.Seed())
-	proxies := []*masterProxy{newMasterProxy(t, m1, "c1"), newMasterProxy(t, m1, "c1")}
+	proxies := []*masterProxy{newMasterProxy(t, m1), newMasterProxy(t, m1)}
 	agents := make([]*runningAgent, 2)
 	var mu sync.Mutex
 	rebuilt := map[string][]string{}
@@ -430,7 +426,7 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 			return nil
 		})
 	}
-	oldIndex := masterState(t, m1).Index
+	oldIndex, c1 := masterState(t, m1).Index, masterState(t, m1).ClusterID
 
 	// The rebuild: a master from nothing whose index has already passed the
 	// old one's (agents that registered meanwhile, then left).
@@ -448,8 +444,12 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	if _, err := fresh.DeleteAgents(ctx, fillers); err != nil {
 		t.Fatal(err)
 	}
+	c2 := masterState(t, m2).ClusterID
+	if c1 == "" || c2 == "" || c1 == c2 {
+		t.Fatalf("cluster ids %q (old) and %q (rebuilt): want two different ids", c1, c2)
+	}
 	for _, p := range proxies {
-		p.switchTo(m2, "c2")
+		p.switchTo(m2)
 	}
 	for i, a := range agents {
 		testutil.Eventually(t, 0, fmt.Sprintf("agent %d moves to the new cluster", i), func() error {
@@ -468,16 +468,16 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 			if len(programmedPeers(a.Agent)) != 1 {
 				return fmt.Errorf("peers %+v", p.Peers)
 			}
-			if p.ClusterID != "c2" {
-				return fmt.Errorf("cluster id %q", p.ClusterID)
+			if p.ClusterID != c2 {
+				return fmt.Errorf("cluster id %q, want %s", p.ClusterID, c2)
 			}
 			return nil
 		})
 	}
 	mu.Lock()
 	for _, a := range agents {
-		if got := rebuilt[a.ID()]; !slices.Equal(got, []string{"c2"}) {
-			t.Errorf("agent %s told its IPAM of rebuilds %v, want [c2]", a.ID(), got)
+		if got := rebuilt[a.ID()]; !slices.Equal(got, []string{c2}) {
+			t.Errorf("agent %s told its IPAM of rebuilds %v, want [%s]", a.ID(), got, c2)
 		}
 	}
 	mu.Unlock()
@@ -487,7 +487,7 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := json.Marshal(map[string]any{"cluster_id": "c1", "records": []PeerRecord{rec("old-only", 1<<40, "198.18.3.1")}})
+	msg, err := json.Marshal(map[string]any{"cluster_id": c1, "records": []PeerRecord{rec("old-only", 1<<40, "198.18.3.1")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -515,8 +515,8 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.ClusterID != "c2" {
-		t.Errorf("persisted cluster id %q, want c2", p.ClusterID)
+	if p.ClusterID != c2 {
+		t.Errorf("persisted cluster id %q, want %s", p.ClusterID, c2)
 	}
 }
 
