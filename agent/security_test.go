@@ -318,40 +318,18 @@ func TestRegistrationLogsTLSMismatch(t *testing.T) {
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
-	logs := &logRecorder{}
+	logs := &testutil.Logs{}
 	gnet := fakegossip.New(fakegossip.Config{Seed: 22})
 	t.Cleanup(gnet.Close)
 	agentFiles := ca.files(pki.RoleAgent, "h1")
 	runAgent(t, newTestAgent(t, hosts[0], srv.URL, filepath.Join(dir, "a0"), gnet, func(c *Config) {
-		c.ID, c.TLS, c.MeshPassword, c.Insecure, c.Logger = "", agentFiles, []byte("s3cret"), false, slog.New(logs)
+		c.ID, c.TLS, c.MeshPassword, c.Insecure, c.Logger = "", agentFiles, []byte("s3cret"), false, logs.Logger()
 	}))
 	want := "registration failed: TLS: the master's certificate does not verify against --ca-file " + agentFiles.CA
 	testutil.Eventually(t, 0, "the explained registration error", func() error {
-		if !logs.has(slog.LevelError, want) {
+		if !logs.Has(slog.LevelError, want) {
 			return fmt.Errorf("no error log %q", want)
 		}
 		return nil
 	})
-}
-
-// logRecorder keeps the records logged through it.
-type logRecorder struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r)
-	return nil
-}
-
-func (l *logRecorder) has(level slog.Level, sub string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.ContainsFunc(l.recs, func(r slog.Record) bool { return r.Level == level && strings.Contains(r.Message, sub) })
 }

@@ -7,47 +7,17 @@ package gossip_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/testutil"
 )
-
-// logRecorder keeps the messages logged through it.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.msgs = append(l.msgs, r.Level.String()+" "+r.Message)
-	return nil
-}
-
-// warned returns nil once a warning containing each of subs was logged.
-func (l *logRecorder) warned(subs ...string) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, sub := range subs {
-		if !slices.ContainsFunc(l.msgs, func(m string) bool { return strings.HasPrefix(m, "WARN ") && strings.Contains(m, sub) }) {
-			return fmt.Errorf("no warning containing %q among %d messages", sub, len(l.msgs))
-		}
-	}
-	return nil
-}
 
 // TestMeshPassword: two peers with the same password converge; a peer with
 // another password and a peer with none connect to them (and they to it)
@@ -56,8 +26,8 @@ func (l *logRecorder) warned(subs ...string) error {
 // that nothing crossed comes after connections were tried, not after a
 // sleep.
 func TestMeshPassword(t *testing.T) {
-	rec := &logRecorder{}
-	log := slog.New(rec)
+	logs := &testutil.Logs{}
+	log := logs.Logger()
 	a := startPeer(t, "same-a", []byte("s3cret"), log)
 	b := startPeer(t, "same-b", []byte("s3cret"), log)
 	other := startPeer(t, "other", []byte("not the secret"), log)
@@ -83,8 +53,13 @@ func TestMeshPassword(t *testing.T) {
 	// Both ways of refusing were seen: a wrong secret does not decrypt; a
 	// peer without one is asked for encryption it does not speak.
 	testutil.Eventually(t, 0, "the handshakes with other and none refused", func() error {
-		return rec.warned("Unable to decrypt", "password specified, but peer requested an unencrypted connection",
-			"no password specificed, but peer requested an encrypted connection")
+		for _, sub := range []string{"Unable to decrypt", "password specified, but peer requested an unencrypted connection",
+			"no password specificed, but peer requested an encrypted connection"} {
+			if !logs.Has(slog.LevelWarn, sub) {
+				return fmt.Errorf("no warning containing %q", sub)
+			}
+		}
+		return nil
 	})
 	// Still nothing crossed, gossip of a and b kept flowing meanwhile.
 	b.ch.Broadcast(b.h.Add("b2"))
