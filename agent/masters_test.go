@@ -36,7 +36,7 @@ type masterProxy struct {
 	t   *testing.T
 	srv *httptest.Server
 
-	mu        sync.Mutex
+	mu      sync.Mutex
 	backend *url.URL
 	states  int // state answers served since the last switch
 	// register, when set, may answer a registration itself (true) instead

@@ -27,8 +27,8 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/labcluster"
-	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // prefix names the benchmark's namespaces.
