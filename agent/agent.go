@@ -11,13 +11,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,7 +29,9 @@ import (
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/unixsock"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -52,7 +55,11 @@ const (
 type Router interface {
 	gossip.Router
 	Start() error
+	// Connect has the router connect to peers at these HOST:PORT
+	// addresses, and keep trying them.
 	Connect(addrs ...string) error
+	// Forget has the router stop trying addresses given to Connect.
+	Forget(addrs ...string) error
 	Stop() error
 }
 
@@ -70,6 +77,9 @@ type Config struct {
 	HTTPAddr string
 	// Socket is the unix socket of the IPAM service.
 	Socket string
+	// SocketGID is the group of the IPAM socket and of the Docker plugin
+	// socket (mode 0660, owner root); 0 is root's group.
+	SocketGID int
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
@@ -96,11 +106,27 @@ type Config struct {
 	// mesh router on MeshAddr.
 	NewRouter func(id string) (Router, error)
 	Logger    *slog.Logger
+
+	// TLS names the CA, the agent's certificate (role agent, named after the
+	// agent id) and its key: the HTTP API serves TLS with them and requires
+	// client certificates of the CA, and the masters are reached over https
+	// and must show a master certificate of the CA. Without ID, the agent id
+	// is the certificate's.
+	TLS pki.Files
+	// MeshPassword turns on mesh's authenticated encryption; ring gossip
+	// rides the same router. nil means none (an empty non-nil password would
+	// encrypt with an empty secret).
+	MeshPassword []byte
+	// Insecure allows running without TLS files, without MeshPassword and
+	// with plain http masters: for a throwaway lab only. New refuses each of
+	// them otherwise (ErrInsecure).
+	Insecure bool
 }
 
 // Agent is a running agent.
 type Agent struct {
 	cfg      Config
+	sec      *security
 	log      *slog.Logger
 	id       string
 	ip       netip.Addr
@@ -117,17 +143,27 @@ type Agent struct {
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
 
-	mu               sync.RWMutex
-	self             *api.AgentInfo
-	network          *api.NetworkConfig
+	// onRebuild is the IPAM's rebuild hook: called with the new cluster id
+	// once a rebuild of the masters' cluster has reset the membership
+	// (nil: nothing to tell).
+	onRebuild func(clusterID string)
+
+	mu      sync.RWMutex
+	self    *api.AgentInfo
+	network *api.NetworkConfig
+	// masterIndex and clusterID place the last master state applied: only
+	// a state of another cluster is a rebuild, and a state of this one
+	// below masterIndex is from a master that is behind.
 	masterIndex      uint64
+	clusterID        string
+	staleWarned      bool // a stale master was logged at warning level since the last good state
 	mastersReachable bool
 	registered       bool
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64            // self.Version covered by the last successful reconcile
 	programmed       map[string]uint64 // peer id -> version programmed in the kernel
-	connected        map[string]bool   // mesh addresses handed to the router
+	connected        map[string]string // mesh address handed to the router -> agent id
 
 	reconcileCh  chan struct{}
 	persistCh    chan struct{}
@@ -148,13 +184,17 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: --data-dir is required")
 	}
-	client, err := api.NewClient(cfg.Masters, &http.Client{Timeout: cfg.WatchWait + 15*time.Second})
+	sec, err := checkSecurity(cfg)
+	if err != nil {
+		return nil, err
+	}
+	client, err := api.NewClient(cfg.Masters, sec.httpClient(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("agent: --masters: %w", err)
 	}
 	a := &Agent{
-		cfg: cfg, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
-		programmed: map[string]uint64{}, connected: map[string]bool{},
+		cfg: cfg, sec: sec, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
+		programmed: map[string]uint64{}, connected: map[string]string{},
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
@@ -173,18 +213,22 @@ func New(cfg Config) (*Agent, error) {
 			a.closeResources()
 		}
 	}()
-	if a.id, err = a.store.LoadOrCreateID(cfg.ID); err != nil {
+	if a.id, err = a.store.LoadOrCreateID(sec.id, sec.idFrom); err != nil {
 		return nil, err
 	}
 	a.log = cfg.Logger.With("agent", a.id)
+	if len(sec.insecure) > 0 {
+		a.log.Warn("--insecure: the agent runs without " + strings.Join(sec.insecure, ", without ") + "; for a throwaway lab only")
+	}
 	p, err := a.store.Load()
 	if err != nil {
 		return nil, err
 	}
-	a.self, a.network, a.masterIndex = p.Self, p.Network, p.MasterIndex
+	a.self, a.network, a.masterIndex, a.clusterID = p.Self, p.Network, p.MasterIndex, p.ClusterID
 	a.members.Merge(p.Membership)
 	if a.self != nil {
-		a.log.Info("loaded last known state", "version", a.self.Version, "peers", a.members.Len()-1, "master_index", a.masterIndex)
+		a.log.Info("loaded last known state", "version", a.self.Version, "peers", a.members.Len()-1,
+			"master_index", a.masterIndex, "cluster_id", a.clusterID)
 	}
 	if cfg.MeshAddr == "" {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
@@ -195,9 +239,10 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.ipam = svc
+	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
 		a.docker, err = dockeripam.New(svc, dockeripam.Options{
-			PluginSocket: cfg.DockerPluginSocket, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
+			PluginSocket: cfg.DockerPluginSocket, SocketGID: cfg.SocketGID, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
 			MTU: func(string) int { return a.overlayMTU() },
 		})
 		if err != nil {
@@ -222,7 +267,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
 	if cfg.Socket != "" {
-		if a.ipamLn, err = unixsock.Listen(cfg.Socket); err != nil {
+		if a.ipamLn, err = unixsock.Listen(cfg.Socket, cfg.SocketGID); err != nil {
 			return nil, fmt.Errorf("agent: --socket %s: %w", cfg.Socket, err)
 		}
 	}
@@ -242,7 +287,7 @@ func (a *Agent) newRouter() (Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Logger: a.log})
+	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log})
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +343,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
 	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn), TLSConfig: a.sec.server}
 	var wg sync.WaitGroup
 	run := func(f func(context.Context)) {
 		wg.Add(1)
@@ -310,7 +355,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := srv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		serve := srv.Serve
+		if srv.TLSConfig != nil {
+			serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
+		}
+		if err := serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("http server stopped", "err", err)
 		}
 	}()
@@ -330,7 +379,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 		})
 	}
-	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "mesh_addr", a.cfg.MeshAddr, "masters", a.client.Masters())
+	a.log.Info("agent started", "ip", a.ip, "http_addr", a.HTTPAddr(), "https", a.sec.server != nil, "mesh_addr", a.cfg.MeshAddr,
+		"mesh_encrypted", a.cfg.MeshPassword != nil, "masters", a.client.Masters())
 	a.connectPeers()
 	a.trigger(a.reconcileCh) // from the persisted state, before any master answers
 
@@ -370,25 +420,6 @@ func (a *Agent) trigger(ch chan struct{}) {
 	}
 }
 
-// sleep waits d or until ctx ends; false when ctx ended.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff is jittered exponential: d doubles up to maxRetry, and the wait is
-// drawn from [d/2, d] so that agents restarted together do not retry together.
-func backoff(d time.Duration) (wait, next time.Duration) {
-	wait = d/2 + rand.N(d/2+1)
-	return wait, min(d*2, maxRetry)
-}
-
 // registerLoop registers, retrying with backoff, and again whenever the
 // masters show this agent deleted.
 func (a *Agent) registerLoop(ctx context.Context) {
@@ -413,7 +444,8 @@ func (a *Agent) register(ctx context.Context) {
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
 	}
-	delay := firstRetry
+	b := retry.Backoff{First: firstRetry, Max: maxRetry}
+	explained := false // a TLS mismatch was logged as an error
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		info, err := a.client.Register(rctx, req)
@@ -428,15 +460,36 @@ func (a *Agent) register(ctx context.Context) {
 			return
 		}
 		a.metrics.registrations.WithLabelValues("error").Inc()
-		var wait time.Duration
-		wait, delay = backoff(delay)
+		wait := b.Next()
 		if !api.IsRetryable(err) {
-			// A refusal (bad input, VTEP IPs exhausted) will not fix itself
-			// quickly, but the operator may free space: keep trying, slowly.
-			wait = maxRetry
+			// A definite answer ends this request: the masters may
+			// remember its id and give the same answer to it for ever (a
+			// registration that committed, then its agent was deleted, is
+			// answered "deleted"). The next attempt is a new request.
+			req.RequestID = api.NewRequestID()
+			if !api.IsCode(err, api.CodeNotFound) {
+				// A refusal (bad input, VTEP IPs exhausted) will not fix
+				// itself quickly, but the operator may free space: keep
+				// trying, slowly. "Not found" (deleted meanwhile) is
+				// answered by registering again, at the usual pace.
+				wait = maxRetry
+			}
+		}
+		if why := explainMasterError(err, a.cfg.TLS); why != "" {
+			// A TLS or scheme mismatch: retrying does not fix it, the
+			// operator must. Said plainly, as an error the first time.
+			level := slog.LevelWarn
+			if !explained {
+				level, explained = slog.LevelError, true
+			}
+			a.log.Log(ctx, level, "registration failed: "+why+"; working from the last known state", "err", err, "retry_in", maxRetry)
+			if !retry.Sleep(ctx, maxRetry) {
+				return
+			}
+			continue
 		}
 		a.log.Warn("registration failed; working from the last known state", "err", err, "retry_in", wait.Round(time.Millisecond))
-		if !sleep(ctx, wait) {
+		if !retry.Sleep(ctx, wait) {
 			return
 		}
 	}
@@ -454,31 +507,31 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 	a.members.Merge(MembershipState{Records: []PeerRecord{peerFromInfo(info)}})
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
-	a.channel.Broadcast(membershipData{st: MembershipState{Records: []PeerRecord{peerFromInfo(info)}}})
+	a.channel.Broadcast(a.gossipData(MembershipState{Records: []PeerRecord{peerFromInfo(info)}}))
 }
 
 // watchLoop follows the masters' state with blocking queries.
 func (a *Agent) watchLoop(ctx context.Context) {
-	delay := firstRetry
+	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
 	for ctx.Err() == nil {
 		a.mu.RLock()
 		index := a.masterIndex
 		a.mu.RUnlock()
 		st, err := a.client.State(ctx, api.StateOptions{Index: index, Wait: a.cfg.WatchWait})
-		if err != nil {
-			a.setReachable(false)
-			var wait time.Duration
-			wait, delay = backoff(delay)
-			delay = min(delay, maxWatchRetry)
-			a.log.Debug("state watch failed", "err", err, "retry_in", wait)
-			if !sleep(ctx, wait) {
-				return
-			}
+		if err == nil && a.applyMasterState(st) {
+			b.Reset()
+			a.setReachable(true)
 			continue
 		}
-		delay = firstRetry
-		a.setReachable(true)
-		a.applyMasterState(st)
+		// A stale master counts as none: gossip and the disk are better.
+		a.setReachable(false)
+		wait := b.Next()
+		if err != nil {
+			a.log.Debug("state watch failed", "err", err, "retry_in", wait)
+		}
+		if !retry.Sleep(ctx, wait) {
+			return
+		}
 	}
 }
 
@@ -493,8 +546,48 @@ func (a *Agent) setReachable(ok bool) {
 	a.metrics.mastersReachable.Set(v)
 }
 
-// applyMasterState merges a state read from the masters.
-func (a *Agent) applyMasterState(st *api.State) {
+// stateVerdict is what a state read from a master means to an agent.
+type stateVerdict int
+
+const (
+	// stateCurrent: the agent's cluster, at or past what the agent saw.
+	stateCurrent stateVerdict = iota
+	// stateStale: a master of the agent's cluster that is behind what the
+	// agent saw (restarted alone, cut off from the others): ignored.
+	stateStale
+	// stateRebuilt: another cluster; the masters were rebuilt from nothing.
+	stateRebuilt
+)
+
+// judgeState tells what st means to an agent that last applied index of
+// cluster clusterID. Only a cluster id that differs from a known one proves
+// a rebuild. A lower index without that proof, from masters with or
+// without cluster ids, is a master that is behind: taking its state would
+// take back what the agent knows, peers and leases alike.
+func judgeState(clusterID string, index uint64, st *api.State) stateVerdict {
+	switch {
+	case clusterID != "" && st.ClusterID != "" && st.ClusterID != clusterID:
+		return stateRebuilt
+	case st.Index < index:
+		return stateStale
+	}
+	return stateCurrent
+}
+
+// networkFrom is the network configuration to hold after a master's state
+// with configuration st, and whether it changed: st, except that an empty
+// configuration never replaces a known one (a rebuilt cluster, which may
+// have none yet, resets cur to nil first).
+func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConfig, bool) {
+	if cur != nil && (jsonEqual(*cur, st) || reflect.ValueOf(st).IsZero()) {
+		return cur, false
+	}
+	return &st, true
+}
+
+// applyMasterState merges a state read from the masters; false means it was
+// ignored (a stale master).
+func (a *Agent) applyMasterState(st *api.State) bool {
 	in := MembershipState{Tombstones: st.Tombstones}
 	var mine *api.AgentInfo
 	for i := range st.Agents {
@@ -504,23 +597,46 @@ func (a *Agent) applyMasterState(st *api.State) {
 		}
 	}
 	a.mu.Lock()
-	if st.Index < a.masterIndex {
-		// The masters' log is younger than what we saw: a rebuilt cluster.
-		// Their state is the truth now; versions from the old log mean nothing.
-		a.log.Warn("the masters' state index went back: taking their state as it is", "was", a.masterIndex, "now", st.Index)
+	verdict := judgeState(a.clusterID, a.masterIndex, st)
+	if verdict == stateStale {
+		seen, warned := a.masterIndex, a.staleWarned
+		a.staleWarned = true
+		a.mu.Unlock()
+		a.metrics.staleStates.Inc()
+		level := slog.LevelWarn
+		if warned {
+			level = slog.LevelDebug
+		}
+		a.log.Log(context.Background(), level, "ignoring the state of a master that is behind: keeping the last known state",
+			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID)
+		return false
+	}
+	a.staleWarned = false
+	oldCluster := a.clusterID
+	if verdict == stateRebuilt {
+		// Records, tombstones and versions of the old cluster mean nothing
+		// in the new one; its state is the truth now.
 		a.members.Reset()
-		a.self = nil
+		a.self, a.network = nil, nil
 		a.trigger(a.reregisterCh)
 	}
-	a.masterIndex = st.Index
-	netChanged := a.network == nil || !jsonEqual(*a.network, st.Network)
-	if netChanged {
-		cfg := st.Network
-		a.network = &cfg
+	if st.ClusterID != "" {
+		a.clusterID = st.ClusterID
 	}
+	a.masterIndex = st.Index
+	var netChanged bool
+	a.network, netChanged = networkFrom(a.network, st.Network)
 	registered := a.registered
 	a.mu.Unlock()
 
+	if verdict == stateRebuilt {
+		a.metrics.rebuilds.Inc()
+		a.log.Warn("the masters' cluster was rebuilt: dropped the old cluster's membership; registering again",
+			"old_cluster_id", oldCluster, "cluster_id", st.ClusterID, "index", st.Index)
+		if a.onRebuild != nil {
+			a.onRebuild(st.ClusterID)
+		}
+	}
 	news := a.members.Merge(in)
 	if mine != nil {
 		a.updateSelf(mine)
@@ -536,8 +652,9 @@ func (a *Agent) applyMasterState(st *api.State) {
 	if len(news.Records)+len(news.Tombstones) > 0 || netChanged {
 		a.trigger(a.reconcileCh)
 		a.connectPeers()
-		a.channel.Broadcast(membershipData{st: news})
+		a.channel.Broadcast(a.gossipData(news))
 	}
+	return true
 }
 
 // persistLoop writes the state whenever it changed (coalesced).
@@ -557,7 +674,15 @@ func (a *Agent) persistLoop(ctx context.Context) {
 func (a *Agent) snapshot() persisted {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(), MasterIndex: a.masterIndex}
+	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
+		MasterIndex: a.masterIndex, ClusterID: a.clusterID}
+}
+
+// gossipData is a membership state as this agent gossips it, with its cluster.
+func (a *Agent) gossipData(st MembershipState) membershipData {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return membershipData{clusterID: a.clusterID, st: st}
 }
 
 // gossipLoop pushes the whole membership now and then (mesh also gossips it
@@ -570,7 +695,7 @@ func (a *Agent) gossipLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			a.channel.Gossip(membershipData{st: a.members.State()})
+			a.channel.Gossip(a.gossipData(a.members.State()))
 			a.connectPeers()
 			a.metrics.gossipPeers.Set(float64(len(a.router.Peers())))
 		}
@@ -578,25 +703,51 @@ func (a *Agent) gossipLoop(ctx context.Context) {
 }
 
 // connectPeers hands the router the mesh addresses of agents it has not
-// been given yet.
+// been given yet, and has it forget the addresses it no longer needs: a
+// deleted agent's, and the old one of an agent that moved. mesh retries
+// every address it was given for ever, so without forgetting, the retries
+// would grow with every agent that ever came and went. An address whose
+// agent is merely unknown (the membership was reset by a rebuild) is kept.
 func (a *Agent) connectPeers() {
 	st := a.members.State()
-	var addrs []string
-	a.mu.Lock()
+	want := map[string]string{} // mesh address -> agent id
+	known := map[string]bool{}  // agents with a record or a tombstone
 	for _, r := range st.Records {
-		if r.ID == a.id || r.MeshAddr == "" || a.connected[r.MeshAddr] {
-			continue
+		known[r.ID] = true
+		if r.ID != a.id && r.MeshAddr != "" {
+			want[r.MeshAddr] = r.ID
 		}
-		a.connected[r.MeshAddr] = true
-		addrs = append(addrs, r.MeshAddr)
+	}
+	for _, t := range st.Tombstones {
+		known[t.AgentID] = true
+	}
+	var connect, forget []string
+	a.mu.Lock()
+	for addr, id := range a.connected {
+		if _, ok := want[addr]; !ok && known[id] {
+			forget = append(forget, addr)
+			delete(a.connected, addr)
+		}
+	}
+	for addr, id := range want {
+		if _, ok := a.connected[addr]; !ok {
+			connect = append(connect, addr)
+		}
+		a.connected[addr] = id
 	}
 	a.mu.Unlock()
-	if len(addrs) == 0 {
-		return
+	if len(forget) > 0 {
+		slices.Sort(forget)
+		a.log.Debug("forgetting mesh peers", "addrs", forget)
+		if err := a.router.Forget(forget...); err != nil {
+			a.log.Warn("forget mesh peers", "err", err)
+		}
 	}
-	slices.Sort(addrs)
-	if err := a.router.Connect(addrs...); err != nil {
-		a.log.Warn("connect to mesh peers", "err", err)
+	if len(connect) > 0 {
+		slices.Sort(connect)
+		if err := a.router.Connect(connect...); err != nil {
+			a.log.Warn("connect to mesh peers", "err", err)
+		}
 	}
 }
 
@@ -604,17 +755,33 @@ func (a *Agent) connectPeers() {
 type gossipHandler Agent
 
 func (h *gossipHandler) Gossip() gossip.Data {
-	return membershipData{st: (*Agent)(h).members.State()}
+	a := (*Agent)(h)
+	return a.gossipData(a.members.State())
 }
 
 func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 	a := (*Agent)(h)
-	st, err := DecodeMembership(msg)
+	m, err := DecodeMembership(msg)
 	if err != nil {
 		a.metrics.gossip.WithLabelValues("bad").Inc()
 		return nil, err
 	}
-	news := a.members.Merge(st)
+	// The cluster check and the merge happen under one lock, so that a
+	// rebuild's reset cannot come between them and let old records in.
+	a.mu.RLock()
+	cluster := a.clusterID
+	var news MembershipState
+	if cluster == "" || m.ClusterID == cluster {
+		news = a.members.Merge(m.MembershipState)
+	}
+	a.mu.RUnlock()
+	if cluster != "" && m.ClusterID != cluster {
+		// From before a rebuild of the masters (or after one this agent
+		// has not seen yet): its records and versions mean nothing here.
+		a.metrics.gossip.WithLabelValues("other_cluster").Inc()
+		a.log.Debug("refusing membership gossip of another cluster", "cluster_id", m.ClusterID, "ours", cluster)
+		return nil, nil
+	}
 	if len(news.Records)+len(news.Tombstones) == 0 {
 		a.metrics.gossip.WithLabelValues("known").Inc()
 		return nil, nil
@@ -629,7 +796,7 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
 	a.connectPeers()
-	return membershipData{st: news}, nil
+	return membershipData{clusterID: cluster, st: news}, nil
 }
 
 func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.merge(msg) }

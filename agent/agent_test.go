@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/mastertest"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 )
 
@@ -30,22 +32,23 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// hostsWithMaster skips the test without root; it returns n host
+// namespaces, a directory for the test, and a master running in dir/m1.
+func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Master) {
+	t.Helper()
+	if !netnslab.IsRoot() {
+		t.Skip("needs root to create network namespaces")
+	}
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: n})
+	dir := t.TempDir()
+	return lab.Hosts(), dir, startMaster(t, filepath.Join(dir, "m1"))
+}
+
 // startMaster runs a one-voter master on loopback (the agent tests are about
 // agents; the 3-master cluster is tested in package master and in e2e).
 func startMaster(t *testing.T, dir string) *master.Master {
 	t.Helper()
 	return mastertest.Start(t, dir, master.DefaultConfig(), quietLogger())
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // runningAgent is an agent running in a goroutine.
@@ -69,7 +72,16 @@ func (r *runningAgent) stop(t *testing.T) {
 
 func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gnet *fakegossip.Network) *runningAgent {
 	t.Helper()
-	a, err := New(Config{
+	return runAgent(t, newTestAgent(t, host, masterURL, dataDir, gnet))
+}
+
+// newTestAgent creates host's agent on a fake gossip network, not running
+// yet (see runAgent). The masters of these tests serve plain http, and the
+// fake gossip network has no password: the agent runs --insecure unless
+// an option changes its configuration.
+func newTestAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gnet *fakegossip.Network, opts ...func(*Config)) *Agent {
+	t.Helper()
+	cfg := Config{
 		DataDir: dataDir, Masters: []string{masterURL}, ID: fmt.Sprintf("host-%d", host.Index), IP: host.IP.Addr(),
 		HTTPAddr: "127.0.0.1:0", CNIConfDir: filepath.Join(dataDir, "cni"), Socket: filepath.Join(dataDir, "agent.sock"), MesosBridge: true, DockerBridge: true, ResyncInterval: time.Second,
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: quietLogger().With("host", host.Index),
@@ -80,10 +92,21 @@ func startAgent(t *testing.T, host *netnslab.Host, masterURL, dataDir string, gn
 			}
 			return r, nil
 		},
-	})
+		Insecure: true,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return a
+}
+
+// runAgent runs a until the test ends (or stop).
+func runAgent(t *testing.T, a *Agent) *runningAgent {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ra := &runningAgent{Agent: a, cancel: cancel, done: make(chan error, 1)}
 	go func() { ra.done <- a.Run(ctx) }()
@@ -149,13 +172,7 @@ func kernelHasPeer(t *testing.T, host *netnslab.Host, vtepIP, mac, underlay, sub
 // state; with the masters gone, a restarted agent works from its persisted
 // state and learns what it missed through gossip.
 func TestAgentsWithoutMasters(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 3})
-	hosts := lab.Hosts()
-	dir := t.TempDir()
-	m := startMaster(t, filepath.Join(dir, "m1"))
+	hosts, dir, m := hostsWithMaster(t, 3)
 	url := "http://" + m.HTTPAddr()
 	gnet := fakegossip.New(fakegossip.Config{Seed: 7, GossipInterval: 300 * time.Millisecond, DropRate: 0.1, DuplicateRate: 0.1})
 	t.Cleanup(gnet.Close)
@@ -166,11 +183,11 @@ func TestAgentsWithoutMasters(t *testing.T) {
 		agents[i] = startAgent(t, h, url, filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
 	}
 	for i, a := range agents {
-		waitFor(t, fmt.Sprintf("agent %d programs both others", i), func() bool { return len(programmedPeers(a.Agent)) == 2 })
-		waitFor(t, fmt.Sprintf("agent %d overlay OK", i), func() bool {
+		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs both others", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == 2 }))
+		testutil.Eventually(t, 0, fmt.Sprintf("agent %d overlay OK", i), testutil.True(func() bool {
 			ov := a.Overlay().Overlay("carve")
 			return ov != nil && ov.State.Status == api.StatusOK
-		})
+		}))
 	}
 	// Each agent wrote the CNI config of its overlay, naming its socket.
 	conf, err := os.ReadFile(filepath.Join(dir, "a0", "cni", "carve.conflist"))
@@ -192,7 +209,7 @@ func TestAgentsWithoutMasters(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "rings converge", func() bool {
+	testutil.Eventually(t, 0, "rings converge", testutil.True(func() bool {
 		gnet.GossipRound()
 		first := agents[0].IPAM().Rings()
 		for _, a := range agents[1:] {
@@ -201,7 +218,7 @@ func TestAgentsWithoutMasters(t *testing.T) {
 			}
 		}
 		return len(first) == 1
-	})
+	}))
 
 	// Agent 3 stops; a new agent ("late", a record only) registers; agents 1
 	// and 2 learn it from the masters; then every master goes away.
@@ -215,24 +232,24 @@ func TestAgentsWithoutMasters(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, a := range agents[:2] {
-		waitFor(t, "agents 1-2 program the late agent", func() bool { return programmedPeers(a.Agent)["late"] })
+		testutil.Eventually(t, 0, "agents 1-2 program the late agent", testutil.True(func() bool { return programmedPeers(a.Agent)["late"] }))
 	}
 	m.Close()
 
 	// Agent 3 restarts with no master: it programs from its persisted state,
 	// and learns "late" from gossip.
 	agents[2] = startAgent(t, hosts[2], url, filepath.Join(dir, "a2"), gnet)
-	waitFor(t, "restarted agent programs its old peers and the late one from gossip", func() bool {
+	testutil.Eventually(t, 0, "restarted agent programs its old peers and the late one from gossip", testutil.True(func() bool {
 		p := programmedPeers(agents[2].Agent)
 		return p["host-1"] && p["host-2"] && p["late"]
-	})
+	}))
 	if agents[2].Peers().MastersReachable {
 		t.Error("masters reported reachable while down")
 	}
 	lvx := late.Overlays[0].Backend.VXLAN
-	waitFor(t, "host 3's kernel holds the late agent", func() bool {
+	testutil.Eventually(t, 0, "host 3's kernel holds the late agent", testutil.True(func() bool {
 		return kernelHasPeer(t, hosts[2], stripPrefix(lvx.VTEPIP), lvx.VTEPMAC, "198.18.0.99", late.Overlays[0].Subnet)
-	})
+	}))
 	// Its own overlay stays OK from the persisted leases.
 	if ov := agents[2].Overlay().Overlay("carve"); ov == nil || ov.State.Status != api.StatusOK {
 		t.Errorf("restarted agent's overlay: %+v", ov)
@@ -245,4 +262,41 @@ func stripPrefix(p string) string {
 		return p
 	}
 	return ip.String()
+}
+
+// TestMeshForgetsDeletedAndMovedPeers: the router keeps trying every mesh
+// address it is given, so an agent deleted at the masters, or one that
+// moved to another address, must be forgotten, or retries grow with churn.
+func TestMeshForgetsDeletedAndMovedPeers(t *testing.T) {
+	hosts, dir, m := hostsWithMaster(t, 1)
+	gnet := fakegossip.New(fakegossip.Config{Seed: 14})
+	t.Cleanup(gnet.Close)
+	a := startAgent(t, hosts[0], "http://"+m.HTTPAddr(), filepath.Join(dir, "a0"), gnet)
+	router := a.router.(*fakegossip.Router)
+	cl := masterClient(t, m)
+	ctx := context.Background()
+	for _, r := range []api.RegisterRequest{
+		{AgentID: "gone", IP: "198.18.5.1", MeshAddr: "198.18.5.1:6783"},
+		{AgentID: "moving", IP: "198.18.5.2", MeshAddr: "198.18.5.2:6783"},
+	} {
+		if _, err := cl.Register(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	targets := func(want ...string) func() error {
+		return func() error {
+			if got := router.Targets(); !slices.Equal(got, want) {
+				return fmt.Errorf("router targets %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	testutil.Eventually(t, 0, "the router is given both peers", targets("198.18.5.1:6783", "198.18.5.2:6783"))
+	if err := cl.DeleteAgent(ctx, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Register(ctx, api.RegisterRequest{AgentID: "moving", IP: "198.18.5.3", MeshAddr: "198.18.5.3:6783"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 0, "the deleted peer and the old address are forgotten", targets("198.18.5.3:6783"))
 }

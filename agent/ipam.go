@@ -26,10 +26,10 @@ type ipamService interface {
 	Serve(ctx context.Context, ln net.Listener)
 }
 
-// ipamView is what the IPAM learns from the agent: its record, every
-// agent's leased subnets, and the tombstones.
-func ipamView(self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) ipam.View {
-	v := ipam.View{Self: self, Network: network, Tombstones: members.Tombstones}
+// ipamView is what the IPAM learns from the agent: the masters' cluster id,
+// its record, every agent's leased subnets, and the tombstones.
+func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) ipam.View {
+	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones}
 	for _, r := range members.Records {
 		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets})
 	}

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"regexp"
 	"slices"
 	"sync"
 
@@ -49,12 +48,10 @@ func peerFromInfo(a *api.AgentInfo) PeerRecord {
 	return p
 }
 
-var peerIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$`)
-
 // Validate checks a record that came from the network.
 func (p *PeerRecord) Validate() error {
-	if !peerIDRE.MatchString(p.ID) {
-		return fmt.Errorf("record id %q is not an agent id", p.ID)
+	if err := api.ValidateAgentID(p.ID); err != nil {
+		return fmt.Errorf("record: %w", err)
 	}
 	if p.Version == 0 {
 		return fmt.Errorf("record %s: version 0", p.ID)
@@ -103,34 +100,51 @@ type MembershipState struct {
 	Tombstones []api.Tombstone `json:"tombstones,omitempty"`
 }
 
+// MembershipMessage is a membership gossip message: a state and the
+// masters' cluster its records come from. Records of another cluster (from
+// before a rebuild of the masters) mean nothing in this one.
+type MembershipMessage struct {
+	// ClusterID is the sender's cluster (api.State.ClusterID); empty when
+	// the sender has not learnt one.
+	ClusterID string `json:"cluster_id,omitempty"`
+	MembershipState
+}
+
 // maxGossipBytes bounds a decoded membership message (mesh's own limit is 10 MiB).
 const maxGossipBytes = 8 << 20
 
 // ErrBadGossip marks a membership message that cannot be decoded.
 var ErrBadGossip = errors.New("bad membership message")
 
-// DecodeMembership decodes and validates a membership message. Invalid
-// records are an error for the whole message: a peer that sends garbage
-// is broken, and merging half of it would hide that.
-func DecodeMembership(data []byte) (MembershipState, error) {
+// DecodeMembership decodes and validates a membership message from the
+// network, of at most maxGossipBytes. Invalid records are an error for the
+// whole message: a peer that sends garbage is broken, and merging half of
+// it would hide that.
+func DecodeMembership(data []byte) (MembershipMessage, error) {
 	if len(data) > maxGossipBytes {
-		return MembershipState{}, fmt.Errorf("%w: %d bytes", ErrBadGossip, len(data))
+		return MembershipMessage{}, fmt.Errorf("%w: %d bytes", ErrBadGossip, len(data))
 	}
-	var st MembershipState
-	if err := json.Unmarshal(data, &st); err != nil {
-		return MembershipState{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
+	return decodeMembership(data)
+}
+
+// decodeMembership decodes and validates a membership of any size: the
+// local store's is as large as the cluster.
+func decodeMembership(data []byte) (MembershipMessage, error) {
+	var msg MembershipMessage
+	if err := json.Unmarshal(data, &msg); err != nil {
+		return MembershipMessage{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
 	}
-	for i := range st.Records {
-		if err := st.Records[i].Validate(); err != nil {
-			return MembershipState{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
+	for i := range msg.Records {
+		if err := msg.Records[i].Validate(); err != nil {
+			return MembershipMessage{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
 		}
 	}
-	for _, t := range st.Tombstones {
-		if !peerIDRE.MatchString(t.AgentID) || t.Version == 0 {
-			return MembershipState{}, fmt.Errorf("%w: tombstone %q at %d", ErrBadGossip, t.AgentID, t.Version)
+	for _, t := range msg.Tombstones {
+		if err := api.ValidateAgentID(t.AgentID); err != nil || t.Version == 0 {
+			return MembershipMessage{}, fmt.Errorf("%w: tombstone %q at %d", ErrBadGossip, t.AgentID, t.Version)
 		}
 	}
-	return st, nil
+	return msg, nil
 }
 
 // Membership is the set of agents this agent knows, merged from the masters'
@@ -204,7 +218,7 @@ func (m *Membership) mergeTombstone(id string, v uint64) bool {
 	return true
 }
 
-// Reset forgets everything (the masters' log was rebuilt).
+// Reset forgets everything (the masters' cluster was rebuilt).
 func (m *Membership) Reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -248,26 +262,34 @@ func (m *Membership) Len() int {
 	return len(m.records)
 }
 
-// membershipData is a MembershipState as gossip data.
-type membershipData struct{ st MembershipState }
+// membershipData is a MembershipState of one cluster as gossip data.
+type membershipData struct {
+	clusterID string
+	st        MembershipState
+}
 
 // Encode implements gossip.Data.
 func (d membershipData) Encode() [][]byte {
-	b, err := json.Marshal(d.st)
+	b, err := json.Marshal(MembershipMessage{ClusterID: d.clusterID, MembershipState: d.st})
 	if err != nil {
 		return nil
 	}
 	return [][]byte{b}
 }
 
-// Merge implements gossip.Data: the join of both states.
+// Merge implements gossip.Data: the join of both states. States of two
+// clusters do not join: only this agent's queued sends are merged, and the
+// later one (other) is of the cluster the agent is in now.
 func (d membershipData) Merge(other gossip.Data) gossip.Data {
 	o, ok := other.(membershipData)
 	if !ok {
 		return d
 	}
+	if o.clusterID != d.clusterID {
+		return o
+	}
 	m := NewMembership()
 	m.Merge(d.st)
 	m.Merge(o.st)
-	return membershipData{st: m.State()}
+	return membershipData{clusterID: d.clusterID, st: m.State()}
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -135,7 +136,7 @@ func FuzzDecodeMembership(f *testing.F) {
 			return
 		}
 		m := NewMembership()
-		m.Merge(st)
+		m.Merge(st.MembershipState)
 		_, _, _ = desiredState(selfInfo(), nil, netip.MustParseAddr("198.18.0.10"), m.State())
 	})
 }
@@ -191,7 +192,7 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := s.LoadOrCreateID("")
+	id, err := s.LoadOrCreateID("", "--id")
 	if err != nil || !strings.HasPrefix(id, "agent-") {
 		t.Fatalf("id %q %v", id, err)
 	}
@@ -206,11 +207,11 @@ func TestStoreRoundTripAndID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	again, err := s.LoadOrCreateID("")
+	again, err := s.LoadOrCreateID("", "--id")
 	if err != nil || again != id {
 		t.Fatalf("id changed across restarts: %q -> %q (%v)", id, again, err)
 	}
-	if _, err := s.LoadOrCreateID("other"); err == nil {
+	if _, err := s.LoadOrCreateID("other", "--id"); err == nil {
 		t.Error("a different --id on an existing data dir must be refused")
 	}
 	got, err := s.Load()
@@ -219,5 +220,35 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	}
 	if !jsonEqual(got, p) {
 		t.Errorf("loaded %+v\nwant %+v", got, p)
+	}
+}
+
+// TestStoreLoadsLargeMembership: the local store holds whatever membership a
+// large cluster has; the bound on gossip messages is not a bound on it.
+func TestStoreLoadsLargeMembership(t *testing.T) {
+	s, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var st MembershipState
+	for i := 0; ; i++ {
+		st.Records = append(st.Records, rec(fmt.Sprintf("agent-%06d", i), uint64(i+1), fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)))
+		if i%1000 == 0 {
+			if b, _ := json.Marshal(st); len(b) > maxGossipBytes+(1<<20) {
+				break
+			}
+		}
+	}
+	slices.SortFunc(st.Records, func(a, b PeerRecord) int { return strings.Compare(a.ID, b.ID) })
+	if err := s.Save(persisted{Membership: st, MasterIndex: 9}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Load()
+	if err != nil {
+		t.Fatalf("load %d records: %v", len(st.Records), err)
+	}
+	if len(got.Membership.Records) != len(st.Records) || !reflect.DeepEqual(got.Membership, st) {
+		t.Fatalf("loaded %d records, want %d", len(got.Membership.Records), len(st.Records))
 	}
 }

@@ -17,6 +17,9 @@ type metrics struct {
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
 	gossipPeers      prometheus.Gauge
+	staleStates      prometheus.Counter
+	rebuilds         prometheus.Counter
+	httpRefused      *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -44,11 +47,20 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "carve_agent_masters_reachable", Help: "1 when the last state watch succeeded.",
 		}),
 		gossip: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_gossip_messages_total", Help: "Membership gossip received, by result (news, known, bad).",
+			Name: "carve_agent_gossip_messages_total", Help: "Membership gossip received, by result (news, known, bad, other_cluster: from another cluster of masters, refused).",
 		}, []string{"result"}),
 		gossipPeers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_gossip_peers", Help: "Peers the mesh router knows.",
 		}),
+		staleStates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_stale_master_states_total", Help: "Master states ignored because they were behind what the agent had seen (same cluster, lower index).",
+		}),
+		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_cluster_rebuilds_total", Help: "Rebuilds of the masters' cluster seen (a new cluster id): the membership was reset.",
+		}),
+		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_http_refused_total", Help: "Requests to the agent's HTTP API refused, by reason (no_certificate: no verified client certificate of the cluster CA).",
+		}, []string{"reason"}),
 	}
 	for _, k := range vxlan.Kinds {
 		m.changes.WithLabelValues(string(k))
@@ -57,11 +69,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"ok", "error"} {
 		m.registrations.WithLabelValues(r)
 	}
-	for _, r := range []string{"news", "known", "bad"} {
+	for _, r := range []string{"news", "known", "bad", "other_cluster"} {
 		m.gossip.WithLabelValues(r)
 	}
+	m.httpRefused.WithLabelValues("no_certificate")
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
-		m.mastersReachable, m.gossip, m.gossipPeers,
+		m.mastersReachable, m.gossip, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

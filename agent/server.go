@@ -8,39 +8,34 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/vxlan"
 )
 
 func (a *Agent) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /overlay-agent/overlay", a.handleOverlay)
-	mux.HandleFunc("GET /overlay-agent/overlays", a.handleOverlay)
-	mux.HandleFunc("GET /overlay-agent/peers", a.handlePeers)
-	mux.HandleFunc("GET /overlay-agent/docker", func(w http.ResponseWriter, r *http.Request) {
+	r := httpapi.NewRouter()
+	r.HandleFunc("/overlay-agent/overlay", a.handleOverlay).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-agent/overlays", a.handleOverlay).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-agent/peers", a.handlePeers).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-agent/docker", func(w http.ResponseWriter, _ *http.Request) {
 		if a.docker == nil {
-			writeJSON(w, http.StatusNotFound, api.Error{Message: "the Docker plugin is off (--docker-bridge=false or no --docker-plugin-socket)", Code: api.CodeNotFound})
+			httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, "the Docker plugin is off (--docker-bridge=false or no --docker-plugin-socket)")
 			return
 		}
-		writeJSON(w, http.StatusOK, a.docker.Status())
-	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
-	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, api.Error{Message: "no such endpoint: " + r.Method + " " + r.URL.Path, Code: api.CodeNotFound})
-	})
-	return mux
+		httpapi.WriteJSON(w, http.StatusOK, a.docker.Status())
+	}).Methods(http.MethodGet)
+	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
+	}).Methods(http.MethodGet)
+	r.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	if a.sec.server == nil {
+		return r // --insecure without TLS files: plain http, open
+	}
+	return a.requireClientCert(r)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func (a *Agent) handleOverlay(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.Overlay())
+func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {
+	httpapi.WriteJSON(w, http.StatusOK, a.Overlay())
 }
 
 // Overlay is the agent's record with each overlay's local status:
@@ -104,8 +99,8 @@ func (a *Agent) overlayError(ov *api.AgentOverlay) string {
 	return ""
 }
 
-func (a *Agent) handlePeers(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, a.Peers())
+func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
+	httpapi.WriteJSON(w, http.StatusOK, a.Peers())
 }
 
 // Peers is the agent's membership view with what is programmed.
@@ -113,7 +108,7 @@ func (a *Agent) Peers() *api.AgentPeers {
 	st := a.members.State()
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, MastersReachable: a.mastersReachable,
+	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, ClusterID: a.clusterID, MastersReachable: a.mastersReachable,
 		Peers: []api.AgentPeer{}, Tombstones: st.Tombstones}
 	for _, p := range st.Records {
 		if p.ID == a.id {

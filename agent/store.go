@@ -25,6 +25,7 @@ const (
 	keyNetwork  = "network"
 	keyMembers  = "membership"
 	keyIndex    = "master_index"
+	keyCluster  = "cluster_id"
 )
 
 // Store is the agent's persistent state: its id, its last known leases, the
@@ -41,6 +42,8 @@ type persisted struct {
 	Network     *api.NetworkConfig
 	Membership  MembershipState
 	MasterIndex uint64
+	// ClusterID is the masters' cluster all of the above comes from.
+	ClusterID string
 }
 
 // OpenStore opens (or creates) the store in dir.
@@ -72,16 +75,17 @@ func (s *Store) Close() error { return s.db.Close() }
 func (s *Store) DB() *bolt.DB { return s.db }
 
 // LoadOrCreateID returns the persisted agent id, creating one when there is
-// none. A fixed id (--id) wins and is persisted; changing it later is refused,
-// because leases and container addresses belong to the id.
-func (s *Store) LoadOrCreateID(fixed string) (string, error) {
+// none. A fixed id (--id, or the agent certificate's) wins and is persisted;
+// changing it later is refused, because leases and container addresses
+// belong to the id. from names where the fixed id comes from, for the error.
+func (s *Store) LoadOrCreateID(fixed, from string) (string, error) {
 	var id string
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(agentBucket))
 		cur := string(b.Get([]byte(keyID)))
 		switch {
 		case cur != "" && fixed != "" && cur != fixed:
-			return fmt.Errorf("--id %q differs from the id %q this data dir belongs to (use another --data-dir, or drop --id)", fixed, cur)
+			return fmt.Errorf("%s %q differs from the id %q this data dir belongs to (use another --data-dir, or the id %q)", from, fixed, cur, cur)
 		case cur != "":
 			id = cur
 			return nil
@@ -121,46 +125,55 @@ func (s *Store) Load() (persisted, error) {
 			}
 		}
 		if v := b.Get([]byte(keyMembers)); v != nil {
-			st, err := DecodeMembership(v)
+			// Our own disk: no bound but the cluster's size.
+			msg, err := decodeMembership(v)
 			if err != nil {
 				return fmt.Errorf("decode persisted membership: %w", err)
 			}
-			p.Membership = st
+			p.Membership = msg.MembershipState
 		}
 		if v := b.Get([]byte(keyIndex)); v != nil {
 			if err := json.Unmarshal(v, &p.MasterIndex); err != nil {
 				return fmt.Errorf("decode persisted master index: %w", err)
 			}
 		}
+		p.ClusterID = string(b.Get([]byte(keyCluster)))
 		return nil
 	})
 	return p, err
 }
 
-// Save writes the state in one transaction (fsynced on commit).
+// Save writes the state in one transaction (fsynced on commit). A nil own
+// record or network configuration is deleted: after a rebuild of the
+// masters' cluster the old ones must not come back on restart.
 func (s *Store) Save(p persisted) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(agentBucket))
 		put := func(key string, v any) error {
+			if v == nil {
+				return b.Delete([]byte(key))
+			}
 			data, err := json.Marshal(v)
 			if err != nil {
 				return fmt.Errorf("encode %s: %w", key, err)
 			}
 			return b.Put([]byte(key), data)
 		}
+		var self, network any
 		if p.Self != nil {
-			if err := put(keySelf, p.Self); err != nil {
-				return err
-			}
+			self = p.Self
 		}
 		if p.Network != nil {
-			if err := put(keyNetwork, p.Network); err != nil {
+			network = p.Network
+		}
+		for _, kv := range []struct {
+			key string
+			v   any
+		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}} {
+			if err := put(kv.key, kv.v); err != nil {
 				return err
 			}
 		}
-		if err := put(keyMembers, p.Membership); err != nil {
-			return err
-		}
-		return put(keyIndex, p.MasterIndex)
+		return b.Put([]byte(keyCluster), []byte(p.ClusterID))
 	})
 }

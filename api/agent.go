@@ -27,6 +27,9 @@ type AgentPeers struct {
 	Self string `json:"self"`
 	// MasterIndex is the index of the last master state this agent read.
 	MasterIndex uint64 `json:"master_index"`
+	// ClusterID is the masters' cluster this agent belongs to (State.ClusterID);
+	// empty until a master that serves one answered.
+	ClusterID string `json:"cluster_id,omitempty"`
 	// MastersReachable tells whether the last watch of the masters succeeded.
 	MastersReachable bool        `json:"masters_reachable"`
 	Peers            []AgentPeer `json:"peers"`

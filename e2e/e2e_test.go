@@ -69,13 +69,7 @@ func TestOverlay(t *testing.T) {
 		if err := c.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		for _, h := range c.Hosts() {
-			ct, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			containers = append(containers, ct)
-		}
+		containers = containerPerHost(ctx, t, c)
 		waitKernelMatchesMasters(ctx, t, c)
 		pingAll(ctx, t, containers)
 	})
@@ -269,6 +263,20 @@ func deleteVTEP(t *testing.T, c *labcluster.Cluster, h *labcluster.Host) {
 	if ks.VTEP != nil || len(ks.Routes) > 0 {
 		t.Fatalf("%s after deleting its VTEP:\n%s", h.Name, ks)
 	}
+}
+
+// containerPerHost attaches a container to overlay "carve" on every host.
+func containerPerHost(ctx context.Context, t *testing.T, c *labcluster.Cluster) []*labcluster.Container {
+	t.Helper()
+	var out []*labcluster.Container
+	for _, h := range c.Hosts() {
+		ct, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ct)
+	}
+	return out
 }
 
 // others are the hosts other than h.

@@ -1,13 +1,16 @@
 package gossip
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +25,10 @@ type MeshConfig struct {
 	// Host and Port are where the router listens for other peers.
 	Host string
 	Port int
-	// Password turns on encryption when non-nil. Careful: an empty
-	// non-nil slice turns it on with an empty secret; nil means none.
+	// Password turns on mesh's authenticated encryption when non-nil: a
+	// peer without the same password never completes a handshake, so never
+	// exchanges gossip. Careful: an empty non-nil slice turns it on with an
+	// empty secret; nil means none. See ReadPasswordFile.
 	Password []byte
 	// GossipInterval is how often every channel's complete state is
 	// gossiped; 0 means mesh's default (30 s).
@@ -71,11 +76,13 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 		connLimit = 64
 	}
 	mc := mesh.Config{
-		Host:               cfg.Host,
-		Port:               cfg.Port,
-		Password:           cfg.Password,
-		ConnLimit:          connLimit,
-		ProtocolMinVersion: mesh.ProtocolMinVersion,
+		Host:      cfg.Host,
+		Port:      cfg.Port,
+		Password:  cfg.Password,
+		ConnLimit: connLimit,
+		// Version 2 only: version 1 sends the handshake's features (peer
+		// name, nickname, uid) in clear even with a password.
+		ProtocolMinVersion: mesh.ProtocolMaxVersion,
 		PeerDiscovery:      true,
 		TrustedSubnets:     []*net.IPNet{},
 	}
@@ -98,11 +105,44 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 }
 
 // meshLogger sends mesh's chatter (connections coming and going) to slog at
-// debug level.
+// debug level, except handshakes that failed on the password: a peer with
+// another password (or none) is a misconfiguration or an intruder, and the
+// operator should see it. mesh retries with a growing backoff, so these stay
+// few.
 type meshLogger struct{ log *slog.Logger }
 
 func (l meshLogger) Printf(format string, args ...any) {
-	l.log.Debug(fmt.Sprintf(format, args...), "from", "mesh")
+	msg := fmt.Sprintf(format, args...)
+	if passwordMismatch(msg) {
+		l.log.Warn("mesh peer refused: its password differs (or one side has none): "+msg, "from", "mesh")
+		return
+	}
+	l.log.Debug(msg, "from", "mesh")
+}
+
+// passwordMismatch recognises mesh's handshake errors that come from
+// different passwords: the peer's messages do not decrypt, or one side asks
+// for encryption and the other does not.
+func passwordMismatch(msg string) bool {
+	return strings.Contains(msg, "error during handshake") &&
+		(strings.Contains(msg, "Unable to decrypt") || strings.Contains(msg, "password specified") ||
+			strings.Contains(msg, "no password specificed")) // sic, mesh's spelling
+}
+
+// ReadPasswordFile reads a mesh password: the file's content without its
+// trailing newline. An empty password is refused: mesh would encrypt with an
+// empty secret, which anyone knows.
+func ReadPasswordFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("mesh password: %w", err)
+	}
+	b = bytes.TrimSuffix(b, []byte("\n"))
+	b = bytes.TrimSuffix(b, []byte("\r"))
+	if len(b) == 0 {
+		return nil, fmt.Errorf("mesh password file %s is empty: write a secret into it (the same on every agent)", path)
+	}
+	return b, nil
 }
 
 // Self is this peer's id.
@@ -156,6 +196,17 @@ func (r *MeshRouter) Connect(addrs ...string) error {
 		return ErrStopped
 	}
 	return errors.Join(r.router.ConnectionMaker.InitiateConnections(addrs, false)...)
+}
+
+// Forget has the router stop trying the addresses given to Connect (those
+// of peers that were deleted or moved): mesh retries every address it was
+// given for ever. A connection that is up stays up until it breaks.
+func (r *MeshRouter) Forget(addrs ...string) error {
+	if r.isStopped() {
+		return ErrStopped
+	}
+	r.router.ConnectionMaker.ForgetConnections(addrs)
+	return nil
 }
 
 // Stop stops the router: it forgets its peers, and the channels drop

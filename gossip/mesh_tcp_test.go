@@ -15,6 +15,7 @@ import (
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/internal/gset"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 type meshPeer struct {
@@ -34,40 +35,46 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// startPeer starts a router with a "set" channel on a free loopback port.
+func startPeer(t *testing.T, id string, password []byte, log *slog.Logger) meshPeer {
+	t.Helper()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	for attempt := 0; ; attempt++ {
+		port := freePort(t)
+		r, err := gossip.NewMeshRouter(gossip.MeshConfig{
+			ID: id, Host: "127.0.0.1", Port: port, Password: password,
+			GossipInterval: 50 * time.Millisecond,
+			Logger:         log,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &gset.Handler{}
+		ch, err := r.Channel("set", h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetEcho(ch)
+		if err := r.Start(); err != nil {
+			if attempt < 5 {
+				continue // the port was taken meanwhile
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Stop() })
+		return meshPeer{r, h, ch, fmt.Sprintf("127.0.0.1:%d", port)}
+	}
+}
+
 // startMesh starts n routers with a "set" channel each and connects them in
 // a chain, so that the rest is found by discovery.
 func startMesh(t *testing.T, n int) []meshPeer {
 	t.Helper()
 	var peers []meshPeer
 	for i := range n {
-		id := fmt.Sprintf("agent-%d", i)
-		var p meshPeer
-		for attempt := 0; ; attempt++ {
-			port := freePort(t)
-			r, err := gossip.NewMeshRouter(gossip.MeshConfig{
-				ID: id, Host: "127.0.0.1", Port: port,
-				GossipInterval: 50 * time.Millisecond,
-				Logger:         slog.New(slog.DiscardHandler),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := &gset.Handler{}
-			ch, err := r.Channel("set", h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h.SetEcho(ch)
-			if err := r.Start(); err != nil {
-				if attempt < 5 {
-					continue // the port was taken meanwhile
-				}
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { r.Stop() })
-			p = meshPeer{r, h, ch, fmt.Sprintf("127.0.0.1:%d", port)}
-			break
-		}
+		p := startPeer(t, fmt.Sprintf("agent-%d", i), nil, nil)
 		if i > 0 {
 			if err := p.r.Connect(peers[i-1].addr); err != nil {
 				t.Fatal(err)
@@ -75,34 +82,15 @@ func startMesh(t *testing.T, n int) []meshPeer {
 		}
 		peers = append(peers, p)
 	}
-	// Wait until everyone knows everyone; the test's deadline bounds it.
-	for {
-		all := true
+	testutil.Eventually(t, 0, "the mesh forms", func() error {
 		for _, p := range peers {
-			if len(p.r.Peers()) != n-1 {
-				all = false
+			if got := p.r.Peers(); len(got) != n-1 {
+				return fmt.Errorf("%s knows %v", p.r.Self(), got)
 			}
 		}
-		if all {
-			return peers
-		}
-		select {
-		case <-t.Context().Done():
-			t.Fatal("mesh never formed")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("never: %s", what)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+		return nil
+	})
+	return peers
 }
 
 func TestMeshBroadcastGossipUnicast(t *testing.T) {
@@ -116,16 +104,20 @@ func TestMeshBroadcastGossipUnicast(t *testing.T) {
 	peers[2].h.Add("g2")
 	want := []string{"b0", "g2"}
 	for _, p := range peers {
-		waitFor(t, p.r.Self()+" has "+fmt.Sprint(want), func() bool { return slices.Equal(p.h.Set(), want) })
+		testutil.Eventually(t, 0, p.r.Self()+" has "+fmt.Sprint(want), testutil.True(func() bool { return slices.Equal(p.h.Set(), want) }))
 	}
-	if src := peers[1].h.BroadcastSources(); !slices.Contains(src, "agent-0") {
-		t.Errorf("broadcast sources seen by agent-1 = %v", src)
-	}
+	// Periodic gossip may bring b0 before the broadcast does.
+	testutil.Eventually(t, 0, "agent-1 received agent-0's broadcast", func() error {
+		if src := peers[1].h.BroadcastSources(); !slices.Contains(src, "agent-0") {
+			return fmt.Errorf("broadcast sources seen by agent-1 = %v", src)
+		}
+		return nil
+	})
 	// Unicast across the chain (agent-0 to agent-2), answered.
 	if err := peers[0].ch.Unicast("agent-2", []byte("ping")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "answer", func() bool { return len(peers[0].h.Unicasts()) == 1 })
+	testutil.Eventually(t, 0, "the answer", testutil.True(func() bool { return len(peers[0].h.Unicasts()) == 1 }))
 	if got := peers[2].h.Unicasts(); len(got) != 1 || got[0] != (gset.Unicast{From: "agent-0", Msg: "ping"}) {
 		t.Fatalf("agent-2 received %v", got)
 	}

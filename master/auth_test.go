@@ -1,7 +1,6 @@
 package master
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -379,40 +377,22 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 
 // --insecure is said at start, as a warning.
 func TestInsecureWarnsAtStart(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.Logs
 	raftAddr := freeAddr(t)
 	m, err := Start(context.Background(), Options{
 		ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: raftAddr,
 		Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
 		Network: DefaultConfig(), Insecure: true,
-		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: logs.Logger(),
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	if out := logs.String(); !strings.Contains(out, "level=WARN") || !strings.Contains(out, InsecureWarning) {
-		t.Errorf("start log of an insecure master lacks the warning %q:\n%s", InsecureWarning, out)
+	if !logs.Has(slog.LevelWarn, InsecureWarning) {
+		t.Errorf("start log of an insecure master lacks the warning %q", InsecureWarning)
 	}
 	if !strings.HasPrefix(m.URL(), "http://") {
 		t.Errorf("URL %s of an insecure master", m.URL())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -31,6 +31,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -41,7 +44,7 @@ type Options struct {
 	// NetNS is the network namespace to program. The zero value (or
 	// netns.None()) means the namespace of the calling process, which is
 	// what the agent uses; tests and the demo pass a namespace they created.
-	// New duplicates the handle: the caller keeps ownership of its own.
+	// New opens the namespace again: the caller keeps ownership of its handle.
 	NetNS netns.NsHandle
 	// Logger receives a summary of each reconcile that changed something and
 	// every failed entry (default: slog.Default()).
@@ -52,12 +55,15 @@ type Options struct {
 // (reconciles are serialised).
 type Dataplane struct {
 	log *slog.Logger
-	ns  netns.NsHandle // our own dup, or None for the current namespace
+	// netns is the namespace programmed, opened by the dataplane; nil
+	// means the process's own.
+	netns ns.NetNS
 
-	mu     sync.Mutex
-	closed bool
-	h      *netlink.Handle
-	sock   *nlSocket
+	mu                  sync.Mutex
+	closed              bool
+	warnedAllForwarding bool // the fallback to conf/all/forwarding was logged
+	h                   netlinksafe.Handle
+	sock                *nlSocket
 	// state is what carve knows it has applied; nil until the first full
 	// reconcile, and reset to nil when something makes it doubtful.
 	state *applied
@@ -65,33 +71,37 @@ type Dataplane struct {
 
 // applied is the last state carve programmed successfully.
 type applied struct {
-	vtep       VTEP
-	vtepIndex  int
-	entries    *current // carve's entries, as programmed
-	bridges    map[string]Bridge
-	forwarding [2]bool // ip_forward, ipv6 forwarding known to be on
+	vtep      VTEP
+	vtepIndex int
+	entries   *current // carve's entries, as programmed
+	bridges   map[string]Bridge
+	ipForward bool            // ip_forward known to be on
+	forward6  map[string]bool // carve's links known to forward IPv6
 }
 
 // New opens netlink sockets in the namespace. Nothing is changed until the
 // first Apply or Resync.
 func New(opts Options) (*Dataplane, error) {
-	d := &Dataplane{log: opts.Logger, ns: netns.None()}
+	d := &Dataplane{log: opts.Logger}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
+	handle := netns.None()
 	if opts.NetNS > 0 {
-		fd, err := unix.FcntlInt(uintptr(opts.NetNS), unix.F_DUPFD_CLOEXEC, 0)
-		if err != nil {
-			return nil, fmt.Errorf("vxlan: duplicate namespace handle: %w", err)
+		var err error
+		if d.netns, err = ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", int(opts.NetNS))); err != nil {
+			return nil, fmt.Errorf("vxlan: open the namespace: %w", err)
 		}
-		d.ns = netns.NsHandle(fd)
+		handle = netns.NsHandle(d.netns.Fd())
 	}
 	var err error
-	if d.h, err = netlink.NewHandleAt(d.ns, unix.NETLINK_ROUTE); err != nil {
+	// netlinksafe retries the library's dumps that a concurrent change
+	// interrupted.
+	if d.h, err = netlinksafe.NewHandleAt(handle, unix.NETLINK_ROUTE); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: netlink handle: %w", err)
 	}
-	if d.sock, err = openSocket(d.ns); err != nil {
+	if d.sock, err = openSocket(d.inNS); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: %w", err)
 	}
@@ -107,14 +117,23 @@ func (d *Dataplane) Close() error {
 		return nil
 	}
 	d.closed = true
-	if d.h != nil {
-		d.h.Close()
-	}
+	d.h.Close()
 	d.sock.close()
-	if d.ns.IsOpen() {
-		d.ns.Close()
+	if d.netns != nil {
+		d.netns.Close()
 	}
 	return nil
+}
+
+// inNS runs fn on an OS thread inside the dataplane's namespace (directly
+// for the process's own). pkg/ns puts the thread back afterwards, or leaves
+// it locked for the runtime to discard, so no goroutine ever runs in the
+// wrong namespace.
+func (d *Dataplane) inNS(fn func() error) error {
+	if d.netns == nil {
+		return fn()
+	}
+	return d.netns.Do(func(ns.NetNS) error { return fn() })
 }
 
 // Apply makes the kernel match want, touching only what differs from the
@@ -181,32 +200,69 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	entries := cur
 
 	bridges := d.reconcileBridges(want.Bridges, prev, full, &rep)
-	var fwd [2]bool
-	if prev != nil && !full {
-		fwd = prev.forwarding
+	ipForward := want.IPForward && !full && prev != nil && prev.ipForward
+	if want.IPForward && !ipForward {
+		ipForward = d.setSysctl("net/ipv4/ip_forward", "1", &rep)
 	}
-	for i, on := range []bool{want.IPForward, want.IPv6Forward} {
-		if !on {
-			fwd[i] = false
-			continue
+	forward6 := map[string]bool{}
+	if want.IPv6Forward {
+		links := []string{want.VTEP.Name}
+		for _, b := range want.Bridges {
+			if got, ok := bridges[b.Name]; ok && got == b {
+				links = append(links, b.Name)
+			}
 		}
-		if fwd[i] {
-			continue
-		}
-		name := []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"}[i]
-		changed, err := d.ensureSysctl(name, "1")
-		switch {
-		case err != nil:
-			rep.fail(KindSysctl, name, "", "set", err)
-		case changed:
-			rep.Sysctls.Updated++
-			fallthrough
-		default:
-			fwd[i] = true
+		for _, link := range links {
+			// Incrementally, a link is looked at again only when it may
+			// have been replaced: the VTEP then made this pass full, and
+			// a bridge had its spec changed.
+			known := !full && prev != nil && prev.forward6[link] &&
+				(link == want.VTEP.Name || prev.bridges[link] == bridges[link])
+			forward6[link] = known || d.ensureIPv6Forwarding(link, &rep)
 		}
 	}
-	d.state = &applied{vtep: cloneVTEP(want.VTEP), vtepIndex: idx, entries: entries, bridges: bridges, forwarding: fwd}
+	d.state = &applied{vtep: cloneVTEP(want.VTEP), vtepIndex: idx, entries: entries, bridges: bridges,
+		ipForward: ipForward, forward6: forward6}
 	return rep, rep.Err()
+}
+
+// ensureIPv6Forwarding has the kernel forward IPv6 packets that come in on
+// one of carve's links (the VTEP, a bridge), and only there: setting
+// net.ipv6.conf.all.forwarding instead would turn every interface into a
+// router, and an uplink that gets its address or default route from router
+// advertisements would stop accepting them. conf/<link>/forwarding makes the
+// link a router's (as neighbour discovery announces it); force_forwarding
+// (Linux 6.17 and later) forwards what comes in on it whatever conf/all
+// says. A kernel without force_forwarding forwards IPv6 only with
+// conf/all/forwarding: there it is set, with a warning, since an IPv6
+// overlay cannot work otherwise. true means done.
+func (d *Dataplane) ensureIPv6Forwarding(link string, rep *Report) bool {
+	conf := "net/ipv6/conf/" + link + "/"
+	ok := d.setSysctl(conf+"forwarding", "1", rep)
+	if d.hasSysctl(conf + "force_forwarding") {
+		return d.setSysctl(conf+"force_forwarding", "1", rep) && ok
+	}
+	if !d.warnedAllForwarding {
+		d.warnedAllForwarding = true
+		d.log.Warn("vxlan: this kernel cannot forward IPv6 per interface (no net.ipv6.conf.<link>.force_forwarding, Linux < 6.17): "+
+			"setting net.ipv6.conf.all.forwarding=1 for the IPv6 overlay; interfaces that rely on router advertisements need accept_ra=2",
+			"link", link)
+	}
+	return d.setSysctl("net/ipv6/conf/all/forwarding", "1", rep) && ok
+}
+
+// setSysctl sets a sysctl of the namespace, counting the change or the
+// failure in rep; true means it holds value now.
+func (d *Dataplane) setSysctl(name, value string, rep *Report) bool {
+	changed, err := d.ensureSysctl(name, value)
+	switch {
+	case err != nil:
+		rep.fail(KindSysctl, name, "", "set", err)
+		return false
+	case changed:
+		rep.Sysctls.Updated++
+	}
+	return true
 }
 
 func (d *Dataplane) logReport(rep *Report) {
@@ -370,7 +426,7 @@ func count(c *Counts, isNew bool) {
 func (d *Dataplane) ensureVTEP(v VTEP, prev *applied, full bool, rep *Report) (link netlink.Link, fresh bool, err error) {
 	// A VTEP carve made under another name (the configured name changed).
 	if full {
-		links, err := retryDump(d.h.LinkList)
+		links, err := d.h.LinkList()
 		if err != nil {
 			return nil, false, fmt.Errorf("list links: %w", err)
 		}
@@ -523,7 +579,14 @@ func (d *Dataplane) createVTEP(v VTEP) (netlink.Link, error) {
 // last IPv4 address of a device makes the kernel flush its routes and
 // neighbours. missing reports that a wanted address was not there.
 func (d *Dataplane) ensureAddrs(link netlink.Link, want []netip.Prefix, kind Kind, name string, rep *Report) (missing bool) {
-	have, err := retryDump(func() ([]netlink.Addr, error) { return d.h.AddrList(link, netlink.FAMILY_ALL) })
+	// netlinksafe wraps only the package-level address dump, which opens
+	// its socket in the calling thread's namespace.
+	var have []netlink.Addr
+	err := d.inNS(func() error {
+		var err error
+		have, err = netlinksafe.AddrList(link, netlink.FAMILY_ALL)
+		return err
+	})
 	if err != nil {
 		rep.fail(kind, name, "", "list addresses", err)
 		return true
@@ -599,7 +662,7 @@ func (d *Dataplane) reconcileBridges(want []Bridge, prev *applied, full bool, re
 	}
 	var stale []string
 	if full {
-		links, err := retryDump(d.h.LinkList)
+		links, err := d.h.LinkList()
 		if err != nil {
 			rep.fail(KindBridge, "*", "", "list links", err)
 		}
@@ -734,41 +797,36 @@ func (d *Dataplane) pinMAC(link netlink.Link) error {
 }
 
 // ensureSysctl sets a sysctl under /proc/sys/net (name is the path below
-// /proc/sys, e.g. "net/ipv4/ip_forward") inside the dataplane's namespace.
-// The write happens on a thread inside the namespace because /proc/sys/net
-// resolves against the network namespace of the thread that opens it.
+// /proc/sys, e.g. "net/ipv4/ip_forward") inside the dataplane's namespace,
+// when it differs. It runs on a thread inside the namespace because
+// /proc/sys/net resolves against the network namespace of the thread that
+// opens it.
 func (d *Dataplane) ensureSysctl(name, value string) (changed bool, err error) {
 	if !strings.HasPrefix(name, "net/") || strings.Contains(name, "..") {
 		return false, fmt.Errorf("refusing sysctl %q outside /proc/sys/net", name)
 	}
-	path := "/proc/sys/" + name
-	err = inNamespace(d.ns, func() error {
-		cur, err := os.ReadFile(path)
+	err = d.inNS(func() error {
+		cur, err := sysctl.Sysctl(name)
 		if err != nil {
 			return err
 		}
-		if strings.TrimSpace(string(cur)) == value {
+		if strings.TrimSpace(cur) == value {
 			return nil
 		}
 		changed = true
-		return os.WriteFile(path, []byte(value), 0o644)
+		_, err = sysctl.Sysctl(name, value)
+		return err
 	})
 	return changed, err
 }
 
-// retryDump retries a netlink-library dump interrupted by a concurrent change.
-func retryDump[T any](f func() ([]T, error)) ([]T, error) {
-	var err error
-	for range 5 {
-		var out []T
-		if out, err = f(); err == nil {
-			return out, nil
-		}
-		if !errors.Is(err, netlink.ErrDumpInterrupted) {
-			return nil, err
-		}
-	}
-	return nil, err
+// hasSysctl reports whether the kernel has a sysctl under /proc/sys/net in
+// the dataplane's namespace.
+func (d *Dataplane) hasSysctl(name string) bool {
+	return d.inNS(func() error {
+		_, err := os.Stat("/proc/sys/" + name)
+		return err
+	}) == nil
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {

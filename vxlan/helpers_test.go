@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -268,6 +269,8 @@ func assertNoChange(t *testing.T, what string, rep vxlan.Report) {
 // watch records every netlink notification about links, neighbours (incl.
 // FDB) and routes in the namespace, to prove that a reconcile touched nothing.
 type watch struct {
+	host   *netnslab.Host
+	nl     *netlink.Handle
 	links  chan netlink.LinkUpdate
 	neighs chan netlink.NeighUpdate
 	routes chan netlink.RouteUpdate
@@ -276,7 +279,13 @@ type watch struct {
 
 func newWatch(t *testing.T, h *netnslab.Host) *watch {
 	t.Helper()
+	nh, err := h.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
 	w := &watch{
+		host:   h,
+		nl:     nh,
 		links:  make(chan netlink.LinkUpdate, 10000),
 		neighs: make(chan netlink.NeighUpdate, 10000),
 		routes: make(chan netlink.RouteUpdate, 10000),
@@ -304,29 +313,87 @@ func (w *watch) stop() {
 	}
 }
 
-// assertQuiet waits a moment for late notifications and fails on any.
+// The markers assertQuiet changes: a bridge, and a neighbour and a
+// route on the host's underlay link, all inside the host's namespace.
+const markerLink = "quiet0"
+
+var (
+	markerNeigh = net.ParseIP("198.19.255.254")
+	markerRoute = &net.IPNet{IP: net.ParseIP("198.19.255.0").To4(), Mask: net.CIDRMask(24, 32)}
+)
+
+// assertQuiet fails on any notification since the watch began (or since
+// the last assertQuiet) but the kernel's own bookkeeping. It does not wait
+// for late notifications by sleeping: it changes a marker on each stream
+// and reads up to the marker's notification. Netlink delivers a socket's
+// notifications in order, so every notification of a change made before
+// the marker has arrived by then.
 func (w *watch) assertQuiet(t *testing.T) {
 	t.Helper()
-	time.Sleep(200 * time.Millisecond)
-	for {
+	uplink, err := w.nl.LinkByName(w.host.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, w.nl.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: markerLink}}))
+	marker, err := w.nl.LinkByName(markerLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	neigh := &netlink.Neigh{LinkIndex: uplink.Attrs().Index, IP: markerNeigh, HardwareAddr: mustMAC("02:00:00:00:ff:fe"), State: netlink.NUD_PERMANENT}
+	must(t, w.nl.NeighAdd(neigh))
+	route := &netlink.Route{LinkIndex: uplink.Attrs().Index, Dst: markerRoute}
+	must(t, w.nl.RouteAdd(route))
+	defer func() {
+		must(t, w.nl.RouteDel(route))
+		must(t, w.nl.NeighDel(neigh))
+		must(t, w.nl.LinkDel(marker))
+	}()
+	deadline := time.After(testutil.WaitLimit)
+	for seen := false; !seen; {
 		select {
 		case u := <-w.links:
-			if u.Family == unix.AF_INET6 {
-				continue // IPv6 per-link state (address autoconfiguration)
+			switch {
+			case u.Link.Attrs().Name == markerLink:
+				seen = u.Header.Type == unix.RTM_NEWLINK
+			case u.Family == unix.AF_INET6:
+				// IPv6 per-link state (address autoconfiguration)
+			default:
+				t.Fatalf("link notification: type %d %s", u.Header.Type, u.Link.Attrs().Name)
 			}
-			t.Fatalf("link notification: type %d %s", u.Header.Type, u.Link.Attrs().Name)
+		case <-deadline:
+			t.Fatal("the marker link's notification never came")
+		}
+	}
+	for seen := false; !seen; {
+		select {
 		case u := <-w.neighs:
-			if u.Type == unix.RTM_NEWNEIGH && u.State&netlink.NUD_PERMANENT == 0 {
-				continue // neighbour state machine of unrelated dynamic entries
+			switch {
+			case u.IP.Equal(markerNeigh):
+				seen = u.Type == unix.RTM_NEWNEIGH
+			case u.LinkIndex == marker.Attrs().Index:
+				// the marker bridge's own FDB entry
+			case u.Type == unix.RTM_NEWNEIGH && u.State&netlink.NUD_PERMANENT == 0:
+				// neighbour state machine of unrelated dynamic entries
+			default:
+				t.Fatalf("neighbour notification: type %d %s", u.Type, u.String())
 			}
-			t.Fatalf("neighbour notification: type %d %s", u.Type, u.String())
+		case <-deadline:
+			t.Fatal("the marker neighbour's notification never came")
+		}
+	}
+	for seen := false; !seen; {
+		select {
 		case u := <-w.routes:
-			if u.Route.Protocol == unix.RTPROT_KERNEL {
-				continue // e.g. link-local routes once IPv6 autoconfiguration is done
+			switch {
+			case u.Route.Dst != nil && u.Route.Dst.String() == markerRoute.String():
+				seen = u.Type == unix.RTM_NEWROUTE
+			case u.Route.Protocol == unix.RTPROT_KERNEL:
+				// e.g. link-local routes once IPv6 autoconfiguration is done
+			default:
+				t.Fatalf("route notification: type %d %s", u.Type, u.Route.String())
 			}
-			t.Fatalf("route notification: type %d %s", u.Type, u.Route.String())
-		default:
-			return
+		case <-deadline:
+			t.Fatal("the marker route's notification never came")
 		}
 	}
 }

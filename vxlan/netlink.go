@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"time"
 
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,9 +62,11 @@ type nlSocket struct {
 	maxBatch int // messages per sendmsg, bounded by what the receive buffer holds
 }
 
-func openSocket(ns netns.NsHandle) (*nlSocket, error) {
+// openSocket opens the socket with inNS, which runs a function inside the
+// namespace to program.
+func openSocket(inNS func(func() error) error) (*nlSocket, error) {
 	fd := -1
-	err := inNamespace(ns, func() error {
+	err := inNS(func() error {
 		var err error
 		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
 		return err
@@ -113,40 +113,6 @@ func (s *nlSocket) close() {
 		unix.Close(s.fd)
 		s.fd = -1
 	}
-}
-
-// inNamespace runs fn on a locked OS thread inside ns (or directly when ns is
-// not open, meaning the caller's own namespace). The thread is put back
-// afterwards; if that fails it stays locked and the runtime discards it, so
-// no goroutine ever runs in the wrong namespace.
-func inNamespace(ns netns.NsHandle, fn func() error) error {
-	if !ns.IsOpen() {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter namespace: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leave namespace: %w", err))
-			return // thread stays locked: discarded
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }
 
 // batch accumulates netlink messages back to back in one buffer, so that any
@@ -448,7 +414,8 @@ func forEachAttr(b []byte, fn func(typ uint16, v []byte)) {
 // dump sends one dump request and calls fn for every answer. A dump that
 // the kernel flags as interrupted (the table changed while it was read) is
 // started again, so fn may see a prefix of the answers twice: reset is
-// called before each attempt.
+// called before each attempt. (netlinksafe does this for the netlink
+// library's calls; these dumps are carve's own, on its batch socket.)
 func (s *nlSocket) dump(typ uint16, hdr []byte, reset func(), fn func(data []byte)) error {
 	for attempt := 0; ; attempt++ {
 		reset()

@@ -31,7 +31,7 @@ func TestBatchErrorMapping(t *testing.T) {
 	}
 	idx := l.Attrs().Index
 
-	s, err := openSocket(h.NsHandle())
+	s, err := openSocket(h.Do)
 	if err != nil {
 		t.Fatal(err)
 	}

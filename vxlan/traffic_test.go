@@ -48,7 +48,13 @@ func TestTraffic(t *testing.T) {
 		}
 		envs[i] = newEnvOn(t, lab, h)
 		desired[i] = dualStack(self, others...)
+		allBefore := sysctl(t, h, "net.ipv6.conf.all.forwarding")
 		apply(t, envs[i].dp, desired[i])
+		// IPv6 is forwarded with forwarding on carve's interfaces only:
+		// the pings below go through the namespace with conf.all as it was.
+		if got := sysctl(t, h, "net.ipv6.conf.all.forwarding"); got != allBefore {
+			t.Fatalf("host %d: net.ipv6.conf.all.forwarding changed from %s to %s", self, allBefore, got)
+		}
 		gw := desired[i].Bridges[0]
 		c, err := lab.AddContainer(h, netnslab.ContainerConfig{
 			Bridge:   gw.Name,
@@ -101,4 +107,46 @@ func TestTraffic(t *testing.T) {
 	// Back again.
 	apply(t, envs[0].dp, desired[0])
 	ping(containers[0], containers[2], true)
+}
+
+func sysctl(t *testing.T, h *netnslab.Host, name string) string {
+	t.Helper()
+	v, err := h.Sysctl(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestIPv6ForwardingOnCarveInterfacesOnly: an IPv6 overlay turns forwarding
+// on for the VTEP and the bridges, and leaves net.ipv6.conf.all (which
+// would stop every interface, uplinks included, from accepting router
+// advertisements) and the other interfaces alone.
+func TestIPv6ForwardingOnCarveInterfacesOnly(t *testing.T) {
+	e := newEnv(t)
+	all, uplink := "net.ipv6.conf.all.forwarding", "net.ipv6.conf."+e.host.Link+".forwarding"
+	before := map[string]string{all: sysctl(t, e.host, all), uplink: sysctl(t, e.host, uplink)}
+	d := dualStack(1, 2)
+	apply(t, e.dp, d)
+	for name, was := range before {
+		if got := sysctl(t, e.host, name); got != was {
+			t.Errorf("%s changed from %s to %s", name, was, got)
+		}
+	}
+	for _, link := range []string{vtepName, d.Bridges[0].Name} {
+		if got := sysctl(t, e.host, "net.ipv6.conf."+link+".forwarding"); got != "1" {
+			t.Errorf("%s: IPv6 forwarding %s, want 1", link, got)
+		}
+		if got, err := e.host.Sysctl("net.ipv6.conf." + link + ".force_forwarding"); err == nil && got != "1" {
+			t.Errorf("%s: force_forwarding %s, want 1", link, got)
+		}
+	}
+	// Turned off by hand, a resync turns it back on.
+	if err := e.host.SetSysctl("net.ipv6.conf."+vtepName+".forwarding", "0"); err != nil {
+		t.Fatal(err)
+	}
+	resync(t, e.dp, d)
+	if got := sysctl(t, e.host, "net.ipv6.conf."+vtepName+".forwarding"); got != "1" {
+		t.Errorf("after a resync, %s IPv6 forwarding %s, want 1", vtepName, got)
+	}
 }

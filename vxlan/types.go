@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"time"
+
+	"github.com/carve-net/carve/api"
 )
 
 // Protocol is the rtm_protocol / NDA_PROTOCOL value that marks the routes and
@@ -78,9 +80,10 @@ type Desired struct {
 	// IPForward turns net.ipv4.ip_forward on in the dataplane's namespace.
 	// false leaves the setting alone (something else may rely on it).
 	IPForward bool
-	// IPv6Forward turns net.ipv6.conf.all.forwarding on, for IPv6 overlays.
-	// It is separate because it also stops the namespace from accepting
-	// router advertisements.
+	// IPv6Forward turns IPv6 forwarding on for carve's own links (the VTEP
+	// and the bridges), for IPv6 overlays; net.ipv6.conf.all is left alone
+	// where the kernel allows (see ensureIPv6Forwarding). false leaves the
+	// settings alone.
 	IPv6Forward bool
 }
 
@@ -231,17 +234,6 @@ func LinkLocal(mac net.HardwareAddr) netip.Addr {
 	return netip.AddrFrom16(a)
 }
 
-// validIfName reports whether s can name a Linux interface.
-func validIfName(s string) error {
-	if s == "" || len(s) > 15 || s == "." || s == ".." {
-		return fmt.Errorf("invalid interface name %q (1-15 bytes)", s)
-	}
-	if bytes.ContainsAny([]byte(s), "/: \t\n") {
-		return fmt.Errorf("invalid interface name %q", s)
-	}
-	return nil
-}
-
 // validMAC checks a unicast, non-zero 6-byte MAC.
 func validMAC(m net.HardwareAddr) error {
 	if len(m) != 6 {
@@ -259,7 +251,7 @@ func validMAC(m net.HardwareAddr) error {
 // validate checks the VTEP; a bad VTEP stops the reconcile since nothing can
 // be programmed without it.
 func (v *VTEP) validate() error {
-	if err := validIfName(v.Name); err != nil {
+	if err := api.ValidateIfName(v.Name); err != nil {
 		return fmt.Errorf("vtep name: %w", err)
 	}
 	if v.VNI == 0 || v.VNI >= 1<<24 {
@@ -284,7 +276,7 @@ func (v *VTEP) validate() error {
 }
 
 func (b *Bridge) validate() error {
-	if err := validIfName(b.Name); err != nil {
+	if err := api.ValidateIfName(b.Name); err != nil {
 		return fmt.Errorf("bridge name: %w", err)
 	}
 	if b.Gateway.IsValid() && !b.Gateway.Addr().Is4() {

@@ -533,8 +533,10 @@ func TestBridges(t *testing.T) {
 	}
 	assertAddrs(t, e.nl, "m-carve", "10.128.1.1/25", "fd00:1::1/80")
 	assertAddrs(t, e.nl, "d-carve", "10.128.1.129/25")
-	if v, _ := e.host.Sysctl("net.ipv6.conf.all.forwarding"); v != "1" {
-		t.Errorf("ipv6 forwarding = %s", v)
+	for _, link := range []string{vtepName, "m-carve", "d-carve"} {
+		if v, _ := e.host.Sysctl("net.ipv6.conf." + link + ".forwarding"); v != "1" {
+			t.Errorf("ipv6 forwarding on %s = %s", link, v)
+		}
 	}
 	if v, _ := e.host.Sysctl("net.ipv6.conf.m-carve.accept_dad"); v != "0" {
 		t.Errorf("accept_dad on the IPv6 gateway bridge = %s, want 0", v)

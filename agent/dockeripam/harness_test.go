@@ -141,6 +141,7 @@ func realAgent(t *testing.T, host *netnslab.Host) *agent.Agent {
 		DataDir: filepath.Join(dir, "agent"), Masters: []string{"http://" + m.HTTPAddr()}, ID: "host-1", IP: host.IP.Addr(),
 		HTTPAddr: "127.0.0.1:0", MesosBridge: true, DockerBridge: true, ResyncInterval: 5 * time.Second,
 		WatchWait: 2 * time.Second, NetNS: host.NsHandle(), Logger: testLogger(),
+		Insecure: true, // a plain http master on loopback and fake gossip
 		NewRouter: func(id string) (agent.Router, error) {
 			r, err := gnet.Join(id)
 			if err != nil {

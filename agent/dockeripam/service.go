@@ -65,6 +65,9 @@ type Options struct {
 	// after its base name without ".sock". Docker only discovers plugins in
 	// /run/docker/plugins, /etc/docker/plugins and /usr/lib/docker/plugins.
 	PluginSocket string
+	// SocketGID is the group of the plugin socket (mode 0660, owner root):
+	// Docker runs as root; the group may reach it too.
+	SocketGID int
 	// DockerHost is the engine, unix:///path.
 	DockerHost string
 	// MTU returns an overlay's MTU (its bridge's); nil, or 0, means DefaultMTU.
@@ -248,7 +251,7 @@ func (s *Service) Status() *Status {
 // status, retried every EngineRetry.
 func (s *Service) Run(ctx context.Context) error {
 	s.driver.gated.Store(true)
-	ln, err := unixsock.Listen(s.opts.PluginSocket)
+	ln, err := unixsock.Listen(s.opts.PluginSocket, s.opts.SocketGID)
 	if err != nil {
 		s.setPlugin(false, err)
 		return fmt.Errorf("dockeripam: plugin socket: %w", err)

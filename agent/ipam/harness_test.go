@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -88,7 +89,7 @@ func newHarness(t *testing.T, dir string, opts harnessOptions) *harness {
 		svc.Sync(v)
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	ln, err := unixsock.Listen(sock)
+	ln, err := unixsock.Listen(sock, os.Getgid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,8 +27,8 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/labcluster"
-	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // prefix names the benchmark's namespaces.
@@ -208,7 +208,7 @@ func measure(ctx context.Context, binary string, n, reps int) (res result, err e
 // stops and deletes the agent again and waits until the observers dropped it.
 func newAgent(ctx context.Context, c *labcluster.Cluster, lc *api.Client, observers []*labcluster.Host, h *labcluster.Host,
 	id string, poll time.Duration) (programmed, startup time.Duration, err error) {
-	if err := c.ResetAgentData(h); err != nil {
+	if err := c.ResetAgentData(h, id); err != nil {
 		return 0, 0, err
 	}
 	st, err := lc.State(ctx, api.StateOptions{})
@@ -234,7 +234,7 @@ func newAgent(ctx context.Context, c *labcluster.Cluster, lc *api.Client, observ
 		}
 	}()
 	start := time.Now()
-	if err := c.StartAgent(h, "--id", id); err != nil {
+	if err := c.StartAgent(h); err != nil { // with the certificate of id
 		return 0, 0, err
 	}
 	last, err := waitProgrammed(wctx, c, observers, id, poll)

@@ -10,16 +10,19 @@ import (
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/unixsock"
+	"github.com/carve-net/carve/pki"
 )
 
 func runAgent(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
 	masters := fs.String("masters", "", "master URLs, comma separated")
-	id := fs.String("id", "", "agent id (default: created on first start and kept in --data-dir)")
+	id := fs.String("id", "", "agent id (default: the name in --cert-file; with --insecure and no certificate, created on first start and kept in --data-dir)")
 	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
-	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API")
+	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
@@ -30,6 +33,12 @@ func runAgent(ctx context.Context, args []string) error {
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	caFile := fs.String("ca-file", "", "the cluster CA certificate (PEM): the masters' certificates and the clients of the agent's HTTP API are verified against it")
+	certFile := fs.String("cert-file", "", "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
+	keyFile := fs.String("key-file", "", "the private key of --cert-file (PEM)")
+	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it")
+	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
+	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -61,12 +70,23 @@ func runAgent(ctx context.Context, args []string) error {
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
+	gid, err := unixsock.LookupGroup(*socketGroup)
+	if err != nil {
+		return fmt.Errorf("%w: --socket-group: %v", cli.ErrUsage, err)
+	}
+	var meshPassword []byte
+	if *meshPasswordFile != "" {
+		if meshPassword, err = gossip.ReadPasswordFile(*meshPasswordFile); err != nil {
+			return fmt.Errorf("--mesh-password-file: %w", err)
+		}
+	}
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
 		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
-		ResyncInterval: *resync, Logger: logger,
+		ResyncInterval: *resync, Logger: logger, SocketGID: gid,
+		TLS: pki.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, MeshPassword: meshPassword, Insecure: *insecure,
 	})
 	if err != nil {
 		return err

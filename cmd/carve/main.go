@@ -20,13 +20,13 @@ const usage = `carve: a VXLAN overlay control plane
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
                --peers m1=HOST:PORT,... [--config network.json] [--join URL] \
-               --ca-file ca.pem --cert-file m1.pem --key-file m1-key.pem \
-               --signing-key-file signing.key | --insecure
-  carve agent  --data-dir DIR --masters URL[,URL...] [--id ID] [--ip UNDERLAY_IP] \
-               [--http-addr HOST:PORT] [--socket PATH] [--mesh-addr HOST:PORT] \
-               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true]
+               --ca-file CA --cert-file CERT --key-file KEY --signing-key-file signing.key | --insecure
+  carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
+               --mesh-password-file FILE [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
+               [--socket PATH] [--socket-group GROUP] [--mesh-addr HOST:PORT] \
+               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
   carve state  --masters URL[,URL...] [--json] [--consistent] \
-               --ca-file ca.pem --cert-file op.pem --key-file op-key.pem | --insecure
+               --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve demo   [--hosts 3] [--containers 2] [--keep]

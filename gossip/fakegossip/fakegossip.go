@@ -364,6 +364,7 @@ type Router struct {
 	// guarded by n.mu
 	handlers map[string]gossip.Handler
 	left     bool
+	targets  map[string]bool // addresses given to Connect and not forgotten
 }
 
 var _ gossip.Router = (*Router)(nil)
@@ -375,8 +376,49 @@ func (r *Router) Self() string { return r.id }
 // exists so that a fake router can stand where a mesh router is started.
 func (r *Router) Start() error { return nil }
 
-// Connect does nothing: every peer of the fake network reaches every other.
-func (r *Router) Connect(...string) error { return nil }
+// Connect records the addresses, as mesh keeps them to retry; delivery
+// does not depend on them: every peer of the fake network reaches every
+// other.
+func (r *Router) Connect(addrs ...string) error {
+	r.n.mu.Lock()
+	defer r.n.mu.Unlock()
+	if r.left {
+		return gossip.ErrStopped
+	}
+	if r.targets == nil {
+		r.targets = map[string]bool{}
+	}
+	for _, a := range addrs {
+		r.targets[a] = true
+	}
+	return nil
+}
+
+// Forget drops addresses given to Connect, as mesh's ForgetConnections does.
+func (r *Router) Forget(addrs ...string) error {
+	r.n.mu.Lock()
+	defer r.n.mu.Unlock()
+	if r.left {
+		return gossip.ErrStopped
+	}
+	for _, a := range addrs {
+		delete(r.targets, a)
+	}
+	return nil
+}
+
+// Targets returns the addresses given to Connect, sorted, as a mesh router
+// would keep trying them.
+func (r *Router) Targets() []string {
+	r.n.mu.Lock()
+	defer r.n.mu.Unlock()
+	out := make([]string, 0, len(r.targets))
+	for a := range r.targets {
+		out = append(out, a)
+	}
+	sort.Strings(out)
+	return out
+}
 
 // Stop leaves the network, as a stopped mesh router does.
 func (r *Router) Stop() error {

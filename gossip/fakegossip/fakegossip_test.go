@@ -1,6 +1,7 @@
 package fakegossip
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/internal/gset"
+	"github.com/carve-net/carve/internal/testutil"
 )
 
 func newNetwork(t *testing.T, cfg Config) *Network {
@@ -43,11 +45,12 @@ func join(t *testing.T, n *Network, ids ...string) []peer {
 	return out
 }
 
-// waitIdle is bounded by the test's own deadline, not by a time limit of
-// its own.
+// waitIdle waits until no message is in flight, at most testutil.WaitLimit.
 func waitIdle(t *testing.T, n *Network) {
 	t.Helper()
-	if err := n.WaitIdle(t.Context()); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.WaitLimit)
+	defer cancel()
+	if err := n.WaitIdle(ctx); err != nil {
 		t.Fatalf("seed %d: %v", n.Seed(), err)
 	}
 }
@@ -197,11 +200,33 @@ func TestPeriodicGossip(t *testing.T) {
 	n := newNetwork(t, Config{Seed: 7, GossipInterval: time.Millisecond})
 	peers := join(t, n, "a", "b")
 	peers[0].h.Add("x") // never broadcast: only periodic gossip carries it
-	for !slices.Equal(peers[1].h.Set(), []string{"x"}) {
-		select {
-		case <-t.Context().Done():
-			t.Fatalf("seed %d: gossip never arrived", n.Seed())
-		case <-time.After(time.Millisecond):
-		}
+	testutil.Eventually(t, 0, fmt.Sprintf("seed %d: periodic gossip arrives", n.Seed()), testutil.True(func() bool {
+		return slices.Equal(peers[1].h.Set(), []string{"x"})
+	}))
+}
+
+// TestConnectForget: the addresses a router was given, and forgot, are
+// kept as mesh keeps them.
+func TestConnectForget(t *testing.T) {
+	n := newNetwork(t, Config{Seed: 8})
+	peers := join(t, n, "a")
+	r := peers[0].r
+	if err := r.Connect("198.18.0.1:6783", "198.18.0.2:6783", "198.18.0.3:6783"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Forget("198.18.0.2:6783", "198.18.0.9:6783"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := r.Targets(), []string{"198.18.0.1:6783", "198.18.0.3:6783"}; !slices.Equal(got, want) {
+		t.Fatalf("Targets = %v, want %v", got, want)
+	}
+	if err := r.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Connect("198.18.0.4:6783"); !errors.Is(err, gossip.ErrStopped) {
+		t.Errorf("Connect after Stop = %v", err)
+	}
+	if err := r.Forget("198.18.0.1:6783"); !errors.Is(err, gossip.ErrStopped) {
+		t.Errorf("Forget after Stop = %v", err)
 	}
 }

@@ -89,6 +89,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		where = "a master in host 1"
 	}
 	fmt.Fprintf(out, "   %s, an agent in every host, containers per host: %d; files in %s\n", where, opts.Containers, c.Dir)
+	printSecurity(out, c)
 	start := time.Now()
 	if err := c.StartMasters(ctx); err != nil {
 		return err
@@ -155,8 +156,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 
 	urls := strings.Join(c.MasterURLs(), ",")
-	fmt.Fprintf(out, "\n== the masters' state, read from inside %s\n$ carve state --masters %s\n", h1.Name, urls)
-	cmd := exec.CommandContext(ctx, opts.Binary, "state", "--masters", urls, "--consistent")
+	stateArgs := append([]string{"state", "--masters", urls, "--consistent"}, c.OperatorArgs()...)
+	fmt.Fprintf(out, "\n== the masters' state, read from inside %s\n$ carve %s\n", h1.Name, strings.Join(stateArgs, " "))
+	cmd := exec.CommandContext(ctx, opts.Binary, stateArgs...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := h1.NS.Run(cmd); err != nil {
 		return fmt.Errorf("carve state: %w", err)
@@ -249,8 +251,11 @@ func printLookAround(out io.Writer, c *labcluster.Cluster, binary string) {
 	fmt.Fprintf(out, "   ip netns list | grep %s\n", c.Lab.Prefix())
 	fmt.Fprintf(out, "   ip netns exec %s ip -d link show %s\n", last.NS.Name, c.Network().VTEPName)
 	fmt.Fprintf(out, "   ip netns exec %s bridge fdb show dev %s\n", last.NS.Name, c.Network().VTEPName)
-	fmt.Fprintf(out, "   ip netns exec %s %s state --masters %s\n", h1.NS.Name, binary, strings.Join(c.MasterURLs(), ","))
-	fmt.Fprintf(out, "   ip netns exec %s curl -s http://%s:%d/overlay-agent/peers     # the agent's view (needs curl)\n", h1.NS.Name, ip, labcluster.AgentHTTPPort)
+	op := c.OperatorFiles()
+	curlTLS := fmt.Sprintf("--cacert %s --cert %s --key %s", op.CA, op.Cert, op.Key)
+	fmt.Fprintf(out, "   ip netns exec %s %s\n", h1.NS.Name, strings.Join(append([]string{binary, "state", "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...), " "))
+	fmt.Fprintf(out, "   ip netns exec %s curl -s %s https://%s:%d/overlay-agent/peers     # the agent's view (needs curl)\n", h1.NS.Name, curlTLS, ip, labcluster.AgentHTTPPort)
+	fmt.Fprintf(out, "   ip netns exec %s curl -s --cacert %s https://%s:%d/overlay-agent/peers     # without a client certificate: 401\n", h1.NS.Name, op.CA, ip, labcluster.AgentHTTPPort)
 	if cs := c.Containers(); len(cs) > 1 {
 		a, b := cs[0], cs[len(cs)-1]
 		fmt.Fprintf(out, "   ip netns exec %s ping -c3 %s     # %s -> %s (needs iputils-ping)\n", a.NS.Name, b.Addr.Addr(), a.Name, b.Name)
@@ -258,7 +263,23 @@ func printLookAround(out io.Writer, c *labcluster.Cluster, binary string) {
 	fmt.Fprintf(out, "   cat %s     # the conflist the agent wrote\n", filepath.Join(h1.CNIConfDir(), "carve.conflist"))
 	fmt.Fprintf(out, "   curl -s --unix-socket %s http://agent/ipam/allocations     # the agent's IPAM (needs curl)\n", h1.SocketPath())
 	fmt.Fprintf(out, "   tail -f %s/logs/*.log     # masters, agents, and the CNI plugins' stderr\n", c.Dir)
-	fmt.Fprintf(out, "   masters' HTTP API from the lab: ip netns exec %s curl -s %s/overlay-master/state\n", h1.NS.Name, c.MasterURLs()[0])
+	masterCurl := "curl -s"
+	if len(c.OperatorArgs()) > 0 {
+		masterCurl += " " + curlTLS
+	}
+	fmt.Fprintf(out, "   masters' HTTP API from the lab: ip netns exec %s %s %s/overlay-master/state\n", h1.NS.Name, masterCurl, c.MasterURLs()[0])
+}
+
+// printSecurity says how the cluster is secured.
+func printSecurity(out io.Writer, c *labcluster.Cluster) {
+	op := c.OperatorFiles()
+	fmt.Fprintf(out, "   trust: a cluster CA made for this demo (%s), a certificate for every master and agent;\n", op.CA)
+	fmt.Fprintf(out, "   agents serve their API over TLS to clients with a certificate of the CA, and gossip encrypted (%s)\n", c.MeshPasswordPath())
+	if len(c.OperatorArgs()) > 0 {
+		fmt.Fprintf(out, "   masters serve TLS; this demo reads them with the operator certificate %s\n", op.Cert)
+	} else {
+		fmt.Fprintf(out, "   masters: plain http (this carve's master has no TLS flags yet); agents reach them with --insecure\n")
+	}
 }
 
 // cniPlugins finds carve-ipam and the reference CNI plugins next to the

@@ -38,6 +38,7 @@ import (
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/pki"
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -109,6 +110,7 @@ type Cluster struct {
 	configPath string
 	ownDir     bool
 	http       *http.Client
+	sec        *labSecurity
 
 	mu         sync.Mutex
 	closed     bool
@@ -144,6 +146,9 @@ type Host struct {
 	// guarded by c.mu
 	ip      netip.Prefix
 	agentID string
+	// certName is the agent id of the agent's certificate, the id it runs
+	// with (see ResetAgentData).
+	certName string
 }
 
 // Master is one master process and its addresses.
@@ -158,10 +163,12 @@ type Master struct {
 	// DataDir is its --data-dir (Raft log and snapshots); it survives
 	// restarts.
 	DataDir string
+
+	scheme string // http, or https when the masters serve TLS
 }
 
 // URL is the master's HTTP base URL.
-func (m *Master) URL() string { return "http://" + m.HTTPAddr }
+func (m *Master) URL() string { return m.scheme + "://" + m.HTTPAddr }
 
 // Container is a container namespace on a host, attached to an overlay's
 // m-<overlay> bridge through CNI (see AddCNIContainer). Addr, Gateway, Result
@@ -253,6 +260,20 @@ func New(opts Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("labcluster: write network config: %w", err)
 	}
 
+	// Secure by default: a CA for this run, certificates for every
+	// process and for the harness, a mesh password.
+	masterFlags, err := detectMasterFlags(opts.Binary)
+	if err != nil {
+		return nil, err
+	}
+	if c.sec, err = newLabSecurity(filepath.Join(c.Dir, "pki"), masterFlags); err != nil {
+		return nil, err
+	}
+	tlsCfg, err := c.sec.clientConfig()
+	if err != nil {
+		return nil, err
+	}
+
 	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix})
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
@@ -261,7 +282,7 @@ func New(opts Options) (_ *Cluster, err error) {
 	if err := addControlAddr(lab); err != nil {
 		return nil, err
 	}
-	c.http = newHTTPClient(lab.Underlay)
+	c.http = newHTTPClient(lab.Underlay, tlsCfg)
 
 	for _, nh := range lab.Hosts() {
 		name := "h" + strconv.Itoa(nh.Index)
@@ -270,7 +291,10 @@ func New(opts Options) (_ *Cluster, err error) {
 			return nil, fmt.Errorf("labcluster: %w", err)
 		}
 		h := &Host{NS: nh, Name: name, Index: nh.Index, Dir: dir, AgentDataDir: filepath.Join(dir, "agent"),
-			c: c, ip: nh.IP}
+			c: c, ip: nh.IP, certName: "agent-" + name}
+		if err := c.sec.issue(pki.RoleAgent, h.certName, nh.IP.Addr()); err != nil {
+			return nil, err
+		}
 		h.Agent = newProcess("agent-"+name, filepath.Join(c.Dir, "logs", "agent-"+name+".log"), nh.Namespace)
 		c.hosts = append(c.hosts, h)
 		if err := c.newCNIRuntime(h); err != nil {
@@ -284,7 +308,11 @@ func New(opts Options) (_ *Cluster, err error) {
 		m := &Master{ID: id, Host: h,
 			HTTPAddr: ip + ":" + strconv.Itoa(MasterHTTPPort), RaftAddr: ip + ":" + strconv.Itoa(MasterRaftPort),
 			DataDir: filepath.Join(c.Dir, "masters", id),
-			Process: newProcess(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace)}
+			Process: newProcess(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace),
+			scheme:  c.sec.scheme()}
+		if err := c.sec.issue(pki.RoleMaster, id, h.ip.Addr()); err != nil {
+			return nil, err
+		}
 		h.Master = m
 		c.masters = append(c.masters, m)
 	}
@@ -352,15 +380,26 @@ func (h *Host) IP() netip.Prefix {
 }
 
 // AgentID is the id the host's agent reported last ("" before it answered).
+// It is the name of the agent certificate the harness issued for the host
+// (see ResetAgentData), unless the agent runs with another.
 func (h *Host) AgentID() string {
 	h.c.mu.Lock()
 	defer h.c.mu.Unlock()
 	return h.agentID
 }
 
-// AgentURL is the agent's HTTP base URL on the host's current IP.
+// AgentURL is the agent's HTTP base URL on the host's current IP: agents
+// serve TLS with their certificate.
 func (h *Host) AgentURL() string {
-	return "http://" + hostPort(h.IP().Addr(), AgentHTTPPort)
+	return "https://" + hostPort(h.IP().Addr(), AgentHTTPPort)
+}
+
+// CertName is the agent id named by the certificate the host's agent
+// starts with.
+func (h *Host) CertName() string {
+	h.c.mu.Lock()
+	defer h.c.mu.Unlock()
+	return h.certName
 }
 
 func hostPort(a netip.Addr, port int) string {
@@ -435,6 +474,7 @@ func (c *Cluster) StartMaster(m *Master) error {
 	args := []string{"master", "--id", m.ID, "--data-dir", m.DataDir,
 		"--http-addr", m.HTTPAddr, "--raft-addr", m.RaftAddr, "--peers", c.peersFlag(),
 		"--config", c.configPath, "--log-level", c.opts.LogLevel}
+	args = append(args, c.sec.masterArgs(m.ID)...)
 	if err := m.start(c.opts.Binary, args); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}
@@ -497,8 +537,9 @@ func (c *Cluster) KillMaster(m *Master) error {
 	return m.Kill()
 }
 
-// agentArgs is h's agent command line on its current IP, then the cluster's
-// AgentArgs, then extra (later flags win).
+// agentArgs is h's agent command line on its current IP with its
+// certificate and the mesh password, then the cluster's AgentArgs, then
+// extra (later flags win).
 func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 	ip := h.IP().Addr()
 	args := []string{"agent",
@@ -519,6 +560,7 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--docker-bridge=" + strconv.FormatBool(c.opts.DockerBridge),
 		"--log-level", c.opts.LogLevel,
 	}
+	args = append(args, c.sec.agentArgs(h.CertName())...)
 	args = append(args, c.opts.AgentArgs...)
 	return append(args, extra...)
 }
@@ -551,13 +593,20 @@ func (c *Cluster) KillAgent(h *Host) error {
 }
 
 // ResetAgentData deletes h's agent data dir (the agent must be stopped), so
-// that the next start is a new agent with a new id.
-func (c *Cluster) ResetAgentData(h *Host) error {
+// that the next start is a new agent with the new id newID: the harness
+// issues it an agent certificate of that name.
+func (c *Cluster) ResetAgentData(h *Host, newID string) error {
 	if h.Agent.Running() {
 		return fmt.Errorf("labcluster: agent on %s is running", h.Name)
 	}
+	if newID == h.CertName() {
+		return fmt.Errorf("labcluster: agent on %s already is %s: a new agent needs a new id", h.Name, newID)
+	}
+	if err := c.sec.issue(pki.RoleAgent, newID, h.IP().Addr()); err != nil {
+		return err
+	}
 	c.mu.Lock()
-	h.agentID = ""
+	h.agentID, h.certName = "", newID
 	c.mu.Unlock()
 	if err := os.RemoveAll(h.AgentDataDir); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
@@ -686,7 +735,8 @@ func (c *Cluster) State(ctx context.Context) (*api.State, error) {
 
 // SetUnderlayIP re-addresses h's underlay interface: the old address goes,
 // ip comes (it must lie in 198.18.0.0/15). Stop the agent first and start it
-// again afterwards: its flags follow the host's current IP. A host that runs
+// again afterwards: its flags follow the host's current IP, and its
+// certificate is issued again for that IP. A host that runs
 // a master is refused, since the master's Raft address is fixed in every
 // master's --peers.
 func (c *Cluster) SetUnderlayIP(h *Host, ip netip.Prefix) error {
@@ -716,6 +766,9 @@ func (c *Cluster) SetUnderlayIP(h *Host, ip netip.Prefix) error {
 	newAddr, _ := netlink.ParseAddr(ip.String())
 	if err := nh.AddrAdd(link, newAddr); err != nil {
 		return fmt.Errorf("labcluster: add %s to %s: %w", ip, h.Name, err)
+	}
+	if err := c.sec.issue(pki.RoleAgent, h.CertName(), ip.Addr()); err != nil {
+		return err
 	}
 	c.mu.Lock()
 	h.ip = ip

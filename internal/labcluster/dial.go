@@ -2,6 +2,7 @@ package labcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -38,10 +39,12 @@ func nsDialer(ns *netnslab.Namespace) func(ctx context.Context, network, addr st
 	}
 }
 
-// newHTTPClient returns an HTTP client whose connections start in ns.
-func newHTTPClient(ns *netnslab.Namespace) *http.Client {
+// newHTTPClient returns an HTTP client whose connections start in ns, with
+// the TLS configuration of https URLs.
+func newHTTPClient(ns *netnslab.Namespace, tlsCfg *tls.Config) *http.Client {
 	return &http.Client{Transport: &http.Transport{
 		DialContext:         nsDialer(ns),
+		TLSClientConfig:     tlsCfg,
 		Proxy:               nil, // never through a proxy of the root namespace
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     30 * time.Second,

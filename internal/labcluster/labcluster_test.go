@@ -2,6 +2,8 @@ package labcluster
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +21,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
 )
@@ -475,9 +478,10 @@ func TestCluster(t *testing.T) {
 	if len(st.Agents) != 2 {
 		t.Fatalf("%d agents at the masters, want 2", len(st.Agents))
 	}
+	checkSecure(ctx, t, c)
 	for _, h := range c.Hosts() {
-		if h.AgentID() == "" {
-			t.Fatalf("%s: agent id unknown", h.Name)
+		if h.AgentID() != h.CertName() {
+			t.Fatalf("%s: agent id %q, want its certificate's %q", h.Name, h.AgentID(), h.CertName())
 		}
 		ks, err := c.Kernel(h)
 		if err != nil {
@@ -546,4 +550,44 @@ func TestCluster(t *testing.T) {
 	if len(list.Allocations) != 0 {
 		t.Fatalf("h1's agent holds %v after a GC with no valid attachment", list.Allocations)
 	}
+}
+
+// checkSecure checks that the cluster runs secure: every agent with its
+// certificate and the mesh password, its API over TLS refusing a client
+// without a certificate (but for /healthz), and the masters with TLS when
+// the binary has it.
+func checkSecure(ctx context.Context, t *testing.T, c *Cluster) {
+	t.Helper()
+	for _, h := range c.Hosts() {
+		args := h.Agent.Args()
+		for _, f := range []string{"--ca-file", "--cert-file", "--key-file", "--mesh-password-file"} {
+			if !slices.Contains(args, f) {
+				t.Errorf("agent on %s runs without %s: %v", h.Name, f, args)
+			}
+		}
+	}
+	noCert := newHTTPClient(c.Lab.Underlay, &tls.Config{RootCAs: mustPool(t, c.OperatorFiles())})
+	t.Cleanup(noCert.CloseIdleConnections)
+	for path, want := range map[string]int{"/healthz": 200, "/overlay-agent/peers": 401, "/metrics": 401} {
+		err := api.Call(ctx, noCert, "GET", c.Host(1).AgentURL()+path, nil, nil, nil)
+		var apiErr *api.Error
+		switch {
+		case want == 200 && err != nil:
+			t.Errorf("GET %s without a client certificate: %v", path, err)
+		case want != 200 && (!errors.As(err, &apiErr) || apiErr.Status != want):
+			t.Errorf("GET %s without a client certificate: %v, want %d", path, err, want)
+		}
+	}
+	if c.sec.masters.tls && !strings.HasPrefix(c.MasterURLs()[0], "https://") {
+		t.Errorf("masters with TLS at %v", c.MasterURLs())
+	}
+}
+
+func mustPool(t *testing.T, f pki.Files) *x509.CertPool {
+	t.Helper()
+	pool, err := f.Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }

@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/pki"
+)
+
+// codeUnauthenticated is the error code of a request without a verified
+// client certificate (the masters answer the same).
+const codeUnauthenticated = "unauthenticated"
+
+// errNotAMaster: the server at a master URL showed a certificate of the
+// cluster CA whose role is not master.
+var errNotAMaster = errors.New("not a master's certificate")
+
+// ErrInsecure is what New refuses with when a security setting is missing
+// and Config.Insecure does not allow it.
+var ErrInsecure = errors.New("refusing to run insecure")
+
+// security is what an agent's configuration says about its channels.
+type security struct {
+	// client talks to the masters (nil: plain http); server serves the
+	// agent's HTTP API (nil: plain http, no client certificates).
+	client, server *tls.Config
+	// id is the agent id: the certificate's name, or Config.ID; idFrom says
+	// where it comes from, for errors.
+	id, idFrom string
+	// insecure lists what runs without protection (--insecure allowed it).
+	insecure []string
+}
+
+// checkSecurity reads the TLS files and checks the configuration: TLS and a
+// mesh password unless Insecure, an agent certificate naming the agent's id.
+func checkSecurity(cfg Config) (*security, error) {
+	sec := &security{id: cfg.ID, idFrom: "--id"}
+	if secure := httpsMasters(cfg.Masters); len(secure) > 0 && !cfg.TLS.Enabled() {
+		return nil, fmt.Errorf("agent: --masters %s is https, but no TLS credentials are given: give --ca-file (the cluster CA), --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID)", strings.Join(secure, ","))
+	}
+	if !cfg.TLS.Enabled() {
+		if !cfg.Insecure {
+			return nil, fmt.Errorf("%w: no TLS credentials: give --ca-file, --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID), or --insecure for a throwaway lab", ErrInsecure)
+		}
+		sec.insecure = append(sec.insecure, "TLS (its HTTP API is plain http and open to anyone who reaches it)")
+	} else {
+		if err := cfg.TLS.Check(true); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		id, err := cfg.TLS.Identity()
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		if id.Role != pki.RoleAgent {
+			return nil, fmt.Errorf("agent: --cert-file %s is the certificate of %s (role %s), not an agent's: issue one with carve certs issue --role agent --name AGENT_ID", cfg.TLS.Cert, id, id.Role)
+		}
+		if cfg.ID != "" && cfg.ID != id.Name {
+			return nil, fmt.Errorf("agent: --id %q differs from the agent id %q that --cert-file %s names: drop --id, or use the certificate issued for %q", cfg.ID, id.Name, cfg.TLS.Cert, cfg.ID)
+		}
+		sec.id, sec.idFrom = id.Name, fmt.Sprintf("the agent id of --cert-file %s", cfg.TLS.Cert)
+		if sec.server, err = cfg.TLS.ServerConfig(false); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		if sec.client, err = cfg.TLS.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		// Any certificate of the CA verifies; only a master's may answer as
+		// one (an agent's certificate names its own IP, but still).
+		masterOnly := pki.RequireRole(pki.RoleMaster)
+		sec.client.VerifyConnection = func(cs tls.ConnectionState) error {
+			if err := masterOnly(cs); err != nil {
+				return fmt.Errorf("%w: %w", errNotAMaster, err)
+			}
+			return nil
+		}
+	}
+	if cfg.MeshPassword == nil {
+		if !cfg.Insecure {
+			return nil, fmt.Errorf("%w: no mesh password: give --mesh-password-file (the same secret on every agent), or --insecure for a throwaway lab", ErrInsecure)
+		}
+		sec.insecure = append(sec.insecure, "a mesh password (gossip is unauthenticated and in clear)")
+	}
+	if err := sec.checkMasters(cfg); err != nil {
+		return nil, err
+	}
+	return sec, nil
+}
+
+// checkMasters compares the master URLs' scheme with the TLS files, so that
+// a mismatch is named at start instead of failing every request.
+func (sec *security) checkMasters(cfg Config) error {
+	secure := httpsMasters(cfg.Masters)
+	var plain []string
+	for _, m := range cfg.Masters {
+		if m = strings.TrimSpace(m); m != "" && !slices.Contains(secure, m) {
+			plain = append(plain, m) // no scheme means http (api.NewClient)
+		}
+	}
+	switch {
+	case len(plain) > 0 && len(secure) > 0:
+		return fmt.Errorf("agent: --masters mixes https (%s) and http (%s): the masters serve one or the other", strings.Join(secure, ","), strings.Join(plain, ","))
+	case len(plain) > 0 && sec.client != nil && !cfg.Insecure:
+		return fmt.Errorf("%w: --masters %s is plain http, but TLS files are given: masters with TLS serve https (use https://HOST:PORT), and plain http masters need --insecure", ErrInsecure, strings.Join(plain, ","))
+	case len(plain) > 0 && sec.client != nil:
+		sec.client = nil
+		sec.insecure = append(sec.insecure, "TLS towards the masters (plain http)")
+	}
+	return nil
+}
+
+// httpsMasters are the master URLs with the https scheme.
+func httpsMasters(masters []string) []string {
+	var out []string
+	for _, m := range masters {
+		m = strings.TrimSpace(m)
+		if u, err := url.Parse(m); err == nil && u.Scheme == "https" {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// httpClient is the agent's client of the masters.
+func (sec *security) httpClient(cfg Config) *http.Client {
+	hc := &http.Client{Timeout: cfg.WatchWait + 15*time.Second}
+	if sec.client != nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = sec.client
+		hc.Transport = tr
+	}
+	return hc
+}
+
+// requireClientCert answers 401 to requests without a verified client
+// certificate of the cluster CA, on every route but /healthz (load
+// balancers and supervisors probe it without credentials). /metrics is not
+// an exception, as on the masters: a scraper presents a certificate.
+func (a *Agent) requireClientCert(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if _, ok := pki.PeerIdentity(r); !ok {
+			a.metrics.httpRefused.WithLabelValues("no_certificate").Inc()
+			httpapi.WriteError(w, http.StatusUnauthorized, codeUnauthenticated,
+				"a client certificate of the cluster CA is required (every route but /healthz): give curl --cacert CA --cert CERT --key KEY")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// explainMasterError says what a failure to talk to the masters means when
+// it is a TLS or scheme mismatch, which retrying never fixes; "" otherwise.
+func explainMasterError(err error, tlsFiles pki.Files) string {
+	var (
+		unknownCA  x509.UnknownAuthorityError
+		hostname   x509.HostnameError
+		verify     *tls.CertificateVerificationError
+		record     tls.RecordHeaderError
+		opErr      *net.OpError
+		apiErr     *api.Error
+		invalidErr x509.CertificateInvalidError
+	)
+	switch {
+	case errors.Is(err, errNotAMaster):
+		return "TLS: the server at --masters is not a master: its certificate, of the cluster CA, carries another role"
+	case errors.As(err, &hostname):
+		return fmt.Sprintf("TLS: the master's certificate is not valid for %s: issue the master certificates with the address in --masters (carve certs issue --role master --ip IP)", hostname.Host)
+	case errors.As(err, &unknownCA):
+		return fmt.Sprintf("TLS: the master's certificate does not verify against --ca-file %s: it was issued by another CA (another cluster's?)", tlsFiles.CA)
+	case errors.As(err, &invalidErr):
+		return fmt.Sprintf("TLS: the master's certificate is invalid: %v", invalidErr)
+	case errors.As(err, &verify):
+		return fmt.Sprintf("TLS: the master's certificate is refused: %v", verify.Err)
+	case errors.As(err, &opErr) && opErr.Op == "remote error":
+		// The master's alert: it refused the certificate this agent gave.
+		return fmt.Sprintf("TLS: the master refused this agent's certificate (%v): --cert-file %s is not of the masters' CA, or has expired", opErr.Err, tlsFiles.Cert)
+	case errors.As(err, &record), strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return "TLS: the master does not speak TLS: it serves plain http (give --masters http://... and --insecure, or start the masters with TLS)"
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest && strings.Contains(apiErr.Message, "HTTP request to an HTTPS server"):
+		return "TLS: the masters serve https: give --masters https://HOST:PORT and --ca-file, --cert-file and --key-file"
+	case errors.As(err, &apiErr) && apiErr.Status == http.StatusUnauthorized:
+		return "TLS: the masters require a client certificate: give --ca-file, --cert-file and --key-file"
+	}
+	return ""
+}
