@@ -17,10 +17,6 @@ import (
 	"github.com/carve-net/carve/pki"
 )
 
-// codeUnauthenticated is the error code of a request without a verified
-// client certificate (the masters answer the same).
-const codeUnauthenticated = "unauthenticated"
-
 // errNotAMaster: the server at a master URL showed a certificate of the
 // cluster CA whose role is not master.
 var errNotAMaster = errors.New("not a master's certificate")
@@ -153,7 +149,7 @@ func (a *Agent) requireClientCert(next http.Handler) http.Handler {
 		}
 		if _, ok := pki.PeerIdentity(r); !ok {
 			a.metrics.httpRefused.WithLabelValues("no_certificate").Inc()
-			httpapi.WriteError(w, http.StatusUnauthorized, codeUnauthenticated,
+			httpapi.WriteError(w, http.StatusUnauthorized, api.CodeUnauthenticated,
 				"a client certificate of the cluster CA is required (every route but /healthz): give curl --cacert CA --cert CERT --key KEY")
 			return
 		}

@@ -90,7 +90,7 @@ func newTLSMaster(t *testing.T, m *master.Master, f pki.Files) *tlsMaster {
 	tm.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, ok := pki.PeerIdentity(r)
 		if !ok {
-			httpapi.WriteError(w, http.StatusUnauthorized, codeUnauthenticated, "no client certificate")
+			httpapi.WriteError(w, http.StatusUnauthorized, api.CodeUnauthenticated, "no client certificate")
 			return
 		}
 		tm.mu.Lock()

@@ -262,11 +262,7 @@ func New(opts Options) (_ *Cluster, err error) {
 
 	// Secure by default: a CA for this run, certificates for every
 	// process and for the harness, a mesh password.
-	masterFlags, err := detectMasterFlags(opts.Binary)
-	if err != nil {
-		return nil, err
-	}
-	if c.sec, err = newLabSecurity(filepath.Join(c.Dir, "pki"), masterFlags); err != nil {
+	if c.sec, err = newLabSecurity(filepath.Join(c.Dir, "pki")); err != nil {
 		return nil, err
 	}
 	tlsCfg, err := c.sec.clientConfig()
@@ -309,7 +305,7 @@ func New(opts Options) (_ *Cluster, err error) {
 			HTTPAddr: ip + ":" + strconv.Itoa(MasterHTTPPort), RaftAddr: ip + ":" + strconv.Itoa(MasterRaftPort),
 			DataDir: filepath.Join(c.Dir, "masters", id),
 			Process: newProcess(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace),
-			scheme:  c.sec.scheme()}
+			scheme:  "https"}
 		if err := c.sec.issue(pki.RoleMaster, id, h.ip.Addr()); err != nil {
 			return nil, err
 		}

@@ -578,7 +578,7 @@ func checkSecure(ctx context.Context, t *testing.T, c *Cluster) {
 			t.Errorf("GET %s without a client certificate: %v, want %d", path, err, want)
 		}
 	}
-	if c.sec.masters.tls && !strings.HasPrefix(c.MasterURLs()[0], "https://") {
+	if !strings.HasPrefix(c.MasterURLs()[0], "https://") {
 		t.Errorf("masters with TLS at %v", c.MasterURLs())
 	}
 }

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"time"
 
 	"github.com/carve-net/carve/pki"
@@ -24,50 +22,21 @@ const OperatorName = "lab-operator"
 // PKI directory.
 const MeshPasswordFile = "mesh-password"
 
-// masterFlags is what the master binary's command line offers for security.
-type masterFlags struct {
-	tls        bool // --ca-file, --cert-file, --key-file
-	signingKey bool // --signing-key-file
-	insecure   bool // --insecure
-}
-
-// flagRE matches a flag's line in the help of a flag.FlagSet.
-func flagRE(name string) *regexp.Regexp {
-	return regexp.MustCompile(`(?m)^\s+--?` + regexp.QuoteMeta(name) + `\b`)
-}
-
-// detectMasterFlags reads `carve master -h` once per cluster.
-//
-// TODO(lead): remove once the masters' TLS branch is merged: masters then
-// always get the TLS flags.
-func detectMasterFlags(binary string) (masterFlags, error) {
-	out, err := exec.Command(binary, "master", "-h").CombinedOutput()
-	if err != nil {
-		return masterFlags{}, fmt.Errorf("labcluster: %s master -h: %w\n%s", binary, err, out)
-	}
-	return masterFlags{
-		tls:        flagRE("ca-file").Match(out) && flagRE("cert-file").Match(out) && flagRE("key-file").Match(out),
-		signingKey: flagRE("signing-key-file").Match(out),
-		insecure:   flagRE("insecure").Match(out),
-	}, nil
-}
-
 // labSecurity is a cluster's trust: a CA created for the run, a
 // certificate per master, per agent and for the harness, and the mesh
 // password of the agents.
 type labSecurity struct {
 	dir          string // the CA and every certificate
 	meshPassword string // path of the mesh password file
-	masters      masterFlags
 }
 
 // newLabSecurity creates the CA and the operator certificate in dir, and
 // the mesh password file.
-func newLabSecurity(dir string, masters masterFlags) (*labSecurity, error) {
+func newLabSecurity(dir string) (*labSecurity, error) {
 	if err := pki.CreateCA(dir, 30*24*time.Hour); err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
-	s := &labSecurity{dir: dir, meshPassword: filepath.Join(dir, MeshPasswordFile), masters: masters}
+	s := &labSecurity{dir: dir, meshPassword: filepath.Join(dir, MeshPasswordFile)}
 	if err := s.issue(pki.RoleOperator, OperatorName); err != nil {
 		return nil, err
 	}
@@ -101,39 +70,16 @@ func (s *labSecurity) issue(role pki.Role, name string, ips ...netip.Addr) error
 	return nil
 }
 
-// scheme is the masters' URL scheme.
-func (s *labSecurity) scheme() string {
-	if s.masters.tls {
-		return "https"
-	}
-	return "http"
-}
-
 // masterArgs are a master's security flags: TLS with its certificate and
-// the record-signing key when the binary has them, else --insecure when
-// it knows that flag, else nothing (a master from before TLS).
+// the record-signing key.
 func (s *labSecurity) masterArgs(id string) []string {
-	if !s.masters.tls {
-		if s.masters.insecure {
-			return []string{"--insecure"}
-		}
-		return nil
-	}
-	args := tlsArgs(s.files(id))
-	if s.masters.signingKey {
-		args = append(args, "--signing-key-file", filepath.Join(s.dir, pki.SignKey))
-	}
-	return args
+	return append(tlsArgs(s.files(id)), "--signing-key-file", filepath.Join(s.dir, pki.SignKey))
 }
 
-// agentArgs are an agent's security flags: its certificate, the mesh
-// password, and --insecure while the masters serve plain http.
+// agentArgs are an agent's security flags: its certificate and the mesh
+// password.
 func (s *labSecurity) agentArgs(id string) []string {
-	args := append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword)
-	if !s.masters.tls {
-		args = append(args, "--insecure")
-	}
-	return args
+	return append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword)
 }
 
 func tlsArgs(f pki.Files) []string {
@@ -155,14 +101,8 @@ func (s *labSecurity) clientConfig() (*tls.Config, error) {
 func (c *Cluster) OperatorFiles() pki.Files { return c.sec.files(OperatorName) }
 
 // OperatorArgs are the flags of a carve command that talks to the masters
-// (`carve state`): the operator certificate's when the masters serve TLS,
-// none otherwise.
-func (c *Cluster) OperatorArgs() []string {
-	if !c.sec.masters.tls {
-		return nil
-	}
-	return tlsArgs(c.OperatorFiles())
-}
+// (`carve state`): the operator certificate's.
+func (c *Cluster) OperatorArgs() []string { return tlsArgs(c.OperatorFiles()) }
 
 // MeshPasswordPath is the agents' --mesh-password-file.
 func (c *Cluster) MeshPasswordPath() string { return c.sec.meshPassword }
