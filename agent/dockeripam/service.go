@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
 )
 
@@ -258,8 +259,7 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	s.setPlugin(true, nil)
 	s.log.Info("docker IPAM plugin serving", "socket", s.opts.PluginSocket, "driver", s.name)
-	srv := &http.Server{Handler: s.driver, ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	srv := httpapi.NewServer(s.driver, httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	loopDone := make(chan struct{})

@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -62,7 +63,7 @@ func reply(w http.ResponseWriter, v any, err error) {
 
 // Serve serves Handler on ln until ctx ends.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) {
-	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpapi.NewServer(s.Handler(), httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
