@@ -356,7 +356,7 @@ func TestRemoveStale(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cmd := exec.Command("ip", "netns", "exec", withMaster, bin, "master", "--id", "m1", "--data-dir", filepath.Join(dir, "m1"),
-		"--http-addr", "127.0.0.1:8080", "--raft-addr", "127.0.0.1:8300", "--peers", "m1=127.0.0.1:8300")
+		"--http-addr", "127.0.0.1:8080", "--raft-addr", "127.0.0.1:8300", "--peers", "m1=127.0.0.1:8300", "--insecure")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
