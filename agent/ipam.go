@@ -31,7 +31,7 @@ type ipamService interface {
 func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) ipam.View {
 	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones}
 	for _, r := range members.Records {
-		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets})
+		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets()})
 	}
 	return v
 }

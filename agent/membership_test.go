@@ -15,8 +15,8 @@ import (
 )
 
 func rec(id string, v uint64, ip string) PeerRecord {
-	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02",
-		Subnets: []string{"10.128.2.0/24"}}
+	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve", Status: api.StatusOK,
+		Subnet: "10.128.2.0/24", MesosIP: "10.128.2.0/25", DockerIP: "10.128.2.128/25", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02"}}}
 }
 
 func TestMembershipMergeRules(t *testing.T) {
@@ -106,9 +106,16 @@ func TestDecodeMembershipRejects(t *testing.T) {
 		{"zero version", `{"records":[{"id":"a","v":0}]}`},
 		{"bad ip", `{"records":[{"id":"a","v":1,"ip":"1.2.3"}]}`},
 		{"bad mesh", `{"records":[{"id":"a","v":1,"mesh":"nohost"}]}`},
-		{"bad vtep", `{"records":[{"id":"a","v":1,"vtep":"fd00::1/64","mac":"70:b3:d5:40:00:02"}]}`},
-		{"bad mac", `{"records":[{"id":"a","v":1,"vtep":"100.64.0.2/16","mac":"zz"}]}`},
-		{"host bits subnet", `{"records":[{"id":"a","v":1,"subnets":["10.0.0.1/24"]}]}`},
+		{"bad vtep", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","vtep":"fd00::1/64","mac":"70:b3:d5:40:00:02"}]}]}`},
+		{"bad mac", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","vtep":"100.64.0.2/16","mac":"zz"}]}]}`},
+		{"mac without vtep", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","mac":"70:b3:d5:40:00:02"}]}]}`},
+		{"host bits subnet", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","subnet":"10.0.0.1/24"}]}]}`},
+		{"bad bridge", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","mesos_ip":"10.0.0.1"}]}]}`},
+		{"bad overlay name", `{"records":[{"id":"a","v":1,"overlays":[{"name":"Carve!"}]}]}`},
+		{"bad status", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","status":"STATUS_PWNED"}]}]}`},
+		{"overlay twice", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve"},{"name":"carve"}]}]}`},
+		{"huge signature", `{"records":[{"id":"a","v":1,"sig":"` + strings.Repeat("A", 200) + `"}]}`},
+		{"huge tombstone signature", `{"tombstones":[{"agent_id":"a","version":3,"signature":"` + strings.Repeat("A", 200) + `"}]}`},
 		{"bad tombstone", `{"tombstones":[{"agent_id":"","version":3}]}`},
 		{"oversized", `{"records":[` + strings.Repeat(" ", maxGossipBytes) + `]}`},
 	}
@@ -127,7 +134,7 @@ func FuzzDecodeMembership(f *testing.F) {
 	good, _ := json.Marshal(MembershipState{Records: []PeerRecord{rec("a", 1, "198.18.0.1")},
 		Tombstones: []api.Tombstone{{AgentID: "b", Version: 4}}})
 	f.Add(good)
-	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","subnets":["fd00:1::/64"]}]}`))
+	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","overlays":[{"name":"six","status":"STATUS_OK","subnet6":"fd00:1::/64","vtep":"100.64.0.3/16","mac":"70:b3:d5:40:00:03"}]}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -155,9 +162,9 @@ func selfInfo() *api.AgentInfo {
 
 func TestDesiredState(t *testing.T) {
 	members := MembershipState{Records: []PeerRecord{
-		peerFromInfo(selfInfo()), // self is never a peer
+		NewPeerRecord(selfInfo()), // self is never a peer
 		rec("b", 4, "198.18.0.11"),
-		{ID: "no-ip", Version: 5, VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}, // lost its IP: skipped
+		{ID: "no-ip", Version: 5, Overlays: []PeerOverlay{{Name: "carve", VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}}}, // lost its IP: skipped
 	}}
 	want, peers, err := desiredState(selfInfo(), &api.NetworkConfig{OverlayMTU: 1400}, netip.MustParseAddr("198.18.0.10"), members)
 	if err != nil {
