@@ -903,7 +903,16 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 		news = a.members.Merge(in)
 	}
 	a.mu.RUnlock()
-	a.countRefused(a.metrics.gossipRefused, "gossip", refused)
+	if tr.clusterID == "" {
+		// Agents that start together hear one another before their first
+		// master state: counted, but nothing to warn about.
+		for _, r := range refused {
+			a.metrics.gossipRefused.WithLabelValues(r.reason).Inc()
+			a.log.Debug("refused gossip before the first master state", "reason", r.reason, "err", r.err)
+		}
+	} else {
+		a.countRefused(a.metrics.gossipRefused, "gossip", refused)
+	}
 	switch {
 	case !current:
 		return nil, nil // the next gossip is checked against the new cluster or key

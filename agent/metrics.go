@@ -56,7 +56,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		gossipRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_gossip_refused_total",
 			Help: "Records and tombstones received by gossip and refused, by reason: unsigned; bad_signature (does not verify with the masters' key and this agent's cluster id: forged or altered); " +
-				"out_of_range (signed, but outside the configured overlays or vtep_subnet, or a VTEP MAC not derived from the VTEP IP); other_cluster (of another cluster of masters).",
+				"out_of_range (signed, but outside the configured overlays or vtep_subnet, or a VTEP MAC not derived from the VTEP IP); other_cluster (of another cluster of masters, or heard before this agent read its first master state).",
 		}, []string{"reason"}),
 		masterRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_master_records_refused_total",
