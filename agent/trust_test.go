@@ -333,4 +333,3 @@ func TestMembershipEqualVersions(t *testing.T) {
 		t.Errorf("a newer version from gossip: news %v, from masters %v", news.Records, m.FromMasters())
 	}
 }
-
