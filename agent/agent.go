@@ -543,8 +543,17 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 		}
 		return
 	}
-	a.members.MergeFromMasters(in)
-	a.channel.Broadcast(a.gossipData(st))
+	// Under the lock, as gossip: a rebuild in between must not let a record
+	// of the old cluster into the new one's membership.
+	a.mu.RLock()
+	current := a.clusterID == tr.clusterID
+	if current {
+		a.members.MergeFromMasters(in)
+	}
+	a.mu.RUnlock()
+	if current {
+		a.channel.Broadcast(a.gossipData(st))
+	}
 }
 
 // watchLoop follows the masters' state with blocking queries.

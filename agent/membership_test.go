@@ -203,8 +203,11 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	if err != nil || !strings.HasPrefix(id, "agent-") {
 		t.Fatalf("id %q %v", id, err)
 	}
-	p := persisted{ID: id, Self: selfInfo(), Network: &api.NetworkConfig{VNI: 7}, MasterIndex: 42,
-		Membership: MembershipState{Records: []PeerRecord{rec("b", 4, "198.18.0.11")}}}
+	pub, priv := testKey(t)
+	p := persisted{ID: id, Self: selfInfo(), Network: &api.NetworkConfig{VNI: 7}, MasterIndex: 42, ClusterID: "c1", SigningKey: pub,
+		Membership: MembershipState{Records: []PeerRecord{signedPeer(priv, "c1")},
+			Tombstones: []api.Tombstone{{AgentID: "gone", Version: 3, Signature: api.Sign(priv, []byte("x"))}}},
+		FromMasters: []string{"b"}}
 	if err := s.Save(p); err != nil {
 		t.Fatal(err)
 	}

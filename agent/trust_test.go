@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master"
@@ -331,5 +333,36 @@ func TestMembershipEqualVersions(t *testing.T) {
 	newer := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Version++ })
 	if news := m.Merge(MembershipState{Records: []PeerRecord{newer}}); len(news.Records) != 1 || len(m.FromMasters()) != 0 {
 		t.Errorf("a newer version from gossip: news %v, from masters %v", news.Records, m.FromMasters())
+	}
+}
+
+// TestLoadMembershipKeepsWhatVerifies: a restarted agent takes back from
+// its store what verifies with its key (and gossips it again), and which
+// records were the masters' copies; what does not verify (written by an
+// agent that kept no signatures, or under another key) is dropped.
+func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
+	pub, priv := testKey(t)
+	_, other := testKey(t)
+	network := master.DefaultConfig()
+	good := signedPeer(priv, "c1")
+	c := signedPeer(priv, "c1", func(a *api.AgentInfo) {
+		a.AgentID, a.Overlays[0].Subnet, a.Overlays[0].MesosBridge, a.Overlays[0].DockerBridge = "c", "10.128.3.0/24", nil, nil
+		a.Overlays[0].Backend.VXLAN.VTEPIP, a.Overlays[0].Backend.VXLAN.VTEPMAC = "100.64.0.3/16", "70:b3:d5:40:00:03"
+	})
+	unsigned := rec("old-format", 5, "198.18.0.20")
+	foreign := signedPeer(other, "c1", func(a *api.AgentInfo) { a.AgentID = "foreign" })
+	tomb := signedTombstone(priv, "c1", "gone", 4)
+	a := &Agent{sec: &security{}, members: NewMembership(), log: quietLogger(), refusals: newLogLimiter(time.Minute),
+		clusterID: "c1", signingKey: pub, network: &network}
+	a.loadMembership(persisted{
+		Membership:  MembershipState{Records: []PeerRecord{good, c, unsigned, foreign}, Tombstones: []api.Tombstone{tomb, {AgentID: "x", Version: 9}}},
+		FromMasters: []string{"b"},
+	})
+	want := MembershipState{Records: []PeerRecord{good, c}, Tombstones: []api.Tombstone{tomb}}
+	if got := a.members.State(); !reflect.DeepEqual(got, want) {
+		t.Errorf("loaded %+v\nwant %+v", got, want)
+	}
+	if got := a.members.FromMasters(); !slices.Equal(got, []string{"b"}) {
+		t.Errorf("masters' copies %v, want [b]", got)
 	}
 }
