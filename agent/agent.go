@@ -8,6 +8,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -121,6 +122,11 @@ type Config struct {
 	// with plain http masters: for a throwaway lab only. New refuses each of
 	// them otherwise (ErrInsecure).
 	Insecure bool
+	// SigningKey is the masters' public record-signing key
+	// (--signing-pub-file): records and tombstones verify with it, and a
+	// master state carrying another key is refused. nil: the key of the
+	// first master state read, pinned in the store (see trust.go).
+	SigningKey ed25519.PublicKey
 }
 
 // Agent is a running agent.
@@ -154,9 +160,15 @@ type Agent struct {
 	// masterIndex and clusterID place the last master state applied: only
 	// a state of another cluster is a rebuild, and a state of this one
 	// below masterIndex is from a master that is behind.
-	masterIndex      uint64
-	clusterID        string
+	masterIndex uint64
+	clusterID   string
+	// signingKey verifies records and tombstones: Config.SigningKey, or
+	// the key pinned from the masters' state; nil while none is known.
+	signingKey       ed25519.PublicKey
 	staleWarned      bool // a stale master was logged at warning level since the last good state
+	keyWarned        bool // a state refused for its key was logged as an error since the last good state
+	unsignedWarned   bool // masters that sign nothing were logged once
+	refusals         *logLimiter
 	mastersReachable bool
 	registered       bool
 	lastReport       *vxlan.Report
@@ -194,7 +206,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
-		programmed: map[string]uint64{}, connected: map[string]string{},
+		programmed: map[string]uint64{}, connected: map[string]string{}, refusals: newLogLimiter(time.Minute),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
@@ -225,7 +237,14 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.self, a.network, a.masterIndex, a.clusterID = p.Self, p.Network, p.MasterIndex, p.ClusterID
-	a.members.Merge(p.Membership)
+	a.signingKey = p.SigningKey
+	if cfg.SigningKey != nil {
+		if p.SigningKey != nil && !p.SigningKey.Equal(cfg.SigningKey) {
+			a.log.Warn("--signing-pub-file replaces the signing key pinned in --data-dir", "pinned", keyFingerprint(p.SigningKey), "key", keyFingerprint(cfg.SigningKey))
+		}
+		a.signingKey = cfg.SigningKey
+	}
+	a.loadMembership(p)
 	if a.self != nil {
 		a.log.Info("loaded last known state", "version", a.self.Version, "peers", a.members.Len()-1,
 			"master_index", a.masterIndex, "cluster_id", a.clusterID)
@@ -287,7 +306,8 @@ func (a *Agent) newRouter() (Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log})
+	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log,
+		OnPasswordRefused: a.metrics.meshRefused.Inc})
 	if err != nil {
 		return nil, err
 	}
@@ -495,7 +515,12 @@ func (a *Agent) register(ctx context.Context) {
 	}
 }
 
-// updateSelf records a newer own record.
+// updateSelf records a newer own record, from the masters. The agent
+// programs itself from it (the masters are authenticated by TLS); it joins
+// the membership, and is gossiped, only when it verifies as any other
+// record must. A registration answer read before the first master state
+// cannot be verified yet (no cluster id, maybe no key): the state, which
+// carries the same record, brings it in.
 func (a *Agent) updateSelf(info *api.AgentInfo) {
 	a.mu.Lock()
 	if a.self != nil && a.self.Version > info.Version {
@@ -503,11 +528,32 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 		return
 	}
 	a.self = info
+	tr := a.trustLocked()
 	a.mu.Unlock()
-	a.members.Merge(MembershipState{Records: []PeerRecord{peerFromInfo(info)}})
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
-	a.channel.Broadcast(a.gossipData(MembershipState{Records: []PeerRecord{peerFromInfo(info)}}))
+	rec := NewPeerRecord(info)
+	st := MembershipState{Records: []PeerRecord{rec}}
+	in, refused := tr.admit(tr.clusterID, st, a.members)
+	if len(refused) > 0 {
+		if tr.clusterID == "" || (tr.required && tr.key == nil) {
+			a.log.Debug("own record not gossiped until the first master state", "version", info.Version)
+		} else {
+			a.countRefused(a.metrics.masterRefused, "the masters' record of this agent", refused)
+		}
+		return
+	}
+	// Under the lock, as gossip: a rebuild in between must not let a record
+	// of the old cluster into the new one's membership.
+	a.mu.RLock()
+	current := a.clusterID == tr.clusterID
+	if current {
+		a.members.MergeFromMasters(in)
+	}
+	a.mu.RUnlock()
+	if current {
+		a.channel.Broadcast(a.gossipData(st))
+	}
 }
 
 // watchLoop follows the masters' state with blocking queries.
@@ -586,16 +632,8 @@ func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConf
 }
 
 // applyMasterState merges a state read from the masters; false means it was
-// ignored (a stale master).
+// ignored (a stale master, or a state whose signing key is refused).
 func (a *Agent) applyMasterState(st *api.State) bool {
-	in := MembershipState{Tombstones: st.Tombstones}
-	var mine *api.AgentInfo
-	for i := range st.Agents {
-		in.Records = append(in.Records, peerFromInfo(&st.Agents[i]))
-		if st.Agents[i].AgentID == a.id {
-			mine = &st.Agents[i]
-		}
-	}
 	a.mu.Lock()
 	verdict := judgeState(a.clusterID, a.masterIndex, st)
 	if verdict == stateStale {
@@ -611,8 +649,33 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID)
 		return false
 	}
-	a.staleWarned = false
-	oldCluster := a.clusterID
+	key, err := keyAfter(a.cfg.SigningKey, a.signingKey, st, verdict == stateRebuilt, a.sec.client == nil)
+	if err != nil {
+		warned := a.keyWarned
+		a.keyWarned = true
+		a.mu.Unlock()
+		reason := stateRefusedKey
+		if errors.Is(err, errStateUnsigned) {
+			reason = stateRefusedUnsigned
+		}
+		a.metrics.statesRefused.WithLabelValues(reason).Inc()
+		// The operator must act: said as an error the first time, then
+		// quietly while the masters keep answering so.
+		level := slog.LevelError
+		if warned {
+			level = slog.LevelDebug
+		}
+		a.log.Log(context.Background(), level, err.Error()+"; keeping the last known state", "index", st.Index, "cluster_id", st.ClusterID)
+		return false
+	}
+	a.staleWarned, a.keyWarned = false, false
+	pinned := key != nil && !key.Equal(a.signingKey)
+	warnUnsigned := key == nil && !a.unsignedWarned
+	if key == nil {
+		a.unsignedWarned = true
+	}
+	oldCluster, oldKey := a.clusterID, a.signingKey
+	a.signingKey = key
 	if verdict == stateRebuilt {
 		// Records, tombstones and versions of the old cluster mean nothing
 		// in the new one; its state is the truth now.
@@ -627,6 +690,7 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
 	registered := a.registered
+	tr := a.trustLocked()
 	a.mu.Unlock()
 
 	if verdict == stateRebuilt {
@@ -637,7 +701,25 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 			a.onRebuild(st.ClusterID)
 		}
 	}
-	news := a.members.Merge(in)
+	switch {
+	case pinned && oldKey != nil:
+		a.log.Warn("the rebuilt cluster signs with a new key: verifying with it", "key", keyFingerprint(key), "old_key", keyFingerprint(oldKey), "cluster_id", st.ClusterID)
+	case pinned:
+		a.log.Info("verifying records with the masters' signing key, pinned from their state", "key", keyFingerprint(key), "cluster_id", st.ClusterID)
+	case warnUnsigned:
+		a.log.Warn("--insecure: the masters sign nothing; gossip is accepted without signature verification (range checks only)", "cluster_id", st.ClusterID)
+	}
+	in := MembershipState{Tombstones: st.Tombstones}
+	var mine *api.AgentInfo
+	for i := range st.Agents {
+		in.Records = append(in.Records, NewPeerRecord(&st.Agents[i]))
+		if st.Agents[i].AgentID == a.id {
+			mine = &st.Agents[i]
+		}
+	}
+	in, refused := tr.admit(st.ClusterID, in, a.members)
+	a.countRefused(a.metrics.masterRefused, "the masters' state", refused)
+	news := a.members.MergeFromMasters(in)
 	if mine != nil {
 		a.updateSelf(mine)
 	} else if tv, gone := a.members.Tombstone(a.id); gone && registered {
@@ -655,6 +737,56 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 		a.channel.Broadcast(a.gossipData(news))
 	}
 	return true
+}
+
+// trustLocked is what records are checked against now (a.mu held). With
+// TLS to the masters, or once a key is known, signatures are required;
+// only --insecure with plain http masters that sign nothing goes without.
+func (a *Agent) trustLocked() trust {
+	return trust{clusterID: a.clusterID, key: a.signingKey, required: a.signingKey != nil || a.sec.client != nil, network: a.network}
+}
+
+// loadMembership merges the persisted membership, checked as gossip is:
+// the store holds what was verified, unless it was written by a version
+// of the agent that kept no signatures, or with another key.
+func (a *Agent) loadMembership(p persisted) {
+	tr := a.trustLocked()
+	if tr.clusterID == "" {
+		tr.required = false // nothing of a cluster yet; nothing persisted either
+	}
+	in, refused := tr.admit(tr.clusterID, p.Membership, a.members)
+	if len(refused) > 0 {
+		a.log.Warn("dropped persisted records that do not pass the checks; the masters or gossip will bring them again",
+			"dropped", len(refused), "first", refused[0].err)
+	}
+	masters := map[string]bool{}
+	for _, id := range p.FromMasters {
+		masters[id] = true
+	}
+	var fromMasters, other MembershipState
+	fromMasters.Tombstones = in.Tombstones
+	for _, r := range in.Records {
+		if masters[r.ID] {
+			fromMasters.Records = append(fromMasters.Records, r)
+		} else {
+			other.Records = append(other.Records, r)
+		}
+	}
+	a.members.MergeFromMasters(fromMasters)
+	a.members.Merge(other)
+}
+
+// countRefused counts refused records and tombstones and logs them, at
+// most once a minute per reason and source.
+func (a *Agent) countRefused(counter *prometheus.CounterVec, source string, refused []refusal) {
+	for _, r := range refused {
+		counter.WithLabelValues(r.reason).Inc()
+		level := slog.LevelDebug
+		if a.refusals.allow(source + "/" + r.reason) {
+			level = slog.LevelWarn
+		}
+		a.log.Log(context.Background(), level, "refused a record or tombstone of "+source, "reason", r.reason, "err", r.err)
+	}
 }
 
 // persistLoop writes the state whenever it changed (coalesced).
@@ -675,7 +807,7 @@ func (a *Agent) snapshot() persisted {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
-		MasterIndex: a.masterIndex, ClusterID: a.clusterID}
+		MasterIndex: a.masterIndex, ClusterID: a.clusterID, SigningKey: a.signingKey, FromMasters: a.members.FromMasters()}
 }
 
 // gossipData is a membership state as this agent gossips it, with its cluster.
@@ -766,23 +898,37 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 		a.metrics.gossip.WithLabelValues("bad").Inc()
 		return nil, err
 	}
-	// The cluster check and the merge happen under one lock, so that a
-	// rebuild's reset cannot come between them and let old records in.
 	a.mu.RLock()
-	cluster := a.clusterID
+	tr := a.trustLocked()
+	a.mu.RUnlock()
+	// Signatures are checked outside the lock; the merge happens under it,
+	// only if the cluster and the key are still those checked against, so
+	// that a rebuild's reset cannot come between and let old records in.
+	in, refused := tr.admit(m.ClusterID, m.MembershipState, a.members)
 	var news MembershipState
-	if cluster == "" || m.ClusterID == cluster {
-		news = a.members.Merge(m.MembershipState)
+	a.mu.RLock()
+	current := a.clusterID == tr.clusterID && a.signingKey.Equal(tr.key)
+	if current {
+		news = a.members.Merge(in)
 	}
 	a.mu.RUnlock()
-	if cluster != "" && m.ClusterID != cluster {
-		// From before a rebuild of the masters (or after one this agent
-		// has not seen yet): its records and versions mean nothing here.
-		a.metrics.gossip.WithLabelValues("other_cluster").Inc()
-		a.log.Debug("refusing membership gossip of another cluster", "cluster_id", m.ClusterID, "ours", cluster)
-		return nil, nil
+	if tr.clusterID == "" {
+		// Agents that start together hear one another before their first
+		// master state: counted, but nothing to warn about.
+		for _, r := range refused {
+			a.metrics.gossipRefused.WithLabelValues(r.reason).Inc()
+			a.log.Debug("refused gossip before the first master state", "reason", r.reason, "err", r.err)
+		}
+	} else {
+		a.countRefused(a.metrics.gossipRefused, "gossip", refused)
 	}
-	if len(news.Records)+len(news.Tombstones) == 0 {
+	switch {
+	case !current:
+		return nil, nil // the next gossip is checked against the new cluster or key
+	case len(in.Records)+len(in.Tombstones) == 0 && len(refused) > 0:
+		a.metrics.gossip.WithLabelValues("refused").Inc()
+		return nil, nil
+	case len(news.Records)+len(news.Tombstones) == 0:
 		a.metrics.gossip.WithLabelValues("known").Inc()
 		return nil, nil
 	}
@@ -796,7 +942,7 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
 	a.connectPeers()
-	return membershipData{clusterID: cluster, st: news}, nil
+	return membershipData{clusterID: tr.clusterID, st: news}, nil
 }
 
 func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.merge(msg) }

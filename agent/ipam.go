@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"slices"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
@@ -27,11 +28,21 @@ type ipamService interface {
 }
 
 // ipamView is what the IPAM learns from the agent: the masters' cluster id,
-// its record, every agent's leased subnets, and the tombstones.
+// its record, every agent's leased subnets, and the tombstones. The agent's
+// own leases are those of the record it runs with: its record joins the
+// membership only once it verifies (after the first master state), and the
+// IPAM must serve from the leases the agent programmed meanwhile.
 func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) ipam.View {
 	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones}
 	for _, r := range members.Records {
-		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets})
+		if self != nil && r.ID == self.AgentID && r.Version < self.Version {
+			continue
+		}
+		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets()})
+	}
+	if self != nil && !slices.ContainsFunc(v.Peers, func(p ipam.Peer) bool { return p.ID == self.AgentID }) {
+		own := NewPeerRecord(self)
+		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.Subnets()})
 	}
 	return v
 }

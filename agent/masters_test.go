@@ -223,6 +223,12 @@ func gossipCount(t *testing.T, a *Agent, result string) float64 {
 	return counterValue(t, a.metrics.gossip.WithLabelValues(result))
 }
 
+// refusedCount reads an agent's count of gossip refused for one reason.
+func refusedCount(t *testing.T, a *Agent, reason string) float64 {
+	t.Helper()
+	return counterValue(t, a.metrics.gossipRefused.WithLabelValues(reason))
+}
+
 // TestStaleMasterIsIgnored: a master of the same cluster that is behind (a
 // lower index: here a copy of the master's data dir taken early) is not a
 // rebuilt cluster. The agents keep their peers, routes, network
@@ -491,13 +497,13 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusedBefore := []float64{gossipCount(t, agents[0].Agent, "other_cluster"), gossipCount(t, agents[1].Agent, "other_cluster")}
+	refusedBefore := []float64{refusedCount(t, agents[0].Agent, refusedOtherCluster), refusedCount(t, agents[1].Agent, refusedOtherCluster)}
 	if _, err := ghost.Channel(GossipChannel, parrot{msg}); err != nil {
 		t.Fatal(err)
 	}
 	for i, a := range agents {
 		testutil.Eventually(t, 0, fmt.Sprintf("agent %d refuses the old cluster's gossip", i), testutil.True(func() bool {
-			return gossipCount(t, a.Agent, "other_cluster") > refusedBefore[i]
+			return refusedCount(t, a.Agent, refusedOtherCluster) > refusedBefore[i]
 		}))
 		if _, ok := a.members.Record("old-only"); ok {
 			t.Errorf("agent %d merged a record of the old cluster", i)

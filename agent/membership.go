@@ -8,47 +8,129 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 )
 
-// PeerRecord is what an agent needs to know of another agent to reach its
-// containers: its underlay IP, VTEP and the subnets routed to it. It is
-// versioned by the Raft index of the master change that produced it.
+// PeerRecord is what an agent knows, and gossips, of another agent: the
+// part of the masters' record that the masters sign
+// (api.RecordSigningBytes), exactly as they wrote it, and their signature.
+// Every field on the wire is signed, so a receiver can check that the
+// masters wrote all of it; what the dataplane needs (the VTEP, the routed
+// subnets) is derived from these fields. It is versioned by the Raft index
+// of the master change that produced it.
 type PeerRecord struct {
-	ID       string `json:"id"`
-	IP       string `json:"ip,omitempty"`
-	MeshAddr string `json:"mesh,omitempty"`
-	Version  uint64 `json:"v"`
+	ID       string        `json:"id"`
+	IP       string        `json:"ip,omitempty"`
+	MeshAddr string        `json:"mesh,omitempty"`
+	Version  uint64        `json:"v"`
+	Overlays []PeerOverlay `json:"overlays,omitempty"`
+	// Signature is the masters' (api.AgentInfo.Signature); empty when they
+	// sign nothing (--insecure masters without a signing key).
+	Signature string `json:"sig,omitempty"`
+}
+
+// PeerOverlay is one overlay of a PeerRecord: the signed fields of an
+// api.AgentOverlay. An absent bridge is empty addresses.
+type PeerOverlay struct {
+	Name      string `json:"name"`
+	Status    string `json:"status,omitempty"`
+	Subnet    string `json:"subnet,omitempty"`
+	Subnet6   string `json:"subnet6,omitempty"`
+	MesosIP   string `json:"mesos_ip,omitempty"`
+	MesosIP6  string `json:"mesos_ip6,omitempty"`
+	DockerIP  string `json:"docker_ip,omitempty"`
+	DockerIP6 string `json:"docker_ip6,omitempty"`
 	// VTEPIP carries the VTEP subnet's prefix length (100.64.0.2/16).
 	VTEPIP  string `json:"vtep,omitempty"`
 	VTEPMAC string `json:"mac,omitempty"`
-	// Subnets are the agent's subnets of the enabled overlays (IPv4 and IPv6).
-	Subnets []string `json:"subnets,omitempty"`
 }
 
-// peerFromInfo extracts a PeerRecord from a master record.
-func peerFromInfo(a *api.AgentInfo) PeerRecord {
-	p := PeerRecord{ID: a.AgentID, IP: a.IP, MeshAddr: a.MeshAddr, Version: a.Version}
+// maxPeerOverlays bounds the overlays of a record from the network.
+const maxPeerOverlays = 64
+
+// NewPeerRecord extracts the signed part of a master record. Overlays are
+// sorted by name, as the signature covers them, so that one signed content
+// has one encoding.
+func NewPeerRecord(a *api.AgentInfo) PeerRecord {
+	p := PeerRecord{ID: a.AgentID, IP: a.IP, MeshAddr: a.MeshAddr, Version: a.Version, Signature: a.Signature}
 	for _, ov := range a.Overlays {
-		if ov.Backend != nil && ov.Backend.VXLAN != nil && p.VTEPIP == "" {
-			p.VTEPIP, p.VTEPMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+		po := PeerOverlay{Name: ov.Info.Name, Status: ov.State.Status, Subnet: ov.Subnet, Subnet6: ov.Subnet6}
+		if b := ov.MesosBridge; b != nil {
+			po.MesosIP, po.MesosIP6 = b.IP, b.IP6
 		}
-		if ov.State.Status != api.StatusOK {
+		if b := ov.DockerBridge; b != nil {
+			po.DockerIP, po.DockerIP6 = b.IP, b.IP6
+		}
+		if ov.Backend != nil && ov.Backend.VXLAN != nil {
+			po.VTEPIP, po.VTEPMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+		}
+		p.Overlays = append(p.Overlays, po)
+	}
+	p.sortOverlays()
+	return p
+}
+
+func (p *PeerRecord) sortOverlays() {
+	slices.SortStableFunc(p.Overlays, func(x, y PeerOverlay) int { return strings.Compare(x.Name, y.Name) })
+}
+
+// signedInfo rebuilds the master record's signed fields, to verify the
+// signature with api.VerifyRecord: its signed encoding is the masters'.
+func (p *PeerRecord) signedInfo() *api.AgentInfo {
+	info := &api.AgentInfo{AgentID: p.ID, IP: p.IP, MeshAddr: p.MeshAddr, Version: p.Version, Signature: p.Signature}
+	for _, po := range p.Overlays {
+		ov := api.AgentOverlay{Info: api.OverlayNetwork{Name: po.Name}, State: api.OverlayState{Status: po.Status},
+			Subnet: po.Subnet, Subnet6: po.Subnet6}
+		if po.MesosIP != "" || po.MesosIP6 != "" {
+			ov.MesosBridge = &api.BridgeInfo{IP: po.MesosIP, IP6: po.MesosIP6}
+		}
+		if po.DockerIP != "" || po.DockerIP6 != "" {
+			ov.DockerBridge = &api.BridgeInfo{IP: po.DockerIP, IP6: po.DockerIP6}
+		}
+		if po.VTEPIP != "" || po.VTEPMAC != "" {
+			ov.Backend = &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: po.VTEPIP, VTEPMAC: po.VTEPMAC}}
+		}
+		info.Overlays = append(info.Overlays, ov)
+	}
+	return info
+}
+
+// VTEP is the agent's VTEP IP (with the VTEP subnet's prefix length) and
+// MAC: those of its first overlay, by name, that has a VTEP (an agent has
+// one VTEP, shown in every overlay's backend). Empty when none has.
+func (p *PeerRecord) VTEP() (ip, mac string) {
+	for _, ov := range p.Overlays {
+		if ov.VTEPIP != "" {
+			return ov.VTEPIP, ov.VTEPMAC
+		}
+	}
+	return "", ""
+}
+
+// Subnets are the agent's subnets (IPv4 and IPv6) of the overlays whose
+// status is OK: what is routed to its VTEP.
+func (p *PeerRecord) Subnets() []string {
+	var out []string
+	for _, ov := range p.Overlays {
+		if ov.Status != api.StatusOK {
 			continue
 		}
 		for _, s := range []string{ov.Subnet, ov.Subnet6} {
 			if s != "" {
-				p.Subnets = append(p.Subnets, s)
+				out = append(out, s)
 			}
 		}
 	}
-	return p
+	return out
 }
 
-// Validate checks a record that came from the network.
+// Validate checks a record that came from the network: its syntax. Whether
+// the masters signed it, and whether it lies inside the network
+// configuration, is the trust's to check (see trust.checkRecord).
 func (p *PeerRecord) Validate() error {
 	if err := api.ValidateAgentID(p.ID); err != nil {
 		return fmt.Errorf("record: %w", err)
@@ -66,23 +148,58 @@ func (p *PeerRecord) Validate() error {
 			return fmt.Errorf("record %s: mesh address %q: %w", p.ID, p.MeshAddr, err)
 		}
 	}
-	if p.VTEPIP != "" {
-		pr, err := netip.ParsePrefix(p.VTEPIP)
+	if len(p.Signature) > 128 {
+		return fmt.Errorf("record %s: a signature of %d bytes", p.ID, len(p.Signature))
+	}
+	if len(p.Overlays) > maxPeerOverlays {
+		return fmt.Errorf("record %s: %d overlays", p.ID, len(p.Overlays))
+	}
+	seen := map[string]bool{}
+	for _, ov := range p.Overlays {
+		if err := ov.validate(); err != nil {
+			return fmt.Errorf("record %s: %w", p.ID, err)
+		}
+		if seen[ov.Name] {
+			return fmt.Errorf("record %s: overlay %q twice", p.ID, ov.Name)
+		}
+		seen[ov.Name] = true
+	}
+	return nil
+}
+
+func (ov *PeerOverlay) validate() error {
+	if err := api.ValidateOverlayName(ov.Name); err != nil {
+		return err
+	}
+	switch ov.Status {
+	case api.StatusOK, api.StatusFailed, api.StatusConfiguring, api.StatusDisabled, "":
+	default:
+		return fmt.Errorf("overlay %s: status %q", ov.Name, ov.Status)
+	}
+	for _, s := range []struct {
+		name, v string
+		masked  bool
+	}{
+		{"subnet", ov.Subnet, true}, {"subnet6", ov.Subnet6, true},
+		{"mesos_ip", ov.MesosIP, false}, {"mesos_ip6", ov.MesosIP6, false},
+		{"docker_ip", ov.DockerIP, false}, {"docker_ip6", ov.DockerIP6, false},
+	} {
+		if s.v == "" {
+			continue
+		}
+		pr, err := netip.ParsePrefix(s.v)
+		if err != nil || (s.masked && pr.Masked() != pr) {
+			return fmt.Errorf("overlay %s: %s %q", ov.Name, s.name, s.v)
+		}
+	}
+	if ov.VTEPIP != "" || ov.VTEPMAC != "" {
+		pr, err := netip.ParsePrefix(ov.VTEPIP)
 		if err != nil || !pr.Addr().Is4() {
-			return fmt.Errorf("record %s: vtep ip %q is not IPv4/prefix", p.ID, p.VTEPIP)
+			return fmt.Errorf("overlay %s: vtep ip %q is not IPv4/prefix", ov.Name, ov.VTEPIP)
 		}
-		mac, err := net.ParseMAC(p.VTEPMAC)
+		mac, err := net.ParseMAC(ov.VTEPMAC)
 		if err != nil || len(mac) != 6 {
-			return fmt.Errorf("record %s: vtep mac %q", p.ID, p.VTEPMAC)
-		}
-	}
-	if len(p.Subnets) > 64 {
-		return fmt.Errorf("record %s: %d subnets", p.ID, len(p.Subnets))
-	}
-	for _, s := range p.Subnets {
-		pr, err := netip.ParsePrefix(s)
-		if err != nil || pr.Masked() != pr {
-			return fmt.Errorf("record %s: subnet %q", p.ID, s)
+			return fmt.Errorf("overlay %s: vtep mac %q", ov.Name, ov.VTEPMAC)
 		}
 	}
 	return nil
@@ -90,11 +207,11 @@ func (p *PeerRecord) Validate() error {
 
 func (p *PeerRecord) equal(o *PeerRecord) bool {
 	return p.ID == o.ID && p.IP == o.IP && p.MeshAddr == o.MeshAddr && p.Version == o.Version &&
-		p.VTEPIP == o.VTEPIP && p.VTEPMAC == o.VTEPMAC && slices.Equal(p.Subnets, o.Subnets)
+		p.Signature == o.Signature && slices.Equal(p.Overlays, o.Overlays)
 }
 
-// MembershipState is the whole membership: records and tombstones. It is the
-// gossip payload and what is persisted.
+// MembershipState is the whole membership: records and tombstones, with
+// the masters' signatures. It is the gossip payload and what is persisted.
 type MembershipState struct {
 	Records    []PeerRecord    `json:"records,omitempty"`
 	Tombstones []api.Tombstone `json:"tombstones,omitempty"`
@@ -102,7 +219,8 @@ type MembershipState struct {
 
 // MembershipMessage is a membership gossip message: a state and the
 // masters' cluster its records come from. Records of another cluster (from
-// before a rebuild of the masters) mean nothing in this one.
+// before a rebuild of the masters) mean nothing in this one; the signatures
+// cover the cluster id, so a record cannot be moved to another.
 type MembershipMessage struct {
 	// ClusterID is the sender's cluster (api.State.ClusterID); empty when
 	// the sender has not learnt one.
@@ -128,7 +246,8 @@ func DecodeMembership(data []byte) (MembershipMessage, error) {
 }
 
 // decodeMembership decodes and validates a membership of any size: the
-// local store's is as large as the cluster.
+// local store's is as large as the cluster. Overlays are put in the order
+// NewPeerRecord gives them (the signature does not depend on it).
 func decodeMembership(data []byte) (MembershipMessage, error) {
 	var msg MembershipMessage
 	if err := json.Unmarshal(data, &msg); err != nil {
@@ -138,9 +257,10 @@ func decodeMembership(data []byte) (MembershipMessage, error) {
 		if err := msg.Records[i].Validate(); err != nil {
 			return MembershipMessage{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
 		}
+		msg.Records[i].sortOverlays()
 	}
 	for _, t := range msg.Tombstones {
-		if err := api.ValidateAgentID(t.AgentID); err != nil || t.Version == 0 {
+		if err := api.ValidateAgentID(t.AgentID); err != nil || t.Version == 0 || len(t.Signature) > 128 {
 			return MembershipMessage{}, fmt.Errorf("%w: tombstone %q at %d", ErrBadGossip, t.AgentID, t.Version)
 		}
 	}
@@ -153,50 +273,77 @@ func decodeMembership(data []byte) (MembershipMessage, error) {
 // a join (commutative, associative, idempotent), so gossip order and
 // duplicates do not matter, and a late, older record never resurrects a
 // deleted agent.
+//
+// Two records of one agent at the same version with different content are
+// both legitimate when the masters signed both: a change of the network
+// configuration re-renders records without a new version. The masters'
+// copy wins: a record merged from the masters' state replaces one of equal
+// version, and gossip never replaces it at that version. Between two
+// copies from gossip, the one with the greater JSON encoding wins, so that
+// every agent makes the same choice whatever the order.
 type Membership struct {
 	mu         sync.RWMutex
 	records    map[string]PeerRecord
-	tombstones map[string]uint64
+	tombstones map[string]api.Tombstone
+	// fromMasters holds the agents whose record is the masters' copy.
+	fromMasters map[string]bool
 }
 
 // NewMembership returns an empty membership.
 func NewMembership() *Membership {
-	return &Membership{records: map[string]PeerRecord{}, tombstones: map[string]uint64{}}
+	return &Membership{records: map[string]PeerRecord{}, tombstones: map[string]api.Tombstone{}, fromMasters: map[string]bool{}}
 }
 
-// Merge merges a state and returns the part of it that was news (empty when
-// nothing changed).
-func (m *Membership) Merge(st MembershipState) MembershipState {
+// Merge merges a state heard from gossip and returns the part of it that
+// was news (empty when nothing changed).
+func (m *Membership) Merge(st MembershipState) MembershipState { return m.merge(st, false) }
+
+// MergeFromMasters merges records and tombstones of the masters' state:
+// as Merge, except that at an equal version the masters' copy of a record
+// replaces any other.
+func (m *Membership) MergeFromMasters(st MembershipState) MembershipState { return m.merge(st, true) }
+
+func (m *Membership) merge(st MembershipState, masters bool) MembershipState {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var news MembershipState
 	for _, t := range st.Tombstones {
-		if m.mergeTombstone(t.AgentID, t.Version) {
+		if m.mergeTombstone(t) {
 			news.Tombstones = append(news.Tombstones, t)
 		}
 	}
 	for _, r := range st.Records {
-		if m.mergeRecord(r) {
+		if m.mergeRecord(r, masters) {
 			news.Records = append(news.Records, r)
 		}
 	}
 	return news
 }
 
-func (m *Membership) mergeRecord(r PeerRecord) bool {
-	if tv, ok := m.tombstones[r.ID]; ok && tv >= r.Version {
+func (m *Membership) mergeRecord(r PeerRecord, masters bool) bool {
+	if t, ok := m.tombstones[r.ID]; ok && t.Version >= r.Version {
 		return false
 	}
 	if cur, ok := m.records[r.ID]; ok {
-		// A version is the Raft index of the change, so equal versions
-		// carry equal records; the comparison keeps the merge a join even
-		// if a buggy peer sends two versions of one index.
-		if cur.Version > r.Version || (cur.Version == r.Version && !recordLess(&cur, &r)) {
+		switch {
+		case cur.Version > r.Version:
+			return false
+		case cur.Version == r.Version && cur.equal(&r):
+			if masters {
+				m.fromMasters[r.ID] = true
+			}
+			return false
+		case cur.Version == r.Version && !masters && (m.fromMasters[r.ID] || !recordLess(&cur, &r)):
 			return false
 		}
 	}
-	r.Subnets = slices.Clone(r.Subnets)
+	r.Overlays = slices.Clone(r.Overlays)
 	m.records[r.ID] = r
+	if masters {
+		m.fromMasters[r.ID] = true
+	} else {
+		delete(m.fromMasters, r.ID)
+	}
 	return true
 }
 
@@ -207,22 +354,44 @@ func recordLess(a, b *PeerRecord) bool {
 	return string(ja) < string(jb)
 }
 
-func (m *Membership) mergeTombstone(id string, v uint64) bool {
-	if cur, ok := m.tombstones[id]; ok && cur >= v {
+func (m *Membership) mergeTombstone(t api.Tombstone) bool {
+	// Equal versions: the masters sign a tombstone alike every time, so
+	// two different signatures come from two keys, of which one at most
+	// verifies; the comparison only keeps the merge a join.
+	if cur, ok := m.tombstones[t.AgentID]; ok && (cur.Version > t.Version || (cur.Version == t.Version && cur.Signature >= t.Signature)) {
 		return false
 	}
-	m.tombstones[id] = v
-	if r, ok := m.records[id]; ok && r.Version <= v {
-		delete(m.records, id)
+	m.tombstones[t.AgentID] = t
+	if r, ok := m.records[t.AgentID]; ok && r.Version <= t.Version {
+		delete(m.records, t.AgentID)
+		delete(m.fromMasters, t.AgentID)
 	}
 	return true
+}
+
+// holds tells whether the membership has exactly this record (same
+// version, content and signature): merging it changes nothing, and it was
+// checked when it first came.
+func (m *Membership) holds(r *PeerRecord) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	cur, ok := m.records[r.ID]
+	return ok && cur.equal(r)
+}
+
+// holdsTombstone is holds for a tombstone.
+func (m *Membership) holdsTombstone(t api.Tombstone) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	cur, ok := m.tombstones[t.AgentID]
+	return ok && cur == t
 }
 
 // Reset forgets everything (the masters' cluster was rebuilt).
 func (m *Membership) Reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.records, m.tombstones = map[string]PeerRecord{}, map[string]uint64{}
+	m.records, m.tombstones, m.fromMasters = map[string]PeerRecord{}, map[string]api.Tombstone{}, map[string]bool{}
 }
 
 // State returns the whole membership, sorted (deterministic encoding).
@@ -234,9 +403,17 @@ func (m *Membership) State() MembershipState {
 		st.Records = append(st.Records, m.records[id])
 	}
 	for _, id := range slices.Sorted(maps.Keys(m.tombstones)) {
-		st.Tombstones = append(st.Tombstones, api.Tombstone{AgentID: id, Version: m.tombstones[id]})
+		st.Tombstones = append(st.Tombstones, m.tombstones[id])
 	}
 	return st
+}
+
+// FromMasters lists, sorted, the agents whose record is the masters' copy
+// (persisted with the state, so that the preference survives a restart).
+func (m *Membership) FromMasters() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Sorted(maps.Keys(m.fromMasters))
 }
 
 // Record returns one agent's record.
@@ -251,8 +428,8 @@ func (m *Membership) Record(id string) (PeerRecord, bool) {
 func (m *Membership) Tombstone(id string) (uint64, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	v, ok := m.tombstones[id]
-	return v, ok
+	t, ok := m.tombstones[id]
+	return t.Version, ok
 }
 
 // Len is the number of live records.

@@ -15,8 +15,8 @@ import (
 )
 
 func rec(id string, v uint64, ip string) PeerRecord {
-	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02",
-		Subnets: []string{"10.128.2.0/24"}}
+	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve", Status: api.StatusOK,
+		Subnet: "10.128.2.0/24", MesosIP: "10.128.2.0/25", DockerIP: "10.128.2.128/25", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02"}}}
 }
 
 func TestMembershipMergeRules(t *testing.T) {
@@ -106,9 +106,16 @@ func TestDecodeMembershipRejects(t *testing.T) {
 		{"zero version", `{"records":[{"id":"a","v":0}]}`},
 		{"bad ip", `{"records":[{"id":"a","v":1,"ip":"1.2.3"}]}`},
 		{"bad mesh", `{"records":[{"id":"a","v":1,"mesh":"nohost"}]}`},
-		{"bad vtep", `{"records":[{"id":"a","v":1,"vtep":"fd00::1/64","mac":"70:b3:d5:40:00:02"}]}`},
-		{"bad mac", `{"records":[{"id":"a","v":1,"vtep":"100.64.0.2/16","mac":"zz"}]}`},
-		{"host bits subnet", `{"records":[{"id":"a","v":1,"subnets":["10.0.0.1/24"]}]}`},
+		{"bad vtep", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","vtep":"fd00::1/64","mac":"70:b3:d5:40:00:02"}]}]}`},
+		{"bad mac", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","vtep":"100.64.0.2/16","mac":"zz"}]}]}`},
+		{"mac without vtep", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","mac":"70:b3:d5:40:00:02"}]}]}`},
+		{"host bits subnet", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","subnet":"10.0.0.1/24"}]}]}`},
+		{"bad bridge", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","mesos_ip":"10.0.0.1"}]}]}`},
+		{"bad overlay name", `{"records":[{"id":"a","v":1,"overlays":[{"name":"Carve!"}]}]}`},
+		{"bad status", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","status":"STATUS_PWNED"}]}]}`},
+		{"overlay twice", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve"},{"name":"carve"}]}]}`},
+		{"huge signature", `{"records":[{"id":"a","v":1,"sig":"` + strings.Repeat("A", 200) + `"}]}`},
+		{"huge tombstone signature", `{"tombstones":[{"agent_id":"a","version":3,"signature":"` + strings.Repeat("A", 200) + `"}]}`},
 		{"bad tombstone", `{"tombstones":[{"agent_id":"","version":3}]}`},
 		{"oversized", `{"records":[` + strings.Repeat(" ", maxGossipBytes) + `]}`},
 	}
@@ -127,7 +134,7 @@ func FuzzDecodeMembership(f *testing.F) {
 	good, _ := json.Marshal(MembershipState{Records: []PeerRecord{rec("a", 1, "198.18.0.1")},
 		Tombstones: []api.Tombstone{{AgentID: "b", Version: 4}}})
 	f.Add(good)
-	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","subnets":["fd00:1::/64"]}]}`))
+	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","overlays":[{"name":"six","status":"STATUS_OK","subnet6":"fd00:1::/64","vtep":"100.64.0.3/16","mac":"70:b3:d5:40:00:03"}]}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -155,9 +162,9 @@ func selfInfo() *api.AgentInfo {
 
 func TestDesiredState(t *testing.T) {
 	members := MembershipState{Records: []PeerRecord{
-		peerFromInfo(selfInfo()), // self is never a peer
+		NewPeerRecord(selfInfo()), // self is never a peer
 		rec("b", 4, "198.18.0.11"),
-		{ID: "no-ip", Version: 5, VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}, // lost its IP: skipped
+		{ID: "no-ip", Version: 5, Overlays: []PeerOverlay{{Name: "carve", VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}}}, // lost its IP: skipped
 	}}
 	want, peers, err := desiredState(selfInfo(), &api.NetworkConfig{OverlayMTU: 1400}, netip.MustParseAddr("198.18.0.10"), members)
 	if err != nil {
@@ -196,8 +203,11 @@ func TestStoreRoundTripAndID(t *testing.T) {
 	if err != nil || !strings.HasPrefix(id, "agent-") {
 		t.Fatalf("id %q %v", id, err)
 	}
-	p := persisted{ID: id, Self: selfInfo(), Network: &api.NetworkConfig{VNI: 7}, MasterIndex: 42,
-		Membership: MembershipState{Records: []PeerRecord{rec("b", 4, "198.18.0.11")}}}
+	pub, priv := testKey(t)
+	p := persisted{ID: id, Self: selfInfo(), Network: &api.NetworkConfig{VNI: 7}, MasterIndex: 42, ClusterID: "c1", SigningKey: pub,
+		Membership: MembershipState{Records: []PeerRecord{signedPeer(priv, "c1")},
+			Tombstones: []api.Tombstone{{AgentID: "gone", Version: 3, Signature: api.Sign(priv, []byte("x"))}}},
+		FromMasters: []string{"b"}}
 	if err := s.Save(p); err != nil {
 		t.Fatal(err)
 	}
@@ -250,5 +260,41 @@ func TestStoreLoadsLargeMembership(t *testing.T) {
 	}
 	if len(got.Membership.Records) != len(st.Records) || !reflect.DeepEqual(got.Membership, st) {
 		t.Fatalf("loaded %d records, want %d", len(got.Membership.Records), len(st.Records))
+	}
+}
+
+// TestIPAMViewHasOwnLease: the IPAM serves addresses from the agent's own
+// leases, which it finds among the view's peers. The agent's own record
+// joins the membership only once it verifies (after the first master
+// state), and a newer one may be pending there; the view carries the
+// record the agent runs with in any case.
+func TestIPAMViewHasOwnLease(t *testing.T) {
+	self := selfInfo()
+	older := NewPeerRecord(self)
+	older.Version, older.Overlays[0].Subnet = self.Version-1, "10.128.9.0/24"
+	tests := []struct {
+		name    string
+		members MembershipState
+	}{
+		{"own record not in the membership yet", MembershipState{Records: []PeerRecord{rec("b", 4, "198.18.0.11")}}},
+		{"an older own record in the membership", MembershipState{Records: []PeerRecord{older, rec("b", 4, "198.18.0.11")}}},
+		{"the same own record in the membership", MembershipState{Records: []PeerRecord{NewPeerRecord(self), rec("b", 4, "198.18.0.11")}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := ipamView("c1", self, nil, tt.members)
+			var own []string
+			for _, p := range v.Peers {
+				if p.ID == self.AgentID {
+					own = append(own, fmt.Sprintf("%d %v", p.Version, p.Subnets))
+				}
+			}
+			if want := fmt.Sprintf("%d [10.128.0.0/24]", self.Version); len(own) != 1 || own[0] != want {
+				t.Errorf("own leases in the IPAM's view: %v, want [%s]", own, want)
+			}
+			if len(v.Peers) != 2 {
+				t.Errorf("view peers %+v", v.Peers)
+			}
+		})
 	}
 }

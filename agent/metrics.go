@@ -16,6 +16,10 @@ type metrics struct {
 	registrations    *prometheus.CounterVec
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
+	gossipRefused    *prometheus.CounterVec
+	masterRefused    *prometheus.CounterVec
+	statesRefused    *prometheus.CounterVec
+	meshRefused      prometheus.Counter
 	gossipPeers      prometheus.Gauge
 	staleStates      prometheus.Counter
 	rebuilds         prometheus.Counter
@@ -47,8 +51,25 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "carve_agent_masters_reachable", Help: "1 when the last state watch succeeded.",
 		}),
 		gossip: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_gossip_messages_total", Help: "Membership gossip received, by result (news, known, bad, other_cluster: from another cluster of masters, refused).",
+			Name: "carve_agent_gossip_messages_total", Help: "Membership gossip messages received, by result: news (something merged), known (nothing new), refused (every record and tombstone in it refused: see carve_agent_gossip_refused_total), bad (undecodable).",
 		}, []string{"result"}),
+		gossipRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_gossip_refused_total",
+			Help: "Records and tombstones received by gossip and refused, by reason: unsigned; bad_signature (does not verify with the masters' key and this agent's cluster id: forged or altered); " +
+				"out_of_range (signed, but outside the configured overlays or vtep_subnet, or a VTEP MAC not derived from the VTEP IP); other_cluster (of another cluster of masters, or heard before this agent read its first master state).",
+		}, []string{"reason"}),
+		masterRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_master_records_refused_total",
+			Help: "Records and tombstones of the masters' state refused, by reason (unsigned, bad_signature, out_of_range): a masters' bug or misconfiguration.",
+		}, []string{"reason"}),
+		statesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_master_states_refused_total",
+			Help: "Master states refused whole, by reason: signing_key (signed with another key than the pinned one or --signing-pub-file's), unsigned (the masters sign nothing, and TLS or a key requires it).",
+		}, []string{"reason"}),
+		meshRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_mesh_handshakes_refused_total",
+			Help: "Mesh connections refused because the peer's password differs (or one side has none): no gossip crosses them.",
+		}),
 		gossipPeers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_gossip_peers", Help: "Peers the mesh router knows.",
 		}),
@@ -69,12 +90,21 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"ok", "error"} {
 		m.registrations.WithLabelValues(r)
 	}
-	for _, r := range []string{"news", "known", "bad", "other_cluster"} {
+	for _, r := range []string{"news", "known", "refused", "bad"} {
 		m.gossip.WithLabelValues(r)
+	}
+	for _, r := range []string{refusedUnsigned, refusedBadSignature, refusedOutOfRange, refusedOtherCluster} {
+		m.gossipRefused.WithLabelValues(r)
+		if r != refusedOtherCluster {
+			m.masterRefused.WithLabelValues(r)
+		}
+	}
+	for _, r := range []string{stateRefusedKey, stateRefusedUnsigned} {
+		m.statesRefused.WithLabelValues(r)
 	}
 	m.httpRefused.WithLabelValues("no_certificate")
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
-		m.mastersReachable, m.gossip, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused,
+		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

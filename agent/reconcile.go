@@ -194,7 +194,7 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 	}
 	peers := map[string]uint64{}
 	for _, r := range members.Records {
-		if r.ID == self.AgentID || r.IP == "" || r.VTEPIP == "" {
+		if vtep, _ := r.VTEP(); r.ID == self.AgentID || r.IP == "" || vtep == "" {
 			continue
 		}
 		p, err := peerOf(r)
@@ -212,16 +212,17 @@ func peerOf(r PeerRecord) (vxlan.Peer, error) {
 	if err != nil {
 		return vxlan.Peer{}, err
 	}
-	vtep, err := netip.ParsePrefix(r.VTEPIP)
+	vtepIP, vtepMAC := r.VTEP()
+	vtep, err := netip.ParsePrefix(vtepIP)
 	if err != nil {
 		return vxlan.Peer{}, err
 	}
-	mac, err := net.ParseMAC(r.VTEPMAC)
+	mac, err := net.ParseMAC(vtepMAC)
 	if err != nil {
 		return vxlan.Peer{}, err
 	}
 	p := vxlan.Peer{ID: r.ID, UnderlayIP: ip, VTEPIP: vtep.Addr(), VTEPMAC: mac}
-	for _, s := range r.Subnets {
+	for _, s := range r.Subnets() {
 		pr, err := netip.ParsePrefix(s)
 		if err != nil {
 			return vxlan.Peer{}, err

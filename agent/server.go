@@ -115,8 +115,9 @@ func (a *Agent) Peers() *api.AgentPeers {
 			continue
 		}
 		v, ok := a.programmed[p.ID]
-		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: p.VTEPIP, VTEPMAC: p.VTEPMAC,
-			Subnets: p.Subnets, Version: p.Version, Programmed: ok && v >= p.Version})
+		vtepIP, vtepMAC := p.VTEP()
+		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: vtepIP, VTEPMAC: vtepMAC,
+			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version})
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -26,6 +27,8 @@ const (
 	keyMembers  = "membership"
 	keyIndex    = "master_index"
 	keyCluster  = "cluster_id"
+	keySignKey  = "signing_key"
+	keyMasters  = "membership_from_masters"
 )
 
 // Store is the agent's persistent state: its id, its last known leases, the
@@ -44,6 +47,13 @@ type persisted struct {
 	MasterIndex uint64
 	// ClusterID is the masters' cluster all of the above comes from.
 	ClusterID string
+	// SigningKey is the masters' record-signing key the agent verifies
+	// with: pinned from the first master state, or --signing-pub-file's;
+	// nil when the masters sign nothing (--insecure).
+	SigningKey ed25519.PublicKey
+	// FromMasters are the agents whose record in Membership is the
+	// masters' copy (see Membership).
+	FromMasters []string
 }
 
 // OpenStore opens (or creates) the store in dir.
@@ -138,6 +148,18 @@ func (s *Store) Load() (persisted, error) {
 			}
 		}
 		p.ClusterID = string(b.Get([]byte(keyCluster)))
+		if v := b.Get([]byte(keySignKey)); len(v) > 0 {
+			key, err := api.ParseSigningKey(string(v))
+			if err != nil {
+				return fmt.Errorf("decode the pinned signing key: %w", err)
+			}
+			p.SigningKey = key
+		}
+		if v := b.Get([]byte(keyMasters)); v != nil {
+			if err := json.Unmarshal(v, &p.FromMasters); err != nil {
+				return fmt.Errorf("decode persisted membership origins: %w", err)
+			}
+		}
 		return nil
 	})
 	return p, err
@@ -169,10 +191,18 @@ func (s *Store) Save(p persisted) error {
 		for _, kv := range []struct {
 			key string
 			v   any
-		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}} {
+		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}, {keyMasters, p.FromMasters}} {
 			if err := put(kv.key, kv.v); err != nil {
 				return err
 			}
+		}
+		if p.SigningKey == nil {
+			// A rebuilt cluster whose masters sign nothing (--insecure).
+			if err := b.Delete([]byte(keySignKey)); err != nil {
+				return err
+			}
+		} else if err := b.Put([]byte(keySignKey), []byte(api.EncodeSigningKey(p.SigningKey))); err != nil {
+			return err
 		}
 		return b.Put([]byte(keyCluster), []byte(p.ClusterID))
 	})

@@ -37,6 +37,10 @@ type MeshConfig struct {
 	ConnLimit int
 	// Logger receives the router's and mesh's messages; nil discards them.
 	Logger *slog.Logger
+	// OnPasswordRefused, when set, is called for every handshake refused
+	// because the peer's password differs (or one side has none), so that
+	// the caller can count them.
+	OnPasswordRefused func()
 }
 
 // MeshRouter is a Router over one mesh.Router.
@@ -90,7 +94,7 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 		iv := cfg.GossipInterval
 		mc.GossipInterval = &iv
 	}
-	mr, err := mesh.NewRouter(mc, PeerName(cfg.ID), cfg.ID, mesh.NullOverlay{}, meshLogger{log})
+	mr, err := mesh.NewRouter(mc, PeerName(cfg.ID), cfg.ID, mesh.NullOverlay{}, meshLogger{log: log, refused: cfg.OnPasswordRefused})
 	if err != nil {
 		return nil, fmt.Errorf("gossip: mesh router: %w", err)
 	}
@@ -109,11 +113,17 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 // another password (or none) is a misconfiguration or an intruder, and the
 // operator should see it. mesh retries with a growing backoff, so these stay
 // few.
-type meshLogger struct{ log *slog.Logger }
+type meshLogger struct {
+	log     *slog.Logger
+	refused func() // nil: not counted
+}
 
 func (l meshLogger) Printf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	if passwordMismatch(msg) {
+		if l.refused != nil {
+			l.refused()
+		}
 		l.log.Warn("mesh peer refused: its password differs (or one side has none): "+msg, "from", "mesh")
 		return
 	}

@@ -61,6 +61,14 @@ func TestMeshPassword(t *testing.T) {
 		}
 		return nil
 	})
+	// Every peer that took part in a refused handshake counted it; b,
+	// which only ever met a, did not.
+	for _, p := range []meshPeer{a, other, none} {
+		testutil.Eventually(t, 0, p.r.Self()+" counts a refused handshake", testutil.True(func() bool { return p.refused.Load() > 0 }))
+	}
+	if n := b.refused.Load(); n != 0 {
+		t.Errorf("same-b counted %d refused handshakes", n)
+	}
 	// Still nothing crossed, gossip of a and b kept flowing meanwhile.
 	b.ch.Broadcast(b.h.Add("b2"))
 	want = []string{"a", "b", "b2"}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +24,8 @@ type meshPeer struct {
 	h    *gset.Handler
 	ch   gossip.Channel
 	addr string
+	// refused counts the handshakes refused for the password.
+	refused *atomic.Int64
 }
 
 func freePort(t *testing.T) int {
@@ -41,12 +44,14 @@ func startPeer(t *testing.T, id string, password []byte, log *slog.Logger) meshP
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	refused := &atomic.Int64{}
 	for attempt := 0; ; attempt++ {
 		port := freePort(t)
 		r, err := gossip.NewMeshRouter(gossip.MeshConfig{
 			ID: id, Host: "127.0.0.1", Port: port, Password: password,
-			GossipInterval: 50 * time.Millisecond,
-			Logger:         log,
+			GossipInterval:    50 * time.Millisecond,
+			Logger:            log,
+			OnPasswordRefused: func() { refused.Add(1) },
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -64,7 +69,7 @@ func startPeer(t *testing.T, id string, password []byte, log *slog.Logger) meshP
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { r.Stop() })
-		return meshPeer{r, h, ch, fmt.Sprintf("127.0.0.1:%d", port)}
+		return meshPeer{r, h, ch, fmt.Sprintf("127.0.0.1:%d", port), refused}
 	}
 }
 

@@ -1,7 +1,6 @@
 package master
 
 import (
-	"net"
 	"net/netip"
 
 	"github.com/carve-net/carve/api"
@@ -27,7 +26,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 		VNI:      n.api.VNI,
 		VTEPName: n.api.VTEPName,
 		VTEPIP:   netip.PrefixFrom(rec.VTEP, n.vtepNet.Bits()).String(),
-		VTEPMAC:  VTEPMAC(n.oui, rec.VTEP).String(),
+		VTEPMAC:  api.VTEPMAC(n.oui, rec.VTEP).String(),
 		VTEPPort: n.api.VTEPPort,
 		VTEPMTU:  n.api.VTEPMTU,
 	}
@@ -81,11 +80,4 @@ func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfi
 		ov.State = api.OverlayState{Status: api.StatusOK, Error: l.Failed}
 	}
 	return ov
-}
-
-// VTEPMAC derives a VTEP's MAC: the OUI's three high bytes and the VTEP IP's
-// three low bytes, so it never needs storing.
-func VTEPMAC(oui [3]byte, vtep netip.Addr) net.HardwareAddr {
-	a := vtep.As4()
-	return net.HardwareAddr{oui[0], oui[1], oui[2], a[1], a[2], a[3]}
 }

@@ -3,6 +3,9 @@
 // and a ping matrix through the overlay (internal/demo). It is the lab's own
 // binary, so that bin/carve links no test harness; `carve demo` execs it.
 // It runs bin/carve, carve-ipam and the CNI plugins found next to itself.
+//
+// A hidden subcommand, `carve-lab rogue-gossip`, is the end-to-end tests'
+// rogue mesh peer (see rogue.go).
 package main
 
 import (
@@ -20,7 +23,13 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if code := cli.Report(os.Stderr, "carve demo", run(ctx, os.Args[1:])); code != 0 {
+	name, err := "carve demo", error(nil)
+	if len(os.Args) > 1 && os.Args[1] == rogueCommand {
+		name, err = "carve-lab "+rogueCommand, runRogue(ctx, os.Args[2:])
+	} else {
+		err = run(ctx, os.Args[1:])
+	}
+	if code := cli.Report(os.Stderr, name, err); code != 0 {
 		stop()
 		os.Exit(code)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"net"
 	"net/netip"
@@ -37,6 +38,7 @@ func runAgent(ctx context.Context, args []string) error {
 	certFile := fs.String("cert-file", "", "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
 	keyFile := fs.String("key-file", "", "the private key of --cert-file (PEM)")
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it")
+	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	if err := cli.Parse(fs, args); err != nil {
@@ -80,6 +82,12 @@ func runAgent(ctx context.Context, args []string) error {
 			return fmt.Errorf("--mesh-password-file: %w", err)
 		}
 	}
+	var signingKey ed25519.PublicKey
+	if *signingPubFile != "" {
+		if signingKey, err = pki.LoadVerifyKey(*signingPubFile); err != nil {
+			return fmt.Errorf("--signing-pub-file %s: %w", *signingPubFile, err)
+		}
+	}
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
@@ -87,6 +95,7 @@ func runAgent(ctx context.Context, args []string) error {
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid,
 		TLS: pki.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, MeshPassword: meshPassword, Insecure: *insecure,
+		SigningKey: signingKey,
 	})
 	if err != nil {
 		return err

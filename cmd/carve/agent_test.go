@@ -85,6 +85,10 @@ func TestAgentRefusesToStartInsecure(t *testing.T) {
 			[]string{"mixes https", httpMaster}, false},
 		{"missing key file", httpsMaster, join(caFlag, []string{"--cert-file", pki.CertFile(ca, "h1"), "--key-file", filepath.Join(ca, "absent.pem")}, meshFlag),
 			[]string{"--cert-file/--key-file", "absent.pem"}, false},
+		{"signing key missing", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--signing-pub-file", filepath.Join(ca, "absent.pub")}),
+			[]string{"--signing-pub-file", "absent.pub"}, false},
+		{"signing key file of another kind", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--signing-pub-file", filepath.Join(ca, pki.CAFile)}),
+			[]string{"--signing-pub-file " + filepath.Join(ca, pki.CAFile), "not a PEM public key"}, false},
 		{"unknown socket group", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--socket-group", "no-such-carve-group"}),
 			[]string{"--socket-group", "no-such-carve-group"}, false},
 	}

@@ -45,9 +45,24 @@ func ModuleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(mod), nil
 }
 
+// LabBinaryEnv names the environment variable that carries the path of the
+// carve-lab binary (StartRogue runs it) to tests, set by RunTests.
+const LabBinaryEnv = "CARVE_LAB_BINARY"
+
 // BuildCarve builds ./cmd/carve of the current module into dir/carve and
 // returns the binary's path.
 func BuildCarve(ctx context.Context, dir string) (string, error) {
+	return buildCommand(ctx, dir, "carve")
+}
+
+// BuildLab builds ./cmd/carve-lab of the current module into
+// dir/carve-lab and returns the binary's path.
+func BuildLab(ctx context.Context, dir string) (string, error) {
+	return buildCommand(ctx, dir, "carve-lab")
+}
+
+// buildCommand builds ./cmd/name into dir/name.
+func buildCommand(ctx context.Context, dir, name string) (string, error) {
 	root, err := ModuleRoot(ctx)
 	if err != nil {
 		return "", err
@@ -56,13 +71,13 @@ func BuildCarve(ctx context.Context, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "carve")
-	cmd := exec.CommandContext(ctx, goCmd, "build", "-o", out, "./cmd/carve")
+	out := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, goCmd, "build", "-o", out, "./cmd/"+name)
 	cmd.Dir = root
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("labcluster: go build ./cmd/carve: %w\n%s", err, stderr.String())
+		return "", fmt.Errorf("labcluster: go build ./cmd/%s: %w\n%s", name, err, stderr.String())
 	}
 	return out, nil
 }

@@ -66,6 +66,9 @@ const DefaultPrefix = "carvecluster"
 type Options struct {
 	// Binary is the carve binary that runs masters and agents (required).
 	Binary string
+	// LabBinary is the carve-lab binary, which StartRogue runs (needed
+	// only by it).
+	LabBinary string
 	// Hosts is the number of host namespaces, each with an agent (default 3).
 	Hosts int
 	// Masters is the number of masters, in hosts 1..Masters (default 3, at
@@ -118,6 +121,7 @@ type Cluster struct {
 	masters    []*Master
 	containers []*Container // attached ones
 	seq        int          // containers created, for names
+	rogues     []*Process   // started by StartRogue
 }
 
 // Host is one host namespace with its agent and, for hosts 1..Masters, a
@@ -802,7 +806,7 @@ func (c *Cluster) processes() []*Process {
 	for _, h := range c.hosts {
 		ps = append(ps, h.Agent)
 	}
-	return ps
+	return append(ps, c.rogues...)
 }
 
 // DumpLogs writes the last n lines of every process log that exists, and of

@@ -553,14 +553,14 @@ func TestCluster(t *testing.T) {
 }
 
 // checkSecure checks that the cluster runs secure: every agent with its
-// certificate and the mesh password, its API over TLS refusing a client
+// certificate, the mesh password and the masters' verification key, its API over TLS refusing a client
 // without a certificate (but for /healthz), and the masters with TLS when
 // the binary has it.
 func checkSecure(ctx context.Context, t *testing.T, c *Cluster) {
 	t.Helper()
 	for _, h := range c.Hosts() {
 		args := h.Agent.Args()
-		for _, f := range []string{"--ca-file", "--cert-file", "--key-file", "--mesh-password-file"} {
+		for _, f := range []string{"--ca-file", "--cert-file", "--key-file", "--mesh-password-file", "--signing-pub-file"} {
 			if !slices.Contains(args, f) {
 				t.Errorf("agent on %s runs without %s: %v", h.Name, f, args)
 			}

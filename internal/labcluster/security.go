@@ -76,11 +76,14 @@ func (s *labSecurity) masterArgs(id string) []string {
 	return append(tlsArgs(s.files(id)), "--signing-key-file", filepath.Join(s.dir, pki.SignKey))
 }
 
-// agentArgs are an agent's security flags: its certificate and the mesh
-// password.
+// agentArgs are an agent's security flags: its certificate, the mesh
+// password, and the masters' record-signing key to verify records with.
 func (s *labSecurity) agentArgs(id string) []string {
-	return append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword)
+	return append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword, "--signing-pub-file", s.signingPub())
 }
+
+// signingPub is the public half of the masters' record-signing key.
+func (s *labSecurity) signingPub() string { return filepath.Join(s.dir, pki.SignPub) }
 
 func tlsArgs(f pki.Files) []string {
 	return []string{"--ca-file", f.CA, "--cert-file", f.Cert, "--key-file", f.Key}

@@ -16,10 +16,11 @@ import (
 
 // RunTests is the body of a TestMain for tests that use ForTest: as root, it
 // cleans up what killed runs with this namespace prefix left behind
-// (RemoveStale), builds the carve binary and the CNI plugins once for the
-// whole test binary (unless $CARVE_BINARY and $CARVE_CNI_PATH name them
-// already), exports their paths in BinaryEnv and CNIPathEnv, runs the tests
-// and removes the builds. Without root the tests run as they
+// (RemoveStale), builds the carve and carve-lab binaries and the CNI
+// plugins once for the whole test binary (unless $CARVE_BINARY,
+// $CARVE_LAB_BINARY and $CARVE_CNI_PATH name them already), exports their
+// paths in BinaryEnv, LabBinaryEnv and CNIPathEnv, runs the tests and
+// removes the builds. Without root the tests run as they
 // are and skip themselves.
 func RunTests(m *testing.M, prefix string) int {
 	if !netnslab.IsRoot() {
@@ -28,7 +29,7 @@ func RunTests(m *testing.M, prefix string) int {
 	if killed, removed, err := RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
 		fmt.Fprintf(os.Stderr, "labcluster: leftovers of killed runs: killed pids %v, removed namespaces %v, err %v\n", killed, removed, err)
 	}
-	if os.Getenv(BinaryEnv) != "" && os.Getenv(CNIPathEnv) != "" {
+	if os.Getenv(BinaryEnv) != "" && os.Getenv(LabBinaryEnv) != "" && os.Getenv(CNIPathEnv) != "" {
 		return m.Run()
 	}
 	// A test binary killed by its -timeout skips its defers: the next run
@@ -42,13 +43,19 @@ func RunTests(m *testing.M, prefix string) int {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if os.Getenv(BinaryEnv) == "" {
-		bin, err := BuildCarve(ctx, dir)
+	for _, b := range []struct {
+		env   string
+		build func(context.Context, string) (string, error)
+	}{{BinaryEnv, BuildCarve}, {LabBinaryEnv, BuildLab}} {
+		if os.Getenv(b.env) != "" {
+			continue
+		}
+		bin, err := b.build(ctx, dir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		if err := os.Setenv(BinaryEnv, bin); err != nil {
+		if err := os.Setenv(b.env, bin); err != nil {
 			fmt.Fprintln(os.Stderr, "labcluster:", err)
 			return 1
 		}
@@ -70,7 +77,8 @@ func RunTests(m *testing.M, prefix string) int {
 
 // ForTest creates a cluster for a test (nothing runs yet: call Start or
 // StartMasters). It skips the test without root, takes the binary from
-// $CARVE_BINARY when opts.Binary is empty and the CNI plugins from
+// $CARVE_BINARY when opts.Binary is empty, carve-lab from
+// $CARVE_LAB_BINARY when opts.LabBinary is, and the CNI plugins from
 // $CARVE_CNI_PATH when opts.CNIPath is nil, puts the work directory in
 // t.TempDir, logs progress through t.Log, and registers a cleanup that, when
 // the test failed, logs every host's kernel state and the tail of every
@@ -88,6 +96,9 @@ func ForTest(t testing.TB, opts Options) *Cluster {
 	}
 	if opts.CNIPath == nil {
 		opts.CNIPath = filepath.SplitList(os.Getenv(CNIPathEnv))
+	}
+	if opts.LabBinary == "" {
+		opts.LabBinary = os.Getenv(LabBinaryEnv)
 	}
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()

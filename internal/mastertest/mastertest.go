@@ -5,6 +5,7 @@ package mastertest
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"log/slog"
 	"net"
@@ -44,6 +45,14 @@ func StartSecure(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logg
 	ca := pkitest.New(t)
 	m := start(t, dir, cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = ca.Files("m1", pki.RoleMaster), ca.SigningKey })
 	return &Secure{Master: m, CA: ca}
+}
+
+// StartSigning runs a master like Start (plain http, no authentication)
+// that signs every record and tombstone with key, for tests that put their
+// own proxy between agents and masters.
+func StartSigning(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, key ed25519.PrivateKey) *master.Master {
+	t.Helper()
+	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure, o.SigningKey = true, key })
 }
 
 func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, secure func(*master.Options)) *master.Master {

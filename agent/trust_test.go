@@ -1,0 +1,368 @@
+package agent
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master"
+)
+
+// testKey is an ed25519 key pair for signing records in tests.
+func testKey(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, priv
+}
+
+// signedPeer is a record of a second agent as the masters render it for
+// master.DefaultConfig, signed with key for cluster c1; mutate changes it
+// before it is signed.
+func signedPeer(key ed25519.PrivateKey, cluster string, mutate ...func(*api.AgentInfo)) PeerRecord {
+	info := &api.AgentInfo{AgentID: "b", Hostname: "unsigned-host", IP: "198.18.0.11", MeshAddr: "198.18.0.11:6783", Version: 9,
+		Overlays: []api.AgentOverlay{{
+			Info:         api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+			Subnet:       "10.128.2.0/24",
+			MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.2.0/25"},
+			DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.2.128/25"},
+			Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.2/16",
+				VTEPMAC: "70:b3:d5:40:00:02", VTEPPort: 4789, VTEPMTU: 1450}},
+			State: api.OverlayState{Status: api.StatusOK},
+		}}}
+	for _, m := range mutate {
+		m(info)
+	}
+	if key != nil {
+		info.Signature = api.Sign(key, api.RecordSigningBytes(info, cluster))
+	}
+	return NewPeerRecord(info)
+}
+
+func signedTombstone(key ed25519.PrivateKey, cluster, id string, v uint64) api.Tombstone {
+	tb := api.Tombstone{AgentID: id, Version: v}
+	tb.Signature = api.Sign(key, api.TombstoneSigningBytes(tb, cluster))
+	return tb
+}
+
+// TestPeerRecordCarriesTheSignature: a record made from a signed master
+// record, sent through gossip's encoding, verifies with the masters' key
+// whatever the order of its overlays; any change of a field it carries
+// does not.
+func TestPeerRecordCarriesTheSignature(t *testing.T) {
+	pub, priv := testKey(t)
+	twoOverlays := func(a *api.AgentInfo) {
+		a.Overlays = append(a.Overlays, api.AgentOverlay{Info: api.OverlayNetwork{Name: "aaa"}, Subnet6: "fd00:1::/64",
+			MesosBridge: &api.BridgeInfo{Name: "m-aaa", IP6: "fd00:1::/65"}, State: api.OverlayState{Status: api.StatusDisabled}})
+	}
+	r := signedPeer(priv, "c1", twoOverlays)
+	if names := []string{r.Overlays[0].Name, r.Overlays[1].Name}; !slices.Equal(names, []string{"aaa", "carve"}) {
+		t.Errorf("overlays in order %v, want sorted by name", names)
+	}
+	wire, err := json.Marshal(MembershipMessage{ClusterID: "c1", MembershipState: MembershipState{Records: []PeerRecord{r}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, unsigned := range []string{"unsigned-host", "vtep1024", "4789", "1450", "m-carve"} {
+		if strings.Contains(string(wire), unsigned) {
+			t.Errorf("gossip carries the unsigned %q: %s", unsigned, wire)
+		}
+	}
+	msg, err := DecodeMembership(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := msg.Records[0]
+	if err := api.VerifyRecord(pub, got.signedInfo(), "c1"); err != nil {
+		t.Fatalf("the gossiped record does not verify: %v", err)
+	}
+	if ip, mac := got.VTEP(); ip != "100.64.0.2/16" || mac != "70:b3:d5:40:00:02" || !slices.Equal(got.Subnets(), []string{"10.128.2.0/24"}) {
+		t.Errorf("derived vtep %s %s, subnets %v", ip, mac, got.Subnets())
+	}
+	swapped := got
+	swapped.Overlays = []PeerOverlay{got.Overlays[1], got.Overlays[0]}
+	if err := api.VerifyRecord(pub, swapped.signedInfo(), "c1"); err != nil {
+		t.Errorf("overlays in another order: %v", err)
+	}
+	changes := map[string]func(*PeerRecord){
+		"id":            func(p *PeerRecord) { p.ID = "c" },
+		"ip":            func(p *PeerRecord) { p.IP = "198.18.0.12" },
+		"mesh address":  func(p *PeerRecord) { p.MeshAddr = "198.18.0.11:6784" },
+		"version":       func(p *PeerRecord) { p.Version++ },
+		"subnet":        func(p *PeerRecord) { p.Overlays[1].Subnet = "10.128.3.0/24" },
+		"subnet6":       func(p *PeerRecord) { p.Overlays[0].Subnet6 = "fd00:2::/64" },
+		"status":        func(p *PeerRecord) { p.Overlays[0].Status = api.StatusOK },
+		"overlay name":  func(p *PeerRecord) { p.Overlays[0].Name = "bbb" },
+		"mesos bridge":  func(p *PeerRecord) { p.Overlays[1].MesosIP = "10.128.2.0/26" },
+		"docker bridge": func(p *PeerRecord) { p.Overlays[1].DockerIP6 = "fd00::/65" },
+		"vtep ip":       func(p *PeerRecord) { p.Overlays[1].VTEPIP = "100.64.0.3/16" },
+		"vtep mac":      func(p *PeerRecord) { p.Overlays[1].VTEPMAC = "70:b3:d5:40:00:03" },
+		"overlay gone":  func(p *PeerRecord) { p.Overlays = p.Overlays[1:] },
+		"overlay added": func(p *PeerRecord) { p.Overlays = append(p.Overlays, PeerOverlay{Name: "zzz"}) },
+		"signature":     func(p *PeerRecord) { p.Signature = signedPeer(priv, "c1").Signature },
+	}
+	for name, change := range changes {
+		p := got
+		p.Overlays = slices.Clone(got.Overlays)
+		change(&p)
+		if err := api.VerifyRecord(pub, p.signedInfo(), "c1"); !errors.Is(err, api.ErrBadSignature) {
+			t.Errorf("changed %s: verify = %v, want a bad signature", name, err)
+		}
+	}
+	if err := api.VerifyRecord(pub, got.signedInfo(), "c2"); !errors.Is(err, api.ErrBadSignature) {
+		t.Errorf("another cluster id: verify = %v, want a bad signature", err)
+	}
+}
+
+func TestRecordInRange(t *testing.T) {
+	network := master.DefaultConfig()
+	network.Overlays = append(network.Overlays, api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64})
+	overlay := func(f func(*PeerOverlay)) func(*PeerRecord) { return func(p *PeerRecord) { f(&p.Overlays[0]) } }
+	tests := []struct {
+		name    string
+		change  func(*PeerRecord)
+		network *api.NetworkConfig
+		want    string // "" : in range
+	}{
+		{"as the masters render it", nil, &network, ""},
+		{"an IPv6 overlay", func(p *PeerRecord) {
+			p.Overlays = append(p.Overlays, PeerOverlay{Name: "six", Status: api.StatusOK, Subnet6: "fd00:0:0:7::/64", MesosIP6: "fd00:0:0:7::/65"})
+		}, &network, ""},
+		{"a smaller block inside the overlay", overlay(func(o *PeerOverlay) { o.Subnet, o.MesosIP, o.DockerIP = "10.200.0.0/28", "", "" }), &network, ""},
+		{"no network configuration known", nil, nil, "no network configuration"},
+		{"overlay not configured", overlay(func(o *PeerOverlay) { o.Name = "other" }), &network, `overlay "other" is not in the network configuration`},
+		{"subnet outside the overlay", overlay(func(o *PeerOverlay) { o.Subnet = "192.168.0.0/24" }), &network, "subnet 192.168.0.0/24 is outside"},
+		{"subnet larger than the overlay", overlay(func(o *PeerOverlay) { o.Subnet = "0.0.0.0/0" }), &network, "subnet 0.0.0.0/0 is outside"},
+		{"half the internet", overlay(func(o *PeerOverlay) { o.Subnet = "128.0.0.0/1" }), &network, "is outside"},
+		{"IPv6 subnet in an IPv4 overlay", overlay(func(o *PeerOverlay) { o.Subnet6 = "fd00::/64" }), &network, "subnet6 fd00::/64 is outside"},
+		{"bridge outside the subnet", overlay(func(o *PeerOverlay) { o.MesosIP = "10.128.3.0/25" }), &network, "mesos bridge 10.128.3.0/25 is outside"},
+		{"vtep outside vtep_subnet", overlay(func(o *PeerOverlay) { o.VTEPIP, o.VTEPMAC = "198.18.0.1/16", "70:b3:d5:12:00:01" }), &network, "outside vtep_subnet"},
+		{"vtep with another prefix length", overlay(func(o *PeerOverlay) { o.VTEPIP = "100.64.0.2/24" }), &network, "outside vtep_subnet"},
+		{"mac not derived", overlay(func(o *PeerOverlay) { o.VTEPMAC = "70:b3:d5:40:00:09" }), &network, "is not 70:b3:d5:40:00:02, derived"},
+		{"mac of another oui", overlay(func(o *PeerOverlay) { o.VTEPMAC = "02:00:00:40:00:02" }), &network, "is not 70:b3:d5:40:00:02"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := signedPeer(nil, "")
+			if tt.change != nil {
+				tt.change(&r)
+			}
+			err := recordInRange(&r, tt.network)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("recordInRange = %v, want an error with %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestKeyAfter(t *testing.T) {
+	k1, _ := testKey(t)
+	k2, _ := testKey(t)
+	state := func(k ed25519.PublicKey) *api.State {
+		st := &api.State{ClusterID: "c1", Index: 7}
+		if k != nil {
+			st.SigningKey = api.EncodeSigningKey(k)
+		}
+		return st
+	}
+	tests := []struct {
+		name                string
+		configured, pinned  ed25519.PublicKey
+		st                  *api.State
+		rebuilt, allowPlain bool
+		want                ed25519.PublicKey
+		wantErr             error
+	}{
+		{"first state: pinned", nil, nil, state(k1), false, false, k1, nil},
+		{"same key", nil, k1, state(k1), false, false, k1, nil},
+		{"another key in the same cluster", nil, k1, state(k2), false, false, nil, errStateKey},
+		{"another key in a rebuilt cluster", nil, k1, state(k2), true, false, k2, nil},
+		{"configured key", k1, nil, state(k1), false, false, k1, nil},
+		{"configured key, masters sign with another", k1, nil, state(k2), false, false, nil, errStateKey},
+		{"configured key, rebuilt cluster with another", k1, k1, state(k2), true, false, nil, errStateKey},
+		{"malformed key", nil, nil, &api.State{ClusterID: "c1", SigningKey: "bm90IGEga2V5"}, false, false, nil, errStateKey},
+		{"unsigned over TLS", nil, nil, state(nil), false, false, nil, errStateUnsigned},
+		{"unsigned, --insecure plain http", nil, nil, state(nil), false, true, nil, nil},
+		{"unsigned with a configured key", k1, nil, state(nil), false, true, nil, errStateUnsigned},
+		{"unsigned after signed, same cluster", nil, k1, state(nil), false, true, nil, errStateUnsigned},
+		{"unsigned rebuilt cluster, --insecure plain http", nil, k1, state(nil), true, true, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := keyAfter(tt.configured, tt.pinned, tt.st, tt.rebuilt, tt.allowPlain)
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("keyAfter: %v, want %v", err, tt.wantErr)
+			}
+			if !got.Equal(tt.want) && !(got == nil && tt.want == nil) {
+				t.Errorf("key %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestTrustAdmit: what gossip (or the masters' state) brings is split into
+// what verifies and lies in range, and what is refused, by reason.
+func TestTrustAdmit(t *testing.T) {
+	pub, priv := testKey(t)
+	_, other := testKey(t)
+	network := master.DefaultConfig()
+	signed := trust{clusterID: "c1", key: pub, required: true, network: &network}
+	good := signedPeer(priv, "c1")
+	changedSubnet := good
+	changedSubnet.Overlays = slices.Clone(good.Overlays)
+	changedSubnet.Overlays[0].Subnet = "10.128.9.0/24"
+	bumped := good
+	bumped.Version = math.MaxUint64
+	tests := []struct {
+		name    string
+		tr      trust
+		cluster string
+		st      MembershipState
+		want    []string // refusal reasons, in order (tombstones first); the rest is admitted
+	}{
+		{"signed record", signed, "c1", MembershipState{Records: []PeerRecord{good}}, nil},
+		{"signed tombstone", signed, "c1", MembershipState{Tombstones: []api.Tombstone{signedTombstone(priv, "c1", "b", 10)}}, nil},
+		{"unsigned record", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(nil, "")}}, []string{refusedUnsigned}},
+		{"signed record with a changed subnet", signed, "c1", MembershipState{Records: []PeerRecord{changedSubnet}}, []string{refusedBadSignature}},
+		{"signed record with a bumped version", signed, "c1", MembershipState{Records: []PeerRecord{bumped}}, []string{refusedBadSignature}},
+		{"record signed by another key", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(other, "c1")}}, []string{refusedBadSignature}},
+		{"record signed for another cluster", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{refusedBadSignature}},
+		{"message of another cluster", signed, "c2", MembershipState{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{refusedOtherCluster}},
+		{"huge unsigned tombstone", signed, "c1", MembershipState{Tombstones: []api.Tombstone{{AgentID: "b", Version: math.MaxUint64}}}, []string{refusedUnsigned}},
+		{"huge tombstone of another key", signed, "c1", MembershipState{Tombstones: []api.Tombstone{signedTombstone(other, "c1", "b", math.MaxUint64)}}, []string{refusedBadSignature}},
+		{"signed, out of range", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].Subnet = "128.0.0.0/1" })}}, []string{refusedOutOfRange}},
+		{"a mix", signed, "c1", MembershipState{Records: []PeerRecord{good, signedPeer(nil, "")},
+			Tombstones: []api.Tombstone{{AgentID: "x", Version: 3}, signedTombstone(priv, "c1", "y", 4)}}, []string{refusedUnsigned, refusedUnsigned}},
+		{"no key yet, TLS masters", trust{clusterID: "c1", required: true, network: &network}, "c1", MembershipState{Records: []PeerRecord{good}}, []string{refusedBadSignature}},
+		{"no cluster yet", trust{key: pub, required: true, network: &network}, "c1", MembershipState{Records: []PeerRecord{good}}, []string{refusedOtherCluster}},
+		{"--insecure, unsigned masters: unsigned taken", trust{clusterID: "c1", network: &network}, "c1", MembershipState{Records: []PeerRecord{signedPeer(nil, "")},
+			Tombstones: []api.Tombstone{{AgentID: "x", Version: math.MaxUint64}}}, nil},
+		{"--insecure, unsigned masters: still range checked", trust{clusterID: "c1", network: &network}, "c1",
+			MembershipState{Records: []PeerRecord{signedPeer(nil, "", func(a *api.AgentInfo) { a.Overlays[0].Backend.VXLAN.VTEPMAC = "70:b3:d5:00:00:00" })}}, []string{refusedOutOfRange}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in, refused := tt.tr.admit(tt.cluster, tt.st, NewMembership())
+			var reasons []string
+			for _, r := range refused {
+				reasons = append(reasons, r.reason)
+				if r.err == nil {
+					t.Errorf("refusal %s without an error", r.reason)
+				}
+			}
+			if !slices.Equal(reasons, tt.want) {
+				t.Errorf("refused %v, want %v (errors: %v)", reasons, tt.want, refused)
+			}
+			if n := len(in.Records) + len(in.Tombstones) + len(refused); n != len(tt.st.Records)+len(tt.st.Tombstones) {
+				t.Errorf("%d admitted and refused of %d", n, len(tt.st.Records)+len(tt.st.Tombstones))
+			}
+		})
+	}
+
+	// What the membership holds exactly was checked when it came: the
+	// whole-membership gossip repeats it without a signature check.
+	held := NewMembership()
+	held.MergeFromMasters(MembershipState{Records: []PeerRecord{good}})
+	noKey := trust{clusterID: "c1", required: true, network: &network}
+	if in, refused := noKey.admit("c1", MembershipState{Records: []PeerRecord{good}}, held); len(refused) > 0 || len(in.Records) != 1 {
+		t.Errorf("a held record: admitted %v, refused %v", in.Records, refused)
+	}
+	if _, refused := noKey.admit("c1", MembershipState{Records: []PeerRecord{changedSubnet}}, held); len(refused) != 1 {
+		t.Errorf("a held record's altered copy was not checked")
+	}
+}
+
+// TestMembershipEqualVersions: two signed renderings of one record at the
+// same version (a configuration change re-renders records without a new
+// version). The masters' copy wins, whatever the order; between copies
+// from gossip the greater encoding wins on every agent; a newer version
+// from gossip replaces the masters' copy.
+func TestMembershipEqualVersions(t *testing.T) {
+	_, priv := testKey(t)
+	x := signedPeer(priv, "c1")
+	y := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].State.Status = api.StatusDisabled })
+	hi, lo := x, y
+	if recordLess(&x, &y) {
+		hi, lo = y, x
+	}
+	record := func(m *Membership) PeerRecord {
+		r, _ := m.Record("b")
+		return r
+	}
+
+	for _, order := range [][]string{{"masters", "gossip"}, {"gossip", "masters"}} {
+		m := NewMembership()
+		for _, from := range order {
+			if from == "masters" {
+				m.MergeFromMasters(MembershipState{Records: []PeerRecord{lo}})
+			} else {
+				m.Merge(MembershipState{Records: []PeerRecord{hi}})
+			}
+		}
+		if got := record(m); !got.equal(&lo) {
+			t.Errorf("merged %v: kept %+v, want the masters' copy", order, got)
+		}
+		if !slices.Equal(m.FromMasters(), []string{"b"}) {
+			t.Errorf("merged %v: from masters %v", order, m.FromMasters())
+		}
+	}
+	for _, order := range [][]PeerRecord{{lo, hi}, {hi, lo}} {
+		m := NewMembership()
+		for _, r := range order {
+			m.Merge(MembershipState{Records: []PeerRecord{r}})
+		}
+		if got := record(m); !got.equal(&hi) {
+			t.Errorf("gossip copies: kept %+v, want the greater %+v", got, hi)
+		}
+	}
+	m := NewMembership()
+	m.MergeFromMasters(MembershipState{Records: []PeerRecord{lo}})
+	newer := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Version++ })
+	if news := m.Merge(MembershipState{Records: []PeerRecord{newer}}); len(news.Records) != 1 || len(m.FromMasters()) != 0 {
+		t.Errorf("a newer version from gossip: news %v, from masters %v", news.Records, m.FromMasters())
+	}
+}
+
+// TestLoadMembershipKeepsWhatVerifies: a restarted agent takes back from
+// its store what verifies with its key (and gossips it again), and which
+// records were the masters' copies; what does not verify (written by an
+// agent that kept no signatures, or under another key) is dropped.
+func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
+	pub, priv := testKey(t)
+	_, other := testKey(t)
+	network := master.DefaultConfig()
+	good := signedPeer(priv, "c1")
+	c := signedPeer(priv, "c1", func(a *api.AgentInfo) {
+		a.AgentID, a.Overlays[0].Subnet, a.Overlays[0].MesosBridge, a.Overlays[0].DockerBridge = "c", "10.128.3.0/24", nil, nil
+		a.Overlays[0].Backend.VXLAN.VTEPIP, a.Overlays[0].Backend.VXLAN.VTEPMAC = "100.64.0.3/16", "70:b3:d5:40:00:03"
+	})
+	unsigned := rec("old-format", 5, "198.18.0.20")
+	foreign := signedPeer(other, "c1", func(a *api.AgentInfo) { a.AgentID = "foreign" })
+	tomb := signedTombstone(priv, "c1", "gone", 4)
+	a := &Agent{sec: &security{}, members: NewMembership(), log: quietLogger(), refusals: newLogLimiter(time.Minute),
+		clusterID: "c1", signingKey: pub, network: &network}
+	a.loadMembership(persisted{
+		Membership:  MembershipState{Records: []PeerRecord{good, c, unsigned, foreign}, Tombstones: []api.Tombstone{tomb, {AgentID: "x", Version: 9}}},
+		FromMasters: []string{"b"},
+	})
+	want := MembershipState{Records: []PeerRecord{good, c}, Tombstones: []api.Tombstone{tomb}}
+	if got := a.members.State(); !reflect.DeepEqual(got, want) {
+		t.Errorf("loaded %+v\nwant %+v", got, want)
+	}
+	if got := a.members.FromMasters(); !slices.Equal(got, []string{"b"}) {
+		t.Errorf("masters' copies %v, want [b]", got)
+	}
+}
