@@ -93,7 +93,7 @@ func checkUnit(t *testing.T, analyze, name, text, bin, caps string, exposure int
 		}
 	}
 	for _, key := range []string{"CapabilityBoundingSet", "AmbientCapabilities"} {
-		m := regexp.MustCompile(`(?m)^` + key + `=(.*)$`).FindAllStringSubmatch(text, -1)
+		m := regexp.MustCompile(`(?m)^`+key+`=(.*)$`).FindAllStringSubmatch(text, -1)
 		if len(m) != 1 || strings.Join(strings.Fields(m[0][1]), " ") != caps {
 			problems = append(problems, fmt.Sprintf("%s: want exactly one line %s=%s, got %q", name, key, caps, m))
 		}
