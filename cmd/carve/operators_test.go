@@ -60,9 +60,15 @@ func run(t *testing.T, cmd func(context.Context, []string, *bytes.Buffer) error,
 	return out.String(), cli.ExitCode(err), err
 }
 
-func clusterCmd(ctx context.Context, args []string, out *bytes.Buffer) error { return runCluster(ctx, args, out) }
-func agentsCmd(ctx context.Context, args []string, out *bytes.Buffer) error  { return runAgents(ctx, args, out) }
-func ipamCmd(ctx context.Context, args []string, out *bytes.Buffer) error    { return runIPAM(ctx, args, out) }
+func clusterCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runCluster(ctx, args, out)
+}
+func agentsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runAgents(ctx, args, out)
+}
+func ipamCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runIPAM(ctx, args, out)
+}
 
 func TestClusterStatus(t *testing.T) {
 	m := secureMaster(t)
