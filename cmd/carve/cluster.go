@@ -47,6 +47,11 @@ type clusterReport struct {
 	ClusterID string       `json:"cluster_id,omitempty"`
 	Healthy   bool         `json:"healthy"`
 	Problems  []string     `json:"problems,omitempty"`
+	// Unchecked names the servers that were not asked: no URL was given for
+	// them and the masters know none (a follower's API address is known
+	// only once it led or joined with one). Give every master in --masters
+	// to check them all.
+	Unchecked []string `json:"unchecked,omitempty"`
 }
 
 func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
@@ -135,10 +140,10 @@ func collectClusterStatus(ctx context.Context, urls []string, ask func(context.C
 	return rep
 }
 
-// judgeCluster fills the report's leader, cluster id and problems: a master
+// judgeCluster fills the report's leader, cluster id and problems (a master
 // that did not answer, that sees no leader or another leader than the
-// others, that has not caught up, that reports another cluster id, and a
-// server that no master could be asked about.
+// others, that has not caught up, that reports another cluster id) and the
+// servers that could not be asked.
 func judgeCluster(rep *clusterReport) {
 	var problems []string
 	leaders, clusterIDs := map[string][]string{}, map[string][]string{}
@@ -172,7 +177,7 @@ func judgeCluster(rep *clusterReport) {
 		for _, s := range v.Status.Servers {
 			if !seen[s.ID] && s.URL == "" {
 				seen[s.ID] = true
-				problems = append(problems, fmt.Sprintf("server %s (raft %s): not checked: the masters know no URL for it", s.ID, s.RaftAddr))
+				rep.Unchecked = append(rep.Unchecked, s.ID)
 			}
 		}
 	}
@@ -235,6 +240,9 @@ func printClusterReport(out io.Writer, rep *clusterReport) error {
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(rep.Unchecked) > 0 {
+		fmt.Fprintf(out, "not checked: %s (the masters know no URL for them: give them in --masters)\n", strings.Join(rep.Unchecked, ", "))
 	}
 	if rep.Healthy {
 		fmt.Fprintln(out, "healthy")

@@ -126,7 +126,8 @@ func TestClusterStatus(t *testing.T) {
 func TestJudgeCluster(t *testing.T) {
 	server := func(id string) api.ServerInfo { return api.ServerInfo{ID: id, URL: "https://" + id, Voter: true} }
 	status := func(id, leader, cluster string, caughtUp bool) *api.ClusterStatus {
-		st := &api.ClusterStatus{ID: id, ClusterID: cluster, CaughtUp: caughtUp, Servers: []api.ServerInfo{server("m1"), server("m2")}}
+		m3 := api.ServerInfo{ID: "m3", RaftAddr: "198.18.0.13:8300", Voter: true} // a follower: its URL is not known
+		st := &api.ClusterStatus{ID: id, ClusterID: cluster, CaughtUp: caughtUp, Servers: []api.ServerInfo{server("m1"), server("m2"), m3}}
 		if leader != "" {
 			l := server(leader)
 			st.Leader = &l
@@ -153,6 +154,9 @@ func TestJudgeCluster(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := &clusterReport{Masters: tc.masters}
 			judgeCluster(rep)
+			if len(rep.Unchecked) != 1 || rep.Unchecked[0] != "m3" {
+				t.Errorf("unchecked: %v, want m3", rep.Unchecked)
+			}
 			if rep.Leader != tc.leader || rep.Healthy != (len(tc.want) == 0) || strings.Join(rep.Problems, "\n") != strings.Join(tc.want, "\n") {
 				t.Errorf("leader %q, healthy %t, problems:\n%s\nwant leader %q, problems:\n%s", rep.Leader, rep.Healthy,
 					strings.Join(rep.Problems, "\n"), tc.leader, strings.Join(tc.want, "\n"))
