@@ -97,12 +97,7 @@ func runAgentsDelete(ctx context.Context, args []string, out io.Writer) error {
 		rep.Index = after.Index
 		judgeDeletes(rep, after)
 	}
-	if *asJSON {
-		err = writeJSON(out, rep)
-	} else {
-		err = printDeleteReport(out, rep)
-	}
-	if err != nil {
+	if err := printReport(out, *asJSON, rep, printDeleteReport); err != nil {
 		return err
 	}
 	for _, a := range rep.Agents {

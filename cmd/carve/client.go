@@ -69,6 +69,15 @@ func subcommand(name, usage string, args []string, out io.Writer, subs map[strin
 	return fmt.Errorf("%w: %s %q: unknown subcommand\n%s", cli.ErrUsage, name, args[0], usage)
 }
 
+// printReport prints a command's report: as JSON with --json, else as the
+// command's table.
+func printReport[R any](out io.Writer, asJSON bool, rep R, table func(io.Writer, R) error) error {
+	if asJSON {
+		return writeJSON(out, rep)
+	}
+	return table(out, rep)
+}
+
 // writeJSON prints v indented, as every --json does.
 func writeJSON(out io.Writer, v any) error {
 	enc := json.NewEncoder(out)

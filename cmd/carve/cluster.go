@@ -80,11 +80,7 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 		return c.ClusterStatus(ctx)
 	}
 	rep := collectClusterStatus(ctx, client.Masters(), ask)
-	if *asJSON {
-		if err := writeJSON(out, rep); err != nil {
-			return err
-		}
-	} else if err := printClusterReport(out, rep); err != nil {
+	if err := printReport(out, *asJSON, rep, printClusterReport); err != nil {
 		return err
 	}
 	if !rep.Healthy {

@@ -259,12 +259,7 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 	if len(failed) > 0 {
 		rep.Unreachable = failed
 	}
-	if *asJSON {
-		err = writeJSON(out, rep)
-	} else {
-		err = printIPAMShow(out, rep)
-	}
-	if err != nil {
+	if err := printReport(out, *asJSON, rep, printIPAMShow); err != nil {
 		return err
 	}
 	if len(failed) > 0 {
@@ -415,12 +410,7 @@ func runIPAMCheck(ctx context.Context, args []string, out io.Writer) error {
 	for _, list := range snap.Allocations {
 		rep.Allocations += len(list.Allocations)
 	}
-	if *asJSON {
-		err = writeJSON(out, rep)
-	} else {
-		err = printIPAMCheck(out, rep)
-	}
-	if err != nil {
+	if err := printReport(out, *asJSON, rep, printIPAMCheck); err != nil {
 		return err
 	}
 	if !rep.Clean {
