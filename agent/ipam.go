@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"net"
+	"net/netip"
 	"slices"
 
 	"github.com/carve-net/carve/agent/ipam"
@@ -25,6 +26,11 @@ type ipamService interface {
 	UseChannel(gossip.Channel)
 	// Serve serves the unix-socket API until ctx ends.
 	Serve(ctx context.Context, ln net.Listener)
+	// List, Status and BridgeSubnets are read for the HTTP API's IPAM view
+	// (ipamhttp.go).
+	List(network string) *api.Allocations
+	Status(network string) *api.IPAMStatus
+	BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool)
 }
 
 // ipamView is what the IPAM learns from the agent: the masters' cluster id,

@@ -162,8 +162,17 @@ func (c *Client) DeleteAgent(ctx context.Context, id string) error {
 // DeleteAgents removes agents named by id or underlay IP (DC/OS bulk form)
 // and returns the new state.
 func (c *Client) DeleteAgents(ctx context.Context, agents []string) (*State, error) {
+	return c.DeleteAgentsRequest(ctx, DeleteAgentsRequest{Agents: agents})
+}
+
+// DeleteAgentsRequest sends a bulk delete and returns the new state. A
+// RequestID is generated when empty; giving the one of an earlier attempt
+// whose outcome is unknown makes the retry have one effect.
+func (c *Client) DeleteAgentsRequest(ctx context.Context, req DeleteAgentsRequest) (*State, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
 	var out State
-	req := DeleteAgentsRequest{Agents: agents, RequestID: NewRequestID()}
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/delete", req, &out); err != nil {
 		return nil, err
 	}

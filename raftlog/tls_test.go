@@ -40,7 +40,9 @@ func TestTLSTransportRefusesStrangers(t *testing.T) {
 		name string
 		tls  func(ca, foreign *pkitest.CA, id string) *TransportTLS
 	}{
-		{"certificate of another CA", func(_, foreign *pkitest.CA, id string) *TransportTLS { return transportTLS(foreign, id, pki.RoleMaster) }},
+		{"certificate of another CA", func(_, foreign *pkitest.CA, id string) *TransportTLS {
+			return transportTLS(foreign, id, pki.RoleMaster)
+		}},
 		{"agent certificate of the cluster CA", func(ca, _ *pkitest.CA, id string) *TransportTLS { return transportTLS(ca, id, pki.RoleAgent) }},
 		{"plain TCP", func(_, _ *pkitest.CA, _ string) *TransportTLS { return nil }},
 	}

@@ -1,5 +1,6 @@
-// Command carve runs a carve master or agent, reads the masters' state, and
-// starts the demo (bin/carve-lab).
+// Command carve runs a carve master or agent, reads the masters' state,
+// gives operators their commands (cluster status, agents delete, ipam show
+// and check), issues certificates, and starts the demo (bin/carve-lab).
 package main
 
 import (
@@ -27,10 +28,16 @@ usage:
                [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
   carve state  --masters URL[,URL...] [--json] [--consistent] \
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
+  carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
+  carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
+  carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
+  carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
+CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator
+or agent, OPERATOR_TLS the same with one of role operator; --insecure instead for a lab without TLS.
 Run 'carve COMMAND -h' for the flags of a command.
 `
 
@@ -50,6 +57,12 @@ func main() {
 		err = runAgent(ctx, args)
 	case "state":
 		err = runState(ctx, args, os.Stdout)
+	case "cluster":
+		err = runCluster(ctx, args, os.Stdout)
+	case "agents":
+		err = runAgents(ctx, args, os.Stdout)
+	case "ipam":
+		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
 		err = runCerts(args, os.Stdout)
 	case "demo":

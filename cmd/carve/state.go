@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -15,30 +14,15 @@ import (
 
 func runState(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve state")
-	masters := fs.String("masters", "", "master URLs, comma separated")
 	asJSON := fs.Bool("json", false, "print the raw state as JSON")
 	consistent := fs.Bool("consistent", false, "linearizable read through the leader (needs an operator certificate)")
-	tlsFiles := tlsFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
-	insecure := fs.Bool("insecure", false, "talk to masters that run --insecure (plain HTTP, no certificate)")
+	mf := addMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	urls, err := splitMasters(*masters)
+	client, _, err := mf.client()
 	if err != nil {
 		return err
-	}
-	if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
-		return err
-	}
-	var copts api.ClientOptions
-	if !*insecure {
-		if copts.TLS, err = tlsFiles.ClientConfig(); err != nil {
-			return err
-		}
-	}
-	client, err := api.NewClientWith(urls, copts)
-	if err != nil {
-		return fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -47,9 +31,7 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("read state: %w", err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return writeJSON(out, st)
 	}
 	return printStateTable(out, st)
 }

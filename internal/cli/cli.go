@@ -37,6 +37,30 @@ func Parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// ParseOperands parses args whose flags and operands may come in any order
+// (carve agents delete h1 h2 --json) and returns the operands; everything
+// after "--" is an operand. Errors wrap ErrUsage, except flag.ErrHelp.
+func ParseOperands(fs *flag.FlagSet, args []string) ([]string, error) {
+	var operands []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", ErrUsage, err)
+		}
+		rest := fs.Args()
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(operands, rest...), nil
+		}
+		if len(rest) == 0 {
+			return operands, nil
+		}
+		operands = append(operands, rest[0])
+		args = rest[1:]
+	}
+}
+
 // ExitCode is the process exit code for a command's result: 0 for success
 // and -h, 2 for a usage error, 1 for any other failure.
 func ExitCode(err error) int {

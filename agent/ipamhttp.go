@@ -1,0 +1,203 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/gorilla/mux"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
+)
+
+// ipamRoutes serves the IPAM read-only on the agent's HTTP API, for
+// operators (carve ipam show and check): the unix socket is local, these
+// are reached over the network with a certificate of the cluster CA.
+func (a *Agent) ipamRoutes(r *mux.Router) {
+	r.HandleFunc("/overlay-agent/ipam/status", a.handleIPAMStatus).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-agent/ipam/allocations", a.handleIPAMAllocations).Methods(http.MethodGet)
+}
+
+// networkParam returns ?network= ("" for every overlay) and false after
+// answering 400 for a bad name or another parameter.
+func networkParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "network" {
+			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("unknown query parameter %q (want network)", k))
+			return "", false
+		}
+	}
+	network := q.Get("network")
+	if network != "" {
+		if err := api.ValidateOverlayName(network); err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, "network: "+err.Error())
+			return "", false
+		}
+	}
+	return network, true
+}
+
+func (a *Agent) handleIPAMStatus(w http.ResponseWriter, r *http.Request) {
+	network, ok := networkParam(w, r)
+	if !ok {
+		return
+	}
+	st := a.IPAMUsage(network)
+	if network != "" && len(st.Networks) == 0 {
+		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("this agent has no lease and no allocation on overlay %q", network))
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, st)
+}
+
+func (a *Agent) handleIPAMAllocations(w http.ResponseWriter, r *http.Request) {
+	network, ok := networkParam(w, r)
+	if !ok {
+		return
+	}
+	httpapi.WriteJSON(w, http.StatusOK, a.IPAMAllocations(network))
+}
+
+// IPAMUsage is the agent's address use per overlay (one overlay, or every
+// one when network is empty): the overlays of its record and those it still
+// holds allocations on.
+func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
+	out := &api.AgentIPAMStatus{AgentID: a.id, Networks: []api.IPAMNetworkUsage{}}
+	allocs := a.ipam.List(network).Allocations
+	var names []string
+	for _, ov := range a.Overlay().Overlays {
+		names = append(names, ov.Info.Name)
+	}
+	for _, al := range allocs {
+		names = append(names, al.Network)
+	}
+	slices.Sort(names)
+	for _, name := range slices.Compact(names) {
+		if network != "" && name != network {
+			continue
+		}
+		st := a.ipam.Status(name)
+		u := api.IPAMNetworkUsage{Network: name, Ready: st.Ready, Error: st.Error, Bridges: []api.IPAMBridgeUsage{}}
+		for _, kind := range []string{api.BridgeMesos, api.BridgeDocker} {
+			b := api.IPAMBridgeUsage{Bridge: kind}
+			v4, v6, served := a.ipam.BridgeSubnets(name, kind)
+			if v4.IsValid() {
+				b.Subnet = v4.String()
+			}
+			if v6.IsValid() {
+				b.Subnet6 = v6.String()
+			}
+			held := false
+			for _, al := range allocs {
+				if al.Network != name || al.Bridge != kind {
+					continue
+				}
+				held = true
+				for _, ip := range al.IPs {
+					switch p, err := netip.ParsePrefix(ip.Address); {
+					case err != nil:
+					case p.Addr().Is4():
+						b.Used++
+					default:
+						b.Used6++
+					}
+				}
+			}
+			if free, ok := st.Free[kind]; ok {
+				b.Free = &free
+			}
+			if served || held {
+				u.Bridges = append(u.Bridges, b)
+			}
+		}
+		out.Networks = append(out.Networks, u)
+	}
+	return out
+}
+
+// IPAMAllocations is every allocation of the agent (of one overlay when
+// network is set) with what the agent can tell of its container.
+func (a *Agent) IPAMAllocations(network string) *api.AgentAllocations {
+	allocs := a.ipam.List(network).Allocations
+	cache, cacheErr := readCNICache(a.cfg.CNICacheDir)
+	out := &api.AgentAllocations{AgentID: a.id, Allocations: make([]api.AgentAllocation, 0, len(allocs))}
+	for _, al := range allocs {
+		aa := api.AgentAllocation{Allocation: al, Container: api.ContainerUnknown}
+		switch {
+		case al.Bridge != api.BridgeMesos:
+			aa.ContainerDetail = "a " + al.Bridge + " allocation: only CNI attachments are checked"
+		case a.cfg.CNICacheDir == "":
+			aa.ContainerDetail = "the agent runs without --cni-cache-dir"
+		case cacheErr != nil:
+			aa.ContainerDetail = cacheErr.Error()
+		default:
+			aa.Container, aa.ContainerDetail = cache.container(al)
+		}
+		out.Allocations = append(out.Allocations, aa)
+	}
+	return out
+}
+
+// cniAttachment names an attachment as libcni's cache does.
+type cniAttachment struct{ network, containerID, ifName string }
+
+// cniCache maps the attachments a CNI runtime holds to their network
+// namespace path ("" when the cache names none).
+type cniCache map[cniAttachment]string
+
+// readCNICache reads libcni's cache of ADD results (dir/results/*): libcni
+// writes an entry when an ADD succeeds and removes it when the DEL does.
+// A missing results directory is an empty cache.
+func readCNICache(dir string) (cniCache, error) {
+	out := cniCache{}
+	if dir == "" {
+		return out, nil
+	}
+	files, err := os.ReadDir(filepath.Join(dir, "results"))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return out, nil
+		}
+		return nil, fmt.Errorf("read the CNI cache: %w", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(filepath.Join(dir, "results", f.Name()))
+		if err != nil {
+			continue // removed by a DEL meanwhile
+		}
+		var e struct {
+			ContainerID string `json:"containerId"`
+			IfName      string `json:"ifName"`
+			NetworkName string `json:"networkName"`
+			NetNS       string `json:"netns"`
+		}
+		if json.Unmarshal(data, &e) != nil || e.ContainerID == "" {
+			continue
+		}
+		out[cniAttachment{e.NetworkName, e.ContainerID, e.IfName}] = e.NetNS
+	}
+	return out, nil
+}
+
+// container tells whether a CNI runtime still holds the allocation.
+func (c cniCache) container(al api.Allocation) (state, detail string) {
+	netns, ok := c[cniAttachment{al.Network, al.ContainerID, al.IfName}]
+	switch {
+	case !ok:
+		return api.ContainerGone, "no CNI runtime holds it (no entry in the CNI cache)"
+	case netns == "":
+		return api.ContainerLive, "in the CNI cache"
+	}
+	if _, err := os.Stat(netns); errors.Is(err, fs.ErrNotExist) {
+		return api.ContainerGone, "its network namespace " + netns + " no longer exists"
+	}
+	return api.ContainerLive, "in the CNI cache, network namespace " + netns
+}

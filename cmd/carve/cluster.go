@@ -1,0 +1,251 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
+)
+
+const clusterUsage = `usage:
+  carve cluster status --masters URL[,URL...] [--json] [--timeout 10s] \
+                       --ca-file CA --cert-file CERT --key-file KEY | --insecure
+`
+
+// errUnhealthy is returned after a report that found problems: the command
+// exits 1.
+var errUnhealthy = errors.New("problems found")
+
+func runCluster(ctx context.Context, args []string, out io.Writer) error {
+	return subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
+		"status": func(args []string) error { return runClusterStatus(ctx, args, out) },
+	})
+}
+
+// masterView is one master's answer to GET /cluster/status, or why there is none.
+type masterView struct {
+	URL    string             `json:"url"`
+	Status *api.ClusterStatus `json:"status,omitempty"`
+	Error  string             `json:"error,omitempty"`
+}
+
+// clusterReport is what carve cluster status prints.
+type clusterReport struct {
+	// Masters are the masters asked: those given, then the servers they
+	// name that were not given.
+	Masters   []masterView `json:"masters"`
+	Leader    string       `json:"leader,omitempty"`
+	ClusterID string       `json:"cluster_id,omitempty"`
+	Healthy   bool         `json:"healthy"`
+	Problems  []string     `json:"problems,omitempty"`
+	// Unchecked names the servers that were not asked: no URL was given for
+	// them and the masters know none (a follower's API address is known
+	// only once it led or joined with one). Give every master in --masters
+	// to check them all.
+	Unchecked []string `json:"unchecked,omitempty"`
+}
+
+func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
+	fs := cli.NewFlagSet("carve cluster status")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each master")
+	mf := addMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
+	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterUsage); fs.PrintDefaults() }
+	if err := cli.Parse(fs, args); err != nil {
+		return err
+	}
+	if *timeout <= 0 {
+		return fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *timeout)
+	}
+	client, opts, err := mf.client()
+	if err != nil {
+		return err
+	}
+	ask := func(ctx context.Context, url string) (*api.ClusterStatus, error) {
+		c, err := api.NewClientWith([]string{url}, opts)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		return c.ClusterStatus(ctx)
+	}
+	rep := collectClusterStatus(ctx, client.Masters(), ask)
+	if err := printReport(out, *asJSON, rep, printClusterReport); err != nil {
+		return err
+	}
+	if !rep.Healthy {
+		return fmt.Errorf("%w: %d (the cluster is not healthy)", errUnhealthy, len(rep.Problems))
+	}
+	return nil
+}
+
+// collectClusterStatus asks every given master, then every server they name
+// that answered from no given URL, and judges the answers.
+func collectClusterStatus(ctx context.Context, urls []string, ask func(context.Context, string) (*api.ClusterStatus, error)) *clusterReport {
+	rep := &clusterReport{}
+	askAll := func(urls []string) {
+		views := make([]masterView, len(urls))
+		var wg sync.WaitGroup
+		for i, u := range urls {
+			wg.Go(func() {
+				views[i].URL = u
+				st, err := ask(ctx, u)
+				if err != nil {
+					views[i].Error = err.Error()
+					return
+				}
+				views[i].Status = st
+			})
+		}
+		wg.Wait()
+		rep.Masters = append(rep.Masters, views...)
+	}
+	askAll(urls)
+	// Servers known to the answers but not asked yet (by id and by URL).
+	asked, answered := map[string]bool{}, map[string]bool{}
+	for _, v := range rep.Masters {
+		asked[v.URL] = true
+		if v.Status != nil {
+			answered[v.Status.ID] = true
+		}
+	}
+	var more []string
+	for _, v := range rep.Masters {
+		if v.Status == nil {
+			continue
+		}
+		for _, s := range v.Status.Servers {
+			if !answered[s.ID] && s.URL != "" && !asked[s.URL] {
+				asked[s.URL] = true
+				more = append(more, s.URL)
+			}
+		}
+	}
+	askAll(more)
+	judgeCluster(rep)
+	return rep
+}
+
+// judgeCluster fills the report's leader, cluster id and problems (a master
+// that did not answer, that sees no leader or another leader than the
+// others, that has not caught up, that reports another cluster id) and the
+// servers that could not be asked.
+func judgeCluster(rep *clusterReport) {
+	var problems []string
+	leaders, clusterIDs := map[string][]string{}, map[string][]string{}
+	seen := map[string]bool{}
+	for _, v := range rep.Masters {
+		st := v.Status
+		if st == nil {
+			problems = append(problems, fmt.Sprintf("master %s: unreachable: %s", v.URL, v.Error))
+			continue
+		}
+		seen[st.ID] = true
+		name := fmt.Sprintf("master %s (%s)", st.ID, v.URL)
+		if st.Leader == nil || st.Leader.ID == "" {
+			problems = append(problems, name+": sees no leader")
+		} else {
+			leaders[st.Leader.ID] = append(leaders[st.Leader.ID], st.ID)
+		}
+		if !st.CaughtUp {
+			problems = append(problems, name+": has not caught up with the log (it answers state reads with 503)")
+		}
+		if st.ClusterID == "" {
+			problems = append(problems, name+": has no cluster id yet")
+		} else {
+			clusterIDs[st.ClusterID] = append(clusterIDs[st.ClusterID], st.ID)
+		}
+	}
+	for _, v := range rep.Masters {
+		if v.Status == nil {
+			continue
+		}
+		for _, s := range v.Status.Servers {
+			if !seen[s.ID] && s.URL == "" {
+				seen[s.ID] = true
+				rep.Unchecked = append(rep.Unchecked, s.ID)
+			}
+		}
+	}
+	switch len(leaders) {
+	case 0:
+		problems = append(problems, "no leader")
+	case 1:
+		for id := range leaders {
+			rep.Leader = id
+		}
+	default:
+		problems = append(problems, "the masters disagree on the leader: "+describeGroups(leaders, "seen by"))
+	}
+	switch len(clusterIDs) {
+	case 1:
+		for id := range clusterIDs {
+			rep.ClusterID = id
+		}
+	case 0:
+	default:
+		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
+	}
+	rep.Problems, rep.Healthy = problems, len(problems) == 0
+}
+
+// describeGroups renders {"m1": ["m1", "m2"]} as "m1 seen by m1,m2".
+func describeGroups(groups map[string][]string, verb string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(groups)) {
+		members := slices.Sorted(slices.Values(groups[k]))
+		parts = append(parts, k+" "+verb+" "+strings.Join(members, ","))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func printClusterReport(out io.Writer, rep *clusterReport) error {
+	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS")
+	for _, v := range rep.Masters {
+		st := v.Status
+		if st == nil {
+			fmt.Fprintf(tw, "?\t%s\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\n", v.URL)
+			continue
+		}
+		leader := "-"
+		if st.Leader != nil {
+			leader = st.Leader.ID
+		}
+		var servers []string
+		for _, s := range st.Servers {
+			id := s.ID
+			if !s.Voter {
+				id += "(nonvoter)"
+			}
+			servers = append(servers, id)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\n", st.ID, v.URL, st.Role, leader, st.Term,
+			st.CommitIndex, st.AppliedIndex, st.LastIndex, st.LastSnapshotIndex, st.CaughtUp, strings.Join(servers, ","))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(rep.Unchecked) > 0 {
+		fmt.Fprintf(out, "not checked: %s (the masters know no URL for them: give them in --masters)\n", strings.Join(rep.Unchecked, ", "))
+	}
+	if rep.Healthy {
+		fmt.Fprintln(out, "healthy")
+		return nil
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintln(out, "problem: "+p)
+	}
+	return nil
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/carve-net/carve/api"
+)
+
+// Kinds of problem carve ipam check reports.
+const (
+	problemDuplicate   = "duplicate"   // an address held by two attachments
+	problemOutside     = "outside"     // an address outside its agent's leased range
+	problemLeak        = "leak"        // an address whose container is gone
+	problemUnreachable = "unreachable" // an agent whose allocations could not be read
+)
+
+// holder is an attachment holding an address.
+type holder struct {
+	AgentID     string `json:"agent_id"`
+	ContainerID string `json:"container_id,omitempty"`
+	IfName      string `json:"ifname,omitempty"`
+	Bridge      string `json:"bridge,omitempty"`
+}
+
+func (h holder) String() string {
+	if h.ContainerID == "" {
+		return h.AgentID
+	}
+	return h.AgentID + "/" + h.ContainerID + "/" + h.IfName
+}
+
+// ipamProblem is one finding of carve ipam check.
+type ipamProblem struct {
+	Kind    string   `json:"kind"`
+	Network string   `json:"network,omitempty"`
+	Address string   `json:"address,omitempty"`
+	Holders []holder `json:"holders"`
+	Detail  string   `json:"detail"`
+}
+
+// key identifies a problem across two reads.
+func (p ipamProblem) key() string {
+	hs := make([]string, len(p.Holders))
+	for i, h := range p.Holders {
+		hs[i] = h.String()
+	}
+	return p.Kind + "|" + p.Network + "|" + p.Address + "|" + strings.Join(hs, ",")
+}
+
+// ipamSnapshot is one read of the cluster's addresses: the masters' state,
+// every agent's allocations, and why some agents could not be read.
+type ipamSnapshot struct {
+	State       *api.State
+	Allocations map[string]*api.AgentAllocations // by agent id
+	Failed      map[string]string                // agent id -> error
+}
+
+// checkIPAM finds, in one read, the addresses held twice, those outside
+// their agent's leased range for the bridge, those whose container the
+// agent knows to be gone, and the agents that could not be read. The
+// problems come sorted.
+func checkIPAM(snap ipamSnapshot) []ipamProblem {
+	var problems []ipamProblem
+	for id, err := range snap.Failed {
+		problems = append(problems, ipamProblem{Kind: problemUnreachable, Holders: []holder{{AgentID: id}},
+			Detail: "its allocations could not be read: " + err})
+	}
+	type place struct{ network, addr string }
+	holders := map[place][]holder{}
+	records := map[string]*api.AgentInfo{}
+	for i := range snap.State.Agents {
+		records[snap.State.Agents[i].AgentID] = &snap.State.Agents[i]
+	}
+	for id, list := range snap.Allocations {
+		rec := records[id]
+		for _, al := range list.Allocations {
+			h := holder{AgentID: id, ContainerID: al.ContainerID, IfName: al.IfName, Bridge: al.Bridge}
+			if al.Container == api.ContainerGone {
+				problems = append(problems, ipamProblem{Kind: problemLeak, Network: al.Network, Address: joinAddresses(al.IPs),
+					Holders: []holder{h}, Detail: "the container is gone: " + al.ContainerDetail})
+			}
+			for _, ip := range al.IPs {
+				p, err := netip.ParsePrefix(ip.Address)
+				if err != nil {
+					problems = append(problems, ipamProblem{Kind: problemOutside, Network: al.Network, Address: ip.Address,
+						Holders: []holder{h}, Detail: "the agent reports an address that does not parse: " + err.Error()})
+					continue
+				}
+				addr := p.Addr().Unmap()
+				k := place{al.Network, addr.String()}
+				holders[k] = append(holders[k], h)
+				if why := outsideLease(rec, al.Network, al.Bridge, addr); why != "" {
+					problems = append(problems, ipamProblem{Kind: problemOutside, Network: al.Network, Address: addr.String(),
+						Holders: []holder{h}, Detail: why})
+				}
+			}
+		}
+	}
+	for k, hs := range holders {
+		if len(hs) < 2 {
+			continue
+		}
+		slices.SortFunc(hs, func(a, b holder) int { return strings.Compare(a.String(), b.String()) })
+		names := make([]string, len(hs))
+		for i, h := range hs {
+			names[i] = h.String()
+		}
+		problems = append(problems, ipamProblem{Kind: problemDuplicate, Network: k.network, Address: k.addr, Holders: hs,
+			Detail: fmt.Sprintf("held by %d attachments: %s", len(hs), strings.Join(names, ", "))})
+	}
+	slices.SortFunc(problems, func(a, b ipamProblem) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Network, b.Network), compareAddr(a.Address, b.Address),
+			cmp.Compare(a.key(), b.key()))
+	})
+	return problems
+}
+
+// outsideLease says why addr is outside the range the masters leased to the
+// agent for the bridge on the overlay ("" when inside).
+func outsideLease(rec *api.AgentInfo, network, bridge string, addr netip.Addr) string {
+	if rec == nil {
+		return "the agent is not in the masters' state"
+	}
+	ov := rec.Overlay(network)
+	if ov == nil {
+		return fmt.Sprintf("agent %s has no lease on overlay %s", rec.AgentID, network)
+	}
+	var br *api.BridgeInfo
+	switch bridge {
+	case api.BridgeMesos:
+		br = ov.MesosBridge
+	case api.BridgeDocker:
+		br = ov.DockerBridge
+	}
+	if br == nil {
+		return fmt.Sprintf("agent %s has no %s bridge lease on overlay %s", rec.AgentID, bridge, network)
+	}
+	lease := br.IP
+	if addr.Is6() {
+		lease = br.IP6
+	}
+	p, err := netip.ParsePrefix(lease)
+	if err != nil {
+		return fmt.Sprintf("agent %s has no IPv%d range on the %s bridge of overlay %s", rec.AgentID, map[bool]int{true: 6, false: 4}[addr.Is6()], bridge, network)
+	}
+	if !p.Masked().Contains(addr) {
+		return fmt.Sprintf("outside agent %s's %s range %s on overlay %s", rec.AgentID, bridge, p.Masked(), network)
+	}
+	return ""
+}
+
+// confirmProblems keeps the problems of the second read that the first
+// read showed too, so that an allocation in flight (an ADD between the
+// IPAM and the runtime's cache, an address moving between agents) is not
+// reported; a problem of an agent that could not be read the first time
+// needs no confirmation, nor does an unreachable agent.
+func confirmProblems(first []ipamProblem, firstFailed map[string]string, second []ipamProblem) []ipamProblem {
+	seen := map[string]bool{}
+	for _, p := range first {
+		seen[p.key()] = true
+	}
+	var out []ipamProblem
+	for _, p := range second {
+		keep := seen[p.key()] || p.Kind == problemUnreachable
+		for _, h := range p.Holders {
+			if _, failed := firstFailed[h.AgentID]; failed {
+				keep = true
+			}
+		}
+		if keep {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func joinAddresses(ips []api.IPConfig) string {
+	var out []string
+	for _, ip := range ips {
+		if p, err := netip.ParsePrefix(ip.Address); err == nil {
+			out = append(out, p.Addr().String())
+		} else {
+			out = append(out, ip.Address)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// compareAddr orders addresses numerically, and what does not parse after.
+func compareAddr(a, b string) int {
+	first := func(s string) string { s, _, _ = strings.Cut(s, ","); return s }
+	x, errX := netip.ParseAddr(first(a))
+	y, errY := netip.ParseAddr(first(b))
+	switch {
+	case errX == nil && errY == nil:
+		return x.Compare(y)
+	case errX == nil:
+		return -1
+	case errY == nil:
+		return 1
+	}
+	return strings.Compare(a, b)
+}

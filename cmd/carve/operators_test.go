@@ -1,0 +1,314 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/mastertest"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/pki"
+)
+
+// secureMaster runs a TLS master and returns it with the flags of a client
+// holding a certificate of the role (name: its holder).
+func secureMaster(t *testing.T) *mastertest.Secure {
+	t.Helper()
+	return mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), master.DefaultConfig(), slog.New(slog.DiscardHandler))
+}
+
+// clientFlags are --masters and the TLS flags of a certificate of role.
+func clientFlags(m *mastertest.Secure, name string, role pki.Role) []string {
+	f := m.CA.Files(name, role)
+	return []string{"--masters", "https://" + m.HTTPAddr(), "--ca-file", f.CA, "--cert-file", f.Cert, "--key-file", f.Key}
+}
+
+// registerAgents registers agents id -> underlay IP with their own certificates.
+func registerAgents(t *testing.T, m *mastertest.Secure, agents map[string]string) {
+	t.Helper()
+	for id, ip := range agents {
+		c, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS(id, pki.RoleAgent)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err = c.Register(ctx, api.RegisterRequest{AgentID: id, IP: ip, NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}})
+		cancel()
+		if err != nil {
+			t.Fatalf("register %s: %v", id, err)
+		}
+	}
+}
+
+// run runs a command function and returns its output and exit code.
+func run(t *testing.T, cmd func(context.Context, []string, *bytes.Buffer) error, args ...string) (string, int, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := cmd(context.Background(), args, &out)
+	return out.String(), cli.ExitCode(err), err
+}
+
+func clusterCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runCluster(ctx, args, out)
+}
+func agentsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runAgents(ctx, args, out)
+}
+func ipamCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
+	return runIPAM(ctx, args, out)
+}
+
+func TestClusterStatus(t *testing.T) {
+	m := secureMaster(t)
+	flags := clientFlags(m, "op", pki.RoleOperator)
+
+	out, code, err := run(t, clusterCmd, append([]string{"status"}, flags...)...)
+	if code != 0 || !strings.Contains(out, "leader m1") || !strings.Contains(out, "healthy") || !strings.Contains(out, "leader") {
+		t.Fatalf("cluster status: exit %d (%v), output:\n%s", code, err, out)
+	}
+
+	out, code, _ = run(t, clusterCmd, append([]string{"status", "--json"}, clientFlags(m, "h1", pki.RoleAgent)...)...)
+	var rep clusterReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("cluster status --json with an agent certificate: exit %d, %v:\n%s", code, err, out)
+	}
+	if !rep.Healthy || rep.Leader != "m1" || rep.ClusterID == "" || len(rep.Masters) != 1 || !rep.Masters[0].Status.CaughtUp {
+		t.Errorf("report: %+v", rep)
+	}
+
+	// A master that does not answer makes the cluster unhealthy.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "https://" + ln.Addr().String()
+	ln.Close()
+	args := append([]string{"status", "--json", "--timeout", "5s"}, flags...)
+	args[len(args)-7] += "," + dead // --masters is the first of the client flags
+	out, code, err = run(t, clusterCmd, args...)
+	rep = clusterReport{}
+	if jerr := json.Unmarshal([]byte(out), &rep); jerr != nil || code != 1 || !errors.Is(err, errUnhealthy) {
+		t.Fatalf("with an unreachable master: exit %d (%v), %v:\n%s", code, err, jerr, out)
+	}
+	if rep.Healthy || len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], dead) || rep.Leader != "m1" {
+		t.Errorf("with an unreachable master: %+v", rep)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "needs a subcommand"},
+		{[]string{"stat"}, `"stat": unknown subcommand`},
+		{[]string{"status"}, "--masters is required"},
+		{[]string{"status", "--masters", "https://127.0.0.1:1"}, "--ca-file"},
+		{append([]string{"status", "--timeout", "0s"}, flags...), "--timeout"},
+		{append([]string{"status", "extra"}, flags...), `unexpected argument "extra"`},
+	} {
+		if _, code, err := run(t, clusterCmd, tc.args...); code != 2 || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("cluster %q: exit %d, %v; want 2 and %q", tc.args, code, err, tc.want)
+		}
+	}
+}
+
+func TestJudgeCluster(t *testing.T) {
+	server := func(id string) api.ServerInfo { return api.ServerInfo{ID: id, URL: "https://" + id, Voter: true} }
+	status := func(id, leader, cluster string, caughtUp bool) *api.ClusterStatus {
+		m3 := api.ServerInfo{ID: "m3", RaftAddr: "198.18.0.13:8300", Voter: true} // a follower: its URL is not known
+		st := &api.ClusterStatus{ID: id, ClusterID: cluster, CaughtUp: caughtUp, Servers: []api.ServerInfo{server("m1"), server("m2"), m3}}
+		if leader != "" {
+			l := server(leader)
+			st.Leader = &l
+		}
+		return st
+	}
+	tests := []struct {
+		name    string
+		masters []masterView
+		leader  string
+		want    []string
+	}{
+		{"healthy", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m1", "c", true)}}, "m1", nil},
+		{"no leader", []masterView{{URL: "https://m1", Status: status("m1", "", "c", true)}, {URL: "https://m2", Status: status("m2", "", "c", true)}}, "",
+			[]string{"master m1 (https://m1): sees no leader", "master m2 (https://m2): sees no leader", "no leader"}},
+		{"split views", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m2", "d", false)}}, "",
+			[]string{"master m2 (https://m2): has not caught up with the log (it answers state reads with 503)",
+				"the masters disagree on the leader: m1 seen by m1; m2 seen by m2",
+				"the masters report different cluster ids (a rebuilt cluster?): c on m1; d on m2"}},
+		{"unreachable", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Error: "refused"}}, "m1",
+			[]string{"master https://m2: unreachable: refused"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := &clusterReport{Masters: tc.masters}
+			judgeCluster(rep)
+			if len(rep.Unchecked) != 1 || rep.Unchecked[0] != "m3" {
+				t.Errorf("unchecked: %v, want m3", rep.Unchecked)
+			}
+			if rep.Leader != tc.leader || rep.Healthy != (len(tc.want) == 0) || strings.Join(rep.Problems, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("leader %q, healthy %t, problems:\n%s\nwant leader %q, problems:\n%s", rep.Leader, rep.Healthy,
+					strings.Join(rep.Problems, "\n"), tc.leader, strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+func TestAgentsDelete(t *testing.T) {
+	m := secureMaster(t)
+	registerAgents(t, m, map[string]string{"h1": "198.18.0.11", "h2": "198.18.0.12", "h3": "198.18.0.13"})
+	op := clientFlags(m, "op", pki.RoleOperator)
+
+	// An agent certificate may not delete: the master's 403 is shown.
+	_, code, err := run(t, agentsCmd, append([]string{"delete", "h1"}, clientFlags(m, "h1", pki.RoleAgent)...)...)
+	if code != 1 || err == nil || !strings.Contains(err.Error(), "role agent may not") || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("delete with an agent certificate: exit %d, %v", code, err)
+	}
+
+	// An unknown name deletes nothing.
+	_, code, err = run(t, agentsCmd, append([]string{"delete", "h1", "h9"}, op...)...)
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "h9") || !strings.Contains(err.Error(), "nothing deleted") {
+		t.Fatalf("delete h1 h9: exit %d, %v", code, err)
+	}
+
+	// By id and by IP, flags after the names.
+	out, code, err := run(t, agentsCmd, append(append([]string{"delete", "h1", "198.18.0.12"}, op...), "--json", "--request-id", "req-1")...)
+	if code != 0 {
+		t.Fatalf("delete h1 198.18.0.12: exit %d, %v\n%s", code, err, out)
+	}
+	var rep deleteReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.RequestID != "req-1" || len(rep.Agents) != 2 || rep.Agents[0].AgentID != "h1" || rep.Agents[1].AgentID != "h2" ||
+		rep.Agents[1].Name != "198.18.0.12" {
+		t.Fatalf("report: %+v", rep)
+	}
+	for _, a := range rep.Agents {
+		if a.Result != deleteDone || a.Version == 0 || a.Version > rep.Index {
+			t.Errorf("agent %+v: want deleted with its tombstone's version (index %d)", a, rep.Index)
+		}
+	}
+
+	// Again: already deleted, and h3 still there.
+	out, code, err = run(t, agentsCmd, append([]string{"delete", "h1"}, op...)...)
+	if code != 0 || !strings.Contains(out, "already deleted") {
+		t.Fatalf("delete h1 again: exit %d, %v\n%s", code, err, out)
+	}
+	c, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS("op", pki.RoleOperator)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.State(context.Background(), api.StateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Agents) != 1 || st.Agents[0].AgentID != "h3" {
+		t.Errorf("agents left: %+v, want h3", st.Agents)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"delete"}, op...), "name the agents to delete"},
+		{append([]string{"delete", "bad/name"}, op...), `"bad/name" is neither an IP address nor an agent id`},
+		{[]string{"remove", "h1"}, `"remove": unknown subcommand`},
+	} {
+		if _, code, err := run(t, agentsCmd, tc.args...); code != 2 || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("agents %q: exit %d, %v; want 2 and %q", tc.args, code, err, tc.want)
+		}
+	}
+}
+
+// TestAgentReaderVerifiesTheAgent: carve ipam talks to an agent only when
+// its certificate is the one of the agent the masters' record names.
+func TestAgentReaderVerifiesTheAgent(t *testing.T) {
+	m := secureMaster(t)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"agent_id":"h1","allocations":[]}`))
+	}))
+	srv.TLS = m.CA.ServerTLS("h1", pki.RoleAgent, true)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	host, portStr, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	port, _ := strconv.Atoi(portStr)
+	for _, tc := range []struct {
+		name    string
+		record  api.AgentInfo
+		clients string
+		want    string
+	}{
+		{"the right agent", api.AgentInfo{AgentID: "h1", IP: host}, "op", ""},
+		{"another agent's certificate", api.AgentInfo{AgentID: "h2", IP: host}, "op", "want agent/h2"},
+		{"no IP", api.AgentInfo{AgentID: "h1"}, "op", "no underlay IP"},
+		{"no client certificate", api.AgentInfo{AgentID: "h1", IP: host}, "", "certificate"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &agentReader{port: port, tls: m.CA.ClientTLS(tc.clients, pki.RoleOperator), timeout: 10 * time.Second}
+			failed := r.readAgents(context.Background(), []api.AgentInfo{tc.record}, func(ctx context.Context, c *api.AgentClient, _ api.AgentInfo) error {
+				_, err := c.IPAMAllocations(ctx, "")
+				return err
+			})
+			switch got := failed[tc.record.AgentID]; {
+			case tc.want == "" && got != "":
+				t.Errorf("read failed: %s", got)
+			case tc.want != "" && !strings.Contains(got, tc.want):
+				t.Errorf("read: %q, want an error with %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildIPAMShow(t *testing.T) {
+	free := uint64(120)
+	h1 := leaseRecord("h1", "10.128.0.1/25", "", "10.128.0.129/25")
+	h1.Overlays[0].Subnet = "10.128.0.0/24"
+	h2 := leaseRecord("h2", "10.128.1.1/25", "", "")
+	st := &api.State{Network: api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/9"}, {Name: "empty", Subnet: "10.0.0.0/16"}}},
+		Agents: []api.AgentInfo{h1, h2}}
+	usage := map[string]*api.AgentIPAMStatus{"h1": {AgentID: "h1", Networks: []api.IPAMNetworkUsage{{Network: "carve", Ready: true, Bridges: []api.IPAMBridgeUsage{
+		{Bridge: api.BridgeMesos, Subnet: "10.128.0.0/25", Used: 5, Free: &free},
+		{Bridge: api.BridgeDocker, Subnet: "10.128.0.128/25", Used: 2, Used6: 1},
+	}}}}} // h2 could not be read
+	rep := buildIPAMShow(st, st.Agents, usage, "")
+	if len(rep.Overlays) != 2 || rep.Overlays[1].Name != "empty" || len(rep.Overlays[1].Agents) != 0 {
+		t.Fatalf("overlays: %+v", rep.Overlays)
+	}
+	ov := rep.Overlays[0]
+	if ov.Used != 7 || ov.Used6 != 1 || ov.Free != 120 || len(ov.Agents) != 2 {
+		t.Fatalf("overlay carve: %+v", ov)
+	}
+	a1, a2 := ov.Agents[0], ov.Agents[1]
+	if !a1.Ready || a1.Subnet != "10.128.0.0/24" || len(a1.Bridges) != 2 || *a1.Bridges[0].Used != 5 || *a1.Bridges[0].Free != 120 ||
+		a1.Bridges[1].Subnet != "10.128.0.129/25" || *a1.Bridges[1].Used != 2 || a1.Bridges[1].Free != nil {
+		t.Errorf("h1: %+v", a1)
+	}
+	if a2.Ready || len(a2.Bridges) != 1 || a2.Bridges[0].Used != nil || a2.Bridges[0].Subnet != "10.128.1.1/25" {
+		t.Errorf("h2 (unread): %+v", a2)
+	}
+	var out bytes.Buffer
+	if err := printIPAMShow(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"overlay carve 10.128.0.0/9: 2 agents, 7 addresses used (IPv6: 1), 120 IPv4 free", "10.128.0.129/25", "overlay empty"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if only := buildIPAMShow(st, st.Agents, usage, "empty"); len(only.Overlays) != 1 || only.Overlays[0].Name != "empty" {
+		t.Errorf("--overlay empty: %+v", only.Overlays)
+	}
+}

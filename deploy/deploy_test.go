@@ -1,0 +1,270 @@
+// Package deploy holds the files an installation uses (systemd units,
+// example configurations, install scripts); its tests check that they are
+// valid and agree with the carve binary.
+package deploy
+
+import (
+	"bufio"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master"
+)
+
+// installedBinary is the path the units run carve from.
+const installedBinary = "/usr/local/bin/carve"
+
+// units maps each unit to the carve command it runs and its example env file.
+// caps is the unit's only capabilities; exposure the most that
+// systemd-analyze security may rate it (0-100, ten times its score), so that
+// dropping a hardening option fails the test.
+var units = []struct {
+	file, command, env string
+	caps               string
+	exposure           int
+}{
+	{"carve-master.service", "master", "examples/master.env", "", 15},
+	{"carve-agent.service", "agent", "examples/agent.env", "CAP_NET_ADMIN CAP_CHOWN", 30},
+}
+
+// buildCarve builds cmd/carve into a temporary directory.
+func buildCarve(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "carve")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "build", "-o", bin, "github.com/carve-net/carve/cmd/carve").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build carve: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// hardening are settings every unit keeps.
+var hardening = []string{
+	"Restart=on-failure", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes",
+	"PrivateTmp=yes", "PrivateDevices=yes", "SystemCallFilter=@system-service", "SystemCallArchitectures=native",
+	"RestrictNamespaces=yes", "RestrictSUIDSGID=yes", "LockPersonality=yes", "MemoryDenyWriteExecute=yes",
+}
+
+// checkUnit checks unit text with ExecStart pointing at bin and returns its
+// problems: what systemd-analyze verify says (a non-zero exit or any output:
+// systemd only warns about unknown keys and bad values, and exits 0), an
+// exposure above the limit by systemd-analyze security, and capabilities
+// other than caps (systemd ignores unknown capability names), and a
+// missing hardening setting.
+func checkUnit(t *testing.T, analyze, name, text, bin, caps string, exposure int) string {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(text, installedBinary, bin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var problems []string
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(analyze, args...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	switch out, err := run("verify", "--man=no", path); {
+	case err != nil:
+		problems = append(problems, fmt.Sprintf("systemd-analyze verify: %v\n%s", err, out))
+	case out != "":
+		problems = append(problems, "systemd-analyze verify:\n"+out)
+	}
+	if out, err := run("security", "--offline=yes", "--threshold="+strconv.Itoa(exposure), path); err != nil {
+		lines := strings.Split(out, "\n")
+		problems = append(problems, fmt.Sprintf("systemd-analyze security: %v (limit %d.%d): %s", err, exposure/10, exposure%10, lines[len(lines)-1]))
+	}
+	for _, line := range hardening {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(line) + `$`).MatchString(text) {
+			problems = append(problems, name+": missing "+line)
+		}
+	}
+	for _, key := range []string{"CapabilityBoundingSet", "AmbientCapabilities"} {
+		m := regexp.MustCompile(`(?m)^`+key+`=(.*)$`).FindAllStringSubmatch(text, -1)
+		if len(m) != 1 || strings.Join(strings.Fields(m[0][1]), " ") != caps {
+			problems = append(problems, fmt.Sprintf("%s: want exactly one line %s=%s, got %q", name, key, caps, m))
+		}
+	}
+	return strings.Join(problems, "\n")
+}
+
+func readUnit(t *testing.T, name string) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("systemd", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+func TestUnitsVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
+	}
+	bin := buildCarve(t)
+	for _, u := range units {
+		t.Run(u.file, func(t *testing.T) {
+			text := readUnit(t, u.file)
+			if !strings.Contains(text, "ExecStart="+installedBinary+" "+u.command+" ") {
+				t.Fatalf("ExecStart does not run %s %s", installedBinary, u.command)
+			}
+			if problems := checkUnit(t, analyze, u.file, text, bin, u.caps, u.exposure); problems != "" {
+				t.Fatalf("%s:\n%s", u.file, problems)
+			}
+		})
+	}
+}
+
+// TestUnitsVerifyCatchesBrokenUnits makes sure the verification above can
+// fail: each breakage of a real unit must draw a complaint.
+func TestUnitsVerifyCatchesBrokenUnits(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
+	}
+	bin := buildCarve(t)
+	agent := units[1]
+	text := readUnit(t, agent.file)
+	for _, tc := range []struct{ name, old, new string }{
+		{"missing binary", installedBinary + " agent", installedBinary + "-missing agent"},
+		{"bad restart policy", "Restart=on-failure", "Restart=sometimes"},
+		{"misspelt key", "NoNewPrivileges=yes", "NoNewPrivilege=yes"},
+		{"bad service type", "Type=exec", "Type=execute"},
+		{"unknown capability", "CAP_NET_ADMIN CAP_CHOWN\nAmbient", "CAP_NET_ADMINN CAP_CHOWN\nAmbient"},
+		{"one capability more", "CapabilityBoundingSet=CAP_NET_ADMIN", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_NET_ADMIN"},
+		{"no system call filter", "SystemCallFilter=@system-service\n", ""},
+		{"file system writable", "ProtectSystem=strict\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if !strings.Contains(text, tc.old) {
+				t.Fatalf("the unit no longer contains %q: update the test", tc.old)
+			}
+			broken := strings.Replace(text, tc.old, tc.new, 1)
+			problems := checkUnit(t, analyze, agent.file, broken, bin, agent.caps, agent.exposure)
+			if problems == "" {
+				t.Fatalf("the check accepted the unit with %s", tc.name)
+			}
+			t.Logf("refused: %s", problems)
+		})
+	}
+}
+
+var (
+	execFlag = regexp.MustCompile(`--([a-z0-9-]+)=\$\{([A-Z0-9_]+)\}`)
+	envLine  = regexp.MustCompile(`^([A-Z0-9_]+)=(.*)$`)
+)
+
+// TestUnitsMatchBinaryAndEnv checks that every flag the units pass exists in
+// the carve command, and that the example env file defines exactly the
+// variables the unit uses (systemd passes an undefined one as "").
+func TestUnitsMatchBinaryAndEnv(t *testing.T) {
+	bin := buildCarve(t)
+	for _, u := range units {
+		t.Run(u.file, func(t *testing.T) {
+			text := readUnit(t, u.file)
+			help, _ := exec.Command(bin, u.command, "-h").CombinedOutput()
+			used := map[string]bool{}
+			for _, m := range execFlag.FindAllStringSubmatch(text, -1) {
+				if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(m[1]) + `(\s|$)`).Match(help) {
+					t.Errorf("ExecStart passes --%s, which carve %s does not have", m[1], u.command)
+				}
+				used[m[2]] = true
+			}
+			if len(used) == 0 {
+				t.Fatal("ExecStart passes no --flag=${VAR}")
+			}
+			defined := readEnv(t, u.env)
+			for v := range used {
+				if _, ok := defined[v]; !ok {
+					t.Errorf("%s does not define %s, which %s uses", u.env, v, u.file)
+				}
+			}
+			for v := range defined {
+				if !used[v] {
+					t.Errorf("%s defines %s, which %s does not use", u.env, v, u.file)
+				}
+			}
+			t.Logf("%s: %s", u.file, strings.Join(slices.Sorted(maps.Keys(used)), " "))
+		})
+	}
+}
+
+// readEnv reads an EnvironmentFile's assignments.
+func readEnv(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		m := envLine.FindStringSubmatch(line)
+		if m == nil {
+			t.Fatalf("%s:%d: %q is not VAR=value", path, n, line)
+		}
+		if _, dup := out[m[1]]; dup {
+			t.Fatalf("%s:%d: %s defined twice", path, n, m[1])
+		}
+		out[m[1]] = m[2]
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestExampleNetworkConfigs loads every example network configuration as
+// carve master --config does.
+func TestExampleNetworkConfigs(t *testing.T) {
+	files, err := filepath.Glob("examples/*.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no examples/*.json")
+	}
+	for _, f := range files {
+		if _, err := master.LoadConfig(f); err != nil {
+			t.Errorf("carve master --config %s: %v", f, err)
+		}
+	}
+	def, err := master.LoadConfig("examples/network.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := master.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
+		t.Errorf("examples/network.json is not the default configuration:\n got %+v\nwant %+v", def, want)
+	}
+}
+
+// withoutEnabled drops the overlays' explicit "enabled": true (absent means
+// enabled), so that a file that writes it equals the defaults.
+func withoutEnabled(cfg api.NetworkConfig) api.NetworkConfig {
+	cfg.Overlays = slices.Clone(cfg.Overlays)
+	for i := range cfg.Overlays {
+		if cfg.Overlays[i].IsEnabled() {
+			cfg.Overlays[i].Enabled = nil
+		}
+	}
+	return cfg
+}
