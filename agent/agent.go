@@ -30,6 +30,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/pki"
@@ -362,8 +363,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.router.Start(); err != nil {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
-	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn), TLSConfig: a.sec.server}
+	srv := httpapi.NewServer(a.routes(), httpapi.ServerOptions{TLS: a.sec.server,
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)})
 	var wg sync.WaitGroup
 	run := func(f func(context.Context)) {
 		wg.Add(1)
@@ -375,11 +376,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		serve := srv.Serve
-		if srv.TLSConfig != nil {
-			serve = func(ln net.Listener) error { return srv.ServeTLS(ln, "", "") }
-		}
-		if err := serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("http server stopped", "err", err)
 		}
 	}()
