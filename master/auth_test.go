@@ -234,8 +234,9 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 	foreign := newTestPKI(t)
 	c.ids = append(c.ids, "m4")
 	c.dirs = append(c.dirs, t.TempDir())
-	c.raftAddrs = append(c.raftAddrs, freeAddr(t))
-	c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+	pair := freeAddrs(t, 2)
+	c.raftAddrs = append(c.raftAddrs, pair[0])
+	c.httpAddrs = append(c.httpAddrs, pair[1])
 	c.masters = append(c.masters, nil)
 	opts := c.options(3)
 	opts.TLS = foreign.Files("m4", pki.RoleMaster)
@@ -337,7 +338,8 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 	p := newTestPKI(t)
 	c := &testCluster{t: t, cfg: DefaultConfig(), masters: make([]*Master, 1), pki: p}
 	c.ids, c.dirs = []string{"m1"}, []string{t.TempDir()}
-	c.raftAddrs, c.httpAddrs = []string{freeAddr(t)}, []string{freeAddr(t)}
+	pair := freeAddrs(t, 2)
+	c.raftAddrs, c.httpAddrs = []string{pair[0]}, []string{pair[1]}
 	t.Cleanup(func() { c.stop(0) })
 	opts := c.options(0)
 	opts.HTTPServer.ReadTimeout, opts.HTTPServer.WriteTimeout = 300*time.Millisecond, 300*time.Millisecond

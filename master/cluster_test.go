@@ -50,13 +50,24 @@ func testLogger(t *testing.T) *slog.Logger {
 // freeAddr returns a loopback address that was free a moment ago.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freeAddrs(t, 1)[0]
+}
+
+// freeAddrs returns n distinct free loopback addresses: the listeners are
+// held until all n are chosen, so the kernel cannot hand out one port twice
+// (closing each at once let two masters of one cluster get the same port).
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return addrs
 }
 
 func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
@@ -68,11 +79,12 @@ func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
 func newTestClusterWith(t *testing.T, n int, cfg api.NetworkConfig, p *testPKI) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p}
+	addrs := freeAddrs(t, 2*n)
 	for i := range n {
 		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
 		c.dirs = append(c.dirs, t.TempDir())
-		c.raftAddrs = append(c.raftAddrs, freeAddr(t))
-		c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+		c.raftAddrs = append(c.raftAddrs, addrs[2*i])
+		c.httpAddrs = append(c.httpAddrs, addrs[2*i+1])
 	}
 	t.Cleanup(func() {
 		for i := range c.masters {
@@ -662,8 +674,9 @@ func TestNoLeaderAnswers503(t *testing.T) {
 	for i := range 3 {
 		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
 		c.dirs = append(c.dirs, t.TempDir())
-		c.raftAddrs = append(c.raftAddrs, freeAddr(t))
-		c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+		pair := freeAddrs(t, 2)
+		c.raftAddrs = append(c.raftAddrs, pair[0])
+		c.httpAddrs = append(c.httpAddrs, pair[1])
 	}
 	t.Cleanup(func() { c.stop(0) })
 	c.start(0) // alone: no quorum, no leader
@@ -705,8 +718,9 @@ func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
 	// A fourth master joins through a follower.
 	c.ids = append(c.ids, "m4")
 	c.dirs = append(c.dirs, t.TempDir())
-	c.raftAddrs = append(c.raftAddrs, freeAddr(t))
-	c.httpAddrs = append(c.httpAddrs, freeAddr(t))
+	pair := freeAddrs(t, 2)
+	c.raftAddrs = append(c.raftAddrs, pair[0])
+	c.httpAddrs = append(c.httpAddrs, pair[1])
 	c.masters = append(c.masters, nil)
 	opts := c.options(3)
 	opts.Join = c.urls()[(leader+1)%3]
