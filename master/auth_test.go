@@ -232,12 +232,7 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 	}
 
 	foreign := newTestPKI(t)
-	c.ids = append(c.ids, "m4")
-	c.dirs = append(c.dirs, t.TempDir())
-	pair := freeAddrs(t, 2)
-	c.raftAddrs = append(c.raftAddrs, pair[0])
-	c.httpAddrs = append(c.httpAddrs, pair[1])
-	c.masters = append(c.masters, nil)
+	c.addSlot("m4")
 	opts := c.options(3)
 	opts.TLS = foreign.Files("m4", pki.RoleMaster)
 	opts.TLS.CA = p.CAFile() // it trusts the cluster; the cluster does not trust it

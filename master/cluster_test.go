@@ -70,6 +70,21 @@ func freeAddrs(t *testing.T, n int) []string {
 	return addrs
 }
 
+// addSlot gives the cluster one more master's id, data dir and addresses
+// (not started) and returns its index.
+func (c *testCluster) addSlot(id string) int {
+	c.t.Helper()
+	pair := freeAddrs(c.t, 2)
+	c.ids = append(c.ids, id)
+	c.dirs = append(c.dirs, c.t.TempDir())
+	c.raftAddrs = append(c.raftAddrs, pair[0])
+	c.httpAddrs = append(c.httpAddrs, pair[1])
+	if len(c.masters) < len(c.ids) {
+		c.masters = append(c.masters, nil)
+	}
+	return len(c.ids) - 1
+}
+
 func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
 	t.Helper()
 	return newTestClusterWith(t, n, cfg, nil)
@@ -672,11 +687,7 @@ func TestNoLeaderAnswers503(t *testing.T) {
 	}
 	c := &testCluster{t: t, cfg: DefaultConfig(), masters: make([]*Master, 3)}
 	for i := range 3 {
-		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
-		c.dirs = append(c.dirs, t.TempDir())
-		pair := freeAddrs(t, 2)
-		c.raftAddrs = append(c.raftAddrs, pair[0])
-		c.httpAddrs = append(c.httpAddrs, pair[1])
+		c.addSlot(fmt.Sprintf("m%d", i+1))
 	}
 	t.Cleanup(func() { c.stop(0) })
 	c.start(0) // alone: no quorum, no leader
@@ -716,12 +727,7 @@ func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
 		}
 	}
 	// A fourth master joins through a follower.
-	c.ids = append(c.ids, "m4")
-	c.dirs = append(c.dirs, t.TempDir())
-	pair := freeAddrs(t, 2)
-	c.raftAddrs = append(c.raftAddrs, pair[0])
-	c.httpAddrs = append(c.httpAddrs, pair[1])
-	c.masters = append(c.masters, nil)
+	c.addSlot("m4")
 	opts := c.options(3)
 	opts.Join = c.urls()[(leader+1)%3]
 	c.startWith(3, opts)

@@ -34,9 +34,7 @@ func runAgent(ctx context.Context, args []string) error {
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	caFile := fs.String("ca-file", "", "the cluster CA certificate (PEM): the masters' certificates and the clients of the agent's HTTP API are verified against it")
-	certFile := fs.String("cert-file", "", "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
-	keyFile := fs.String("key-file", "", "the private key of --cert-file (PEM)")
+	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it")
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
@@ -94,7 +92,7 @@ func runAgent(ctx context.Context, args []string) error {
 		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid,
-		TLS: pki.Files{CA: *caFile, Cert: *certFile, Key: *keyFile}, MeshPassword: meshPassword, Insecure: *insecure,
+		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 		SigningKey: signingKey,
 	})
 	if err != nil {
