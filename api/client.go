@@ -210,6 +210,22 @@ func (c *Client) State(ctx context.Context, opts StateOptions) (*State, error) {
 	return &out, nil
 }
 
+// Changes waits up to wait for the state's index to pass since and returns
+// what changed after since (GET /overlay-master/changes). When since is
+// older than the masters keep, the error is an *Error with Code CodeGone
+// (HTTP 410) and Oldest set: read the whole State once, then watch changes
+// since its index. A wait of 0 answers at once.
+func (c *Client) Changes(ctx context.Context, since uint64, wait time.Duration) (*Changes, error) {
+	q := url.Values{}
+	q.Set("since", strconv.FormatUint(since, 10))
+	q.Set("wait", wait.String())
+	var out Changes
+	if err := c.do(ctx, http.MethodGet, "/overlay-master/changes?"+q.Encode(), nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // ClusterStatus returns the Raft status as the first reachable master sees it.
 func (c *Client) ClusterStatus(ctx context.Context) (*ClusterStatus, error) {
 	var out ClusterStatus

@@ -70,10 +70,11 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 			Error   string `json:"error"`
 			Message string `json:"message"`
 			Code    string `json:"code"`
+			Oldest  uint64 `json:"oldest"`
 		}
 		e := &Error{Status: resp.StatusCode}
 		if json.Unmarshal(data, &wire) == nil {
-			e.Message, e.Code = cmp(wire.Error, wire.Message), wire.Code
+			e.Message, e.Code, e.Oldest = cmp(wire.Error, wire.Message), wire.Code, wire.Oldest
 		}
 		if e.Message == "" {
 			e.Message = fmt.Sprintf("%s %s: %s", method, url, strings.TrimSpace(string(data)))

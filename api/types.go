@@ -33,6 +33,10 @@ const (
 	CodeUnauthenticated = "unauthenticated"
 	// CodeForbidden (HTTP 403): the certificate's role may not do this.
 	CodeForbidden = "forbidden"
+	// CodeGone (HTTP 410): GET /overlay-master/changes was asked for changes
+	// since an index older than the masters keep (Error.Oldest is the
+	// oldest they can serve): read the whole state instead.
+	CodeGone = "gone"
 )
 
 // NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
@@ -171,6 +175,29 @@ type State struct {
 	SigningKey string      `json:"signing_key,omitempty"`
 	Agents     []AgentInfo `json:"agents,omitempty"`
 	Tombstones []Tombstone `json:"tombstones,omitempty"`
+	// Horizon is the highest Raft index up to which the masters compacted
+	// tombstones (0: none yet). A record or tombstone of version at or
+	// below it that the state does not hold is gone for good: an agent
+	// drops it, whoever gossips it.
+	Horizon uint64 `json:"horizon,omitempty"`
+}
+
+// Changes is GET /overlay-master/changes?since=N: what changed in the
+// masters' state after index Since, up to Index. Agents and Tombstones are
+// the records and tombstones whose version is above Since (signed as in the
+// State); Network is set only when the configuration changed after Since
+// (then every record is in Agents, re-rendered). ClusterID, SigningKey and
+// Horizon are always set (they are small), so a client can tell a rebuilt
+// cluster, a new key or a compaction from one answer.
+type Changes struct {
+	Index      uint64         `json:"index"`
+	Since      uint64         `json:"since"`
+	ClusterID  string         `json:"cluster_id,omitempty"`
+	SigningKey string         `json:"signing_key,omitempty"`
+	Horizon    uint64         `json:"horizon,omitempty"`
+	Network    *NetworkConfig `json:"network,omitempty"`
+	Agents     []AgentInfo    `json:"agents,omitempty"`
+	Tombstones []Tombstone    `json:"tombstones,omitempty"`
 }
 
 // DeleteAgentsRequest is the DC/OS bulk delete body: agent ids or underlay IPs.
@@ -183,6 +210,9 @@ type DeleteAgentsRequest struct {
 type Error struct {
 	Message string `json:"error"`
 	Code    string `json:"code"`
+	// Oldest, on a 410 of GET /overlay-master/changes (CodeGone), is the
+	// oldest index the masters can serve changes since.
+	Oldest uint64 `json:"oldest,omitempty"`
 	// Status is the HTTP status it came with (not on the wire).
 	Status int `json:"-"`
 	// cause is what made a call fail without an answer (wraps ErrUnreachable).

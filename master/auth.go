@@ -22,8 +22,8 @@ import (
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
 //     the certificate's name); read the state (plain and blocking, not
-//     consistent=true, which costs the leader a round of heartbeats); read
-//     one agent's record; read /cluster/status.
+//     consistent=true, which costs the leader a round of heartbeats) and
+//     its changes; read one agent's record; read /cluster/status.
 //   - no certificate, or one without a carve role: 401, except /healthz and
 //     /metrics, which stay open for load balancers and scrapers: they show
 //     aggregate numbers only (counts, Raft role and indexes), no record.
@@ -129,7 +129,7 @@ func (s *server) authorize(next http.Handler) http.Handler {
 			}
 		}
 		switch r.Method + " " + route {
-		case "GET /overlay-master/agents/{id}", "GET /cluster/status", "GET /healthz", "GET /metrics":
+		case "GET /overlay-master/agents/{id}", "GET /overlay-master/changes", "GET /cluster/status", "GET /healthz", "GET /metrics":
 		case "GET /overlay-master/state":
 			if c, err := strconv.ParseBool(r.URL.Query().Get("consistent")); err == nil && c {
 				s.refuse(w, r, http.StatusForbidden, api.CodeForbidden, refusedRole,

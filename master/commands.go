@@ -16,6 +16,7 @@ const (
 	opSetConfig    = "set_config"
 	opServerMeta   = "server_meta"
 	opSetClusterID = "set_cluster_id"
+	opCompact      = "compact"
 )
 
 // maxClusterIDLen bounds a cluster id in the log.
@@ -32,6 +33,7 @@ type command struct {
 	SetConfig  *api.NetworkConfig `json:"set_config,omitempty"`
 	ServerMeta *serverMeta        `json:"server_meta,omitempty"`
 	ClusterID  string             `json:"cluster_id,omitempty"`
+	Compact    *compactCmd        `json:"compact,omitempty"`
 }
 
 type registerCmd struct {
@@ -69,6 +71,11 @@ func (c command) validate() error {
 		missing = c.SetConfig == nil
 	case opServerMeta:
 		missing = c.ServerMeta == nil
+	case opCompact:
+		missing = c.Compact == nil
+		if !missing && (c.Compact.Now <= 0 || c.Compact.MaxAge <= 0) {
+			return fmt.Errorf("%w: compact with now %d and max_age %d: want both positive", ErrBadCommand, c.Compact.Now, c.Compact.MaxAge)
+		}
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)

@@ -61,7 +61,18 @@ type Options struct {
 	// cap); zero fields take httpapi's defaults. Its TLS and ErrorLog are
 	// the master's own.
 	HTTPServer httpapi.ServerOptions
+	// TombstoneMaxAge is how long a deleted agent's tombstone is kept
+	// (measured by the leader's clock; DefaultTombstoneMaxAge when 0): an
+	// agent away longer than that reads the whole state when it comes
+	// back. See changes.go.
+	TombstoneMaxAge time.Duration
+	// CompactEvery is how often the leader proposes a compaction
+	// (TombstoneMaxAge/24 when 0).
+	CompactEvery time.Duration
 }
+
+// DefaultTombstoneMaxAge is Options.TombstoneMaxAge's default.
+const DefaultTombstoneMaxAge = 24 * time.Hour
 
 // Master is a running master: a Raft node, its lease table and the HTTP API.
 type Master struct {
@@ -139,6 +150,12 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.TombstoneMaxAge <= 0 {
+		opts.TombstoneMaxAge = DefaultTombstoneMaxAge
+	}
+	if opts.CompactEvery <= 0 {
+		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
 	if _, err := parseNetwork(WithDefaults(opts.Network)); err != nil {
 		return nil, err
@@ -263,6 +280,8 @@ func (m *Master) leaderDuties(ctx context.Context) {
 	caughtUp := m.node.CaughtUp()
 	tick := time.NewTicker(2 * time.Second)
 	defer tick.Stop()
+	compact := time.NewTicker(m.opts.CompactEvery)
+	defer compact.Stop()
 	for {
 		if m.node.IsLeader() && m.node.IsCaughtUp() {
 			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
@@ -276,7 +295,29 @@ func (m *Master) leaderDuties(ctx context.Context) {
 		case <-caughtUp:
 			caughtUp = nil // closed for good: wait on it once
 		case <-tick.C:
+		case <-compact.C:
+			if m.node.IsLeader() && m.node.IsCaughtUp() {
+				m.proposeCompaction(ctx)
+			}
 		}
+	}
+}
+
+// proposeCompaction has the log compact the tombstones older than
+// TombstoneMaxAge by this leader's clock (applyCompact decides which).
+func (m *Master) proposeCompaction(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	before := m.table.Horizon()
+	c := &compactCmd{Now: time.Now().UnixMilli(), MaxAge: max(m.opts.TombstoneMaxAge.Milliseconds(), 1)}
+	if err := m.propose(ctx, command{Op: opCompact, Compact: c}); err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("propose tombstone compaction", "err", err)
+		}
+		return
+	}
+	if after := m.table.Horizon(); after != before {
+		m.log.Info("tombstones compacted", "horizon", after)
 	}
 }
 

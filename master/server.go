@@ -50,6 +50,7 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-master/agents/{id}", s.deleteAgent).Methods(http.MethodDelete)
 	r.HandleFunc("/overlay-master/state", s.state).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-master/changes", s.changes).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/status", s.clusterStatus).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/join", s.join).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer).Methods(http.MethodDelete)
@@ -254,16 +255,41 @@ func (s *server) deleteAgents(w http.ResponseWriter, r *http.Request) {
 
 // writeState answers the state; its index header and body come from the
 // same encoding.
-func (s *server) writeState(w http.ResponseWriter) {
+func (s *server) writeState(w http.ResponseWriter) { s.writeStateFor(w, nil) }
+
+// writeStateFor answers the state, gzip'ed when the request r (if not nil)
+// accepts it. The body is encoded once per index and shared by readers.
+func (s *server) writeStateFor(w http.ResponseWriter, r *http.Request) {
 	leader, _ := s.m.node.Leader()
-	data, index, err := s.m.table.StateJSON(leader)
+	b, err := s.m.table.stateBody(leader)
 	if err != nil {
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set(stateIndexHeader, strconv.FormatUint(index, 10))
+	w.Header().Set(stateIndexHeader, strconv.FormatUint(b.index, 10))
+	w.Header().Add("Vary", "Accept-Encoding")
+	data := b.data
+	if r != nil && len(data) >= gzipMinBytes && acceptsGzip(r) {
+		data = b.gzipped()
+		w.Header().Set("Content-Encoding", "gzip")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = w.Write(data)
+}
+
+// gzipMinBytes: smaller states go plain (gzip would gain little).
+const gzipMinBytes = 8 << 10
+
+// acceptsGzip tells whether the request's Accept-Encoding allows gzip.
+func acceptsGzip(r *http.Request) bool {
+	for _, part := range strings.Split(r.Header.Get("Accept-Encoding"), ",") {
+		name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(name), "gzip") {
+			return strings.ReplaceAll(strings.TrimSpace(params), " ", "") != "q=0"
+		}
+	}
+	return false
 }
 
 func (s *server) state(w http.ResponseWriter, r *http.Request) {
@@ -330,27 +356,96 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 	if !s.servable(w, consistent) {
 		return
 	}
-	if blocking {
-		timer := time.NewTimer(wait)
-		defer timer.Stop()
-	wait:
-		for {
-			ch, idx := s.m.table.Changed()
-			if idx > index {
-				break
-			}
-			select {
-			case <-ch:
-			case <-timer.C:
-				break wait
-			case <-s.m.runCtx.Done():
-				break wait
-			case <-r.Context().Done():
-				return
-			}
+	if blocking && !s.waitPast(r, index, wait) {
+		return
+	}
+	s.writeStateFor(w, r)
+}
+
+// waitPast waits until the state's index passes index, or wait passed, or
+// the master closes; false when the client went away.
+func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) bool {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		ch, idx := s.m.table.Changed()
+		if idx > index {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return true
+		case <-s.m.runCtx.Done():
+			return true
+		case <-r.Context().Done():
+			return false
 		}
 	}
-	s.writeState(w)
+}
+
+// changes answers GET /overlay-master/changes?since=N&wait=D: as soon as the
+// state's index passes N (or after D), what changed after N (api.Changes);
+// 410 {"error","code":"gone","oldest"} when N is older than what this
+// master keeps. Served by any master that may serve the state.
+func (s *server) changes(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "since" && k != "wait" {
+			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("unknown query parameter %q (want since, wait)", k))
+			return
+		}
+	}
+	if !q.Has("since") {
+		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, "since is required: the index of the last state or changes read")
+		return
+	}
+	since, err := strconv.ParseUint(q.Get("since"), 10, 64)
+	if err != nil {
+		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("since=%q: want a non-negative integer", q.Get("since")))
+		return
+	}
+	wait := defaultWait
+	if v := q.Get("wait"); v != "" {
+		if wait, err = parseWait(v); err != nil {
+			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+			return
+		}
+	}
+	if err := httpapi.ExtendDeadlines(w, wait+2*applyTimeout); err != nil {
+		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("extend the watch's deadlines: %v", err))
+		return
+	}
+	if !s.servable(w, false) {
+		return
+	}
+	// A watcher already behind what is kept learns it at once.
+	if oldest := s.m.table.OldestChanges(); since < oldest {
+		s.writeGone(w, since, oldest)
+		return
+	}
+	if !s.waitPast(r, since, wait) {
+		return
+	}
+	data, index, err := s.m.table.ChangesJSON(since)
+	var gone *GoneError
+	switch {
+	case errors.As(err, &gone):
+		s.writeGone(w, since, gone.Oldest)
+		return
+	case err != nil:
+		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(stateIndexHeader, strconv.FormatUint(index, 10))
+	_, _ = w.Write(data)
+}
+
+// writeGone answers 410: changes since that index are not kept.
+func (s *server) writeGone(w http.ResponseWriter, since, oldest uint64) {
+	httpapi.WriteJSON(w, http.StatusGone, api.Error{Code: api.CodeGone, Oldest: oldest,
+		Message: fmt.Sprintf("changes since index %d are not kept (the oldest served is %d, after a compaction, a snapshot or a long absence): read the whole state", since, oldest)})
 }
 
 // parseWait accepts a Go duration ("30s") or plain seconds ("30").

@@ -29,6 +29,9 @@ type snapshotData struct {
 	Tombstones map[string]uint64     `json:"tombstones"`
 	Servers    map[string]serverMeta `json:"servers"`
 	Requests   []snapshotRequest     `json:"requests"`
+	// Horizon and Marks are the tombstone compaction's (changes.go).
+	Horizon uint64      `json:"horizon,omitempty"`
+	Marks   []clockMark `json:"marks,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -79,6 +82,8 @@ type tableSnapshot struct {
 	tombstones        map[string]uint64
 	servers           map[string]serverMeta
 	requests          []snapshotRequest
+	horizon           uint64
+	marks             []clockMark
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
 	replaced map[int]*agentRecord
@@ -96,6 +101,8 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		tombstones: maps.Clone(t.tombstones),
 		servers:    maps.Clone(t.servers),
 		replaced:   map[int]*agentRecord{},
+		horizon:    t.horizon,
+		marks:      slices.Clone(t.marks),
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		s.agents = append(s.agents, t.agents[id])
@@ -118,7 +125,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 // WriteTo writes the snapshot as JSON.
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
-		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests}
+		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Horizon: s.horizon, Marks: s.marks}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -203,6 +210,10 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 		t.servers = d.Servers
 	}
 	t.requests = requests
+	// The change log starts here: what changed before the snapshot is not
+	// known one by one (a watcher further behind reads the whole state).
+	t.changes.start = d.StateIndex
+	t.horizon, t.marks = d.Horizon, d.Marks
 	if t.net != nil {
 		t.rebuildPools()
 	}

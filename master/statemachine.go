@@ -68,7 +68,10 @@ func (t *LeaseTable) Apply(index uint64, data []byte) any {
 	before := t.stateIndex
 	res := t.applyCommand(index, c)
 	if t.stateIndex != before {
+		t.logChanges(index)
 		t.notifyChanged()
+	} else {
+		t.touched, t.touchedAll = nil, false
 	}
 	return res
 }
@@ -105,6 +108,8 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 		t.applySetClusterID(index, c.ClusterID)
 	case opServerMeta:
 		t.servers[c.ServerMeta.ID] = *c.ServerMeta
+	case opCompact:
+		t.applyCompact(index, c.Compact)
 	}
 	if c.RequestID != "" && res.Err == nil {
 		t.requests.remember(c.RequestID, outcome)
@@ -168,6 +173,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		o.IP = netip.Addr{}
 		o.Version = index
 		t.agents[other] = o
+		t.touch(other)
 		t.stateIndex = index
 	}
 	t.ensureLeases(rec)
@@ -181,6 +187,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	rec.Version = index
 	t.agents[c.AgentID] = rec
 	delete(t.tombstones, c.AgentID)
+	t.touch(c.AgentID)
 	t.stateIndex = index
 	return rec, nil
 }
@@ -244,6 +251,7 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 			delete(t.byIP, rec.IP)
 		}
 		t.tombstones[id] = index
+		t.touch(id)
 		t.stateIndex = index
 		deleted = append(deleted, id)
 	}
@@ -297,6 +305,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyRe
 			t.agents[id] = rec
 		}
 	}
+	t.touchAll()
 	t.stateIndex = index
 	return applyResult{Warnings: warnings}
 }
@@ -309,6 +318,7 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 		return
 	}
 	t.clusterID = id
+	t.touchAll()
 	t.stateIndex = index
 	// Signatures cover the cluster id.
 	t.cache.mu.Lock()

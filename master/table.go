@@ -46,6 +46,18 @@ type LeaseTable struct {
 	vteps *slicePool
 	pools map[string]*overlayPools
 
+	// changes is the log of what each state index changed (changes.go);
+	// touched and touchedAll collect it while a command applies.
+	changes    changeLog
+	touched    []string
+	touchedAll bool
+	// horizon is the highest index tombstones were compacted up to; marks
+	// tie indexes to the leader's clock for the next compaction.
+	horizon uint64
+	marks   []clockMark
+	// changeLogIDs bounds changes (DefaultChangeLogIDs; tests lower it).
+	changeLogIDs int
+
 	// changed is closed and replaced whenever stateIndex moves (watchers).
 	changed chan struct{}
 	cache   stateCache
@@ -58,7 +70,7 @@ var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{})}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs}
 	t.reset()
 	return t
 }
@@ -73,6 +85,8 @@ func (t *LeaseTable) reset() {
 	t.vteps = nil
 	t.pools = map[string]*overlayPools{}
 	t.cache = newStateCache()
+	t.changes = changeLog{max: t.changeLogIDs}
+	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
@@ -205,7 +219,7 @@ func (t *LeaseTable) AgentCount() int {
 func (t *LeaseTable) State() api.State {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey()}
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon}
 	if t.net != nil {
 		st.Network = t.net.api
 	}

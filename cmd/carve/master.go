@@ -30,6 +30,7 @@ func runMaster(ctx context.Context, args []string) error {
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
+	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -55,6 +56,9 @@ func runMaster(ctx context.Context, args []string) error {
 	}
 	if len(servers) == 0 && *join == "" {
 		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
+	}
+	if *tombstoneAge <= 0 {
+		return fmt.Errorf("%w: --tombstone-max-age %s: want a positive duration", cli.ErrUsage, *tombstoneAge)
 	}
 	if *maxConns < 1 {
 		return fmt.Errorf("%w: --max-connections %d: want at least 1", cli.ErrUsage, *maxConns)
@@ -86,7 +90,7 @@ func runMaster(ctx context.Context, args []string) error {
 		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
 		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
 		TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
-		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns},
+		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
 	})
 	if err != nil {
 		return err
