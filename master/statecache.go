@@ -48,7 +48,7 @@ func (b *stateBody) gzipped() []byte {
 		var buf bytes.Buffer
 		buf.Grow(len(b.data) / 4)
 		zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed) // a valid level: no error
-		_, _ = zw.Write(b.data)                           // a bytes.Buffer does not fail
+		_, _ = zw.Write(b.data)                            // a bytes.Buffer does not fail
 		_ = zw.Close()
 		b.gz = buf.Bytes()
 	})
