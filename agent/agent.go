@@ -553,15 +553,49 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 	}
 }
 
-// watchLoop follows the masters' state with blocking queries.
+// watchLoop follows the masters' state: one whole state first, then only
+// what changes (GET /overlay-master/changes), which costs a watcher what a
+// change is, not what the cluster is. It reads the whole state again when
+// the masters no longer keep the changes since its index (410: it was away
+// longer than the change log or the tombstone horizon reach), when the
+// cluster id changes (a rebuild), or when a master has no changes route
+// (an older version).
 func (a *Agent) watchLoop(ctx context.Context) {
 	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
+	full := true
 	for ctx.Err() == nil {
 		a.mu.RLock()
-		index := a.masterIndex
+		index, cluster := a.masterIndex, a.clusterID
 		a.mu.RUnlock()
-		st, err := a.client.State(ctx, api.StateOptions{Index: index, Wait: a.cfg.WatchWait})
-		if err == nil && a.applyMasterState(st) {
+		var err error
+		applied := false
+		if full {
+			var st *api.State
+			st, err = a.client.State(ctx, api.StateOptions{Index: index, Wait: a.cfg.WatchWait})
+			if err == nil {
+				a.metrics.masterReads.WithLabelValues("state").Inc()
+				applied = a.applyMasterState(st, true)
+				full = !applied
+			}
+		} else {
+			var ch *api.Changes
+			ch, err = a.client.Changes(ctx, index, a.cfg.WatchWait)
+			switch {
+			case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
+				a.metrics.masterReads.WithLabelValues("gone").Inc()
+				a.log.Info("reading the whole state: the masters do not serve the changes since this agent's index", "index", index, "err", err)
+				full = true
+				continue
+			case err == nil && ch.ClusterID != cluster:
+				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
+				full = true
+				continue
+			case err == nil:
+				a.metrics.masterReads.WithLabelValues("changes").Inc()
+				applied = a.applyMasterState(changesState(ch), false)
+			}
+		}
+		if applied {
 			b.Reset()
 			a.setReachable(true)
 			continue
@@ -576,6 +610,18 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// changesState is a changes answer as a (partial) state: without a
+// network configuration when it did not change (networkFrom keeps the
+// known one).
+func changesState(ch *api.Changes) *api.State {
+	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
+		Agents: ch.Agents, Tombstones: ch.Tombstones}
+	if ch.Network != nil {
+		st.Network = *ch.Network
+	}
+	return st
 }
 
 func (a *Agent) setReachable(ok bool) {
@@ -628,9 +674,13 @@ func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConf
 	return &st, true
 }
 
-// applyMasterState merges a state read from the masters; false means it was
-// ignored (a stale master, or a state whose signing key is refused).
-func (a *Agent) applyMasterState(st *api.State) bool {
+// applyMasterState merges a state read from the masters, whole (full) or
+// the changes since the agent's index; false means it was ignored (a stale
+// master, or a state whose signing key is refused). Only a whole state
+// drops the records the masters no longer hold (at or below their
+// compaction horizon: see Membership.SyncWithMasters); changes hold only
+// what changed.
+func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	a.mu.Lock()
 	verdict := judgeState(a.clusterID, a.masterIndex, st)
 	if verdict == stateStale {
@@ -717,6 +767,18 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 	in, refused := tr.admit(st.ClusterID, in, a.members)
 	a.countRefused(a.metrics.masterRefused, "the masters' state", refused)
 	news := a.members.MergeFromMasters(in)
+	var dropped []string
+	if full {
+		held := make(map[string]bool, len(st.Agents))
+		for i := range st.Agents {
+			held[st.Agents[i].AgentID] = true
+		}
+		if dropped = a.members.SyncWithMasters(held, st.Horizon); len(dropped) > 0 {
+			a.log.Info("dropped peers the masters deleted before their compaction horizon", "peers", len(dropped), "horizon", st.Horizon)
+		}
+	} else {
+		a.members.Compact(st.Horizon)
+	}
 	if mine != nil {
 		a.updateSelf(mine)
 	} else if tv, gone := a.members.Tombstone(a.id); gone && registered {
@@ -728,7 +790,7 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 		}
 	}
 	a.trigger(a.persistCh)
-	if len(news.Records)+len(news.Tombstones) > 0 || netChanged {
+	if len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged {
 		a.trigger(a.reconcileCh)
 		a.connectPeers()
 		a.channel.Broadcast(a.gossipData(news))
@@ -769,6 +831,7 @@ func (a *Agent) loadMembership(p persisted) {
 			other.Records = append(other.Records, r)
 		}
 	}
+	a.members.Compact(p.Horizon)
 	a.members.MergeFromMasters(fromMasters)
 	a.members.Merge(other)
 }
@@ -804,7 +867,8 @@ func (a *Agent) snapshot() persisted {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
-		MasterIndex: a.masterIndex, ClusterID: a.clusterID, SigningKey: a.signingKey, FromMasters: a.members.FromMasters()}
+		MasterIndex: a.masterIndex, ClusterID: a.clusterID, SigningKey: a.signingKey, FromMasters: a.members.FromMasters(),
+		Horizon: a.members.Horizon()}
 }
 
 // gossipData is a membership state as this agent gossips it, with its cluster.

@@ -287,6 +287,8 @@ type Membership struct {
 	tombstones map[string]api.Tombstone
 	// fromMasters holds the agents whose record is the masters' copy.
 	fromMasters map[string]bool
+	// horizon is the masters' compaction horizon (horizon.go).
+	horizon uint64
 }
 
 // NewMembership returns an empty membership.
@@ -321,6 +323,9 @@ func (m *Membership) merge(st MembershipState, masters bool) MembershipState {
 }
 
 func (m *Membership) mergeRecord(r PeerRecord, masters bool) bool {
+	if !masters && m.compacted(r.ID, r.Version) {
+		return false
+	}
 	if t, ok := m.tombstones[r.ID]; ok && t.Version >= r.Version {
 		return false
 	}
@@ -358,6 +363,9 @@ func (m *Membership) mergeTombstone(t api.Tombstone) bool {
 	// Equal versions: the masters sign a tombstone alike every time, so
 	// two different signatures come from two keys, of which one at most
 	// verifies; the comparison only keeps the merge a join.
+	if t.Version <= m.horizon {
+		return false // compacted (horizon.go)
+	}
 	if cur, ok := m.tombstones[t.AgentID]; ok && (cur.Version > t.Version || (cur.Version == t.Version && cur.Signature >= t.Signature)) {
 		return false
 	}
@@ -392,6 +400,7 @@ func (m *Membership) Reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.records, m.tombstones, m.fromMasters = map[string]PeerRecord{}, map[string]api.Tombstone{}, map[string]bool{}
+	m.horizon = 0
 }
 
 // State returns the whole membership, sorted (deterministic encoding).

@@ -24,10 +24,15 @@ type metrics struct {
 	staleStates      prometheus.Counter
 	rebuilds         prometheus.Counter
 	httpRefused      *prometheus.CounterVec
+	masterReads      *prometheus.CounterVec
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
+		masterReads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_master_reads_total",
+			Help: "Answers of the masters' watch, by kind: state (the whole state: the first read, or after gone), changes (only what changed), gone (410: the changes since the agent's index are not kept; a whole state read follows).",
+		}, []string{"kind"}),
 		reconcile: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "carve_agent_reconcile_duration_seconds", Help: "Kernel reconciles, by mode (apply: the difference; resync: full read-back).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
@@ -103,8 +108,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.statesRefused.WithLabelValues(r)
 	}
 	m.httpRefused.WithLabelValues("no_certificate")
+	for _, k := range []string{"state", "changes", "gone"} {
+		m.masterReads.WithLabelValues(k)
+	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
-		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused,
+		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

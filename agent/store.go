@@ -29,6 +29,7 @@ const (
 	keyCluster  = "cluster_id"
 	keySignKey  = "signing_key"
 	keyMasters  = "membership_from_masters"
+	keyHorizon  = "horizon"
 )
 
 // Store is the agent's persistent state: its id, its last known leases, the
@@ -54,6 +55,8 @@ type persisted struct {
 	// FromMasters are the agents whose record in Membership is the
 	// masters' copy (see Membership).
 	FromMasters []string
+	// Horizon is the masters' compaction horizon last seen (horizon.go).
+	Horizon uint64
 }
 
 // OpenStore opens (or creates) the store in dir.
@@ -160,6 +163,11 @@ func (s *Store) Load() (persisted, error) {
 				return fmt.Errorf("decode persisted membership origins: %w", err)
 			}
 		}
+		if v := b.Get([]byte(keyHorizon)); v != nil {
+			if err := json.Unmarshal(v, &p.Horizon); err != nil {
+				return fmt.Errorf("decode persisted compaction horizon: %w", err)
+			}
+		}
 		return nil
 	})
 	return p, err
@@ -191,7 +199,7 @@ func (s *Store) Save(p persisted) error {
 		for _, kv := range []struct {
 			key string
 			v   any
-		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}, {keyMasters, p.FromMasters}} {
+		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}, {keyMasters, p.FromMasters}, {keyHorizon, p.Horizon}} {
 			if err := put(kv.key, kv.v); err != nil {
 				return err
 			}
