@@ -23,9 +23,10 @@ import (
 // Start runs a master with cfg in dir, without TLS (--insecure), waits
 // until it leads with the cluster id and the configuration committed (it
 // serves the state then), and stops it when the test ends.
-func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *master.Master {
+// tune, when given, adjusts the options (tombstone compaction, say).
+func Start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, tune ...func(*master.Options)) *master.Master {
 	t.Helper()
-	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure = true })
+	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure = true }, tune...)
 }
 
 // Secure is a master that serves TLS and signs records, and the cluster CA
@@ -40,22 +41,22 @@ type Secure struct {
 // StartSecure runs a master like Start with a new cluster CA: TLS on its
 // API and Raft, client certificates authorized by role, records signed.
 // Its URL is https://.
-func StartSecure(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger) *Secure {
+func StartSecure(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, tune ...func(*master.Options)) *Secure {
 	t.Helper()
 	ca := pkitest.New(t)
-	m := start(t, dir, cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = ca.Files("m1", pki.RoleMaster), ca.SigningKey })
+	m := start(t, dir, cfg, log, func(o *master.Options) { o.TLS, o.SigningKey = ca.Files("m1", pki.RoleMaster), ca.SigningKey }, tune...)
 	return &Secure{Master: m, CA: ca}
 }
 
 // StartSigning runs a master like Start (plain http, no authentication)
 // that signs every record and tombstone with key, for tests that put their
 // own proxy between agents and masters.
-func StartSigning(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, key ed25519.PrivateKey) *master.Master {
+func StartSigning(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, key ed25519.PrivateKey, tune ...func(*master.Options)) *master.Master {
 	t.Helper()
-	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure, o.SigningKey = true, key })
+	return start(t, dir, cfg, log, func(o *master.Options) { o.Insecure, o.SigningKey = true, key }, tune...)
 }
 
-func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, secure func(*master.Options)) *master.Master {
+func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, secure func(*master.Options), tune ...func(*master.Options)) *master.Master {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -71,6 +72,9 @@ func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, se
 		},
 	}
 	secure(&opts)
+	for _, f := range tune {
+		f(&opts)
+	}
 	m, err := master.Start(context.Background(), opts)
 	if err != nil {
 		ln.Close()
