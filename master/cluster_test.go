@@ -37,6 +37,8 @@ type testCluster struct {
 	mu        sync.Mutex
 	// pki, when set, runs the masters with TLS and signing; nil: --insecure.
 	pki *testPKI
+	// tune adjusts every master's options.
+	tune []func(*Options)
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -90,10 +92,11 @@ func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
 	return newTestClusterWith(t, n, cfg, nil)
 }
 
-// newTestClusterWith starts n masters; with p, secured by its CA.
-func newTestClusterWith(t *testing.T, n int, cfg api.NetworkConfig, p *testPKI) *testCluster {
+// newTestClusterWith starts n masters; with p, secured by its CA; tune
+// adjusts their options.
+func newTestClusterWith(t *testing.T, n int, cfg api.NetworkConfig, p *testPKI, tune ...func(*Options)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p}
+	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p, tune: tune}
 	addrs := freeAddrs(t, 2*n)
 	for i := range n {
 		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
@@ -138,6 +141,9 @@ func (c *testCluster) options(i int) Options {
 	} else {
 		opts.TLS = c.pki.Files(c.ids[i], pki.RoleMaster)
 		opts.SigningKey = c.pki.SigningKey
+	}
+	for _, f := range c.tune {
+		f(&opts)
 	}
 	return opts
 }
