@@ -38,7 +38,7 @@ type masterProxy struct {
 
 	mu      sync.Mutex
 	backend *url.URL
-	states  int // state answers served since the last switch
+	states  int // state and changes answers served since the last switch
 	// register, when set, may answer a registration itself (true) instead
 	// of passing it through.
 	register func(w http.ResponseWriter, body []byte) bool
@@ -57,6 +57,18 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/state":
 			p.serveState(w, r)
+			return
+		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/changes":
+			p.mu.Lock()
+			host := p.backend.Host
+			p.mu.Unlock()
+			rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+			rp.ServeHTTP(rec, r)
+			p.mu.Lock()
+			if rec.status == http.StatusOK && p.backend.Host == host {
+				p.states++
+			}
+			p.mu.Unlock()
 			return
 		case r.Method == http.MethodPost && r.URL.Path == "/overlay-master/agents":
 			body, err := io.ReadAll(r.Body)
@@ -80,6 +92,17 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 
 func (p *masterProxy) URL() string { return p.srv.URL }
 
+// statusWriter remembers the status of an answer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
 // switchTo sends every later request to m.
 func (p *masterProxy) switchTo(m *master.Master) {
 	u, err := url.Parse("http://" + m.HTTPAddr())
@@ -91,7 +114,7 @@ func (p *masterProxy) switchTo(m *master.Master) {
 	p.backend, p.states = u, 0
 }
 
-// statesServed counts the state answers given since the last switch.
+// statesServed counts the state and changes answers given since the last switch.
 func (p *masterProxy) statesServed() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -178,9 +201,20 @@ func TestRegistrationAnsweredDeletedRetriesWithNewRequestID(t *testing.T) {
 	t.Cleanup(gnet.Close)
 	a := startAgent(t, hosts[0], p.URL(), filepath.Join(dir, "a0"), gnet)
 
+	// Registered again: a record newer than the deletion (the watch may
+	// show the first record in the moment before the delete).
 	testutil.Eventually(t, 20*time.Second, "the agent registered again after its deletion", func() error {
-		_, err := direct.Agent(context.Background(), a.ID())
-		return err
+		info, err := direct.Agent(context.Background(), a.ID())
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		n := len(ids)
+		mu.Unlock()
+		if n < 3 {
+			return fmt.Errorf("record version %d, but %d registrations so far", info.Version, n)
+		}
+		return nil
 	})
 	testutil.Eventually(t, 0, "the agent's overlay OK", testutil.True(func() bool {
 		ov := a.Overlay().Overlay("carve")
