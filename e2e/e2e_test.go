@@ -8,9 +8,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +113,10 @@ func TestOverlay(t *testing.T) {
 			})
 			if err != nil {
 				t.Fatalf("%s after deleting %s (%s): %v", o.Name, id, h.Name, err)
+			}
+			// The agents follow the masters' changes, not whole states.
+			if n := changesRead(ctx, t, c, o); n == 0 {
+				t.Errorf("%s read no changes from the masters (carve_agent_master_reads_total{kind=\"changes\"} is 0)", o.Name)
 			}
 		}
 
@@ -364,4 +371,34 @@ func pingAll(ctx context.Context, t *testing.T, cs []*labcluster.Container) {
 		t.Fatalf("%v\n%s", err, m)
 	}
 	t.Logf("ping matrix:\n%s", m)
+}
+
+// changesRead is how many changes answers of the masters h's agent read
+// (its carve_agent_master_reads_total{kind="changes"}).
+func changesRead(ctx context.Context, t *testing.T, c *labcluster.Cluster, h *labcluster.Host) float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.AgentURL()+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.HTTPClient().Do(req)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.Name, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.Name, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, `carve_agent_master_reads_total{kind="changes"} `); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("metrics of %s: %q: %v", h.Name, line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("metrics of %s lack carve_agent_master_reads_total{kind=\"changes\"}", h.Name)
+	return 0
 }
