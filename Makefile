@@ -51,6 +51,7 @@ bench: build
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
 	$(GO) run ./bench/cni
+	$(GO) run ./bench/scale
 
 clean:
 	rm -rf bin

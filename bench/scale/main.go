@@ -1,0 +1,394 @@
+// Command scale benchmarks carve at scale: 3 real masters (secure: TLS and
+// signed records) with N synthetic agents registered over HTTP, and one
+// real agent in a network namespace (internal/labcluster). Every figure is
+// printed beside the full-state baseline measured in the same run: bytes a
+// watcher receives for one change (changes vs whole state), registration to
+// programmed in the real agent, state reads with 50 concurrent readers,
+// master and agent RSS, agent restart to serving.
+//
+// N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
+)
+
+const prefix = "carve-bench-scale-"
+
+func main() {
+	sizes := flag.String("agents", "1000,5000", "synthetic agent counts, comma separated (SCALE=1 adds 10000)")
+	readers := flag.Int("readers", 50, "concurrent state readers")
+	binary := flag.String("carve", "", "carve binary (default: build ./cmd/carve of this module)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *sizes, *readers, *binary); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/scale:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, sizesFlag string, readers int, binary string) error {
+	if !netnslab.IsRoot() {
+		return errors.New("needs root to create network namespaces")
+	}
+	var sizes []int
+	for _, s := range strings.Split(sizesFlag, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 || n > 60000 {
+			return fmt.Errorf("-agents %q: want counts of 1-60000", sizesFlag)
+		}
+		sizes = append(sizes, n)
+	}
+	if os.Getenv("SCALE") == "1" && !slices.Contains(sizes, 10000) {
+		sizes = append(sizes, 10000)
+	}
+	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
+	}
+	if binary == "" {
+		dir, err := os.MkdirTemp("", "carve-bench-scale-bin-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		var err2 error
+		if binary, err2 = labcluster.BuildCarve(ctx, dir); err2 != nil {
+			return err2
+		}
+	}
+	for _, n := range sizes {
+		tbl, err := measure(ctx, binary, n, readers)
+		if err != nil {
+			return fmt.Errorf("%d agents: %w", n, err)
+		}
+		if err := tbl.Print(os.Stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gossipRows is where the membership gossip figures go (gossip bytes per
+// change, an idle agent's CPU seconds per minute), beside their baselines:
+// MEASURED ELSEWHERE, TO BE ADDED HERE. It returns no rows yet.
+func gossipRows(_ context.Context, _ *labcluster.Cluster, _ *labcluster.Host, _ int) ([]benchtable.Row, error) {
+	return nil, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// synthetic is the registration of synthetic agent i (no mesh address: the
+// real agent must not dial thousands of absent peers).
+func synthetic(i int) api.RegisterRequest {
+	return api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: fmt.Sprintf("198.19.%d.%d", i/250, i%250+1),
+		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}
+}
+
+func measure(ctx context.Context, binary string, n, readers int) (tbl benchtable.Table, err error) {
+	tbl.Title = fmt.Sprintf("scale: %d synthetic agents, 3 secure masters, one real agent (real processes, network namespaces)", n)
+	fmt.Fprintf(os.Stderr, "== %d agents: starting the cluster\n", n)
+	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"})
+	if err != nil {
+		return tbl, err
+	}
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			c.DumpLogs(os.Stderr, 20)
+		}
+		err = errors.Join(err, c.Close())
+	}()
+	if err := c.StartMasters(ctx); err != nil {
+		return tbl, err
+	}
+	h := c.Host(1)
+	start := time.Now()
+	if err := c.StartAgent(h); err != nil {
+		return tbl, err
+	}
+	if _, err := c.WaitAgent(ctx, h); err != nil {
+		return tbl, err
+	}
+	emptyStart := time.Since(start)
+
+	op := c.Client()
+	fmt.Fprintf(os.Stderr, "== %d agents: registering\n", n)
+	if err := registerAll(ctx, op, n); err != nil {
+		return tbl, err
+	}
+	fmt.Fprintf(os.Stderr, "== %d agents: waiting for the real agent to program them\n", n)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if err := retry.Until(wctx, 500*time.Millisecond, func() error {
+		p, err := c.AgentClient(h).Peers(wctx)
+		if err != nil {
+			return err
+		}
+		programmed := 0
+		for _, peer := range p.Peers {
+			if peer.Programmed {
+				programmed++
+			}
+		}
+		if programmed < n {
+			return fmt.Errorf("%d of %d programmed", programmed, n)
+		}
+		return nil
+	}); err != nil {
+		return tbl, fmt.Errorf("the real agent programs the synthetic agents: %w", err)
+	}
+
+	// Bytes to one watcher for one change.
+	delta, full, fullGz, err := bytesPerChange(ctx, c, op, n)
+	if err != nil {
+		return tbl, err
+	}
+	tbl.Add(benchtable.Row{Name: "bytes to a watcher for one registration (changes watch)", Value: float64(delta), Unit: "B",
+		Baseline: "the whole state (blocking state watch)", BaseVal: float64(full), Note: fmt.Sprintf("goal < 2 KB; the state gzip'ed: %d B", fullGz)})
+
+	// Registration to programmed in the real agent.
+	var lat, commit []time.Duration
+	for k := range 3 {
+		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k)
+		if err != nil {
+			return tbl, err
+		}
+		lat, commit = append(lat, l), append(commit, cm)
+	}
+	tbl.Add(benchtable.Row{Name: "registration -> programmed in the real agent", Value: ms(median(lat)), Unit: "ms",
+		Baseline: "Register round trip (commit)", BaseVal: ms(median(commit)), Note: "median of 3; /overlay-agent/peers polled every 20ms; goal < 1 s"})
+
+	// State reads, 50 concurrent readers.
+	one, err := stateReads(ctx, c, 1, 10)
+	if err != nil {
+		return tbl, err
+	}
+	many, err := stateReads(ctx, c, readers, 10)
+	if err != nil {
+		return tbl, err
+	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p50, %d readers", readers), Value: ms(pct(many, 50)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip accepted (Go's default)"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
+
+	// Memory.
+	var masterRSS float64
+	for _, m := range c.Masters() {
+		masterRSS = max(masterRSS, rssMB(m.PID()))
+	}
+	fullMB := float64(full) / (1 << 20)
+	tbl.Add(benchtable.Row{Name: "master RSS (largest of 3)", Value: masterRSS, Unit: "MB", Baseline: "the encoded state", BaseVal: fullMB})
+	tbl.Add(benchtable.Row{Name: "real agent RSS", Value: rssMB(h.Agent.PID()), Unit: "MB", Baseline: "the encoded state", BaseVal: fullMB})
+
+	// Agent restart to serving.
+	if err := c.StopAgent(ctx, h); err != nil {
+		return tbl, err
+	}
+	start = time.Now()
+	if err := c.StartAgent(h); err != nil {
+		return tbl, err
+	}
+	if _, err := c.WaitAgent(ctx, h); err != nil {
+		return tbl, err
+	}
+	restart := time.Since(start)
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("agent restart -> serving, %d peers", n), Value: ms(restart), Unit: "ms",
+		Baseline: "first start, no peers", BaseVal: ms(emptyStart), Note: "overlays STATUS_OK on /overlay-agent/overlay; goal < 2 s at 5,000"})
+
+	rows, err := gossipRows(ctx, c, h, n)
+	if err != nil {
+		return tbl, err
+	}
+	for _, r := range rows {
+		tbl.Add(r)
+	}
+	return tbl, nil
+}
+
+// registerAll registers n synthetic agents with 64 concurrent clients.
+func registerAll(ctx context.Context, op *api.Client, n int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if _, err := op.Register(ctx, synthetic(i)); err != nil {
+					errs <- fmt.Errorf("register %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// get reads url raw (no transparent gzip) and returns the body's length.
+func get(ctx context.Context, hc *http.Client, url, encoding string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Accept-Encoding", encoding)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return int(n), err
+}
+
+// bytesPerChange watches with both the changes watch and the blocking
+// state watch on a follower, registers one agent, and returns what each
+// watcher received (and the state gzip'ed).
+func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int) (delta, full, fullGz int, err error) {
+	st, err := op.State(ctx, api.StateOptions{Consistent: true})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	base := c.Masters()[1].URL()
+	hc := c.HTTPClient()
+	var wg sync.WaitGroup
+	var derr, ferr error
+	wg.Go(func() {
+		delta, derr = get(ctx, hc, fmt.Sprintf("%s/overlay-master/changes?since=%d&wait=30s", base, st.Index), "identity")
+	})
+	wg.Go(func() {
+		full, ferr = get(ctx, hc, fmt.Sprintf("%s/overlay-master/state?index=%d&wait=30s", base, st.Index), "identity")
+	})
+	time.Sleep(200 * time.Millisecond) // both watches are waiting
+	if _, err := op.Register(ctx, synthetic(n+100)); err != nil {
+		return 0, 0, 0, err
+	}
+	wg.Wait()
+	if err := errors.Join(derr, ferr); err != nil {
+		return 0, 0, 0, err
+	}
+	fullGz, err = get(ctx, hc, base+"/overlay-master/state", "gzip")
+	return delta, full, fullGz, err
+}
+
+// registerToProgrammed registers synthetic agent i and times it until the
+// real agent reports it programmed; it also returns the Register round trip.
+func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int) (time.Duration, time.Duration, error) {
+	req := synthetic(i)
+	start := time.Now()
+	if _, err := op.Register(ctx, req); err != nil {
+		return 0, 0, err
+	}
+	commit := time.Since(start)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cl := c.AgentClient(h)
+	for {
+		p, err := cl.Peers(wctx)
+		if err == nil && slices.ContainsFunc(p.Peers, func(p api.AgentPeer) bool { return p.AgentID == req.AgentID && p.Programmed }) {
+			return time.Since(start), commit, nil
+		}
+		if !retry.Sleep(wctx, 20*time.Millisecond) {
+			return 0, 0, fmt.Errorf("the real agent never programmed %s: %w", req.AgentID, wctx.Err())
+		}
+	}
+}
+
+// stateReads has readers goroutines read the whole state each times from
+// the masters in turn (with Go's transparent gzip) and returns every
+// latency.
+func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) ([]time.Duration, error) {
+	urls := c.MasterURLs()
+	transport := c.HTTPClient().Transport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = readers
+	hc := &http.Client{Transport: transport, Timeout: time.Minute}
+	defer transport.CloseIdleConnections()
+	var mu sync.Mutex
+	var out []time.Duration
+	var wg sync.WaitGroup
+	errs := make(chan error, readers)
+	for r := range readers {
+		wg.Go(func() {
+			for k := range each + 1 {
+				url := urls[(r+k)%len(urls)] + "/overlay-master/state"
+				start := time.Now()
+				resp, err := hc.Get(url)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if k == 0 {
+					continue // the connection's handshake
+				}
+				d := time.Since(start)
+				mu.Lock()
+				out = append(out, d)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// rssMB is a process's resident set size in MiB (0 when unreadable).
+func rssMB(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
+
+func median(ds []time.Duration) time.Duration { return pct(ds, 50) }
