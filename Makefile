@@ -28,7 +28,7 @@ cni-plugins: deps
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
-	$(GO) test -count=1 -timeout 5m ./gossip/... ./ring/ringgossip/...
+	$(GO) test -count=1 -timeout 5m ./gossip/...
 
 # A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
 FUZZTIME ?= 20s
@@ -38,6 +38,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSpaceMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/
 	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
 

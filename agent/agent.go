@@ -93,6 +93,15 @@ type Config struct {
 	// CNICacheDir is the runtime's libcni cache (results/), read to take
 	// back the addresses of running containers after a lost disk; empty: none.
 	CNICacheDir string
+	// BlockSource is the masters' side of growth (more lease for a bridge,
+	// grant reports, returns); nil: bridges grow through the ring only.
+	BlockSource ipam.BlockSource
+	// GrowLowWater is a bridge's free addresses below which it grows (0:
+	// max(2, 1/8 of its first block); negative: only when full).
+	GrowLowWater int
+	// BlockIdleReturn is how long a grown block stays empty before it goes
+	// back (0: 10 minutes; negative: never).
+	BlockIdleReturn time.Duration
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr     string
@@ -254,7 +263,9 @@ func New(cfg Config) (*Agent, error) {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
 	}
 	// The IPAM exists before the router: ring gossip may arrive at once.
-	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log})
+	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
+		Growth: ipam.GrowthConfig{Source: cfg.BlockSource, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
+			OnChange: func() { a.trigger(a.reconcileCh) }}})
 	if err != nil {
 		return nil, err
 	}
@@ -385,6 +396,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.registerLoop)
 	run(a.watchLoop)
 	run(a.gossipLoop)
+	run(a.ipam.Run)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}

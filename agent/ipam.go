@@ -31,6 +31,13 @@ type ipamService interface {
 	List(network string) *api.Allocations
 	Status(network string) *api.IPAMStatus
 	BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool)
+	// Run gives back idle grown blocks and reports grants to the masters.
+	Run(ctx context.Context)
+	// BridgeGateways are a bridge's gateways in the blocks it grew, and
+	// PeerBlocks the blocks the rings give other agents beyond the subnets
+	// the masters route to them (reconcile.go routes both).
+	BridgeGateways(network, bridge string) []netip.Prefix
+	PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix
 }
 
 // ipamView is what the IPAM learns from the agent: the masters' cluster id,

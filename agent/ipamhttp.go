@@ -114,6 +114,7 @@ func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
 			if free, ok := st.Free[kind]; ok {
 				b.Free = &free
 			}
+			b.Blocks, b.Blocks6 = st.Blocks[kind], st.Blocks6[kind]
 			if served || held {
 				u.Bridges = append(u.Bridges, b)
 			}

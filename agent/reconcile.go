@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -59,6 +60,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		a.docker.Sync()
 	}
 	want, peers, err := desiredState(self, network, a.ip, members)
+	if err == nil {
+		addGrowth(&want, self, a.ipam, nil)
+	}
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
 		return err
@@ -205,6 +209,47 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 		peers[r.ID] = r.Version
 	}
 	return want, peers, nil
+}
+
+// growthView is what routing needs of the IPAM's grown blocks.
+type growthView interface {
+	BridgeGateways(network, bridge string) []netip.Prefix
+	PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix
+}
+
+// addGrowth adds what growth changed to the desired dataplane: a gateway on
+// each bridge in every block it grew, and a route to each peer for every
+// block it holds beyond its subnets: the blocks the masters list in its
+// record (masterBlocks, by agent id) and the grants the rings show that
+// the masters do not know yet. A granted block's route is longer than the
+// donor's, so it wins.
+func addGrowth(want *vxlan.Desired, self *api.AgentInfo, g growthView, masterBlocks map[string][]netip.Prefix) {
+	for i := range want.Bridges {
+		b := &want.Bridges[i]
+		for _, ov := range self.Overlays {
+			switch {
+			case ov.MesosBridge != nil && ov.MesosBridge.Name == b.Name:
+				b.Extra = append(b.Extra, g.BridgeGateways(ov.Info.Name, api.BridgeMesos)...)
+			case ov.DockerBridge != nil && ov.DockerBridge.Name == b.Name:
+				b.Extra = append(b.Extra, g.BridgeGateways(ov.Info.Name, api.BridgeDocker)...)
+			}
+		}
+	}
+	known := map[string][]netip.Prefix{}
+	for i := range want.Peers {
+		p := &want.Peers[i]
+		for _, b := range masterBlocks[p.ID] {
+			if !slices.Contains(p.Subnets, b) {
+				p.Subnets = append(p.Subnets, b)
+			}
+		}
+		known[p.ID] = slices.Clone(p.Subnets)
+	}
+	extra := g.PeerBlocks(known)
+	for i := range want.Peers {
+		p := &want.Peers[i]
+		p.Subnets = append(p.Subnets, extra[p.ID]...)
+	}
 }
 
 func peerOf(r PeerRecord) (vxlan.Peer, error) {

@@ -54,6 +54,25 @@ type IPAMBridgeUsage struct {
 	// Free counts the IPv4 addresses left to hand out (network, gateway and
 	// broadcast excluded); absent when the overlay cannot allocate now.
 	Free *uint64 `json:"free,omitempty"`
+	// Blocks and Blocks6 are the bridge's IPv4 and IPv6 blocks: its first
+	// sub-subnet (origin "lease"), then those it grew (origin "grow": more
+	// lease from the masters; "grant": from a peer through the ring).
+	Blocks  []IPAMBlockUsage `json:"blocks,omitempty"`
+	Blocks6 []IPAMBlockUsage `json:"blocks6,omitempty"`
+}
+
+// IPAMBlockUsage is one block of a bridge, with its use. The bridge has a
+// gateway (the block's first host) in each.
+type IPAMBlockUsage struct {
+	Prefix string `json:"prefix"`
+	// Origin is "lease", "grow" or "grant".
+	Origin string `json:"origin"`
+	// Donor is the agent that granted the block (origin "grant").
+	Donor string `json:"donor,omitempty"`
+	// Used counts the addresses containers hold in the block, Free those
+	// left to hand out.
+	Used uint64 `json:"used"`
+	Free uint64 `json:"free"`
 }
 
 // IPAMNetworkUsage is an overlay's address use on one agent.

@@ -94,8 +94,12 @@ type IPAMStatus struct {
 	Network string `json:"network"`
 	Ready   bool   `json:"ready"`
 	Error   string `json:"error,omitempty"`
-	// Free is the number of free addresses per bridge kind (IPv4).
+	// Free is the number of free addresses per bridge kind (IPv4), in all
+	// of the bridge's blocks.
 	Free map[string]uint64 `json:"free,omitempty"`
+	// Blocks are each bridge kind's IPv4 blocks, Blocks6 the IPv6 ones.
+	Blocks  map[string][]IPAMBlockUsage `json:"blocks,omitempty"`
+	Blocks6 map[string][]IPAMBlockUsage `json:"blocks6,omitempty"`
 }
 
 // IPAMClient talks to an agent's IPAM service over its unix socket.

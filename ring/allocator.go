@@ -151,10 +151,12 @@ func (a *Allocator) Grant(to string, p netip.Prefix) error {
 	return err
 }
 
-// Donate chooses a block with Space.Donation and grants it to peer to: the
-// donor's half of a space request.
-func (a *Allocator) Donate(to string) (netip.Prefix, error) {
-	p, ok := a.space.Donation()
+// DonateBlock grants peer to the highest free CIDR-aligned block of
+// 2^log2 addresses inside one of the within prefixes and one of this
+// peer's ranges: the donor's half of a space request. Reserved addresses (a
+// bridge's gateway) are not free, so no block holding one is given.
+func (a *Allocator) DonateBlock(to string, within []netip.Prefix, log2 int) (netip.Prefix, error) {
+	p, ok := a.space.FreeBlock(within, log2)
 	if !ok {
 		return netip.Prefix{}, ErrNothingToDonate
 	}
@@ -163,6 +165,9 @@ func (a *Allocator) Donate(to string) (netip.Prefix, error) {
 	}
 	return p, nil
 }
+
+// FreeHosts counts the free addresses of subnet that Allocate may hand out.
+func (a *Allocator) FreeHosts(subnet netip.Prefix) Uint128 { return a.space.FreeHosts(subnet) }
 
 // Transfer takes over every range of a departed peer (see Ring.Transfer).
 func (a *Allocator) Transfer(from string) (int, error) {

@@ -3,6 +3,7 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"testing"
 )
@@ -290,9 +291,8 @@ func TestAllocatorDonate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Free: .0, .1 and .12-.255 (246). The largest block, .128/25, is
-	// more than half of that: its upper half goes.
-	p, err := a.Donate("b")
+	// The highest free /26 of the /24 goes.
+	p, err := a.DonateBlock("b", []netip.Prefix{pfx(t, "10.0.1.0/24")}, 6)
 	if err != nil || p != pfx(t, "10.0.1.192/26") {
 		t.Fatalf("Donate = %v, %v", p, err)
 	}
@@ -309,7 +309,7 @@ func TestAllocatorDonate(t *testing.T) {
 	}
 	// A peer with nothing free has nothing to donate.
 	c := mustAllocator(t, "c", "10.0.0.0/16")
-	if _, err := c.Donate("a"); !errors.Is(err, ErrNothingToDonate) {
+	if _, err := c.DonateBlock("a", []netip.Prefix{pfx(t, "10.0.0.0/16")}, 2); !errors.Is(err, ErrNothingToDonate) {
 		t.Fatalf("Donate from an empty peer = %v", err)
 	}
 }

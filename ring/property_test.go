@@ -185,7 +185,7 @@ func (h *history) step() {
 		if from == to {
 			return
 		}
-		if _, err := h.peers[from].Donate(to); err != nil && !isNothing(err) {
+		if _, err := h.peers[from].DonateBlock(to, []netip.Prefix{h.peers[from].Ring().Universe()}, h.rng.IntN(9)); err != nil && !isNothing(err) {
 			h.fatalf("donate %s to %s: %v", from, to, err)
 		}
 	case op <= 7: // allocations and releases

@@ -785,3 +785,13 @@ func takeover(u universe, cur, next []viewToken, self string, inUse func(Range) 
 	}
 	return nil
 }
+
+// Blocks covers the ranges peer owns with the fewest CIDR prefixes
+// (adjacent ranges joined), in address order: what routes to the peer need.
+func (r *Ring) Blocks(peer string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, v := range coalesce(ownedIvals(r.u, r.st.view, peer)) {
+		out = append(out, r.u.rangeOf(v.lo, v.hi).Prefixes()...)
+	}
+	return out
+}

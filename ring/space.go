@@ -263,30 +263,45 @@ func (s *Space) IsFree(a netip.Addr) bool {
 	return i < len(s.free) && !x.Less(s.free[i].lo)
 }
 
-// Donation chooses the block to give a peer that asks for space: the largest
-// CIDR-aligned block of free addresses inside one range (the highest on a
-// tie, since allocation fills from the bottom), or its upper half when it is
-// more than half of what is free, so that the donor keeps room. ok is false
-// when there is nothing to give.
-func (s *Space) Donation() (p netip.Prefix, ok bool) {
+// FreeHosts counts the free addresses of subnet that Allocate may hand out
+// (its network, gateway and, in IPv4, broadcast address excluded).
+func (s *Space) FreeHosts(subnet netip.Prefix) Uint128 {
+	lo, hi, ok, err := s.hostSpan(subnet)
+	if err != nil || !ok {
+		return Uint128{}
+	}
+	return total(intersect(s.free, []ival{{lo, hi}}))
+}
+
+// FreeBlock returns the highest CIDR-aligned block of 2^log2 free addresses
+// that lies inside one owned range and inside one of the within prefixes
+// (allocation fills from the bottom, so the top stays free longest). ok is
+// false when there is none.
+func (s *Space) FreeBlock(within []netip.Prefix, log2 int) (p netip.Prefix, ok bool) {
 	width := s.u.prefix.Addr().BitLen()
-	best, found := block{}, false
-	for _, v := range s.free {
-		for _, b := range cidrBlocks(v.lo, v.hi, width) {
-			if !found || b.log2 >= best.log2 {
-				best, found = b, true
+	if log2 < 0 || log2 > width {
+		return netip.Prefix{}, false
+	}
+	var win []ival
+	for _, w := range within {
+		start, end, err := s.u.prefixSpan(w)
+		if err == nil {
+			win = append(win, ival{start, end.dec()})
+		}
+	}
+	sort.Slice(win, func(i, j int) bool { return win[i].lo.Less(win[j].lo) })
+	// Free runs are cut at range boundaries and intersect keeps the cuts,
+	// so each piece lies in one range.
+	pieces := intersect(s.free, coalesce(win))
+	size := pow2(log2)
+	for i := len(pieces) - 1; i >= 0; i-- {
+		bs := cidrBlocks(pieces[i].lo, pieces[i].hi, width)
+		for j := len(bs) - 1; j >= 0; j-- {
+			if b := bs[j]; b.log2 >= log2 {
+				start := b.start.Add(pow2(b.log2)).Sub(size)
+				return netip.PrefixFrom(s.u.addr(start), width-log2), true
 			}
 		}
 	}
-	if !found {
-		return netip.Prefix{}, false
-	}
-	if half := s.nfree.rsh(1); half.Less(pow2(best.log2)) {
-		if best.log2 == 0 {
-			return netip.Prefix{}, false
-		}
-		best.log2--
-		best.start = best.start.Add(pow2(best.log2))
-	}
-	return netip.PrefixFrom(s.u.addr(best.start), width-best.log2), true
+	return netip.Prefix{}, false
 }

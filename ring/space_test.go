@@ -190,23 +190,24 @@ func TestSpaceModel(t *testing.T) {
 	}
 }
 
-func TestSpaceDonation(t *testing.T) {
+func TestSpaceFreeBlock(t *testing.T) {
 	tests := []struct {
 		name    string
 		owned   []string
 		claimed []string
+		within  []string
+		log2    int
 		want    string // "" for nothing
 	}{
-		{"all free: upper half", []string{"10.0.1.0/24"}, nil, "10.0.1.128/25"},
-		{"largest block is at most half: all of it", []string{"10.0.1.0/24"}, []string{"10.0.1.0", "10.0.1.128"},
-			"10.0.1.192/26"},
-		{"highest of equal blocks", []string{"10.0.1.0/24"}, []string{"10.0.1.0", "10.0.1.64", "10.0.1.128", "10.0.1.192"},
-			"10.0.1.224/27"},
-		{"one free address", []string{"10.0.1.0/30"}, []string{"10.0.1.0", "10.0.1.1", "10.0.1.2"}, ""},
-		{"nothing free", []string{"10.0.1.0/31"}, []string{"10.0.1.0", "10.0.1.1"}, ""},
-		{"nothing owned", nil, nil, ""},
+		{"all free: the top block", []string{"10.0.1.0/24"}, nil, []string{"10.0.1.0/24"}, 5, "10.0.1.224/27"},
+		{"a claimed top: the next block down", []string{"10.0.1.0/24"}, []string{"10.0.1.255"}, []string{"10.0.1.0/24"}, 5, "10.0.1.192/27"},
+		{"never a claimed (gateway) address", []string{"10.0.1.0/30"}, []string{"10.0.1.1"}, []string{"10.0.1.0/24"}, 1, "10.0.1.2/31"},
+		{"outside within: none", []string{"10.0.1.0/24"}, nil, []string{"10.0.2.0/24"}, 5, ""},
+		{"within narrows", []string{"10.0.1.0/24"}, nil, []string{"10.0.1.0/25"}, 5, "10.0.1.96/27"},
+		{"too large", []string{"10.0.1.0/28"}, nil, []string{"10.0.1.0/24"}, 5, ""},
 		{"never across ranges", []string{"10.0.1.0/25", "10.0.1.128/25"}, []string{"10.0.1.0", "10.0.1.255"},
-			"10.0.1.128/26"},
+			[]string{"10.0.1.0/24"}, 7, ""},
+		{"nothing owned", nil, nil, []string{"10.0.1.0/24"}, 2, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -216,15 +217,19 @@ func TestSpaceDonation(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			got, ok := s.Donation()
+			var within []netip.Prefix
+			for _, w := range tt.within {
+				within = append(within, pfx(t, w))
+			}
+			got, ok := s.FreeBlock(within, tt.log2)
 			if tt.want == "" {
 				if ok {
-					t.Fatalf("Donation = %v, want none", got)
+					t.Fatalf("FreeBlock = %v, want none", got)
 				}
 				return
 			}
 			if !ok || got != pfx(t, tt.want) {
-				t.Fatalf("Donation = %v, %v; want %s", got, ok, tt.want)
+				t.Fatalf("FreeBlock = %v, %v; want %s", got, ok, tt.want)
 			}
 		})
 	}
@@ -292,10 +297,8 @@ func TestSpaceIPv6Counts(t *testing.T) {
 	if want := (Uint128{Lo: ^uint64(0)}); s.FreeCount() != want {
 		t.Fatalf("free = %v, want 2^64-1", s.FreeCount())
 	}
-	// The largest block, the upper /65, is more than half of what is
-	// free: its upper half goes.
-	p, ok := s.Donation()
+	p, ok := s.FreeBlock([]netip.Prefix{pfx(t, "fd00:0:0:1::/64")}, 62)
 	if !ok || p != pfx(t, "fd00:0:0:1:c000::/66") {
-		t.Fatalf("Donation = %v, %v", p, ok)
+		t.Fatalf("FreeBlock = %v, %v", p, ok)
 	}
 }

@@ -208,7 +208,7 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	if want.IPv6Forward {
 		links := []string{want.VTEP.Name}
 		for _, b := range want.Bridges {
-			if got, ok := bridges[b.Name]; ok && got == b {
+			if got, ok := bridges[b.Name]; ok && got.equal(b) {
 				links = append(links, b.Name)
 			}
 		}
@@ -217,7 +217,7 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 			// have been replaced: the VTEP then made this pass full, and
 			// a bridge had its spec changed.
 			known := !full && prev != nil && prev.forward6[link] &&
-				(link == want.VTEP.Name || prev.bridges[link] == bridges[link])
+				(link == want.VTEP.Name || prev.bridges[link].equal(bridges[link]))
 			forward6[link] = known || d.ensureIPv6Forwarding(link, &rep)
 		}
 	}
@@ -649,7 +649,7 @@ func (d *Dataplane) reconcileBridges(want []Bridge, prev *applied, full bool, re
 		}
 		wanted[b.Name] = true
 		if !full && prev != nil {
-			if old, ok := prev.bridges[b.Name]; ok && old == b {
+			if old, ok := prev.bridges[b.Name]; ok && old.equal(b) {
 				out[b.Name] = b
 				continue
 			}

@@ -100,11 +100,9 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 	routeOwner := make(map[netip.Prefix]string, len(peers))
 	// Local prefixes: a peer subnet overlapping one would replace (or shadow)
 	// this agent's own connected routes, so it is refused.
-	local := []netip.Prefix{d.VTEP.Address.Masked()}
+	local := []netip.Prefix{d.VTEP.Address}
 	for _, b := range d.Bridges {
-		for _, g := range b.addresses() {
-			local = append(local, g.Masked())
-		}
+		local = append(local, b.addresses()...)
 	}
 	for _, p := range peers {
 		if !p.UnderlayIP.IsValid() {
@@ -154,8 +152,8 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 				reject(fmt.Errorf("subnet %s has host bits set", s))
 				continue
 			}
-			if i := slices.IndexFunc(local, s.Overlaps); i >= 0 {
-				reject(fmt.Errorf("subnet %s overlaps local subnet %s", s, local[i]))
+			if i := slices.IndexFunc(local, func(l netip.Prefix) bool { return shadows(s, l) }); i >= 0 {
+				reject(fmt.Errorf("subnet %s overlaps local subnet %s", s, local[i].Masked()))
 				continue
 			}
 			if o, ok := routeOwner[s]; ok {
@@ -304,4 +302,15 @@ func diff(cur *current, want *entrySet) *plan {
 // gone, which is the outcome a delete wants.
 func isGone(err error) bool {
 	return errors.Is(err, errNoEntry) || errors.Is(err, errNoRoute)
+}
+
+// shadows reports whether a route to a peer's subnet s would take traffic
+// from the local subnet of address l (a gateway or the VTEP address with
+// its prefix): s is l's subnet or longer and holds l's address. A shorter
+// peer route (a donor's subnet around a block granted to this host) loses
+// to the local one by longest match; a longer one that leaves the local
+// address alone (a block this host granted a peer) carves it out, as a
+// grant must.
+func shadows(s, l netip.Prefix) bool {
+	return s.Overlaps(l) && s.Bits() >= l.Bits() && (s.Bits() == l.Bits() || s.Contains(l.Addr()))
 }

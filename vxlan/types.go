@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -68,6 +69,9 @@ type Bridge struct {
 	Gateway netip.Prefix
 	// Gateway6 optionally adds the IPv6 gateway (e.g. fd00:1::1/80).
 	Gateway6 netip.Prefix
+	// Extra are more gateways, IPv4 or IPv6, one in each block the bridge
+	// grew beyond its first sub-subnet (e.g. 10.128.1.225/27).
+	Extra []netip.Prefix
 	// MTU of the bridge (the overlay MTU); 0 leaves it as it is.
 	MTU int
 }
@@ -288,13 +292,23 @@ func (b *Bridge) validate() error {
 	if b.MTU != 0 && (b.MTU < 68 || b.MTU > 65535) {
 		return fmt.Errorf("bridge %s: MTU %d out of range", b.Name, b.MTU)
 	}
+	for _, p := range b.Extra {
+		if !p.IsValid() || p.Addr().Zone() != "" {
+			return fmt.Errorf("bridge %s: extra gateway %v", b.Name, p)
+		}
+	}
 	return nil
+}
+
+// equal compares two bridge specs.
+func (b Bridge) equal(o Bridge) bool {
+	return b.Name == o.Name && b.Gateway == o.Gateway && b.Gateway6 == o.Gateway6 && b.MTU == o.MTU && slices.Equal(b.Extra, o.Extra)
 }
 
 // addresses returns the addresses the bridge should carry.
 func (b *Bridge) addresses() []netip.Prefix {
 	var out []netip.Prefix
-	for _, p := range []netip.Prefix{b.Gateway, b.Gateway6} {
+	for _, p := range append([]netip.Prefix{b.Gateway, b.Gateway6}, b.Extra...) {
 		if p.IsValid() {
 			out = append(out, p)
 		}

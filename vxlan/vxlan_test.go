@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -612,7 +613,7 @@ func TestValidation(t *testing.T) {
 		{ID: "z-badmac", UnderlayIP: underlayIP(9), VTEPIP: vtepIP(9), VTEPMAC: mustMAC("01:00:5e:00:00:01"), Subnets: []netip.Prefix{subnet(9)}},
 		{ID: "z-dupip", UnderlayIP: underlayIP(10), VTEPIP: vtepIP(2), VTEPMAC: vtepMAC(10), Subnets: []netip.Prefix{subnet(10)}},
 		{ID: "z-dupsubnet", UnderlayIP: underlayIP(11), VTEPIP: vtepIP(11), VTEPMAC: vtepMAC(11), Subnets: []netip.Prefix{subnet(2)}},
-		{ID: "z-local", UnderlayIP: underlayIP(12), VTEPIP: vtepIP(12), VTEPMAC: vtepMAC(12), Subnets: []netip.Prefix{netip.MustParsePrefix("10.128.1.0/24")}},
+		{ID: "z-local", UnderlayIP: underlayIP(12), VTEPIP: vtepIP(12), VTEPMAC: vtepMAC(12), Subnets: []netip.Prefix{netip.MustParsePrefix("10.128.1.0/25")}},
 		{ID: "z-self", UnderlayIP: underlayIP(13), VTEPIP: vtepIP(1), VTEPMAC: vtepMAC(13)},
 		{ID: "z-family", UnderlayIP: netip.MustParseAddr("2001:db8::1"), VTEPIP: vtepIP(14), VTEPMAC: vtepMAC(14)},
 		{ID: "z-noip", VTEPIP: vtepIP(15), VTEPMAC: vtepMAC(15), Subnets: []netip.Prefix{subnet(15)}},
@@ -763,4 +764,64 @@ func TestVTEPRename(t *testing.T) {
 		}
 		assertNoChange(t, "Resync", resync(t, dp, d))
 	}
+}
+
+// TestGrantedBlockRoutes: a block agent 1 granted agent 2 out of its
+// subnet (10.128.1.96/27) is routed to agent 2 on a third host and on the
+// donor (a longer prefix than the donor's subnet, which keeps its own
+// connected route); the recipient carries a gateway in the block beside its
+// own and routes the donor's whole subnet, its block winning by longest
+// match. A peer route that would take a local gateway is still refused.
+func TestGrantedBlockRoutes(t *testing.T) {
+	block := netip.MustParsePrefix("10.128.1.96/27")
+	withBlock := func(d vxlan.Desired) vxlan.Desired {
+		for i := range d.Peers {
+			if d.Peers[i].ID == peer(2).ID {
+				d.Peers[i].Subnets = append(d.Peers[i].Subnets, block)
+			}
+		}
+		return d
+	}
+	t.Run("third host", func(t *testing.T) {
+		e := newEnv(t)
+		d := withBlock(desiredFor(3, 1, 2))
+		apply(t, e.dp, d)
+		got := assertKernel(t, e.nl, d)
+		if !strings.Contains(got.routes[block], "via "+vtepIP(2).String()) {
+			t.Errorf("granted block routed %q", got.routes[block])
+		}
+	})
+	t.Run("donor", func(t *testing.T) {
+		e := newEnv(t)
+		d := withBlock(desiredFor(1, 2))
+		apply(t, e.dp, d)
+		assertKernel(t, e.nl, d)
+		steal := desiredFor(1, 2)
+		steal.Peers[0].Subnets = append(steal.Peers[0].Subnets, netip.MustParsePrefix("10.128.1.0/27"))
+		if rep, _ := e.dp.Apply(context.Background(), steal); rep.Rejected != 1 {
+			t.Errorf("a peer route over the local gateway: rejected %d (%v)", rep.Rejected, rep.Errors)
+		}
+	})
+	t.Run("recipient", func(t *testing.T) {
+		e := newEnv(t)
+		d := desiredFor(2, 1)
+		d.Bridges[0].Extra = []netip.Prefix{netip.PrefixFrom(block.Addr().Next(), block.Bits())}
+		apply(t, e.dp, d)
+		assertKernel(t, e.nl, d)
+		l, err := e.nl.LinkByName("m-carve")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, err := e.nl.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, a := range addrs {
+			got = append(got, a.IPNet.String())
+		}
+		if !slices.Contains(got, "10.128.1.97/27") || !slices.Contains(got, "10.128.2.1/25") {
+			t.Errorf("bridge addresses %v", got)
+		}
+	})
 }

@@ -1,49 +1,15 @@
 package ipam
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
-	"time"
+	"slices"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
-
-// Grower obtains more address space for an overlay whose bridge is full:
-// another lease from the masters, or a CIDR-aligned grant from a peer
-// through the ring (ring.Allocator.Donate on the donor, ringgossip's
-// request/answer exchange), after which Sync or a ring merge gives the
-// allocator the new range and the dataplane routes it. None is wired today:
-// a full bridge answers "exhausted".
-type Grower interface {
-	Grow(ctx context.Context, overlay, bridge string) error
-}
-
-// growTimeout bounds one request for more space.
-const growTimeout = 10 * time.Second
-
-// Allocate gives an attachment its addresses (the same ones on a repeat),
-// once they are on disk.
-func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
-		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
-	}
-	a, err := s.allocate(req)
-	var full *api.Error
-	if grower := s.grower; grower != nil && errors.As(err, &full) && full.Code == api.CodeExhausted {
-		// The seam for growth: get more space outside the lock, then retry once.
-		ctx, cancel := context.WithTimeout(context.Background(), growTimeout)
-		defer cancel()
-		if gerr := grower.Grow(ctx, req.Network, req.Bridge); gerr != nil {
-			return nil, failure(http.StatusConflict, api.CodeExhausted, "%s; no more space: %v", full.Message, gerr)
-		}
-		return s.allocate(req)
-	}
-	return a, err
-}
 
 // allocate decides under the lock, then waits for the decision to be durable.
 func (s *Service) allocate(req api.IPAMRequest) (*api.Allocation, error) {
@@ -77,11 +43,10 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		}
 		return s.render(o, at, rec), nil, nil
 	}
-	subnets, ok := o.bridges[req.Bridge]
-	if !ok {
+	if _, ok := o.bridges[req.Bridge]; !ok {
 		return nil, nil, failure(http.StatusBadRequest, api.CodeBadRequest, "this agent has no %s bridge on %q (see --%s-bridge)", req.Bridge, req.Network, req.Bridge)
 	}
-	rec, err := take(o, at, req, subnets)
+	rec, err := take(o, at, req)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,32 +56,37 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 }
 
 // take allocates (or claims) the attachment's address in each family the
-// request and the bridge have; on failure nothing stays taken.
-func take(o *overlay, at ring.Attachment, req api.IPAMRequest, subnets [families]netip.Prefix) (allocRecord, error) {
+// request and the bridge have, from the bridge's blocks in order (its first
+// sub-subnet, then those it grew); on failure nothing stays taken.
+func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, error) {
 	var claim netip.Addr
 	if req.Address != "" {
 		claim, _ = netip.ParseAddr(req.Address) // validated
 	}
 	rec := allocRecord{Bridge: req.Bridge}
 	for fam := range families {
-		alloc, subnet := o.alloc[fam], subnets[fam]
-		if alloc == nil || !subnet.IsValid() || (req.Family != "" && req.Family != familyName(fam)) {
+		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
+		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam)) {
 			continue
 		}
 		var addr netip.Addr
 		var err error
 		if claim.IsValid() && claim.Is4() == (fam == 0) {
-			if !subnet.Contains(claim) {
-				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, subnet)
+			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
+				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
 			} else if err = alloc.Claim(at, claim); err == nil {
 				addr = claim
 			}
 		} else {
-			addr, err = alloc.Allocate(at, subnet)
+			for _, p := range blocks {
+				if addr, err = alloc.Allocate(at, p); !errors.Is(err, ring.ErrFull) {
+					break
+				}
+			}
 		}
 		if err != nil {
 			forget(o, at)
-			return allocRecord{}, allocError(err, req.Bridge, subnet, claim)
+			return allocRecord{}, allocError(err, req.Bridge, describeBlocks(blocks), claim)
 		}
 		rec.setAddr(fam, addr)
 	}
@@ -126,7 +96,7 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest, subnets [families
 	return rec, nil
 }
 
-func allocError(err error, bridge string, subnet netip.Prefix, claim netip.Addr) error {
+func allocError(err error, bridge string, subnet string, claim netip.Addr) error {
 	switch {
 	case errors.Is(err, ring.ErrFull):
 		return failure(http.StatusConflict, api.CodeExhausted, "exhausted: the %s bridge's %s has no free address", bridge, subnet)

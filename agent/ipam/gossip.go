@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 
 	"github.com/carve-net/carve/api"
@@ -176,6 +177,9 @@ func (s *Service) mergeRings(m ringMessage) (ringMessage, error) {
 			err = errors.Join(err, fmt.Errorf("persist rings: %w", ferr))
 		}
 	}
+	if len(news.Rings) > 0 {
+		s.changed()
+	}
 	return news, err
 }
 
@@ -210,7 +214,15 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 		if e.Family == "6" {
 			fam = 1
 		}
-		b = s.enqueue(change{writes: []write{putRing(e.Overlay, fam, enc)}})
+		o := s.overlays[e.Overlay]
+		writes, adopted := s.syncBlocks(o, fam)
+		b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, enc)}, writes...)})
+		if adopted {
+			// A grant, or one this agent held before it lost its data dir:
+			// take back the addresses its containers hold there first.
+			s.claimPersisted(o, slog.LevelDebug)
+			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
+		}
 		news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: enc})
 	}
 	return news, b, errors.Join(errs...)
@@ -273,8 +285,3 @@ func (h *ringHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.recei
 
 // OnBroadcast implements gossip.Handler.
 func (h *ringHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) { return h.receive(msg) }
-
-// OnUnicast implements gossip.Handler: the ring channel has no unicast.
-func (h *ringHandler) OnUnicast(src string, _ []byte) error {
-	return fmt.Errorf("unexpected unicast from %s on %s", src, RingChannel)
-}

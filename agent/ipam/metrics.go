@@ -21,6 +21,14 @@ type metrics struct {
 	commitWrites  prometheus.Histogram
 	commitErrors  prometheus.Counter
 	ringGossip    *prometheus.CounterVec
+
+	grows          *prometheus.CounterVec
+	grantsGiven    prometheus.Counter
+	grantsReceived prometheus.Counter
+	returned       prometheus.Counter
+	refused        *prometheus.CounterVec
+	exhausted      prometheus.Counter
+	reports        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,6 +50,27 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		ringGossip: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ring_gossip_messages_total", Help: "Ring gossip received, by result (news, known, bad, other_cluster, refused).",
 		}, []string{"result"}),
+		grows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_grows_total", Help: "Attempts to grow a bridge, by path (master, ring) and result.",
+		}, []string{"path", "result"}),
+		grantsGiven: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_grants_given_total", Help: "Blocks this agent granted to peers through the ring.",
+		}),
+		grantsReceived: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_grants_received_total", Help: "Blocks peers granted this agent through the ring.",
+		}),
+		returned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_blocks_returned_total", Help: "Idle grown blocks given back (to their donor or the masters).",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_grow_refused_total", Help: "Requests for space that were refused or unanswered, by reason.",
+		}, []string{"reason"}),
+		exhausted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_exhausted_total", Help: "Allocations that failed because no space could be found.",
+		}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_master_reports_total", Help: "Grants and returns reported to the masters, by kind and result.",
+		}, []string{"kind", "result"}),
 	}
 	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
 		m.ops.WithLabelValues(op)
@@ -52,7 +81,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip} {
+	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip,
+		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}

@@ -32,6 +32,11 @@ type overlay struct {
 	alloc    [families]*ring.Allocator
 	bridges  map[string][families]netip.Prefix // bridge kind -> its sub-subnets
 	attached map[ring.Attachment]allocRecord
+	// blocks are the blocks the bridges hold beyond their first
+	// sub-subnet, per family, in address order (see blocks.go).
+	blocks [families][]*heldBlock
+	// gateways are the bridge gateways reserved in the allocators.
+	gateways map[netip.Addr]bool
 	// seedErr is why the ring refused the masters' leases; while it is set
 	// the ring may own nothing, and "exhausted" would mislead.
 	seedErr error
@@ -95,7 +100,13 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 	}
 	created := o == nil
 	if created {
-		o = &overlay{name: name, universe: universe, attached: map[ring.Attachment]allocRecord{}}
+		o = &overlay{name: name, universe: universe, attached: map[ring.Attachment]allocRecord{}, gateways: map[netip.Addr]bool{}}
+		for _, b := range s.savedBlocks[name] {
+			if universe[b.Family].IsValid() && universe[b.Family].Contains(b.Prefix.Addr()) {
+				o.blocks[b.Family] = append(o.blocks[b.Family], b)
+			}
+		}
+		delete(s.savedBlocks, name)
 		s.overlays[name] = o
 	} else if o.unserved != "" {
 		s.log.Info("overlay served again", "overlay", name)
@@ -111,14 +122,21 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 		p[1], _ = netip.ParsePrefix(br.IP6)
 		o.bridges[kind] = p
 	}
+	s.learnMasterBlocks(o, v, b)
 	var news []ringEntry
 	errs := parseErrs
+	o.unreserveGateways()
 	for fam := range families {
 		changed, err := s.seed(o, fam, v, b)
 		errs = append(errs, err)
 		if changed {
 			news = append(news, ringEntry{Overlay: name, Family: familyName(fam), Ring: o.alloc[fam].EncodeRing()})
 		}
+	}
+	o.reserveGateways()
+	for fam := range families {
+		writes, _ := s.syncBlocks(o, fam)
+		b.add(change{writes: writes})
 	}
 	if o.seedErr = errors.Join(errs...); o.seedErr != nil {
 		s.log.Error("the ring refused the masters' leases", "overlay", name, "err", o.seedErr)
@@ -129,7 +147,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 	}
 	s.claimPersisted(o, level)
 	if created {
-		s.reclaimFromCNICache(o, b)
+		s.reclaimFromCNICache(o, b.add)
 	}
 	return news
 }
@@ -191,6 +209,11 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err
 			if err == nil && u.Contains(pr.Addr()) && pr.Bits() > u.Bits() {
 				leases = append(leases, ring.Lease{Owner: p.ID, Prefix: pr, Version: p.Version})
 			}
+		}
+	}
+	for _, hb := range o.blocks[fam] {
+		if hb.Origin == OriginGrow && hb.Version > 0 {
+			leases = append(leases, ring.Lease{Owner: s.id, Prefix: hb.Prefix, Version: hb.Version})
 		}
 	}
 	tombs := make([]ring.Tombstone, 0, len(v.Tombstones))

@@ -41,14 +41,13 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 // holds s.mu.
 func (s *Service) render(o *overlay, at ring.Attachment, rec allocRecord) *api.Allocation {
 	out := &api.Allocation{Network: o.name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, MTU: s.mtu}
-	subnets := o.bridges[rec.Bridge]
 	for fam := range families {
 		addr := rec.addr(fam)
 		if !addr.IsValid() {
 			continue
 		}
-		sub := subnets[fam]
-		gw := sub.Masked().Addr().Next()
+		sub := o.blockOf(rec.Bridge, addr)
+		gw := gatewayOf(sub)
 		out.IPs = append(out.IPs, api.IPConfig{Address: netip.PrefixFrom(addr, sub.Bits()).String(), Gateway: gw.String()})
 		dst := "0.0.0.0/0"
 		if fam == 1 {
@@ -107,18 +106,69 @@ func (s *Service) Status(network string) *api.IPAMStatus {
 	}
 	st.Ready = true
 	st.Free = map[string]uint64{}
+	st.Blocks, st.Blocks6 = map[string][]api.IPAMBlockUsage{}, map[string][]api.IPAMBlockUsage{}
 	for kind, subs := range o.bridges {
-		if !subs[0].IsValid() {
-			continue
+		if subs[0].IsValid() {
+			st.Free[kind] = o.freeHosts(kind, 0)
+			st.Blocks[kind] = s.blockUsage(o, kind, 0)
 		}
-		size := uint64(1) << uint(32-subs[0].Bits())
-		used := uint64(3) // network, gateway, broadcast
-		for _, rec := range o.attached {
-			if rec.Bridge == kind && rec.V4.IsValid() {
-				used++
-			}
+		if subs[1].IsValid() {
+			st.Blocks6[kind] = s.blockUsage(o, kind, 1)
 		}
-		st.Free[kind] = size - min(size, used)
 	}
 	return st
+}
+
+// BridgeGateways returns the gateway addresses (with their block's prefix
+// length) a bridge needs beyond its first sub-subnet's: one per grown block.
+func (s *Service) BridgeGateways(network, bridge string) []netip.Prefix {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.overlays[network]
+	if o == nil {
+		return nil
+	}
+	var out []netip.Prefix
+	for fam := range families {
+		for _, b := range o.blocks[fam] {
+			if b.Bridge == bridge {
+				out = append(out, netip.PrefixFrom(gatewayOf(b.Prefix), b.Prefix.Bits()))
+			}
+		}
+	}
+	return out
+}
+
+// PeerBlocks returns, for every other agent, the blocks the rings give it
+// beyond the subnets the masters route to it (known): grants made through
+// the ring that the masters' records do not show yet. Each is routed to
+// the agent; it is a longer prefix than its donor's route.
+func (s *Service) PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]netip.Prefix{}
+	for _, name := range sortedKeys(s.overlays) {
+		o := s.overlays[name]
+		for fam := range families {
+			a := o.alloc[fam]
+			if a == nil {
+				continue
+			}
+			r := a.Ring()
+			for _, peer := range r.Peers() {
+				if peer == s.id {
+					continue
+				}
+				for _, p := range r.Blocks(peer) {
+					out[peer] = append(out[peer], uncovered(p, known[peer])...)
+				}
+			}
+		}
+	}
+	for peer, ps := range out {
+		if len(ps) == 0 {
+			delete(out, peer)
+		}
+	}
+	return out
 }

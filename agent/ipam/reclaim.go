@@ -29,8 +29,8 @@ type cniCacheEntry struct {
 // an agent that lost its disk takes them back before handing out any new
 // address. libcni keeps a result until the container's DEL succeeds, so a
 // stale entry means a DEL still to come (or a GC), never a reused address.
-// The claims are written in b; the caller has quiesced.
-func (s *Service) reclaimFromCNICache(o *overlay, b *batch) {
+// The claims are queued with add; the caller holds s.mu.
+func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	dir := s.cniCacheDir
 	if dir == "" {
 		return
@@ -42,7 +42,14 @@ func (s *Service) reclaimFromCNICache(o *overlay, b *batch) {
 		}
 		return
 	}
-	subnets := o.bridges[api.BridgeMesos]
+	inBridge := func(addr netip.Addr) bool {
+		for _, p := range o.bridgeBlocks(api.BridgeMesos, familyOf(addr)) {
+			if p.Contains(addr) {
+				return true
+			}
+		}
+		return false
+	}
 	claimed := 0
 	for _, f := range files {
 		data, err := os.ReadFile(filepath.Join(dir, "results", f.Name()))
@@ -69,7 +76,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, b *batch) {
 			if addr.Is6() {
 				fam = 1
 			}
-			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && subnets[fam].Contains(addr) && o.alloc[fam].Claim(at, addr) == nil {
+			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && inBridge(addr) && o.alloc[fam].Claim(at, addr) == nil {
 				rec.setAddr(fam, addr)
 			}
 		}
@@ -77,7 +84,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, b *batch) {
 			continue
 		}
 		o.attached[at] = rec
-		b.add(change{writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) },
+		add(change{key: allocKey(o.name, at), writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) },
 			durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}

@@ -47,6 +47,8 @@ type Config struct {
 	// Registerer receives the metrics of the IPAM and its ring gossip; nil: none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Growth configures how a bridge whose blocks fill up gets more space.
+	Growth GrowthConfig
 }
 
 // Peer is one agent's leased subnets, of every overlay.
@@ -65,6 +67,9 @@ type View struct {
 	Peers     []Peer // every known agent, self included
 	// Tombstones are the agents the masters deleted.
 	Tombstones []api.Tombstone
+	// Blocks are the grown blocks the masters' record of this agent lists
+	// (beyond each bridge's first sub-subnet).
+	Blocks []MasterBlock
 }
 
 // Service serves container addresses out of the ranges this agent owns.
@@ -94,7 +99,9 @@ type Service struct {
 	pending map[string]*batch // allocKey -> the batch with its change in flight
 	open    *batch            // the batch requests queue into
 	channel gossip.Channel    // ring gossip; nil until UseChannel
-	grower  Grower
+	// savedBlocks are the persisted blocks of overlays not created yet.
+	savedBlocks map[string][]*heldBlock
+	grow        growState
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -124,8 +131,9 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{},
+		pending: map[string]*batch{}, savedBlocks: st.blocks,
 	}
+	s.grow = newGrowState(cfg.Growth)
 	n := 0
 	for _, m := range s.persist {
 		n += len(m)

@@ -188,34 +188,6 @@ func TestSurvivesRestart(t *testing.T) {
 	}
 }
 
-// growerFunc adapts a function to Grower.
-type growerFunc func(ctx context.Context, overlay, bridge string) error
-
-func (f growerFunc) Grow(ctx context.Context, overlay, bridge string) error {
-	return f(ctx, overlay, bridge)
-}
-
-// TestIPAMGrowthSeam: a full bridge asks the Grower once, and its refusal
-// is part of the exhausted answer.
-func TestGrowthSeam(t *testing.T) {
-	h := newHarness(t, t.TempDir(), harnessOptions{})
-	var asked []string
-	h.svc.grower = growerFunc(func(ctx context.Context, overlay, bridge string) error {
-		asked = append(asked, overlay+"/"+bridge)
-		return fmt.Errorf("the masters have no free subnet")
-	})
-	for i := range 253 {
-		h.alloc(fmt.Sprintf("c%d", i), "eth0", api.BridgeDocker)
-	}
-	_, err := h.client.Allocate(context.Background(), api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeDocker})
-	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), "no free subnet") {
-		t.Fatalf("err %v", err)
-	}
-	if fmt.Sprint(asked) != "[carve/docker]" {
-		t.Errorf("grower asked %v", asked)
-	}
-}
-
 // TestIPAMReclaimsFromCNICache: an agent that lost its data dir takes back
 // the addresses running CNI containers hold before it hands out new ones.
 func TestReclaimsFromCNICache(t *testing.T) {

@@ -103,6 +103,7 @@ func apply(tx *bolt.Tx, writes []write) error {
 // loaded is what the IPAM finds in the store when it starts.
 type loaded struct {
 	allocations map[string]map[ring.Attachment]allocRecord // by overlay
+	blocks      map[string][]*heldBlock                    // by overlay
 	clusterID   string
 }
 
@@ -112,12 +113,16 @@ type loaded struct {
 func load(db *bolt.DB) (loaded, error) {
 	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{allocBucket, ringBucket, metaBucket} {
+		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
 		}
 		out.clusterID = string(tx.Bucket([]byte(metaBucket)).Get([]byte(keyClusterID)))
+		var err error
+		if out.blocks, err = loadBlocks(tx); err != nil {
+			return err
+		}
 		return tx.Bucket([]byte(allocBucket)).ForEach(func(k, v []byte) error {
 			network, at, ok := parseAllocKey(k)
 			var rec allocRecord

@@ -32,6 +32,8 @@ func runAgent(ctx context.Context, args []string) error {
 	cniCacheDir := fs.String("cni-cache-dir", agent.DefaultCNICacheDir, "the CNI runtime's cache, read to take back running containers' addresses after a lost data dir (empty: none)")
 	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
+	lowWater := fs.Int("grow-low-water", 0, "free addresses of a bridge below which it gets another block in the background (0: max(2, 1/8 of its first block); negative: only when it is full)")
+	idleReturn := fs.Duration("block-idle-return", 10*time.Minute, "how long a grown block stays without a container before it goes back to its donor or the masters (negative: never)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
@@ -91,7 +93,7 @@ func runAgent(ctx context.Context, args []string) error {
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
 		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
-		ResyncInterval: *resync, Logger: logger, SocketGID: gid,
+		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 		SigningKey: signingKey,
 	})

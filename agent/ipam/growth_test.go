@@ -1,0 +1,500 @@
+package ipam
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/internal/testutil"
+)
+
+// Three agents a, b, c on an overlay 10.128.0.0/24 (and fd00::/48), each
+// leased a /26 (a /64) cut in two bridges: a mesos /27 holds 29 containers.
+// The last /26 is leased to nobody: the masters' stand-in says exhausted.
+var growthAgents = map[string]int{"a": 0, "b": 1, "c": 2}
+
+func growthSelf(id string) *api.AgentInfo {
+	i := growthAgents[id]
+	base := netip.AddrFrom4([4]byte{10, 128, 0, byte(64 * i)})
+	mesos := netip.PrefixFrom(base, 27)
+	docker := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, 0, byte(64*i + 32)}), 27)
+	sub6 := fmt.Sprintf("fd00:0:0:%d::/64", i+1)
+	return &api.AgentInfo{AgentID: id, IP: fmt.Sprintf("198.18.0.%d", 10+i), Version: uint64(10 + i), Overlays: []api.AgentOverlay{{
+		Info:         api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/24", Prefix: 26, Subnet6: "fd00::/48", Prefix6: 64},
+		Subnet:       netip.PrefixFrom(base, 26).String(),
+		Subnet6:      sub6,
+		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: mesos.String(), IP6: fmt.Sprintf("fd00:0:0:%d::/65", i+1)},
+		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: docker.String()},
+		State:        api.OverlayState{Status: api.StatusOK},
+	}}}
+}
+
+func growthView(id string) View {
+	v := View{ClusterID: "c1", Self: growthSelf(id), Network: &api.NetworkConfig{OverlayMTU: 1400}}
+	for _, p := range []string{"a", "b", "c"} {
+		v.Peers = append(v.Peers, peerOf(growthSelf(p)))
+	}
+	return v
+}
+
+// mastersStandIn is a TEST DOUBLE standing in for the masters (whose grow,
+// return and grant routes are another change's): it has no free block
+// (ErrMastersExhausted), and records the grants and returns reported.
+type mastersStandIn struct {
+	mu      sync.Mutex
+	grants  []GrantReport
+	returns []netip.Prefix
+	down    bool
+}
+
+func (m *mastersStandIn) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.down {
+		return LeasedBlock{}, fmt.Errorf("no master answered")
+	}
+	return LeasedBlock{}, ErrMastersExhausted
+}
+
+func (m *mastersStandIn) Return(_ context.Context, _ string, p netip.Prefix, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.down {
+		return fmt.Errorf("no master answered")
+	}
+	m.returns = append(m.returns, p)
+	return nil
+}
+
+func (m *mastersStandIn) ReportGrant(_ context.Context, g GrantReport) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.down {
+		return fmt.Errorf("no master answered")
+	}
+	m.grants = append(m.grants, g)
+	return nil
+}
+
+func (m *mastersStandIn) reported() []GrantReport {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]GrantReport(nil), m.grants...)
+}
+
+// node is one agent's IPAM on its own store, on a shared gossip network.
+type node struct {
+	id      string
+	dir     string
+	db      *bolt.DB
+	reg     *prometheus.Registry
+	svc     *Service
+	cancel  context.CancelFunc
+	done    chan struct{}
+	changes chan struct{}
+}
+
+type cluster struct {
+	t       *testing.T
+	net     *fakegossip.Network
+	masters *mastersStandIn
+	nodes   map[string]*node
+	growth  GrowthConfig
+}
+
+func newCluster(t *testing.T, seed uint64, growth GrowthConfig) *cluster {
+	t.Helper()
+	n := fakegossip.New(fakegossip.Config{Seed: seed, MaxDelay: time.Millisecond, Logger: testLogger()})
+	t.Cleanup(n.Close)
+	c := &cluster{t: t, net: n, masters: &mastersStandIn{}, nodes: map[string]*node{}, growth: growth}
+	return c
+}
+
+// start starts (or restarts) an agent's IPAM on the store in dir.
+func (c *cluster) start(id, dir, cniCache string) *node {
+	c.t.Helper()
+	if old := c.nodes[id]; old != nil {
+		c.stop(id)
+	}
+	db, err := bolt.Open(filepath.Join(dir, "agent.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nd := &node{id: id, dir: dir, db: db, reg: prometheus.NewRegistry(), done: make(chan struct{}), changes: make(chan struct{}, 1)}
+	cfg := c.growth
+	cfg.Source = c.masters
+	cfg.Seed = uint64(len(id)) + 7
+	cfg.OnChange = func() {
+		select {
+		case nd.changes <- struct{}{}:
+		default:
+		}
+	}
+	nd.svc, err = New(Config{AgentID: id, DB: db, CNICacheDir: cniCache, Registerer: nd.reg, Logger: testLogger(), Growth: cfg})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	r, err := c.net.Join(id)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ch, err := r.Channel(RingChannel, nd.svc.RingGossip())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	nd.svc.UseChannel(ch)
+	nd.svc.Sync(growthView(id))
+	ctx, cancel := context.WithCancel(context.Background())
+	nd.cancel = cancel
+	go func() {
+		nd.svc.Run(ctx)
+		close(nd.done)
+	}()
+	c.nodes[id] = nd
+	c.t.Cleanup(func() { c.stop(id) })
+	return nd
+}
+
+// stop stops an agent (its store closed); what is in flight to it is lost.
+func (c *cluster) stop(id string) {
+	nd := c.nodes[id]
+	if nd == nil || nd.cancel == nil {
+		return
+	}
+	c.net.Leave(id)
+	nd.cancel()
+	<-nd.done
+	nd.cancel = nil
+	// Quiesce: no commit in flight when the store closes.
+	nd.svc.quiesce()
+	nd.svc.mu.Unlock()
+	nd.svc.commitMu.Unlock()
+	nd.db.Close()
+	delete(c.nodes, id)
+}
+
+// gossipRounds lets the rings converge.
+func (c *cluster) gossipRounds() {
+	c.t.Helper()
+	for range 3 {
+		c.net.GossipRound()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.net.WaitIdle(ctx)
+		cancel()
+		if err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+func (nd *node) alloc(t *testing.T, cid string) *api.Allocation {
+	t.Helper()
+	a, err := nd.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: cid, IfName: "eth0", Bridge: api.BridgeMesos})
+	if err != nil {
+		t.Fatalf("%s: allocate %s: %v", nd.id, cid, err)
+	}
+	return a
+}
+
+// v4 returns an allocation's IPv4 address and prefix, and its gateway.
+func v4(t *testing.T, a *api.Allocation) (netip.Prefix, netip.Addr) {
+	t.Helper()
+	for _, ip := range a.IPs {
+		p := netip.MustParsePrefix(ip.Address)
+		if p.Addr().Is4() {
+			return p, netip.MustParseAddr(ip.Gateway)
+		}
+	}
+	t.Fatalf("no IPv4 address in %+v", a)
+	return netip.Prefix{}, netip.Addr{}
+}
+
+// checkNoDoubles fails when an address is held by two agents, or by one
+// that the ring of another agent does not give it.
+func (c *cluster) checkNoDoubles() {
+	c.t.Helper()
+	holder := map[netip.Addr]string{}
+	for id, nd := range c.nodes {
+		for _, al := range nd.svc.List("carve").Allocations {
+			for _, ip := range al.IPs {
+				addr := netip.MustParsePrefix(ip.Address).Addr()
+				if other, dup := holder[addr]; dup {
+					c.t.Fatalf("%s is held by %s and by %s", addr, other, id)
+				}
+				holder[addr] = id
+			}
+		}
+		checkAllocations(c.t, nd.svc)
+	}
+}
+
+// TestGrowthThroughRing: with the masters out of blocks, an agent whose
+// mesos bridge fills gets blocks from its peers through the ring (real
+// services, the real gossip handler path): every ADD succeeds, the new
+// addresses lie in granted blocks with their own gateway and prefix, the
+// peers agree who owns what, no address is held twice, and the grant is
+// reported to the masters.
+func TestGrowthThroughRing(t *testing.T) {
+	c := newCluster(t, 1, GrowthConfig{IdleReturn: -1})
+	for _, id := range []string{"a", "b", "c"} {
+		c.start(id, t.TempDir(), "")
+	}
+	c.gossipRounds()
+	first := netip.MustParsePrefix("10.128.0.0/27")
+	a := c.nodes["a"]
+	var grown []*api.Allocation
+	for i := range 45 {
+		al := a.alloc(t, fmt.Sprint("c", i))
+		p, gw := v4(t, al)
+		if !first.Contains(p.Addr()) {
+			grown = append(grown, al)
+			if p.Bits() <= first.Bits() || gw != gatewayOf(p.Masked()) || p.Addr() == gw {
+				t.Fatalf("%s in a granted block has gateway %s", p, gw)
+			}
+		}
+	}
+	if len(grown) < 45-29 {
+		t.Fatalf("%d addresses outside the first block, want %d", len(grown), 45-29)
+	}
+	c.gossipRounds()
+	c.checkNoDoubles()
+	// Every agent's ring gives the granted addresses to a.
+	for _, al := range grown {
+		p, _ := v4(t, al)
+		for id, nd := range c.nodes {
+			nd.svc.mu.Lock()
+			owner, _ := nd.svc.overlays["carve"].alloc[0].Ring().Owner(p.Addr())
+			nd.svc.mu.Unlock()
+			if owner != "a" {
+				t.Fatalf("%s's ring gives %s to %q", id, p.Addr(), owner)
+			}
+		}
+	}
+	st := a.svc.Status("carve")
+	if len(st.Blocks[api.BridgeMesos]) < 2 || st.Blocks[api.BridgeMesos][1].Origin != OriginGrant || st.Blocks[api.BridgeMesos][1].Used == 0 {
+		t.Fatalf("status blocks %+v", st.Blocks)
+	}
+	testutil.Eventually(t, 10*time.Second, "the grants reported to the masters", func() error {
+		if n := len(c.masters.reported()); n < len(st.Blocks[api.BridgeMesos])-1 {
+			return fmt.Errorf("%d reported", n)
+		}
+		return nil
+	})
+	for _, g := range c.masters.reported() {
+		if g.Recipient != "a" || g.Donor == "a" || g.Donor == "" {
+			t.Errorf("report %+v", g)
+		}
+	}
+	if got := counterValue(t, a.reg, "carve_agent_ipam_grants_received_total"); got < 1 {
+		t.Errorf("grants received %v", got)
+	}
+	// The donors' own allocations never land in what they gave away.
+	for _, id := range []string{"b", "c"} {
+		for i := range 20 {
+			c.nodes[id].alloc(t, fmt.Sprint(id, i))
+		}
+	}
+	c.gossipRounds()
+	c.checkNoDoubles()
+}
+
+// counterValue sums a counter's values over its labels.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// TestGrowthOverlayFull: when no master and no peer has space left, an ADD
+// fails with "exhausted" and a message saying the overlay is full.
+func TestGrowthOverlayFull(t *testing.T) {
+	c := newCluster(t, 2, GrowthConfig{IdleReturn: -1, RefuseMemory: time.Hour})
+	c.start("a", t.TempDir(), "")
+	a := c.nodes["a"]
+	for i := range 29 {
+		a.alloc(t, fmt.Sprint("c", i))
+	}
+	_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
+	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), `overlay "carve" is full`) {
+		t.Fatalf("err %v", err)
+	}
+	if got := counterValue(t, a.reg, "carve_agent_ipam_exhausted_total"); got != 1 {
+		t.Errorf("exhausted_total %v", got)
+	}
+}
+
+// TestGrowthSurvivesRestarts: a grant survives the restart of its
+// recipient and of its donor (bbolt), and after the recipient's data dir is
+// lost its containers' addresses in the granted block come back from the
+// CNI cache and the ring's gossip; nothing is handed out twice.
+func TestGrowthSurvivesRestarts(t *testing.T) {
+	c := newCluster(t, 3, GrowthConfig{IdleReturn: -1})
+	dirs := map[string]string{"a": t.TempDir(), "b": t.TempDir()}
+	cache := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(cache, "results"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.start("a", dirs["a"], cache)
+	c.start("b", dirs["b"], "")
+	c.gossipRounds()
+	a := c.nodes["a"]
+	held := map[string]string{}
+	for i := range 35 {
+		cid := fmt.Sprint("c", i)
+		al := a.alloc(t, cid)
+		held[cid] = al.IPs[0].Address
+		// The runtime's cache, as libcni writes it.
+		entry := fmt.Sprintf(`{"kind":"cniCacheV1","containerId":%q,"ifName":"eth0","networkName":"carve","result":{"ips":[{"address":%q}]}}`, cid, al.IPs[0].Address)
+		if err := os.WriteFile(filepath.Join(cache, "results", "carve-"+cid+"-eth0"), []byte(entry), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.gossipRounds()
+	check := func(what string) {
+		t.Helper()
+		a := c.nodes["a"]
+		for cid, want := range held {
+			got, err := a.svc.Lookup(api.IPAMRequest{Network: "carve", ContainerID: cid, IfName: "eth0"})
+			if err != nil || got.IPs[0].Address != want {
+				t.Fatalf("%s: %s holds %v (%v), want %s", what, cid, got, err, want)
+			}
+		}
+		c.checkNoDoubles()
+	}
+	check("before restarts")
+	c.start("a", dirs["a"], cache)
+	c.gossipRounds()
+	check("after the recipient restarted")
+	c.start("b", dirs["b"], "")
+	c.gossipRounds()
+	for i := range 20 {
+		c.nodes["b"].alloc(t, fmt.Sprint("b", i))
+	}
+	check("after the donor restarted")
+	// The recipient's data dir is lost.
+	c.stop("a")
+	if err := os.Remove(filepath.Join(dirs["a"], "agent.db")); err != nil {
+		t.Fatal(err)
+	}
+	c.start("a", dirs["a"], cache)
+	c.gossipRounds()
+	check("after the recipient lost its data dir")
+	for i := range 5 {
+		c.nodes["a"].alloc(t, fmt.Sprint("new", i))
+	}
+	c.checkNoDoubles()
+}
+
+// TestGrowthIdleReturn: a granted block that holds no allocation for the
+// idle time goes back to its donor through the ring; the first block never.
+func TestGrowthIdleReturn(t *testing.T) {
+	c := newCluster(t, 4, GrowthConfig{IdleReturn: 50 * time.Millisecond})
+	c.start("a", t.TempDir(), "")
+	c.start("b", t.TempDir(), "")
+	c.gossipRounds()
+	a := c.nodes["a"]
+	for i := range 32 {
+		a.alloc(t, fmt.Sprint("c", i))
+	}
+	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
+		t.Fatalf("%d blocks, want a grant", n)
+	}
+	for i := range 32 {
+		if _, err := a.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, "the idle grant given back", func() error {
+		if bs := a.svc.Status("carve").Blocks[api.BridgeMesos]; len(bs) != 1 || bs[0].Prefix != "10.128.0.0/27" {
+			return fmt.Errorf("blocks %+v", bs)
+		}
+		return nil
+	})
+	c.gossipRounds()
+	b := c.nodes["b"]
+	b.svc.mu.Lock()
+	owned := b.svc.overlays["carve"].alloc[0].Ring().Blocks("b")
+	b.svc.mu.Unlock()
+	if fmt.Sprint(owned) != "[10.128.0.64/26]" {
+		t.Errorf("b owns %v after the return, want its whole lease back", owned)
+	}
+	if got := counterValue(t, a.reg, "carve_agent_ipam_blocks_returned_total"); got < 1 {
+		t.Errorf("blocks returned %v", got)
+	}
+}
+
+// TestGrowthFromMasters: a block the masters lease (the stand-in's Grow
+// answering one) becomes a block of the bridge, in the ring as a lease.
+func TestGrowthFromMasters(t *testing.T) {
+	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
+	src := &leasingStandIn{next: netip.MustParsePrefix("10.128.0.192/27")}
+	nd := c.startSource("a", t.TempDir(), src)
+	for i := range 31 {
+		nd.alloc(t, fmt.Sprint("c", i))
+	}
+	st := nd.svc.Status("carve")
+	if bs := st.Blocks[api.BridgeMesos]; len(bs) != 2 || bs[1].Prefix != "10.128.0.192/27" || bs[1].Origin != OriginGrow {
+		t.Fatalf("blocks %+v", bs)
+	}
+	if gws := nd.svc.BridgeGateways("carve", api.BridgeMesos); fmt.Sprint(gws) != "[10.128.0.193/27]" {
+		t.Errorf("gateways %v", gws)
+	}
+}
+
+// leasingStandIn is a TEST DOUBLE standing in for the masters that lease
+// one block (the masters' grow route is another change's).
+type leasingStandIn struct {
+	mastersStandIn
+	next netip.Prefix
+}
+
+func (m *leasingStandIn) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.next.IsValid() {
+		return LeasedBlock{}, ErrMastersExhausted
+	}
+	p := m.next
+	m.next = netip.Prefix{}
+	return LeasedBlock{Prefix: p, Version: 100}, nil
+}
+
+func (c *cluster) startSource(id, dir string, src BlockSource) *node {
+	c.t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "agent.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	t := c.t
+	t.Cleanup(func() { db.Close() })
+	cfg := c.growth
+	cfg.Source = src
+	svc, err := New(Config{AgentID: id, DB: db, Registerer: prometheus.NewRegistry(), Logger: testLogger(), Growth: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Sync(growthView(id))
+	return &node{id: id, dir: dir, db: db, svc: svc}
+}

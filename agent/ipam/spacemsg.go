@@ -1,0 +1,252 @@
+package ipam
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"unicode"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// Space requests and answers travel as unicasts on the ring channel: small
+// versioned JSON objects, strictly decoded. The sender's id must be the peer
+// the gossip router delivered the message from, the cluster id the
+// receiver's, and an answer must match a request in flight to that peer.
+// An answer carries the donor's ring, merged like any ring gossip (a merge
+// that would take addresses in use is refused): only the ring decides what
+// the recipient owns.
+
+const (
+	spaceVersion = 1
+	kindRequest  = "request"
+	kindGrant    = "grant"
+	kindRefuse   = "refuse"
+
+	// maxSpaceRequestBytes bounds a request (no ring in it).
+	maxSpaceRequestBytes = 4 << 10
+	maxRequestIDLen      = 128
+	maxReasonLen         = 512
+)
+
+// ErrBadSpaceMessage marks a space request or answer that is refused.
+var ErrBadSpaceMessage = errors.New("bad space message")
+
+// spaceMessage is a space request, or its answer.
+type spaceMessage struct {
+	V         int    `json:"v"`
+	Kind      string `json:"kind"`
+	ClusterID string `json:"cluster_id"`
+	From      string `json:"from"`
+	ID        string `json:"id"`
+	Overlay   string `json:"overlay"`
+	Family    string `json:"family"`
+	// Bits is the prefix length of the block a request asks for.
+	Bits int `json:"bits,omitempty"`
+	// Prefix is the block a grant gives, Ring the donor's ring after it.
+	Prefix string `json:"prefix,omitempty"`
+	Ring   []byte `json:"ring,omitempty"`
+	// Reason says why a refusal refused.
+	Reason string `json:"reason,omitempty"`
+}
+
+func encodeSpaceMessage(m spaceMessage) []byte {
+	b, _ := json.Marshal(m) // strings, numbers and bytes: cannot fail
+	return b
+}
+
+// decodeSpaceMessage decodes and checks a space message from the network.
+func decodeSpaceMessage(b []byte) (spaceMessage, error) {
+	var m spaceMessage
+	if len(b) > maxRingMessageBytes {
+		return m, fmt.Errorf("%w: %d bytes", ErrBadSpaceMessage, len(b))
+	}
+	if err := api.DecodeStrict(bytes.NewReader(b), &m); err != nil {
+		return spaceMessage{}, fmt.Errorf("%w: %v", ErrBadSpaceMessage, err)
+	}
+	if err := m.check(len(b)); err != nil {
+		return spaceMessage{}, fmt.Errorf("%w: %v", ErrBadSpaceMessage, err)
+	}
+	return m, nil
+}
+
+func (m *spaceMessage) check(size int) error {
+	if m.V != spaceVersion {
+		return fmt.Errorf("version %d (this agent speaks %d)", m.V, spaceVersion)
+	}
+	if len(m.ClusterID) > maxClusterIDLen {
+		return fmt.Errorf("cluster id of %d bytes", len(m.ClusterID))
+	}
+	if err := api.ValidateAgentID(m.From); err != nil {
+		return fmt.Errorf("from: %v", err)
+	}
+	if m.ID == "" || len(m.ID) > maxRequestIDLen || !printable(m.ID) {
+		return fmt.Errorf("request id %q", m.ID)
+	}
+	if err := api.ValidateOverlayName(m.Overlay); err != nil {
+		return err
+	}
+	width := 32
+	switch m.Family {
+	case "4":
+	case "6":
+		width = 128
+	default:
+		return fmt.Errorf("family %q", m.Family)
+	}
+	switch m.Kind {
+	case kindRequest:
+		if size > maxSpaceRequestBytes {
+			return fmt.Errorf("request of %d bytes", size)
+		}
+		if m.Bits < 1 || m.Bits > width || m.Prefix != "" || m.Ring != nil || m.Reason != "" {
+			return fmt.Errorf("request of a /%d block, or with answer fields", m.Bits)
+		}
+	case kindGrant:
+		p, err := netip.ParsePrefix(m.Prefix)
+		if err != nil || p.Masked() != p || p.Addr().BitLen() != width || p.Addr().Zone() != "" {
+			return fmt.Errorf("granted prefix %q", m.Prefix)
+		}
+		if len(m.Ring) == 0 || m.Bits != 0 || m.Reason != "" {
+			return errors.New("grant without a ring, or with other fields")
+		}
+	case kindRefuse:
+		if len(m.Reason) > maxReasonLen || !printable(m.Reason) || m.Bits != 0 || m.Prefix != "" || m.Ring != nil {
+			return errors.New("refusal with a bad reason, or with other fields")
+		}
+	default:
+		return fmt.Errorf("kind %q", m.Kind)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// OnUnicast implements gossip.Handler: space requests and their answers.
+func (h *ringHandler) OnUnicast(src string, msg []byte) error {
+	s := (*Service)(h)
+	m, err := decodeSpaceMessage(msg)
+	if err != nil {
+		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
+		return err
+	}
+	if m.From != src {
+		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
+		return fmt.Errorf("%w: sent as %q by peer %q", ErrBadSpaceMessage, m.From, src)
+	}
+	s.mu.Lock()
+	cluster := s.clusterID
+	s.mu.Unlock()
+	if cluster != "" && m.ClusterID != cluster {
+		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
+		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ErrOtherCluster, m.ClusterID, cluster)
+	}
+	if m.Kind == kindRequest {
+		go s.donate(m)
+		return nil
+	}
+	s.mu.Lock()
+	w, ok := s.grow.waiting[m.ID]
+	s.mu.Unlock()
+	if !ok || w.peer != src {
+		return fmt.Errorf("%w: answer %q from %s matches no request in flight", ErrBadSpaceMessage, m.ID, src)
+	}
+	select {
+	case w.ch <- m:
+	default: // a duplicate answer
+	}
+	return nil
+}
+
+// donate answers a space request: a block of the bridges' first
+// sub-subnets, as large as asked or smaller, never more than half of what
+// is free there, persisted and broadcast before the answer.
+func (s *Service) donate(m spaceMessage) {
+	ans, news, b := s.decideDonation(m)
+	if b != nil {
+		if err := s.flush(b); err != nil {
+			s.log.Error("persist a grant: not answered", "to", m.From, "err", err)
+			return
+		}
+	}
+	if ans.Kind == kindGrant {
+		s.metrics.grantsGiven.Inc()
+		s.broadcast(news)
+		s.changed()
+	}
+	s.mu.Lock()
+	ch := s.channel
+	s.mu.Unlock()
+	if ch != nil {
+		if err := ch.Unicast(m.From, encodeSpaceMessage(ans)); err != nil {
+			s.log.Warn("answer a space request", "to", m.From, "err", err)
+		}
+	}
+}
+
+func (s *Service) decideDonation(m spaceMessage) (spaceMessage, ringMessage, *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ans := spaceMessage{V: spaceVersion, Kind: kindRefuse, ClusterID: s.clusterID, From: s.id, ID: m.ID, Overlay: m.Overlay, Family: m.Family}
+	refuse := func(reason string) (spaceMessage, ringMessage, *batch) {
+		ans.Reason = reason
+		s.log.Info("refused a space request", "from", m.From, "overlay", m.Overlay, "family", m.Family, "reason", reason)
+		return ans, ringMessage{}, nil
+	}
+	fam := 0
+	if m.Family == "6" {
+		fam = 1
+	}
+	a := s.allocatorOf(m.Overlay, m.Family)
+	if a == nil || m.From == s.id {
+		return refuse("not_served")
+	}
+	o := s.overlays[m.Overlay]
+	grant := func(p netip.Prefix) (spaceMessage, ringMessage, *batch) {
+		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), a.EncodeRing()
+		news := ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: m.Overlay, Family: m.Family, Ring: ans.Ring}}}
+		return ans, news, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring)}})
+	}
+	key := [2]string{m.From, m.ID}
+	if p, ok := s.grow.granted[key]; ok {
+		if owner, _ := a.Ring().Owner(p.Addr()); owner == m.From {
+			return grant(p) // a repeated request: the same grant
+		}
+	}
+	var within []netip.Prefix
+	var free ring.Uint128
+	for _, kind := range sortedKeys(o.bridges) {
+		if p := o.bridges[kind][fam]; p.IsValid() {
+			within = append(within, p)
+			free = free.Add(a.FreeHosts(p))
+		}
+	}
+	width := o.universe[fam].Addr().BitLen()
+	for bits := max(m.Bits, o.universe[fam].Bits()+1); bits <= minBlockBits(fam); bits++ {
+		log2 := width - bits
+		if free.Rsh(1).Less(ring.U128(1).Lsh(uint(log2))) {
+			continue // the donor keeps at least as much as it gives
+		}
+		p, err := a.DonateBlock(m.From, within, log2)
+		if errors.Is(err, ring.ErrNothingToDonate) {
+			continue
+		}
+		if err != nil {
+			return refuse("cannot_grant: " + err.Error())
+		}
+		s.grow.granted[key] = p
+		s.log.Info("granted a block through the ring", "to", m.From, "overlay", m.Overlay, "block", p)
+		return grant(p)
+	}
+	return refuse("no_space")
+}
