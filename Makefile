@@ -39,7 +39,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSpaceMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
 
 demo: build cni-plugins
