@@ -15,7 +15,7 @@ import (
 )
 
 func rec(id string, v uint64, ip string) PeerRecord {
-	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve", Status: api.StatusOK,
+	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve",
 		Subnet: "10.128.2.0/24", MesosIP: "10.128.2.0/25", DockerIP: "10.128.2.128/25", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02"}}}
 }
 

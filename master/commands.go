@@ -16,6 +16,7 @@ const (
 	opSetConfig    = "set_config"
 	opServerMeta   = "server_meta"
 	opSetClusterID = "set_cluster_id"
+	opReport       = "report"
 )
 
 // maxClusterIDLen bounds a cluster id in the log.
@@ -32,6 +33,13 @@ type command struct {
 	SetConfig  *api.NetworkConfig `json:"set_config,omitempty"`
 	ServerMeta *serverMeta        `json:"server_meta,omitempty"`
 	ClusterID  string             `json:"cluster_id,omitempty"`
+	Report     *reportCmd         `json:"report,omitempty"`
+}
+
+// reportCmd is an agent's configuration report (PUT .../report).
+type reportCmd struct {
+	AgentID string            `json:"agent_id"`
+	Report  api.ReportRequest `json:"report"`
 }
 
 type registerCmd struct {
@@ -69,6 +77,8 @@ func (c command) validate() error {
 		missing = c.SetConfig == nil
 	case opServerMeta:
 		missing = c.ServerMeta == nil
+	case opReport:
+		missing = c.Report == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)
