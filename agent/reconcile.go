@@ -61,6 +61,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	want, peers, err := desiredState(self, network, a.ip, members)
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
+		a.noteReconciled(self)
 		return err
 	}
 	var rep vxlan.Report
@@ -73,6 +74,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	}
 	a.metrics.observe(mode, &rep)
 	a.setReport(self.Version, &rep, peers, err)
+	a.noteReconciled(self)
 	return err // the dataplane logs what it changed
 }
 

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 
@@ -37,33 +36,6 @@ func (a *Agent) routes() http.Handler {
 
 func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, a.Overlay())
-}
-
-// Overlay is the agent's record with each overlay's local status:
-// CONFIGURING until the kernel holds the current leases, FAILED with the
-// kernel's error, OK once programmed.
-func (a *Agent) Overlay() *api.AgentInfo {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.self == nil {
-		return &api.AgentInfo{AgentID: a.id, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr}
-	}
-	var info api.AgentInfo
-	data, _ := json.Marshal(a.self)
-	_ = json.Unmarshal(data, &info)
-	for i := range info.Overlays {
-		ov := &info.Overlays[i]
-		if ov.State.Status != api.StatusOK {
-			continue
-		}
-		switch msg := a.overlayError(ov); {
-		case msg != "":
-			ov.State = api.OverlayState{Status: api.StatusFailed, Error: msg}
-		case a.reconciledSelf < a.self.Version:
-			ov.State = api.OverlayState{Status: api.StatusConfiguring}
-		}
-	}
-	return &info
 }
 
 // overlayError names the last reconcile's failure that concerns this

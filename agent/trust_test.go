@@ -86,7 +86,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 	if err := api.VerifyRecord(pub, got.signedInfo(), "c1"); err != nil {
 		t.Fatalf("the gossiped record does not verify: %v", err)
 	}
-	if ip, mac := got.VTEP(); ip != "100.64.0.2/16" || mac != "70:b3:d5:40:00:02" || !slices.Equal(got.Subnets(), []string{"10.128.2.0/24"}) {
+	if ip, mac := got.VTEP(); ip != "100.64.0.2/16" || mac != "70:b3:d5:40:00:02" || !slices.Equal(got.Subnets(), []string{"fd00:1::/64", "10.128.2.0/24"}) {
 		t.Errorf("derived vtep %s %s, subnets %v", ip, mac, got.Subnets())
 	}
 	swapped := got
