@@ -175,6 +175,7 @@ type Agent struct {
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64            // self.Version covered by the last successful reconcile
+	attemptedSelf    uint64            // self.Version the last reconcile that reached the kernel was for
 	programmed       map[string]uint64 // peer id -> version programmed in the kernel
 	connected        map[string]string // mesh address handed to the router -> agent id
 

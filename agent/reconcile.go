@@ -129,6 +129,7 @@ func (a *Agent) setReport(selfVersion uint64, rep *vxlan.Report, peers map[strin
 			failed[e.Peer] = true
 		}
 	}
+	a.attemptedSelf = selfVersion
 	a.programmed = map[string]uint64{}
 	for id, v := range peers {
 		if !failed[id] {

@@ -131,7 +131,10 @@ func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) [
 		switch msg := a.overlayError(ov); {
 		case msg != "":
 			r.Status, r.Error = api.StatusFailed, msg
-		case a.reconciledSelf < self.Version:
+		case a.attemptedSelf < self.Version:
+			// The kernel has not been worked on for this version yet (a
+			// reconcile that failed for one overlay still configured the
+			// others: their result is theirs).
 			r.Status = api.StatusConfiguring
 		case ipamErr[ov.Info.Name] != "":
 			r.Status, r.Error = api.StatusFailed, "IPAM: "+ipamErr[ov.Info.Name]

@@ -2,7 +2,8 @@ package agent
 
 import (
 	"net/http"
-	"strings"
+	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -56,20 +57,45 @@ func (a *Agent) overlayError(ov *api.AgentOverlay) string {
 	}
 	for _, e := range a.lastReport.Errors {
 		switch e.Kind {
-		case vxlan.KindVTEP:
+		case vxlan.KindVTEP, vxlan.KindSysctl:
 			return e.Error()
-		case vxlan.KindBridge, vxlan.KindAddress, vxlan.KindSysctl:
-			if e.Kind == vxlan.KindSysctl {
+		case vxlan.KindBridge:
+			// By exact name: the bridges of "dcos" are not those of "dcos6".
+			if e.Key == "*" || slices.Contains(names, e.Key) {
 				return e.Error()
 			}
-			for _, n := range names {
-				if strings.Contains(e.Key, n) || strings.Contains(e.Error(), n) {
-					return e.Error()
-				}
+		case vxlan.KindAddress:
+			if addressOf(ov, e.Key) {
+				return e.Error()
 			}
 		}
 	}
 	return ""
+}
+
+// addressOf tells whether an address (in CIDR form, as the dataplane names
+// it in its errors) is one of the overlay's: its VTEP's, or a gateway
+// inside one of its bridges' sub-subnets.
+func addressOf(ov *api.AgentOverlay, key string) bool {
+	p, err := netip.ParsePrefix(key)
+	if err != nil {
+		return false
+	}
+	var mine []string
+	if ov.Backend != nil && ov.Backend.VXLAN != nil {
+		mine = append(mine, ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPIP6)
+	}
+	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
+		if br != nil {
+			mine = append(mine, br.IP, br.IP6)
+		}
+	}
+	for _, s := range mine {
+		if q, err := netip.ParsePrefix(s); err == nil && q.Masked().Contains(p.Addr()) && q.Bits() == p.Bits() {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
