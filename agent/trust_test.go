@@ -128,6 +128,8 @@ func TestRecordInRange(t *testing.T) {
 	network := master.DefaultConfig()
 	network.Overlays = append(network.Overlays, api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64})
 	overlay := func(f func(*PeerOverlay)) func(*PeerRecord) { return func(p *PeerRecord) { f(&p.Overlays[0]) } }
+	network6 := network
+	network6.VTEPSubnet6 = "fd01:a::/64"
 	tests := []struct {
 		name    string
 		change  func(*PeerRecord)
@@ -150,6 +152,10 @@ func TestRecordInRange(t *testing.T) {
 		{"vtep with another prefix length", overlay(func(o *PeerOverlay) { o.VTEPIP = "100.64.0.2/24" }), &network, "outside vtep_subnet"},
 		{"mac not derived", overlay(func(o *PeerOverlay) { o.VTEPMAC = "70:b3:d5:40:00:09" }), &network, "is not 70:b3:d5:40:00:02, derived"},
 		{"mac of another oui", overlay(func(o *PeerOverlay) { o.VTEPMAC = "02:00:00:40:00:02" }), &network, "is not 70:b3:d5:40:00:02"},
+		{"vtep ip6 inside vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/64" }), &network6, ""},
+		{"vtep ip6 outside vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:c::2/64" }), &network6, "outside vtep_subnet6"},
+		{"vtep ip6 with another prefix length", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/80" }), &network6, "outside vtep_subnet6"},
+		{"vtep ip6 without vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/64" }), &network, "outside vtep_subnet6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
