@@ -184,8 +184,12 @@ type Agent struct {
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64            // self.Version covered by the last successful reconcile
+	attemptedSelf    uint64            // self.Version the last reconcile that reached the kernel was for
 	programmed       map[string]uint64 // peer id -> version programmed in the kernel
 	connected        map[string]string // mesh address handed to the router -> agent id
+
+	// reports is the configuration result reportLoop sends the masters.
+	reports *reporter
 
 	reconcileCh  chan struct{}
 	persistCh    chan struct{}
@@ -217,6 +221,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
 		programmed: map[string]uint64{}, connected: map[string]string{}, refusals: newLogLimiter(time.Minute),
+		reports:     newReporter(),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
@@ -397,6 +402,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.watchLoop)
 	run(a.gossipLoop)
 	run(a.ipam.Run)
+	run(a.reportLoop)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}

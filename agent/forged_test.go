@@ -184,7 +184,7 @@ func TestForgedGossipChangesNothing(t *testing.T) {
 		return MembershipMessage{ClusterID: cluster, MembershipState: MembershipState{Records: recs, Tombstones: tombs}}
 	}
 	rerendered := copyInfo(t, h2) // a configuration change re-renders at the same version
-	rerendered.Overlays[0].State = api.OverlayState{Status: api.StatusDisabled}
+	rerendered.MeshAddr = "198.18.9.9:6783"
 	forgeries := []struct {
 		name   string
 		msg    MembershipMessage

@@ -37,7 +37,6 @@ type PeerRecord struct {
 // api.AgentOverlay. An absent bridge is empty addresses.
 type PeerOverlay struct {
 	Name      string `json:"name"`
-	Status    string `json:"status,omitempty"`
 	Subnet    string `json:"subnet,omitempty"`
 	Subnet6   string `json:"subnet6,omitempty"`
 	MesosIP   string `json:"mesos_ip,omitempty"`
@@ -47,6 +46,8 @@ type PeerOverlay struct {
 	// VTEPIP carries the VTEP subnet's prefix length (100.64.0.2/16).
 	VTEPIP  string `json:"vtep,omitempty"`
 	VTEPMAC string `json:"mac,omitempty"`
+	// VTEPIP6 carries vtep_subnet6's prefix length (fd01:a::2/64).
+	VTEPIP6 string `json:"vtep6,omitempty"`
 }
 
 // maxPeerOverlays bounds the overlays of a record from the network.
@@ -58,7 +59,7 @@ const maxPeerOverlays = 64
 func NewPeerRecord(a *api.AgentInfo) PeerRecord {
 	p := PeerRecord{ID: a.AgentID, IP: a.IP, MeshAddr: a.MeshAddr, Version: a.Version, Signature: a.Signature}
 	for _, ov := range a.Overlays {
-		po := PeerOverlay{Name: ov.Info.Name, Status: ov.State.Status, Subnet: ov.Subnet, Subnet6: ov.Subnet6}
+		po := PeerOverlay{Name: ov.Info.Name, Subnet: ov.Subnet, Subnet6: ov.Subnet6}
 		if b := ov.MesosBridge; b != nil {
 			po.MesosIP, po.MesosIP6 = b.IP, b.IP6
 		}
@@ -66,7 +67,7 @@ func NewPeerRecord(a *api.AgentInfo) PeerRecord {
 			po.DockerIP, po.DockerIP6 = b.IP, b.IP6
 		}
 		if ov.Backend != nil && ov.Backend.VXLAN != nil {
-			po.VTEPIP, po.VTEPMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+			po.VTEPIP, po.VTEPMAC, po.VTEPIP6 = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC, ov.Backend.VXLAN.VTEPIP6
 		}
 		p.Overlays = append(p.Overlays, po)
 	}
@@ -83,16 +84,15 @@ func (p *PeerRecord) sortOverlays() {
 func (p *PeerRecord) signedInfo() *api.AgentInfo {
 	info := &api.AgentInfo{AgentID: p.ID, IP: p.IP, MeshAddr: p.MeshAddr, Version: p.Version, Signature: p.Signature}
 	for _, po := range p.Overlays {
-		ov := api.AgentOverlay{Info: api.OverlayNetwork{Name: po.Name}, State: api.OverlayState{Status: po.Status},
-			Subnet: po.Subnet, Subnet6: po.Subnet6}
+		ov := api.AgentOverlay{Info: api.OverlayNetwork{Name: po.Name}, Subnet: po.Subnet, Subnet6: po.Subnet6}
 		if po.MesosIP != "" || po.MesosIP6 != "" {
 			ov.MesosBridge = &api.BridgeInfo{IP: po.MesosIP, IP6: po.MesosIP6}
 		}
 		if po.DockerIP != "" || po.DockerIP6 != "" {
 			ov.DockerBridge = &api.BridgeInfo{IP: po.DockerIP, IP6: po.DockerIP6}
 		}
-		if po.VTEPIP != "" || po.VTEPMAC != "" {
-			ov.Backend = &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: po.VTEPIP, VTEPMAC: po.VTEPMAC}}
+		if po.VTEPIP != "" || po.VTEPMAC != "" || po.VTEPIP6 != "" {
+			ov.Backend = &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: po.VTEPIP, VTEPMAC: po.VTEPMAC, VTEPIP6: po.VTEPIP6}}
 		}
 		info.Overlays = append(info.Overlays, ov)
 	}
@@ -111,14 +111,27 @@ func (p *PeerRecord) VTEP() (ip, mac string) {
 	return "", ""
 }
 
-// Subnets are the agent's subnets (IPv4 and IPv6) of the overlays whose
-// status is OK: what is routed to its VTEP.
+// VTEP6 is the agent's IPv6 VTEP address (with vtep_subnet6's prefix
+// length), from the same overlay as VTEP; empty without one.
+func (p *PeerRecord) VTEP6() string {
+	for _, ov := range p.Overlays {
+		if ov.VTEPIP != "" {
+			return ov.VTEPIP6
+		}
+	}
+	return ""
+}
+
+// HasIP tells whether the record carries an underlay IP (not api.NoIP).
+func (p *PeerRecord) HasIP() bool { return p.IP != "" && p.IP != api.NoIP }
+
+// Subnets are the agent's subnets (IPv4 and IPv6) of the overlays leased to
+// it (every overlay of a record is): what is routed to its VTEP. The
+// status the agent reported is not consulted: it is not signed, and a
+// lease is routed whatever its owner reported.
 func (p *PeerRecord) Subnets() []string {
 	var out []string
 	for _, ov := range p.Overlays {
-		if ov.Status != api.StatusOK {
-			continue
-		}
 		for _, s := range []string{ov.Subnet, ov.Subnet6} {
 			if s != "" {
 				out = append(out, s)
@@ -171,11 +184,6 @@ func (ov *PeerOverlay) validate() error {
 	if err := api.ValidateOverlayName(ov.Name); err != nil {
 		return err
 	}
-	switch ov.Status {
-	case api.StatusOK, api.StatusFailed, api.StatusConfiguring, api.StatusDisabled, "":
-	default:
-		return fmt.Errorf("overlay %s: status %q", ov.Name, ov.Status)
-	}
 	for _, s := range []struct {
 		name, v string
 		masked  bool
@@ -200,6 +208,12 @@ func (ov *PeerOverlay) validate() error {
 		mac, err := net.ParseMAC(ov.VTEPMAC)
 		if err != nil || len(mac) != 6 {
 			return fmt.Errorf("overlay %s: vtep mac %q", ov.Name, ov.VTEPMAC)
+		}
+	}
+	if ov.VTEPIP6 != "" {
+		pr, err := netip.ParsePrefix(ov.VTEPIP6)
+		if err != nil || pr.Addr().Is4() || pr.Addr().Zone() != "" {
+			return fmt.Errorf("overlay %s: vtep ip6 %q is not IPv6/prefix", ov.Name, ov.VTEPIP6)
 		}
 	}
 	return nil

@@ -15,7 +15,7 @@ import (
 )
 
 func rec(id string, v uint64, ip string) PeerRecord {
-	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve", Status: api.StatusOK,
+	return PeerRecord{ID: id, IP: ip, Version: v, MeshAddr: ip + ":6783", Overlays: []PeerOverlay{{Name: "carve",
 		Subnet: "10.128.2.0/24", MesosIP: "10.128.2.0/25", DockerIP: "10.128.2.128/25", VTEPIP: "100.64.0.2/16", VTEPMAC: "70:b3:d5:40:00:02"}}}
 }
 
@@ -112,7 +112,7 @@ func TestDecodeMembershipRejects(t *testing.T) {
 		{"host bits subnet", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","subnet":"10.0.0.1/24"}]}]}`},
 		{"bad bridge", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","mesos_ip":"10.0.0.1"}]}]}`},
 		{"bad overlay name", `{"records":[{"id":"a","v":1,"overlays":[{"name":"Carve!"}]}]}`},
-		{"bad status", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","status":"STATUS_PWNED"}]}]}`},
+		{"bad vtep6", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve","vtep":"100.64.0.2/16","mac":"70:b3:d5:40:00:02","vtep6":"100.64.0.2/16"}]}]}`},
 		{"overlay twice", `{"records":[{"id":"a","v":1,"overlays":[{"name":"carve"},{"name":"carve"}]}]}`},
 		{"huge signature", `{"records":[{"id":"a","v":1,"sig":"` + strings.Repeat("A", 200) + `"}]}`},
 		{"huge tombstone signature", `{"tombstones":[{"agent_id":"a","version":3,"signature":"` + strings.Repeat("A", 200) + `"}]}`},

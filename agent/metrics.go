@@ -14,6 +14,7 @@ type metrics struct {
 	peersKnown       prometheus.Gauge
 	peersProgrammed  prometheus.Gauge
 	registrations    *prometheus.CounterVec
+	reports          *prometheus.CounterVec
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
 	gossipRefused    *prometheus.CounterVec
@@ -51,6 +52,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_registrations_total", Help: "Registration attempts, by result.",
+		}, []string{"result"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_reports_total", Help: "Configuration results sent to the masters (PUT /overlay-master/agents/{id}/report), by result.",
 		}, []string{"result"}),
 		mastersReachable: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_masters_reachable", Help: "1 when the last state watch succeeded.",
@@ -94,6 +98,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.registrations.WithLabelValues(r)
+		m.reports.WithLabelValues(r)
 	}
 	for _, r := range []string{"news", "known", "refused", "bad"} {
 		m.gossip.WithLabelValues(r)
@@ -111,7 +116,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
-	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations,
+	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

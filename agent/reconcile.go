@@ -65,6 +65,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	}
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
+		a.noteReconciled(self)
 		return err
 	}
 	var rep vxlan.Report
@@ -77,6 +78,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	}
 	a.metrics.observe(mode, &rep)
 	a.setReport(self.Version, &rep, peers, err)
+	a.noteReconciled(self)
 	return err // the dataplane logs what it changed
 }
 
@@ -95,7 +97,7 @@ func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) 
 	}
 	var keep []string
 	for _, ov := range self.Overlays {
-		if ov.State.Status != api.StatusOK || ov.MesosBridge == nil {
+		if !leased(&ov) || ov.MesosBridge == nil {
 			continue
 		}
 		keep = append(keep, ov.Info.Name)
@@ -131,6 +133,7 @@ func (a *Agent) setReport(selfVersion uint64, rep *vxlan.Report, peers map[strin
 			failed[e.Peer] = true
 		}
 	}
+	a.attemptedSelf = selfVersion
 	a.programmed = map[string]uint64{}
 	for id, v := range peers {
 		if !failed[id] {
@@ -168,13 +171,19 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 		return want, nil, fmt.Errorf("own vtep_mac %q: %w", vx.VTEPMAC, err)
 	}
 	want.VTEP = vxlan.VTEP{Name: vx.VTEPName, VNI: vx.VNI, Port: vx.VTEPPort, Local: ip, MAC: mac, MTU: vx.VTEPMTU, Address: addr}
+	if vx.VTEPIP6 != "" {
+		if want.VTEP.Address6, err = netip.ParsePrefix(vx.VTEPIP6); err != nil {
+			return want, nil, fmt.Errorf("own vtep_ip6 %q: %w", vx.VTEPIP6, err)
+		}
+		want.IPv6Forward = true
+	}
 	want.IPForward = true
 	mtu := defaultOverlayMTU
 	if network != nil && network.OverlayMTU > 0 {
 		mtu = network.OverlayMTU
 	}
 	for _, ov := range self.Overlays {
-		if ov.State.Status != api.StatusOK {
+		if !leased(&ov) {
 			continue
 		}
 		for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
@@ -198,7 +207,7 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 	}
 	peers := map[string]uint64{}
 	for _, r := range members.Records {
-		if vtep, _ := r.VTEP(); r.ID == self.AgentID || r.IP == "" || vtep == "" {
+		if vtep, _ := r.VTEP(); r.ID == self.AgentID || !r.HasIP() || vtep == "" {
 			continue
 		}
 		p, err := peerOf(r)
@@ -267,6 +276,13 @@ func peerOf(r PeerRecord) (vxlan.Peer, error) {
 		return vxlan.Peer{}, err
 	}
 	p := vxlan.Peer{ID: r.ID, UnderlayIP: ip, VTEPIP: vtep.Addr(), VTEPMAC: mac}
+	if s := r.VTEP6(); s != "" {
+		vtep6, err := netip.ParsePrefix(s)
+		if err != nil {
+			return vxlan.Peer{}, err
+		}
+		p.VTEPIP6 = vtep6.Addr()
+	}
 	for _, s := range r.Subnets() {
 		pr, err := netip.ParsePrefix(s)
 		if err != nil {
@@ -276,6 +292,11 @@ func peerOf(r PeerRecord) (vxlan.Peer, error) {
 	}
 	return p, nil
 }
+
+// leased tells whether the masters leased the overlay to this agent: it
+// is in the record with a subnet. The agent acts on that, never on the
+// overlay's state.status, which is what it reported itself.
+func leased(ov *api.AgentOverlay) bool { return ov.Subnet != "" || ov.Subnet6 != "" }
 
 // gatewayOf is the first host address of a bridge's sub-subnet, with its prefix length.
 func gatewayOf(subnet string) (netip.Prefix, error) {

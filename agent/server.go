@@ -1,9 +1,9 @@
 package agent
 
 import (
-	"encoding/json"
 	"net/http"
-	"strings"
+	"net/netip"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -39,33 +39,6 @@ func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, a.Overlay())
 }
 
-// Overlay is the agent's record with each overlay's local status:
-// CONFIGURING until the kernel holds the current leases, FAILED with the
-// kernel's error, OK once programmed.
-func (a *Agent) Overlay() *api.AgentInfo {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.self == nil {
-		return &api.AgentInfo{AgentID: a.id, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr}
-	}
-	var info api.AgentInfo
-	data, _ := json.Marshal(a.self)
-	_ = json.Unmarshal(data, &info)
-	for i := range info.Overlays {
-		ov := &info.Overlays[i]
-		if ov.State.Status != api.StatusOK {
-			continue
-		}
-		switch msg := a.overlayError(ov); {
-		case msg != "":
-			ov.State = api.OverlayState{Status: api.StatusFailed, Error: msg}
-		case a.reconciledSelf < a.self.Version:
-			ov.State = api.OverlayState{Status: api.StatusConfiguring}
-		}
-	}
-	return &info
-}
-
 // overlayError names the last reconcile's failure that concerns this
 // overlay: its VTEP, its bridges or their addresses. Failures of single peer
 // entries show in /overlay-agent/peers instead.
@@ -84,20 +57,45 @@ func (a *Agent) overlayError(ov *api.AgentOverlay) string {
 	}
 	for _, e := range a.lastReport.Errors {
 		switch e.Kind {
-		case vxlan.KindVTEP:
+		case vxlan.KindVTEP, vxlan.KindSysctl:
 			return e.Error()
-		case vxlan.KindBridge, vxlan.KindAddress, vxlan.KindSysctl:
-			if e.Kind == vxlan.KindSysctl {
+		case vxlan.KindBridge:
+			// By exact name: the bridges of "dcos" are not those of "dcos6".
+			if e.Key == "*" || slices.Contains(names, e.Key) {
 				return e.Error()
 			}
-			for _, n := range names {
-				if strings.Contains(e.Key, n) || strings.Contains(e.Error(), n) {
-					return e.Error()
-				}
+		case vxlan.KindAddress:
+			if addressOf(ov, e.Key) {
+				return e.Error()
 			}
 		}
 	}
 	return ""
+}
+
+// addressOf tells whether an address (in CIDR form, as the dataplane names
+// it in its errors) is one of the overlay's: its VTEP's, or a gateway
+// inside one of its bridges' sub-subnets.
+func addressOf(ov *api.AgentOverlay, key string) bool {
+	p, err := netip.ParsePrefix(key)
+	if err != nil {
+		return false
+	}
+	var mine []string
+	if ov.Backend != nil && ov.Backend.VXLAN != nil {
+		mine = append(mine, ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPIP6)
+	}
+	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
+		if br != nil {
+			mine = append(mine, br.IP, br.IP6)
+		}
+	}
+	for _, s := range mine {
+		if q, err := netip.ParsePrefix(s); err == nil && q.Masked().Contains(p.Addr()) && q.Bits() == p.Bits() {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {

@@ -148,8 +148,9 @@ func (tr *trust) admit(clusterID string, st MembershipState, members *Membership
 
 // recordInRange checks a record against the network configuration: every
 // overlay it names is configured, its subnets (and the bridges' halves of
-// them) lie inside the overlay's, its VTEP IP inside vtep_subnet, and its
-// MAC is the one derived from that IP.
+// them) lie inside the overlay's, its VTEP IP inside vtep_subnet (its IPv6
+// VTEP address inside vtep_subnet6), and its MAC is the one derived from
+// that IP.
 func recordInRange(r *PeerRecord, n *api.NetworkConfig) error {
 	if n == nil {
 		return errors.New("no network configuration known yet to check it against")
@@ -196,6 +197,13 @@ func recordInRange(r *PeerRecord, n *api.NetworkConfig) error {
 		mac, err := net.ParseMAC(ov.VTEPMAC)
 		if want := api.VTEPMAC(oui, vtep.Addr()); err != nil || mac.String() != want.String() {
 			return fmt.Errorf("overlay %s: vtep mac %s is not %s, derived from vtep ip %s", ov.Name, ov.VTEPMAC, want, ov.VTEPIP)
+		}
+		if ov.VTEPIP6 != "" {
+			vtep6, err := netip.ParsePrefix(ov.VTEPIP6)
+			net6, err6 := netip.ParsePrefix(n.VTEPSubnet6)
+			if err != nil || err6 != nil || !net6.Contains(vtep6.Addr()) || vtep6.Bits() != net6.Bits() {
+				return fmt.Errorf("overlay %s: vtep ip6 %s is outside vtep_subnet6 %q", ov.Name, ov.VTEPIP6, n.VTEPSubnet6)
+			}
 		}
 	}
 	return nil

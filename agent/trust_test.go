@@ -63,7 +63,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 	pub, priv := testKey(t)
 	twoOverlays := func(a *api.AgentInfo) {
 		a.Overlays = append(a.Overlays, api.AgentOverlay{Info: api.OverlayNetwork{Name: "aaa"}, Subnet6: "fd00:1::/64",
-			MesosBridge: &api.BridgeInfo{Name: "m-aaa", IP6: "fd00:1::/65"}, State: api.OverlayState{Status: api.StatusDisabled}})
+			MesosBridge: &api.BridgeInfo{Name: "m-aaa", IP6: "fd00:1::/65"}, State: api.OverlayState{Status: api.StatusFailed}})
 	}
 	r := signedPeer(priv, "c1", twoOverlays)
 	if names := []string{r.Overlays[0].Name, r.Overlays[1].Name}; !slices.Equal(names, []string{"aaa", "carve"}) {
@@ -86,7 +86,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 	if err := api.VerifyRecord(pub, got.signedInfo(), "c1"); err != nil {
 		t.Fatalf("the gossiped record does not verify: %v", err)
 	}
-	if ip, mac := got.VTEP(); ip != "100.64.0.2/16" || mac != "70:b3:d5:40:00:02" || !slices.Equal(got.Subnets(), []string{"10.128.2.0/24"}) {
+	if ip, mac := got.VTEP(); ip != "100.64.0.2/16" || mac != "70:b3:d5:40:00:02" || !slices.Equal(got.Subnets(), []string{"fd00:1::/64", "10.128.2.0/24"}) {
 		t.Errorf("derived vtep %s %s, subnets %v", ip, mac, got.Subnets())
 	}
 	swapped := got
@@ -101,7 +101,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 		"version":       func(p *PeerRecord) { p.Version++ },
 		"subnet":        func(p *PeerRecord) { p.Overlays[1].Subnet = "10.128.3.0/24" },
 		"subnet6":       func(p *PeerRecord) { p.Overlays[0].Subnet6 = "fd00:2::/64" },
-		"status":        func(p *PeerRecord) { p.Overlays[0].Status = api.StatusOK },
+		"vtep ip6":      func(p *PeerRecord) { p.Overlays[1].VTEPIP6 = "fd01:a::3/64" },
 		"overlay name":  func(p *PeerRecord) { p.Overlays[0].Name = "bbb" },
 		"mesos bridge":  func(p *PeerRecord) { p.Overlays[1].MesosIP = "10.128.2.0/26" },
 		"docker bridge": func(p *PeerRecord) { p.Overlays[1].DockerIP6 = "fd00::/65" },
@@ -128,6 +128,8 @@ func TestRecordInRange(t *testing.T) {
 	network := master.DefaultConfig()
 	network.Overlays = append(network.Overlays, api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64})
 	overlay := func(f func(*PeerOverlay)) func(*PeerRecord) { return func(p *PeerRecord) { f(&p.Overlays[0]) } }
+	network6 := network
+	network6.VTEPSubnet6 = "fd01:a::/64"
 	tests := []struct {
 		name    string
 		change  func(*PeerRecord)
@@ -136,7 +138,7 @@ func TestRecordInRange(t *testing.T) {
 	}{
 		{"as the masters render it", nil, &network, ""},
 		{"an IPv6 overlay", func(p *PeerRecord) {
-			p.Overlays = append(p.Overlays, PeerOverlay{Name: "six", Status: api.StatusOK, Subnet6: "fd00:0:0:7::/64", MesosIP6: "fd00:0:0:7::/65"})
+			p.Overlays = append(p.Overlays, PeerOverlay{Name: "six", Subnet6: "fd00:0:0:7::/64", MesosIP6: "fd00:0:0:7::/65"})
 		}, &network, ""},
 		{"a smaller block inside the overlay", overlay(func(o *PeerOverlay) { o.Subnet, o.MesosIP, o.DockerIP = "10.200.0.0/28", "", "" }), &network, ""},
 		{"no network configuration known", nil, nil, "no network configuration"},
@@ -150,6 +152,10 @@ func TestRecordInRange(t *testing.T) {
 		{"vtep with another prefix length", overlay(func(o *PeerOverlay) { o.VTEPIP = "100.64.0.2/24" }), &network, "outside vtep_subnet"},
 		{"mac not derived", overlay(func(o *PeerOverlay) { o.VTEPMAC = "70:b3:d5:40:00:09" }), &network, "is not 70:b3:d5:40:00:02, derived"},
 		{"mac of another oui", overlay(func(o *PeerOverlay) { o.VTEPMAC = "02:00:00:40:00:02" }), &network, "is not 70:b3:d5:40:00:02"},
+		{"vtep ip6 inside vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/64" }), &network6, ""},
+		{"vtep ip6 outside vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:c::2/64" }), &network6, "outside vtep_subnet6"},
+		{"vtep ip6 with another prefix length", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/80" }), &network6, "outside vtep_subnet6"},
+		{"vtep ip6 without vtep_subnet6", overlay(func(o *PeerOverlay) { o.VTEPIP6 = "fd01:a::2/64" }), &network, "outside vtep_subnet6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -293,7 +299,7 @@ func TestTrustAdmit(t *testing.T) {
 func TestMembershipEqualVersions(t *testing.T) {
 	_, priv := testKey(t)
 	x := signedPeer(priv, "c1")
-	y := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].State.Status = api.StatusDisabled })
+	y := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.MeshAddr = "198.18.0.99:6783" })
 	hi, lo := x, y
 	if recordLess(&x, &y) {
 		hi, lo = y, x

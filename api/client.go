@@ -145,6 +145,20 @@ func (c *Client) Register(ctx context.Context, req RegisterRequest) (*AgentInfo,
 	return &out, nil
 }
 
+// Report sends an agent's configuration result per overlay and returns
+// its record as the masters now show it. A RequestID is generated when
+// empty and kept across the failover retries of this call.
+func (c *Client) Report(ctx context.Context, agentID string, req ReportRequest) (*AgentInfo, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/report", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Agent returns one agent's record.
 func (c *Client) Agent(ctx context.Context, id string) (*AgentInfo, error) {
 	var out AgentInfo

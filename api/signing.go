@@ -19,15 +19,21 @@ import (
 // encoding of exactly the fields an agent acts on, plus the cluster id (a
 // record of another cluster, signed with the same key, does not verify):
 //
-// RecordSigningBytes, format version 1:
+// RecordSigningBytes, format version 2:
 //
-//	"carve-record-v1" 0x00
+//	"carve-record-v2" 0x00
 //	str(cluster_id) str(agent_id) str(ip) str(mesh_addr) u64(version)
 //	u32(number of overlays), then per overlay, sorted by name:
-//	  str(info.name) str(state.status) str(subnet) str(subnet6)
+//	  str(info.name) str(subnet) str(subnet6)
 //	  str(mesos_bridge.ip) str(mesos_bridge.ip6)
 //	  str(docker_bridge.ip) str(docker_bridge.ip6)
 //	  str(backend.vxlan.vtep_ip) str(backend.vxlan.vtep_mac)
+//	  str(backend.vxlan.vtep_ip6)
+//
+// Version 2 (from version 1) leaves out state.status, which is what the
+// agent reported after configuring the overlay, not a lease (an agent acts
+// on its leases, never on a status), and adds vtep_ip6, which agents
+// program for their peers.
 //
 // TombstoneSigningBytes, format version 1:
 //
@@ -38,7 +44,8 @@ import (
 // empty strings. Strings are signed exactly as they travel in the JSON (no
 // re-formatting of addresses), so a verifier needs no parsing to check.
 // Everything else in a record (hostname, network_config, the overlay's
-// info beyond its name, the VTEP's VNI, name, port and MTU, state.error) is
+// info beyond its name, the VTEP's VNI, name, port and MTU, state,
+// configuration_attempts, not_leased) is
 // not signed: those come from the network configuration in the state, or
 // are informational. A change of the format is a new version string.
 //
@@ -49,7 +56,7 @@ import (
 // Domain separators of the signed encodings: a record's bytes never verify
 // as a tombstone's, and a new format gets a new separator.
 const (
-	recordSigningDomain    = "carve-record-v1\x00"
+	recordSigningDomain    = "carve-record-v2\x00"
 	tombstoneSigningDomain = "carve-tombstone-v1\x00"
 )
 
@@ -73,7 +80,6 @@ func RecordSigningBytes(info *AgentInfo, clusterID string) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(overlays)))
 	for _, ov := range overlays {
 		b = appendString(b, ov.Info.Name)
-		b = appendString(b, ov.State.Status)
 		b = appendString(b, ov.Subnet)
 		b = appendString(b, ov.Subnet6)
 		for _, br := range []*BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
@@ -84,12 +90,13 @@ func RecordSigningBytes(info *AgentInfo, clusterID string) []byte {
 			b = appendString(b, ip)
 			b = appendString(b, ip6)
 		}
-		var vtepIP, vtepMAC string
+		var vtepIP, vtepMAC, vtepIP6 string
 		if ov.Backend != nil && ov.Backend.VXLAN != nil {
-			vtepIP, vtepMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
+			vtepIP, vtepMAC, vtepIP6 = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC, ov.Backend.VXLAN.VTEPIP6
 		}
 		b = appendString(b, vtepIP)
 		b = appendString(b, vtepMAC)
+		b = appendString(b, vtepIP6)
 	}
 	return b
 }

@@ -18,7 +18,7 @@ func sampleRecord() *AgentInfo {
 			{Info: OverlayNetwork{Name: "carve"}, Subnet: "10.128.0.0/24", State: OverlayState{Status: StatusOK},
 				MesosBridge:  &BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
 				DockerBridge: &BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25"},
-				Backend:      &BackendInfo{VXLAN: &VXLANInfo{VNI: 1024, VTEPIP: "100.64.0.1/16", VTEPMAC: "70:b3:d5:00:00:01"}}},
+				Backend:      &BackendInfo{VXLAN: &VXLANInfo{VNI: 1024, VTEPIP: "100.64.0.1/16", VTEPMAC: "70:b3:d5:00:00:01", VTEPIP6: "fd01:a::1/64"}}},
 		},
 	}
 }
@@ -31,7 +31,7 @@ func TestSigningBytesGolden(t *testing.T) {
 		msg  []byte
 		want string // sha256
 	}{
-		{"record", RecordSigningBytes(sampleRecord(), "c1"), "2a6a424bee8b5a463b479ce4fcf9c3e96455f9509e4c4718d4f7200a679af7a7"},
+		{"record", RecordSigningBytes(sampleRecord(), "c1"), "931e00fed5769483751668b13905a3a8e10a60f601625090817316c30d2398ed"},
 		{"tombstone", TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 43}, "c1"), "d403d7e6508575bca7bf4e94bc8a53d21d688403f229db627c0febc7547688ca"},
 	}
 	for _, tt := range tests {
@@ -54,9 +54,16 @@ func TestSigningBytesUnambiguous(t *testing.T) {
 	unsigned := sampleRecord()
 	unsigned.Hostname, unsigned.NetworkConfig.DockerBridge = "other", true
 	unsigned.Overlays[1].Backend.VXLAN.VNI = 7
-	unsigned.Overlays[1].State.Error = "informational"
+	unsigned.Overlays[1].State = OverlayState{Status: StatusFailed, Error: "informational"}
+	unsigned.ConfigurationAttempts = 9
+	unsigned.NotLeased = []NotLeased{{Name: "x", Reason: "exhausted"}}
 	if !bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(unsigned, "c")) {
 		t.Error("a change outside the signed fields changed the signed bytes")
+	}
+	v6 := sampleRecord()
+	v6.Overlays[1].Backend.VXLAN.VTEPIP6 = "fd01:a::2/64"
+	if bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(v6, "c")) {
+		t.Error("vtep_ip6 is not signed")
 	}
 	if bytes.Equal(TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 1}, "c"), TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 2}, "c")) {
 		t.Error("tombstone versions sign alike")

@@ -5,15 +5,34 @@
 // validate them and name the offending field in their errors.
 package api
 
-import "strconv"
+import (
+	"encoding/json"
+	"strconv"
+)
 
-// Overlay statuses, as DC/OS's overlay.proto names them.
+// Overlay statuses: DC/OS's overlay.proto enum Status, all four values and no
+// other (DC/OS consumers refuse a value outside it). A disabled overlay is
+// not a status: it is "enabled": false in the network configuration, and it
+// is not leased.
 const (
+	StatusInvalid     = "STATUS_INVALID"
 	StatusOK          = "STATUS_OK"
 	StatusFailed      = "STATUS_FAILED"
 	StatusConfiguring = "STATUS_CONFIGURING"
-	StatusDisabled    = "STATUS_DISABLED"
 )
+
+// ValidReportedStatus tells whether an agent may report status s for an
+// overlay: the enum's values but STATUS_INVALID (which means "unset").
+func ValidReportedStatus(s string) bool {
+	return s == StatusOK || s == StatusFailed || s == StatusConfiguring
+}
+
+// NoIP is what AgentInfo.IP holds when the agent has no underlay IP (a newer
+// registration took its IP): DC/OS's AgentInfo.ip is required, and the
+// unspecified address is a valid IPv4 address that no host has and that
+// VXLAN never sends to, so a DC/OS consumer programs nothing reachable for
+// it, and two such records never claim a real host's address.
+const NoIP = "0.0.0.0"
 
 // Error codes carried in Error.Code; clients branch on them.
 const (
@@ -42,12 +61,15 @@ const (
 // NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
 type NetworkConfig struct {
 	VTEPSubnet string `json:"vtep_subnet,omitempty"`
-	VTEPMACOUI string `json:"vtep_mac_oui,omitempty"`
-	VTEPName   string `json:"vtep_name,omitempty"`
-	VNI        uint32 `json:"vni,omitempty"`
-	VTEPPort   uint16 `json:"vtep_port,omitempty"`
-	VTEPMTU    int    `json:"vtep_mtu,omitempty"`
-	OverlayMTU int    `json:"overlay_mtu,omitempty"`
+	// VTEPSubnet6 (optional, DC/OS's vtep_subnet6, e.g. fd01:a::/64) gives
+	// every agent an IPv6 VTEP address as well (VXLANInfo.VTEPIP6).
+	VTEPSubnet6 string `json:"vtep_subnet6,omitempty"`
+	VTEPMACOUI  string `json:"vtep_mac_oui,omitempty"`
+	VTEPName    string `json:"vtep_name,omitempty"`
+	VNI         uint32 `json:"vni,omitempty"`
+	VTEPPort    uint16 `json:"vtep_port,omitempty"`
+	VTEPMTU     int    `json:"vtep_mtu,omitempty"`
+	OverlayMTU  int    `json:"overlay_mtu,omitempty"`
 	// Overlays are the virtual networks; each agent gets a subnet of each enabled one.
 	Overlays []OverlayNetwork `json:"overlays,omitempty"`
 }
@@ -65,6 +87,19 @@ type OverlayNetwork struct {
 
 // IsEnabled reports whether the overlay is enabled (absent means enabled).
 func (o OverlayNetwork) IsEnabled() bool { return o.Enabled == nil || *o.Enabled }
+
+// overlayNetworkJSON is OverlayNetwork without its MarshalJSON.
+type overlayNetworkJSON OverlayNetwork
+
+// MarshalJSON always writes "enabled" (true or false): DC/OS declares it
+// with a default and always writes it, and its consumers (the UI) offer
+// only overlays that say "enabled": true.
+func (o OverlayNetwork) MarshalJSON() ([]byte, error) {
+	enabled := o.IsEnabled()
+	j := overlayNetworkJSON(o)
+	j.Enabled = &enabled
+	return json.Marshal(j)
+}
 
 // AgentNetworkConfig tells which bridges an agent wants.
 type AgentNetworkConfig struct {
@@ -85,19 +120,42 @@ type RegisterRequest struct {
 }
 
 // AgentInfo is an agent's record: its leases per overlay, versioned by the
-// Raft index of the last change.
+// Raft index of the last change (DC/OS's AgentInfo, with carve's extensions
+// as extra keys).
 type AgentInfo struct {
-	AgentID       string             `json:"agent_id"`
-	Hostname      string             `json:"hostname,omitempty"`
-	IP            string             `json:"ip,omitempty"`
+	AgentID  string `json:"agent_id"`
+	Hostname string `json:"hostname,omitempty"`
+	// IP is the agent's underlay address; NoIP while it has none (DC/OS
+	// requires the field). Use HasIP.
+	IP            string             `json:"ip"`
 	MeshAddr      string             `json:"mesh_addr,omitempty"`
 	Version       uint64             `json:"version"`
 	NetworkConfig AgentNetworkConfig `json:"network_config"`
-	Overlays      []AgentOverlay     `json:"overlays,omitempty"`
+	// Overlays are the overlays leased to the agent (DC/OS leaves out an
+	// overlay it cannot lease; NotLeased says why).
+	Overlays []AgentOverlay `json:"overlays,omitempty"`
+	// ConfigurationAttempts is DC/OS's AgentInfo field 3: in the masters'
+	// records, the count the agent last reported (see ReportRequest); in
+	// the agent's own endpoint, its reconciles of its current record.
+	ConfigurationAttempts uint32 `json:"configuration_attempts"`
+	// NotLeased (carve extension) names the enabled or configured overlays
+	// (or one address family of them) the masters did not lease to this
+	// agent, and why: no subnet left, or the overlay is disabled.
+	NotLeased []NotLeased `json:"not_leased,omitempty"`
 	// Signature is the masters' ed25519 signature of RecordSigningBytes,
 	// standard base64; absent when the masters sign nothing (--insecure).
 	Signature string `json:"signature,omitempty"`
 }
+
+// NotLeased is an overlay, or one address family of it, left out of an
+// agent's record.
+type NotLeased struct {
+	Name   string `json:"name"`
+	Reason string `json:"reason"`
+}
+
+// HasIP tells whether the record carries an underlay IP (not NoIP).
+func (a *AgentInfo) HasIP() bool { return a.IP != "" && a.IP != NoIP }
 
 // Overlay returns the agent's overlay of that name, or nil.
 func (a *AgentInfo) Overlay(name string) *AgentOverlay {
@@ -138,14 +196,37 @@ type VXLANInfo struct {
 	VTEPName string `json:"vtep_name"`
 	VTEPIP   string `json:"vtep_ip"`
 	VTEPMAC  string `json:"vtep_mac"`
+	// VTEPIP6 is the IPv6 VTEP address with vtep_subnet6's prefix
+	// (fd01:a::1/64), when vtep_subnet6 is configured.
+	VTEPIP6  string `json:"vtep_ip6,omitempty"`
 	VTEPPort uint16 `json:"vtep_port"`
-	VTEPMTU  int    `json:"vtep_mtu"`
+	VTEPMTU  int    `json:"vtep_mtu,omitempty"`
 }
 
-// OverlayState is the status of an overlay for an agent; Error says why when failed.
+// OverlayState is the status of an overlay for an agent; Error says why when
+// failed. In the masters' records it is what the agent reported after
+// configuring the overlay (STATUS_CONFIGURING until it has reported for
+// its current record); the agent acts on its leases, never on it.
 type OverlayState struct {
 	Status string `json:"status"`
 	Error  string `json:"error,omitempty"`
+}
+
+// OverlayReport is an agent's result of configuring one overlay.
+type OverlayReport struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Error  string `json:"error,omitempty"`
+}
+
+// ReportRequest is the body of PUT /overlay-master/agents/{id}/report: the
+// agent's configuration result per leased overlay, for its record at
+// Version (a later record shows STATUS_CONFIGURING until reported again).
+type ReportRequest struct {
+	Version               uint64          `json:"version"`
+	Overlays              []OverlayReport `json:"overlays"`
+	ConfigurationAttempts uint32          `json:"configuration_attempts"`
+	RequestID             string          `json:"request_id,omitempty"`
 }
 
 // Tombstone records that an agent was deleted at Raft index Version, so that

@@ -21,9 +21,11 @@ import (
 //
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
-//     the certificate's name); read the state (plain and blocking, not
-//     consistent=true, which costs the leader a round of heartbeats) and
-//     its changes; read one agent's record; read /cluster/status.
+//     the certificate's name); report its own configuration result
+//     (PUT /overlay-master/agents/{id}/report with its own id); read the
+//     state (plain and blocking, not consistent=true, which costs the
+//     leader a round of heartbeats) and its changes; read one agent's
+//     record; read /cluster/status.
 //   - no certificate, or one without a carve role: 401, except /healthz and
 //     /metrics, which stay open for load balancers and scrapers: they show
 //     aggregate numbers only (counts, Raft role and indexes), no record.
@@ -138,6 +140,12 @@ func (s *server) authorize(next http.Handler) http.Handler {
 			}
 		case "POST /overlay-master/agents":
 			if !s.ownRegistration(w, r, id) {
+				return
+			}
+		case "PUT /overlay-master/agents/{id}/report":
+			if agent := mux.Vars(r)["id"]; agent != id.Name {
+				s.refuse(w, r, http.StatusForbidden, api.CodeForbidden, refusedWrongAgent,
+					fmt.Sprintf("role agent may not report for agent %q: the certificate of agent %q reports only for itself", agent, id.Name))
 				return
 			}
 		default:

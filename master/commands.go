@@ -17,6 +17,7 @@ const (
 	opServerMeta   = "server_meta"
 	opSetClusterID = "set_cluster_id"
 	opCompact      = "compact"
+	opReport       = "report"
 )
 
 // maxClusterIDLen bounds a cluster id in the log.
@@ -34,6 +35,13 @@ type command struct {
 	ServerMeta *serverMeta        `json:"server_meta,omitempty"`
 	ClusterID  string             `json:"cluster_id,omitempty"`
 	Compact    *compactCmd        `json:"compact,omitempty"`
+	Report     *reportCmd         `json:"report,omitempty"`
+}
+
+// reportCmd is an agent's configuration report (PUT .../report).
+type reportCmd struct {
+	AgentID string            `json:"agent_id"`
+	Report  api.ReportRequest `json:"report"`
 }
 
 type registerCmd struct {
@@ -76,6 +84,8 @@ func (c command) validate() error {
 		if !missing && (c.Compact.Now <= 0 || c.Compact.MaxAge <= 0) {
 			return fmt.Errorf("%w: compact with now %d and max_age %d: want both positive", ErrBadCommand, c.Compact.Now, c.Compact.MaxAge)
 		}
+	case opReport:
+		missing = c.Report == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)

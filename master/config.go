@@ -110,6 +110,7 @@ type overlayDef struct {
 type network struct {
 	api      api.NetworkConfig
 	vtepNet  netip.Prefix
+	vtepNet6 netip.Prefix // invalid when vtep_subnet6 is not configured
 	oui      [3]byte
 	overlays []overlayDef
 }
@@ -134,6 +135,17 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 	}
 	if n.vtepNet.Bits() > 30 {
 		return nil, configErr("vtep_subnet", "prefix length /%d leaves no room for VTEP addresses (at most /30)", n.vtepNet.Bits())
+	}
+	if cfg.VTEPSubnet6 != "" {
+		if n.vtepNet6, err = parseCanonicalPrefix(cfg.VTEPSubnet6); err != nil {
+			return nil, configErr("vtep_subnet6", "%v", err)
+		}
+		if n.vtepNet6.Addr().Is4() {
+			return nil, configErr("vtep_subnet6", "%s is not an IPv6 subnet", cfg.VTEPSubnet6)
+		}
+		if n.vtepNet6.Bits() > 126 {
+			return nil, configErr("vtep_subnet6", "prefix length /%d leaves no room for VTEP addresses (at most /126)", n.vtepNet6.Bits())
+		}
 	}
 	mac, err := net.ParseMAC(cfg.VTEPMACOUI)
 	if err != nil || len(mac) != 6 {
@@ -160,6 +172,9 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 		if o.Subnet6 != "" {
 			minMTU = 1280
 		}
+	}
+	if cfg.VTEPSubnet6 != "" {
+		minMTU = 1280
 	}
 	if cfg.VTEPMTU < minMTU || cfg.VTEPMTU > 65535 {
 		return nil, configErr("vtep_mtu", "%d is outside %d-65535", cfg.VTEPMTU, minMTU)
@@ -213,6 +228,9 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 		}
 		if def.subnet.IsValid() && def.subnet.Overlaps(n.vtepNet) {
 			return nil, configErr(field+".subnet", "%s overlaps vtep_subnet %s", def.subnet, n.vtepNet)
+		}
+		if def.subnet6.IsValid() && n.vtepNet6.IsValid() && def.subnet6.Overlaps(n.vtepNet6) {
+			return nil, configErr(field+".subnet6", "%s overlaps vtep_subnet6 %s", def.subnet6, n.vtepNet6)
 		}
 		for j, prev := range n.overlays {
 			if def.subnet.IsValid() && prev.subnet.IsValid() && def.subnet.Overlaps(prev.subnet) {

@@ -3,6 +3,7 @@ package master
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -48,6 +49,11 @@ func TestInvalidConfigs(t *testing.T) {
 		{"subnet invalid", `{"overlays":[{"name":"a","subnet":"10.0.0/8","prefix":24}]}`, "overlays[0].subnet"},
 		{"subnet host bits", `{"overlays":[{"name":"a","subnet":"10.0.0.1/8","prefix":24}]}`, "host bits"},
 		{"subnet is v6", `{"overlays":[{"name":"a","subnet":"fd00::/8","prefix":24}]}`, "overlays[0].subnet"},
+		{"vtep_subnet6 is v4", `{"vtep_subnet6":"10.0.0.0/8"}`, "vtep_subnet6"},
+		{"vtep_subnet6 host bits", `{"vtep_subnet6":"fd01:a::1/64"}`, "host bits"},
+		{"vtep_subnet6 too small", `{"vtep_subnet6":"fd01:a::/127"}`, "vtep_subnet6"},
+		{"vtep_subnet6 overlaps subnet6", `{"vtep_subnet6":"fd01::/16","overlays":[{"name":"a","subnet6":"fd01:b::/64","prefix6":80}]}`, "overlaps vtep_subnet6"},
+		{"vtep_subnet6 misspelt", `{"vtep_subnet_6":"fd01:a::/64"}`, `"vtep_subnet_6"`},
 		{"subnets overlap", `{"overlays":[{"name":"a","subnet":"10.0.0.0/8","prefix":24},{"name":"b","subnet":"10.1.0.0/16","prefix":24}]}`, "overlaps"},
 		{"subnet overlaps vtep", `{"overlays":[{"name":"a","subnet":"100.64.0.0/10","prefix":24}]}`, "overlaps vtep_subnet"},
 		{"subnet6 overlap", `{"overlays":[{"name":"a","subnet6":"fd00::/16","prefix6":64},{"name":"b","subnet6":"fd00:1::/32","prefix6":64}]}`, "overlays[1].subnet6"},
@@ -137,6 +143,13 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"overlays":[{"name":"dual","subnet":"10.0.0.0/8","prefix":24,"subnet6":"fd00::/8","prefix6":126}]}`))
 	f.Add([]byte(`{"vtep_mac_oui":"70:B3:D5:00:00:01"}`))
 	f.Add([]byte(`{"overlays":[{"name":"a","subnet":"10.0.0.0/8","prefix":9,"enabled":false}]}`))
+	// DC/OS's default configuration, and with dcos-net's VTEP port.
+	dcos, err := os.ReadFile("testdata/dcos-default-network.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(dcos)
+	f.Add([]byte(strings.Replace(string(dcos), `{"vtep_subnet"`, `{"vtep_port": 64000, "vtep_subnet"`, 1)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {

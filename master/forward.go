@@ -94,7 +94,7 @@ func (s *server) writeApplyError(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrVTEPExhausted):
 		s.m.metrics.allocFailures.WithLabelValues("vtep_exhausted").Inc()
 		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
-	case errors.Is(err, ErrRequestIDReused):
+	case errors.Is(err, ErrRequestIDReused), errors.Is(err, ErrReportAhead):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, ErrUnknownAgent):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())

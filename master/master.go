@@ -97,6 +97,7 @@ type Master struct {
 
 type metrics struct {
 	registrations *prometheus.CounterVec
+	reports       *prometheus.CounterVec
 	allocFailures *prometheus.CounterVec
 	httpRequests  *prometheus.CounterVec
 	forwarded     prometheus.Counter
@@ -107,6 +108,10 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 	m := &metrics{
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
+		}, []string{"result"}),
+		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_agent_reports_total",
+			Help: "Agents' configuration reports answered by this master, by result (ok: committed, unchanged: no log entry needed).",
 		}, []string{"result"}),
 		allocFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_allocation_failures_total", Help: "Leases that could not be allocated, by reason.",
@@ -125,6 +130,7 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 	// Export zeros for the known labels, so dashboards and alerts see the series.
 	for _, r := range []string{"ok", "unchanged", "error", "bad_request"} {
 		m.registrations.WithLabelValues(r)
+		m.reports.WithLabelValues(r)
 	}
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
@@ -138,7 +144,7 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
 	}, func() float64 { return float64(t.Index()) })
-	reg.MustRegister(m.registrations, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex)
+	reg.MustRegister(m.registrations, m.reports, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex)
 	return m
 }
 

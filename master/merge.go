@@ -25,6 +25,10 @@ func (t *LeaseTable) mergeConfig(cfg api.NetworkConfig) (*network, []string, err
 		warnings = append(warnings, fmt.Sprintf("vtep_subnet stays %s: agents hold VTEP IPs in it (the new config says %s)", t.net.api.VTEPSubnet, cfg.VTEPSubnet))
 		cfg.VTEPSubnet = t.net.api.VTEPSubnet
 	}
+	if cfg.VTEPSubnet6 != t.net.api.VTEPSubnet6 && t.vtep6Leased() {
+		warnings = append(warnings, fmt.Sprintf("vtep_subnet6 stays %q: agents hold IPv6 VTEP addresses in it (the new config says %q)", t.net.api.VTEPSubnet6, cfg.VTEPSubnet6))
+		cfg.VTEPSubnet6 = t.net.api.VTEPSubnet6
+	}
 	oldDefs := map[string]overlayDef{}
 	for _, d := range t.net.overlays {
 		oldDefs[d.api.Name] = d
@@ -87,6 +91,16 @@ func (t *LeaseTable) leasedOverlays() map[string]bool {
 		}
 	}
 	return out
+}
+
+// vtep6Leased tells whether some agent holds an IPv6 VTEP address.
+func (t *LeaseTable) vtep6Leased() bool {
+	for _, rec := range t.agents {
+		if rec.VTEP6.IsValid() {
+			return true
+		}
+	}
+	return false
 }
 
 func configEqual(a, b api.NetworkConfig) bool {

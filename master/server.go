@@ -49,6 +49,7 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/overlay-master/agents/delete", s.deleteAgents).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-master/agents/{id}", s.deleteAgent).Methods(http.MethodDelete)
+	r.HandleFunc("/overlay-master/agents/{id}/report", s.report).Methods(http.MethodPut)
 	r.HandleFunc("/overlay-master/state", s.state).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-master/changes", s.changes).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/status", s.clusterStatus).Methods(http.MethodGet)
@@ -90,6 +91,8 @@ func recordRoute(next http.Handler) http.Handler {
 // routeTemplate bounds label cardinality for paths that matched no route.
 func routeTemplate(path string) string {
 	switch {
+	case strings.HasPrefix(path, "/overlay-master/agents/") && strings.HasSuffix(path, "/report"):
+		return "/overlay-master/agents/{id}/report"
 	case strings.HasPrefix(path, "/overlay-master/agents/"):
 		return "/overlay-master/agents/{id}"
 	case strings.HasPrefix(path, "/cluster/servers/"):
@@ -184,11 +187,65 @@ func (s *server) register(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.m.metrics.registrations.WithLabelValues("ok").Inc()
-	for _, ov := range res.Agent.Overlays {
-		if ov.State.Status == api.StatusFailed || strings.HasPrefix(ov.State.Error, "exhausted") {
+	for _, nl := range res.Agent.NotLeased {
+		if strings.HasPrefix(nl.Reason, "exhausted") {
 			s.m.metrics.allocFailures.WithLabelValues("overlay_subnet_exhausted").Inc()
 		}
 	}
+	s.writeAgent(w, res.Agent)
+}
+
+// report records an agent's configuration result per overlay (what the
+// masters' state then shows as each overlay's state). A report the masters
+// already hold is answered without a log entry, after a read barrier, like
+// an unchanged registration.
+func (s *server) report(w http.ResponseWriter, r *http.Request) {
+	id := mux.Vars(r)["id"]
+	body, ok := httpapi.ReadBody(w, r)
+	if !ok {
+		return
+	}
+	var req api.ReportRequest
+	if !httpapi.DecodeBody(w, body, &req) {
+		s.m.metrics.reports.WithLabelValues("bad_request").Inc()
+		return
+	}
+	err := api.ValidateAgentID(id)
+	if err == nil {
+		_, err = reportOf(req)
+	}
+	if err == nil {
+		err = validateRequestID(req.RequestID)
+	}
+	if err != nil {
+		s.m.metrics.reports.WithLabelValues("bad_request").Inc()
+		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return
+	}
+	if !s.m.node.IsLeader() {
+		s.forward(w, r, body)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
+	defer cancel()
+	if _, changes := s.m.table.ReportWouldChange(id, req); !changes {
+		if readIndex, err := s.m.node.ConsistentRead(ctx); err == nil {
+			if info, changes := s.m.table.ReportWouldChange(id, req); !changes {
+				s.m.metrics.reports.WithLabelValues("unchanged").Inc()
+				setIndex(w, readIndex)
+				s.writeAgent(w, info)
+				return
+			}
+		}
+	}
+	requestID := req.RequestID
+	req.RequestID = ""
+	res, ok := s.commit(w, r, body, command{Op: opReport, RequestID: requestID, Report: &reportCmd{AgentID: id, Report: req}})
+	if !ok {
+		s.m.metrics.reports.WithLabelValues("error").Inc()
+		return
+	}
+	s.m.metrics.reports.WithLabelValues("ok").Inc()
 	s.writeAgent(w, res.Agent)
 }
 

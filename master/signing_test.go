@@ -112,7 +112,7 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 		{"mesh_addr", func(a *api.AgentInfo) { a.MeshAddr = "198.18.0.99:6783" }},
 		{"version", func(a *api.AgentInfo) { a.Version++ }},
 		{"overlay name", func(a *api.AgentInfo) { a.Overlays[0].Info.Name = "other" }},
-		{"status", func(a *api.AgentInfo) { a.Overlays[0].State.Status = api.StatusDisabled }},
+		{"vtep ip6", func(a *api.AgentInfo) { a.Overlays[0].Backend.VXLAN.VTEPIP6 = "fd01:a::9/64" }},
 		{"subnet", func(a *api.AgentInfo) { a.Overlay("carve").Subnet = "128.0.0.0/1" }},
 		{"subnet6", func(a *api.AgentInfo) { a.Overlay("six").Subnet6 = "::/1" }},
 		{"mesos bridge ip", func(a *api.AgentInfo) { a.Overlay("carve").MesosBridge.IP = "10.128.0.0/26" }},

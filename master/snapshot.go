@@ -13,22 +13,25 @@ import (
 )
 
 // Versions of the snapshot encoding. Format 2 added the cluster id and the
-// outcomes of requests; format 1 snapshots (request ids only) still restore.
+// outcomes of requests; format 3 the IPv6 VTEP addresses and the agents'
+// configuration reports. Format 1 and 2 snapshots still restore (without
+// reports: every overlay shows STATUS_CONFIGURING until its agent reports).
 const (
-	snapshotFormat       = 2
+	snapshotFormat       = 3
 	snapshotFormatLegacy = 1
 )
 
 type snapshotData struct {
-	Format     int                   `json:"format"`
-	Index      uint64                `json:"index"`
-	StateIndex uint64                `json:"state_index"`
-	ClusterID  string                `json:"cluster_id,omitempty"`
-	Network    *api.NetworkConfig    `json:"network,omitempty"`
-	Agents     []snapshotAgent       `json:"agents"`
-	Tombstones map[string]uint64     `json:"tombstones"`
-	Servers    map[string]serverMeta `json:"servers"`
-	Requests   []snapshotRequest     `json:"requests"`
+	Format     int                    `json:"format"`
+	Index      uint64                 `json:"index"`
+	StateIndex uint64                 `json:"state_index"`
+	ClusterID  string                 `json:"cluster_id,omitempty"`
+	Network    *api.NetworkConfig     `json:"network,omitempty"`
+	Agents     []snapshotAgent        `json:"agents"`
+	Tombstones map[string]uint64      `json:"tombstones"`
+	Servers    map[string]serverMeta  `json:"servers"`
+	Requests   []snapshotRequest      `json:"requests"`
+	Reports    map[string]agentReport `json:"reports,omitempty"`
 	// Horizon and Marks are the tombstone compaction's (changes.go).
 	Horizon uint64      `json:"horizon,omitempty"`
 	Marks   []clockMark `json:"marks,omitempty"`
@@ -41,6 +44,7 @@ type snapshotAgent struct {
 	MeshAddr string                  `json:"mesh_addr,omitempty"`
 	Bridges  api.AgentNetworkConfig  `json:"bridges"`
 	VTEP     netip.Addr              `json:"vtep"`
+	VTEP6    netip.Addr              `json:"vtep6,omitzero"`
 	Leases   map[string]overlayLease `json:"leases"`
 	Version  uint64                  `json:"version"`
 }
@@ -60,12 +64,12 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, VTEP: r.VTEP, Leases: r.Leases, Version: r.Version}
+		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, VTEP: a.VTEP, Leases: a.Leases, Version: a.Version}
+		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}
@@ -84,6 +88,7 @@ type tableSnapshot struct {
 	requests          []snapshotRequest
 	horizon           uint64
 	marks             []clockMark
+	reports           map[string]agentReport
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
 	replaced map[int]*agentRecord
@@ -100,6 +105,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		net:        t.net,
 		tombstones: maps.Clone(t.tombstones),
 		servers:    maps.Clone(t.servers),
+		reports:    maps.Clone(t.reports),
 		replaced:   map[int]*agentRecord{},
 		horizon:    t.horizon,
 		marks:      slices.Clone(t.marks),
@@ -125,7 +131,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 // WriteTo writes the snapshot as JSON.
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
-		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Horizon: s.horizon, Marks: s.marks}
+		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Horizon: s.horizon, Marks: s.marks}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -165,8 +171,8 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if err := json.NewDecoder(r).Decode(&d); err != nil {
 		return fmt.Errorf("read lease table snapshot: %w", err)
 	}
-	if d.Format != snapshotFormat && d.Format != snapshotFormatLegacy {
-		return fmt.Errorf("lease table snapshot format %d, this master reads %d and %d", d.Format, snapshotFormatLegacy, snapshotFormat)
+	if d.Format < snapshotFormatLegacy || d.Format > snapshotFormat {
+		return fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
 	}
 	var n *network
 	if d.Network != nil {
@@ -214,6 +220,11 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	// known one by one (a watcher further behind reads the whole state).
 	t.changes.start = d.StateIndex
 	t.horizon, t.marks = d.Horizon, d.Marks
+	for id, rep := range d.Reports {
+		if agents[id] != nil {
+			t.reports[id] = rep
+		}
+	}
 	if t.net != nil {
 		t.rebuildPools()
 	}

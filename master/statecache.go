@@ -178,7 +178,7 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	errs := make([]error, len(stale))
 	encode := func(i int) {
 		rec := t.agents[stale[i]]
-		info := renderAgent(t.net, rec)
+		info := t.render(rec)
 		t.signer.signAgent(info, t.clusterID)
 		data, err := json.Marshal(info)
 		if err != nil {

@@ -20,6 +20,7 @@ type agentRecord struct {
 	MeshAddr string
 	Bridges  api.AgentNetworkConfig
 	VTEP     netip.Addr
+	VTEP6    netip.Addr              // invalid without vtep_subnet6
 	Leases   map[string]overlayLease // by overlay name
 	Version  uint64
 }
@@ -43,7 +44,7 @@ func (r *agentRecord) clone() *agentRecord {
 
 func (r *agentRecord) equal(o *agentRecord) bool {
 	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.VTEP == o.VTEP && maps.Equal(r.Leases, o.Leases)
+		r.Bridges == o.Bridges && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && maps.Equal(r.Leases, o.Leases)
 }
 
 // overlayPools are the allocators of one overlay.
@@ -94,7 +95,7 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 			return applyResult{Err: err}
 		}
 		outcome.Agent = rec
-		res.Agent = renderAgent(t.net, rec)
+		res.Agent = t.render(rec)
 	case opDelete:
 		deleted, err := t.applyDelete(index, c.Delete)
 		if err != nil {
@@ -102,6 +103,12 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 		}
 		outcome.Deleted = deleted
 		res.Deleted = deleted
+	case opReport:
+		rec, err := t.applyReport(index, c.Report)
+		if err != nil {
+			return applyResult{Err: err}
+		}
+		res.Agent = t.render(rec)
 	case opSetConfig:
 		res = t.applySetConfig(index, *c.SetConfig)
 	case opSetClusterID:
@@ -134,7 +141,13 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 				return applyResult{Err: fmt.Errorf("%w: %s was deleted after it registered", ErrUnknownAgent, c.Register.AgentID)}
 			}
 		}
-		return applyResult{Agent: renderAgent(t.net, rec)}
+		return applyResult{Agent: t.render(rec)}
+	case opReport:
+		rec := t.agents[c.Report.AgentID]
+		if rec == nil {
+			return applyResult{Err: fmt.Errorf("%w %q", ErrUnknownAgent, c.Report.AgentID)}
+		}
+		return applyResult{Agent: t.render(rec)}
 	case opDelete:
 		if legacy {
 			return applyResult{Deleted: c.Delete.Agents}
@@ -192,9 +205,15 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	return rec, nil
 }
 
-// ensureLeases gives rec a subnet of every enabled overlay it lacks, and
-// records why when an overlay is exhausted.
+// ensureLeases gives rec a subnet of every enabled overlay it lacks (and an
+// IPv6 VTEP address when vtep_subnet6 is configured), and records why when
+// an overlay is exhausted.
 func (t *LeaseTable) ensureLeases(rec *agentRecord) {
+	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
+		if n, ok := t.vteps6.allocate(rec.ID); ok {
+			rec.VTEP6 = t.vteps6.addrAt(n)
+		}
+	}
 	for _, def := range t.net.overlays {
 		if !def.enabled {
 			continue
@@ -247,6 +266,7 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 		}
 		t.freeLeases(rec)
 		delete(t.agents, id)
+		delete(t.reports, id)
 		if rec.IP.IsValid() && t.byIP[rec.IP] == id {
 			delete(t.byIP, rec.IP)
 		}
@@ -261,6 +281,11 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 func (t *LeaseTable) freeLeases(rec *agentRecord) {
 	if n, ok := t.vteps.number(rec.VTEP); ok && t.vteps.used[n] == rec.ID {
 		t.vteps.release(n)
+	}
+	if t.vteps6 != nil && rec.VTEP6.IsValid() {
+		if n, ok := t.vteps6.number(rec.VTEP6); ok && t.vteps6.used[n] == rec.ID {
+			t.vteps6.release(n)
+		}
 	}
 	for name, l := range rec.Leases {
 		p := t.pools[name]
@@ -331,6 +356,10 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 // from the pools but stay in the records until the agent is deleted.
 func (t *LeaseTable) rebuildPools() {
 	t.vteps = newHostPool(t.net.vtepNet)
+	t.vteps6 = nil
+	if t.net.vtepNet6.IsValid() {
+		t.vteps6 = newHostPool(t.net.vtepNet6)
+	}
 	t.pools = map[string]*overlayPools{}
 	for _, d := range t.net.overlays {
 		p := &overlayPools{}
@@ -346,6 +375,11 @@ func (t *LeaseTable) rebuildPools() {
 		rec := t.agents[id]
 		if n, ok := t.vteps.number(rec.VTEP); ok {
 			t.vteps.take(n, id)
+		}
+		if t.vteps6 != nil && rec.VTEP6.IsValid() {
+			if n, ok := t.vteps6.number(rec.VTEP6); ok {
+				t.vteps6.take(n, id)
+			}
 		}
 		for name, l := range rec.Leases {
 			p := t.pools[name]
@@ -365,6 +399,9 @@ func (t *LeaseTable) rebuildPools() {
 		}
 	}
 	t.vteps.hint = t.vteps.lo
+	if t.vteps6 != nil {
+		t.vteps6.hint = t.vteps6.lo
+	}
 	for _, p := range t.pools {
 		if p.v4 != nil {
 			p.v4.hint = p.v4.lo
@@ -373,4 +410,34 @@ func (t *LeaseTable) rebuildPools() {
 			p.v6.hint = p.v6.lo
 		}
 	}
+}
+
+// applyReport records an agent's configuration report. It changes the
+// state (and its index) only when the report differs from the last one,
+// and never the record's version: peers act on records, not on reports.
+func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, error) {
+	rec := t.agents[c.AgentID]
+	if rec == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
+	}
+	rep, err := reportOf(c.Report)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadCommand, err)
+	}
+	if rep.Version > rec.Version {
+		return nil, fmt.Errorf("%w: agent %s reported on version %d of its record, which is at version %d", ErrReportAhead, c.AgentID, rep.Version, rec.Version)
+	}
+	if old, ok := t.reports[c.AgentID]; ok && old.equal(rep) {
+		return rec, nil
+	}
+	t.reports[c.AgentID] = rep
+	t.stateIndex = index
+	// Watchers of changes get the re-rendered record (same version).
+	t.touch(c.AgentID)
+	// The record is unchanged (its cached encoding is keyed by it), its
+	// rendering is not.
+	t.cache.mu.Lock()
+	delete(t.cache.agents, c.AgentID)
+	t.cache.mu.Unlock()
+	return rec, nil
 }

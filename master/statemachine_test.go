@@ -62,6 +62,15 @@ func cfgWith(overlays ...api.OverlayNetwork) api.NetworkConfig {
 
 func boolp(b bool) *bool { return &b }
 
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func overlaySubnet(t *testing.T, a *api.AgentInfo, name string) string {
 	t.Helper()
 	ov := a.Overlay(name)
@@ -89,7 +98,8 @@ func TestAllocationRules(t *testing.T) {
 		{"second VTEP IP", b.Overlay("carve").Backend.VXLAN.VTEPIP, "100.64.0.2/16"},
 		{"MAC derived from the VTEP IP", a.Overlay("carve").Backend.VXLAN.VTEPMAC, "70:b3:d5:40:00:01"},
 		{"second MAC", b.Overlay("carve").Backend.VXLAN.VTEPMAC, "70:b3:d5:40:00:02"},
-		{"status ok", a.Overlay("carve").State.Status, api.StatusOK},
+		{"configuring until the agent reports", a.Overlay("carve").State.Status, api.StatusConfiguring},
+		{"enabled written", mustJSON(t, a.Overlay("carve").Info), `{"name":"carve","subnet":"10.128.0.0/9","prefix":24,"enabled":true}`},
 		{"vtep name", a.Overlay("carve").Backend.VXLAN.VTEPName, "vtep1024"},
 	}
 	for _, tt := range tests {
@@ -163,8 +173,8 @@ func TestIPTakeover(t *testing.T) {
 		t.Fatalf("newest registration did not take the IP: %q", newer.IP)
 	}
 	rec, _ := h.table.Agent("old")
-	if rec.IP != "" {
-		t.Errorf("older record still holds the IP %q", rec.IP)
+	if rec.IP != api.NoIP || rec.HasIP() {
+		t.Errorf("older record holds the IP %q, want %s (DC/OS requires an ip)", rec.IP, api.NoIP)
 	}
 	if overlaySubnet(t, rec, "carve") != overlaySubnet(t, old, "carve") {
 		t.Errorf("older record lost its leases")
@@ -214,17 +224,17 @@ func TestOverlayExhaustionLeavesOthers(t *testing.T) {
 	h.mustRegister("a2", "198.18.0.2")
 	a3 := h.mustRegister("a3", "198.18.0.3")
 	small, big := a3.Overlay("small"), a3.Overlay("big")
-	if small == nil || small.State.Status != api.StatusFailed || small.Subnet != "" || small.State.Error == "" {
-		t.Fatalf("exhausted overlay should be reported failed without subnet: %+v", small)
+	if small != nil || len(a3.NotLeased) != 1 || a3.NotLeased[0].Name != "small" || !strings.HasPrefix(a3.NotLeased[0].Reason, "exhausted") {
+		t.Fatalf("exhausted overlay should be left out of the record and named in not_leased: %+v, %+v", small, a3.NotLeased)
 	}
-	if big == nil || big.Subnet != "10.2.2.0/24" || big.State.Status != api.StatusOK {
+	if big == nil || big.Subnet != "10.2.2.0/24" || big.Backend == nil {
 		t.Fatalf("the other overlay should still be leased: %+v", big)
 	}
 	// Space freed: the next registration of a3 picks it up.
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a1"}}})
 	a3 = h.mustRegister("a3", "198.18.0.3")
-	if got := a3.Overlay("small"); got.Subnet != "10.1.0.0/30" || got.State.Status != api.StatusOK {
-		t.Errorf("after a delete a3 should get the freed /30: %+v", got)
+	if got := a3.Overlay("small"); got == nil || got.Subnet != "10.1.0.0/30" || len(a3.NotLeased) != 0 {
+		t.Errorf("after a delete a3 should get the freed /30: %+v, not leased %+v", got, a3.NotLeased)
 	}
 }
 
@@ -283,8 +293,8 @@ func TestDisabledAndAddedOverlays(t *testing.T) {
 	twoOff.Enabled = boolp(false)
 	h.apply(command{Op: opSetConfig, SetConfig: ptr(cfgWith(one, twoOff))})
 	a1, _ = h.table.Agent("a1")
-	if ov := a1.Overlay("two"); ov == nil || ov.Subnet != "10.2.0.0/24" || ov.State.Status != api.StatusDisabled {
-		t.Fatalf("disabled overlay: %+v", ov)
+	if ov := a1.Overlay("two"); ov != nil || len(a1.NotLeased) != 1 || a1.NotLeased[0].Name != "two" {
+		t.Fatalf("disabled overlay: %+v, not leased %+v (want it left out of the record and named)", ov, a1.NotLeased)
 	}
 	a2 := h.mustRegister("a2", "198.18.0.2")
 	if a2.Overlay("two") != nil {
@@ -352,8 +362,8 @@ func TestIPv6Overlay(t *testing.T) {
 		t.Errorf("64th /126 = %s", got)
 	}
 	over := h2.mustRegister("b64", "198.18.3.1")
-	if over.Overlay("six").State.Status != api.StatusFailed {
-		t.Errorf("65th /126 should be exhausted: %+v", over.Overlay("six"))
+	if over.Overlay("six") != nil || len(over.NotLeased) != 1 {
+		t.Errorf("65th /126 should be exhausted: %+v, not leased %+v", over.Overlay("six"), over.NotLeased)
 	}
 }
 

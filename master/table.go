@@ -24,6 +24,9 @@ var (
 	// ErrRequestIDReused: a request id already named another request (another
 	// command, or the same command with another body).
 	ErrRequestIDReused = errors.New("request_id already used by another request")
+	// ErrReportAhead: an agent reported on a version of its record that the
+	// masters have not written.
+	ErrReportAhead = errors.New("report on a record version the masters have not written")
 )
 
 // LeaseTable is the replicated state of the masters: the cluster id, the
@@ -43,8 +46,11 @@ type LeaseTable struct {
 	servers    map[string]serverMeta
 	requests   requestTable
 
-	vteps *slicePool
-	pools map[string]*overlayPools
+	vteps  *slicePool
+	vteps6 *slicePool // nil without vtep_subnet6
+	pools  map[string]*overlayPools
+	// reports are the agents' last configuration reports, by agent id.
+	reports map[string]agentReport
 
 	// changes is the log of what each state index changed (changes.go);
 	// touched and touchedAll collect it while a command applies.
@@ -82,8 +88,9 @@ func (t *LeaseTable) reset() {
 	t.tombstones = map[string]uint64{}
 	t.servers = map[string]serverMeta{}
 	t.requests = newRequestTable()
-	t.vteps = nil
+	t.vteps, t.vteps6 = nil, nil
 	t.pools = map[string]*overlayPools{}
+	t.reports = map[string]agentReport{}
 	t.cache = newStateCache()
 	t.changes = changeLog{max: t.changeLogIDs}
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
@@ -117,6 +124,9 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig {
 		return nil, true
 	}
+	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
+		return nil, true
+	}
 	for _, def := range t.net.overlays {
 		if !def.enabled {
 			continue
@@ -126,7 +136,26 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 			return nil, true
 		}
 	}
-	return renderAgent(t.net, rec), false
+	return t.render(rec), false
+}
+
+// ReportWouldChange reports whether an agent's configuration report must go
+// through the log; when it need not (the masters hold that very report),
+// it returns the agent's current record. A known request id always goes
+// through the log.
+func (t *LeaseTable) ReportWouldChange(agentID string, req api.ReportRequest) (*api.AgentInfo, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if req.RequestID != "" && t.requests.known(req.RequestID) {
+		return nil, true
+	}
+	rec := t.agents[agentID]
+	old, ok := t.reports[agentID]
+	rep, err := reportOf(req)
+	if rec == nil || !ok || err != nil || !old.equal(rep) {
+		return nil, true
+	}
+	return t.render(rec), false
 }
 
 // Index returns the index of the last change visible in the state.
@@ -197,7 +226,7 @@ func (t *LeaseTable) Agent(id string) (*api.AgentInfo, bool) {
 	if rec == nil {
 		return nil, false
 	}
-	return renderAgent(t.net, rec), true
+	return t.render(rec), true
 }
 
 // Tombstone returns the index at which an agent was deleted.
@@ -224,7 +253,7 @@ func (t *LeaseTable) State() api.State {
 		st.Network = t.net.api
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
-		info := renderAgent(t.net, t.agents[id])
+		info := t.render(t.agents[id])
 		t.signer.signAgent(info, t.clusterID)
 		st.Agents = append(st.Agents, *info)
 	}

@@ -510,7 +510,7 @@ func (d *Dataplane) ensureVTEP(v VTEP, prev *applied, full bool, rep *Report) (l
 	// Checked on every pass (one small dump). A missing address means
 	// someone removed it, and removing a device's last IPv4 address flushes
 	// its routes and neighbours: read them back then.
-	if d.ensureAddrs(link, []netip.Prefix{v.Address}, KindAddress, v.Name, rep) && prev != nil && prev.vtep.Address == v.Address {
+	if d.ensureAddrs(link, v.addresses(), KindAddress, v.Name, rep) && prev != nil && prev.vtep.Address == v.Address {
 		fresh = true
 	}
 	return link, fresh, nil
@@ -566,6 +566,12 @@ func (d *Dataplane) createVTEP(v VTEP) (netlink.Link, error) {
 	}
 	if err := d.h.AddrReplace(link, &netlink.Addr{IPNet: ipNet(v.Address)}); err != nil {
 		return nil, fmt.Errorf("address %s on %s: %w", v.Address, v.Name, err)
+	}
+	if v.Address6.IsValid() {
+		// No duplicate address detection: the address would stay tentative.
+		if err := d.h.AddrReplace(link, &netlink.Addr{IPNet: ipNet(v.Address6), Flags: unix.IFA_F_NODAD}); err != nil {
+			return nil, fmt.Errorf("address %s on %s: %w", v.Address6, v.Name, err)
+		}
 	}
 	if err := d.h.LinkSetUp(link); err != nil {
 		return nil, fmt.Errorf("set %s up: %w", v.Name, err)

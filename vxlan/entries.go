@@ -101,6 +101,9 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 	// Local prefixes: a peer subnet overlapping one would replace (or shadow)
 	// this agent's own connected routes, so it is refused.
 	local := []netip.Prefix{d.VTEP.Address}
+	if d.VTEP.Address6.IsValid() {
+		local = append(local, d.VTEP.Address6)
+	}
 	for _, b := range d.Bridges {
 		local = append(local, b.addresses()...)
 	}
@@ -141,6 +144,19 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 		ipOwner[vip] = p.ID
 		macOwner[m] = p.ID
 		set.neigh[vip] = neighEntry{mac: m, peer: p.ID}
+		if v6 := p.VTEPIP6; v6.IsValid() {
+			switch {
+			case !v6.Is6() || v6.Is4In6() || v6.Zone() != "":
+				reject(fmt.Errorf("VTEP IP6 %v is not an IPv6 address", v6))
+			case d.VTEP.Address6.IsValid() && v6 == d.VTEP.Address6.Addr():
+				reject(fmt.Errorf("VTEP IP6 %s is this agent's own", v6))
+			case ipOwner[v6] != "":
+				reject(fmt.Errorf("VTEP IP6 %s already belongs to peer %s", v6, ipOwner[v6]))
+			default:
+				ipOwner[v6] = p.ID
+				set.neigh[v6] = neighEntry{mac: m, peer: p.ID}
+			}
+		}
 		set.fdb[m] = fdbEntry{dst: p.UnderlayIP.Unmap(), peer: p.ID}
 		ll := LinkLocal(p.VTEPMAC)
 		for _, s := range p.Subnets {

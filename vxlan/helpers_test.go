@@ -189,6 +189,9 @@ func expect(d vxlan.Desired) kstate {
 			continue
 		}
 		ks.neigh[p.VTEPIP] = p.VTEPMAC.String()
+		if p.VTEPIP6.IsValid() {
+			ks.neigh[p.VTEPIP6] = p.VTEPMAC.String()
+		}
 		ks.fdb[p.VTEPMAC.String()] = p.UnderlayIP.String()
 		for _, s := range p.Subnets {
 			if s.Addr().Is4() {

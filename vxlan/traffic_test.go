@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/vxlan"
 )
@@ -148,5 +150,79 @@ func TestIPv6ForwardingOnCarveInterfacesOnly(t *testing.T) {
 	resync(t, e.dp, d)
 	if got := sysctl(t, e.host, "net.ipv6.conf."+vtepName+".forwarding"); got != "1" {
 		t.Errorf("after a resync, %s IPv6 forwarding %s, want 1", vtepName, got)
+	}
+}
+
+// vtepIP6 is agent i's IPv6 VTEP address in DC/OS's default fd01:a::/64.
+func vtepIP6(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x01, 3: 0x0a, 14: byte(i >> 8), 15: byte(i)}), 64)
+}
+
+// dcos6Subnet is agent i's /80 of DC/OS's IPv6-only overlay fd01:b::/64.
+func dcos6Subnet(i int) netip.Prefix {
+	return netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: 0x01, 3: 0x0b, 9: byte(i)}), 80)
+}
+
+// TestIPv6OnlyOverlayAndVTEPIP6 is DC/OS's default dataplane: an IPv6-only
+// overlay (dcos6) beside an IPv4 one, and every VTEP with an IPv6 address
+// of vtep_subnet6. The kernel is read back (the VTEP's addresses, a
+// permanent neighbour entry per peer's vtep_ip6) and containers on the
+// IPv6-only bridges reach each other and the peer's vtep_ip6.
+func TestIPv6OnlyOverlayAndVTEPIP6(t *testing.T) {
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 2})
+	hosts := lab.Hosts()
+	containers := make([]*netnslab.Container, 2)
+	for i, h := range hosts {
+		self, other := i+1, 2-i
+		d := desiredFor(self, other)
+		d.VTEP.Address6 = vtepIP6(self)
+		d.IPv6Forward = true
+		d.Bridges = append(d.Bridges, vxlan.Bridge{Name: "m-dcos6", MTU: 1420,
+			Gateway6: netip.PrefixFrom(dcos6Subnet(self).Addr().Next(), 81)})
+		d.Peers[0].VTEPIP6 = vtepIP6(other).Addr()
+		d.Peers[0].Subnets = append(d.Peers[0].Subnets, dcos6Subnet(other))
+		e := newEnvOn(t, lab, h)
+		apply(t, e.dp, d)
+		assertKernel(t, e.nl, d)
+		link, err := e.nl.LinkByName(vtepName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs, err := e.nl.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, a := range addrs {
+			if p, _ := netip.ParsePrefix(a.IPNet.String()); p == vtepIP6(self) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("host %d: %s not on the VTEP (addresses %v)", self, vtepIP6(self), addrs)
+		}
+		// A resync leaves it all in place.
+		assertNoChange(t, "resync", resync(t, e.dp, d))
+		gw := d.Bridges[1].Gateway6
+		c, err := lab.AddContainer(h, netnslab.ContainerConfig{
+			Bridge:   "m-dcos6",
+			Address:  netip.MustParsePrefix(fmt.Sprintf("192.0.2.%d/32", self)), // unrouted: the overlay is IPv6 only
+			Address6: netip.PrefixFrom(gw.Addr().Next(), gw.Bits()),
+			Gateway6: gw.Addr(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		containers[i] = c
+	}
+	for i, from := range containers {
+		to := containers[1-i]
+		for _, dst := range []netip.Addr{to.Config.Address6.Addr(), vtepIP6(2 - i).Addr()} {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := from.PingRetry(ctx, dst, 3); err != nil {
+				t.Errorf("%s -> %s: %v", from.Name, dst, err)
+			}
+			cancel()
+		}
 	}
 }

@@ -40,6 +40,19 @@ type VTEP struct {
 	// Address is the VTEP IPv4 address with the VTEP subnet's prefix
 	// (e.g. 100.64.0.2/16).
 	Address netip.Prefix
+	// Address6 optionally adds the IPv6 VTEP address with vtep_subnet6's
+	// prefix (e.g. fd01:a::2/64, DC/OS's vtep_ip6): it makes the subnet
+	// connected on the VTEP, where peers' VTEPIP6 get neighbour entries.
+	Address6 netip.Prefix
+}
+
+// addresses returns the addresses the VTEP should carry.
+func (v *VTEP) addresses() []netip.Prefix {
+	out := []netip.Prefix{v.Address}
+	if v.Address6.IsValid() {
+		out = append(out, v.Address6)
+	}
+	return out
 }
 
 // Peer is another agent whose containers are reached through the overlay.
@@ -53,6 +66,10 @@ type Peer struct {
 	VTEPIP netip.Addr
 	// VTEPMAC is the agent's VTEP MAC.
 	VTEPMAC net.HardwareAddr
+	// VTEPIP6 is the agent's IPv6 VTEP address (no prefix), or invalid: it
+	// gets a neighbour entry (VTEPIP6 -> VTEPMAC) so that it is reachable
+	// over the VTEP subnet6 that VTEP.Address6 makes connected.
+	VTEPIP6 netip.Addr
 	// Subnets are routed to the agent, one per overlay (IPv4, and IPv6 for
 	// overlays that have subnet6). IPv6 subnets are routed via the peer's
 	// IPv6 link-local VTEP address derived from VTEPMAC (see LinkLocal),
@@ -275,6 +292,9 @@ func (v *VTEP) validate() error {
 	}
 	if !v.Address.IsValid() || !v.Address.Addr().Is4() {
 		return fmt.Errorf("vtep %s: address %v must be an IPv4 address with prefix", v.Name, v.Address)
+	}
+	if v.Address6.IsValid() && (!v.Address6.Addr().Is6() || v.Address6.Addr().Is4In6() || v.Address6.Addr().Zone() != "") {
+		return fmt.Errorf("vtep %s: address6 %v must be an IPv6 address with prefix", v.Name, v.Address6)
 	}
 	return nil
 }

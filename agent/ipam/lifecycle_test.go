@@ -42,6 +42,31 @@ func withStatus(status, msg string) *api.AgentInfo {
 	return self
 }
 
+// withoutSubnet is testSelf with the overlay named but not leased.
+func withoutSubnet() *api.AgentInfo {
+	self := testSelf()
+	self.Overlays[0].Subnet, self.Overlays[0].Subnet6 = "", ""
+	return self
+}
+
+// TestReportedStatusDoesNotStopServing: the status in the agent's record
+// is what the agent reported to the masters (DC/OS's state.status); an
+// overlay the agent reported FAILED or CONFIGURING is still leased, and the
+// IPAM keeps serving it (acting on the report would make an agent that
+// failed once stop serving for good).
+func TestReportedStatusDoesNotStopServing(t *testing.T) {
+	for _, status := range []string{api.StatusFailed, api.StatusConfiguring, api.StatusInvalid} {
+		t.Run(status, func(t *testing.T) {
+			h := newHarness(t, t.TempDir(), harnessOptions{})
+			h.svc.Sync(View{Self: withStatus(status, "bridge m-carve: operation not permitted"), Peers: testView(testSelf()).Peers})
+			if st := h.svc.Status("carve"); !st.Ready {
+				t.Fatalf("status with a reported %s: %+v", status, st)
+			}
+			h.alloc("c1", "eth0", "")
+		})
+	}
+}
+
 // TestOverlayNoLongerServed (bug 1): an overlay that is no longer OK here,
 // or gone from the agent's record, takes no new allocation (503 not_ready
 // naming why), while lookups and releases of what it holds still work; its
@@ -57,8 +82,7 @@ func TestOverlayNoLongerServed(t *testing.T) {
 		// learns the overlay from the agent's record alone.
 		restarted string
 	}{
-		{"disabled", withStatus(api.StatusDisabled, ""), "STATUS_DISABLED", api.CodeNotReady},
-		{"failed", withStatus(api.StatusFailed, "no VTEP"), "STATUS_FAILED here: no VTEP", api.CodeNotReady},
+		{"in the record without a subnet", withoutSubnet(), "no subnet leased", api.CodeNotReady},
 		{"gone from the agent's record", gone, "no longer leased", api.CodeNotFound},
 	}
 	for _, tt := range tests {

@@ -70,11 +70,14 @@ func (s *Service) syncOverlays(v View, b *batch) ringMessage {
 	return news
 }
 
-// syncOverlay applies one overlay of the agent's record.
+// syncOverlay applies one overlay of the agent's record. It serves an
+// overlay that is leased (in the record, with a subnet), whatever status
+// the record shows: that status is what this agent reported to the masters,
+// and acting on it would make an agent that reported a failure stop serving.
 func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntry {
 	name := ov.Info.Name
 	o := s.overlays[name]
-	if ov.State.Status != api.StatusOK || (ov.Subnet == "" && ov.Subnet6 == "") {
+	if ov.Subnet == "" && ov.Subnet6 == "" {
 		if o != nil {
 			s.stopServing(o, statusMessage(ov))
 		}
@@ -152,16 +155,9 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 	return news
 }
 
-// statusMessage says why an overlay that is not OK takes no allocation.
+// statusMessage says why an overlay of the record takes no allocation.
 func statusMessage(ov *api.AgentOverlay) string {
-	if ov.State.Status == api.StatusOK {
-		return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
-	}
-	msg := fmt.Sprintf("overlay %q is %s here", ov.Info.Name, ov.State.Status)
-	if ov.State.Error != "" {
-		msg += ": " + ov.State.Error
-	}
-	return msg
+	return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
 }
 
 // stopServing refuses new allocations on an overlay, keeping what it holds.

@@ -87,7 +87,7 @@ type agentReader struct {
 
 // client returns a client for agent a and a function that releases it.
 func (r *agentReader) client(a api.AgentInfo) (*api.AgentClient, func(), error) {
-	if a.IP == "" {
+	if !a.HasIP() {
 		return nil, nil, errors.New("the masters' state gives it no underlay IP (another agent took it over)")
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()

@@ -45,21 +45,27 @@ func printStateTable(out io.Writer, st *api.State) error {
 		var subnets []string
 		vtepIP, vtepMAC := "-", "-"
 		for _, ov := range a.Overlays {
-			switch {
-			case ov.Subnet != "" || ov.Subnet6 != "":
-				s := ov.Info.Name + "=" + strings.Trim(ov.Subnet+","+ov.Subnet6, ",")
-				if ov.State.Status == api.StatusDisabled {
-					s += "(disabled)"
-				}
-				subnets = append(subnets, s)
-			case ov.State.Status == api.StatusFailed:
-				subnets = append(subnets, ov.Info.Name+"=FAILED("+ov.State.Error+")")
+			s := ov.Info.Name + "=" + strings.Trim(ov.Subnet+","+ov.Subnet6, ",")
+			switch ov.State.Status {
+			case api.StatusOK:
+			case api.StatusFailed:
+				s += "(FAILED: " + ov.State.Error + ")"
+			default:
+				s += "(" + strings.ToLower(strings.TrimPrefix(ov.State.Status, "STATUS_")) + ")"
 			}
+			subnets = append(subnets, s)
 			if ov.Backend != nil && ov.Backend.VXLAN != nil {
 				vtepIP, vtepMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", a.AgentID, orDash(a.IP), orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version)
+		for _, nl := range a.NotLeased {
+			subnets = append(subnets, nl.Name+"=NOT LEASED("+nl.Reason+")")
+		}
+		ip := a.IP
+		if !a.HasIP() {
+			ip = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", a.AgentID, ip, orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -637,7 +637,7 @@ func (c *Cluster) agentReady(ctx context.Context, h *Host) (*api.AgentInfo, erro
 	var probs []string
 	for _, ov := range info.Overlays {
 		switch ov.State.Status {
-		case api.StatusOK, api.StatusDisabled:
+		case api.StatusOK:
 		default:
 			probs = append(probs, fmt.Sprintf("%s %s %s", ov.Info.Name, ov.State.Status, ov.State.Error))
 		}

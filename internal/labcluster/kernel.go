@@ -153,7 +153,7 @@ func EntriesOf(a api.AgentInfo) (PeerEntries, error) {
 			}
 			pe.VTEPIP, pe.VTEPMAC = p.Addr(), mac.String()
 		}
-		if ov.State.Status == api.StatusDisabled || ov.Subnet == "" {
+		if ov.Subnet == "" {
 			continue
 		}
 		s, err := netip.ParsePrefix(ov.Subnet)

@@ -1,0 +1,195 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+)
+
+// reportTimeout bounds one report call to the masters.
+const reportTimeout = 15 * time.Second
+
+// reporter holds the agent's configuration result, as it reports it to the
+// masters (PUT /overlay-master/agents/{id}/report): after each reconcile
+// the agent computes it, and reportLoop sends it when it changed. The
+// reconcile never waits on the masters.
+type reporter struct {
+	mu sync.Mutex
+	// attempts counts the reconciles of the record version attemptsFor.
+	attempts    uint32
+	attemptsFor uint64
+	// want is the latest result; sent the last one the masters acknowledged.
+	want, sent *api.ReportRequest
+	wake       chan struct{}
+}
+
+func newReporter() *reporter { return &reporter{wake: make(chan struct{}, 1)} }
+
+// sameResult tells whether two reports say the same (attempts and request
+// ids aside: a change of the count alone is not worth a Raft write).
+func sameResult(x, y *api.ReportRequest) bool {
+	return x != nil && y != nil && x.Version == y.Version && slices.Equal(x.Overlays, y.Overlays)
+}
+
+// note records the result of a reconcile of the record at version.
+func (r *reporter) note(version uint64, overlays []api.OverlayReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if version != r.attemptsFor {
+		r.attempts, r.attemptsFor = 0, version
+	}
+	r.attempts++
+	next := &api.ReportRequest{Version: version, Overlays: overlays, ConfigurationAttempts: r.attempts}
+	if sameResult(next, r.want) {
+		return
+	}
+	next.RequestID = api.NewRequestID() // one per result, kept across its retries
+	r.want = next
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// configurationAttempts is the count of reconciles of the record version.
+func (r *reporter) configurationAttempts(version uint64) uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if version != r.attemptsFor {
+		return 0
+	}
+	return r.attempts
+}
+
+// pending is the result to send, or nil when the masters have it.
+func (r *reporter) pending() *api.ReportRequest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.want == nil || (r.sent != nil && r.want.RequestID == r.sent.RequestID) {
+		return nil
+	}
+	c := *r.want
+	return &c
+}
+
+func (r *reporter) acknowledged(req *api.ReportRequest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sent = req
+}
+
+// reportLoop sends the agent's configuration result to the masters when it
+// changed, retrying with backoff; a newer result replaces one not yet
+// sent.
+func (a *Agent) reportLoop(ctx context.Context) {
+	b := retry.Backoff{First: firstRetry, Max: maxRetry}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.reports.wake:
+		}
+		for ctx.Err() == nil {
+			req := a.reports.pending()
+			if req == nil {
+				b.Reset()
+				break
+			}
+			cctx, cancel := context.WithTimeout(ctx, reportTimeout)
+			_, err := a.client.Report(cctx, a.id, *req)
+			cancel()
+			if err == nil {
+				a.reports.acknowledged(req)
+				a.metrics.reports.WithLabelValues("ok").Inc()
+				a.log.Debug("configuration reported", "version", req.Version, "overlays", req.Overlays, "attempts", req.ConfigurationAttempts)
+				continue
+			}
+			a.metrics.reports.WithLabelValues("error").Inc()
+			a.log.Warn("report the configuration result to the masters", "version", req.Version, "err", err)
+			if !retry.Sleep(ctx, b.Next()) {
+				return
+			}
+		}
+	}
+}
+
+// overlayResults is the local configuration result of every overlay of
+// self: FAILED with the error when the last reconcile failed for it (its
+// VTEP, its bridges or their addresses) or its IPAM cannot serve it,
+// CONFIGURING until the kernel holds this version of the record, OK then.
+// The caller holds a.mu (read); ipamReady is read before, without it.
+func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) []api.OverlayReport {
+	out := make([]api.OverlayReport, 0, len(self.Overlays))
+	for i := range self.Overlays {
+		ov := &self.Overlays[i]
+		r := api.OverlayReport{Name: ov.Info.Name, Status: api.StatusOK}
+		switch msg := a.overlayError(ov); {
+		case msg != "":
+			r.Status, r.Error = api.StatusFailed, msg
+		case a.attemptedSelf < self.Version:
+			// The kernel has not been worked on for this version yet (a
+			// reconcile that failed for one overlay still configured the
+			// others: their result is theirs).
+			r.Status = api.StatusConfiguring
+		case ipamErr[ov.Info.Name] != "":
+			r.Status, r.Error = api.StatusFailed, "IPAM: "+ipamErr[ov.Info.Name]
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// ipamErrors is, per overlay of self, why its IPAM cannot allocate ("" when
+// it can). It takes the IPAM's lock, not the agent's.
+func (a *Agent) ipamErrors(self *api.AgentInfo) map[string]string {
+	out := map[string]string{}
+	if self == nil || a.ipam == nil {
+		return out
+	}
+	for _, ov := range self.Overlays {
+		if st := a.ipam.Status(ov.Info.Name); !st.Ready {
+			out[ov.Info.Name] = st.Error
+		}
+	}
+	return out
+}
+
+// noteReconciled records the result of a reconcile of self for the
+// masters.
+func (a *Agent) noteReconciled(self *api.AgentInfo) {
+	ipamErr := a.ipamErrors(self)
+	a.mu.RLock()
+	results := a.overlayResults(self, ipamErr)
+	a.mu.RUnlock()
+	a.reports.note(self.Version, results)
+}
+
+// Overlay is the agent's record (DC/OS's agent endpoint: ip, overlays,
+// configuration_attempts, and carve's extensions) with each overlay's
+// local status: CONFIGURING until the kernel holds the current leases,
+// FAILED with the error, OK once programmed and served by the IPAM.
+func (a *Agent) Overlay() *api.AgentInfo {
+	a.mu.RLock()
+	self := a.self
+	a.mu.RUnlock()
+	if self == nil {
+		return &api.AgentInfo{AgentID: a.id, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr}
+	}
+	ipamErr := a.ipamErrors(self)
+	var info api.AgentInfo
+	data, _ := json.Marshal(self)
+	_ = json.Unmarshal(data, &info)
+	a.mu.RLock()
+	results := a.overlayResults(&info, ipamErr)
+	a.mu.RUnlock()
+	for i, r := range results {
+		info.Overlays[i].State = api.OverlayState{Status: r.Status, Error: r.Error}
+	}
+	info.ConfigurationAttempts = a.reports.configurationAttempts(info.Version)
+	return &info
+}
