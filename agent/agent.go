@@ -85,6 +85,10 @@ type Config struct {
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
+	// MesosCNIConfDir receives, as well, a single-plugin <overlay>.conf per
+	// such overlay for the Mesos CNI isolator (which skips conflists);
+	// empty writes none.
+	MesosCNIConfDir string
 	// DockerPluginSocket is where the Docker remote IPAM plugin listens (with
 	// DockerBridge); empty disables the plugin.
 	DockerPluginSocket string

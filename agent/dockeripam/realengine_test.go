@@ -36,7 +36,8 @@ import (
 
 // TestRealDockerEngine runs a real dockerd (and its containerd) inside a
 // network namespace with a real carve agent, lets the engine loop create the
-// Docker networks on carve's bridges, runs a container on d-carve and checks
+// Docker networks on carve's bridges (named after the overlays, as DC/OS
+// names them, on the bridges d-<overlay>), runs a container on carve and checks
 // that its address comes from, and goes back to, the agent's IPAM.
 //
 // Containment: dockerd runs in the lab's host namespace (its bridges and
@@ -120,10 +121,10 @@ func TestRealDockerEngine(t *testing.T) {
 		}
 		Options map[string]string
 	}
-	d.call(t, http.MethodGet, "/networks/d-carve", nil, &net1)
-	t.Logf("docker network d-carve: %+v", net1)
-	if net1.IPAM.Driver != driverName || !net1.EnableIPv6 || net1.Options["com.docker.network.bridge.name"] != "d-carve" {
-		t.Errorf("d-carve as Docker sees it: %+v", net1)
+	d.call(t, http.MethodGet, "/networks/carve", nil, &net1)
+	t.Logf("docker network carve: %+v", net1)
+	if net1.Name != "carve" || net1.IPAM.Driver != driverName || !net1.EnableIPv6 || net1.Options["com.docker.network.bridge.name"] != "d-carve" {
+		t.Errorf("network carve (on bridge d-carve) as Docker sees it: %+v", net1)
 	}
 	// Docker adopted carve's bridge as it was: same gateways, same MTU.
 	if !bridgeHas(t, host, "d-carve", netip.PrefixFrom(gw4, v4.Bits()), netip.PrefixFrom(gw6, v6.Bits())) {
@@ -142,9 +143,9 @@ func TestRealDockerEngine(t *testing.T) {
 	}
 	d.remove(t, probe)
 
-	id, err := d.run(t, "d-carve")
+	id, err := d.run(t, "carve")
 	if err != nil {
-		t.Fatalf("container on d-carve: %v", err)
+		t.Fatalf("container on network carve: %v", err)
 	}
 	var inspect struct {
 		NetworkSettings struct {
@@ -155,7 +156,7 @@ func TestRealDockerEngine(t *testing.T) {
 		}
 	}
 	d.call(t, http.MethodGet, "/containers/"+id+"/json", nil, &inspect)
-	ep := inspect.NetworkSettings.Networks["d-carve"]
+	ep := inspect.NetworkSettings.Networks["carve"]
 	t.Logf("container %.12s on d-carve: %+v", id, ep)
 	addr4, err4 := netip.ParseAddr(ep.IPAddress)
 	addr6, err6 := netip.ParseAddr(ep.GlobalIPv6Address)
@@ -204,14 +205,14 @@ func TestRealDockerEngine(t *testing.T) {
 	}
 
 	// A Docker network removed by hand comes back, on carve's bridge.
-	d.call(t, http.MethodDelete, "/networks/d-blue", nil, nil)
+	d.call(t, http.MethodDelete, "/networks/blue", nil, nil)
 	b4, _, _ := ipam.BridgeSubnets("blue", api.BridgeDocker)
 	blueGW := netip.PrefixFrom(b4.Masked().Addr().Next(), b4.Bits())
-	t.Logf("after docker network rm d-blue, carve's bridge d-blue is still there: %v", bridgeHas(t, host, "d-blue"))
+	t.Logf("after docker network rm blue, carve's bridge d-blue is still there: %v", bridgeHas(t, host, "d-blue"))
 	s.Sync()
-	testutil.Eventually(t, waitLimit, "d-blue recreated", testutil.True(func() bool {
+	testutil.Eventually(t, waitLimit, "network blue recreated", testutil.True(func() bool {
 		var n struct{ IPAM struct{ Driver string } }
-		return d.try(http.MethodGet, "/networks/d-blue", nil, &n) == nil && n.IPAM.Driver == driverName
+		return d.try(http.MethodGet, "/networks/blue", nil, &n) == nil && n.IPAM.Driver == driverName
 	}))
 	testutil.Eventually(t, waitLimit, "d-blue with its gateway", testutil.True(func() bool { return bridgeHas(t, host, "d-blue", blueGW) }))
 	// The same pass inspected d-carve as Docker reports it: no difference.
