@@ -550,6 +550,7 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--mesh-addr", hostPort(ip, AgentMeshPort),
 		"--socket", h.SocketPath(),
 		"--cni-conf-dir", h.CNIConfDir(),
+		"--mesos-cni-conf-dir", h.MesosCNIConfDir(),
 		// The lab's runtime cache, never the machine's /var/lib/cni.
 		"--cni-cache-dir", h.CNICacheDir(),
 		// Nothing of Docker's on the machine: the plugin's socket in the
