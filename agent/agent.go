@@ -85,11 +85,18 @@ type Config struct {
 	// CNIConfDir receives a <overlay>.conflist per overlay with a mesos
 	// bridge; empty writes none.
 	CNIConfDir string
+	// MesosCNIConfDir receives, as well, a single-plugin <overlay>.conf per
+	// such overlay for the Mesos CNI isolator (which skips conflists);
+	// empty writes none.
+	MesosCNIConfDir string
 	// DockerPluginSocket is where the Docker remote IPAM plugin listens (with
 	// DockerBridge); empty disables the plugin.
 	DockerPluginSocket string
 	// DockerHost is the Docker engine the agent creates its networks on.
 	DockerHost string
+	// DockerNetworkName is the template of the Docker networks' names
+	// (dockeripam.Options.NetworkName); empty is the overlay's name.
+	DockerNetworkName string
 	// CNICacheDir is the runtime's libcni cache (results/), read to take
 	// back the addresses of running containers after a lost disk; empty: none.
 	CNICacheDir string
@@ -278,8 +285,9 @@ func New(cfg Config) (*Agent, error) {
 	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
 		a.docker, err = dockeripam.New(svc, dockeripam.Options{
-			PluginSocket: cfg.DockerPluginSocket, SocketGID: cfg.SocketGID, DockerHost: cfg.DockerHost, Logger: a.log.With("component", "docker"),
-			MTU: func(string) int { return a.overlayMTU() },
+			PluginSocket: cfg.DockerPluginSocket, SocketGID: cfg.SocketGID, DockerHost: cfg.DockerHost, NetworkName: cfg.DockerNetworkName,
+			Logger: a.log.With("component", "docker"),
+			MTU:    func(string) int { return a.overlayMTU() },
 		})
 		if err != nil {
 			return nil, fmt.Errorf("agent: docker plugin: %w", err)

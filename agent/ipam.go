@@ -29,6 +29,9 @@ type ipamService interface {
 	// List, Status and BridgeSubnets are read for the HTTP API's IPAM view
 	// (ipamhttp.go).
 	List(network string) *api.Allocations
+	// Unclaimed lists the records of the store the IPAM could not claim
+	// back, for carve ipam check.
+	Unclaimed(network string) []api.Allocation
 	Status(network string) *api.IPAMStatus
 	BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool)
 	// Run gives back idle grown blocks and reports grants to the masters.

@@ -125,13 +125,16 @@ func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
 }
 
 // IPAMAllocations is every allocation of the agent (of one overlay when
-// network is set) with what the agent can tell of its container.
+// network is set), then the records of its store it could not claim back,
+// with what the agent can tell of their containers.
 func (a *Agent) IPAMAllocations(network string) *api.AgentAllocations {
 	allocs := a.ipam.List(network).Allocations
+	claimed := len(allocs)
+	allocs = append(allocs, a.ipam.Unclaimed(network)...)
 	cache, cacheErr := readCNICache(a.cfg.CNICacheDir)
 	out := &api.AgentAllocations{AgentID: a.id, Allocations: make([]api.AgentAllocation, 0, len(allocs))}
-	for _, al := range allocs {
-		aa := api.AgentAllocation{Allocation: al, Container: api.ContainerUnknown}
+	for i, al := range allocs {
+		aa := api.AgentAllocation{Allocation: al, Container: api.ContainerUnknown, Unclaimed: i >= claimed}
 		switch {
 		case al.Bridge != api.BridgeMesos:
 			aa.ContainerDetail = "a " + al.Bridge + " allocation: only CNI attachments are checked"

@@ -83,39 +83,51 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 }
 
 // writeConflists keeps one CNI network config per overlay that has a mesos
-// bridge here, and removes carve's configs of overlays that went away. A
-// config is written only once the overlay has its lease, so a runtime never
-// sees a network the agent cannot serve.
+// bridge here, and removes carve's configs of overlays that went away: the
+// conflist in CNIConfDir and, with MesosCNIConfDir, the single-plugin .conf
+// of the Mesos CNI isolator. A config is written only once the overlay has
+// its lease, so a runtime never sees a network the agent cannot serve.
 func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) {
-	dir := a.cfg.CNIConfDir
-	if dir == "" {
-		return
-	}
 	mtu := defaultOverlayMTU
 	if network != nil && network.OverlayMTU > 0 {
 		mtu = network.OverlayMTU
 	}
 	var keep []string
 	for _, ov := range self.Overlays {
-		if !leased(&ov) || ov.MesosBridge == nil {
+		if leased(&ov) && ov.MesosBridge != nil {
+			keep = append(keep, ov.Info.Name)
+		}
+	}
+	for _, w := range []struct {
+		dir   string
+		what  string
+		write func(dir, overlay string, mtu int, socket string) (bool, error)
+		path  func(dir, overlay string) string
+		prune func(dir string, keep []string) ([]string, error)
+	}{
+		{a.cfg.CNIConfDir, "CNI config", cni.WriteConflist, cni.ConflistPath, cni.PruneConflists},
+		{a.cfg.MesosCNIConfDir, "Mesos CNI config", cni.WriteConf, cni.ConfPath, cni.PruneConfs},
+	} {
+		if w.dir == "" {
 			continue
 		}
-		keep = append(keep, ov.Info.Name)
-		wrote, err := cni.WriteConflist(dir, ov.Info.Name, mtu, a.cfg.Socket)
+		for _, ov := range keep {
+			wrote, err := w.write(w.dir, ov, mtu, a.cfg.Socket)
+			if err != nil {
+				a.log.Error("write "+w.what, "overlay", ov, "dir", w.dir, "err", err)
+				continue
+			}
+			if wrote {
+				a.log.Info(w.what+" written", "path", w.path(w.dir, ov))
+			}
+		}
+		removed, err := w.prune(w.dir, keep)
 		if err != nil {
-			a.log.Error("write CNI config", "overlay", ov.Info.Name, "dir", dir, "err", err)
-			continue
+			a.log.Error("prune "+w.what+"s", "dir", w.dir, "err", err)
 		}
-		if wrote {
-			a.log.Info("CNI config written", "path", cni.ConflistPath(dir, ov.Info.Name))
+		for _, path := range removed {
+			a.log.Info(w.what+" removed (overlay gone)", "path", path)
 		}
-	}
-	removed, err := cni.PruneConflists(dir, keep)
-	if err != nil {
-		a.log.Error("prune CNI configs", "dir", dir, "err", err)
-	}
-	for _, path := range removed {
-		a.log.Info("CNI config removed (overlay gone)", "path", path)
 	}
 }
 

@@ -31,10 +31,17 @@ type AgentAllocation struct {
 	Container string `json:"container"`
 	// ContainerDetail says how the agent knows.
 	ContainerDetail string `json:"container_detail,omitempty"`
+	// Unclaimed marks a record the agent keeps in its store but could not
+	// claim back: the overlay's rings give the address to another agent
+	// (a restored or cloned data dir, a lease taken away) or the overlay
+	// is not served. Its container may still use the address, which
+	// another agent may hand out too. Its addresses are single hosts.
+	Unclaimed bool `json:"unclaimed,omitempty"`
 }
 
 // AgentAllocations is GET /overlay-agent/ipam/allocations: every allocation
-// the agent holds, in flight ones included.
+// the agent holds, in flight ones included, and the unclaimed records of
+// its store (AgentAllocation.Unclaimed).
 type AgentAllocations struct {
 	AgentID     string            `json:"agent_id"`
 	Allocations []AgentAllocation `json:"allocations"`

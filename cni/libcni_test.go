@@ -432,3 +432,63 @@ func TestLibcniStatusNotReady(t *testing.T) {
 		t.Errorf("STATUS ready: %v", err)
 	}
 }
+
+// TestLibcniMesosConf runs the single-plugin <overlay>.conf the agent wrote
+// for the Mesos CNI isolator through libcni's single-plugin API (as the
+// isolator runs one plugin): the reference bridge plugin with carve-ipam
+// attaches a container with an address of the mesos range in a 0.3.1
+// result, and DEL gives it back.
+func TestLibcniMesosConf(t *testing.T) {
+	t.Parallel()
+	h := newCNIHost(t, true)
+	dir := h.agent.h.MesosCNIConfDir()
+	var conf *libcni.NetworkConfig
+	testutil.Eventually(t, 0, "the agent's Mesos CNI conf for "+h.overlay, func() error {
+		var err error
+		conf, err = libcni.LoadConf(dir, h.overlay)
+		return err
+	})
+	if conf.Network.Type != "bridge" || conf.Network.CNIVersion != netconf.ConfCNIVersion || conf.Network.IPAM.Type != netconf.PluginType {
+		t.Fatalf("conf %s: %+v", netconf.ConfPath(dir, h.overlay), conf.Network)
+	}
+	c := h.container(t, "mesos1")
+	rt := runtimeConf("mesos-1", c)
+	var raw types.Result
+	err := h.host.Do(func() error {
+		var err error
+		raw, err = h.cni.AddNetwork(context.Background(), conf, rt)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("ADD through the single-plugin conf: %v", err)
+	}
+	if raw.Version() != "0.3.1" {
+		t.Errorf("result version %s, want 0.3.1", raw.Version())
+	}
+	res, err := types100.NewResultFromResult(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.1.0.2/25" || res.IPs[0].Gateway.String() != "10.1.0.1" {
+		t.Fatalf("ADD result IPs = %v", res.IPs)
+	}
+	addr, mtu, gw := containerAddr(t, c)
+	if addr.String() != "10.1.0.2/25" || mtu != h.mtu || gw != h.gateway() {
+		t.Errorf("container eth0: %s mtu %d gateway %s; want 10.1.0.2/25 mtu %d via %s", addr, mtu, gw, h.mtu, h.gateway())
+	}
+	if keys := h.agent.Keys(t, "ov"); !slices.Equal(keys, []string{"mesos-1/eth0"}) {
+		t.Errorf("the agent holds %v, want mesos-1/eth0", keys)
+	}
+	if err := c.PingRetry(context.Background(), h.gateway(), 5); err != nil {
+		t.Errorf("container cannot ping its gateway: %v", err)
+	}
+	if err := h.host.Do(func() error { return h.cni.DelNetwork(context.Background(), conf, rt) }); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if keys := h.agent.Keys(t, "ov"); len(keys) != 0 {
+		t.Errorf("after DEL the agent holds %v", keys)
+	}
+	if v := h.hostVeths(t); len(v) != 0 {
+		t.Errorf("after DEL the host still has %v", v)
+	}
+}

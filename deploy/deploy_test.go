@@ -268,3 +268,46 @@ func withoutEnabled(cfg api.NetworkConfig) api.NetworkConfig {
 	}
 	return cfg
 }
+
+// TestExampleDockerNetworkName: the example names the Docker networks as
+// the README documents and as the binary defaults to (the overlay's name,
+// as DC/OS), and the unit passes that variable to --docker-network-name; the
+// Mesos CNI isolator's directory is passed the same way, off in the example
+// as by default.
+func TestExampleDockerNetworkName(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := readEnv(t, "examples/agent.env")
+	unit := readUnit(t, "carve-agent.service")
+	help, _ := exec.Command(buildCarve(t), "agent", "-h").CombinedOutput()
+	for _, f := range []struct{ flag, variable, want string }{
+		{"docker-network-name", "CARVE_DOCKER_NETWORK_NAME", "{overlay}"},
+		{"mesos-cni-conf-dir", "CARVE_MESOS_CNI_CONF_DIR", ""},
+	} {
+		row := regexp.MustCompile("(?m)^\\| `--" + regexp.QuoteMeta(f.flag) + "` \\|(.*)$").FindSubmatch(readme)
+		if row == nil {
+			t.Errorf("the README's agent flags have no row for --%s", f.flag)
+			continue
+		}
+		var documented string
+		if m := regexp.MustCompile("default `([^`]*)`").FindSubmatch(row[1]); m != nil {
+			documented = string(m[1])
+		} else if !strings.Contains(string(row[1]), "default empty") {
+			t.Errorf("the README's row for --%s names no default: %s", f.flag, row[1])
+		}
+		if got, ok := env[f.variable]; !ok || got != f.want || documented != f.want {
+			t.Errorf("--%s: examples/agent.env sets %s=%q, the README documents %q; want both %q", f.flag, f.variable, got, documented, f.want)
+		}
+		if !strings.Contains(unit, "--"+f.flag+"=${"+f.variable+"}") {
+			t.Errorf("carve-agent.service does not pass --%s=${%s}", f.flag, f.variable)
+		}
+		// Go's flag package prints a non-empty default as (default "...").
+		wantHelp := fmt.Sprintf("(default %q)", f.want)
+		block := regexp.MustCompile(`(?ms)^\s+-` + regexp.QuoteMeta(f.flag) + ` .*?(?:^\s+-|\z)`).Find(help)
+		if hasDefault := strings.Contains(string(block), "(default "); f.want != "" && !strings.Contains(string(block), wantHelp) || f.want == "" && hasDefault {
+			t.Errorf("carve agent -h for --%s: %q, want the default %q", f.flag, block, f.want)
+		}
+	}
+}

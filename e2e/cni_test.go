@@ -45,6 +45,9 @@ import (
 //  4. CNI GC through the agent's conflist frees exactly the attachments that
 //     are not live (libcni DELs them), and carve-ipam's GC frees an
 //     allocation the runtime never heard of.
+//  5. The real `carve ipam check` finds the cluster clean after all that,
+//     then reports an injected leak and an injected duplicate (see
+//     checkIPAMAfterChurn).
 func TestCNI(t *testing.T) {
 	netCfg := master.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
@@ -217,11 +220,12 @@ func TestCNI(t *testing.T) {
 		checkAll(ctx, t, c, live)
 	})
 
+	var valid []*labcluster.Container // live after step 4
 	step("GC frees what is not live", func(t *testing.T) {
 		ctx := within(t, converge)
 		// The runtime forgets every third container; an allocation it never
 		// heard of (an ADD whose answer was lost) is added behind its back.
-		var valid, gone []*labcluster.Container
+		var gone []*labcluster.Container
 		for i, ct := range live {
 			if i%3 == 0 {
 				gone = append(gone, ct)
@@ -272,6 +276,10 @@ func TestCNI(t *testing.T) {
 			t.Fatalf("after carve-ipam's GC: %s", diff(got, want))
 		}
 		kernelAddrs(t, valid)
+	})
+
+	step("carve ipam check", func(t *testing.T) {
+		checkIPAMAfterChurn(within(t, 2*converge), t, c, overlay, valid)
 	})
 }
 

@@ -234,6 +234,11 @@ func (c *engineClient) createNetwork(ctx context.Context, n dockerNetwork) (stri
 	return out.ID, nil
 }
 
+// removeNetwork deletes a network; the engine refuses while endpoints use it.
+func (c *engineClient) removeNetwork(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/networks/"+url.PathEscape(id), nil, nil, nil)
+}
+
 // event is one message of GET /events.
 type event struct {
 	Type   string `json:"Type"`

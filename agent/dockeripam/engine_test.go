@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ type fakeEngine struct {
 	mu       sync.Mutex
 	networks map[string]map[string]any // by name: the network resource
 	creates  []map[string]any          // POST /networks/create bodies
+	removes  []string                  // networks removed
 	failList bool
 	events   chan map[string]any
 	streams  int // event streams opened
@@ -124,6 +126,21 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		e.reply(w, 404, map[string]string{"message": "network " + key + " not found"})
+	case strings.HasPrefix(path, "/networks/") && r.Method == http.MethodDelete:
+		key := strings.TrimPrefix(path, "/networks/")
+		for name, n := range e.networks {
+			if name == key || n["Id"] == key {
+				if cs, _ := n["Containers"].(map[string]any); len(cs) > 0 {
+					e.reply(w, 403, map[string]string{"message": "error while removing network: network " + name + " has active endpoints"})
+					return
+				}
+				delete(e.networks, name)
+				e.removes = append(e.removes, name)
+				w.WriteHeader(204)
+				return
+			}
+		}
+		e.reply(w, 404, map[string]string{"message": "network " + key + " not found"})
 	case path == "/events":
 		e.streams++
 		e.mu.Unlock()
@@ -162,6 +179,34 @@ func (e *fakeEngine) attach(network, container, addr string) {
 		n["Containers"] = cs
 	}
 	cs[container] = map[string]any{"Name": container, "IPv4Address": addr}
+}
+
+// detach removes a container's endpoint from a network.
+func (e *fakeEngine) detach(network, container string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if cs, _ := e.networks[network]["Containers"].(map[string]any); cs != nil {
+		delete(cs, container)
+	}
+}
+
+// removed lists the networks removed through the API.
+func (e *fakeEngine) removed() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.removes)
+}
+
+// names lists the engine's networks.
+func (e *fakeEngine) names() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for n := range e.networks {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (e *fakeEngine) setFailList(v bool) {
@@ -299,13 +344,13 @@ func TestEngineCreatesNetworks(t *testing.T) {
 		bodies[b["Name"].(string)] = string(data)
 	}
 	want := map[string]string{
-		"d-carve": `{"CheckDuplicate":true,"Driver":"bridge","EnableIPv6":true,` +
+		"carve": `{"CheckDuplicate":true,"Driver":"bridge","EnableIPv6":true,` +
 			`"IPAM":{"Config":[{"Gateway":"10.128.0.129","Subnet":"10.128.0.128/25"},{"Gateway":"fd00:ca7e::8000:0:0:1","Subnet":"fd00:ca7e:0:0:8000::/65"}],"Driver":"carve","Options":{"network":"carve"}},` +
-			`"Labels":{"net.carve.overlay":"carve"},"Name":"d-carve",` +
+			`"Labels":{"net.carve.overlay":"carve"},"Name":"carve",` +
 			`"Options":{"com.docker.network.bridge.enable_ip_masquerade":"false","com.docker.network.bridge.name":"d-carve","com.docker.network.driver.mtu":"1400"}}`,
-		"d-blue": `{"CheckDuplicate":true,"Driver":"bridge","EnableIPv6":false,` +
+		"blue": `{"CheckDuplicate":true,"Driver":"bridge","EnableIPv6":false,` +
 			`"IPAM":{"Config":[{"Gateway":"10.0.0.129","Subnet":"10.0.0.128/25"}],"Driver":"carve","Options":{"network":"blue"}},` +
-			`"Labels":{"net.carve.overlay":"blue"},"Name":"d-blue",` +
+			`"Labels":{"net.carve.overlay":"blue"},"Name":"blue",` +
 			`"Options":{"com.docker.network.bridge.enable_ip_masquerade":"false","com.docker.network.bridge.name":"d-blue","com.docker.network.driver.mtu":"1400"}}`,
 	}
 	for name, w := range want {
@@ -334,7 +379,7 @@ func TestEngineCreatesNetworks(t *testing.T) {
 
 func TestEngineMismatchLeftAlone(t *testing.T) {
 	e := startFakeEngine(t)
-	e.setNetwork(map[string]any{"Name": "d-carve", "Id": "theirs", "Driver": "bridge",
+	e.setNetwork(map[string]any{"Name": "carve", "Id": "theirs", "Driver": "bridge",
 		"IPAM":    map[string]any{"Driver": "default", "Config": []any{map[string]any{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}}},
 		"Options": map[string]any{}})
 	s := runService(t, newTestService(t), dockeripam.Options{DockerHost: e.host(), GCInterval: time.Hour})
@@ -345,11 +390,11 @@ func TestEngineMismatchLeftAlone(t *testing.T) {
 	if st.State != dockeripam.NetworkMismatch || st.ID != "theirs" {
 		t.Fatalf("status %+v, want a mismatch", st)
 	}
-	wantContains(t, "mismatch", st.Error, "d-carve exists with other settings", "IPAM driver is default (want carve)",
+	wantContains(t, "mismatch", st.Error, "carve exists with other settings", "IPAM driver is default (want carve)",
 		"172.18.0.0/16 gateway 172.18.0.1", "10.128.0.128/25 gateway 10.128.0.129", "leaves it alone")
 	for _, b := range e.createBodies() {
-		if b["Name"] == "d-carve" {
-			t.Errorf("d-carve was created over the existing one")
+		if b["Name"] == "carve" {
+			t.Errorf("carve was created over the existing one")
 		}
 	}
 }
@@ -387,7 +432,7 @@ func TestLeakCollection(t *testing.T) {
 	used := alloc("docker-used", api.BridgeDocker)
 	alloc("docker-leak", api.BridgeDocker)
 	alloc("cni-1", api.BridgeMesos)
-	e.attach("d-carve", "c1", used)
+	e.attach("carve", "c1", used)
 
 	collect() // starts the clock of the leak
 	clk.advance(grace - time.Second)
@@ -459,7 +504,7 @@ func TestReclaimRunningContainers(t *testing.T) {
 
 	// Lowest free addresses of the docker range would be .130 and .131: a
 	// running container holds .130 without any allocation.
-	e.attach("d-carve", "running", "10.128.0.130/25")
+	e.attach("carve", "running", "10.128.0.130/25")
 	if err := s.CollectNow(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package dockeripam serves carve's container addresses to Docker: a
 // libnetwork remote IPAM driver on a unix socket, and an engine loop that
-// creates the Docker network d-<overlay> for every overlay of the agent and
-// takes back the addresses of containers Docker forgot to release.
+// creates a Docker network for every overlay of the agent (named after the
+// overlay, as in DC/OS, on the agent's bridge d-<overlay>) and takes back the addresses of containers Docker forgot to release.
 //
 // The package does not import the agent: it works on an AddressService, which
 // the agent's *ipam.Service satisfies.

@@ -57,8 +57,49 @@ const (
 	LabelOverlay = "net.carve.overlay"
 )
 
-// NetworkName is the Docker network (and bridge) of an overlay.
-func NetworkName(overlay string) string { return "d-" + overlay }
+// DefaultNetworkName is the default template of an overlay's Docker
+// network name: the overlay's own name, as DC/OS names it, since that is
+// what its Docker containerizer passes to --net.
+const DefaultNetworkName = OverlayPlaceholder
+
+// OverlayPlaceholder is replaced by the overlay's name in a network name
+// template (Options.NetworkName).
+const OverlayPlaceholder = "{overlay}"
+
+// BridgeName is the Linux bridge of an overlay's Docker network, d-<overlay>
+// (DC/OS's docker_bridge), whatever the network is named.
+func BridgeName(overlay string) string { return "d-" + overlay }
+
+// LegacyNetworkName is the name carve gave an overlay's Docker network
+// before the name followed DC/OS: the bridge's. Such a network is migrated
+// (see Service.ensureOne).
+func LegacyNetworkName(overlay string) string { return BridgeName(overlay) }
+
+// NetworkName renders a network name template for an overlay.
+func NetworkName(template, overlay string) string {
+	return strings.ReplaceAll(template, OverlayPlaceholder, overlay)
+}
+
+// ValidateNetworkName checks a network name template: it must name each
+// overlay apart (contain OverlayPlaceholder) and give names Docker accepts
+// ([a-zA-Z0-9][a-zA-Z0-9_.-]*, at most 64 characters with the longest
+// overlay name).
+func ValidateNetworkName(template string) error {
+	if !strings.Contains(template, OverlayPlaceholder) {
+		return fmt.Errorf("docker network name %q: want a template containing %s (each overlay needs a network of its own)", template, OverlayPlaceholder)
+	}
+	name := NetworkName(template, "abcdefghij-13")
+	if len(name) > 64 {
+		return fmt.Errorf("docker network name %q: %q is longer than 64 characters", template, name)
+	}
+	for i, r := range name {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || i > 0 && (r == '_' || r == '.' || r == '-')
+		if !ok {
+			return fmt.Errorf("docker network name %q: %q is not a Docker network name ([a-zA-Z0-9][a-zA-Z0-9_.-]*)", template, name)
+		}
+	}
+	return nil
+}
 
 // Options configure a Service. Zero values take the defaults.
 type Options struct {
@@ -71,6 +112,11 @@ type Options struct {
 	SocketGID int
 	// DockerHost is the engine, unix:///path.
 	DockerHost string
+	// NetworkName is the template of the Docker networks' names, in which
+	// OverlayPlaceholder stands for the overlay (default
+	// DefaultNetworkName: the overlay's name, as in DC/OS). The bridge is
+	// BridgeName whatever the network's name.
+	NetworkName string
 	// MTU returns an overlay's MTU (its bridge's); nil, or 0, means DefaultMTU.
 	MTU    func(overlay string) int
 	Logger *slog.Logger
@@ -141,6 +187,10 @@ const (
 	NetworkMismatch = "mismatch"
 	// NetworkError: the engine refused or failed a call; retried.
 	NetworkError = "error"
+	// NetworkLegacy: the network an older carve created under the legacy
+	// name d-<overlay> still has containers; it keeps working, and carve
+	// replaces it by the network of the configured name once it is empty.
+	NetworkLegacy = "legacy"
 )
 
 // NetworkStatus is one overlay's Docker network.
@@ -169,6 +219,12 @@ func New(svc AddressService, opts Options) (*Service, error) {
 	}
 	if opts.DockerHost == "" {
 		opts.DockerHost = DefaultDockerHost
+	}
+	if opts.NetworkName == "" {
+		opts.NetworkName = DefaultNetworkName
+	}
+	if err := ValidateNetworkName(opts.NetworkName); err != nil {
+		return nil, fmt.Errorf("dockeripam: %w", err)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -444,7 +500,7 @@ func (s *Service) desiredNetwork(overlay string) (dockerNetwork, bool) {
 	if mtu <= 0 {
 		mtu = DefaultMTU
 	}
-	n := dockerNetwork{Name: NetworkName(overlay), Driver: "bridge", EnableIPv6: v6.IsValid()}
+	n := dockerNetwork{Name: NetworkName(s.opts.NetworkName, overlay), Driver: "bridge", EnableIPv6: v6.IsValid()}
 	n.IPAM.Driver = s.name
 	n.IPAM.Options = map[string]string{OptionNetwork: overlay}
 	for _, p := range []poolID{{prefix: v4}, {prefix: v6, v6: true}} {
@@ -454,7 +510,7 @@ func (s *Service) desiredNetwork(overlay string) (dockerNetwork, bool) {
 		}
 	}
 	n.Options = map[string]string{
-		optBridgeName: NetworkName(overlay),
+		optBridgeName: BridgeName(overlay),
 		optMasquerade: "false",
 		optMTU:        strconv.Itoa(mtu),
 	}
@@ -547,6 +603,9 @@ func (s *Service) ensureOne(ctx context.Context, c *engineClient, overlay string
 	defer cancel()
 	have, err := c.inspectNetwork(cctx, want.Name)
 	if errors.Is(err, errNotFound) {
+		if legacy, ok := s.migrateLegacy(cctx, c, overlay, want); !ok {
+			return legacy
+		}
 		id, cerr := c.createNetwork(cctx, want)
 		if cerr == nil {
 			s.log.Info("created docker network", "network", want.Name, "id", id, "subnets", want.IPAM.Config, "driver", s.name)
@@ -583,6 +642,49 @@ func (s *Service) ensureOne(ctx context.Context, c *engineClient, overlay string
 	st.State = NetworkOK
 	s.note("net/"+overlay, slog.LevelDebug, "docker network ok", "network", want.Name)
 	return st
+}
+
+// migrateLegacy handles the network an older carve created for the overlay
+// under its legacy name d-<overlay>, when the configured name is another
+// and no network of that name exists yet: both cannot exist, since they
+// would share the bridge. The legacy network is removed when no container
+// uses it (Docker refuses to remove a network with endpoints, so a
+// container attaching meanwhile is safe), and the caller creates the new
+// one. While containers use it, it stays and keeps working (its IPAM
+// driver is this plugin, so the leak collector covers it) and the status
+// says so; every pass tries again. A network of that name that carve did
+// not create is not touched. It returns false with the status to report
+// when the caller must not create the new network now.
+func (s *Service) migrateLegacy(ctx context.Context, c *engineClient, overlay string, want dockerNetwork) (NetworkStatus, bool) {
+	name := LegacyNetworkName(overlay)
+	if want.Name == name {
+		return NetworkStatus{}, true
+	}
+	old, err := c.inspectNetwork(ctx, name)
+	if errors.Is(err, errNotFound) {
+		return NetworkStatus{}, true
+	}
+	st := NetworkStatus{Overlay: overlay, Name: want.Name}
+	if err != nil {
+		st.State, st.Error = NetworkError, fmt.Sprintf("inspect Docker network %s (the legacy name): %v", name, err)
+		return st, false
+	}
+	if old.Labels[LabelOverlay] != overlay || old.IPAM.Driver != s.name {
+		return NetworkStatus{}, true // not carve's: creating ours reports any conflict
+	}
+	if len(old.Containers) == 0 {
+		if err := c.removeNetwork(ctx, old.ID); err != nil && !errors.Is(err, errNotFound) {
+			st.State, st.Error = NetworkLegacy, fmt.Sprintf("Docker network %s of an older carve could not be removed (%v); %s is created once it is gone", name, err, want.Name)
+			s.note("net/"+overlay, slog.LevelWarn, st.Error, "network", name)
+			return st, false
+		}
+		s.log.Info("removed the Docker network of an older carve, unused; creating it under its new name", "old", name, "new", want.Name, "overlay", overlay)
+		return NetworkStatus{}, true
+	}
+	st.ID, st.State = old.ID, NetworkLegacy
+	st.Error = fmt.Sprintf("Docker network %s of an older carve still has %d containers: it keeps working, and carve replaces it by %s once they are gone", name, len(old.Containers), want.Name)
+	s.note("net/"+overlay, slog.LevelWarn, st.Error, "network", name)
+	return st, false
 }
 
 // collect releases the docker-bridge allocations that no container of the
@@ -645,14 +747,18 @@ func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[strin
 		if err != nil {
 			return nil, nil, fmt.Errorf("inspect Docker network %s: %w", n.Name, err)
 		}
-		overlay := full.IPAM.Options["network"]
+		// The overlay, whatever the network's name (legacy or templated).
+		overlay := full.IPAM.Options[OptionNetwork]
 		if overlay == "" {
-			overlay = strings.TrimPrefix(full.Name, "d-")
+			overlay = full.Labels[LabelOverlay]
 		}
 		for id, ep := range full.Containers {
 			for _, a := range []string{ep.IPv4Address, ep.IPv6Address} {
 				if addr, err := parseAddr(a); err == nil {
 					used[addr.String()] = true
+					if overlay == "" {
+						continue // no overlay to take the address back on
+					}
 					epID := ep.EndpointID
 					if epID == "" {
 						epID = id

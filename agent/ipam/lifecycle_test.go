@@ -193,6 +193,26 @@ func TestRebuildForgetsRings(t *testing.T) {
 			if _, err := h.svc.Lookup(req("c1")); !api.IsCode(err, api.CodeNotReady) {
 				t.Errorf("lookup of the old cluster's allocation %s: %v, want not_ready", addrs(old), err)
 			}
+			// Unclaimed shows it (carve ipam check counts it), as a host address.
+			unclaimed := func(s *Service) string {
+				var out []string
+				for _, al := range s.Unclaimed("") {
+					var ips []string
+					for _, ip := range al.IPs {
+						ips = append(ips, ip.Address)
+					}
+					out = append(out, al.ContainerID+"="+strings.Join(ips, ","))
+				}
+				return strings.Join(out, " ")
+			}
+			var hosts []string
+			for _, ip := range old.IPs {
+				a := netip.MustParsePrefix(ip.Address).Addr()
+				hosts = append(hosts, netip.PrefixFrom(a, a.BitLen()).String())
+			}
+			if got, want := unclaimed(h.svc), "c1="+strings.Join(hosts, ","); got != want {
+				t.Errorf("Unclaimed = %q, want %q", got, want)
+			}
 
 			// The old cluster's gossip is refused and counted.
 			_, err := h.svc.RingGossip().OnGossip(oldMsg)
@@ -210,6 +230,9 @@ func TestRebuildForgetsRings(t *testing.T) {
 			check(h2.svc, "after a restart")
 			if _, err := h2.svc.Lookup(req("c1")); !api.IsCode(err, api.CodeNotReady) {
 				t.Errorf("the old allocation is not kept across the restart: %v", err)
+			}
+			if got := unclaimed(h2.svc); !strings.HasPrefix(got, "c1=") {
+				t.Errorf("Unclaimed after the restart = %q, want c1", got)
 			}
 			if _, err := h2.client.Lookup(context.Background(), req("c2")); err != nil {
 				t.Errorf("the new allocation after the restart: %v", err)

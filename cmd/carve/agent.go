@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/carve-net/carve/agent"
@@ -27,8 +28,10 @@ func runAgent(ctx context.Context, args []string) error {
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
+	mesosCNIConfDir := fs.String("mesos-cni-conf-dir", "", "where the agent also writes the single-plugin <overlay>.conf the Mesos CNI isolator reads (its --network_cni_config_dir; a directory of its own, not --cni-conf-dir; empty: none)")
+	dockerNetworkName := fs.String("docker-network-name", dockeripam.DefaultNetworkName, "name of each overlay's Docker network, "+dockeripam.OverlayPlaceholder+" replaced by the overlay's name (DC/OS's is the overlay's name; the bridge stays d-<overlay>)")
 	dockerSocket := fs.String("docker-plugin-socket", dockeripam.DefaultPluginSocket, "the Docker remote IPAM plugin's socket (with --docker-bridge; empty: no plugin); the driver is named after it")
-	dockerHost := fs.String("docker-host", dockeripam.DefaultDockerHost, "the Docker engine on which the agent creates its d-<overlay> networks")
+	dockerHost := fs.String("docker-host", dockeripam.DefaultDockerHost, "the Docker engine on which the agent creates its overlay networks (on the d-<overlay> bridges)")
 	cniCacheDir := fs.String("cni-cache-dir", agent.DefaultCNICacheDir, "the CNI runtime's cache, read to take back running containers' addresses after a lost data dir (empty: none)")
 	mesosBridge := fs.Bool("mesos-bridge", true, "ask for the m-<overlay> bridge (CNI containers)")
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
@@ -69,6 +72,12 @@ func runAgent(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
 		}
 	}
+	if *mesosCNIConfDir != "" && filepath.Clean(*mesosCNIConfDir) == filepath.Clean(*cniConfDir) {
+		return fmt.Errorf("%w: --mesos-cni-conf-dir %s is --cni-conf-dir: a runtime would find two configurations of each network there", cli.ErrUsage, *mesosCNIConfDir)
+	}
+	if err := dockeripam.ValidateNetworkName(*dockerNetworkName); err != nil {
+		return fmt.Errorf("%w: --docker-network-name: %v", cli.ErrUsage, err)
+	}
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
@@ -91,7 +100,8 @@ func runAgent(ctx context.Context, args []string) error {
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
+		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
+		DockerNetworkName:  *dockerNetworkName,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,

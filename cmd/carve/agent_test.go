@@ -89,6 +89,12 @@ func TestAgentRefusesToStartInsecure(t *testing.T) {
 			[]string{"--signing-pub-file", "absent.pub"}, false},
 		{"signing key file of another kind", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--signing-pub-file", filepath.Join(ca, pki.CAFile)}),
 			[]string{"--signing-pub-file " + filepath.Join(ca, pki.CAFile), "not a PEM public key"}, false},
+		{"mesos CNI dir is the CNI dir", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--cni-conf-dir", "/etc/cni/net.d", "--mesos-cni-conf-dir", "/etc/cni/net.d/"}),
+			[]string{"--mesos-cni-conf-dir /etc/cni/net.d/ is --cni-conf-dir"}, false},
+		{"docker network name without the overlay", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--docker-network-name", "dcos"}),
+			[]string{"--docker-network-name", `"dcos"`, "{overlay}"}, false},
+		{"docker network name Docker refuses", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--docker-network-name", "net/{overlay}"}),
+			[]string{"--docker-network-name", "not a Docker network name"}, false},
 		{"unknown socket group", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--socket-group", "no-such-carve-group"}),
 			[]string{"--socket-group", "no-such-carve-group"}, false},
 	}

@@ -24,6 +24,9 @@ type holder struct {
 	ContainerID string `json:"container_id,omitempty"`
 	IfName      string `json:"ifname,omitempty"`
 	Bridge      string `json:"bridge,omitempty"`
+	// Unclaimed: the agent keeps the record but its ring gives the address
+	// to another agent (api.AgentAllocation.Unclaimed).
+	Unclaimed bool `json:"unclaimed,omitempty"`
 }
 
 func (h holder) String() string {
@@ -78,7 +81,7 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 	for id, list := range snap.Allocations {
 		rec := records[id]
 		for _, al := range list.Allocations {
-			h := holder{AgentID: id, ContainerID: al.ContainerID, IfName: al.IfName, Bridge: al.Bridge}
+			h := holder{AgentID: id, ContainerID: al.ContainerID, IfName: al.IfName, Bridge: al.Bridge, Unclaimed: al.Unclaimed}
 			if al.Container == api.ContainerGone {
 				problems = append(problems, ipamProblem{Kind: problemLeak, Network: al.Network, Address: joinAddresses(al.IPs),
 					Holders: []holder{h}, Detail: "the container is gone: " + al.ContainerDetail})
@@ -109,8 +112,13 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 		for i, h := range hs {
 			names[i] = h.String()
 		}
-		problems = append(problems, ipamProblem{Kind: problemDuplicate, Network: k.network, Address: k.addr, Holders: hs,
-			Detail: fmt.Sprintf("held by %d attachments: %s", len(hs), strings.Join(names, ", "))})
+		detail := fmt.Sprintf("held by %d attachments: %s", len(hs), strings.Join(names, ", "))
+		for _, h := range hs {
+			if h.Unclaimed {
+				detail += fmt.Sprintf("; %s keeps it in its store without owning it (a restored or cloned data dir?)", h)
+			}
+		}
+		problems = append(problems, ipamProblem{Kind: problemDuplicate, Network: k.network, Address: k.addr, Holders: hs, Detail: detail})
 	}
 	slices.SortFunc(problems, func(a, b ipamProblem) int {
 		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Network, b.Network), compareAddr(a.Address, b.Address),

@@ -106,6 +106,18 @@ func TestCheckIPAM(t *testing.T) {
 			},
 		},
 		{
+			name: "duplicate with a record another agent keeps unclaimed",
+			allocs: map[string][]api.AgentAllocation{
+				"h1": {alloc("c1", api.BridgeMesos, api.ContainerLive, "10.128.0.2/25")},
+				"h2": {{Allocation: api.Allocation{Network: "carve", ContainerID: "c9", IfName: "eth0", Bridge: api.BridgeMesos,
+					IPs: []api.IPConfig{{Address: "10.128.0.2/32"}}}, Container: api.ContainerLive, Unclaimed: true}},
+			},
+			want: []string{
+				"duplicate carve 10.128.0.2 h1/c1/eth0,h2/c9/eth0",
+				"outside carve 10.128.0.2 h2/c9/eth0",
+			},
+		},
+		{
 			name: "leak and an agent that could not be read",
 			allocs: map[string][]api.AgentAllocation{
 				"h1": {
@@ -132,6 +144,13 @@ func TestCheckIPAM(t *testing.T) {
 				got = append(got, fmt.Sprintf("%s %s %s %s", p.Kind, p.Network, p.Address, strings.Join(hs, ",")))
 				if p.Detail == "" {
 					t.Errorf("%s: no detail", got[len(got)-1])
+				}
+			}
+			for _, p := range problems {
+				for _, h := range p.Holders {
+					if h.Unclaimed && !strings.Contains(p.Detail, h.String()+" keeps it in its store without owning it") && p.Kind == problemDuplicate {
+						t.Errorf("%s: the detail %q does not say that %s keeps it unclaimed", p.Kind, p.Detail, h)
+					}
 				}
 			}
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {

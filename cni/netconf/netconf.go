@@ -1,9 +1,12 @@
-// Package netconf writes the CNI network configuration lists the agent
-// offers to container runtimes, <overlay>.conflist in the CNI configuration
-// directory: atomically, never rewritten when unchanged, and pruned when
-// their overlay is gone. The lists chain the bridge plugin, with carve-ipam
-// (package cni) as its IPAM, and portmap. It is the agent's side of CNI and
-// links nothing of the plugin or of libcni.
+// Package netconf writes the CNI network configurations the agent offers to
+// container runtimes: <overlay>.conflist in the CNI configuration directory
+// (the bridge plugin, with carve-ipam (package cni) as its IPAM, then
+// portmap), and optionally <overlay>.conf in a directory of its own for the
+// Mesos CNI isolator, which reads only single-plugin files with a top-level
+// "type" (the same bridge plugin and IPAM, no chain). Both are written
+// atomically, never rewritten when unchanged, and pruned when their overlay
+// is gone. It is the agent's side of CNI and links nothing of the plugin or
+// of libcni.
 package netconf
 
 import (
@@ -35,6 +38,15 @@ const DefaultSocket = "/run/carve/agent.sock"
 // .conf, .conflist and .json files, so temporary files must not end in any of them.
 const ConflistExt = ".conflist"
 
+// ConfExt is the extension of the single-plugin files written for the Mesos
+// CNI isolator (WriteConf), which skips .conflist files.
+const ConfExt = ".conf"
+
+// ConfCNIVersion is the spec version of the single-plugin files: the Mesos
+// CNI isolator of DC/OS speaks 0.3.x, and the bridge plugin and carve-ipam
+// answer it in 0.3.1 results.
+const ConfCNIVersion = "0.3.1"
+
 // MesosBridge is the name of the bridge CNI containers of an overlay attach
 // to; the agent's dataplane creates it with the gateway address.
 func MesosBridge(overlay string) string { return "m-" + overlay }
@@ -42,6 +54,11 @@ func MesosBridge(overlay string) string { return "m-" + overlay }
 // ConflistPath is where WriteConflist puts an overlay's configuration.
 func ConflistPath(dir, overlay string) string {
 	return filepath.Join(dir, overlay+ConflistExt)
+}
+
+// ConfPath is where WriteConf puts an overlay's single-plugin configuration.
+func ConfPath(dir, overlay string) string {
+	return filepath.Join(dir, overlay+ConfExt)
 }
 
 // Conflist describes one overlay's CNI network configuration.
@@ -73,6 +90,14 @@ type bridgeJSON struct {
 	IPAM        ipamJSON `json:"ipam"`
 }
 
+// confJSON is a single-plugin network configuration: the bridge plugin's
+// fields at the top level, beside the version and the network's name.
+type confJSON struct {
+	CNIVersion string `json:"cniVersion"`
+	Name       string `json:"name"`
+	bridgeJSON
+}
+
 type ipamJSON struct {
 	Type    string `json:"type"`
 	Network string `json:"network"`
@@ -101,40 +126,62 @@ func (c Conflist) Validate() error {
 	return nil
 }
 
+// bridge is the bridge plugin on m-<overlay> with carve-ipam as its IPAM,
+// the same in the conflist and in the single-plugin file.
+func (c Conflist) bridge() bridgeJSON {
+	sock := c.Socket
+	if sock == "" {
+		sock = DefaultSocket
+	}
+	return bridgeJSON{
+		Type:        "bridge",
+		Bridge:      MesosBridge(c.Overlay),
+		IsGateway:   true,
+		IPMasq:      false,
+		HairpinMode: true,
+		MTU:         c.MTU,
+		IPAM: ipamJSON{
+			Type:    PluginType,
+			Network: c.Overlay,
+			Bridge:  api.BridgeMesos,
+			Socket:  sock,
+		},
+	}
+}
+
 // Bytes renders the conflist: the bridge plugin on m-<overlay> with carve-ipam
 // as its IPAM, then portmap. The output is deterministic.
 func (c Conflist) Bytes() ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	sock := c.Socket
-	if sock == "" {
-		sock = DefaultSocket
-	}
 	doc := conflistJSON{
 		CNIVersion: CNIVersion,
 		Name:       c.Overlay,
 		Plugins: []any{
-			bridgeJSON{
-				Type:        "bridge",
-				Bridge:      MesosBridge(c.Overlay),
-				IsGateway:   true,
-				IPMasq:      false,
-				HairpinMode: true,
-				MTU:         c.MTU,
-				IPAM: ipamJSON{
-					Type:    PluginType,
-					Network: c.Overlay,
-					Bridge:  api.BridgeMesos,
-					Socket:  sock,
-				},
-			},
+			c.bridge(),
 			portmapJSON{Type: "portmap", Capabilities: map[string]bool{"portMappings": true}},
 		},
 	}
+	return render(doc)
+}
+
+// ConfBytes renders the single-plugin configuration the Mesos CNI isolator
+// reads: the conflist's bridge plugin, with carve-ipam as its IPAM, at the
+// top level, in version ConfCNIVersion. There is no portmap: the isolator
+// runs one plugin (DC/OS wraps it in its own port mapper). The output is
+// deterministic.
+func (c Conflist) ConfBytes() ([]byte, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return render(confJSON{CNIVersion: ConfCNIVersion, Name: c.Overlay, bridgeJSON: c.bridge()})
+}
+
+func render(doc any) ([]byte, error) {
 	b, err := json.MarshalIndent(doc, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("cni: encode conflist: %w", err)
+		return nil, fmt.Errorf("cni: encode network configuration: %w", err)
 	}
 	return append(b, '\n'), nil
 }
@@ -150,10 +197,26 @@ func WriteConflist(dir, overlay string, mtu int, socket string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	return writeIfChanged(dir, ConflistPath(dir, overlay), data)
+}
+
+// WriteConf writes <dir>/<overlay>.conf, the single-plugin configuration of
+// the Mesos CNI isolator (ConfBytes), as WriteConflist writes the conflist:
+// atomically, only when it changed, creating dir. It reports whether it wrote.
+func WriteConf(dir, overlay string, mtu int, socket string) (bool, error) {
+	data, err := Conflist{Overlay: overlay, MTU: mtu, Socket: socket}.ConfBytes()
+	if err != nil {
+		return false, err
+	}
+	return writeIfChanged(dir, ConfPath(dir, overlay), data)
+}
+
+// writeIfChanged writes data to path atomically unless the file already
+// holds it; it reports whether it wrote.
+func writeIfChanged(dir, path string, data []byte) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, fmt.Errorf("cni: create %s: %w", dir, err)
 	}
-	path := ConflistPath(dir, overlay)
 	old, err := os.ReadFile(path)
 	switch {
 	case err == nil && bytes.Equal(old, data):
@@ -213,18 +276,24 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// IsCarveConflist reports whether data is a network configuration list that
-// carve wrote: one whose plugins use carve-ipam. Carve removes only those.
+// IsCarveConflist reports whether data is a network configuration that
+// carve wrote: a list one of whose plugins uses carve-ipam, or a
+// single-plugin configuration that uses it. Carve removes only those.
 func IsCarveConflist(data []byte) bool {
+	type ipam struct {
+		IPAM struct {
+			Type string `json:"type"`
+		} `json:"ipam"`
+	}
 	var doc struct {
-		Plugins []struct {
-			IPAM struct {
-				Type string `json:"type"`
-			} `json:"ipam"`
-		} `json:"plugins"`
+		ipam
+		Plugins []ipam `json:"plugins"`
 	}
 	if json.Unmarshal(data, &doc) != nil {
 		return false
+	}
+	if doc.IPAM.Type == PluginType {
+		return true
 	}
 	for _, p := range doc.Plugins {
 		if p.IPAM.Type == PluginType {
@@ -243,6 +312,15 @@ func RemoveConflist(dir, overlay string) (bool, error) {
 		return false, fmt.Errorf("cni: %w", err)
 	}
 	return removeIfCarve(dir, ConflistPath(dir, overlay))
+}
+
+// RemoveConf removes the overlay's single-plugin configuration, as
+// RemoveConflist removes the conflist.
+func RemoveConf(dir, overlay string) (bool, error) {
+	if err := api.ValidateOverlayName(overlay); err != nil {
+		return false, fmt.Errorf("cni: %w", err)
+	}
+	return removeIfCarve(dir, ConfPath(dir, overlay))
 }
 
 func removeIfCarve(dir, path string) (bool, error) {
@@ -270,6 +348,19 @@ func removeIfCarve(dir, path string) (bool, error) {
 // start, when it cannot know which overlays went away while it was down.
 // Files that carve did not write are left alone. It returns the paths removed.
 func PruneConflists(dir string, keep []string) ([]string, error) {
+	return prune(dir, keep, ConflistExt)
+}
+
+// PruneConfs removes every carve single-plugin configuration in dir whose
+// overlay is not in keep, and the temporary files a crash left behind, as
+// PruneConflists does for the conflists.
+func PruneConfs(dir string, keep []string) ([]string, error) {
+	return prune(dir, keep, ConfExt)
+}
+
+// prune removes the carve files <overlay><ext> of dir whose overlay is not
+// in keep, and the temporary files of WriteConflist or WriteConf for ext.
+func prune(dir string, keep []string, ext string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -289,13 +380,13 @@ func PruneConflists(dir string, keep []string) ([]string, error) {
 			continue
 		}
 		path := filepath.Join(dir, name)
-		if strings.HasPrefix(name, ".") && strings.Contains(name, ConflistExt+".tmp-") {
+		if strings.HasPrefix(name, ".") && strings.Contains(name, ext+".tmp-") {
 			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, fmt.Errorf("cni: remove %s: %w", path, err))
 			}
 			continue
 		}
-		overlay, ok := strings.CutSuffix(name, ConflistExt)
+		overlay, ok := strings.CutSuffix(name, ext)
 		if !ok || kept[overlay] {
 			continue
 		}

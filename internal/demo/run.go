@@ -18,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/carve-net/carve/internal/dockerlab"
 	"github.com/carve-net/carve/internal/labcluster"
 	"github.com/carve-net/carve/internal/netnslab"
 )
@@ -68,7 +69,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	masters := min(3, opts.Hosts)
 	c, err := labcluster.New(labcluster.Options{Binary: opts.Binary, Hosts: opts.Hosts, Masters: masters, Prefix: Prefix, Dir: dir,
-		CNIPath: cniPath})
+		CNIPath: cniPath, DockerBridge: true})
 	if err != nil {
 		return errors.Join(err, os.RemoveAll(dir))
 	}
@@ -105,6 +106,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 		fmt.Fprintf(out, "   master %s in %s  http %s  raft %s  pid %d%s\n", m.ID, m.Host.NS.Name, m.HTTPAddr, m.RaftAddr, m.PID(), role)
 	}
+	// A real Docker engine on host 2, before its agent: an agent that
+	// found no engine tries again only every 30s.
+	eng := startDocker(ctx, out, c)
 	for _, h := range c.Hosts() {
 		if err := c.StartAgent(h); err != nil {
 			return err
@@ -175,10 +179,68 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 	}
 
+	if eng != nil {
+		if err := mixedContainers(ctx, out, c, eng); err != nil {
+			return err
+		}
+	}
+
 	if opts.Keep {
 		printLookAround(out, c, opts.Binary)
 		<-ctx.Done()
 	}
+	return nil
+}
+
+// startDocker starts a Docker engine on host 2 (the cluster needs two
+// hosts); when dockerd cannot run here it says so and returns nil: the demo
+// goes on without the Docker container.
+func startDocker(ctx context.Context, out io.Writer, c *labcluster.Cluster) *dockerlab.Engine {
+	if len(c.Hosts()) < 2 {
+		return nil
+	}
+	h2 := c.Host(2)
+	if _, err := dockerlab.StaticBusybox(); err != nil {
+		fmt.Fprintf(out, "   Docker: no image for a Docker container (%v); the demo goes on without it\n", err)
+		return nil
+	}
+	eng, err := c.StartDocker(ctx, h2)
+	if err != nil {
+		fmt.Fprintf(out, "   Docker: dockerd cannot run on this machine (%v); the demo goes on without the Docker container\n", err)
+		return nil
+	}
+	fmt.Fprintf(out, "   Docker: a real dockerd in %s (%s), with its own data and cgroups; %s's agent is its IPAM plugin\n", h2.NS.Name, eng.Host(), h2.Name)
+	return eng
+}
+
+// mixedContainers is the DC/OS design's own example: a Docker container on
+// host 2's Docker network for the overlay (named after it, on the bridge
+// d-carve, addresses from carve's IPAM plugin) and a CNI container on host
+// 1's m-carve ping each other through the overlay.
+func mixedContainers(ctx context.Context, out io.Writer, c *labcluster.Cluster, eng *dockerlab.Engine) error {
+	h1, h2 := c.Host(1), c.Host(2)
+	fmt.Fprintf(out, "\n== Docker and CNI containers on one overlay: `docker run --net carve` on %s (the Docker network the agent\n", h2.Name)
+	fmt.Fprintf(out, "   created, named after the overlay as DC/OS names it, on the bridge d-carve), and a CNI container on %s's m-carve\n", h1.Name)
+	dc, err := c.RunDockerContainer(ctx, h2, eng, "carve")
+	if err != nil {
+		return err
+	}
+	var ct *labcluster.Container
+	if cs := c.AttachedOn(h1, "carve"); len(cs) > 0 {
+		ct = cs[0]
+	} else if ct, err = c.AddCNIContainer(ctx, h1, "carve", labcluster.CNIOptions{}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "   Docker container %.12s on %s: %s (gateway %s)\n", dc.ID, h2.Name, dc.Addr, dc.Gateway)
+	fmt.Fprintf(out, "   CNI container %s on %s: %s (gateway %s)\n", ct.Name, h1.Name, ct.Addr, ct.Gateway)
+	if err := dc.Ping(ctx, ct.Addr.Addr(), 20); err != nil {
+		return fmt.Errorf("the Docker container on %s cannot ping the CNI container on %s: %w", h2.Name, h1.Name, err)
+	}
+	fmt.Fprintf(out, "   the Docker container on %s pings the CNI container on %s: ok\n", h2.Name, h1.Name)
+	if err := ct.NS.PingRetry(ctx, dc.Addr.Addr(), 20); err != nil {
+		return fmt.Errorf("the CNI container on %s cannot ping the Docker container on %s: %w", h1.Name, h2.Name, err)
+	}
+	fmt.Fprintf(out, "   the CNI container on %s pings the Docker container on %s: ok\n", h1.Name, h2.Name)
 	return nil
 }
 

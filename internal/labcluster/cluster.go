@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/dockerlab"
 	"github.com/carve-net/carve/internal/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
@@ -119,9 +120,10 @@ type Cluster struct {
 	closed     bool
 	hosts      []*Host
 	masters    []*Master
-	containers []*Container // attached ones
-	seq        int          // containers created, for names
-	rogues     []*Process   // started by StartRogue
+	containers []*Container        // attached ones
+	seq        int                 // containers created, for names
+	rogues     []*Process          // started by StartRogue
+	engines    []*dockerlab.Engine // started by StartDocker
 }
 
 // Host is one host namespace with its agent and, for hosts 1..Masters, a
@@ -550,12 +552,13 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--mesh-addr", hostPort(ip, AgentMeshPort),
 		"--socket", h.SocketPath(),
 		"--cni-conf-dir", h.CNIConfDir(),
+		"--mesos-cni-conf-dir", h.MesosCNIConfDir(),
 		// The lab's runtime cache, never the machine's /var/lib/cni.
 		"--cni-cache-dir", h.CNICacheDir(),
 		// Nothing of Docker's on the machine: the plugin's socket in the
-		// lab, and an engine that does not exist.
-		"--docker-plugin-socket", filepath.Join(h.Dir, "docker-plugin.sock"),
-		"--docker-host", "unix://" + filepath.Join(h.Dir, "no-docker-engine.sock"),
+		// lab, and the lab's own engine, which runs only after StartDocker.
+		"--docker-plugin-socket", filepath.Join(h.DockerPluginDir(), DockerDriver+".sock"),
+		"--docker-host", "unix://" + filepath.Join(h.DockerDir(), "docker.sock"),
 		"--mesos-bridge=true",
 		"--docker-bridge=" + strconv.FormatBool(c.opts.DockerBridge),
 		"--log-level", c.opts.LogLevel,
@@ -839,8 +842,15 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	engines := c.engines
 	c.mu.Unlock()
 	var errs []error
+	// The engines first: their containers and shims live in the hosts.
+	for _, e := range engines {
+		if err := e.Stop(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, p := range c.processes() {

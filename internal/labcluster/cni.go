@@ -42,6 +42,10 @@ func (h *Host) SocketPath() string { return filepath.Join(h.Dir, "agent.sock") }
 // <overlay>.conflist.
 func (h *Host) CNIConfDir() string { return filepath.Join(h.Dir, "cni") }
 
+// MesosCNIConfDir is the agent's --mesos-cni-conf-dir, where it writes the
+// single-plugin <overlay>.conf of the Mesos CNI isolator.
+func (h *Host) MesosCNIConfDir() string { return filepath.Join(h.Dir, "mesos-cni") }
+
 // CNICacheDir is the host's libcni cache: the results of ADDs, which GC
 // reads and the agent (--cni-cache-dir) reclaims addresses from.
 func (h *Host) CNICacheDir() string { return filepath.Join(h.Dir, "cni-cache") }

@@ -1,0 +1,587 @@
+// Package dockerlab runs a real Docker engine (dockerd and its containerd)
+// inside a lab host's network namespace, for the Docker plugin's test, the
+// end-to-end tests and the demo, and talks to it over its unix socket.
+//
+// Containment: dockerd runs in the host's network namespace (its bridges and
+// routes stay there; it runs with --iptables=false, so it adds no firewall
+// rules), in a private mount namespace with that network namespace's own
+// /sys and a tmpfs over /run and /etc/docker, and with its own data, exec
+// and containerd state directories under Options.Dir; its cgroups live
+// under a parent of its own. Docker discovers IPAM plugins in
+// /run/docker/plugins, which is Options.PluginDir bind-mounted there (the
+// machine's own directory is never used). Stop ends only the processes it
+// started, by PID, and what they left in the namespace.
+package dockerlab
+
+import (
+	"archive/tar"
+	"bufio"
+	"bytes"
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
+)
+
+// ErrCannotRun is wrapped by Start when dockerd cannot run on this machine
+// (no cgroups, a kernel or sandbox that refuses it): callers skip, or say
+// so and go on, rather than fail.
+var ErrCannotRun = errors.New("dockerd cannot run here")
+
+// Image is the image ImportBusybox imports: a root file system holding a
+// static busybox, as no registry is reachable from a lab.
+const Image = "carve-busybox:lab"
+
+// Binaries finds the programs an engine needs (Debian's docker.io).
+func Binaries() (map[string]string, error) {
+	bins := map[string]string{}
+	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount"} {
+		p, err := exec.LookPath(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s not found (install Debian's docker.io): %w", b, err)
+		}
+		bins[b] = p
+	}
+	return bins, nil
+}
+
+// StaticBusybox finds a statically linked busybox (a dynamic one would need
+// its libraries in the image).
+func StaticBusybox() (string, error) {
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+		f.Close()
+		if !dynamic {
+			return p, nil
+		}
+		return "", fmt.Errorf("%s is dynamically linked (install Debian's busybox-static)", p)
+	}
+	return "", errors.New("no busybox in /bin or /usr/bin (install Debian's busybox-static)")
+}
+
+// Options configure Start.
+type Options struct {
+	// Dir holds the engine's sockets, state and logs (required, short:
+	// unix socket paths are limited to 108 bytes). Stop removes it.
+	Dir string
+	// PluginDir, when set, is what dockerd sees as /run/docker/plugins,
+	// where it discovers IPAM plugins by their socket.
+	PluginDir string
+	// CgroupParent is the cgroup of the containers (default
+	// carve-lab-<pid>-<base of Dir>); Stop removes it.
+	CgroupParent string
+	// Bins are the programs (default Binaries()).
+	Bins map[string]string
+	// StartTimeout bounds the wait for the engine to answer (default 90s).
+	StartTimeout time.Duration
+}
+
+// Engine is a dockerd this package started.
+type Engine struct {
+	opts   Options
+	host   *netnslab.Host
+	sock   string
+	cmd    *exec.Cmd
+	waited chan error
+	http   *http.Client
+}
+
+// Start starts containerd and dockerd inside host's network namespace and
+// waits until the engine answers. When the daemon cannot start here, the
+// error wraps ErrCannotRun and quotes dockerd's own words; what was started
+// is stopped again.
+func Start(ctx context.Context, host *netnslab.Host, opts Options) (*Engine, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("dockerlab: no Options.Dir")
+	}
+	if opts.Bins == nil {
+		bins, err := Binaries()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCannotRun, err)
+		}
+		opts.Bins = bins
+	}
+	if opts.CgroupParent == "" {
+		opts.CgroupParent = fmt.Sprintf("carve-lab-%d-%s", os.Getpid(), filepath.Base(opts.Dir))
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 90 * time.Second
+	}
+	e := &Engine{opts: opts, host: host, sock: filepath.Join(opts.Dir, "docker.sock"), waited: make(chan error, 1)}
+	e.http = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", e.sock)
+	}}}
+	for _, sub := range []string{"data", "exec", "containerd", "cg"} {
+		if err := os.MkdirAll(filepath.Join(opts.Dir, sub), 0o711); err != nil {
+			return nil, fmt.Errorf("dockerlab: %w", err)
+		}
+	}
+	ctd := filepath.Join(opts.Dir, "containerd")
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = %q
+[ttrpc]
+  address = %q
+[debug]
+  address = ""
+[metrics]
+  address = ""
+`, filepath.Join(ctd, "root"), filepath.Join(ctd, "state"), filepath.Join(ctd, "c.sock"), filepath.Join(ctd, "c.sock.ttrpc"))
+	if err := os.WriteFile(filepath.Join(opts.Dir, "containerd.toml"), []byte(config), 0o644); err != nil {
+		return nil, fmt.Errorf("dockerlab: %w", err)
+	}
+	plugins := ""
+	if opts.PluginDir != "" {
+		plugins = fmt.Sprintf("mount --bind %q /run/docker/plugins\n", opts.PluginDir)
+	}
+	// Inside a private mount namespace (Unshareflags below): the network
+	// namespace's own /sys (the cgroup hierarchy bound back in), and tmpfs
+	// over the machine's paths that containerd and dockerd write to
+	// regardless of their flags.
+	script := fmt.Sprintf(`set -e
+D=%q
+mount --make-rprivate /
+mount --rbind /sys/fs/cgroup "$D/cg"
+mount -t sysfs sysfs /sys
+mount --rbind "$D/cg" /sys/fs/cgroup
+umount -l "$D/cg"
+mount -t tmpfs -o mode=0755 carve-lab /run
+mkdir -p /run/docker/plugins /run/containerd
+%sif [ -d /etc/docker ]; then mount -t tmpfs -o mode=0755 carve-lab /etc/docker; fi
+%q --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
+echo $! >"$D/containerd.pid"
+exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
+  --host "unix://$D/docker.sock" --containerd "$D/containerd/c.sock" \
+  --bridge=none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
+  --storage-driver=vfs --cgroup-parent=/%s >"$D/dockerd.log" 2>&1
+`, opts.Dir, plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
+	if err := os.WriteFile(filepath.Join(opts.Dir, "run.sh"), []byte(script), 0o644); err != nil {
+		return nil, fmt.Errorf("dockerlab: %w", err)
+	}
+	e.cmd = exec.Command("/bin/sh", filepath.Join(opts.Dir, "run.sh"))
+	e.cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	e.cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(opts.Bins["runc"])+":"+filepath.Dir(opts.Bins["containerd-shim-runc-v2"])+":/usr/sbin:/usr/bin:/sbin:/bin")
+	if err := host.Start(e.cmd); err != nil {
+		return nil, fmt.Errorf("dockerlab: start dockerd: %w", err)
+	}
+	go func() { e.waited <- e.cmd.Wait() }()
+
+	wctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
+	defer cancel()
+	err := retry.Until(wctx, 100*time.Millisecond, func() error {
+		select {
+		case err := <-e.waited:
+			e.waited <- err
+			return retry.Permanent(fmt.Errorf("it exited (%v)", err))
+		default:
+		}
+		pctx, pcancel := context.WithTimeout(wctx, 2*time.Second)
+		defer pcancel()
+		return e.Call(pctx, http.MethodGet, "/_ping", nil, nil)
+	})
+	if err != nil {
+		why := daemonError(filepath.Join(opts.Dir, "dockerd.log"))
+		_ = e.Stop()
+		return nil, fmt.Errorf("%w: %v: %s", ErrCannotRun, err, why)
+	}
+	return e, nil
+}
+
+// Host is the engine's address as Docker clients name it (unix:///...).
+func (e *Engine) Host() string { return "unix://" + e.sock }
+
+// Dir is the engine's directory (its logs: dockerd.log, containerd.log).
+func (e *Engine) Dir() string { return e.opts.Dir }
+
+// daemonError is the reason a daemon gives in its log for failing.
+func daemonError(log string) string {
+	data, _ := os.ReadFile(log)
+	var last string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		l := sc.Text()
+		if strings.Contains(l, "level=fatal") || strings.Contains(l, "level=error") || strings.HasPrefix(l, "failed to start daemon") {
+			last = l
+		}
+	}
+	if last == "" {
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		last = lines[len(lines)-1]
+	}
+	return last
+}
+
+// Stop removes the containers, stops dockerd and containerd by PID (SIGTERM,
+// SIGKILL after 30s), kills what they left in the namespace (shims and their
+// children, by PID), and removes the cgroups and the directory. It returns
+// what it could not undo.
+func (e *Engine) Stop() error {
+	var errs []error
+	var ids []struct {
+		ID string `json:"Id"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if e.Call(ctx, http.MethodGet, "/containers/json?all=1", nil, &ids) == nil {
+		for _, c := range ids {
+			_ = e.Call(ctx, http.MethodDelete, "/containers/"+c.ID+"?force=1", nil, nil)
+		}
+	}
+	ctdPID := readPID(filepath.Join(e.opts.Dir, "containerd.pid"))
+	_ = e.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-e.waited:
+	case <-time.After(30 * time.Second):
+		errs = append(errs, fmt.Errorf("dockerd (pid %d) ignored SIGTERM for 30s; killed it", e.cmd.Process.Pid))
+		_ = e.cmd.Process.Kill()
+		<-e.waited
+	}
+	if ctdPID > 0 && isRunning(ctdPID) {
+		_ = syscall.Kill(ctdPID, syscall.SIGTERM)
+		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := retry.Until(wctx, 100*time.Millisecond, func() error {
+			if isRunning(ctdPID) {
+				return errors.New("still running")
+			}
+			return nil
+		})
+		wcancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("containerd (pid %d) ignored SIGTERM for 30s; killed it", ctdPID))
+			_ = syscall.Kill(ctdPID, syscall.SIGKILL)
+		}
+	}
+	left, err := processesIn(e.host)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, pid := range left {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	for _, pattern := range []string{"/sys/fs/cgroup/" + e.opts.CgroupParent, "/sys/fs/cgroup/*/" + e.opts.CgroupParent} {
+		matches, _ := filepath.Glob(pattern)
+		for _, m := range matches {
+			if err := removeCgroup(m); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	// The daemons' mounts lived in their own mount namespace, gone with
+	// them: nothing under the directory is mounted here.
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), e.opts.Dir) {
+		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", e.opts.Dir))...)
+	}
+	if err := os.RemoveAll(e.opts.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// LogTail returns the end of dockerd's and containerd's logs (for a failure).
+func (e *Engine) LogTail(max int) string {
+	var b strings.Builder
+	for _, l := range []string{"dockerd.log", "containerd.log"} {
+		data, _ := os.ReadFile(filepath.Join(e.opts.Dir, l))
+		if len(data) > max {
+			data = data[len(data)-max:]
+		}
+		fmt.Fprintf(&b, "%s (tail):\n%s\n", l, data)
+	}
+	return b.String()
+}
+
+func readPID(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return pid
+}
+
+func isRunning(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie (state Z) has exited; its parent has yet to reap it.
+	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// processesIn lists the processes in host's network namespace and their
+// descendants (containers live in namespaces of their own, under shims that
+// live in host's), this process excepted: the daemons started all of them.
+func processesIn(host *netnslab.Host) ([]int, error) {
+	ino, err := host.Inode()
+	if err != nil {
+		return nil, fmt.Errorf("dockerlab: namespace inode: %w", err)
+	}
+	want := fmt.Sprintf("net:[%d]", ino)
+	entries, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	var roots []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && l == want && isRunning(pid) {
+			roots = append(roots, pid)
+		}
+		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+			if len(f) > 1 {
+				parent[pid], _ = strconv.Atoi(f[1])
+			}
+		}
+	}
+	out := slices.Clone(roots)
+	for changed := true; changed; {
+		changed = false
+		for pid, ppid := range parent {
+			if slices.Contains(out, ppid) && !slices.Contains(out, pid) && isRunning(pid) {
+				out = append(out, pid)
+				changed = true
+			}
+		}
+	}
+	return out, nil
+}
+
+// removeCgroup removes a cgroup directory of the engine, children first.
+func removeCgroup(dir string) error {
+	entries, _ := os.ReadDir(dir)
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() {
+			errs = append(errs, removeCgroup(filepath.Join(dir, e.Name())))
+		}
+	}
+	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Call makes an engine API call (unversioned); a non-2xx answer is an error
+// carrying the engine's message. A nil out discards the answer.
+func (e *Engine) Call(ctx context.Context, method, path string, in io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, in)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := e.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		var m struct{ Message string }
+		if json.Unmarshal(data, &m) == nil && m.Message != "" {
+			return errors.New(m.Message)
+		}
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, data)
+	}
+	if out != nil && len(data) > 0 {
+		return json.Unmarshal(data, out)
+	}
+	return nil
+}
+
+// CallJSON is Call with in encoded as JSON.
+func (e *Engine) CallJSON(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		data, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(data)
+	}
+	return e.Call(ctx, method, path, body, out)
+}
+
+// ImportBusybox imports Image: a root file system holding only busybox, with
+// sh, sleep and ping.
+func (e *Engine) ImportBusybox(ctx context.Context, busybox string) error {
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		return err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	hdrs := []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
+	}
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(bin); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range []string{"sh", "sleep", "ping"} {
+		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	repo, tag, _ := strings.Cut(Image, ":")
+	q := url.Values{"fromSrc": {"-"}, "repo": {repo}, "tag": {tag}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/images/create?"+q.Encode(), &buf)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := e.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || bytes.Contains(data, []byte(`"errorDetail"`)) {
+		return fmt.Errorf("import image: HTTP %d %s", resp.StatusCode, data)
+	}
+	return nil
+}
+
+// Run creates and starts a sleeping container of Image on a network, as
+// `docker run --net NETWORK` does, and returns its id.
+func (e *Engine) Run(ctx context.Context, network string) (string, error) {
+	var created struct {
+		ID string `json:"Id"`
+	}
+	body := map[string]any{
+		"Image": Image, "Cmd": []string{"/bin/sleep", "3600"},
+		"HostConfig": map[string]any{"NetworkMode": network},
+	}
+	if err := e.CallJSON(ctx, http.MethodPost, "/containers/create", body, &created); err != nil {
+		return "", fmt.Errorf("create a container on %s: %w", network, err)
+	}
+	if err := e.Call(ctx, http.MethodPost, "/containers/"+created.ID+"/start", nil, nil); err != nil {
+		_ = e.Call(ctx, http.MethodDelete, "/containers/"+created.ID+"?force=1", nil, nil)
+		return "", fmt.Errorf("start a container on %s: %w", network, err)
+	}
+	return created.ID, nil
+}
+
+// Remove removes a container (running or not).
+func (e *Engine) Remove(ctx context.Context, id string) error {
+	return e.Call(ctx, http.MethodDelete, "/containers/"+id+"?force=1", nil, nil)
+}
+
+// Endpoint is a container's address on one network, as the engine reports it.
+type Endpoint struct {
+	IPAddress, Gateway, GlobalIPv6Address, IPv6Gateway, MacAddress string
+	IPPrefixLen, GlobalIPv6PrefixLen                               int
+}
+
+// Endpoint returns the container's endpoint on a network.
+func (e *Engine) Endpoint(ctx context.Context, id, network string) (Endpoint, error) {
+	var inspect struct {
+		NetworkSettings struct {
+			Networks map[string]Endpoint
+		}
+	}
+	if err := e.Call(ctx, http.MethodGet, "/containers/"+id+"/json", nil, &inspect); err != nil {
+		return Endpoint{}, err
+	}
+	ep, ok := inspect.NetworkSettings.Networks[network]
+	if !ok {
+		return Endpoint{}, fmt.Errorf("container %.12s is not on network %s", id, network)
+	}
+	return ep, nil
+}
+
+// Exec runs cmd in a running container, as `docker exec` does, and returns
+// its output (stdout and stderr, demultiplexed) and exit code.
+func (e *Engine) Exec(ctx context.Context, id string, cmd ...string) ([]byte, int, error) {
+	var created struct {
+		ID string `json:"Id"`
+	}
+	if err := e.CallJSON(ctx, http.MethodPost, "/containers/"+id+"/exec", map[string]any{
+		"Cmd": cmd, "AttachStdout": true, "AttachStderr": true,
+	}, &created); err != nil {
+		return nil, 0, fmt.Errorf("exec in %.12s: %w", id, err)
+	}
+	var raw bytes.Buffer
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/exec/"+created.ID+"/start", strings.NewReader(`{"Detach":false,"Tty":false}`))
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := e.http.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("exec in %.12s: %w", id, err)
+	}
+	_, err = io.Copy(&raw, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, 0, fmt.Errorf("exec in %.12s: %w", id, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, 0, fmt.Errorf("exec in %.12s: HTTP %d: %s", id, resp.StatusCode, raw.Bytes())
+	}
+	out := demux(raw.Bytes())
+	var inspect struct {
+		Running  bool
+		ExitCode int
+	}
+	if err := e.Call(ctx, http.MethodGet, "/exec/"+created.ID+"/json", nil, &inspect); err != nil {
+		return out, 0, fmt.Errorf("exec in %.12s: %w", id, err)
+	}
+	if inspect.Running {
+		return out, 0, fmt.Errorf("exec in %.12s: still running after its output ended", id)
+	}
+	return out, inspect.ExitCode, nil
+}
+
+// demux reads Docker's multiplexed stream (8-byte frame headers: stream,
+// 3 zero bytes, big-endian length) into one output.
+func demux(b []byte) []byte {
+	var out []byte
+	for len(b) >= 8 {
+		n := int(b[4])<<24 | int(b[5])<<16 | int(b[6])<<8 | int(b[7])
+		b = b[8:]
+		if n > len(b) {
+			n = len(b)
+		}
+		out = append(out, b[:n]...)
+		b = b[n:]
+	}
+	return out
+}
