@@ -19,15 +19,18 @@ import (
 // encoding of exactly the fields an agent acts on, plus the cluster id (a
 // record of another cluster, signed with the same key, does not verify):
 //
-// RecordSigningBytes, format version 1:
+// RecordSigningBytes, format version 2:
 //
-//	"carve-record-v1" 0x00
+//	"carve-record-v2" 0x00
 //	str(cluster_id) str(agent_id) str(ip) str(mesh_addr) u64(version)
 //	u32(number of overlays), then per overlay, sorted by name:
 //	  str(info.name) str(state.status) str(subnet) str(subnet6)
 //	  str(mesos_bridge.ip) str(mesos_bridge.ip6)
 //	  str(docker_bridge.ip) str(docker_bridge.ip6)
 //	  str(backend.vxlan.vtep_ip) str(backend.vxlan.vtep_mac)
+//	  u32(number of blocks), then per block, sorted by bridge, prefix,
+//	  origin, donor (byte-wise string order):
+//	    str(bridge) str(prefix) str(origin) str(donor) u64(version)
 //
 // TombstoneSigningBytes, format version 1:
 //
@@ -39,8 +42,12 @@ import (
 // re-formatting of addresses), so a verifier needs no parsing to check.
 // Everything else in a record (hostname, network_config, the overlay's
 // info beyond its name, the VTEP's VNI, name, port and MTU, state.error) is
-// not signed: those come from the network configuration in the state, or
-// are informational. A change of the format is a new version string.
+// not signed, nor a block's used and free counts: those come from the
+// network configuration in the state, or are informational. A change of
+// the format is a new version string: version 2 added the blocks (an agent
+// routes and allocates in every block of a record it gossips, so a peer
+// must not be able to add one); version 1 records do not verify as
+// version 2 ones.
 //
 // The signature travels as AgentInfo.Signature and Tombstone.Signature:
 // standard base64 of the 64-byte ed25519 signature. The public key is
@@ -49,7 +56,7 @@ import (
 // Domain separators of the signed encodings: a record's bytes never verify
 // as a tombstone's, and a new format gets a new separator.
 const (
-	recordSigningDomain    = "carve-record-v1\x00"
+	recordSigningDomain    = "carve-record-v2\x00"
 	tombstoneSigningDomain = "carve-tombstone-v1\x00"
 )
 
@@ -90,9 +97,42 @@ func RecordSigningBytes(info *AgentInfo, clusterID string) []byte {
 		}
 		b = appendString(b, vtepIP)
 		b = appendString(b, vtepMAC)
+		b = appendBlocks(b, ov.Blocks)
 	}
 	return b
 }
+
+// appendBlocks appends an overlay's blocks in their signed order.
+func appendBlocks(b []byte, blocks []Block) []byte {
+	sorted := slices.SortedFunc(slices.Values(blocks), compareBlocks)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(sorted)))
+	for _, bl := range sorted {
+		b = appendString(b, bl.Bridge)
+		b = appendString(b, bl.Prefix)
+		b = appendString(b, bl.Origin)
+		b = appendString(b, bl.Donor)
+		b = binary.BigEndian.AppendUint64(b, bl.Version)
+	}
+	return b
+}
+
+// compareBlocks is the order of blocks in the signed encoding (and in the
+// masters' records): bridge, prefix, origin, donor.
+func compareBlocks(x, y Block) int {
+	if c := strings.Compare(x.Bridge, y.Bridge); c != 0 {
+		return c
+	}
+	if c := strings.Compare(x.Prefix, y.Prefix); c != 0 {
+		return c
+	}
+	if c := strings.Compare(x.Origin, y.Origin); c != 0 {
+		return c
+	}
+	return strings.Compare(x.Donor, y.Donor)
+}
+
+// SortBlocks sorts blocks in the order the signature covers them.
+func SortBlocks(blocks []Block) { slices.SortFunc(blocks, compareBlocks) }
 
 // TombstoneSigningBytes is the canonical encoding of a tombstone that the
 // masters sign (format above). It does not read t.Signature.
