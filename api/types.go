@@ -276,6 +276,20 @@ type State struct {
 	SigningKey string      `json:"signing_key,omitempty"`
 	Agents     []AgentInfo `json:"agents,omitempty"`
 	Tombstones []Tombstone `json:"tombstones,omitempty"`
+	// Quarantine is the space of deleted agents that the masters do not
+	// lease yet (a carve extension; see docs/design.md, "Growth and the
+	// one-owner invariant").
+	Quarantine []QuarantinedBlock `json:"quarantine,omitempty"`
+}
+
+// QuarantinedBlock is a block of a deleted agent's space that is not
+// leasable until every live agent has acknowledged its holdings.
+type QuarantinedBlock struct {
+	Overlay string `json:"overlay"`
+	Prefix  string `json:"prefix"`
+	// From is the deleted agent, Since the Raft index of its deletion.
+	From  string `json:"from"`
+	Since uint64 `json:"since"`
 }
 
 // DeleteAgentsRequest is the DC/OS bulk delete body: agent ids or underlay IPs.

@@ -70,10 +70,13 @@ func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfi
 			ov.DockerBridge = d
 		}
 	}
+	for _, b := range l.Blocks {
+		ov.Blocks = append(ov.Blocks, b.api())
+	}
 	switch {
 	case !def.enabled:
 		ov.State = api.OverlayState{Status: api.StatusDisabled}
-	case l.Failed != "" && !l.Subnet.IsValid() && !l.Subnet6.IsValid():
+	case l.Failed != "" && len(l.Blocks) == 0:
 		ov.State = api.OverlayState{Status: api.StatusFailed, Error: l.Failed}
 		ov.Backend = nil
 	default:

@@ -12,10 +12,14 @@ import (
 	"github.com/carve-net/carve/raftlog"
 )
 
-// Versions of the snapshot encoding. Format 2 added the cluster id and the
-// outcomes of requests; format 1 snapshots (request ids only) still restore.
+// Versions of the snapshot encoding. Format 3 added the blocks of every
+// lease, the records' creation index and the quarantine; format 2 added the
+// cluster id and the outcomes of requests; format 1 snapshots (request ids
+// only) and format 2 ones still restore (their records get the lease
+// blocks of their subnets).
 const (
-	snapshotFormat       = 2
+	snapshotFormat       = 3
+	snapshotFormatBlocks = 3
 	snapshotFormatLegacy = 1
 )
 
@@ -29,6 +33,7 @@ type snapshotData struct {
 	Tombstones map[string]uint64     `json:"tombstones"`
 	Servers    map[string]serverMeta `json:"servers"`
 	Requests   []snapshotRequest     `json:"requests"`
+	Quarantine map[string][]quarantined `json:"quarantine,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -40,6 +45,7 @@ type snapshotAgent struct {
 	VTEP     netip.Addr              `json:"vtep"`
 	Leases   map[string]overlayLease `json:"leases"`
 	Version  uint64                  `json:"version"`
+	Created  uint64                  `json:"created,omitempty"`
 }
 
 // snapshotRequest is one remembered request. A registration's outcome is
@@ -57,12 +63,12 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, VTEP: r.VTEP, Leases: r.Leases, Version: r.Version}
+		Bridges: r.Bridges, VTEP: r.VTEP, Leases: r.Leases, Version: r.Version, Created: r.Created}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, VTEP: a.VTEP, Leases: a.Leases, Version: a.Version}
+		Bridges: a.Bridges, VTEP: a.VTEP, Leases: a.Leases, Version: a.Version, Created: a.Created}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}
@@ -78,6 +84,7 @@ type tableSnapshot struct {
 	agents            []*agentRecord
 	tombstones        map[string]uint64
 	servers           map[string]serverMeta
+	quarantine        map[string][]quarantined
 	requests          []snapshotRequest
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
@@ -95,6 +102,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		net:        t.net,
 		tombstones: maps.Clone(t.tombstones),
 		servers:    maps.Clone(t.servers),
+		quarantine: maps.Clone(t.quarantine), // slices are replaced, never changed in place
 		replaced:   map[int]*agentRecord{},
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
@@ -118,7 +126,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 // WriteTo writes the snapshot as JSON.
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
-		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests}
+		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Quarantine: s.quarantine}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -158,8 +166,14 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if err := json.NewDecoder(r).Decode(&d); err != nil {
 		return fmt.Errorf("read lease table snapshot: %w", err)
 	}
-	if d.Format != snapshotFormat && d.Format != snapshotFormatLegacy {
-		return fmt.Errorf("lease table snapshot format %d, this master reads %d and %d", d.Format, snapshotFormatLegacy, snapshotFormat)
+	if d.Format < snapshotFormatLegacy || d.Format > snapshotFormat {
+		return fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
+	}
+	legacy := func(rec *agentRecord) *agentRecord {
+		if d.Format < snapshotFormatBlocks {
+			legacyLeaseBlocks(rec)
+		}
+		return rec
 	}
 	var n *network
 	if d.Network != nil {
@@ -170,7 +184,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	}
 	agents := make(map[string]*agentRecord, len(d.Agents))
 	for _, a := range d.Agents {
-		agents[a.ID] = a.record()
+		agents[a.ID] = legacy(a.record())
 	}
 	requests := newRequestTable()
 	for _, rq := range d.Requests {
@@ -181,7 +195,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 				return fmt.Errorf("lease table snapshot: request %q names agent %q, which the snapshot lacks", rq.ID, rq.CurrentAgent)
 			}
 		case rq.Agent != nil:
-			o.Agent = rq.Agent.record()
+			o.Agent = legacy(rq.Agent.record())
 		}
 		requests.remember(rq.ID, o)
 	}
@@ -203,8 +217,11 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 		t.servers = d.Servers
 	}
 	t.requests = requests
+	if d.Quarantine != nil {
+		t.quarantine = d.Quarantine
+	}
 	if t.net != nil {
-		t.rebuildPools()
+		t.rebuildSpaces()
 	}
 	t.notifyChanged()
 	return nil

@@ -21,15 +21,18 @@ type stateCache struct {
 	mu         sync.Mutex
 	agents     map[string]cachedAgent
 	tombstones map[string]cachedTombstone
-	// full is the encoded agents+tombstones part for fullIndex.
+	// full is the encoded agents+tombstones part for fullIndex and the
+	// usage generations it shows (fullUsage).
 	full      []byte
 	fullIndex uint64
+	fullUsage uint64
 	fullValid bool
 }
 
 type cachedAgent struct {
-	rec  *agentRecord
-	data []byte
+	rec      *agentRecord
+	usageGen uint64
+	data     []byte
 }
 
 type cachedTombstone struct {
@@ -59,12 +62,13 @@ func (t *LeaseTable) StateJSON(leader string) ([]byte, uint64, error) {
 	defer t.mu.RUnlock()
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	if !t.cache.fullValid || t.cache.fullIndex != t.stateIndex {
+	usage := t.usage.generation()
+	if !t.cache.fullValid || t.cache.fullIndex != t.stateIndex || t.cache.fullUsage != usage {
 		full, err := t.encodeAgentsAndTombstones()
 		if err != nil {
 			return nil, 0, err
 		}
-		t.cache.full, t.cache.fullIndex, t.cache.fullValid = full, t.stateIndex, true
+		t.cache.full, t.cache.fullIndex, t.cache.fullUsage, t.cache.fullValid = full, t.stateIndex, usage, true
 	}
 	var out bytes.Buffer
 	netJSON := []byte("{}")
@@ -109,7 +113,8 @@ const parallelEncodeMin = 64
 func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	var stale []string
 	for _, id := range ids {
-		if c, ok := t.cache.agents[id]; !ok || c.rec != t.agents[id] {
+		rec := t.agents[id]
+		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.usageGen(id, rec.Created) {
 			stale = append(stale, id)
 		}
 	}
@@ -120,13 +125,15 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	errs := make([]error, len(stale))
 	encode := func(i int) {
 		rec := t.agents[stale[i]]
+		gen := t.usage.usageGen(rec.ID, rec.Created)
 		info := renderAgent(t.net, rec)
 		t.signer.signAgent(info, t.clusterID)
+		t.usage.fill(info, rec.Created)
 		data, err := json.Marshal(info)
 		if err != nil {
 			errs[i] = fmt.Errorf("encode agent %s: %w", stale[i], err)
 		}
-		encoded[i] = cachedAgent{rec: rec, data: data}
+		encoded[i] = cachedAgent{rec: rec, usageGen: gen, data: data}
 	}
 	workers := min(runtime.GOMAXPROCS(0), len(stale)/parallelEncodeMin+1)
 	var wg sync.WaitGroup
@@ -187,6 +194,14 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			buf.Write(c.data)
 		}
 		buf.WriteString(`]`)
+	}
+	if q := t.quarantineAPI(); len(q) > 0 {
+		data, err := json.Marshal(q)
+		if err != nil {
+			return nil, fmt.Errorf("encode quarantine: %w", err)
+		}
+		buf.WriteString(`,"quarantine":`)
+		buf.Write(data)
 	}
 	for id := range t.cache.agents {
 		if _, ok := t.agents[id]; !ok {
