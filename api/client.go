@@ -221,9 +221,14 @@ func (c *Client) ReportGrant(ctx context.Context, reporter string, req GrantRepo
 	return &out, nil
 }
 
-// ReportUsage sends the used and free counts of an agent's blocks.
-func (c *Client) ReportUsage(ctx context.Context, agentID string, req UsageReport) error {
-	return c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/usage", req, nil)
+// ReportUsage sends the used and free counts of an agent's blocks (and,
+// with StateIndex set, acknowledges its holdings).
+func (c *Client) ReportUsage(ctx context.Context, agentID string, req UsageReport) (*UsageAnswer, error) {
+	var out UsageAnswer
+	if err := c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/usage", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // StateOptions select the kind of state read.

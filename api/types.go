@@ -208,6 +208,17 @@ type UsageReport struct {
 	StateIndex uint64 `json:"state_index,omitempty"`
 }
 
+// UsageAnswer is the masters' answer to a usage report.
+type UsageAnswer struct {
+	// Acknowledged is the state index up to which the masters hold the
+	// agent's holdings acknowledged (0: none; the report was not complete,
+	// or named blocks in Unknown).
+	Acknowledged uint64 `json:"acknowledged,omitempty"`
+	// Unknown are reported blocks ("overlay:prefix") the masters do not
+	// know as the agent's: report those grants (ReportGrant) first.
+	Unknown []string `json:"unknown,omitempty"`
+}
+
 // OverlayUsage is one overlay of a UsageReport.
 type OverlayUsage struct {
 	Name   string       `json:"name"`

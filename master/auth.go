@@ -21,7 +21,10 @@ import (
 //
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
-//     the certificate's name); read the state (plain and blocking, not
+//     the certificate's name); grow, return, report grants for and report
+//     the usage of its own agent id only (the {id} of the path; a grant
+//     report also needs the agent to be the donor or the recipient); read
+//     the state (plain and blocking, not
 //     consistent=true, which costs the leader a round of heartbeats); read
 //     one agent's record; read /cluster/status.
 //   - no certificate, or one without a carve role: 401, except /healthz and
@@ -138,6 +141,13 @@ func (s *server) authorize(next http.Handler) http.Handler {
 			}
 		case "POST /overlay-master/agents":
 			if !s.ownRegistration(w, r, id) {
+				return
+			}
+		case "POST /overlay-master/agents/{id}/blocks", "POST /overlay-master/agents/{id}/blocks/return",
+			"POST /overlay-master/agents/{id}/blocks/grants", "PUT /overlay-master/agents/{id}/usage":
+			if target := mux.Vars(r)["id"]; target != id.Name {
+				s.refuse(w, r, http.StatusForbidden, api.CodeForbidden, refusedWrongAgent,
+					fmt.Sprintf("role agent may not %s %s for agent %q: the certificate of agent %q acts only for itself", r.Method, route, target, id.Name))
 				return
 			}
 		default:

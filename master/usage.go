@@ -104,29 +104,18 @@ func ValidateUsage(r *api.UsageReport) error {
 	return nil
 }
 
-// UsageAnswer is what the masters answer a usage report: whether it
-// acknowledged the agent's holdings, and which reported blocks it does not
-// know as the agent's (report those grants first).
-type UsageAnswer struct {
-	// Acknowledged is the state index the holdings acknowledgement covers
-	// (0: none given).
-	Acknowledged uint64 `json:"acknowledged,omitempty"`
-	// Unknown are reported prefixes that are not the agent's at the masters.
-	Unknown []string `json:"unknown,omitempty"`
-}
-
 // RecordUsage keeps an agent's usage report and, when the report is
 // complete (StateIndex set) and every block in it is the agent's at the
 // masters, acknowledges its holdings up to min(StateIndex, the state
 // index). It changes no record.
-func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (UsageAnswer, error) {
+func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (api.UsageAnswer, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	rec := t.agents[id]
 	if rec == nil {
-		return UsageAnswer{}, fmt.Errorf("%w %q", ErrUnknownAgent, id)
+		return api.UsageAnswer{}, fmt.Errorf("%w %q", ErrUnknownAgent, id)
 	}
-	var ans UsageAnswer
+	var ans api.UsageAnswer
 	blocks := map[string]map[string]api.BlockUsage{}
 	for _, ov := range r.Overlays {
 		byPrefix := map[string]api.BlockUsage{}
