@@ -24,15 +24,15 @@ const (
 )
 
 type snapshotData struct {
-	Format     int                   `json:"format"`
-	Index      uint64                `json:"index"`
-	StateIndex uint64                `json:"state_index"`
-	ClusterID  string                `json:"cluster_id,omitempty"`
-	Network    *api.NetworkConfig    `json:"network,omitempty"`
-	Agents     []snapshotAgent       `json:"agents"`
-	Tombstones map[string]uint64     `json:"tombstones"`
-	Servers    map[string]serverMeta `json:"servers"`
-	Requests   []snapshotRequest     `json:"requests"`
+	Format     int                      `json:"format"`
+	Index      uint64                   `json:"index"`
+	StateIndex uint64                   `json:"state_index"`
+	ClusterID  string                   `json:"cluster_id,omitempty"`
+	Network    *api.NetworkConfig       `json:"network,omitempty"`
+	Agents     []snapshotAgent          `json:"agents"`
+	Tombstones map[string]uint64        `json:"tombstones"`
+	Servers    map[string]serverMeta    `json:"servers"`
+	Requests   []snapshotRequest        `json:"requests"`
 	Quarantine map[string][]quarantined `json:"quarantine,omitempty"`
 }
 
