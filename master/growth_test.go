@@ -252,3 +252,82 @@ func TestGrantFromDeletedDonor(t *testing.T) {
 	}
 	checkTable(t, h.table)
 }
+
+// A snapshot written before blocks were kept (format 2) still restores:
+// every record gets the lease blocks of its subnets, which the allocator
+// holds, so nothing of them is leased again.
+func TestRestoreFormat2SnapshotGetsLeaseBlocks(t *testing.T) {
+	legacy := `{"format":2,"index":5,"state_index":4,"cluster_id":"c1",
+		"network":{"vtep_subnet":"100.64.0.0/16","vtep_mac_oui":"70:B3:D5:00:00:00","vtep_name":"vtep1024","vni":1024,"vtep_port":4789,"vtep_mtu":1450,"overlay_mtu":1420,"overlays":[{"name":"g","subnet":"10.9.0.0/23","prefix":24,"subnet6":"fd09::/63","prefix6":64}]},
+		"agents":[{"id":"a1","ip":"198.18.0.1","bridges":{"mesos_bridge":true,"docker_bridge":false},"vtep":"100.64.0.1","leases":{"g":{"subnet":"10.9.0.0/24","subnet6":"fd09::/64"}},"version":4}],
+		"tombstones":{},"servers":{},"requests":[{"id":"r1","index":4,"op":"register","digest":"x","current_agent":"a1"}]}`
+	tbl := NewLeaseTable()
+	if err := tbl.Restore(5, strings.NewReader(legacy)); err != nil {
+		t.Fatal(err)
+	}
+	h := &tableHarness{t: t, table: tbl, index: 5}
+	if got := blocksOf(t, h, "a1"); !slices.Equal(got, []string{
+		"docker 10.9.0.128/25 lease", "docker fd09::8000:0:0:0/65 lease", "mesos 10.9.0.0/25 lease", "mesos fd09::/65 lease",
+	}) {
+		t.Errorf("restored blocks %q", got)
+	}
+	checkTable(t, tbl)
+	res := h.apply(command{Op: opGrow, Grow: &growCmd{AgentID: "a1", Overlay: "g", Bridge: api.BridgeMesos, Family: 4}})
+	if res.Err != nil || !slices.Contains(blocksOf(t, h, "a1"), "mesos 10.9.1.0/25 grow") {
+		t.Errorf("grow after a format 2 restore: %v %q", res.Err, blocksOf(t, h, "a1"))
+	}
+	if a2 := h.mustRegister("a2", "198.18.0.2"); a2.Overlay("g").Subnet != "" {
+		t.Errorf("a2 leased %s, inside space a1 holds", a2.Overlay("g").Subnet)
+	}
+	checkTable(t, tbl)
+}
+
+func TestGrowPrefixConfig(t *testing.T) {
+	tests := []struct {
+		name string
+		o    api.OverlayNetwork
+		want string // error substring; "" for valid
+	}{
+		{"default", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24}, ""},
+		{"smaller blocks", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 28}, ""},
+		{"a whole prefix", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 24}, ""},
+		{"larger than prefix", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 23}, "grow_prefix: 23 must be between"},
+		{"too long", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 31}, "grow_prefix: 31"},
+		{"without subnet", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64, GrowPrefix: 25}, "grow_prefix: set without subnet"},
+		{"v6", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64, GrowPrefix6: 127}, "grow_prefix6: 127"},
+	}
+	for _, tt := range tests {
+		_, err := parseNetwork(cfgWith(tt.o))
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
+		}
+	}
+	// Grown blocks take the configured size.
+	h := newHarness(t, cfgWith(api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24, GrowPrefix: 27}))
+	h.mustRegister("a1", "198.18.0.1")
+	if res := h.apply(command{Op: opGrow, Grow: &growCmd{AgentID: "a1", Overlay: "g", Bridge: api.BridgeMesos, Family: 4}}); res.Err != nil ||
+		!slices.Contains(blocksOf(t, h, "a1"), "mesos 10.9.1.0/27 grow") {
+		t.Errorf("grow with grow_prefix 27: %v %q", res.Err, blocksOf(t, h, "a1"))
+	}
+}
+
+// A grow retried with its request id has one effect; the id reused for
+// another request is refused.
+func TestGrowRequestID(t *testing.T) {
+	h := newHarness(t, growCfg())
+	h.mustRegister("a1", "198.18.0.1")
+	grow := command{Op: opGrow, RequestID: "g1", Grow: &growCmd{AgentID: "a1", Overlay: "g", Bridge: api.BridgeMesos, Family: 4}}
+	first := h.apply(grow)
+	second := h.apply(grow)
+	if first.Err != nil || second.Err != nil || !slices.Equal(first.Agent.Overlay("g").Blocks, second.Agent.Overlay("g").Blocks) {
+		t.Fatalf("retried grow: %v %v", first, second)
+	}
+	if n := len(h.table.agents["a1"].Leases["g"].Blocks); n != 5 {
+		t.Errorf("a1 holds %d blocks after a retried grow, want 5", n)
+	}
+	other := grow
+	other.Grow = &growCmd{AgentID: "a1", Overlay: "g", Bridge: api.BridgeDocker, Family: 4}
+	if res := h.apply(other); !errors.Is(res.Err, ErrRequestIDReused) {
+		t.Errorf("request id reused: %v", res.Err)
+	}
+}
