@@ -47,7 +47,13 @@ type PeerOverlay struct {
 	// VTEPIP carries the VTEP subnet's prefix length (100.64.0.2/16).
 	VTEPIP  string `json:"vtep,omitempty"`
 	VTEPMAC string `json:"mac,omitempty"`
+	// Blocks are the agent's blocks in the overlay (signed since record
+	// format v2), without their used and free counts, which are not.
+	Blocks []api.Block `json:"blocks,omitempty"`
 }
+
+// maxPeerBlocks bounds the blocks of one overlay of a record from the network.
+const maxPeerBlocks = 4096
 
 // maxPeerOverlays bounds the overlays of a record from the network.
 const maxPeerOverlays = 64
@@ -68,6 +74,11 @@ func NewPeerRecord(a *api.AgentInfo) PeerRecord {
 		if ov.Backend != nil && ov.Backend.VXLAN != nil {
 			po.VTEPIP, po.VTEPMAC = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC
 		}
+		for _, b := range ov.Blocks {
+			b.Used, b.Free = nil, nil
+			po.Blocks = append(po.Blocks, b)
+		}
+		api.SortBlocks(po.Blocks)
 		p.Overlays = append(p.Overlays, po)
 	}
 	p.sortOverlays()
@@ -94,6 +105,7 @@ func (p *PeerRecord) signedInfo() *api.AgentInfo {
 		if po.VTEPIP != "" || po.VTEPMAC != "" {
 			ov.Backend = &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: po.VTEPIP, VTEPMAC: po.VTEPMAC}}
 		}
+		ov.Blocks = po.Blocks
 		info.Overlays = append(info.Overlays, ov)
 	}
 	return info
@@ -112,17 +124,30 @@ func (p *PeerRecord) VTEP() (ip, mac string) {
 }
 
 // Subnets are the agent's subnets (IPv4 and IPv6) of the overlays whose
-// status is OK: what is routed to its VTEP.
+// status is OK, and its blocks outside them (grown and granted ones): what
+// is routed to its VTEP. A block granted away from a donor's subnet is the
+// recipient's longer prefix, so the recipient's route wins.
 func (p *PeerRecord) Subnets() []string {
 	var out []string
 	for _, ov := range p.Overlays {
 		if ov.Status != api.StatusOK {
 			continue
 		}
+		var own []netip.Prefix
 		for _, s := range []string{ov.Subnet, ov.Subnet6} {
 			if s != "" {
 				out = append(out, s)
+				if pr, err := netip.ParsePrefix(s); err == nil {
+					own = append(own, pr)
+				}
 			}
+		}
+		for _, b := range ov.Blocks {
+			pr, err := netip.ParsePrefix(b.Prefix)
+			if err != nil || slices.ContainsFunc(own, func(s netip.Prefix) bool { return s.Bits() <= pr.Bits() && s.Contains(pr.Addr()) }) {
+				continue
+			}
+			out = append(out, b.Prefix)
 		}
 	}
 	return out
@@ -192,6 +217,28 @@ func (ov *PeerOverlay) validate() error {
 			return fmt.Errorf("overlay %s: %s %q", ov.Name, s.name, s.v)
 		}
 	}
+	if len(ov.Blocks) > maxPeerBlocks {
+		return fmt.Errorf("overlay %s: %d blocks", ov.Name, len(ov.Blocks))
+	}
+	for _, b := range ov.Blocks {
+		pr, err := netip.ParsePrefix(b.Prefix)
+		if err != nil || pr.Masked() != pr {
+			return fmt.Errorf("overlay %s: block %q", ov.Name, b.Prefix)
+		}
+		if b.Bridge != api.BridgeMesos && b.Bridge != api.BridgeDocker {
+			return fmt.Errorf("overlay %s: block %s: bridge %q", ov.Name, b.Prefix, b.Bridge)
+		}
+		switch b.Origin {
+		case api.BlockLeased, api.BlockGrown, api.BlockGranted:
+		default:
+			return fmt.Errorf("overlay %s: block %s: origin %q", ov.Name, b.Prefix, b.Origin)
+		}
+		if b.Donor != "" {
+			if err := api.ValidateAgentID(b.Donor); err != nil {
+				return fmt.Errorf("overlay %s: block %s: donor: %w", ov.Name, b.Prefix, err)
+			}
+		}
+	}
 	if ov.VTEPIP != "" || ov.VTEPMAC != "" {
 		pr, err := netip.ParsePrefix(ov.VTEPIP)
 		if err != nil || !pr.Addr().Is4() {
@@ -207,7 +254,13 @@ func (ov *PeerOverlay) validate() error {
 
 func (p *PeerRecord) equal(o *PeerRecord) bool {
 	return p.ID == o.ID && p.IP == o.IP && p.MeshAddr == o.MeshAddr && p.Version == o.Version &&
-		p.Signature == o.Signature && slices.Equal(p.Overlays, o.Overlays)
+		p.Signature == o.Signature && slices.EqualFunc(p.Overlays, o.Overlays, PeerOverlay.equal)
+}
+
+func (ov PeerOverlay) equal(o PeerOverlay) bool {
+	return ov.Name == o.Name && ov.Status == o.Status && ov.Subnet == o.Subnet && ov.Subnet6 == o.Subnet6 &&
+		ov.MesosIP == o.MesosIP && ov.MesosIP6 == o.MesosIP6 && ov.DockerIP == o.DockerIP && ov.DockerIP6 == o.DockerIP6 &&
+		ov.VTEPIP == o.VTEPIP && ov.VTEPMAC == o.VTEPMAC && slices.Equal(ov.Blocks, o.Blocks)
 }
 
 // MembershipState is the whole membership: records and tombstones, with
