@@ -3,8 +3,8 @@ package master
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
