@@ -331,3 +331,63 @@ func TestGrowRequestID(t *testing.T) {
 		t.Errorf("request id reused: %v", res.Err)
 	}
 }
+
+// FuzzGrowthBodies: the decoders and validators of the growth routes'
+// bodies never panic, and what they accept applies to a table without
+// breaking its invariants.
+func FuzzGrowthBodies(f *testing.F) {
+	f.Add(0, []byte(`{"overlay":"g","bridge":"mesos","family":"4","request_id":"r"}`))
+	f.Add(0, []byte(`{"overlay":"g","bridge":"docker","family":"6"}`))
+	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.3.0/25"}`))
+	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.0.0/24"}`))
+	f.Add(2, []byte(`{"overlay":"g","prefix":"10.9.0.64/26","donor":"a1","recipient":"a2"}`))
+	f.Add(2, []byte(`{"overlay":"g","prefix":"fd09::/66","donor":"a2","recipient":"a1","bridge":"docker"}`))
+	f.Add(3, []byte(`{"overlays":[{"name":"g","blocks":[{"prefix":"10.9.0.0/25","used":1,"free":2}]}],"state_index":9}`))
+	f.Add(3, []byte(`{"overlays":[{"name":"g","blocks":[{"prefix":"10.9.0.1/25"}]}]}`))
+	f.Fuzz(func(t *testing.T, kind int, data []byte) {
+		h := newHarness(t, growCfg())
+		h.mustRegister("a1", "198.18.0.1")
+		h.mustRegister("a2", "198.18.0.2")
+		decode := func(v any) bool { return api.DecodeStrict(strings.NewReader(string(data)), v) == nil }
+		var res applyResult
+		switch kind & 3 {
+		case 0:
+			var req api.GrowRequest
+			if !decode(&req) {
+				return
+			}
+			fam, err := ValidateGrow(&req)
+			if err != nil {
+				return
+			}
+			res = h.apply(command{Op: opGrow, RequestID: req.RequestID, Grow: &growCmd{AgentID: "a1", Overlay: req.Overlay, Bridge: req.Bridge, Family: fam}})
+		case 1:
+			var req api.ReturnRequest
+			if !decode(&req) {
+				return
+			}
+			p, err := parseBlockPrefix("prefix", req.Prefix)
+			if err != nil || validateRequestID(req.RequestID) != nil {
+				return
+			}
+			res = h.apply(command{Op: opReturn, Return: &returnCmd{AgentID: "a1", Overlay: req.Overlay, Prefix: p}})
+		case 2:
+			var req api.GrantReport
+			if !decode(&req) || validateGrantReport(req.Recipient, &req) != nil {
+				return
+			}
+			p, _ := parseBlockPrefix("prefix", req.Prefix)
+			res = h.apply(command{Op: opGrant, Grant: &grantCmd{Overlay: req.Overlay, Prefix: p, Donor: req.Donor, Recipient: req.Recipient, Bridge: req.Bridge}})
+		default:
+			var req api.UsageReport
+			if !decode(&req) || ValidateUsage(&req) != nil {
+				return
+			}
+			if _, err := h.table.RecordUsage("a1", &req); err != nil {
+				t.Fatalf("usage of a known agent: %v", err)
+			}
+		}
+		_ = res
+		checkTable(t, h.table)
+	})
+}
