@@ -48,7 +48,13 @@ type PeerOverlay struct {
 	VTEPMAC string `json:"mac,omitempty"`
 	// VTEPIP6 carries vtep_subnet6's prefix length (fd01:a::2/64).
 	VTEPIP6 string `json:"vtep6,omitempty"`
+	// Blocks are the agent's blocks in the overlay (signed since record
+	// format v2), without their used and free counts, which are not.
+	Blocks []api.Block `json:"blocks,omitempty"`
 }
+
+// maxPeerBlocks bounds the blocks of one overlay of a record from the network.
+const maxPeerBlocks = 4096
 
 // maxPeerOverlays bounds the overlays of a record from the network.
 const maxPeerOverlays = 64
@@ -69,6 +75,11 @@ func NewPeerRecord(a *api.AgentInfo) PeerRecord {
 		if ov.Backend != nil && ov.Backend.VXLAN != nil {
 			po.VTEPIP, po.VTEPMAC, po.VTEPIP6 = ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPMAC, ov.Backend.VXLAN.VTEPIP6
 		}
+		for _, b := range ov.Blocks {
+			b.Used, b.Free = nil, nil
+			po.Blocks = append(po.Blocks, b)
+		}
+		api.SortBlocks(po.Blocks)
 		p.Overlays = append(p.Overlays, po)
 	}
 	p.sortOverlays()
@@ -94,6 +105,7 @@ func (p *PeerRecord) signedInfo() *api.AgentInfo {
 		if po.VTEPIP != "" || po.VTEPMAC != "" || po.VTEPIP6 != "" {
 			ov.Backend = &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: po.VTEPIP, VTEPMAC: po.VTEPMAC, VTEPIP6: po.VTEPIP6}}
 		}
+		ov.Blocks = po.Blocks
 		info.Overlays = append(info.Overlays, ov)
 	}
 	return info
@@ -126,16 +138,29 @@ func (p *PeerRecord) VTEP6() string {
 func (p *PeerRecord) HasIP() bool { return p.IP != "" && p.IP != api.NoIP }
 
 // Subnets are the agent's subnets (IPv4 and IPv6) of the overlays leased to
-// it (every overlay of a record is): what is routed to its VTEP. The
-// status the agent reported is not consulted: it is not signed, and a
-// lease is routed whatever its owner reported.
+// it (every overlay of a record is), and its blocks outside them (grown and
+// granted ones): what is routed to its VTEP. A block granted away from a
+// donor's subnet is the recipient's longer prefix, so the recipient's route
+// wins. The status the agent reported is not consulted: it is not signed,
+// and a lease is routed whatever its owner reported.
 func (p *PeerRecord) Subnets() []string {
 	var out []string
 	for _, ov := range p.Overlays {
+		var own []netip.Prefix
 		for _, s := range []string{ov.Subnet, ov.Subnet6} {
 			if s != "" {
 				out = append(out, s)
+				if pr, err := netip.ParsePrefix(s); err == nil {
+					own = append(own, pr)
+				}
 			}
+		}
+		for _, b := range ov.Blocks {
+			pr, err := netip.ParsePrefix(b.Prefix)
+			if err != nil || slices.ContainsFunc(own, func(s netip.Prefix) bool { return s.Bits() <= pr.Bits() && s.Contains(pr.Addr()) }) {
+				continue
+			}
+			out = append(out, b.Prefix)
 		}
 	}
 	return out
@@ -200,6 +225,28 @@ func (ov *PeerOverlay) validate() error {
 			return fmt.Errorf("overlay %s: %s %q", ov.Name, s.name, s.v)
 		}
 	}
+	if len(ov.Blocks) > maxPeerBlocks {
+		return fmt.Errorf("overlay %s: %d blocks", ov.Name, len(ov.Blocks))
+	}
+	for _, b := range ov.Blocks {
+		pr, err := netip.ParsePrefix(b.Prefix)
+		if err != nil || pr.Masked() != pr {
+			return fmt.Errorf("overlay %s: block %q", ov.Name, b.Prefix)
+		}
+		if b.Bridge != api.BridgeMesos && b.Bridge != api.BridgeDocker {
+			return fmt.Errorf("overlay %s: block %s: bridge %q", ov.Name, b.Prefix, b.Bridge)
+		}
+		switch b.Origin {
+		case api.BlockLeased, api.BlockGrown, api.BlockGranted:
+		default:
+			return fmt.Errorf("overlay %s: block %s: origin %q", ov.Name, b.Prefix, b.Origin)
+		}
+		if b.Donor != "" {
+			if err := api.ValidateAgentID(b.Donor); err != nil {
+				return fmt.Errorf("overlay %s: block %s: donor: %w", ov.Name, b.Prefix, err)
+			}
+		}
+	}
 	if ov.VTEPIP != "" || ov.VTEPMAC != "" {
 		pr, err := netip.ParsePrefix(ov.VTEPIP)
 		if err != nil || !pr.Addr().Is4() {
@@ -221,7 +268,13 @@ func (ov *PeerOverlay) validate() error {
 
 func (p *PeerRecord) equal(o *PeerRecord) bool {
 	return p.ID == o.ID && p.IP == o.IP && p.MeshAddr == o.MeshAddr && p.Version == o.Version &&
-		p.Signature == o.Signature && slices.Equal(p.Overlays, o.Overlays)
+		p.Signature == o.Signature && slices.EqualFunc(p.Overlays, o.Overlays, PeerOverlay.equal)
+}
+
+func (ov PeerOverlay) equal(o PeerOverlay) bool {
+	return ov.Name == o.Name && ov.Subnet == o.Subnet && ov.Subnet6 == o.Subnet6 &&
+		ov.MesosIP == o.MesosIP && ov.MesosIP6 == o.MesosIP6 && ov.DockerIP == o.DockerIP && ov.DockerIP6 == o.DockerIP6 &&
+		ov.VTEPIP == o.VTEPIP && ov.VTEPMAC == o.VTEPMAC && ov.VTEPIP6 == o.VTEPIP6 && slices.Equal(ov.Blocks, o.Blocks)
 }
 
 // MembershipState is the whole membership: records and tombstones, with

@@ -135,6 +135,8 @@ func FuzzDecodeMembership(f *testing.F) {
 		Tombstones: []api.Tombstone{{AgentID: "b", Version: 4}}})
 	f.Add(good)
 	f.Add([]byte(`{"records":[{"id":"a","v":1,"ip":"fd00::1","overlays":[{"name":"six","status":"STATUS_OK","subnet6":"fd00:1::/64","vtep":"100.64.0.3/16","mac":"70:b3:d5:40:00:03"}]}]}`))
+	f.Add([]byte(`{"records":[{"id":"a","v":3,"ip":"198.18.0.1","overlays":[{"name":"carve","status":"STATUS_OK","subnet":"10.128.0.0/24","vtep":"100.64.0.1/16","mac":"70:b3:d5:40:00:01","blocks":[{"bridge":"mesos","prefix":"10.128.0.0/25","origin":"lease","version":2},{"bridge":"mesos","prefix":"10.128.9.64/26","origin":"grant","donor":"b","version":3}]}]}]}`))
+	f.Add([]byte(`{"records":[{"id":"a","v":3,"overlays":[{"name":"carve","blocks":[{"bridge":"x","prefix":"10.128.0.1/25","origin":"?"}]}]}]}`))
 	f.Add([]byte(`{}`))
 	f.Add([]byte(`[]`))
 	f.Fuzz(func(t *testing.T, data []byte) {

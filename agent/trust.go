@@ -176,6 +176,15 @@ func recordInRange(r *PeerRecord, n *api.NetworkConfig) error {
 				return fmt.Errorf("overlay %s: %s %s is outside %q", ov.Name, c.what, c.v, c.parent)
 			}
 		}
+		for _, b := range ov.Blocks {
+			parent := def.Subnet
+			if pr, err := netip.ParsePrefix(b.Prefix); err == nil && !pr.Addr().Is4() {
+				parent = def.Subnet6
+			}
+			if !prefixWithin(b.Prefix, parent) {
+				return fmt.Errorf("overlay %s: block %s is outside %q", ov.Name, b.Prefix, parent)
+			}
+		}
 		if ov.VTEPIP == "" && ov.VTEPMAC == "" {
 			continue
 		}

@@ -372,3 +372,66 @@ func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
 		t.Errorf("masters' copies %v, want [b]", got)
 	}
 }
+
+// A gossiped record carries its blocks: it still verifies, its grown and
+// granted blocks are routed to it beside its subnet, the used and free
+// counts (unsigned) do not travel, and a changed or added block does not
+// verify.
+func TestPeerRecordCarriesBlocks(t *testing.T) {
+	pub, priv := testKey(t)
+	used, free := uint64(3), uint64(4)
+	r := signedPeer(priv, "c1", func(a *api.AgentInfo) {
+		a.Overlays[0].Blocks = []api.Block{
+			{Bridge: api.BridgeMesos, Prefix: "10.128.2.0/25", Origin: api.BlockLeased, Version: 2},
+			{Bridge: api.BridgeDocker, Prefix: "10.128.2.128/25", Origin: api.BlockLeased, Version: 2},
+			{Bridge: api.BridgeMesos, Prefix: "10.128.9.0/25", Origin: api.BlockGrown, Version: 5, Used: &used, Free: &free},
+			{Bridge: api.BridgeMesos, Prefix: "10.128.7.64/26", Origin: api.BlockGranted, Donor: "d", Version: 6},
+		}
+	})
+	wire, err := json.Marshal(MembershipMessage{ClusterID: "c1", MembershipState: MembershipState{Records: []PeerRecord{r}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(wire), `"used"`) {
+		t.Errorf("gossip carries the unsigned usage: %s", wire)
+	}
+	msg, err := DecodeMembership(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := msg.Records[0]
+	if err := api.VerifyRecord(pub, got.signedInfo(), "c1"); err != nil {
+		t.Fatalf("the gossiped record does not verify: %v", err)
+	}
+	if want := []string{"10.128.2.0/24", "10.128.7.64/26", "10.128.9.0/25"}; !slices.Equal(got.Subnets(), want) {
+		t.Errorf("routed %v, want %v", got.Subnets(), want)
+	}
+	for name, change := range map[string]func(*PeerOverlay){
+		"block prefix": func(o *PeerOverlay) { o.Blocks[0].Prefix = "10.128.2.0/26" },
+		"block donor":  func(o *PeerOverlay) { o.Blocks[1].Donor = "x" },
+		"block added": func(o *PeerOverlay) {
+			o.Blocks = append(o.Blocks, api.Block{Bridge: api.BridgeMesos, Prefix: "10.128.8.0/25", Origin: api.BlockGrown, Version: 7})
+		},
+	} {
+		p := got
+		p.Overlays = slices.Clone(got.Overlays)
+		p.Overlays[0].Blocks = slices.Clone(got.Overlays[0].Blocks)
+		change(&p.Overlays[0])
+		if err := api.VerifyRecord(pub, p.signedInfo(), "c1"); !errors.Is(err, api.ErrBadSignature) {
+			t.Errorf("changed %s: verify = %v, want a bad signature", name, err)
+		}
+	}
+	bad := got
+	bad.Overlays = slices.Clone(got.Overlays)
+	bad.Overlays[0].Blocks = []api.Block{{Bridge: "other", Prefix: "10.128.9.0/25", Origin: api.BlockGrown}}
+	if err := bad.Validate(); err == nil {
+		t.Error("a block of an unknown bridge validates")
+	}
+	network := master.DefaultConfig()
+	outside := got
+	outside.Overlays = slices.Clone(got.Overlays)
+	outside.Overlays[0].Blocks = []api.Block{{Bridge: api.BridgeMesos, Prefix: "10.0.0.0/25", Origin: api.BlockGrown, Version: 1}}
+	if err := recordInRange(&outside, &network); err == nil || !strings.Contains(err.Error(), "block 10.0.0.0/25 is outside") {
+		t.Errorf("a block outside the overlay: %v", err)
+	}
+}

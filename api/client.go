@@ -193,6 +193,58 @@ func (c *Client) DeleteAgentsRequest(ctx context.Context, req DeleteAgentsReques
 	return &out, nil
 }
 
+// Grow asks the masters for one more block for a bridge of an overlay and
+// returns the agent's record with it (409 exhausted when the overlay has no
+// free block of that size). A RequestID is generated when empty and kept
+// across the failover retries of this call.
+func (c *Client) Grow(ctx context.Context, agentID string, req GrowRequest) (*AgentInfo, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(agentID)+"/blocks", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReturnBlock gives back what the agent holds inside req.Prefix and returns
+// its record without it.
+func (c *Client) ReturnBlock(ctx context.Context, agentID string, req ReturnRequest) (*AgentInfo, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(agentID)+"/blocks/return", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReportGrant tells the masters of a ring grant; reporter is the donor or
+// the recipient (the agent whose certificate makes the call). It returns
+// the recipient's record. Idempotent.
+func (c *Client) ReportGrant(ctx context.Context, reporter string, req GrantReport) (*AgentInfo, error) {
+	if req.RequestID == "" {
+		req.RequestID = NewRequestID()
+	}
+	var out AgentInfo
+	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(reporter)+"/blocks/grants", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ReportUsage sends the used and free counts of an agent's blocks (and,
+// with StateIndex set, acknowledges its holdings).
+func (c *Client) ReportUsage(ctx context.Context, agentID string, req UsageReport) (*UsageAnswer, error) {
+	var out UsageAnswer
+	if err := c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/usage", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // StateOptions select the kind of state read.
 type StateOptions struct {
 	// Consistent asks for a linearizable read (served through the leader).

@@ -29,11 +29,16 @@ import (
 //	  str(docker_bridge.ip) str(docker_bridge.ip6)
 //	  str(backend.vxlan.vtep_ip) str(backend.vxlan.vtep_mac)
 //	  str(backend.vxlan.vtep_ip6)
+//	  u32(number of blocks), then per block, sorted by bridge, prefix,
+//	  origin, donor (byte-wise string order):
+//	    str(bridge) str(prefix) str(origin) str(donor) u64(version)
 //
 // Version 2 (from version 1) leaves out state.status, which is what the
 // agent reported after configuring the overlay, not a lease (an agent acts
-// on its leases, never on a status), and adds vtep_ip6, which agents
-// program for their peers.
+// on its leases, never on a status); adds vtep_ip6, which agents program
+// for their peers; and adds the blocks (an agent routes and allocates in
+// every block of a record it gossips, so a peer must not be able to add
+// one). Version 1 records do not verify as version 2 ones.
 //
 // TombstoneSigningBytes, format version 1:
 //
@@ -45,9 +50,9 @@ import (
 // re-formatting of addresses), so a verifier needs no parsing to check.
 // Everything else in a record (hostname, network_config, the overlay's
 // info beyond its name, the VTEP's VNI, name, port and MTU, state,
-// configuration_attempts, not_leased) is
-// not signed: those come from the network configuration in the state, or
-// are informational. A change of the format is a new version string.
+// configuration_attempts, not_leased) is not signed, nor a block's used
+// and free counts: those come from the network configuration in the state,
+// or are informational. A change of the format is a new version string.
 //
 // The signature travels as AgentInfo.Signature and Tombstone.Signature:
 // standard base64 of the 64-byte ed25519 signature. The public key is
@@ -97,9 +102,42 @@ func RecordSigningBytes(info *AgentInfo, clusterID string) []byte {
 		b = appendString(b, vtepIP)
 		b = appendString(b, vtepMAC)
 		b = appendString(b, vtepIP6)
+		b = appendBlocks(b, ov.Blocks)
 	}
 	return b
 }
+
+// appendBlocks appends an overlay's blocks in their signed order.
+func appendBlocks(b []byte, blocks []Block) []byte {
+	sorted := slices.SortedFunc(slices.Values(blocks), compareBlocks)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(sorted)))
+	for _, bl := range sorted {
+		b = appendString(b, bl.Bridge)
+		b = appendString(b, bl.Prefix)
+		b = appendString(b, bl.Origin)
+		b = appendString(b, bl.Donor)
+		b = binary.BigEndian.AppendUint64(b, bl.Version)
+	}
+	return b
+}
+
+// compareBlocks is the order of blocks in the signed encoding (and in the
+// masters' records): bridge, prefix, origin, donor.
+func compareBlocks(x, y Block) int {
+	if c := strings.Compare(x.Bridge, y.Bridge); c != 0 {
+		return c
+	}
+	if c := strings.Compare(x.Prefix, y.Prefix); c != 0 {
+		return c
+	}
+	if c := strings.Compare(x.Origin, y.Origin); c != 0 {
+		return c
+	}
+	return strings.Compare(x.Donor, y.Donor)
+}
+
+// SortBlocks sorts blocks in the order the signature covers them.
+func SortBlocks(blocks []Block) { slices.SortFunc(blocks, compareBlocks) }
 
 // TombstoneSigningBytes is the canonical encoding of a tombstone that the
 // masters sign (format above). It does not read t.Signature.

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -18,7 +19,13 @@ func sampleRecord() *AgentInfo {
 			{Info: OverlayNetwork{Name: "carve"}, Subnet: "10.128.0.0/24", State: OverlayState{Status: StatusOK},
 				MesosBridge:  &BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
 				DockerBridge: &BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25"},
-				Backend:      &BackendInfo{VXLAN: &VXLANInfo{VNI: 1024, VTEPIP: "100.64.0.1/16", VTEPMAC: "70:b3:d5:00:00:01", VTEPIP6: "fd01:a::1/64"}}},
+				Backend:      &BackendInfo{VXLAN: &VXLANInfo{VNI: 1024, VTEPIP: "100.64.0.1/16", VTEPMAC: "70:b3:d5:00:00:01", VTEPIP6: "fd01:a::1/64"}},
+				Blocks: []Block{
+					{Bridge: BridgeMesos, Prefix: "10.128.9.0/25", Origin: BlockGrown, Version: 40},
+					{Bridge: BridgeMesos, Prefix: "10.128.0.0/25", Origin: BlockLeased, Version: 7},
+					{Bridge: BridgeDocker, Prefix: "10.128.0.128/25", Origin: BlockLeased, Version: 7},
+					{Bridge: BridgeMesos, Prefix: "10.128.5.32/27", Origin: BlockGranted, Donor: "a9", Version: 41},
+				}},
 		},
 	}
 }
@@ -31,7 +38,7 @@ func TestSigningBytesGolden(t *testing.T) {
 		msg  []byte
 		want string // sha256
 	}{
-		{"record", RecordSigningBytes(sampleRecord(), "c1"), "931e00fed5769483751668b13905a3a8e10a60f601625090817316c30d2398ed"},
+		{"record", RecordSigningBytes(sampleRecord(), "c1"), "73598bffdeb6bed619e37ed908fa6d63ca3693bdcf31a23d887472c98f36f414"},
 		{"tombstone", TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 43}, "c1"), "d403d7e6508575bca7bf4e94bc8a53d21d688403f229db627c0febc7547688ca"},
 	}
 	for _, tt := range tests {
@@ -57,6 +64,10 @@ func TestSigningBytesUnambiguous(t *testing.T) {
 	unsigned.Overlays[1].State = OverlayState{Status: StatusFailed, Error: "informational"}
 	unsigned.ConfigurationAttempts = 9
 	unsigned.NotLeased = []NotLeased{{Name: "x", Reason: "exhausted"}}
+	used, free := uint64(3), uint64(120)
+	unsigned.Overlays[1].Blocks[0].Used, unsigned.Overlays[1].Blocks[0].Free = &used, &free
+	// The blocks are signed in their sorted order, whatever order they travel in.
+	slices.Reverse(unsigned.Overlays[1].Blocks)
 	if !bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(unsigned, "c")) {
 		t.Error("a change outside the signed fields changed the signed bytes")
 	}
@@ -64,6 +75,24 @@ func TestSigningBytesUnambiguous(t *testing.T) {
 	v6.Overlays[1].Backend.VXLAN.VTEPIP6 = "fd01:a::2/64"
 	if bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(v6, "c")) {
 		t.Error("vtep_ip6 is not signed")
+	}
+	for i, change := range []func(*Block){
+		func(b *Block) { b.Bridge = BridgeDocker },
+		func(b *Block) { b.Prefix = "10.128.9.0/26" },
+		func(b *Block) { b.Origin = BlockGranted },
+		func(b *Block) { b.Donor = "a8" },
+		func(b *Block) { b.Version++ },
+	} {
+		changed := sampleRecord()
+		change(&changed.Overlays[1].Blocks[0])
+		if bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(changed, "c")) {
+			t.Errorf("block change %d signs the same bytes", i)
+		}
+	}
+	extra := sampleRecord()
+	extra.Overlays[0].Blocks = []Block{{Bridge: BridgeMesos, Prefix: "fd00::/65", Origin: BlockLeased, Version: 7}}
+	if bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(extra, "c")) {
+		t.Error("an added block signs the same bytes")
 	}
 	if bytes.Equal(TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 1}, "c"), TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 2}, "c")) {
 		t.Error("tombstone versions sign alike")

@@ -83,6 +83,11 @@ type OverlayNetwork struct {
 	Prefix6 int    `json:"prefix6,omitempty"`
 	// Enabled defaults to true; a pointer so that "absent" and "false" differ.
 	Enabled *bool `json:"enabled,omitempty"`
+	// GrowPrefix and GrowPrefix6 are the prefix lengths of the blocks an
+	// agent grows by (POST .../blocks): a carve extension. 0 means the size
+	// of a bridge's first sub-subnet (prefix+1: a /25 with the default /24).
+	GrowPrefix  int `json:"grow_prefix,omitempty"`
+	GrowPrefix6 int `json:"grow_prefix6,omitempty"`
 }
 
 // IsEnabled reports whether the overlay is enabled (absent means enabled).
@@ -176,6 +181,117 @@ type AgentOverlay struct {
 	DockerBridge *BridgeInfo    `json:"docker_bridge,omitempty"`
 	Backend      *BackendInfo   `json:"backend,omitempty"`
 	State        OverlayState   `json:"state"`
+	// Blocks are every CIDR block the agent holds in this overlay (a carve
+	// extension): the first ones (origin lease, the halves of subnet and
+	// subnet6, which stay where DC/OS consumers read them), the ones grown
+	// from the masters and the ones granted by peers. Blocks of all agents
+	// never overlap: a donor that granted part of a block lists the CIDR
+	// decomposition of what it still holds, while its subnet and bridge
+	// fields keep showing its whole first lease (routed to it; the granted
+	// part is routed to the recipient by the longer prefix).
+	Blocks []Block `json:"blocks,omitempty"`
+}
+
+// Origins of a block (Block.Origin).
+const (
+	// BlockLeased is a bridge's first sub-subnet, leased at registration.
+	BlockLeased = "lease"
+	// BlockGrown is an extra lease from the masters (POST .../blocks).
+	BlockGrown = "grow"
+	// BlockGranted was granted by a peer through the ring (Block.Donor).
+	BlockGranted = "grant"
+)
+
+// Block is one CIDR-aligned block of an overlay that an agent holds for
+// one of its bridges.
+type Block struct {
+	// Bridge is BridgeMesos or BridgeDocker.
+	Bridge string `json:"bridge"`
+	Prefix string `json:"prefix"`
+	Origin string `json:"origin"`
+	// Donor is the agent that granted the block (origin grant).
+	Donor string `json:"donor,omitempty"`
+	// Version is the Raft index at which the masters committed the block
+	// to this agent in its present form.
+	Version uint64 `json:"version"`
+	// Used and Free are the addresses in use and free in the block, as the
+	// agent last reported them (PUT .../usage); absent when unknown. Not
+	// signed: informational.
+	Used *uint64 `json:"used,omitempty"`
+	Free *uint64 `json:"free,omitempty"`
+}
+
+// GrowRequest is the body of POST /overlay-master/agents/{agent_id}/blocks:
+// one more block for a bridge of an overlay.
+type GrowRequest struct {
+	Overlay string `json:"overlay"`
+	// Bridge is BridgeMesos or BridgeDocker.
+	Bridge string `json:"bridge"`
+	// Family is "4" or "6".
+	Family    string `json:"family"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// ReturnRequest is the body of POST /overlay-master/agents/{agent_id}/blocks/return:
+// the agent gives back what it holds inside Prefix (grown or granted
+// blocks; never its first lease).
+type ReturnRequest struct {
+	Overlay   string `json:"overlay"`
+	Prefix    string `json:"prefix"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// GrantReport is the body of POST /overlay-master/agents/{agent_id}/blocks/grants:
+// a ring grant of Prefix from Donor to Recipient, reported by either of
+// them ({agent_id}), so that the masters record it.
+type GrantReport struct {
+	Overlay   string `json:"overlay"`
+	Prefix    string `json:"prefix"`
+	Donor     string `json:"donor"`
+	Recipient string `json:"recipient"`
+	// Bridge is the recipient's bridge the block serves; BridgeMesos when
+	// empty.
+	Bridge    string `json:"bridge,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// UsageReport is the body of PUT /overlay-master/agents/{agent_id}/usage:
+// the used and free counts of every block the agent holds, per overlay.
+// It changes no record (no new version, nothing signed); the masters show
+// the counts in the blocks of the agent's record.
+type UsageReport struct {
+	Overlays []OverlayUsage `json:"overlays"`
+	// StateIndex is the index of the masters' state the agent has merged
+	// (its tombstones): with a report that lists every block the agent
+	// holds, it tells the masters that the agent holds no block they do not
+	// know of, from donors deleted at or before that index (see
+	// docs/design.md, "Growth and the one-owner invariant"). 0: not a
+	// complete report.
+	StateIndex uint64 `json:"state_index,omitempty"`
+}
+
+// UsageAnswer is the masters' answer to a usage report.
+type UsageAnswer struct {
+	// Acknowledged is the state index up to which the masters hold the
+	// agent's holdings acknowledged (0: none; the report was not complete,
+	// or named blocks in Unknown).
+	Acknowledged uint64 `json:"acknowledged,omitempty"`
+	// Unknown are reported blocks ("overlay:prefix") the masters do not
+	// know as the agent's: report those grants (ReportGrant) first.
+	Unknown []string `json:"unknown,omitempty"`
+}
+
+// OverlayUsage is one overlay of a UsageReport.
+type OverlayUsage struct {
+	Name   string       `json:"name"`
+	Blocks []BlockUsage `json:"blocks"`
+}
+
+// BlockUsage is the used and free count of one block.
+type BlockUsage struct {
+	Prefix string `json:"prefix"`
+	Used   uint64 `json:"used"`
+	Free   uint64 `json:"free"`
 }
 
 // BridgeInfo is a bridge's name and its sub-subnet.
@@ -261,6 +377,10 @@ type State struct {
 	// below it that the state does not hold is gone for good: an agent
 	// drops it, whoever gossips it.
 	Horizon uint64 `json:"horizon,omitempty"`
+	// Quarantine is the space of deleted agents that the masters do not
+	// lease yet (a carve extension; see docs/design.md, "Growth and the
+	// one-owner invariant").
+	Quarantine []QuarantinedBlock `json:"quarantine,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -279,6 +399,16 @@ type Changes struct {
 	Network    *NetworkConfig `json:"network,omitempty"`
 	Agents     []AgentInfo    `json:"agents,omitempty"`
 	Tombstones []Tombstone    `json:"tombstones,omitempty"`
+}
+
+// QuarantinedBlock is a block of a deleted agent's space that is not
+// leasable until every live agent has acknowledged its holdings.
+type QuarantinedBlock struct {
+	Overlay string `json:"overlay"`
+	Prefix  string `json:"prefix"`
+	// From is the deleted agent, Since the Raft index of its deletion.
+	From  string `json:"from"`
+	Since uint64 `json:"since"`
 }
 
 // DeleteAgentsRequest is the DC/OS bulk delete body: agent ids or underlay IPs.

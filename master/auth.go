@@ -22,10 +22,12 @@ import (
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
 //     the certificate's name); report its own configuration result
-//     (PUT /overlay-master/agents/{id}/report with its own id); read the
-//     state (plain and blocking, not consistent=true, which costs the
-//     leader a round of heartbeats) and its changes; read one agent's
-//     record; read /cluster/status.
+//     (PUT /overlay-master/agents/{id}/report with its own id); grow,
+//     return, report grants for and report the usage of its own agent id
+//     only (the {id} of the path; a grant report also needs the agent to
+//     be the donor or the recipient); read the state (plain and blocking,
+//     not consistent=true, which costs the leader a round of heartbeats)
+//     and its changes; read one agent's record; read /cluster/status.
 //   - no certificate, or one without a carve role: 401, except /healthz and
 //     /metrics, which stay open for load balancers and scrapers: they show
 //     aggregate numbers only (counts, Raft role and indexes), no record.
@@ -142,10 +144,11 @@ func (s *server) authorize(next http.Handler) http.Handler {
 			if !s.ownRegistration(w, r, id) {
 				return
 			}
-		case "PUT /overlay-master/agents/{id}/report":
-			if agent := mux.Vars(r)["id"]; agent != id.Name {
+		case "PUT /overlay-master/agents/{id}/report", "POST /overlay-master/agents/{id}/blocks", "POST /overlay-master/agents/{id}/blocks/return",
+			"POST /overlay-master/agents/{id}/blocks/grants", "PUT /overlay-master/agents/{id}/usage":
+			if target := mux.Vars(r)["id"]; target != id.Name {
 				s.refuse(w, r, http.StatusForbidden, api.CodeForbidden, refusedWrongAgent,
-					fmt.Sprintf("role agent may not report for agent %q: the certificate of agent %q reports only for itself", agent, id.Name))
+					fmt.Sprintf("role agent may not %s %s for agent %q: the certificate of agent %q acts only for itself", r.Method, route, target, id.Name))
 				return
 			}
 		default:

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 
 	"github.com/carve-net/carve/api"
 )
@@ -18,6 +19,10 @@ const (
 	opSetClusterID = "set_cluster_id"
 	opCompact      = "compact"
 	opReport       = "report"
+	opGrow         = "grow"
+	opReturn       = "return"
+	opGrant        = "grant"
+	opRelease      = "release_quarantine"
 )
 
 // maxClusterIDLen bounds a cluster id in the log.
@@ -36,12 +41,56 @@ type command struct {
 	ClusterID  string             `json:"cluster_id,omitempty"`
 	Compact    *compactCmd        `json:"compact,omitempty"`
 	Report     *reportCmd         `json:"report,omitempty"`
+	Grow       *growCmd           `json:"grow,omitempty"`
+	Return     *returnCmd         `json:"return,omitempty"`
+	Grant      *grantCmd          `json:"grant,omitempty"`
+	Release    *releaseCmd        `json:"release,omitempty"`
 }
 
 // reportCmd is an agent's configuration report (PUT .../report).
 type reportCmd struct {
 	AgentID string            `json:"agent_id"`
 	Report  api.ReportRequest `json:"report"`
+}
+
+// growCmd leases one more block to an agent (POST .../blocks).
+type growCmd struct {
+	AgentID string `json:"agent_id"`
+	Overlay string `json:"overlay"`
+	Bridge  string `json:"bridge"`
+	Family  int    `json:"family"` // 4 or 6
+}
+
+// returnCmd gives back what an agent holds inside Prefix.
+type returnCmd struct {
+	AgentID string       `json:"agent_id"`
+	Overlay string       `json:"overlay"`
+	Prefix  netip.Prefix `json:"prefix"`
+}
+
+// grantCmd records a ring grant: a transfer of Prefix from Donor to Recipient.
+type grantCmd struct {
+	Overlay   string       `json:"overlay"`
+	Prefix    netip.Prefix `json:"prefix"`
+	Donor     string       `json:"donor"`
+	Recipient string       `json:"recipient"`
+	Bridge    string       `json:"bridge"`
+}
+
+// releaseCmd lifts the quarantine that every live agent's acknowledgement
+// covers. The leader builds it from the usage reports it received; applying
+// it checks the acknowledgements against the records at that point of the
+// log, so an agent registered in between holds the release back.
+type releaseCmd struct {
+	Acks map[string]holdingsAck `json:"acks"`
+}
+
+// holdingsAck says that agent record Created reported, when it had merged
+// the masters' state up to Index, every block it holds, and that the
+// masters knew each of them as its own.
+type holdingsAck struct {
+	Created uint64 `json:"created"`
+	Index   uint64 `json:"index"`
 }
 
 type registerCmd struct {
@@ -86,6 +135,14 @@ func (c command) validate() error {
 		}
 	case opReport:
 		missing = c.Report == nil
+	case opGrow:
+		missing = c.Grow == nil
+	case opReturn:
+		missing = c.Return == nil
+	case opGrant:
+		missing = c.Grant == nil
+	case opRelease:
+		missing = c.Release == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)
@@ -124,5 +181,7 @@ type applyResult struct {
 	Agent    *api.AgentInfo
 	Deleted  []string
 	Warnings []string
+	// Released is the number of quarantined blocks a release freed.
+	Released int
 	Err      error
 }

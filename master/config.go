@@ -103,7 +103,9 @@ type overlayDef struct {
 	prefix  int
 	subnet6 netip.Prefix // invalid when the overlay is IPv4 only
 	prefix6 int
-	enabled bool
+	// growPrefix and growPrefix6 are the lengths of grown blocks.
+	growPrefix, growPrefix6 int
+	enabled                 bool
 }
 
 // network is a validated network configuration in parsed form.
@@ -208,8 +210,13 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 				return nil, configErr(field+".prefix", "%d must be longer than the subnet's /%d and at most 30", o.Prefix, def.subnet.Bits())
 			}
 			def.prefix = o.Prefix
+			if def.growPrefix, err = growPrefix(field+".grow_prefix", o.GrowPrefix, o.Prefix, 30); err != nil {
+				return nil, err
+			}
 		} else if o.Prefix != 0 {
 			return nil, configErr(field+".prefix", "set without subnet")
+		} else if o.GrowPrefix != 0 {
+			return nil, configErr(field+".grow_prefix", "set without subnet")
 		}
 		if o.Subnet6 != "" {
 			def.subnet6, err = parseCanonicalPrefix(o.Subnet6)
@@ -223,8 +230,13 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 				return nil, configErr(field+".prefix6", "%d must be longer than the subnet6's /%d and at most 126", o.Prefix6, def.subnet6.Bits())
 			}
 			def.prefix6 = o.Prefix6
+			if def.growPrefix6, err = growPrefix(field+".grow_prefix6", o.GrowPrefix6, o.Prefix6, 126); err != nil {
+				return nil, err
+			}
 		} else if o.Prefix6 != 0 {
 			return nil, configErr(field+".prefix6", "set without subnet6")
+		} else if o.GrowPrefix6 != 0 {
+			return nil, configErr(field+".grow_prefix6", "set without subnet6")
 		}
 		if def.subnet.IsValid() && def.subnet.Overlaps(n.vtepNet) {
 			return nil, configErr(field+".subnet", "%s overlaps vtep_subnet %s", def.subnet, n.vtepNet)
@@ -243,6 +255,19 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 		n.overlays = append(n.overlays, def)
 	}
 	return n, nil
+}
+
+// growPrefix validates a grow_prefix: 0 means a bridge's first sub-subnet
+// (prefix+1); else at least prefix (a grown block is never larger than an
+// agent's first lease) and at most maxBits.
+func growPrefix(field string, grow, prefix, maxBits int) (int, error) {
+	if grow == 0 {
+		return prefix + 1, nil
+	}
+	if grow < prefix || grow > maxBits {
+		return 0, configErr(field, "%d must be between the prefix /%d and /%d", grow, prefix, maxBits)
+	}
+	return grow, nil
 }
 
 // parseCanonicalPrefix parses a CIDR and refuses host bits, which usually

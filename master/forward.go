@@ -94,13 +94,15 @@ func (s *server) writeApplyError(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrVTEPExhausted):
 		s.m.metrics.allocFailures.WithLabelValues("vtep_exhausted").Inc()
 		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
-	case errors.Is(err, ErrRequestIDReused), errors.Is(err, ErrReportAhead):
+	case errors.Is(err, ErrOverlayExhausted):
+		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
+	case errors.Is(err, ErrBlockConflict), errors.Is(err, ErrRequestIDReused), errors.Is(err, ErrReportAhead):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, ErrUnknownAgent):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 	case errors.Is(err, ErrNoConfig):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, ErrBadCommand):
+	case errors.Is(err, ErrBadCommand), errors.Is(err, ErrInvalidBlock):
 		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	default:
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())

@@ -87,6 +87,9 @@ type Master struct {
 	httpLn   net.Listener
 	// joinClient reaches Options.Join (nil without one).
 	joinClient *api.Client
+	// releaseKick wakes the leader's duties when a usage report gave a
+	// holdings acknowledgement (a quarantine release may be due).
+	releaseKick chan struct{}
 
 	runCtx    context.Context // done when the master closes
 	cancel    context.CancelFunc
@@ -102,6 +105,11 @@ type metrics struct {
 	httpRequests  *prometheus.CounterVec
 	forwarded     prometheus.Counter
 	authRefusals  *prometheus.CounterVec
+	grown         prometheus.Counter
+	returned      prometheus.Counter
+	grantsLearned prometheus.Counter
+	growRefused   *prometheus.CounterVec
+	released      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
@@ -127,6 +135,28 @@ func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
 			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
 		}, []string{"reason"}),
 	}
+	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
+	})
+	m.returned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "carve_master_blocks_returned_total", Help: "Block returns committed (answered by this master as leader).",
+	})
+	m.grantsLearned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "carve_master_grants_learned_total", Help: "Ring grant reports committed (answered by this master as leader), repeats included.",
+	})
+	m.growRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "carve_master_grow_refused_total", Help: "Grow requests refused, by reason: exhausted, invalid, unknown_agent, other.",
+	}, []string{"reason"})
+	m.released = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "carve_master_quarantine_released_total", Help: "Quarantined blocks of deleted agents freed by releases this master proposed.",
+	})
+	for _, r := range []string{growRefusedExhausted, growRefusedInvalid, growRefusedUnknown, growRefusedOther} {
+		m.growRefused.WithLabelValues(r)
+	}
+	quarantined := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "carve_master_quarantined_blocks", Help: "Blocks of deleted agents' space not yet leasable again (quarantine).",
+	}, func() float64 { return float64(t.QuarantinedCount()) })
+	reg.MustRegister(m.grown, m.returned, m.grantsLearned, m.growRefused, m.released, quarantined)
 	// Export zeros for the known labels, so dashboards and alerts see the series.
 	for _, r := range []string{"ok", "unchanged", "error", "bad_request"} {
 		m.registrations.WithLabelValues(r)
@@ -166,7 +196,8 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if _, err := parseNetwork(WithDefaults(opts.Network)); err != nil {
 		return nil, err
 	}
-	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: NewLeaseTable(), registry: prometheus.NewRegistry()}
+	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: NewLeaseTable(), registry: prometheus.NewRegistry(),
+		releaseKick: make(chan struct{}, 1)}
 	sec, err := newSecurity(opts, m.log)
 	if err != nil {
 		return nil, err
@@ -293,10 +324,14 @@ func (m *Master) leaderDuties(ctx context.Context) {
 			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
 				m.log.Warn("leader setup", "err", err)
 			}
+			if err := m.releaseQuarantine(ctx); err != nil && ctx.Err() == nil {
+				m.log.Warn("quarantine release", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
+		case <-m.releaseKick:
 		case <-changes:
 		case <-caughtUp:
 			caughtUp = nil // closed for good: wait on it once
@@ -361,6 +396,39 @@ func (m *Master) leaderSetup(ctx context.Context) error {
 		return fmt.Errorf("commit network config: %w", err)
 	}
 	m.log.Info("network config committed", "overlays", len(m.opts.Network.Overlays))
+	return nil
+}
+
+// kickRelease asks the leader's duties to look for a quarantine release.
+func (m *Master) kickRelease() {
+	select {
+	case m.releaseKick <- struct{}{}:
+	default:
+	}
+}
+
+// releaseQuarantine proposes a quarantine release when the holdings
+// acknowledgements this leader received cover every live agent past the
+// deletion of some quarantined space.
+func (m *Master) releaseQuarantine(ctx context.Context) error {
+	cmd, ok := m.table.ReleaseProposal()
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	data, err := encodeCommand(command{Op: opRelease, Release: cmd})
+	if err != nil {
+		return err
+	}
+	out, _, err := m.node.Apply(ctx, data)
+	if err != nil {
+		return fmt.Errorf("commit quarantine release: %w", err)
+	}
+	if res, ok := out.(applyResult); ok && res.Released > 0 {
+		m.metrics.released.Add(float64(res.Released))
+		m.log.Info("quarantine released", "blocks", res.Released)
+	}
 	return nil
 }
 

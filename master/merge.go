@@ -82,11 +82,12 @@ func withOverlays(cfg api.NetworkConfig, o ...api.OverlayNetwork) api.NetworkCon
 	return cfg
 }
 
-// leasedOverlays names the overlays in which some agent holds a subnet.
+// leasedOverlays names the overlays in which some agent holds a block, or
+// deleted agents' space is quarantined.
 func (t *LeaseTable) leasedOverlays() map[string]bool {
 	out := map[string]bool{}
-	for name, p := range t.pools {
-		if (p.v4 != nil && len(p.v4.used) > 0) || (p.v6 != nil && len(p.v6.used) > 0) {
+	for name, sp := range t.spaces {
+		if (sp.v4 != nil && len(sp.v4.held) > 0) || (sp.v6 != nil && len(sp.v6.held) > 0) {
 			out[name] = true
 		}
 	}

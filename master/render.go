@@ -62,7 +62,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 		if l.Failed != "" {
 			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name, Reason: l.Failed})
 		}
-		if !l.Subnet.IsValid() && !l.Subnet6.IsValid() {
+		if !l.Subnet.IsValid() && !l.Subnet6.IsValid() && len(l.Blocks) == 0 {
 			continue
 		}
 		info.Overlays = append(info.Overlays, renderOverlay(def, l, rec.Bridges, vxlan))
@@ -97,6 +97,9 @@ func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfi
 		if bridges.DockerBridge {
 			ov.DockerBridge = d
 		}
+	}
+	for _, b := range l.Blocks {
+		ov.Blocks = append(ov.Blocks, b.api())
 	}
 	return ov
 }

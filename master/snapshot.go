@@ -12,26 +12,31 @@ import (
 	"github.com/carve-net/carve/raftlog"
 )
 
-// Versions of the snapshot encoding. Format 2 added the cluster id and the
-// outcomes of requests; format 3 the IPv6 VTEP addresses and the agents'
-// configuration reports. Format 1 and 2 snapshots still restore (without
-// reports: every overlay shows STATUS_CONFIGURING until its agent reports).
+// Versions of the snapshot encoding. Format 3 added the IPv6 VTEP
+// addresses, the agents' configuration reports, the blocks of every lease,
+// the records' creation index and the quarantine; format 2 added the
+// cluster id and the outcomes of requests. Format 1 and 2 snapshots still
+// restore: without reports (every overlay shows STATUS_CONFIGURING until
+// its agent reports), and their records get the lease blocks of their
+// subnets.
 const (
 	snapshotFormat       = 3
+	snapshotFormatBlocks = 3
 	snapshotFormatLegacy = 1
 )
 
 type snapshotData struct {
-	Format     int                    `json:"format"`
-	Index      uint64                 `json:"index"`
-	StateIndex uint64                 `json:"state_index"`
-	ClusterID  string                 `json:"cluster_id,omitempty"`
-	Network    *api.NetworkConfig     `json:"network,omitempty"`
-	Agents     []snapshotAgent        `json:"agents"`
-	Tombstones map[string]uint64      `json:"tombstones"`
-	Servers    map[string]serverMeta  `json:"servers"`
-	Requests   []snapshotRequest      `json:"requests"`
-	Reports    map[string]agentReport `json:"reports,omitempty"`
+	Format     int                      `json:"format"`
+	Index      uint64                   `json:"index"`
+	StateIndex uint64                   `json:"state_index"`
+	ClusterID  string                   `json:"cluster_id,omitempty"`
+	Network    *api.NetworkConfig       `json:"network,omitempty"`
+	Agents     []snapshotAgent          `json:"agents"`
+	Tombstones map[string]uint64        `json:"tombstones"`
+	Servers    map[string]serverMeta    `json:"servers"`
+	Requests   []snapshotRequest        `json:"requests"`
+	Reports    map[string]agentReport   `json:"reports,omitempty"`
+	Quarantine map[string][]quarantined `json:"quarantine,omitempty"`
 	// Horizon and Marks are the tombstone compaction's (changes.go).
 	Horizon uint64      `json:"horizon,omitempty"`
 	Marks   []clockMark `json:"marks,omitempty"`
@@ -47,6 +52,7 @@ type snapshotAgent struct {
 	VTEP6    netip.Addr              `json:"vtep6,omitzero"`
 	Leases   map[string]overlayLease `json:"leases"`
 	Version  uint64                  `json:"version"`
+	Created  uint64                  `json:"created,omitempty"`
 }
 
 // snapshotRequest is one remembered request. A registration's outcome is
@@ -64,12 +70,12 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version}
+		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version}
+		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}
@@ -85,6 +91,7 @@ type tableSnapshot struct {
 	agents            []*agentRecord
 	tombstones        map[string]uint64
 	servers           map[string]serverMeta
+	quarantine        map[string][]quarantined
 	requests          []snapshotRequest
 	horizon           uint64
 	marks             []clockMark
@@ -106,6 +113,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		tombstones: maps.Clone(t.tombstones),
 		servers:    maps.Clone(t.servers),
 		reports:    maps.Clone(t.reports),
+		quarantine: maps.Clone(t.quarantine), // slices are replaced, never changed in place
 		replaced:   map[int]*agentRecord{},
 		horizon:    t.horizon,
 		marks:      slices.Clone(t.marks),
@@ -131,7 +139,8 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 // WriteTo writes the snapshot as JSON.
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
-		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Horizon: s.horizon, Marks: s.marks}
+		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
+		Horizon: s.horizon, Marks: s.marks}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -174,6 +183,12 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if d.Format < snapshotFormatLegacy || d.Format > snapshotFormat {
 		return fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
 	}
+	legacy := func(rec *agentRecord) *agentRecord {
+		if d.Format < snapshotFormatBlocks {
+			legacyLeaseBlocks(rec)
+		}
+		return rec
+	}
 	var n *network
 	if d.Network != nil {
 		var err error
@@ -183,7 +198,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	}
 	agents := make(map[string]*agentRecord, len(d.Agents))
 	for _, a := range d.Agents {
-		agents[a.ID] = a.record()
+		agents[a.ID] = legacy(a.record())
 	}
 	requests := newRequestTable()
 	for _, rq := range d.Requests {
@@ -194,7 +209,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 				return fmt.Errorf("lease table snapshot: request %q names agent %q, which the snapshot lacks", rq.ID, rq.CurrentAgent)
 			}
 		case rq.Agent != nil:
-			o.Agent = rq.Agent.record()
+			o.Agent = legacy(rq.Agent.record())
 		}
 		requests.remember(rq.ID, o)
 	}
@@ -225,8 +240,11 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 			t.reports[id] = rep
 		}
 	}
+	if d.Quarantine != nil {
+		t.quarantine = d.Quarantine
+	}
 	if t.net != nil {
-		t.rebuildPools()
+		t.rebuildSpaces()
 	}
 	t.notifyChanged()
 	return nil

@@ -22,9 +22,11 @@ type stateCache struct {
 	mu         sync.Mutex
 	agents     map[string]cachedAgent
 	tombstones map[string]cachedTombstone
-	// full is the encoded agents+tombstones part for fullIndex.
+	// full is the encoded agents+tombstones part for fullIndex and the
+	// usage generations it shows (fullUsage).
 	full      []byte
 	fullIndex uint64
+	fullUsage uint64
 	fullValid bool
 	// body is the whole answer of the last state read, shared by every
 	// reader of the same index and leader (immutable once built).
@@ -36,6 +38,7 @@ type stateCache struct {
 type stateBody struct {
 	index  uint64
 	leader string
+	usage  uint64 // the usage generation it shows
 	data   []byte
 	gzOnce sync.Once
 	gz     []byte
@@ -56,8 +59,9 @@ func (b *stateBody) gzipped() []byte {
 }
 
 type cachedAgent struct {
-	rec  *agentRecord
-	data []byte
+	rec      *agentRecord
+	usageGen uint64
+	data     []byte
 }
 
 type cachedTombstone struct {
@@ -99,26 +103,27 @@ func (t *LeaseTable) stateBody(leader string) (*stateBody, error) {
 	defer t.mu.RUnlock()
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	if b := t.cache.body; b != nil && b.index == t.stateIndex && b.leader == leader {
+	usage := t.usage.generation()
+	if b := t.cache.body; b != nil && b.index == t.stateIndex && b.leader == leader && b.usage == usage {
 		return b, nil
 	}
-	data, err := t.encodeState(leader)
+	data, err := t.encodeState(leader, usage)
 	if err != nil {
 		return nil, err
 	}
-	t.cache.body = &stateBody{index: t.stateIndex, leader: leader, data: data}
+	t.cache.body = &stateBody{index: t.stateIndex, leader: leader, usage: usage, data: data}
 	return t.cache.body, nil
 }
 
-// encodeState encodes the whole state; the caller holds t.mu (read) and
-// t.cache.mu.
-func (t *LeaseTable) encodeState(leader string) ([]byte, error) {
-	if !t.cache.fullValid || t.cache.fullIndex != t.stateIndex {
+// encodeState encodes the whole state with the usage generation usage;
+// the caller holds t.mu (read) and t.cache.mu.
+func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
+	if !t.cache.fullValid || t.cache.fullIndex != t.stateIndex || t.cache.fullUsage != usage {
 		full, err := t.encodeAgentsAndTombstones()
 		if err != nil {
 			return nil, err
 		}
-		t.cache.full, t.cache.fullIndex, t.cache.fullValid = full, t.stateIndex, true
+		t.cache.full, t.cache.fullIndex, t.cache.fullUsage, t.cache.fullValid = full, t.stateIndex, usage, true
 	}
 	var out bytes.Buffer
 	netJSON := []byte("{}")
@@ -167,7 +172,8 @@ const parallelEncodeMin = 64
 func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	var stale []string
 	for _, id := range ids {
-		if c, ok := t.cache.agents[id]; !ok || c.rec != t.agents[id] {
+		rec := t.agents[id]
+		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.usageGen(id, rec.Created) {
 			stale = append(stale, id)
 		}
 	}
@@ -178,13 +184,15 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	errs := make([]error, len(stale))
 	encode := func(i int) {
 		rec := t.agents[stale[i]]
+		gen := t.usage.usageGen(rec.ID, rec.Created)
 		info := t.render(rec)
 		t.signer.signAgent(info, t.clusterID)
+		t.usage.fill(info, rec.Created)
 		data, err := json.Marshal(info)
 		if err != nil {
 			errs[i] = fmt.Errorf("encode agent %s: %w", stale[i], err)
 		}
-		encoded[i] = cachedAgent{rec: rec, data: data}
+		encoded[i] = cachedAgent{rec: rec, usageGen: gen, data: data}
 	}
 	workers := min(runtime.GOMAXPROCS(0), len(stale)/parallelEncodeMin+1)
 	var wg sync.WaitGroup
@@ -255,6 +263,14 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			buf.Write(data)
 		}
 		buf.WriteString(`]`)
+	}
+	if q := t.quarantineAPI(); len(q) > 0 {
+		data, err := json.Marshal(q)
+		if err != nil {
+			return nil, fmt.Errorf("encode quarantine: %w", err)
+		}
+		buf.WriteString(`,"quarantine":`)
+		buf.Write(data)
 	}
 	for id := range t.cache.agents {
 		if _, ok := t.agents[id]; !ok {

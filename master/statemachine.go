@@ -23,6 +23,11 @@ type agentRecord struct {
 	VTEP6    netip.Addr              // invalid without vtep_subnet6
 	Leases   map[string]overlayLease // by overlay name
 	Version  uint64
+	// Created is the Raft index that created the record (0 for records
+	// from before it was kept): a holdings acknowledgement names it, so
+	// that one of a deleted and re-registered agent is not mistaken for
+	// the new record's.
+	Created uint64
 }
 
 // overlayLease is an agent's share of one overlay.
@@ -31,6 +36,16 @@ type overlayLease struct {
 	Subnet6 netip.Prefix `json:"subnet6,omitzero"`
 	// Failed says why the overlay (or its IPv6 part) was left out.
 	Failed string `json:"failed,omitempty"`
+	// Blocks are every block the agent holds in the overlay, disjoint, in
+	// api.SortBlocks order: the halves of Subnet and Subnet6 (origin
+	// lease), grown and granted blocks. A block part of which was granted
+	// away is replaced by the CIDR decomposition of the rest. Immutable
+	// once stored (records are copied on write).
+	Blocks []leaseBlock `json:"blocks,omitempty"`
+}
+
+func leaseEqual(a, b overlayLease) bool {
+	return a.Subnet == b.Subnet && a.Subnet6 == b.Subnet6 && a.Failed == b.Failed && slices.Equal(a.Blocks, b.Blocks)
 }
 
 func (r *agentRecord) clone() *agentRecord {
@@ -44,12 +59,24 @@ func (r *agentRecord) clone() *agentRecord {
 
 func (r *agentRecord) equal(o *agentRecord) bool {
 	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && maps.Equal(r.Leases, o.Leases)
+		r.Bridges == o.Bridges && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
 }
 
-// overlayPools are the allocators of one overlay.
-type overlayPools struct {
-	v4, v6 *slicePool
+// overlaySpace is the address space of one overlay: a block allocator per
+// family (nil when the overlay has no subnet of that family).
+type overlaySpace struct {
+	v4, v6 *blockSpace
+}
+
+// family returns the allocator of p's family.
+func (s *overlaySpace) family(is4 bool) *blockSpace {
+	if s == nil {
+		return nil
+	}
+	if is4 {
+		return s.v4
+	}
+	return s.v6
 }
 
 // Apply applies one command at a Raft index (raftlog.StateMachine).
@@ -109,6 +136,24 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 			return applyResult{Err: err}
 		}
 		res.Agent = t.render(rec)
+	case opGrow, opReturn, opGrant:
+		var rec *agentRecord
+		var err error
+		switch c.Op {
+		case opGrow:
+			rec, err = t.applyGrow(index, c.Grow)
+		case opReturn:
+			rec, err = t.applyReturn(index, c.Return)
+		default:
+			rec, err = t.applyGrant(index, c.Grant)
+		}
+		if err != nil {
+			return applyResult{Err: err}
+		}
+		outcome.Agent = rec
+		res.Agent = t.render(rec)
+	case opRelease:
+		res.Released = t.applyRelease(index, c.Release)
 	case opSetConfig:
 		res = t.applySetConfig(index, *c.SetConfig)
 	case opSetClusterID:
@@ -134,6 +179,8 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 			ErrRequestIDReused, c.RequestID, o.Op, o.Index, c.Op)}
 	}
 	switch c.Op {
+	case opGrow, opReturn, opGrant:
+		return applyResult{Agent: renderAgent(t.net, o.Agent)}
 	case opRegister:
 		rec := o.Agent
 		if legacy {
@@ -169,7 +216,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	old := t.agents[c.AgentID]
 	var rec *agentRecord
 	if old == nil {
-		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}}
+		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
 		n, ok := t.vteps.allocate(c.AgentID)
 		if !ok {
 			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
@@ -189,7 +236,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		t.touch(other)
 		t.stateIndex = index
 	}
-	t.ensureLeases(rec)
+	t.ensureLeases(rec, index)
 	if old != nil && old.equal(rec) {
 		return old, nil
 	}
@@ -205,10 +252,11 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	return rec, nil
 }
 
-// ensureLeases gives rec a subnet of every enabled overlay it lacks (and an
-// IPv6 VTEP address when vtep_subnet6 is configured), and records why when
-// an overlay is exhausted.
-func (t *LeaseTable) ensureLeases(rec *agentRecord) {
+// ensureLeases gives rec a subnet of every enabled overlay it lacks (a
+// whole free prefix-sized slice, first fit, whose halves become its lease
+// blocks) and an IPv6 VTEP address when vtep_subnet6 is configured, and
+// records why when an overlay is exhausted.
+func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
 		if n, ok := t.vteps6.allocate(rec.ID); ok {
 			rec.VTEP6 = t.vteps6.addrAt(n)
@@ -219,19 +267,21 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord) {
 			continue
 		}
 		l := rec.Leases[def.api.Name]
-		pools := t.pools[def.api.Name]
+		sp := t.spaces[def.api.Name]
 		l.Failed = ""
 		var failures []string
 		if def.subnet.IsValid() && !l.Subnet.IsValid() {
-			if n, ok := pools.v4.allocate(rec.ID); ok {
-				l.Subnet = pools.v4.prefixAt(n)
+			if p, ok := sp.v4.firstFree(def.prefix); ok {
+				l.Subnet = p
+				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
 			} else {
 				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix, def.subnet))
 			}
 		}
 		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
-			if n, ok := pools.v6.allocate(rec.ID); ok {
-				l.Subnet6 = pools.v6.prefixAt(n)
+			if p, ok := sp.v6.firstFree(def.prefix6); ok {
+				l.Subnet6 = p
+				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
 			} else {
 				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix6, def.subnet6))
 			}
@@ -264,9 +314,9 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 			}
 			continue
 		}
-		t.freeLeases(rec)
 		delete(t.agents, id)
 		delete(t.reports, id)
+		t.freeLeases(index, rec, len(t.agents) > 0)
 		if rec.IP.IsValid() && t.byIP[rec.IP] == id {
 			delete(t.byIP, rec.IP)
 		}
@@ -275,10 +325,18 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 		t.stateIndex = index
 		deleted = append(deleted, id)
 	}
+	if len(t.agents) == 0 {
+		// Nobody is left who could hold an unreported grant.
+		t.releaseQuarantine(func(quarantined) bool { return true })
+	}
 	return deleted, nil
 }
 
-func (t *LeaseTable) freeLeases(rec *agentRecord) {
+// freeLeases frees the VTEP IP and every block of a deleted agent, and
+// nothing of anyone else's. With other agents live, its overlay blocks are
+// quarantined instead of freed: one of them may hold a grant from it that
+// the masters have not heard of (see applyRelease).
+func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool) {
 	if n, ok := t.vteps.number(rec.VTEP); ok && t.vteps.used[n] == rec.ID {
 		t.vteps.release(n)
 	}
@@ -287,19 +345,16 @@ func (t *LeaseTable) freeLeases(rec *agentRecord) {
 			t.vteps6.release(n)
 		}
 	}
-	for name, l := range rec.Leases {
-		p := t.pools[name]
-		if p == nil {
-			continue
-		}
-		if l.Subnet.IsValid() && p.v4 != nil {
-			if n, ok := p.v4.number(l.Subnet.Addr()); ok && p.v4.used[n] == rec.ID {
-				p.v4.release(n)
+	for _, name := range slices.Sorted(maps.Keys(rec.Leases)) {
+		sp := t.spaces[name]
+		for _, b := range rec.Leases[name].Blocks {
+			space := sp.family(b.Prefix.Addr().Is4())
+			if space == nil || !space.removeHeld(b.Prefix, rec.ID) {
+				continue
 			}
-		}
-		if l.Subnet6.IsValid() && p.v6 != nil {
-			if n, ok := p.v6.number(l.Subnet6.Addr()); ok && p.v6.used[n] == rec.ID {
-				p.v6.release(n)
+			if quarantine {
+				_ = space.add(b.Prefix, rec.ID, true) // just freed: cannot overlap
+				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index})
 			}
 		}
 	}
@@ -315,7 +370,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyRe
 		return applyResult{Warnings: warnings}
 	}
 	t.net = merged
-	t.rebuildPools()
+	t.rebuildSpaces()
 	t.cache.mu.Lock()
 	t.cache.invalidate()
 	t.cache.mu.Unlock()
@@ -324,7 +379,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyRe
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		old := t.agents[id]
 		rec := old.clone()
-		t.ensureLeases(rec)
+		t.ensureLeases(rec, index)
 		if !old.equal(rec) {
 			rec.Version = index
 			t.agents[id] = rec
@@ -351,25 +406,26 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 	t.cache.mu.Unlock()
 }
 
-// rebuildPools recreates every allocator from the records (after a config
-// change or a restore). Leases outside the current definitions are dropped
-// from the pools but stay in the records until the agent is deleted.
-func (t *LeaseTable) rebuildPools() {
+// rebuildSpaces recreates every allocator from the records and the
+// quarantine (after a config change or a restore). Leases outside the
+// current definitions are dropped from the allocators but stay in the
+// records until the agent is deleted.
+func (t *LeaseTable) rebuildSpaces() {
 	t.vteps = newHostPool(t.net.vtepNet)
 	t.vteps6 = nil
 	if t.net.vtepNet6.IsValid() {
 		t.vteps6 = newHostPool(t.net.vtepNet6)
 	}
-	t.pools = map[string]*overlayPools{}
+	t.spaces = map[string]*overlaySpace{}
 	for _, d := range t.net.overlays {
-		p := &overlayPools{}
+		sp := &overlaySpace{}
 		if d.subnet.IsValid() {
-			p.v4 = newSlicePool(d.subnet, d.prefix)
+			sp.v4 = newBlockSpace(d.subnet)
 		}
 		if d.subnet6.IsValid() {
-			p.v6 = newSlicePool(d.subnet6, d.prefix6)
+			sp.v6 = newBlockSpace(d.subnet6)
 		}
-		t.pools[d.api.Name] = p
+		t.spaces[d.api.Name] = sp
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		rec := t.agents[id]
@@ -382,33 +438,23 @@ func (t *LeaseTable) rebuildPools() {
 			}
 		}
 		for name, l := range rec.Leases {
-			p := t.pools[name]
-			if p == nil {
-				continue
-			}
-			if p.v4 != nil && l.Subnet.IsValid() {
-				if n, ok := p.v4.number(l.Subnet.Addr()); ok {
-					p.v4.take(n, id)
+			for _, b := range l.Blocks {
+				if space := t.spaces[name].family(b.Prefix.Addr().Is4()); space != nil {
+					_ = space.add(b.Prefix, id, false) // records never overlap
 				}
 			}
-			if p.v6 != nil && l.Subnet6.IsValid() {
-				if n, ok := p.v6.number(l.Subnet6.Addr()); ok {
-					p.v6.take(n, id)
-				}
+		}
+	}
+	for name, qs := range t.quarantine {
+		for _, q := range qs {
+			if space := t.spaces[name].family(q.Prefix.Addr().Is4()); space != nil {
+				_ = space.add(q.Prefix, q.From, true)
 			}
 		}
 	}
 	t.vteps.hint = t.vteps.lo
 	if t.vteps6 != nil {
 		t.vteps6.hint = t.vteps6.lo
-	}
-	for _, p := range t.pools {
-		if p.v4 != nil {
-			p.v4.hint = p.v4.lo
-		}
-		if p.v6 != nil {
-			p.v6.hint = p.v6.lo
-		}
 	}
 }
 

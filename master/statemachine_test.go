@@ -54,6 +54,17 @@ func (h *tableHarness) mustRegister(id, ip string) *api.AgentInfo {
 	return res.Agent
 }
 
+// releaseAll lifts the quarantine as if every live agent had acknowledged
+// its holdings at the current index.
+func (h *tableHarness) releaseAll() applyResult {
+	h.t.Helper()
+	acks := map[string]holdingsAck{}
+	for id, rec := range h.table.agents {
+		acks[id] = holdingsAck{Created: rec.Created, Index: h.index}
+	}
+	return h.apply(command{Op: opRelease, Release: &releaseCmd{Acks: acks}})
+}
+
 func cfgWith(overlays ...api.OverlayNetwork) api.NetworkConfig {
 	c := DefaultConfig()
 	c.Overlays = overlays
@@ -230,8 +241,10 @@ func TestOverlayExhaustionLeavesOthers(t *testing.T) {
 	if big == nil || big.Subnet != "10.2.2.0/24" || big.Backend == nil {
 		t.Fatalf("the other overlay should still be leased: %+v", big)
 	}
-	// Space freed: the next registration of a3 picks it up.
+	// Space freed (once the live agents acknowledged their holdings): the
+	// next registration of a3 picks it up.
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a1"}}})
+	h.releaseAll()
 	a3 = h.mustRegister("a3", "198.18.0.3")
 	if got := a3.Overlay("small"); got == nil || got.Subnet != "10.1.0.0/30" || len(a3.NotLeased) != 0 {
 		t.Errorf("after a delete a3 should get the freed /30: %+v, not leased %+v", got, a3.NotLeased)
@@ -255,9 +268,30 @@ func TestDeleteFreesAndTombstones(t *testing.T) {
 	if len(st.Tombstones) != 1 || st.Tombstones[0].Version != delIndex || st.Index != delIndex {
 		t.Errorf("state tombstones %+v index %d", st.Tombstones, st.Index)
 	}
+	// Other agents are live, so a2's overlay space is quarantined (one of
+	// them might hold a grant from a2 the masters have not heard of); its
+	// VTEP IP is free at once.
+	if len(st.Quarantine) != 2 || st.Quarantine[0].Prefix != "10.128.1.0/25" || st.Quarantine[1].Prefix != "10.128.1.128/25" ||
+		st.Quarantine[0].From != "a2" || st.Quarantine[0].Since != delIndex {
+		t.Errorf("quarantine after deleting a2: %+v", st.Quarantine)
+	}
 	a4 := h.mustRegister("a4", "198.18.0.4")
-	if overlaySubnet(t, a4, "carve") != "10.128.1.0/24" || a4.Overlays[0].Backend.VXLAN.VTEPIP != "100.64.0.2/16" {
-		t.Errorf("freed leases not reused first fit: %s %s", overlaySubnet(t, a4, "carve"), a4.Overlays[0].Backend.VXLAN.VTEPIP)
+	if overlaySubnet(t, a4, "carve") != "10.128.3.0/24" || a4.Overlays[0].Backend.VXLAN.VTEPIP != "100.64.0.2/16" {
+		t.Errorf("a4 got %s %s, want the next free subnet and the freed VTEP IP", overlaySubnet(t, a4, "carve"), a4.Overlays[0].Backend.VXLAN.VTEPIP)
+	}
+	// Once every live agent acknowledged its holdings past the deletion,
+	// the space is leased again, first fit.
+	acks := map[string]holdingsAck{}
+	for _, id := range []string{"a1", "a3", "a4"} {
+		rec := h.table.agents[id]
+		acks[id] = holdingsAck{Created: rec.Created, Index: delIndex}
+	}
+	if res := h.apply(command{Op: opRelease, Release: &releaseCmd{Acks: acks}}); res.Released != 2 {
+		t.Errorf("release freed %d blocks, want 2", res.Released)
+	}
+	a5 := h.mustRegister("a5", "198.18.0.5")
+	if overlaySubnet(t, a5, "carve") != "10.128.1.0/24" {
+		t.Errorf("freed leases not reused first fit: %s", overlaySubnet(t, a5, "carve"))
 	}
 	// Strict delete of an unknown agent fails; of a deleted one succeeds (idempotent).
 	if res := h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"nobody"}, Strict: true}}); !errors.Is(res.Err, ErrUnknownAgent) {

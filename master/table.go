@@ -48,7 +48,12 @@ type LeaseTable struct {
 
 	vteps  *slicePool
 	vteps6 *slicePool // nil without vtep_subnet6
-	pools  map[string]*overlayPools
+	spaces map[string]*overlaySpace
+	// quarantine holds, by overlay, the space of deleted agents that is
+	// not leasable yet (see applyRelease); replicated.
+	quarantine map[string][]quarantined
+	// usage is what agents last reported of their blocks (not replicated).
+	usage *usageTable
 	// reports are the agents' last configuration reports, by agent id.
 	reports map[string]agentReport
 
@@ -76,7 +81,7 @@ var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: newUsageTable()}
 	t.reset()
 	return t
 }
@@ -89,7 +94,8 @@ func (t *LeaseTable) reset() {
 	t.servers = map[string]serverMeta{}
 	t.requests = newRequestTable()
 	t.vteps, t.vteps6 = nil, nil
-	t.pools = map[string]*overlayPools{}
+	t.spaces = map[string]*overlaySpace{}
+	t.quarantine = map[string][]quarantined{}
 	t.reports = map[string]agentReport{}
 	t.cache = newStateCache()
 	t.changes = changeLog{max: t.changeLogIDs}
@@ -226,7 +232,9 @@ func (t *LeaseTable) Agent(id string) (*api.AgentInfo, bool) {
 	if rec == nil {
 		return nil, false
 	}
-	return t.render(rec), true
+	info := t.render(rec)
+	t.usage.fill(info, rec.Created)
+	return info, true
 }
 
 // Tombstone returns the index at which an agent was deleted.
@@ -255,6 +263,7 @@ func (t *LeaseTable) State() api.State {
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		info := t.render(t.agents[id])
 		t.signer.signAgent(info, t.clusterID)
+		t.usage.fill(info, t.agents[id].Created)
 		st.Agents = append(st.Agents, *info)
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
@@ -262,5 +271,20 @@ func (t *LeaseTable) State() api.State {
 		t.signer.signTombstone(&tb, t.clusterID)
 		st.Tombstones = append(st.Tombstones, tb)
 	}
+	st.Quarantine = t.quarantineAPI()
 	return st
+}
+
+// quarantineAPI is the quarantine as the state shows it, sorted by
+// overlay and address; the caller holds t.mu.
+func (t *LeaseTable) quarantineAPI() []api.QuarantinedBlock {
+	var out []api.QuarantinedBlock
+	for _, name := range slices.Sorted(maps.Keys(t.quarantine)) {
+		qs := slices.Clone(t.quarantine[name])
+		slices.SortFunc(qs, func(a, b quarantined) int { return a.Prefix.Addr().Compare(b.Prefix.Addr()) })
+		for _, q := range qs {
+			out = append(out, api.QuarantinedBlock{Overlay: name, Prefix: q.Prefix.String(), From: q.From, Since: q.Since})
+		}
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -70,10 +71,53 @@ func printStateTable(out io.Writer, st *api.State) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if err := printBlocks(out, st); err != nil {
+		return err
+	}
 	if len(st.Tombstones) > 0 {
 		fmt.Fprintf(out, "%d deleted agents (tombstones)\n", len(st.Tombstones))
 	}
+	for _, q := range st.Quarantine {
+		fmt.Fprintf(out, "quarantined %s %s of deleted agent %s (since index %d)\n", q.Overlay, q.Prefix, q.From, q.Since)
+	}
 	return nil
+}
+
+// printBlocks prints one row per block an agent holds: agent, overlay,
+// bridge, prefix, origin (with the donor of a grant), used and free
+// addresses as the agent last reported them ("-" when unknown).
+func printBlocks(out io.Writer, st *api.State) error {
+	n := 0
+	for _, a := range st.Agents {
+		for _, ov := range a.Overlays {
+			n += len(ov.Blocks)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	fmt.Fprintln(out)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "AGENT\tOVERLAY\tBRIDGE\tBLOCK\tORIGIN\tUSED\tFREE")
+	for _, a := range st.Agents {
+		for _, ov := range a.Overlays {
+			for _, b := range ov.Blocks {
+				origin := b.Origin
+				if b.Donor != "" {
+					origin += " from " + b.Donor
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.AgentID, ov.Info.Name, b.Bridge, b.Prefix, origin, count(b.Used), count(b.Free))
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+func count(v *uint64) string {
+	if v == nil {
+		return "-"
+	}
+	return strconv.FormatUint(*v, 10)
 }
 
 func orDash(s string) string {

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/carve-net/carve/api"
+)
+
+// carve state lists every block of every agent with its origin, donor and
+// the usage the agent reported, and the quarantined space.
+func TestStateShowsBlocks(t *testing.T) {
+	used, free := uint64(5), uint64(58)
+	st := &api.State{Index: 9, Agents: []api.AgentInfo{{AgentID: "a1", IP: "198.18.0.1", Version: 8,
+		Overlays: []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"}, Subnet: "10.128.0.0/24", State: api.OverlayState{Status: api.StatusOK},
+			Blocks: []api.Block{
+				{Bridge: api.BridgeMesos, Prefix: "10.128.0.0/25", Origin: api.BlockLeased, Version: 2, Used: &used, Free: &free},
+				{Bridge: api.BridgeMesos, Prefix: "10.128.7.64/26", Origin: api.BlockGranted, Donor: "a9", Version: 8},
+			}}}}},
+		Quarantine: []api.QuarantinedBlock{{Overlay: "carve", Prefix: "10.128.3.0/25", From: "a3", Since: 7}}}
+	var out bytes.Buffer
+	if err := printStateTable(&out, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"AGENT  OVERLAY  BRIDGE  BLOCK           ORIGIN         USED  FREE",
+		"a1     carve    mesos   10.128.0.0/25   lease          5     58",
+		"a1     carve    mesos   10.128.7.64/26  grant from a9  -     -",
+		"quarantined carve 10.128.3.0/25 of deleted agent a3 (since index 7)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
