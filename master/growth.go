@@ -80,6 +80,46 @@ func (t *LeaseTable) takeLeaseBlocks(space *blockSpace, id string, blocks []leas
 	return out
 }
 
+// reclaimOwnSlice gives an agent that registers again under the id of a
+// deleted one the first prefix-sized slice of its own quarantined space
+// that nothing else holds: the quarantine guards against grants the
+// deleted agent made that the masters have not heard of, and the agent
+// itself (its ring, persisted with its id) knows them. The slice leaves
+// the quarantine and is free for the caller to take; nothing changes when
+// there is none.
+func (t *LeaseTable) reclaimOwnSlice(overlay string, space *blockSpace, id string, bits int) (netip.Prefix, bool) {
+	if space == nil {
+		return netip.Prefix{}, false
+	}
+	for _, q := range t.quarantine[overlay] {
+		if q.From != id || q.Prefix.Addr().Is4() != space.universe.Addr().Is4() || q.Prefix.Bits() < bits {
+			continue
+		}
+		slice := netip.PrefixFrom(q.Prefix.Addr(), bits).Masked()
+		if _, _, ok := space.span(slice); !ok {
+			continue
+		}
+		own := true
+		for _, h := range space.overlapping(slice) {
+			own = own && h.quarantined && h.holder == id && slice.Contains(h.prefix.Addr()) && h.prefix.Bits() >= bits
+		}
+		if !own || !t.covers(space, slice) {
+			continue
+		}
+		var keep []quarantined
+		for _, o := range t.quarantine[overlay] {
+			if o.From == id && slice.Contains(o.Prefix.Addr()) && o.Prefix.Bits() >= bits {
+				space.remove(o.Prefix)
+				continue
+			}
+			keep = append(keep, o)
+		}
+		t.quarantine[overlay] = keep
+		return slice, true
+	}
+	return netip.Prefix{}, false
+}
+
 // legacyLeaseBlocks gives a record restored from a format without blocks
 // the lease blocks of its subnets.
 func legacyLeaseBlocks(rec *agentRecord) {

@@ -391,3 +391,49 @@ func FuzzGrowthBodies(f *testing.F) {
 		checkTable(t, h.table)
 	})
 }
+
+// TestReRegisteredAgentTakesBackItsQuarantine: an agent deleted while
+// others are live and registered again under its id (its data dir, hence
+// its ring and its grants, came back with it) is leased its own
+// quarantined slice again, so its containers keep their addresses; a
+// slice of it holding a reported grant is not a whole slice of its own, and
+// another agent never gets the quarantined space.
+func TestReRegisteredAgentTakesBackItsQuarantine(t *testing.T) {
+	h := newHarness(t, growCfg())
+	h.mustRegister("a", "198.18.0.1")
+	h.mustRegister("b", "198.18.0.2")
+	h.mustRegister("c", "198.18.0.3")
+	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"b"}}})
+	n := h.mustRegister("n", "198.18.0.4")
+	if s := subnetIn(n, "g"); s == "10.9.1.0/24" {
+		t.Fatalf("another agent was leased b's quarantined subnet %s", s)
+	}
+	b := h.mustRegister("b", "198.18.0.2")
+	if s := subnetIn(b, "g"); s != "10.9.1.0/24" {
+		t.Errorf("b registered again was leased %q, want its own 10.9.1.0/24 back", s)
+	}
+	if q := h.table.quarantine["g"]; len(q) != 0 {
+		t.Errorf("b's space is still quarantined: %+v", q)
+	}
+	checkTable(t, h.table)
+
+	// c grants a /26 to a, is deleted, and the grant is reported late: c
+	// coming back gets a fresh slice, not its subnet with a's grant in it.
+	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"c"}}})
+	if res := h.apply(command{Op: opGrant, Grant: &grantCmd{Overlay: "g", Prefix: netip.MustParsePrefix("10.9.2.0/26"), Donor: "c", Recipient: "a"}}); res.Err != nil {
+		t.Fatalf("late grant report: %v", res.Err)
+	}
+	c := h.mustRegister("c", "198.18.0.3")
+	if s := subnetIn(c, "g"); s == "10.9.2.0/24" {
+		t.Errorf("c was leased its old subnet %s, which holds a's grant", s)
+	}
+	checkTable(t, h.table)
+}
+
+// subnetIn is an agent's subnet of an overlay, "" when it has none.
+func subnetIn(a *api.AgentInfo, overlay string) string {
+	if ov := a.Overlay(overlay); ov != nil {
+		return ov.Subnet
+	}
+	return ""
+}

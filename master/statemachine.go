@@ -271,7 +271,10 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 		l.Failed = ""
 		var failures []string
 		if def.subnet.IsValid() && !l.Subnet.IsValid() {
-			if p, ok := sp.v4.firstFree(def.prefix); ok {
+			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v4, rec.ID, def.prefix); ok {
+				l.Subnet = p
+				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
+			} else if p, ok := sp.v4.firstFree(def.prefix); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
 			} else {
@@ -279,7 +282,10 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 			}
 		}
 		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
-			if p, ok := sp.v6.firstFree(def.prefix6); ok {
+			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v6, rec.ID, def.prefix6); ok {
+				l.Subnet6 = p
+				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
+			} else if p, ok := sp.v6.firstFree(def.prefix6); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
 			} else {
