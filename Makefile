@@ -38,7 +38,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeAntiEntropy$$' -fuzztime $(FUZZTIME) ./agent/
 	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
 

@@ -265,7 +265,8 @@ func New(cfg Config) (*Agent, error) {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
 	}
 	// The IPAM exists before the router: ring gossip may arrive at once.
-	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log})
+	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
+		OnSent: a.sentCounter(ipam.RingChannel)})
 	if err != nil {
 		return nil, err
 	}

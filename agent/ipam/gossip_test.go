@@ -225,6 +225,11 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	f.Add(takeover)
 	otherCluster, _ := json.Marshal(ringMessage{ClusterID: "another", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
 	f.Add(otherCluster)
+	// Anti-entropy: digests (answered by a unicast push), and a push
+	// through the unicast path.
+	f.Add([]byte(`{"cluster_id":"fuzz-cluster","from":"peer","digest":[{"overlay":"carve","family":"4","hash":1}]}`))
+	f.Add([]byte(`{"from":"","digest":[{"overlay":"carve","family":"7","hash":1}]}`))
+	f.Add([]byte(`{"from":"peer","digest":[]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := decodeRingMessage(data)
 		if err != nil {
@@ -240,6 +245,8 @@ func FuzzDecodeRingMessage(f *testing.F) {
 		}
 		// The whole message through the handler, as the router delivers it.
 		_, _ = s.RingGossip().OnGossip(data)
+		checkAllocations(t, s)
+		_ = s.RingGossip().OnUnicast("peer", data)
 		checkAllocations(t, s)
 		if _, err := s.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"}); err == nil {
 			_, _ = s.Release(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"})

@@ -47,6 +47,9 @@ type Config struct {
 	// Registerer receives the metrics of the IPAM and its ring gossip; nil: none.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// OnSent, when set, counts the bytes of ring gossip sent, by kind
+	// (delta, digest, push).
+	OnSent func(kind string, n int)
 }
 
 // Peer is one agent's leased subnets, of every overlay.
@@ -94,7 +97,10 @@ type Service struct {
 	pending map[string]*batch // allocKey -> the batch with its change in flight
 	open    *batch            // the batch requests queue into
 	channel gossip.Channel    // ring gossip; nil until UseChannel
-	grower  Grower
+	onSent  func(kind string, n int)
+	// ringHashes caches each ring's digest hash by its change count.
+	ringHashes map[ringID]ringHash
+	grower     Grower
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -124,7 +130,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{},
+		pending: map[string]*batch{}, onSent: cfg.OnSent, ringHashes: map[ringID]ringHash{},
 	}
 	n := 0
 	for _, m := range s.persist {
