@@ -51,6 +51,7 @@ bench: build
 	$(GO) run ./bench/ring
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
+	$(GO) run ./bench/gossip
 	$(GO) run ./bench/cni
 
 clean:

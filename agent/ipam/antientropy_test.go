@@ -121,4 +121,29 @@ func TestRingAntiEntropy(t *testing.T) {
 			t.Errorf("%s: %d digests of %d bytes, want one of at most 200", id, n["digest"], b["digest"])
 		}
 	}
+
+	// A new agent's lease (a registration) changes every agent's ring
+	// alike, from its own view: nothing is broadcast, and the rings agree.
+	third := Peer{ID: "third", Version: 20, Subnets: []string{"10.128.8.0/23", "fd00:0:0:3::/64"}}
+	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
+		v := testView(testSelf())
+		v.Self = self
+		v.Peers = []Peer{peerOf(testSelf()), peerOf(otherSelf()), third}
+		before := svcs[self.AgentID].Rings()["carve/4"]
+		svcs[self.AgentID].Sync(v)
+		if bytes.Equal(before, svcs[self.AgentID].Rings()["carve/4"]) {
+			t.Fatalf("%s: the new lease did not change the ring", self.AgentID)
+		}
+	}
+	if err := gnet.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, s := range sent {
+		if b, _ := s.reset(); b["delta"] != 0 {
+			t.Errorf("%s broadcast %d bytes of rings for a lease every agent learns from the masters", id, b["delta"])
+		}
+	}
+	if !equal() {
+		t.Fatal("the rings differ after both agents synced the same leases")
+	}
 }
