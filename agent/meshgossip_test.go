@@ -156,7 +156,10 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	}
 	t.Logf("%d connection ends (a full mesh has %d)", edges, n*(n-1))
 
-	has := func(ma *meshAgent, r PeerRecord) bool { got, ok := ma.a.members.Record(r.ID); return ok && got.equal(&r) }
+	has := func(ma *meshAgent, r PeerRecord) bool {
+		got, ok := ma.a.members.Record(r.ID)
+		return ok && got.equal(&r)
+	}
 	// A delta broadcast reaches everyone.
 	changed := meshRecord(priv, "c1", 7, agents[7].addr, 11)
 	agents[0].a.members.MergeFromMasters(MembershipState{Records: []PeerRecord{changed}})
