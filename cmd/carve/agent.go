@@ -26,6 +26,7 @@ func runAgent(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
+	meshPeers := fs.Int("mesh-peers", agent.DefaultMeshPeers, "how many peers the agent keeps mesh connections to (chosen by hashing agent ids; gossip reaches the others through them)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
 	dockerSocket := fs.String("docker-plugin-socket", dockeripam.DefaultPluginSocket, "the Docker remote IPAM plugin's socket (with --docker-bridge; empty: no plugin); the driver is named after it")
 	dockerHost := fs.String("docker-host", dockeripam.DefaultDockerHost, "the Docker engine on which the agent creates its d-<overlay> networks")
@@ -67,6 +68,9 @@ func runAgent(ctx context.Context, args []string) error {
 			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
 		}
 	}
+	if *meshPeers < 1 || *meshPeers > 64 {
+		return fmt.Errorf("%w: --mesh-peers %d: want 1-64 (2 or more keep the mesh connected when a peer goes)", cli.ErrUsage, *meshPeers)
+	}
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
@@ -90,7 +94,7 @@ func runAgent(ctx context.Context, args []string) error {
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
 		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, CNICacheDir: *cniCacheDir,
-		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 		SigningKey: signingKey,
