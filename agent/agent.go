@@ -533,8 +533,15 @@ func (a *Agent) register(ctx context.Context) {
 // cannot be verified yet (no cluster id, maybe no key): the state, which
 // carries the same record, brings it in.
 func (a *Agent) updateSelf(info *api.AgentInfo) {
+	rec := NewPeerRecord(info)
 	a.mu.Lock()
 	if a.self != nil && a.self.Version > info.Version {
+		a.mu.Unlock()
+		return
+	}
+	// The same record again (every watch wake-up brings it): nothing to
+	// store, program or gossip.
+	if a.self != nil && a.self.Version == info.Version && jsonEqual(a.self, info) && a.members.holds(&rec) {
 		a.mu.Unlock()
 		return
 	}
@@ -543,7 +550,6 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 	a.mu.Unlock()
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
-	rec := NewPeerRecord(info)
 	st := MembershipState{Records: []PeerRecord{rec}}
 	in, refused := tr.admit(tr.clusterID, st, a.members)
 	if len(refused) > 0 {
@@ -697,6 +703,7 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 	if st.ClusterID != "" {
 		a.clusterID = st.ClusterID
 	}
+	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
@@ -741,8 +748,11 @@ func (a *Agent) applyMasterState(st *api.State) bool {
 			a.trigger(a.reregisterCh)
 		}
 	}
-	a.trigger(a.persistCh)
-	if len(news.Records)+len(news.Tombstones) > 0 || netChanged {
+	changed := len(news.Records)+len(news.Tombstones) > 0 || netChanged
+	if changed || indexChanged || pinned || verdict == stateRebuilt {
+		a.trigger(a.persistCh)
+	}
+	if changed {
 		a.trigger(a.reconcileCh)
 		a.trigger(a.connectCh)
 		a.channel.Broadcast(a.gossipData(news))
