@@ -162,11 +162,8 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 		return ringMessage{}, fmt.Errorf("%w: cluster id of %d bytes", ErrBadRingMessage, len(m.ClusterID))
 	}
 	for _, e := range m.Rings {
-		if e.Family != "4" && e.Family != "6" {
-			return ringMessage{}, fmt.Errorf("%w: ring family %q", ErrBadRingMessage, e.Family)
-		}
-		if err := api.ValidateOverlayName(e.Overlay); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: %v", ErrBadRingMessage, err)
+		if err := validRingKey(e.Overlay, e.Family); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: ring: %v", ErrBadRingMessage, err)
 		}
 	}
 	if m.Digest != nil {
@@ -178,14 +175,19 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 		}
 	}
 	for _, e := range m.Digest {
-		if e.Family != "4" && e.Family != "6" {
-			return ringMessage{}, fmt.Errorf("%w: digest ring family %q", ErrBadRingMessage, e.Family)
-		}
-		if err := api.ValidateOverlayName(e.Overlay); err != nil {
+		if err := validRingKey(e.Overlay, e.Family); err != nil {
 			return ringMessage{}, fmt.Errorf("%w: digest: %v", ErrBadRingMessage, err)
 		}
 	}
 	return m, nil
+}
+
+// validRingKey checks the overlay and family that name a ring.
+func validRingKey(overlay, family string) error {
+	if family != "4" && family != "6" {
+		return fmt.Errorf("family %q", family)
+	}
+	return api.ValidateOverlayName(overlay)
 }
 
 // allocatorOf returns a served overlay's allocator of a family ("4", "6");

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -139,6 +140,10 @@ func TestDecodeRingMessageRejects(t *testing.T) {
 		{"bad overlay", `{"rings":[{"overlay":"Carve!","family":"4","ring":""}]}`},
 		{"long cluster id", `{"cluster_id":"` + string(bytes.Repeat([]byte("x"), maxClusterIDLen+1)) + `","rings":[]}`},
 		{"oversized", `{"rings":[` + string(bytes.Repeat([]byte(" "), maxRingMessageBytes)) + `]}`},
+		{"digest without sender", `{"digest":[{"overlay":"carve","family":"4","hash":1}]}`},
+		{"digest bad family", `{"from":"p","digest":[{"overlay":"carve","family":"5","hash":1}]}`},
+		{"digest bad overlay", `{"from":"p","digest":[{"overlay":"Carve!","family":"4","hash":1}]}`},
+		{"digest too long", `{"from":"p","digest":[` + strings.TrimSuffix(strings.Repeat(`{"overlay":"carve","family":"4","hash":1},`, maxDigestRings+1), ",") + `]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

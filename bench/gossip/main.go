@@ -39,6 +39,7 @@ import (
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/labcluster"
 	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -267,7 +268,7 @@ func measureIdle(ctx context.Context, binary string, n int, idle time.Duration) 
 	}
 	// Let the start-up work (the first resyncs, gossip of the new
 	// records) pass: idle is what follows.
-	if !sleep(ctx, 30*time.Second) {
+	if !retry.Sleep(ctx, 30*time.Second) {
 		return res, ctx.Err()
 	}
 	pid := h.Agent.PID()
@@ -275,7 +276,7 @@ func measureIdle(ctx context.Context, binary string, n int, idle time.Duration) 
 	if err != nil {
 		return res, err
 	}
-	if !sleep(ctx, idle) {
+	if !retry.Sleep(ctx, idle) {
 		return res, ctx.Err()
 	}
 	after, err := cpuSeconds(pid)
@@ -352,7 +353,7 @@ func waitProgrammed(ctx context.Context, c *labcluster.Cluster, h *labcluster.Ho
 				return nil
 			}
 		}
-		if !sleep(ctx, 500*time.Millisecond) {
+		if !retry.Sleep(ctx, 500*time.Millisecond) {
 			return fmt.Errorf("agent programmed %d of %d peers: %w", last, n, ctx.Err())
 		}
 	}
@@ -376,15 +377,4 @@ func cpuSeconds(pid int) (float64, error) {
 		return 0, err
 	}
 	return (utime + stime) / 100, nil // USER_HZ is 100 on Linux
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
