@@ -29,6 +29,7 @@ test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -count=1 -timeout 5m ./gossip/...
+	$(GO) test -count=1 -timeout 5m -run '^TestMeshBoundedConnections' ./agent/
 
 # A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
 FUZZTIME ?= 20s
@@ -40,6 +41,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSpaceMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeAntiEntropy$$' -fuzztime $(FUZZTIME) ./agent/
 	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
 
 demo: build cni-plugins
@@ -51,6 +53,7 @@ bench: build
 	$(GO) run ./bench/ring
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
+	$(GO) run ./bench/gossip
 	$(GO) run ./bench/cni
 	$(GO) run ./bench/scale
 

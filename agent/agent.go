@@ -111,7 +111,11 @@ type Config struct {
 	BlockIdleReturn time.Duration
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
-	MeshAddr     string
+	MeshAddr string
+	// MeshPeers bounds the peers the agent keeps mesh connections to (it
+	// accepts connections from others too, up to mesh's limit); 0 means
+	// DefaultMeshPeers.
+	MeshPeers    int
 	MesosBridge  bool
 	DockerBridge bool
 	// ResyncInterval is the period of the full kernel resync.
@@ -190,10 +194,13 @@ type Agent struct {
 	registered       bool
 	lastReport       *vxlan.Report
 	lastErr          error
-	reconciledSelf   uint64            // self.Version covered by the last successful reconcile
-	attemptedSelf    uint64            // self.Version the last reconcile that reached the kernel was for
-	programmed       map[string]uint64 // peer id -> version programmed in the kernel
-	connected        map[string]string // mesh address handed to the router -> agent id
+	reconciledSelf   uint64               // self.Version covered by the last successful reconcile
+	attemptedSelf    uint64               // self.Version the last reconcile that reached the kernel was for
+	programmed       map[string]uint64    // peer id -> version programmed in the kernel
+	connected        map[string]string    // mesh address handed to the router -> agent id
+	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
+
+	connectCh chan struct{}
 
 	// reports is the configuration result reportLoop sends the masters.
 	reports *reporter
@@ -214,6 +221,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.WatchWait <= 0 {
 		cfg.WatchWait = DefaultWatchWait
 	}
+	if cfg.MeshPeers <= 0 {
+		cfg.MeshPeers = DefaultMeshPeers
+	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: --data-dir is required")
 	}
@@ -227,8 +237,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: NewMembership(), registry: prometheus.NewRegistry(),
-		programmed: map[string]uint64{}, connected: map[string]string{}, refusals: newLogLimiter(time.Minute),
+		programmed: map[string]uint64{}, connected: map[string]string{}, dialing: map[string]time.Time{}, refusals: newLogLimiter(time.Minute),
 		reports:     newReporter(),
+		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
@@ -277,7 +288,8 @@ func New(cfg Config) (*Agent, error) {
 	// The IPAM exists before the router: ring gossip may arrive at once.
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
 		Growth: ipam.GrowthConfig{Source: cfg.BlockSource, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
-			OnChange: func() { a.trigger(a.reconcileCh) }}})
+			OnChange: func() { a.trigger(a.reconcileCh) }},
+		OnSent: a.sentCounter(ipam.RingChannel)})
 	if err != nil {
 		return nil, err
 	}
@@ -332,6 +344,7 @@ func (a *Agent) newRouter() (Router, error) {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
 	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log,
+		NoDiscovery:       true,
 		OnPasswordRefused: a.metrics.meshRefused.Inc})
 	if err != nil {
 		return nil, err
@@ -411,6 +424,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.gossipLoop)
 	run(a.ipam.Run)
 	run(a.reportLoop)
+	run(a.connectLoop)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}
@@ -545,8 +559,15 @@ func (a *Agent) register(ctx context.Context) {
 // cannot be verified yet (no cluster id, maybe no key): the state, which
 // carries the same record, brings it in.
 func (a *Agent) updateSelf(info *api.AgentInfo) {
+	rec := NewPeerRecord(info)
 	a.mu.Lock()
 	if a.self != nil && a.self.Version > info.Version {
+		a.mu.Unlock()
+		return
+	}
+	// The same record again (every watch wake-up brings it): nothing to
+	// store, program or gossip.
+	if a.self != nil && a.self.Version == info.Version && jsonEqual(a.self, info) && a.members.holds(&rec) {
 		a.mu.Unlock()
 		return
 	}
@@ -555,7 +576,6 @@ func (a *Agent) updateSelf(info *api.AgentInfo) {
 	a.mu.Unlock()
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
-	rec := NewPeerRecord(info)
 	st := MembershipState{Records: []PeerRecord{rec}}
 	in, refused := tr.admit(tr.clusterID, st, a.members)
 	if len(refused) > 0 {
@@ -759,6 +779,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	if st.ClusterID != "" {
 		a.clusterID = st.ClusterID
 	}
+	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
@@ -815,10 +836,13 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 			a.trigger(a.reregisterCh)
 		}
 	}
-	a.trigger(a.persistCh)
-	if len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged {
+	changed := len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged
+	if changed || indexChanged || pinned || verdict == stateRebuilt {
+		a.trigger(a.persistCh)
+	}
+	if changed {
 		a.trigger(a.reconcileCh)
-		a.connectPeers()
+		a.trigger(a.connectCh)
 		a.channel.Broadcast(a.gossipData(news))
 	}
 	return true
@@ -897,15 +921,29 @@ func (a *Agent) snapshot() persisted {
 		Horizon: a.members.Horizon()}
 }
 
-// gossipData is a membership state as this agent gossips it, with its cluster.
+// gossipData is a membership delta as this agent gossips it, with its cluster.
 func (a *Agent) gossipData(st MembershipState) membershipData {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	return membershipData{clusterID: a.clusterID, st: st}
+	return membershipData{clusterID: a.clusterID, st: st, sent: a.sentCounter(GossipChannel)}
 }
 
-// gossipLoop pushes the whole membership now and then (mesh also gossips it
-// periodically; this covers peers that joined since the last change).
+// digestData is this agent's anti-entropy digest as gossip data.
+func (a *Agent) digestData() membershipData {
+	a.mu.RLock()
+	cid := a.clusterID
+	a.mu.RUnlock()
+	return membershipData{clusterID: cid, from: a.id, digest: a.members.Digest(0), sent: a.sentCounter(GossipChannel)}
+}
+
+// sentCounter counts the bytes sent on a channel, by kind.
+func (a *Agent) sentCounter(channel string) func(kind string, n int) {
+	return func(kind string, n int) { a.metrics.gossipSent.WithLabelValues(channel, kind).Add(float64(n)) }
+}
+
+// gossipLoop gossips the membership's digest now and then (mesh also
+// gossips it periodically, and to every new neighbour), and keeps the
+// mesh connections to a bounded set of peers.
 func (a *Agent) gossipLoop(ctx context.Context) {
 	t := time.NewTicker(10 * time.Second)
 	defer t.Stop()
@@ -914,36 +952,71 @@ func (a *Agent) gossipLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			a.channel.Gossip(a.gossipData(a.members.State()))
+			a.channel.Gossip(a.digestData())
 			a.connectPeers()
 			a.metrics.gossipPeers.Set(float64(len(a.router.Peers())))
 		}
 	}
 }
 
-// connectPeers hands the router the mesh addresses of agents it has not
-// been given yet, and has it forget the addresses it no longer needs: a
-// deleted agent's, and the old one of an agent that moved. mesh retries
-// every address it was given for ever, so without forgetting, the retries
-// would grow with every agent that ever came and went. An address whose
-// agent is merely unknown (the membership was reset by a rebuild) is kept.
-func (a *Agent) connectPeers() {
-	st := a.members.State()
-	want := map[string]string{} // mesh address -> agent id
-	known := map[string]bool{}  // agents with a record or a tombstone
-	for _, r := range st.Records {
-		known[r.ID] = true
-		if r.ID != a.id && r.MeshAddr != "" {
-			want[r.MeshAddr] = r.ID
+// connectLoop keeps the mesh connections (connectPeers) whenever the
+// membership changed (coalesced).
+func (a *Agent) connectLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.connectCh:
+			a.connectPeers()
 		}
 	}
-	for _, t := range st.Tombstones {
-		known[t.AgentID] = true
+}
+
+// connectPeers keeps the router connected to a bounded set of peers
+// (Config.MeshPeers): mesh routes broadcasts along a spanning tree of its
+// topology and unicasts through neighbours, so it needs no full mesh. The
+// set is chosen by rendezvous hashing of this agent's id with each peer's
+// (pickMeshPeers): deterministic, spread evenly, and stable as agents come
+// and go; a chosen peer that does not connect for a while is replaced by
+// the next. Addresses the router no longer needs are forgotten (a deleted
+// agent's, the old one of an agent that moved, one that left the set):
+// mesh retries every address it was given for ever. While the membership
+// names no peer at all (reset by a rebuild), the addresses are kept.
+func (a *Agent) connectPeers() {
+	cands, known := a.members.meshCandidates(a.id)
+	var connected map[string]bool
+	if n, ok := a.router.(neighbourer); ok {
+		connected = map[string]bool{}
+		for _, id := range n.Neighbours() {
+			connected[id] = true
+		}
+	}
+	now := time.Now()
+	a.mu.Lock()
+	chosen := pickMeshPeers(a.id, cands, a.cfg.MeshPeers, func(id string) bool {
+		if connected == nil || connected[id] {
+			delete(a.dialing, id)
+			return true
+		}
+		since, ok := a.dialing[id]
+		if !ok {
+			a.dialing[id] = now
+			return true
+		}
+		return now.Sub(since) < meshDialGrace
+	})
+	want := map[string]string{} // mesh address -> agent id
+	for _, c := range chosen {
+		want[c.addr] = c.id
+	}
+	for id := range a.dialing {
+		if !slices.ContainsFunc(chosen, func(c meshCandidate) bool { return c.id == id }) && !slices.ContainsFunc(cands, func(c meshCandidate) bool { return c.id == id }) {
+			delete(a.dialing, id)
+		}
 	}
 	var connect, forget []string
-	a.mu.Lock()
 	for addr, id := range a.connected {
-		if _, ok := want[addr]; !ok && known[id] {
+		if _, ok := want[addr]; !ok && (known[id] || len(cands) > 0) {
 			forget = append(forget, addr)
 			delete(a.connected, addr)
 		}
@@ -955,6 +1028,7 @@ func (a *Agent) connectPeers() {
 		a.connected[addr] = id
 	}
 	a.mu.Unlock()
+	a.metrics.meshTargets.Set(float64(len(want)))
 	if len(forget) > 0 {
 		slices.Sort(forget)
 		a.log.Debug("forgetting mesh peers", "addrs", forget)
@@ -970,31 +1044,45 @@ func (a *Agent) connectPeers() {
 	}
 }
 
-// gossipHandler receives membership gossip.
+// gossipHandler receives membership gossip: deltas (broadcast and relayed
+// gossip), digests (periodic gossip), and the unicast answers of
+// anti-entropy (see antientropy.go).
 type gossipHandler Agent
 
-func (h *gossipHandler) Gossip() gossip.Data {
-	a := (*Agent)(h)
-	return a.gossipData(a.members.State())
-}
+func (h *gossipHandler) Gossip() gossip.Data { return (*Agent)(h).digestData() }
 
-func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
+// receive handles one message; src is the sender of a unicast ("" for
+// broadcast and gossip, where a digest names its sender).
+func (h *gossipHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	a := (*Agent)(h)
 	m, err := DecodeMembership(msg)
 	if err != nil {
 		a.metrics.gossip.WithLabelValues("bad").Inc()
 		return nil, err
 	}
+	a.answer(src, &m)
+	if len(m.Records)+len(m.Tombstones) == 0 {
+		return nil, nil
+	}
+	news, tr, current := a.mergeGossip(m)
+	if !current || len(news.Records)+len(news.Tombstones) == 0 {
+		return nil, nil
+	}
+	return membershipData{clusterID: tr.clusterID, st: news, sent: a.sentCounter(GossipChannel)}, nil
+}
+
+// mergeGossip checks and merges the records and tombstones of a message and
+// returns what was news; current is false when a rebuild came in between.
+func (a *Agent) mergeGossip(m MembershipMessage) (news MembershipState, tr trust, current bool) {
 	a.mu.RLock()
-	tr := a.trustLocked()
+	tr = a.trustLocked()
 	a.mu.RUnlock()
 	// Signatures are checked outside the lock; the merge happens under it,
 	// only if the cluster and the key are still those checked against, so
 	// that a rebuild's reset cannot come between and let old records in.
 	in, refused := tr.admit(m.ClusterID, m.MembershipState, a.members)
-	var news MembershipState
 	a.mu.RLock()
-	current := a.clusterID == tr.clusterID && a.signingKey.Equal(tr.key)
+	current = a.clusterID == tr.clusterID && a.signingKey.Equal(tr.key)
 	if current {
 		news = a.members.Merge(in)
 	}
@@ -1011,13 +1099,13 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 	}
 	switch {
 	case !current:
-		return nil, nil // the next gossip is checked against the new cluster or key
+		return news, tr, false // the next gossip is checked against the new cluster or key
 	case len(in.Records)+len(in.Tombstones) == 0 && len(refused) > 0:
 		a.metrics.gossip.WithLabelValues("refused").Inc()
-		return nil, nil
+		return news, tr, true
 	case len(news.Records)+len(news.Tombstones) == 0:
 		a.metrics.gossip.WithLabelValues("known").Inc()
-		return nil, nil
+		return news, tr, true
 	}
 	a.metrics.gossip.WithLabelValues("news").Inc()
 	for _, r := range news.Records {
@@ -1028,14 +1116,73 @@ func (h *gossipHandler) merge(msg []byte) (gossip.Data, error) {
 	}
 	a.trigger(a.persistCh)
 	a.trigger(a.reconcileCh)
-	a.connectPeers()
-	return membershipData{clusterID: tr.clusterID, st: news}, nil
+	a.trigger(a.connectCh)
+	return news, tr, true
 }
 
-func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.merge(msg) }
+// answer handles the anti-entropy parts of a message: a digest is answered
+// with a summary of the buckets that differ, a summary with a push of what
+// the other lacks and a want list, a want list with a push. Only messages
+// of this agent's cluster are answered.
+func (a *Agent) answer(src string, m *MembershipMessage) {
+	if m.Digest == nil && m.Summary == nil && len(m.Want) == 0 {
+		return
+	}
+	a.mu.RLock()
+	cid := a.clusterID
+	a.mu.RUnlock()
+	if m.ClusterID != cid {
+		a.metrics.antiEntropy.WithLabelValues("other_cluster").Inc()
+		return
+	}
+	if m.Digest != nil && m.From != a.id {
+		a.metrics.antiEntropy.WithLabelValues("digest").Inc()
+		if sum := a.members.AnswerDigest(m.Digest); sum != nil {
+			a.unicast(m.From, "summary", MembershipMessage{ClusterID: cid, Summary: sum})
+		}
+	}
+	if src == "" {
+		return // summaries and want lists come by unicast only
+	}
+	if m.Summary != nil {
+		a.metrics.antiEntropy.WithLabelValues("summary").Inc()
+		push, want := a.members.AnswerSummary(m.Summary)
+		a.push(src, cid, push)
+		if len(want) > 0 {
+			a.unicast(src, "want", MembershipMessage{ClusterID: cid, Want: want})
+		}
+	}
+	if len(m.Want) > 0 {
+		a.metrics.antiEntropy.WithLabelValues("want").Inc()
+		a.push(src, cid, a.members.Lookup(m.Want))
+	}
+}
 
-func (h *gossipHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) { return h.merge(msg) }
+// push unicasts records and tombstones, in bounded messages.
+func (a *Agent) push(dst, cid string, st MembershipState) {
+	for _, c := range chunks(st) {
+		a.unicast(dst, "push", MembershipMessage{ClusterID: cid, MembershipState: c})
+	}
+}
 
-func (h *gossipHandler) OnUnicast(src string, _ []byte) error {
-	return fmt.Errorf("unexpected unicast from %s on %s", src, GossipChannel)
+func (a *Agent) unicast(dst, kind string, msg MembershipMessage) {
+	b := encodeMessage(msg)
+	if err := a.channel.Unicast(dst, b); err != nil {
+		a.log.Debug("anti-entropy unicast", "to", dst, "kind", kind, "err", err)
+		return
+	}
+	a.metrics.gossipSent.WithLabelValues(GossipChannel, kind).Add(float64(len(b)))
+}
+
+func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.receive("", msg) }
+
+func (h *gossipHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) {
+	return h.receive("", msg)
+}
+
+// OnUnicast receives anti-entropy answers; what a push brings is merged
+// and not relayed (every peer runs its own anti-entropy).
+func (h *gossipHandler) OnUnicast(src string, msg []byte) error {
+	_, err := h.receive(src, msg)
+	return err
 }

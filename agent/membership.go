@@ -292,7 +292,16 @@ type MembershipMessage struct {
 	// ClusterID is the sender's cluster (api.State.ClusterID); empty when
 	// the sender has not learnt one.
 	ClusterID string `json:"cluster_id,omitempty"`
+	// MembershipState is a delta: the records and tombstones that changed
+	// (a broadcast, a relay), or those a peer lacks (an anti-entropy push).
 	MembershipState
+	// From and Digest are an anti-entropy digest (see antientropy.go) and
+	// its sender, who is answered by unicast.
+	From   string `json:"from,omitempty"`
+	Digest []byte `json:"digest,omitempty"`
+	// Summary answers a digest (unicast), Want a summary (unicast).
+	Summary *DigestSummary `json:"summary,omitempty"`
+	Want    []string       `json:"want,omitempty"`
 }
 
 // maxGossipBytes bounds a decoded membership message (mesh's own limit is 10 MiB).
@@ -331,6 +340,9 @@ func decodeMembership(data []byte) (MembershipMessage, error) {
 			return MembershipMessage{}, fmt.Errorf("%w: tombstone %q at %d", ErrBadGossip, t.AgentID, t.Version)
 		}
 	}
+	if err := validateAntiEntropy(&msg); err != nil {
+		return MembershipMessage{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
+	}
 	return msg, nil
 }
 
@@ -356,6 +368,11 @@ type Membership struct {
 	fromMasters map[string]bool
 	// horizon is the masters' compaction horizon (horizon.go).
 	horizon uint64
+
+	// sums caches the anti-entropy digest entry of every agent id (see
+	// antientropy.go), under sumMu, refreshed from the maps above.
+	sumMu sync.Mutex
+	sums  map[string]*idSum
 }
 
 // NewMembership returns an empty membership.
@@ -515,17 +532,30 @@ func (m *Membership) Len() int {
 	return len(m.records)
 }
 
-// membershipData is a MembershipState of one cluster as gossip data.
+// membershipData is gossip data of one cluster: a delta (a
+// MembershipState of what changed) and, for periodic gossip, a digest.
 type membershipData struct {
 	clusterID string
 	st        MembershipState
+	// from and digest: this agent's anti-entropy digest; nil for a delta alone.
+	from   string
+	digest []byte
+	// sent, when set, counts the bytes of every encoding (each is sent once).
+	sent func(kind string, n int)
 }
 
 // Encode implements gossip.Data.
 func (d membershipData) Encode() [][]byte {
-	b, err := json.Marshal(MembershipMessage{ClusterID: d.clusterID, MembershipState: d.st})
-	if err != nil {
+	b := encodeMessage(MembershipMessage{ClusterID: d.clusterID, MembershipState: d.st, From: d.from, Digest: d.digest})
+	if b == nil {
 		return nil
+	}
+	if d.sent != nil {
+		kind := "delta"
+		if d.digest != nil {
+			kind = "digest"
+		}
+		d.sent(kind, len(b))
 	}
 	return [][]byte{b}
 }
@@ -541,8 +571,22 @@ func (d membershipData) Merge(other gossip.Data) gossip.Data {
 	if o.clusterID != d.clusterID {
 		return o
 	}
-	m := NewMembership()
-	m.Merge(d.st)
-	m.Merge(o.st)
-	return membershipData{clusterID: d.clusterID, st: m.State()}
+	out := o // the later digest, if any
+	if out.digest == nil {
+		out.from, out.digest = d.from, d.digest
+	}
+	if out.sent == nil {
+		out.sent = d.sent
+	}
+	switch {
+	case len(d.st.Records)+len(d.st.Tombstones) == 0:
+	case len(o.st.Records)+len(o.st.Tombstones) == 0:
+		out.st = d.st
+	default:
+		m := NewMembership()
+		m.Merge(d.st)
+		m.Merge(o.st)
+		out.st = m.State()
+	}
+	return out
 }

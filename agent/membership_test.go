@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -118,6 +119,15 @@ func TestDecodeMembershipRejects(t *testing.T) {
 		{"huge tombstone signature", `{"tombstones":[{"agent_id":"a","version":3,"signature":"` + strings.Repeat("A", 200) + `"}]}`},
 		{"bad tombstone", `{"tombstones":[{"agent_id":"","version":3}]}`},
 		{"oversized", `{"records":[` + strings.Repeat(" ", maxGossipBytes) + `]}`},
+		{"digest not 8-byte buckets", `{"from":"p","digest":"AAAA"}`},
+		{"digest of 3 buckets", `{"from":"p","digest":"` + base64.StdEncoding.EncodeToString(make([]byte, 24)) + `"}`},
+		{"digest too long", `{"from":"p","digest":"` + base64.StdEncoding.EncodeToString(make([]byte, 8*2*maxDigestBuckets)) + `"}`},
+		{"digest without sender", `{"digest":"AAAAAAAAAAA="}`},
+		{"summary not a power of two", `{"summary":{"n":3,"buckets":[0]}}`},
+		{"summary bucket out of range", `{"summary":{"n":2,"buckets":[2]}}`},
+		{"summary bad id", `{"summary":{"n":2,"buckets":[0],"entries":[{"id":"a b","h":1}]}}`},
+		{"want bad id", `{"want":["a b"]}`},
+		{"want too long", `{"want":[` + strings.TrimSuffix(strings.Repeat(`"a",`, maxWant+1), ",") + `]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

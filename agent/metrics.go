@@ -26,6 +26,9 @@ type metrics struct {
 	rebuilds         prometheus.Counter
 	httpRefused      *prometheus.CounterVec
 	masterReads      *prometheus.CounterVec
+	gossipSent       *prometheus.CounterVec
+	antiEntropy      *prometheus.CounterVec
+	meshTargets      prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -92,6 +95,23 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "carve_agent_http_refused_total", Help: "Requests to the agent's HTTP API refused, by reason (no_certificate: no verified client certificate of the cluster CA).",
 		}, []string{"reason"}),
 	}
+	m.gossipSent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "carve_agent_gossip_sent_bytes_total",
+		Help: "Bytes of gossip sent, by channel and kind: delta (changed records or rings, broadcast and relayed), digest (periodic anti-entropy), summary, want, push (anti-entropy answers, unicast).",
+	}, []string{"channel", "kind"})
+	m.antiEntropy = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "carve_agent_gossip_antientropy_received_total",
+		Help: "Membership anti-entropy messages received, by kind: digest, summary, want; other_cluster (of another cluster, not answered).",
+	}, []string{"kind"})
+	m.meshTargets = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "carve_agent_mesh_targets", Help: "Peers the agent keeps mesh connections to (bounded by --mesh-peers).",
+	})
+	for _, k := range []string{"delta", "digest", "summary", "want", "push"} {
+		m.gossipSent.WithLabelValues("carve-agents", k)
+	}
+	for _, k := range []string{"digest", "summary", "want", "other_cluster"} {
+		m.antiEntropy.WithLabelValues(k)
+	}
 	for _, k := range vxlan.Kinds {
 		m.changes.WithLabelValues(string(k))
 		m.netlinkErrors.WithLabelValues(string(k))
@@ -118,6 +138,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
+		m.gossipSent, m.antiEntropy, m.meshTargets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

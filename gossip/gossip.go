@@ -7,9 +7,11 @@
 // A channel carries three kinds of traffic, as mesh does:
 //   - broadcast: a state pushed to every peer along a spanning tree, for
 //     local changes;
-//   - gossip: the complete local state sent periodically (by the router) to
-//     a few random neighbours, and relayed while it carries news, so that
-//     peers converge even when broadcasts are lost;
+//   - gossip: what Handler.Gossip returns, sent periodically (by the router)
+//     to a few random neighbours and to every new neighbour, and relayed
+//     while it carries news, so that peers converge even when broadcasts
+//     are lost. It may be the complete state, or (as carve's channels do) a
+//     digest that receivers answer by unicast with what differs;
 //   - unicast: an opaque message to one named peer (requests and answers).
 //
 // Peers are named by their agent id everywhere in this package.
@@ -32,8 +34,10 @@ type Data interface {
 // router and goes no further: a peer that sends something bad must not
 // bring the connection down.
 type Handler interface {
-	// Gossip returns the complete local state, for periodic gossip; nil
-	// when there is nothing to say.
+	// Gossip returns what to gossip periodically: the complete local
+	// state, or a digest of it that OnGossip answers by unicast (so that a
+	// round costs the difference, not the state); nil when there is
+	// nothing to say.
 	Gossip() Data
 	// OnGossip merges a received state and returns what in it was news
 	// to this peer (to be relayed), or nil.

@@ -35,6 +35,12 @@ type MeshConfig struct {
 	GossipInterval time.Duration
 	// ConnLimit bounds the connections; 0 means 64.
 	ConnLimit int
+	// NoDiscovery stops mesh from connecting to every peer it learns of
+	// through the topology: the router connects only to the addresses
+	// given to Connect (and accepts connections), and reaches the others
+	// through its neighbours. Callers that keep a bounded set of
+	// connections need it; without it the peers end up fully meshed.
+	NoDiscovery bool
 	// Logger receives the router's and mesh's messages; nil discards them.
 	Logger *slog.Logger
 	// OnPasswordRefused, when set, is called for every handshake refused
@@ -87,7 +93,7 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 		// Version 2 only: version 1 sends the handshake's features (peer
 		// name, nickname, uid) in clear even with a password.
 		ProtocolMinVersion: mesh.ProtocolMaxVersion,
-		PeerDiscovery:      true,
+		PeerDiscovery:      !cfg.NoDiscovery,
 		TrustedSubnets:     []*net.IPNet{},
 	}
 	if cfg.GossipInterval > 0 {
@@ -249,6 +255,27 @@ func (r *MeshRouter) Peers() []string {
 		}
 		r.learn(d.Name, d.NickName)
 		out = append(out, d.NickName)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Neighbours returns the ids of the peers this router is connected to
+// directly, sorted.
+func (r *MeshRouter) Neighbours() []string {
+	var out []string
+	var names []mesh.PeerName
+	for _, d := range r.router.Peers.Descriptions() {
+		if !d.Self {
+			names = append(names, d.Name)
+		}
+	}
+	// A connection is there once its handshake is done (mesh does not say
+	// whether it was confirmed since).
+	for _, c := range r.router.Ourself.ConnectionsTo(names) {
+		if p := c.Remote(); p != nil && r.learn(p.Name, p.NickName) {
+			out = append(out, p.NickName)
+		}
 	}
 	sort.Strings(out)
 	return out

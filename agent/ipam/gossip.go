@@ -1,7 +1,10 @@
 package ipam
 
 import (
+	"bytes"
 	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,21 +38,61 @@ type ringEntry struct {
 	Ring    []byte `json:"ring"`
 }
 
-// ringMessage is the payload of RingChannel.
+// ringMessage is the payload of RingChannel: rings (a broadcast of the
+// rings that changed, a relay, an anti-entropy push), or a digest.
+//
+// Anti-entropy: periodic gossip carries a digest, a hash of every ring the
+// sender serves, never the rings. A receiver unicasts to the digest's
+// sender the rings whose hash differs from its own; a receiver of such a
+// push merges it and, when its merged ring still differs from what it
+// received (the pusher lacks something), pushes its ring back. Equal rings
+// cost one digest of a few dozen bytes per ring and round.
 type ringMessage struct {
 	// ClusterID is the sender's masters' cluster ("" when it knows none).
 	ClusterID string      `json:"cluster_id,omitempty"`
-	Rings     []ringEntry `json:"rings"`
+	Rings     []ringEntry `json:"rings,omitempty"`
+	// From and Digest: the sender's anti-entropy digest.
+	From   string       `json:"from,omitempty"`
+	Digest []ringDigest `json:"digest,omitempty"`
+}
+
+// ringDigest is one ring's entry in a digest.
+type ringDigest struct {
+	Overlay string `json:"overlay"`
+	Family  string `json:"family"`
+	Hash    uint64 `json:"hash"`
+}
+
+// maxDigestRings bounds the rings of a digest (two families per overlay).
+const maxDigestRings = 1024
+
+type ringID struct{ overlay, family string }
+
+// ringHash is a ring's hash, valid while its change count is changes.
+type ringHash struct {
+	changes uint64
+	hash    uint64
 }
 
 // ringData is a ring message as gossip data.
-type ringData struct{ msg ringMessage }
+type ringData struct {
+	msg ringMessage
+	// sent, when set, counts the bytes of every encoding.
+	sent func(kind string, n int)
+}
 
 // Encode implements gossip.Data.
 func (d ringData) Encode() [][]byte {
 	b, err := json.Marshal(d.msg)
 	if err != nil {
 		return nil
+	}
+	if d.sent != nil {
+		kind := "delta"
+		if d.msg.Digest != nil {
+			kind = "digest"
+		}
+		d.sent(kind, len(b))
 	}
 	return [][]byte{b}
 }
@@ -67,7 +110,10 @@ func (d ringData) Merge(other gossip.Data) gossip.Data {
 	if d.msg.ClusterID != "" && o.msg.ClusterID != "" && d.msg.ClusterID != o.msg.ClusterID {
 		return o
 	}
-	out := ringMessage{ClusterID: cmp.Or(o.msg.ClusterID, d.msg.ClusterID)}
+	out := ringMessage{ClusterID: cmp.Or(o.msg.ClusterID, d.msg.ClusterID), From: o.msg.From, Digest: o.msg.Digest}
+	if out.Digest == nil {
+		out.From, out.Digest = d.msg.From, d.msg.Digest
+	}
 	at := map[[2]string]int{}
 	for _, e := range slices.Concat(d.msg.Rings, o.msg.Rings) {
 		k := [2]string{e.Overlay, e.Family}
@@ -78,7 +124,11 @@ func (d ringData) Merge(other gossip.Data) gossip.Data {
 		at[k] = len(out.Rings)
 		out.Rings = append(out.Rings, e)
 	}
-	return ringData{msg: out}
+	sent := o.sent
+	if sent == nil {
+		sent = d.sent
+	}
+	return ringData{msg: out, sent: sent}
 }
 
 // joinRings is the CRDT merge of two encoded rings. An encoding that does
@@ -113,14 +163,32 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 		return ringMessage{}, fmt.Errorf("%w: cluster id of %d bytes", ErrBadRingMessage, len(m.ClusterID))
 	}
 	for _, e := range m.Rings {
-		if e.Family != "4" && e.Family != "6" {
-			return ringMessage{}, fmt.Errorf("%w: ring family %q", ErrBadRingMessage, e.Family)
+		if err := validRingKey(e.Overlay, e.Family); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: ring: %v", ErrBadRingMessage, err)
 		}
-		if err := api.ValidateOverlayName(e.Overlay); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: %v", ErrBadRingMessage, err)
+	}
+	if m.Digest != nil {
+		if err := api.ValidateAgentID(m.From); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: digest sender: %v", ErrBadRingMessage, err)
+		}
+		if len(m.Digest) > maxDigestRings {
+			return ringMessage{}, fmt.Errorf("%w: digest of %d rings", ErrBadRingMessage, len(m.Digest))
+		}
+	}
+	for _, e := range m.Digest {
+		if err := validRingKey(e.Overlay, e.Family); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: digest: %v", ErrBadRingMessage, err)
 		}
 	}
 	return m, nil
+}
+
+// validRingKey checks the overlay and family that name a ring.
+func validRingKey(overlay, family string) error {
+	if family != "4" && family != "6" {
+		return fmt.Errorf("family %q", family)
+	}
+	return api.ValidateOverlayName(overlay)
 }
 
 // allocatorOf returns a served overlay's allocator of a family ("4", "6");
@@ -237,7 +305,93 @@ func (s *Service) broadcast(m ringMessage) {
 	ch := s.channel
 	s.mu.Unlock()
 	if ch != nil {
-		ch.Broadcast(ringData{msg: m})
+		ch.Broadcast(ringData{msg: m, sent: s.onSent})
+	}
+}
+
+// ringDigestLocked hashes every served ring (with fresh free counts),
+// again only for rings that changed since; s.mu is held.
+func (s *Service) ringDigestLocked() []ringDigest {
+	var out []ringDigest
+	for _, name := range sortedKeys(s.overlays) {
+		for fam := range families {
+			a := s.allocatorOf(name, familyName(fam))
+			if a == nil {
+				continue
+			}
+			if _, err := a.SyncFree(); err != nil {
+				s.log.Warn("ring free counts", "overlay", name, "err", err)
+			}
+			k := ringID{name, familyName(fam)}
+			h, ok := s.ringHashes[k]
+			if !ok || h.changes != a.RingChanges() {
+				sum := sha256.Sum256(a.EncodeRing())
+				h = ringHash{changes: a.RingChanges(), hash: binary.BigEndian.Uint64(sum[:8])}
+				s.ringHashes[k] = h
+			}
+			out = append(out, ringDigest{Overlay: name, Family: familyName(fam), Hash: h.hash})
+		}
+	}
+	return out
+}
+
+// answerDigest returns the served rings whose hash differs from the
+// digest's (or that it lacks): what to push to its sender.
+func (s *Service) answerDigest(m ringMessage) ringMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := ringMessage{ClusterID: s.clusterID}
+	theirs := map[ringID]uint64{}
+	for _, e := range m.Digest {
+		theirs[ringID{e.Overlay, e.Family}] = e.Hash
+	}
+	for _, mine := range s.ringDigestLocked() {
+		k := ringID{mine.Overlay, mine.Family}
+		if h, ok := theirs[k]; ok && h == mine.Hash {
+			continue
+		}
+		a := s.allocatorOf(mine.Overlay, mine.Family)
+		out.Rings = append(out.Rings, ringEntry{Overlay: mine.Overlay, Family: mine.Family, Ring: a.EncodeRing()})
+	}
+	return out
+}
+
+// pushBack returns, of the rings a peer pushed, this agent's rings that
+// still differ from them after the merge: the pusher lacks something.
+func (s *Service) pushBack(pushed ringMessage) ringMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := ringMessage{ClusterID: s.clusterID}
+	for _, e := range pushed.Rings {
+		a := s.allocatorOf(e.Overlay, e.Family)
+		if a == nil {
+			continue
+		}
+		if enc := a.EncodeRing(); !bytes.Equal(enc, e.Ring) {
+			out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: enc})
+		}
+	}
+	return out
+}
+
+// unicast sends a ring message to one peer.
+func (s *Service) unicast(dst, kind string, m ringMessage) {
+	s.mu.Lock()
+	ch := s.channel
+	s.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return
+	}
+	if err := ch.Unicast(dst, b); err != nil {
+		s.log.Debug("ring anti-entropy unicast", "to", dst, "err", err)
+		return
+	}
+	if s.onSent != nil {
+		s.onSent(kind, len(b))
 	}
 }
 
@@ -247,21 +401,41 @@ func (s *Service) RingGossip() gossip.Handler { return (*ringHandler)(s) }
 // ringHandler receives ring gossip.
 type ringHandler Service
 
-// Gossip implements gossip.Handler: every served ring.
+// Gossip implements gossip.Handler: the digest of the served rings.
 func (h *ringHandler) Gossip() gossip.Data {
-	m := (*Service)(h).rings()
-	if len(m.Rings) == 0 {
+	s := (*Service)(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.ringDigestLocked()
+	if len(d) == 0 {
 		return nil
 	}
-	return ringData{msg: m}
+	return ringData{msg: ringMessage{ClusterID: s.clusterID, From: s.id, Digest: d}, sent: s.onSent}
 }
 
-func (h *ringHandler) receive(msg []byte) (gossip.Data, error) {
+// receive handles a ring message; src is the sender of a unicast ("" for
+// broadcast and gossip).
+func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	s := (*Service)(h)
 	m, err := decodeRingMessage(msg)
 	if err != nil {
 		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
 		return nil, err
+	}
+	if m.Digest != nil && m.From != s.id {
+		s.mu.Lock()
+		other := s.clusterID != "" && m.ClusterID != "" && m.ClusterID != s.clusterID
+		s.mu.Unlock()
+		if other {
+			s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
+			return nil, fmt.Errorf("%w: %q", ErrOtherCluster, m.ClusterID)
+		}
+		if push := s.answerDigest(m); len(push.Rings) > 0 {
+			s.unicast(m.From, "push", push)
+		}
+	}
+	if len(m.Rings) == 0 {
+		return nil, nil
 	}
 	news, err := s.mergeRings(m)
 	switch {
@@ -270,6 +444,11 @@ func (h *ringHandler) receive(msg []byte) (gossip.Data, error) {
 	case err != nil:
 		s.metrics.ringGossip.WithLabelValues(gossipRefused).Inc()
 	}
+	if src != "" && err == nil {
+		if back := s.pushBack(m); len(back.Rings) > 0 {
+			s.unicast(src, "push", back)
+		}
+	}
 	if len(news.Rings) == 0 {
 		if err == nil {
 			s.metrics.ringGossip.WithLabelValues(gossipKnown).Inc()
@@ -277,11 +456,37 @@ func (h *ringHandler) receive(msg []byte) (gossip.Data, error) {
 		return nil, err
 	}
 	s.metrics.ringGossip.WithLabelValues(gossipNews).Inc()
-	return ringData{msg: news}, err
+	return ringData{msg: news, sent: s.onSent}, err
 }
 
 // OnGossip implements gossip.Handler.
-func (h *ringHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.receive(msg) }
+func (h *ringHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.receive("", msg) }
 
 // OnBroadcast implements gossip.Handler.
-func (h *ringHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) { return h.receive(msg) }
+func (h *ringHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) {
+	return h.receive("", msg)
+}
+
+// OnUnicast implements gossip.Handler. Two kinds of message travel by
+// unicast on the ring channel: space requests and their answers (growth,
+// spacemsg.go), which always carry a "kind", and anti-entropy pushes,
+// which never do (merged and not relayed).
+func (h *ringHandler) OnUnicast(src string, msg []byte) error {
+	if isSpaceMessage(msg) {
+		return h.onSpaceMessage(src, msg)
+	}
+	_, err := h.receive(src, msg)
+	return err
+}
+
+// isSpaceMessage tells a space message from a ring message by its
+// top-level "kind" key; the decoders check everything else.
+func isSpaceMessage(msg []byte) bool {
+	if len(msg) > maxRingMessageBytes {
+		return false
+	}
+	var probe struct {
+		Kind *string `json:"kind"`
+	}
+	return json.Unmarshal(msg, &probe) == nil && probe.Kind != nil
+}

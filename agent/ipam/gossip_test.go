@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -139,6 +140,10 @@ func TestDecodeRingMessageRejects(t *testing.T) {
 		{"bad overlay", `{"rings":[{"overlay":"Carve!","family":"4","ring":""}]}`},
 		{"long cluster id", `{"cluster_id":"` + string(bytes.Repeat([]byte("x"), maxClusterIDLen+1)) + `","rings":[]}`},
 		{"oversized", `{"rings":[` + string(bytes.Repeat([]byte(" "), maxRingMessageBytes)) + `]}`},
+		{"digest without sender", `{"digest":[{"overlay":"carve","family":"4","hash":1}]}`},
+		{"digest bad family", `{"from":"p","digest":[{"overlay":"carve","family":"5","hash":1}]}`},
+		{"digest bad overlay", `{"from":"p","digest":[{"overlay":"Carve!","family":"4","hash":1}]}`},
+		{"digest too long", `{"from":"p","digest":[` + strings.TrimSuffix(strings.Repeat(`{"overlay":"carve","family":"4","hash":1},`, maxDigestRings+1), ",") + `]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -225,6 +230,11 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	f.Add(takeover)
 	otherCluster, _ := json.Marshal(ringMessage{ClusterID: "another", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
 	f.Add(otherCluster)
+	// Anti-entropy: digests (answered by a unicast push), and a push
+	// through the unicast path.
+	f.Add([]byte(`{"cluster_id":"fuzz-cluster","from":"peer","digest":[{"overlay":"carve","family":"4","hash":1}]}`))
+	f.Add([]byte(`{"from":"","digest":[{"overlay":"carve","family":"7","hash":1}]}`))
+	f.Add([]byte(`{"from":"peer","digest":[]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := decodeRingMessage(data)
 		if err != nil {
@@ -240,6 +250,8 @@ func FuzzDecodeRingMessage(f *testing.F) {
 		}
 		// The whole message through the handler, as the router delivers it.
 		_, _ = s.RingGossip().OnGossip(data)
+		checkAllocations(t, s)
+		_ = s.RingGossip().OnUnicast("peer", data)
 		checkAllocations(t, s)
 		if _, err := s.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"}); err == nil {
 			_, _ = s.Release(api.IPAMRequest{Network: "carve", ContainerID: "after", IfName: "eth0"})

@@ -130,9 +130,9 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 	errs := parseErrs
 	o.unreserveGateways()
 	for fam := range families {
-		changed, err := s.seed(o, fam, v, b)
+		_, spread, err := s.seed(o, fam, v, b)
 		errs = append(errs, err)
-		if changed {
+		if spread {
 			news = append(news, ringEntry{Overlay: name, Family: familyName(fam), Ring: o.alloc[fam].EncodeRing()})
 		}
 	}
@@ -184,17 +184,21 @@ func (s *Service) retire(o *overlay) {
 }
 
 // seed creates (or re-seeds) the allocator of one overlay family from the
-// view's leases, and queues its ring's write when it changed.
-func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err error) {
+// view's leases, and queues its ring's write when it changed. spread tells
+// whether the ring holds news for the other agents: what the masters'
+// leases changed, every agent changes alike from its own view (broadcasting
+// it would cost every agent a whole ring per registration, cluster-wide),
+// but grants merged back from the persisted ring live only in rings.
+func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed, spread bool, err error) {
 	u := o.universe[fam]
 	if !u.IsValid() {
-		return false, nil
+		return false, false, nil
 	}
 	alloc := o.alloc[fam]
 	fresh := alloc == nil
 	if fresh {
 		if alloc, err = ring.NewAllocator(s.id, u); err != nil {
-			return false, err
+			return false, false, err
 		}
 		o.alloc[fam] = alloc
 	}
@@ -217,7 +221,7 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err
 		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
 	}
 	if changed, err = alloc.Seed(leases, tombs); err != nil {
-		return false, err
+		return false, false, err
 	}
 	if fresh && !s.staleRings {
 		// Grants made through the ring live only in the ring: merge the
@@ -228,12 +232,13 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err
 				s.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
 			}
 			changed = changed || merged
+			spread = merged
 		}
 	}
 	if changed || fresh {
 		b.add(change{writes: []write{putRing(o.name, fam, alloc.EncodeRing())}})
 	}
-	return changed || fresh, nil
+	return changed || fresh, spread, nil
 }
 
 // claimPersisted takes back the addresses of persisted allocations that the

@@ -49,6 +49,9 @@ type Config struct {
 	Logger     *slog.Logger
 	// Growth configures how a bridge whose blocks fill up gets more space.
 	Growth GrowthConfig
+	// OnSent, when set, counts the bytes of ring gossip sent, by kind
+	// (delta, digest, push).
+	OnSent func(kind string, n int)
 }
 
 // Peer is one agent's leased subnets, of every overlay.
@@ -102,6 +105,9 @@ type Service struct {
 	// savedBlocks are the persisted blocks of overlays not created yet.
 	savedBlocks map[string][]*heldBlock
 	grow        growState
+	onSent      func(kind string, n int)
+	// ringHashes caches each ring's digest hash by its change count.
+	ringHashes map[ringID]ringHash
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -131,7 +137,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks,
+		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, ringHashes: map[ringID]ringHash{},
 	}
 	s.grow = newGrowState(cfg.Growth)
 	n := 0

@@ -132,8 +132,8 @@ func printable(s string) bool {
 	return true
 }
 
-// OnUnicast implements gossip.Handler: space requests and their answers.
-func (h *ringHandler) OnUnicast(src string, msg []byte) error {
+// onSpaceMessage handles a space request or answer (by unicast).
+func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 	s := (*Service)(h)
 	m, err := decodeSpaceMessage(msg)
 	if err != nil {

@@ -27,6 +27,7 @@ func runAgent(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
+	meshPeers := fs.Int("mesh-peers", agent.DefaultMeshPeers, "how many peers the agent keeps mesh connections to (chosen by hashing agent ids; gossip reaches the others through them)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
 	mesosCNIConfDir := fs.String("mesos-cni-conf-dir", "", "where the agent also writes the single-plugin <overlay>.conf the Mesos CNI isolator reads (its --network_cni_config_dir; a directory of its own, not --cni-conf-dir; empty: none)")
 	dockerNetworkName := fs.String("docker-network-name", dockeripam.DefaultNetworkName, "name of each overlay's Docker network, "+dockeripam.OverlayPlaceholder+" replaced by the overlay's name (DC/OS's is the overlay's name; the bridge stays d-<overlay>)")
@@ -78,6 +79,9 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := dockeripam.ValidateNetworkName(*dockerNetworkName); err != nil {
 		return fmt.Errorf("%w: --docker-network-name: %v", cli.ErrUsage, err)
 	}
+	if *meshPeers < 1 || *meshPeers > 64 {
+		return fmt.Errorf("%w: --mesh-peers %d: want 1-64 (2 or more keep the mesh connected when a peer goes)", cli.ErrUsage, *meshPeers)
+	}
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
@@ -102,7 +106,7 @@ func runAgent(ctx context.Context, args []string) error {
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
 		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
 		DockerNetworkName:  *dockerNetworkName,
-		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 		SigningKey: signingKey,

@@ -24,7 +24,7 @@ usage:
                --ca-file CA --cert-file CERT --key-file KEY --signing-key-file signing.key | --insecure
   carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
                --mesh-password-file FILE [--signing-pub-file signing.pub] [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
-               [--socket PATH] [--socket-group GROUP] [--mesh-addr HOST:PORT] \
+               [--socket PATH] [--socket-group GROUP] [--mesh-addr HOST:PORT] [--mesh-peers N] \
                [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
   carve state  --masters URL[,URL...] [--json] [--consistent] \
                --ca-file CA --cert-file CERT --key-file KEY | --insecure

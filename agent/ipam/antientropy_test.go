@@ -1,0 +1,149 @@
+package ipam
+
+import (
+	"bytes"
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip/fakegossip"
+)
+
+// otherSelf is the agent "other" of testView, as its own record.
+func otherSelf() *api.AgentInfo {
+	a := testSelf()
+	a.AgentID, a.Version = "other", 4
+	ov := &a.Overlays[0]
+	ov.Subnet, ov.Subnet6 = "10.128.4.0/23", "fd00:0:0:2::/64"
+	ov.MesosBridge = &api.BridgeInfo{Name: "m-carve", IP: "10.128.4.0/24", IP6: "fd00:0:0:2::/65"}
+	ov.DockerBridge = &api.BridgeInfo{Name: "d-carve", IP: "10.128.5.0/24"}
+	return a
+}
+
+// sentBytes counts what a service sends, by kind.
+type sentBytes struct {
+	mu     sync.Mutex
+	byKind map[string]int
+	count  map[string]int
+}
+
+func (s *sentBytes) add(kind string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.byKind[kind] += n
+	s.count[kind]++
+}
+
+func (s *sentBytes) reset() (bytes, count map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bytes, count = s.byKind, s.count
+	s.byKind, s.count = map[string]int{}, map[string]int{}
+	return bytes, count
+}
+
+// TestRingAntiEntropy: two agents whose rings differ (each knows only its
+// own free counts, and no broadcast went out) converge through digests and
+// pushes alone; once they agree, a round sends digests only, a few dozen
+// bytes per ring, never a ring.
+func TestRingAntiEntropy(t *testing.T) {
+	gnet := fakegossip.New(fakegossip.Config{Seed: 5})
+	t.Cleanup(gnet.Close)
+	sent := map[string]*sentBytes{}
+	svcs := map[string]*Service{}
+	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
+		id := self.AgentID
+		sent[id] = &sentBytes{byKind: map[string]int{}, count: map[string]int{}}
+		svc, err := New(Config{AgentID: id, DB: openDB(t, t.TempDir()), Logger: testLogger(), OnSent: sent[id].add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := testView(testSelf())
+		v.Self = self
+		v.Peers = []Peer{peerOf(testSelf()), peerOf(otherSelf())}
+		svc.Sync(v) // no channel yet: nothing is broadcast
+		r, err := gnet.Join(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := r.Channel(RingChannel, svc.RingGossip())
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.UseChannel(ch)
+		svcs[id] = svc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	round := func() {
+		gnet.GossipRound()
+		if err := gnet.WaitIdle(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	equal := func() bool {
+		a, b := svcs["self"].Rings(), svcs["other"].Rings()
+		return len(a) == 2 && slices.Equal(slices.Sorted(maps.Keys(a)), slices.Sorted(maps.Keys(b))) &&
+			bytes.Equal(a["carve/4"], b["carve/4"]) && bytes.Equal(a["carve/6"], b["carve/6"])
+	}
+	// An allocation changes self's free counts, which the next digest
+	// writes into its ring (the allocation itself is not gossiped).
+	if _, err := svcs["self"].Allocate(api.IPAMRequest{Network: "carve", ContainerID: "c1", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sent {
+		s.reset()
+	}
+	for _, svc := range svcs {
+		svc.RingGossip().Gossip()
+	}
+	if equal() {
+		t.Fatal("the rings agree before any gossip: the test proves nothing")
+	}
+	round()
+	if !equal() {
+		t.Fatalf("rings differ after one anti-entropy round (seed %d)", gnet.Seed())
+	}
+	for _, s := range sent {
+		s.reset()
+	}
+	round()
+	for id, s := range sent {
+		b, n := s.reset()
+		if b["push"] != 0 || b["delta"] != 0 {
+			t.Errorf("%s sent rings between agreeing agents: %v", id, b)
+		}
+		if n["digest"] != 1 || b["digest"] > 200 {
+			t.Errorf("%s: %d digests of %d bytes, want one of at most 200", id, n["digest"], b["digest"])
+		}
+	}
+
+	// A new agent's lease (a registration) changes every agent's ring
+	// alike, from its own view: nothing is broadcast, and the rings agree.
+	third := Peer{ID: "third", Version: 20, Subnets: []string{"10.128.8.0/23", "fd00:0:0:3::/64"}}
+	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
+		v := testView(testSelf())
+		v.Self = self
+		v.Peers = []Peer{peerOf(testSelf()), peerOf(otherSelf()), third}
+		before := svcs[self.AgentID].Rings()["carve/4"]
+		svcs[self.AgentID].Sync(v)
+		if bytes.Equal(before, svcs[self.AgentID].Rings()["carve/4"]) {
+			t.Fatalf("%s: the new lease did not change the ring", self.AgentID)
+		}
+	}
+	if err := gnet.WaitIdle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id, s := range sent {
+		if b, _ := s.reset(); b["delta"] != 0 {
+			t.Errorf("%s broadcast %d bytes of rings for a lease every agent learns from the masters", id, b["delta"])
+		}
+	}
+	if !equal() {
+		t.Fatal("the rings differ after both agents synced the same leases")
+	}
+}

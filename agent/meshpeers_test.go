@@ -1,0 +1,72 @@
+package agent
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+func candidates(n int) []meshCandidate {
+	var out []meshCandidate
+	for i := range n {
+		out = append(out, meshCandidate{id: fmt.Sprintf("agent-%04d", i), addr: fmt.Sprintf("198.18.%d.%d:6783", i/250, i%250+1)})
+	}
+	return out
+}
+
+func ids(cs []meshCandidate) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.id)
+	}
+	return out
+}
+
+// TestPickMeshPeers: each agent picks k peers, the same ones every time
+// and in any order of the candidates; the picks are spread (no agent is
+// picked by many more than k others); a peer that goes away is replaced
+// by the next one and the rest stay; a chosen peer that does not connect
+// within its grace gets the next candidate beside it, up to 2k.
+func TestPickMeshPeers(t *testing.T) {
+	const n, k = 1000, 12
+	up := func(string) bool { return true }
+	in := map[string]int{}
+	for _, self := range ids(candidates(n)) {
+		cs := slices.DeleteFunc(candidates(n), func(c meshCandidate) bool { return c.id == self })
+		got := ids(pickMeshPeers(self, cs, k, up))
+		if len(got) != k {
+			t.Fatalf("%s picked %d peers", self, len(got))
+		}
+		slices.Reverse(cs)
+		if again := ids(pickMeshPeers(self, cs, k, up)); !slices.Equal(got, again) {
+			t.Fatalf("%s picked %v, then %v from the same candidates", self, got, again)
+		}
+		for _, id := range got {
+			in[id]++
+		}
+	}
+	most := 0
+	for _, c := range in {
+		most = max(most, c)
+	}
+	if most > 3*k {
+		t.Fatalf("an agent is picked by %d others (k=%d): the picks are not spread", most, k)
+	}
+
+	self := "agent-0000"
+	cs := candidates(n)[1:]
+	first := ids(pickMeshPeers(self, slices.Clone(cs), k, up))
+	gone := first[3]
+	after := ids(pickMeshPeers(self, slices.DeleteFunc(slices.Clone(cs), func(c meshCandidate) bool { return c.id == gone }), k, up))
+	if kept := slices.DeleteFunc(slices.Clone(after), func(id string) bool { return !slices.Contains(first, id) }); len(kept) != k-1 || slices.Contains(after, gone) {
+		t.Fatalf("after %s went away: %v (before %v)", gone, after, first)
+	}
+	down := ids(pickMeshPeers(self, slices.Clone(cs), k, func(id string) bool { return id != first[0] && id != first[1] }))
+	if len(down) != k+2 || !slices.Equal(down[:k], first) {
+		t.Fatalf("with two chosen peers unreachable: %v, want %v and two more", down, first)
+	}
+	none := ids(pickMeshPeers(self, slices.Clone(cs), k, func(string) bool { return false }))
+	if len(none) != 2*k {
+		t.Fatalf("with no peer reachable: %d picked, want %d", len(none), 2*k)
+	}
+}
