@@ -96,7 +96,7 @@ func (a *Allocator) apply(next state) error {
 // Ring.Seed). A table that would take from this peer a range where it has
 // allocations is refused with a *TakeoverError.
 func (a *Allocator) Seed(leases []Lease, tombstones []Tombstone) (changed bool, err error) {
-	next, changed, err := a.ring.trySeed(leases, tombstones)
+	next, changed, err := a.ring.trySeed(leases, nil, tombstones)
 	if err != nil || !changed {
 		return false, err
 	}
@@ -104,6 +104,41 @@ func (a *Allocator) Seed(leases []Lease, tombstones []Tombstone) (changed bool, 
 		return false, err
 	}
 	return true, nil
+}
+
+// SeedSets joins complete lease sets and tombstones into the ring (see
+// Ring.SeedSets), refusing like Seed a change that takes a range in use.
+func (a *Allocator) SeedSets(sets []LeaseSet, tombstones []Tombstone) (changed bool, err error) {
+	leases, floors := flattenSets(sets)
+	next, changed, err := a.ring.trySeed(leases, floors, tombstones)
+	if err != nil || !changed {
+		return false, err
+	}
+	if err := a.apply(next); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// ReleaseBlock gives p, which must lie inside one range of this peer and
+// hold no address in use, back to nobody (see Ring.Release).
+func (a *Allocator) ReleaseBlock(p netip.Prefix) error {
+	start, end, err := a.ring.u.prefixSpan(p)
+	if err != nil {
+		return err
+	}
+	if a.inUse(a.ring.u.rangeOf(start, end.dec())) {
+		return fmt.Errorf("%w: %v holds addresses in use", ErrAddressInUse, p)
+	}
+	next, err := a.ring.tryGive(a.self, "", p)
+	if err != nil {
+		return err
+	}
+	if err := a.apply(next); err != nil {
+		return err
+	}
+	_, err = a.SyncFree()
+	return err
 }
 
 // Merge joins a remote ring into this peer's ring. It never accepts a change

@@ -237,7 +237,7 @@ func TestAllocatorMergeGuard(t *testing.T) {
 			remote := a.Ring()
 			remote.st = remote.derive(upsert(remote.u, remote.st.raw,
 				rawToken{start: U128(256 + 128), owner: "x", version: 5<<32 | 7, free: U128(128)}),
-				remote.st.leases, remote.st.tombs)
+				remote.st.leases, remote.st.sets, remote.st.tombs)
 			before := a.State()
 			changed, err := a.Merge(remote)
 			var te *TakeoverError

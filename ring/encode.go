@@ -7,8 +7,10 @@ import (
 	"sort"
 )
 
-// FormatV1 is the first byte of every encoded ring of this layout.
-const FormatV1 = 1
+// FormatV2 is the first byte of every encoded ring of this layout. Format 1
+// (leases disjoint, without lease-set versions) is no longer read: a ring
+// persisted in it is seeded again from the masters' records.
+const FormatV2 = 2
 
 // maxOwnerLen bounds an agent id in the encoding.
 const maxOwnerLen = 255
@@ -16,14 +18,17 @@ const maxOwnerLen = 255
 // Encode writes the replicated state in a compact, canonical form, the same
 // for gossip and for disk:
 //
-//	format byte (FormatV1)
+//	format byte (FormatV2)
 //	family byte (4 or 6), universe address (4 or 16 bytes), prefix length byte
 //	owners:     count, then each as length + bytes, sorted, each used below
 //	tokens:     count, then each: start as a delta from the previous one
 //	            (the first is 0), owner index (0 = nobody, else 1-based),
 //	            version epoch, version counter, free count
 //	leases:     count, then each: start as a delta from the previous lease's
-//	            end, prefix length byte, owner index, Raft index
+//	            start, prefix length byte, owner index, Raft index; sorted
+//	            by (start, prefix length, owner), none below its owner's
+//	            lease-set version
+//	lease sets: count, then each: owner index (increasing), version
 //	tombstones: count, then each: owner index (increasing), Raft index
 //
 // Integers are unsigned varints; 128-bit values are two varints (high, low).
@@ -45,7 +50,7 @@ func (r *Ring) AppendEncode(b []byte) []byte {
 		}
 		return index[o]
 	}
-	b = append(b, FormatV1)
+	b = append(b, FormatV2)
 	a := r.u.prefix.Addr()
 	if a.Is4() {
 		b = append(b, 4)
@@ -74,10 +79,15 @@ func (r *Ring) AppendEncode(b []byte) []byte {
 	prev = Uint128{}
 	for _, l := range r.st.leases {
 		b = appendU128(b, l.start.Sub(prev))
-		prev = l.end
+		prev = l.start
 		b = append(b, byte(l.bits))
 		b = binary.AppendUvarint(b, ownerIdx(l.owner))
 		b = binary.AppendUvarint(b, l.index)
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.st.sets)))
+	for _, t := range r.st.sets {
+		b = binary.AppendUvarint(b, ownerIdx(t.Owner))
+		b = binary.AppendUvarint(b, t.Version)
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.st.tombs)))
 	for _, t := range r.st.tombs {
@@ -104,6 +114,9 @@ func (r *Ring) owners() []string {
 	}
 	for _, l := range r.st.leases {
 		add(l.owner)
+	}
+	for _, t := range r.st.sets {
+		add(t.Owner)
 	}
 	for _, t := range r.st.tombs {
 		add(t.Owner)
@@ -190,11 +203,11 @@ func (d *decoder) count(what string, minBytes int) int {
 
 // Decode reads an encoded ring and validates everything: format, universe,
 // owners, tokens sorted without repeats and inside the universe, free counts
-// possible for their range sizes, leases aligned, inside and disjoint,
-// tombstones sorted. It never panics on any input.
+// possible for their range sizes, leases aligned, inside and sorted, none
+// below its owner's lease-set version, lease sets and tombstones sorted. It never panics on any input.
 func Decode(b []byte) (*Ring, error) {
 	d := &decoder{b: b}
-	if f := d.byte1("format"); d.err == nil && f != FormatV1 {
+	if f := d.byte1("format"); d.err == nil && f != FormatV2 {
 		return nil, fmt.Errorf("%w: unknown format %d", ErrInvalid, f)
 	}
 	var addr netip.Addr
@@ -308,24 +321,19 @@ func Decode(b []byte) (*Ring, error) {
 		if l.index == 0 || l.index > maxRaftIndex {
 			d.fail("lease %d: index %d", i, l.index)
 		}
+		if i > 0 && !leases[i-1].keyLess(l) {
+			d.fail("lease %d: leases not sorted", i)
+		}
 		leases = append(leases, l)
-		pos = l.end
+		pos = l.start
 	}
 
-	nTombs := d.count("tombstones", 2)
-	tombs := make([]Tombstone, 0, nTombs)
-	lastIdx := uint64(0)
-	for i := 0; i < nTombs && d.err == nil; i++ {
-		idx := d.uvarint("tombstone owner")
-		if d.err == nil && idx <= lastIdx {
-			d.fail("tombstones not sorted")
+	sets := d.ownerVersions("lease sets", owner)
+	tombs := d.ownerVersions("tombstones", owner)
+	for i, l := range leases {
+		if d.err == nil && l.index < tombIndex(sets, l.owner) {
+			d.fail("lease %d: below its owner's lease set", i)
 		}
-		lastIdx = idx
-		t := Tombstone{Owner: owner(idx, false), Version: d.uvarint("tombstone index")}
-		if d.err == nil && (t.Version == 0 || t.Version > maxRaftIndex) {
-			d.fail("tombstone %d: index %d", i, t.Version)
-		}
-		tombs = append(tombs, t)
 	}
 	if d.err == nil && len(d.b) != 0 {
 		d.fail("%d trailing bytes", len(d.b))
@@ -339,8 +347,28 @@ func Decode(b []byte) (*Ring, error) {
 		return nil, d.err
 	}
 	r := &Ring{u: u}
-	r.st = r.derive(raw, leases, tombs)
+	r.st = r.derive(raw, leases, sets, tombs)
 	return r, nil
+}
+
+// ownerVersions reads a list of (owner index, Raft index), owners increasing.
+func (d *decoder) ownerVersions(what string, owner func(uint64, bool) string) []Tombstone {
+	n := d.count(what, 2)
+	out := make([]Tombstone, 0, n)
+	lastIdx := uint64(0)
+	for i := 0; i < n && d.err == nil; i++ {
+		idx := d.uvarint(what + " owner")
+		if d.err == nil && idx <= lastIdx {
+			d.fail("%s not sorted", what)
+		}
+		lastIdx = idx
+		t := Tombstone{Owner: owner(idx, false), Version: d.uvarint(what + " index")}
+		if d.err == nil && (t.Version == 0 || t.Version > maxRaftIndex) {
+			d.fail("%s %d: index %d", what, i, t.Version)
+		}
+		out = append(out, t)
+	}
+	return out
 }
 
 // UnmarshalBinary is Decode into r, for encoding.BinaryUnmarshaler.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"net/netip"
 	"testing"
 )
 
@@ -16,6 +17,7 @@ type enc struct {
 	owners         []string
 	toks           []encTok
 	leases         []encLease
+	sets           []encTomb
 	tombs          []encTomb
 	trailing       []byte
 	rawVarint      []byte // replaces the token count when set
@@ -63,6 +65,11 @@ func (e enc) bytes() []byte {
 		b = binary.AppendUvarint(b, l.owner)
 		b = binary.AppendUvarint(b, l.index)
 	}
+	b = binary.AppendUvarint(b, uint64(len(e.sets)))
+	for _, t := range e.sets {
+		b = binary.AppendUvarint(b, t.owner)
+		b = binary.AppendUvarint(b, t.index)
+	}
 	b = binary.AppendUvarint(b, uint64(len(e.tombs)))
 	for _, t := range e.tombs {
 		b = binary.AppendUvarint(b, t.owner)
@@ -72,17 +79,19 @@ func (e enc) bytes() []byte {
 }
 
 // validEnc is 10.0.0.0/16 with a owning 10.0.1.0/24 (lease 5, then a free
-// count report), and b deleted at 7.
+// count report) and a /26 of it in a lease of c at 6 (its lease set), and b
+// deleted at 7.
 func validEnc() enc {
 	return enc{
-		format: FormatV1, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
-		owners: []string{"a", "b"},
+		format: FormatV2, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
+		owners: []string{"a", "b", "c"},
 		toks: []encTok{
 			{U128(0), 0, 0, 0, U128(0)},
 			{U128(256), 1, 5, 1, U128(100)},
 			{U128(256), 0, 0, 0, U128(0)},
 		},
-		leases: []encLease{{U128(256), 24, 1, 5}},
+		leases: []encLease{{U128(256), 24, 1, 5}, {U128(64), 26, 3, 6}},
+		sets:   []encTomb{{3, 6}},
 		tombs:  []encTomb{{2, 7}},
 	}
 }
@@ -106,7 +115,8 @@ func TestDecodeRejects(t *testing.T) {
 		name   string
 		mutate func(*enc)
 	}{
-		{"unknown format", func(e *enc) { e.format = 2 }},
+		{"unknown format", func(e *enc) { e.format = 3 }},
+		{"format 1", func(e *enc) { e.format = 1 }},
 		{"unknown family", func(e *enc) { e.family = 5 }},
 		{"universe length too long", func(e *enc) { e.bits = 33 }},
 		{"universe host bits", func(e *enc) { e.addr = []byte{10, 0, 0, 1} }},
@@ -121,7 +131,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"repeated token", func(e *enc) { e.toks[2].delta = U128(0) }},
 		{"token outside universe", func(e *enc) { e.toks[2].delta = U128(1 << 16) }},
 		{"token delta wraps", func(e *enc) { e.toks[2].delta = Uint128{Hi: ^uint64(0), Lo: ^uint64(0)} }},
-		{"owner index out of range", func(e *enc) { e.toks[1].owner = 3 }},
+		{"owner index out of range", func(e *enc) { e.toks[1].owner = 4 }},
 		{"epoch too big", func(e *enc) { e.toks[1].epoch = 1 << 32 }},
 		{"counter too big", func(e *enc) { e.toks[1].counter = 1 << 32 }},
 		{"free count above range size", func(e *enc) { e.toks[1].free = U128(257) }},
@@ -133,9 +143,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"lease without owner", func(e *enc) { e.leases[0].owner = 0 }},
 		{"lease index 0", func(e *enc) { e.leases[0].index = 0 }},
 		{"lease index too big", func(e *enc) { e.leases[0].index = 1 << 32 }},
-		// Leases cannot overlap in the encoding: each start is a delta
-		// from the previous lease's end.
-		{"lease delta wraps", func(e *enc) { e.leases[0].delta = Uint128{Hi: ^uint64(0), Lo: ^uint64(0) - 255} }},
+		{"lease delta wraps", func(e *enc) { e.leases[1].delta = Uint128{Hi: ^uint64(0), Lo: ^uint64(0) - 255} }},
+		{"leases unsorted", func(e *enc) { e.leases[1].delta, e.leases[1].bits = U128(0), 23 }},
+		{"lease repeated", func(e *enc) { e.leases[1] = encLease{U128(0), 24, 1, 6} }},
+		{"lease below its owner's set", func(e *enc) { e.sets[0].index = 7 }},
+		{"lease set without owner", func(e *enc) { e.sets[0].owner = 0 }},
+		{"lease set index 0", func(e *enc) { e.sets[0].index = 0 }},
+		{"lease sets unsorted", func(e *enc) { e.sets = []encTomb{{3, 6}, {1, 3}} }},
 		{"tombstone without owner", func(e *enc) { e.tombs[0].owner = 0 }},
 		{"tombstones unsorted", func(e *enc) { e.tombs = []encTomb{{2, 7}, {1, 3}} }},
 		{"tombstone index 0", func(e *enc) { e.tombs[0].index = 0 }},
@@ -181,6 +195,9 @@ func TestEncodeRoundTrip(t *testing.T) {
 	if err := v6.Grant("a", "b", pfx(t, "fd00:0:0:ffff:8000::/65")); err != nil {
 		t.Fatal(err)
 	}
+	overlapping := newRing(t, "10.0.0.0/16")
+	mustSeedSets(t, overlapping, []LeaseSet{{"d", 5, []netip.Prefix{pfx(t, "10.0.1.0/25"), pfx(t, "10.0.1.128/25")}}})
+	mustSeedSets(t, overlapping, []LeaseSet{{"r", 9, []netip.Prefix{pfx(t, "10.0.1.64/27"), pfx(t, "10.0.2.0/24")}}, {"e", 3, nil}})
 	tests := []struct {
 		name string
 		r    *Ring
@@ -190,6 +207,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 		{"empty v6 /1", newRing(t, "8000::/1")},
 		{"seeded v4", v4},
 		{"seeded v6", v6},
+		{"overlapping sets", overlapping},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -201,7 +219,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 			if !d.Equal(tt.r) || !bytes.Equal(d.Encode(), b) {
 				t.Fatalf("round trip differs:\n%v\n%v", tt.r, d)
 			}
-			if b[0] != FormatV1 {
+			if b[0] != FormatV2 {
 				t.Fatalf("format byte %d", b[0])
 			}
 			var u Ring

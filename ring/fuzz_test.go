@@ -3,6 +3,7 @@ package ring
 import (
 	"bytes"
 	"errors"
+	"net/netip"
 	"testing"
 )
 
@@ -21,6 +22,22 @@ func fuzzSeeds(f *testing.F) [][]byte {
 	out = append(out, r.Encode())
 	mustSeed(f, r, nil, []Tombstone{{"a", 9}})
 	out = append(out, r.Encode())
+	ov := newRing(f, "10.0.0.0/16")
+	if _, err := ov.SeedSets([]LeaseSet{{"d", 5, []netip.Prefix{pfx(f, "10.0.1.0/25"), pfx(f, "10.0.1.128/25")}}}, nil); err != nil {
+		f.Fatal(err)
+	}
+	if err := ov.Grant("d", "r", pfx(f, "10.0.1.96/27")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, ov.Encode())
+	if _, err := ov.SeedSets([]LeaseSet{{"r", 9, []netip.Prefix{pfx(f, "10.0.1.96/27")}}, {"x", 2, nil}}, nil); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, ov.Encode())
+	if err := ov.Release("d", pfx(f, "10.0.1.0/27")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, ov.Encode())
 	v6 := newRing(f, "fd00::/48")
 	mustSeed(f, v6, []Lease{{"a", pfx(f, "fd00:0:0:1::/64"), 1}}, nil)
 	out = append(out, v6.Encode())
@@ -32,7 +49,7 @@ func FuzzDecode(f *testing.F) {
 		f.Add(s)
 	}
 	f.Add([]byte{})
-	f.Add([]byte{1, 4, 10, 0, 0, 0, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{2, 4, 10, 0, 0, 0, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := Decode(b)
 		if err != nil {

@@ -55,7 +55,7 @@ func rawRing(t testing.TB, universe string, toks ...tok) *Ring {
 		}
 		raw = append(raw, rawToken{start: x, owner: k.owner, version: k.epoch<<epochShift | k.counter, free: U128(k.free)})
 	}
-	r.st = r.derive(raw, nil, nil)
+	r.st = r.derive(raw, nil, nil, nil)
 	if _, err := Decode(r.Encode()); err != nil {
 		t.Fatalf("test ring is invalid: %v", err)
 	}
@@ -67,6 +67,14 @@ func mustSeed(t testing.TB, r *Ring, leases []Lease, tombs []Tombstone) {
 	if _, err := r.Seed(leases, tombs); err != nil {
 		t.Fatalf("seed: %v", err)
 	}
+}
+
+func mustSeedSets(t testing.TB, r *Ring, sets []LeaseSet) {
+	t.Helper()
+	if _, err := r.SeedSets(sets, nil); err != nil {
+		t.Fatalf("seed sets: %v", err)
+	}
+	checkValid(t, r)
 }
 
 func ownerOf(t testing.TB, r *Ring, a string) string {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"sort"
 	"testing"
 )
 
@@ -34,13 +35,31 @@ func randomRing(t testing.TB, rng *rand.Rand) *Ring {
 				owner: owners[1+rng.IntN(3)], index: uint64(1 + rng.IntN(4))})
 		}
 	}
+	// Nested and overlapping leases across owners and versions: a donor's
+	// block and a grant inside it recorded later, or a stale lease.
+	for range rng.IntN(4) {
+		bits := 26 + rng.IntN(4)
+		size := uint64(1) << (32 - bits)
+		start := uint64(rng.IntN(int(256/size))) * size
+		leases = append(leases, leaseEntry{start: U128(start), end: U128(start + size), bits: bits,
+			owner: owners[1+rng.IntN(3)], index: uint64(1 + rng.IntN(6))})
+	}
+	sort.Slice(leases, func(i, j int) bool { return leases[i].keyLess(leases[j]) })
+	leases = dedupLeases(leases)
+	var sets []Tombstone
+	for _, o := range owners[1:] {
+		if rng.IntN(3) == 0 {
+			sets = append(sets, Tombstone{o, uint64(1 + rng.IntN(5))})
+		}
+	}
+	leases = normalize(leases, sets)
 	var tombs []Tombstone
 	for _, o := range owners[1:] {
 		if rng.IntN(3) == 0 {
 			tombs = append(tombs, Tombstone{o, uint64(1 + rng.IntN(4))})
 		}
 	}
-	r.st = r.derive(raw, leases, tombs)
+	r.st = r.derive(raw, leases, sets, tombs)
 	checkValid(t, r)
 	return r
 }
@@ -337,6 +356,47 @@ func TestSeedOrderIndependence(t *testing.T) {
 			}
 			for _, i := range rng.Perm(len(tombs)) {
 				mustSeed(t, r, nil, []Tombstone{tombs[i]})
+			}
+			if !r.Equal(ref) {
+				t.Fatalf("seed %d peer %d: ring differs\n%v\n%v", seed, peer, ref, r)
+			}
+		}
+	}
+}
+
+// TestSeedSetsOrderIndependence checks that peers given the same history of
+// complete lease sets (agents whose blocks are granted, returned and leased
+// again, so that sets of different versions overlap), in any order, with
+// repeats and stale sets, derive the same ring as one that saw only each
+// agent's latest set.
+func TestSeedSetsOrderIndependence(t *testing.T) {
+	for seed := uint64(1); seed <= 100; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 4))
+		var history []LeaseSet
+		latest := map[string]LeaseSet{}
+		for i := range 20 {
+			owner := fmt.Sprint("a", rng.IntN(5))
+			s := LeaseSet{Owner: owner, Version: uint64(i + 1)}
+			for range rng.IntN(3) {
+				bits := 24 + rng.IntN(4)
+				size := 1 << (32 - bits)
+				off := rng.IntN(4*256/size) * size
+				s.Prefixes = append(s.Prefixes, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, byte(off >> 8), byte(off)}), bits))
+			}
+			history = append(history, s)
+			latest[owner] = s
+		}
+		ref := newRing(t, "10.0.0.0/16")
+		for _, s := range latest {
+			mustSeedSets(t, ref, []LeaseSet{s})
+		}
+		for peer := range 3 {
+			r := newRing(t, "10.0.0.0/16")
+			for _, i := range rng.Perm(len(history)) {
+				mustSeedSets(t, r, []LeaseSet{history[i]})
+				if rng.IntN(3) == 0 {
+					mustSeedSets(t, r, []LeaseSet{history[rng.IntN(len(history))]})
+				}
 			}
 			if !r.Equal(ref) {
 				t.Fatalf("seed %d peer %d: ring differs\n%v\n%v", seed, peer, ref, r)

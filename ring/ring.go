@@ -14,15 +14,21 @@
 //
 //   - raw tokens: the tokens peers wrote (grants, transfers, free counts),
 //     joined position by position, the greater value winning;
-//   - leases: the master's lease table (agent -> subnet, with the Raft index
-//     of the lease), joined by prefix, the higher index winning;
+//   - leases: the master's lease table (agent -> blocks, with the Raft index
+//     of the record they come from), joined by (prefix, agent), the higher
+//     index winning, and per agent a lease-set version: an agent's complete
+//     lease set at a version (SeedSets) replaces its leases of lower index,
+//     so that a block it gave back or granted away drops out;
 //   - tombstones: agents deleted at the master, with the Raft index of the
 //     deletion, joined by agent, the higher index winning.
 //
 // The ring every query sees (the view) is a pure function of the three: a
 // token of a deleted agent older than its deletion belongs to nobody, and a
 // range that belongs to nobody inside a leased subnet belongs to the lessee
-// when the lease is newer. Peers that hold the same three parts therefore see
+// when the lease is newer. Leases of two agents may overlap (a donor's older
+// block and the block a grant moved to the recipient, recorded later): where
+// they do, the lease of the higher index wins (then the greater agent id).
+// Peers that hold the same three parts therefore see
 // the same ring, and a merge is the join of the parts: commutative,
 // associative and idempotent. Values at one position are ordered by version,
 // then owner, then free count (the lower count wins), so ties are broken the
@@ -67,6 +73,16 @@ type Lease struct {
 	Owner   string       // agent id
 	Prefix  netip.Prefix // agent subnet, inside the universe
 	Version uint64       // Raft index at which the lease was committed
+}
+
+// LeaseSet is one agent's complete lease table in the universe, at the
+// version (Raft index) of the master record it comes from: seeding it
+// replaces every lease of that agent of a lower index, so that blocks the
+// agent gave back or granted away leave the ring.
+type LeaseSet struct {
+	Owner    string
+	Version  uint64
+	Prefixes []netip.Prefix
 }
 
 // Tombstone says the master deleted an agent at a Raft index: every range it
@@ -117,7 +133,14 @@ func (a leaseEntry) keyLess(b leaseEntry) bool {
 	if a.start != b.start {
 		return a.start.Less(b.start)
 	}
-	return a.bits < b.bits
+	if a.bits != b.bits {
+		return a.bits < b.bits
+	}
+	return a.owner < b.owner
+}
+
+func (a leaseEntry) sameKey(b leaseEntry) bool {
+	return a.start == b.start && a.bits == b.bits && a.owner == b.owner
 }
 
 func (a leaseEntry) beats(b leaseEntry) bool {
@@ -138,8 +161,11 @@ type viewToken struct {
 type state struct {
 	raw    []rawToken
 	leases []leaseEntry
-	tombs  []Tombstone
-	view   []viewToken
+	// sets are the lease-set versions by agent: no lease of an agent has
+	// a lower index than its set's (normalize drops them).
+	sets  []Tombstone
+	tombs []Tombstone
+	view  []viewToken
 }
 
 // Ring is the ring of one overlay. It is not safe for concurrent use.
@@ -156,12 +182,75 @@ func NewRing(universe netip.Prefix) (*Ring, error) {
 		return nil, err
 	}
 	r := &Ring{u: u}
-	r.st = r.derive([]rawToken{{}}, nil, nil)
+	r.st = r.derive([]rawToken{{}}, nil, nil, nil)
 	return r, nil
 }
 
-func (r *Ring) derive(raw []rawToken, leases []leaseEntry, tombs []Tombstone) state {
-	return state{raw: raw, leases: leases, tombs: tombs, view: computeView(r.u, raw, leases, tombs)}
+func (r *Ring) derive(raw []rawToken, leases []leaseEntry, sets, tombs []Tombstone) state {
+	return state{raw: raw, leases: leases, sets: sets, tombs: tombs, view: computeView(r.u, raw, effectiveLeases(leases), tombs)}
+}
+
+// normalize drops the leases below their agent's lease-set version: a
+// function of the joined state, so the join stays a join.
+func normalize(leases []leaseEntry, sets []Tombstone) []leaseEntry {
+	if len(sets) == 0 {
+		return leases
+	}
+	out := make([]leaseEntry, 0, len(leases))
+	for _, l := range leases {
+		if l.index >= tombIndex(sets, l.owner) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// effectiveLeases resolves overlapping leases: each address goes to the
+// covering lease of the highest index (then the greatest owner). The result
+// is sorted and disjoint; without overlaps it is the leases themselves.
+func effectiveLeases(leases []leaseEntry) []leaseEntry {
+	overlap := false
+	for k := 1; k < len(leases); k++ {
+		if leases[k].start.Less(leases[k-1].end) {
+			overlap = true
+			break
+		}
+	}
+	if !overlap {
+		return leases
+	}
+	byRank := slices.Clone(leases)
+	slices.SortStableFunc(byRank, func(a, b leaseEntry) int {
+		switch {
+		case a.beats(b):
+			return -1
+		case b.beats(a):
+			return 1
+		case a.keyLess(b):
+			return -1
+		case b.keyLess(a):
+			return 1
+		}
+		return 0
+	})
+	var painted []leaseEntry // sorted by start, disjoint
+	for _, l := range byRank {
+		x := l.start
+		i := sort.Search(len(painted), func(i int) bool { return x.Less(painted[i].end) })
+		for x.Less(l.end) {
+			if i == len(painted) || !painted[i].start.Less(l.end) {
+				painted = slices.Insert(painted, i, leaseEntry{start: x, end: l.end, bits: l.bits, owner: l.owner, index: l.index})
+				break
+			}
+			if x.Less(painted[i].start) {
+				painted = slices.Insert(painted, i, leaseEntry{start: x, end: painted[i].start, bits: l.bits, owner: l.owner, index: l.index})
+				i++
+			}
+			x = painted[i].end
+			i++
+		}
+	}
+	return painted
 }
 
 func tombIndex(tombs []Tombstone, owner string) uint64 {
@@ -287,8 +376,8 @@ func (r *Ring) Clone() *Ring {
 
 // Equal reports whether r and o hold the same replicated state.
 func (r *Ring) Equal(o *Ring) bool {
-	return r.u == o.u && slices.Equal(r.st.raw, o.st.raw) &&
-		slices.Equal(r.st.leases, o.st.leases) && slices.Equal(r.st.tombs, o.st.tombs)
+	return r.u == o.u && slices.Equal(r.st.raw, o.st.raw) && slices.Equal(r.st.leases, o.st.leases) &&
+		slices.Equal(r.st.sets, o.st.sets) && slices.Equal(r.st.tombs, o.st.tombs)
 }
 
 // Tokens returns the view: the tokens queries see, in address order.
@@ -300,7 +389,8 @@ func (r *Ring) Tokens() []Token {
 	return out
 }
 
-// Leases returns the lease table the ring holds, in address order.
+// Leases returns the lease table the ring holds, in address order (then
+// prefix length, then owner); leases may overlap (see the package doc).
 func (r *Ring) Leases() []Lease {
 	out := make([]Lease, len(r.st.leases))
 	for i, l := range r.st.leases {
@@ -419,11 +509,12 @@ func (r *Ring) ChoosePeerToAsk(rng *rand.Rand, exclude ...string) (peer string, 
 	return names[len(names)-1], true // unreachable: x < sum
 }
 
-// Seed joins a lease table (and the tombstones of deleted agents) into the
-// ring. Every peer that seeds the same table derives the same ring, and a
-// newer table dominates an older one. changed reports whether the ring moved.
+// Seed joins leases (and the tombstones of deleted agents) into the ring,
+// adding to what each agent leases. Every peer that seeds the same table
+// derives the same ring, and a newer table dominates an older one. changed
+// reports whether the ring moved.
 func (r *Ring) Seed(leases []Lease, tombstones []Tombstone) (changed bool, err error) {
-	next, changed, err := r.trySeed(leases, tombstones)
+	next, changed, err := r.trySeed(leases, nil, tombstones)
 	if err != nil || !changed {
 		return false, err
 	}
@@ -431,7 +522,32 @@ func (r *Ring) Seed(leases []Lease, tombstones []Tombstone) (changed bool, err e
 	return true, nil
 }
 
-func (r *Ring) trySeed(leases []Lease, tombstones []Tombstone) (state, bool, error) {
+// SeedSets joins complete lease sets (each agent's blocks at its record's
+// version) and tombstones into the ring: a set replaces its agent's leases
+// of a lower version, an older set than the one held changes nothing.
+func (r *Ring) SeedSets(sets []LeaseSet, tombstones []Tombstone) (changed bool, err error) {
+	leases, floors := flattenSets(sets)
+	next, changed, err := r.trySeed(leases, floors, tombstones)
+	if err != nil || !changed {
+		return false, err
+	}
+	r.commit(next)
+	return true, nil
+}
+
+func flattenSets(sets []LeaseSet) ([]Lease, []Tombstone) {
+	var leases []Lease
+	floors := make([]Tombstone, 0, len(sets))
+	for _, s := range sets {
+		floors = append(floors, Tombstone{Owner: s.Owner, Version: s.Version})
+		for _, p := range s.Prefixes {
+			leases = append(leases, Lease{Owner: s.Owner, Prefix: p, Version: s.Version})
+		}
+	}
+	return leases, floors
+}
+
+func (r *Ring) trySeed(leases []Lease, sets, tombstones []Tombstone) (state, bool, error) {
 	ls := make([]leaseEntry, 0, len(leases))
 	for _, l := range leases {
 		if l.Owner == "" {
@@ -462,16 +578,26 @@ func (r *Ring) trySeed(leases []Lease, tombstones []Tombstone) (state, bool, err
 		return state{}, false, err
 	}
 	tombsOut := joinTombs(r.st.tombs, ts)
-	if slices.Equal(leasesOut, r.st.leases) && slices.Equal(tombsOut, r.st.tombs) {
+	fs := make([]Tombstone, 0, len(sets))
+	for _, t := range sets {
+		if t.Owner == "" || t.Version == 0 || t.Version > maxRaftIndex {
+			return state{}, false, fmt.Errorf("%w: lease set of %q at %d", ErrInvalid, t.Owner, t.Version)
+		}
+		fs = append(fs, t)
+	}
+	sort.Slice(fs, func(i, j int) bool { return fs[i].Owner < fs[j].Owner })
+	setsOut := joinTombs(r.st.sets, dedupTombs(fs))
+	leasesOut = normalize(leasesOut, setsOut)
+	if slices.Equal(leasesOut, r.st.leases) && slices.Equal(setsOut, r.st.sets) && slices.Equal(tombsOut, r.st.tombs) {
 		return state{}, false, nil
 	}
-	return r.derive(r.st.raw, leasesOut, tombsOut), true, nil
+	return r.derive(r.st.raw, leasesOut, setsOut, tombsOut), true, nil
 }
 
 func dedupLeases(ls []leaseEntry) []leaseEntry {
 	out := ls[:0]
 	for _, l := range ls {
-		if n := len(out); n > 0 && out[n-1].start == l.start && out[n-1].bits == l.bits {
+		if n := len(out); n > 0 && out[n-1].sameKey(l) {
 			if l.beats(out[n-1]) {
 				out[n-1] = l
 			}
@@ -494,8 +620,8 @@ func dedupTombs(ts []Tombstone) []Tombstone {
 	return out
 }
 
-// joinLeases joins two sorted lease lists; overlapping subnets of different
-// sizes cannot be ordered and are an error.
+// joinLeases joins two sorted lease lists, by (prefix, owner). Overlapping
+// leases are kept (the view resolves them); the error is kept for callers.
 func joinLeases(a, b []leaseEntry) ([]leaseEntry, error) {
 	out := make([]leaseEntry, 0, len(a)+len(b))
 	i, j := 0, 0
@@ -515,11 +641,6 @@ func joinLeases(a, b []leaseEntry) ([]leaseEntry, error) {
 			}
 			i++
 			j++
-		}
-	}
-	for k := 1; k < len(out); k++ {
-		if out[k].start.Less(out[k-1].end) {
-			return nil, fmt.Errorf("%w: leases of %s and %s overlap", ErrInvalid, out[k-1].owner, out[k].owner)
 		}
 	}
 	return out, nil
@@ -595,11 +716,13 @@ func (r *Ring) tryMerge(remote *Ring) (state, bool, error) {
 		return state{}, false, err
 	}
 	tombs := joinTombs(r.st.tombs, remote.st.tombs)
+	sets := joinTombs(r.st.sets, remote.st.sets)
+	leases = normalize(leases, sets)
 	raw := joinRaw(r.u, r.st.raw, remote.st.raw)
-	if slices.Equal(raw, r.st.raw) && slices.Equal(leases, r.st.leases) && slices.Equal(tombs, r.st.tombs) {
+	if slices.Equal(raw, r.st.raw) && slices.Equal(leases, r.st.leases) && slices.Equal(sets, r.st.sets) && slices.Equal(tombs, r.st.tombs) {
 		return state{}, false, nil
 	}
-	return r.derive(raw, leases, tombs), true, nil
+	return r.derive(raw, leases, sets, tombs), true, nil
 }
 
 // upsert writes tokens into a copy of raw, then clamps free counts.
@@ -639,8 +762,28 @@ func (r *Ring) Grant(self, to string, p netip.Prefix) error {
 	return nil
 }
 
+// Release gives the CIDR-aligned part p of a range owned by self back to
+// nobody (a grown block returned to the masters): a lease of a later index
+// may then fill it, whatever free counts self wrote there before.
+func (r *Ring) Release(self string, p netip.Prefix) error {
+	next, err := r.tryGive(self, "", p)
+	if err != nil {
+		return err
+	}
+	r.commit(next)
+	return nil
+}
+
 func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
-	if self == "" || to == "" || self == to {
+	if to == "" {
+		return state{}, fmt.Errorf("%w: grant from %q to nobody", ErrInvalid, self)
+	}
+	return r.tryGive(self, to, p)
+}
+
+// tryGive moves p from self to to ("" for nobody).
+func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
+	if self == "" || self == to {
 		return state{}, fmt.Errorf("%w: grant from %q to %q", ErrInvalid, self, to)
 	}
 	a, b, err := r.u.prefixSpan(p)
@@ -658,10 +801,13 @@ func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
 	if err != nil {
 		return state{}, err
 	}
-	if d := tombIndex(r.st.tombs, to); voids(d, w) {
+	if d := tombIndex(r.st.tombs, to); to != "" && voids(d, w) {
 		return state{}, fmt.Errorf("%w: %s at %d", ErrDeparted, to, d)
 	}
 	size := b.Sub(a)
+	if to == "" {
+		size = Uint128{} // nobody's ranges count nothing free
+	}
 	left := Uint128{}
 	if size.Less(t.free) {
 		left = t.free.Sub(size)
@@ -679,7 +825,7 @@ func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
 	if b != e {
 		writes = append(writes, rawToken{start: b, owner: self, version: w, free: minU(left, e.Sub(b))})
 	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.tombs), nil
+	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), nil
 }
 
 // Transfer hands every range of a departed peer (those it still owns, and
@@ -724,7 +870,7 @@ func (r *Ring) tryTransfer(from, to string) (state, int, error) {
 	if len(writes) == 0 {
 		return state{}, 0, nil
 	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.tombs), len(writes), nil
+	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), len(writes), nil
 }
 
 // ReportFree records the free count of ranges self owns, keyed by the
@@ -762,7 +908,7 @@ func (r *Ring) tryReportFree(self string, free map[netip.Addr]Uint128) (state, b
 	if len(writes) == 0 {
 		return state{}, false, nil
 	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.tombs), true, nil
+	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), true, nil
 }
 
 // takeover finds the first part of self's ranges in cur that next gives to

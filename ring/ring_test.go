@@ -170,7 +170,6 @@ func TestSeedErrors(t *testing.T) {
 		{"larger than universe", Lease{"a", pfx(t, "10.0.0.0/15"), 1}, Tombstone{}, ErrOutside},
 		{"other family", Lease{"a", pfx(t, "fd00::/120"), 1}, Tombstone{}, ErrOutside},
 		{"host bits", Lease{"a", pfx(t, "10.0.1.1/24"), 1}, Tombstone{}, ErrNotAligned},
-		{"overlap", Lease{"b", pfx(t, "10.0.0.0/23"), 1}, Tombstone{}, ErrInvalid},
 		{"tombstone without owner", Lease{"a", pfx(t, "10.0.9.0/24"), 1}, Tombstone{"", 3}, ErrInvalid},
 		{"tombstone version 0", Lease{"a", pfx(t, "10.0.9.0/24"), 1}, Tombstone{"x", 0}, ErrInvalid},
 	}
@@ -405,8 +404,6 @@ func TestMergeCases(t *testing.T) {
 func TestMergeRefusesBadRemote(t *testing.T) {
 	local := newRing(t, "10.0.0.0/16")
 	mustSeed(t, local, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, nil)
-	overlapping := newRing(t, "10.0.0.0/16")
-	mustSeed(t, overlapping, []Lease{{"b", pfx(t, "10.0.0.0/23"), 6}}, nil)
 	tests := []struct {
 		name   string
 		remote *Ring
@@ -414,7 +411,6 @@ func TestMergeRefusesBadRemote(t *testing.T) {
 	}{
 		{"other universe", newRing(t, "10.1.0.0/16"), ErrOtherUniverse},
 		{"other family", newRing(t, "fd00::/112"), ErrOtherUniverse},
-		{"overlapping leases", overlapping, ErrInvalid},
 		{"nil", nil, ErrInvalid},
 	}
 	for _, tt := range tests {
@@ -652,4 +648,97 @@ func TestRangePrefixes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestOverlappingLeases checks how leases of two agents that overlap (a
+// donor's block, and a grant inside it the masters recorded later) and
+// complete lease sets resolve: the higher index wins where they overlap, a
+// newer set replaces its agent's older leases, and a block given back to
+// nobody is filled by a later lease of another agent.
+func TestOverlappingLeases(t *testing.T) {
+	set := func(owner string, v uint64, ps ...string) LeaseSet {
+		s := LeaseSet{Owner: owner, Version: v}
+		for _, p := range ps {
+			s.Prefixes = append(s.Prefixes, pfx(t, p))
+		}
+		return s
+	}
+	type probe struct{ addr, owner string }
+	tests := []struct {
+		name   string
+		steps  [][]LeaseSet
+		probes []probe
+	}{
+		{"grant recorded later wins inside the donor's older block",
+			[][]LeaseSet{{set("d", 5, "10.0.1.0/25", "10.0.1.128/25")}, {set("r", 9, "10.0.2.0/24", "10.0.1.96/27")}},
+			[]probe{{"10.0.1.95", "d"}, {"10.0.1.96", "r"}, {"10.0.1.127", "r"}, {"10.0.1.128", "d"}}},
+		{"same, seeded in the other order",
+			[][]LeaseSet{{set("r", 9, "10.0.2.0/24", "10.0.1.96/27")}, {set("d", 5, "10.0.1.0/25", "10.0.1.128/25")}},
+			[]probe{{"10.0.1.95", "d"}, {"10.0.1.96", "r"}, {"10.0.1.128", "d"}}},
+		{"the donor's newer set drops the granted part",
+			[][]LeaseSet{{set("d", 5, "10.0.1.0/25")}, {set("d", 9, "10.0.1.0/26", "10.0.1.64/27")}},
+			[]probe{{"10.0.1.64", "d"}, {"10.0.1.96", ""}}},
+		{"an older set changes nothing",
+			[][]LeaseSet{{set("d", 9, "10.0.1.0/26")}, {set("d", 5, "10.0.1.0/25")}},
+			[]probe{{"10.0.1.63", "d"}, {"10.0.1.64", ""}}},
+		{"a block returned and leased again",
+			[][]LeaseSet{{set("a", 10, "10.0.1.0/24", "10.0.3.0/26")}, {set("b", 20, "10.0.3.0/24")}},
+			[]probe{{"10.0.3.1", "b"}, {"10.0.3.200", "b"}, {"10.0.1.1", "a"}}},
+		{"equal index: the greater owner",
+			[][]LeaseSet{{set("x", 7, "10.0.4.0/24")}, {set("y", 7, "10.0.4.0/25")}},
+			[]probe{{"10.0.4.1", "y"}, {"10.0.4.128", "x"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRing(t, "10.0.0.0/16")
+			for _, st := range tt.steps {
+				mustSeedSets(t, r, st)
+			}
+			for _, p := range tt.probes {
+				if got := ownerOf(t, r, p.addr); got != p.owner {
+					t.Errorf("owner of %s = %q, want %q\n%v", p.addr, got, p.owner, r)
+				}
+			}
+			// Seeding each step into its own ring and merging gives the same.
+			m := newRing(t, "10.0.0.0/16")
+			for i := len(tt.steps) - 1; i >= 0; i-- {
+				one := newRing(t, "10.0.0.0/16")
+				mustSeedSets(t, one, tt.steps[i])
+				if _, err := m.Merge(one); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !m.Equal(r) {
+				t.Fatalf("merge of the steps differs from seeding them:\n%v\n%v", m, r)
+			}
+		})
+	}
+}
+
+// TestReleasedBlockLeasedAgain checks that a grown block given back to nobody
+// leaves its agent for good, even with the free counts it wrote there, and
+// that a later lease of another agent fills it.
+func TestReleasedBlockLeasedAgain(t *testing.T) {
+	a := mustAllocator(t, "a", "10.0.0.0/16")
+	if _, err := a.SeedSets([]LeaseSet{{"a", 10, []netip.Prefix{pfx(t, "10.0.1.0/24"), pfx(t, "10.0.3.0/26")}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SyncFree(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ReleaseBlock(pfx(t, "10.0.3.0/26")); err != nil {
+		t.Fatal(err)
+	}
+	if o := ownerOf(t, a.ring, "10.0.3.1"); o != "" {
+		t.Fatalf("released block still owned by %q: %v", o, a.ring)
+	}
+	checkInvariant(t, a)
+	// The agent's own older set does not take it back; b's later lease does.
+	if _, err := a.SeedSets([]LeaseSet{{"a", 10, []netip.Prefix{pfx(t, "10.0.1.0/24"), pfx(t, "10.0.3.0/26")}}, {"b", 20, []netip.Prefix{pfx(t, "10.0.3.0/24")}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if o := ownerOf(t, a.ring, "10.0.3.1"); o != "b" {
+		t.Fatalf("owner after b's lease = %q: %v", o, a.ring)
+	}
+	checkInvariant(t, a)
 }
