@@ -52,6 +52,7 @@ bench: build
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
 	$(GO) run ./bench/cni
+	$(GO) run ./bench/growth
 	$(GO) run ./bench/scale
 
 clean:
