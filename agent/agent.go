@@ -101,8 +101,12 @@ type Config struct {
 	// back the addresses of running containers after a lost disk; empty: none.
 	CNICacheDir string
 	// BlockSource is the masters' side of growth (more lease for a bridge,
-	// grant reports, returns); nil: bridges grow through the ring only.
+	// grant reports, returns, and usage reports when it is an
+	// ipam.UsageReporter); nil: the masters' client.
 	BlockSource ipam.BlockSource
+	// UsageInterval is the least time between two usage reports to the
+	// masters (0: 5s; negative: none).
+	UsageInterval time.Duration
 	// GrowLowWater is a bridge's free addresses below which it grows (0:
 	// max(2, 1/8 of its first block); negative: only when full).
 	GrowLowWater int
@@ -179,6 +183,10 @@ type Agent struct {
 	// below masterIndex is from a master that is behind.
 	masterIndex uint64
 	clusterID   string
+	// mergedIndex is the masters' state index whose records and tombstones
+	// the membership holds (set after the merge, unlike masterIndex): what
+	// the IPAM's usage reports acknowledge.
+	mergedIndex uint64
 	// signingKey verifies records and tombstones: Config.SigningKey, or
 	// the key pinned from the masters' state; nil while none is known.
 	signingKey       ed25519.PublicKey
@@ -275,9 +283,14 @@ func New(cfg Config) (*Agent, error) {
 		a.cfg.MeshAddr = net.JoinHostPort(a.ip.String(), "6783")
 	}
 	// The IPAM exists before the router: ring gossip may arrive at once.
+	// It grows through the masters (then the ring) and reports usage to them.
+	source := cfg.BlockSource
+	if source == nil && len(client.Masters()) > 0 {
+		source = &masterBlocks{id: a.id, client: client}
+	}
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
-		Growth: ipam.GrowthConfig{Source: cfg.BlockSource, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
-			OnChange: func() { a.trigger(a.reconcileCh) }}})
+		Growth: ipam.GrowthConfig{Source: source, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
+			UsageInterval: cfg.UsageInterval, OnChange: func() { a.trigger(a.reconcileCh) }}})
 	if err != nil {
 		return nil, err
 	}
@@ -815,6 +828,11 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 			a.trigger(a.reregisterCh)
 		}
 	}
+	a.mu.Lock()
+	if verdict == stateRebuilt || st.Index > a.mergedIndex {
+		a.mergedIndex = st.Index
+	}
+	a.mu.Unlock()
 	a.trigger(a.persistCh)
 	if len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged {
 		a.trigger(a.reconcileCh)

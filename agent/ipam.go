@@ -41,6 +41,9 @@ type ipamService interface {
 	// the masters route to them (reconcile.go routes both).
 	BridgeGateways(network, bridge string) []netip.Prefix
 	PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix
+	// BlockCounts are the used and free counts of the blocks of an overlay
+	// the ring gives the agent, by prefix (/overlay-agent/overlay).
+	BlockCounts(network string) map[string][2]uint64
 }
 
 // ipamView is what the IPAM learns from the agent: the masters' cluster id,
@@ -48,17 +51,37 @@ type ipamService interface {
 // own leases are those of the record it runs with: its record joins the
 // membership only once it verifies (after the first master state), and the
 // IPAM must serve from the leases the agent programmed meanwhile.
-func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState) ipam.View {
-	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones}
+//
+// Each record's blocks are its agent's lease set in the rings (the records
+// of one masters' index never overlap; across versions the rings resolve
+// overlaps by version), and this agent's own grown and granted blocks are
+// the View's Blocks. stateIndex is the masters' state index merged.
+func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState, stateIndex uint64) ipam.View {
+	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones, StateIndex: stateIndex}
 	for _, r := range members.Records {
 		if self != nil && r.ID == self.AgentID && r.Version < self.Version {
 			continue
 		}
-		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.Subnets()})
+		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.LeasePrefixes()})
 	}
 	if self != nil && !slices.ContainsFunc(v.Peers, func(p ipam.Peer) bool { return p.ID == self.AgentID }) {
 		own := NewPeerRecord(self)
-		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.Subnets()})
+		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.LeasePrefixes()})
+	}
+	if self != nil {
+		for _, ov := range self.Overlays {
+			for _, b := range ov.Blocks {
+				p, err := netip.ParsePrefix(b.Prefix)
+				if err != nil || b.Origin == api.BlockLeased {
+					continue
+				}
+				mb := ipam.MasterBlock{Overlay: ov.Info.Name, Bridge: b.Bridge, Prefix: p, Version: b.Version}
+				if b.Origin == api.BlockGranted {
+					mb.Donor = b.Donor
+				}
+				v.Blocks = append(v.Blocks, mb)
+			}
+		}
 	}
 	return v
 }

@@ -166,6 +166,27 @@ func (p *PeerRecord) Subnets() []string {
 	return out
 }
 
+// LeasePrefixes are the agent's blocks of every overlay, as the masters
+// list them (its subnets for a record without blocks): its complete lease
+// set, which the rings are seeded with.
+func (p *PeerRecord) LeasePrefixes() []string {
+	var out []string
+	for _, ov := range p.Overlays {
+		if len(ov.Blocks) == 0 {
+			for _, s := range []string{ov.Subnet, ov.Subnet6} {
+				if s != "" {
+					out = append(out, s)
+				}
+			}
+			continue
+		}
+		for _, b := range ov.Blocks {
+			out = append(out, b.Prefix)
+		}
+	}
+	return out
+}
+
 // Validate checks a record that came from the network: its syntax. Whether
 // the masters signed it, and whether it lies inside the network
 // configuration, is the trust's to check (see trust.checkRecord).

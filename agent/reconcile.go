@@ -48,13 +48,13 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 // reconcile computes the desired dataplane and applies it.
 func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.mu.RLock()
-	self, network, cluster := a.self, a.network, a.clusterID
+	self, network, cluster, merged := a.self, a.network, a.clusterID, a.mergedIndex
 	a.mu.RUnlock()
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
 	members := a.members.State()
-	a.ipam.Sync(ipamView(cluster, self, network, members))
+	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
 	a.writeConflists(self, network)
 	if a.docker != nil {
 		a.docker.Sync()

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -174,6 +175,40 @@ func (a *Agent) noteReconciled(self *api.AgentInfo) {
 // local status: CONFIGURING until the kernel holds the current leases,
 // FAILED with the error, OK once programmed and served by the IPAM.
 func (a *Agent) Overlay() *api.AgentInfo {
+	return a.overlayInfo()
+}
+
+// fillBlockCounts sets the used and free counts of an overlay's blocks from
+// the IPAM's counts of the blocks its ring gives the agent (by prefix): a
+// block's counts are those of the parts of it the agent holds; a block it
+// holds none of (the ring moved it) stays without counts.
+func fillBlockCounts(ov *api.AgentOverlay, counts map[string][2]uint64) {
+	parsed := make(map[netip.Prefix][2]uint64, len(counts))
+	for k, c := range counts {
+		if p, err := netip.ParsePrefix(k); err == nil {
+			parsed[p] = c
+		}
+	}
+	for j := range ov.Blocks {
+		b := &ov.Blocks[j]
+		bp, err := netip.ParsePrefix(b.Prefix)
+		if err != nil {
+			continue
+		}
+		var used, free uint64
+		found := false
+		for p, c := range parsed {
+			if bp.Bits() <= p.Bits() && bp.Contains(p.Addr()) {
+				used, free, found = used+c[0], free+c[1], true
+			}
+		}
+		if found {
+			b.Used, b.Free = &used, &free
+		}
+	}
+}
+
+func (a *Agent) overlayInfo() *api.AgentInfo {
 	a.mu.RLock()
 	self := a.self
 	a.mu.RUnlock()
@@ -189,6 +224,7 @@ func (a *Agent) Overlay() *api.AgentInfo {
 	a.mu.RUnlock()
 	for i, r := range results {
 		info.Overlays[i].State = api.OverlayState{Status: r.Status, Error: r.Error}
+		fillBlockCounts(&info.Overlays[i], a.ipam.BlockCounts(info.Overlays[i].Info.Name))
 	}
 	info.ConfigurationAttempts = a.reports.configurationAttempts(info.Version)
 	return &info

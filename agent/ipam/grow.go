@@ -47,6 +47,10 @@ type LeasedBlock struct {
 	Prefix netip.Prefix
 	// Version is the Raft index of the lease (its version in the ring).
 	Version uint64
+	// Held, when set, are every block of the agent's record in the
+	// overlay family, at Version (the record the grow answered): the
+	// agent's complete lease set, seeded as such.
+	Held []netip.Prefix
 }
 
 // GrantReport is a grant through the ring, as the masters learn it.
@@ -55,15 +59,20 @@ type GrantReport struct {
 	Prefix    netip.Prefix
 	Donor     string
 	Recipient string
+	// Bridge is the recipient's bridge the block serves ("": mesos).
+	Bridge    string
 	RequestID string
 }
 
-// MasterBlock is a grown block the masters' record of this agent lists.
+// MasterBlock is a grown or granted block the masters' record of this
+// agent lists.
 type MasterBlock struct {
 	Overlay string
 	Bridge  string
 	Prefix  netip.Prefix
 	Version uint64
+	// Donor is the agent that granted the block; empty for a grown one.
+	Donor string
 }
 
 // Errors of growth, for callers that branch.
@@ -74,6 +83,9 @@ var (
 	// ErrOverlayFull marks a growth that found space nowhere: not at the
 	// masters, and no peer would grant any.
 	ErrOverlayFull = errors.New("overlay full")
+	// ErrReportRefused is a BlockSource's answer when the masters refused
+	// a grant report or a return for good (not worth sending again).
+	ErrReportRefused = errors.New("refused by the masters")
 )
 
 // GrowthConfig configures growth; the zero value grows through the ring only.
@@ -95,6 +107,12 @@ type GrowthConfig struct {
 	AnswerTimeout time.Duration
 	// RefuseMemory is how long a peer that refused is not asked again; 0: 1m.
 	RefuseMemory time.Duration
+	// UsageInterval is the least time between two usage reports to the
+	// masters (sent when the counts change; see usage.go); 0: 5s;
+	// negative: none.
+	UsageInterval time.Duration
+	// UsageRefresh is the most time between two usage reports; 0: 1m.
+	UsageRefresh time.Duration
 	// Seed seeds the choice of the peer to ask; 0 draws one.
 	Seed uint64
 	// OnChange is called, without locks held, when blocks or rings changed
@@ -134,6 +152,7 @@ type growState struct {
 	// version: a masters' record that still lists one is stale.
 	returned map[netip.Prefix]uint64
 	kick     chan struct{}
+	usage    usageState // Run's alone
 }
 
 func newGrowState(cfg GrowthConfig) growState {
@@ -151,6 +170,12 @@ func newGrowState(cfg GrowthConfig) growState {
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = rand.Uint64()
+	}
+	if cfg.UsageInterval == 0 {
+		cfg.UsageInterval = defaultUsageInterval
+	}
+	if cfg.UsageRefresh <= 0 {
+		cfg.UsageRefresh = defaultUsageRefresh
 	}
 	return growState{
 		cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6772)),
@@ -348,7 +373,13 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 		}
 	}
 	a := o.alloc[k.fam]
-	if _, err := a.Seed([]ring.Lease{{Owner: s.id, Prefix: lb.Prefix, Version: lb.Version}}, nil); err != nil {
+	var err error
+	if len(lb.Held) > 0 && slices.Contains(lb.Held, lb.Prefix) {
+		_, err = a.SeedSets([]ring.LeaseSet{{Owner: s.id, Version: lb.Version, Prefixes: lb.Held}}, nil)
+	} else {
+		_, err = a.Seed([]ring.Lease{{Owner: s.id, Prefix: lb.Prefix, Version: lb.Version}}, nil)
+	}
+	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
@@ -383,6 +414,9 @@ func (s *Service) learnMasterBlocks(o *overlay, v View, b *batch) {
 			continue
 		}
 		hb := &heldBlock{Overlay: o.name, Family: fam, Bridge: mb.Bridge, Prefix: mb.Prefix, Origin: OriginGrow, Version: mb.Version}
+		if mb.Donor != "" {
+			hb.Origin, hb.Donor, hb.Version = OriginGrant, mb.Donor, 0
+		}
 		o.blocks[fam] = append(o.blocks[fam], hb)
 		slices.SortFunc(o.blocks[fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
 		b.add(change{writes: []write{putBlock(hb)}})
@@ -493,6 +527,10 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 		return &refusedError{peer: peer, reason: ans.Reason}
 	}
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
+	if s.tombstoned(peer) {
+		// Obligation 2 (docs/design.md): no grant from a deleted donor.
+		return &refusedError{peer: peer, reason: "donor_deleted"}
+	}
 	if _, err := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}}); err != nil {
 		return &refusedError{peer: peer, reason: "bad_ring: " + err.Error()}
 	}
@@ -507,7 +545,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 		return &refusedError{peer: peer, reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
 	}
 	b := s.enqueue(change{writes: []write{putOutbox(outboxEntry{Kind: outboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
-		Donor: peer, Recipient: s.id, RequestID: ans.ID})}})
+		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID})}})
 	s.mu.Unlock()
 	s.metrics.grantsReceived.Inc()
 	if err := s.flush(b); err != nil {
@@ -530,6 +568,12 @@ func (s *Service) Run(ctx context.Context) {
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
+	usageEvery := s.grow.cfg.UsageInterval
+	if usageEvery <= 0 {
+		usageEvery = time.Hour
+	}
+	usageTicker := time.NewTicker(usageEvery)
+	defer usageTicker.Stop()
 	backoff := newOutboxBackoff()
 	for {
 		select {
@@ -541,11 +585,16 @@ func (s *Service) Run(ctx context.Context) {
 			}
 		case <-s.grow.kick:
 		case <-retry.C:
+		case <-usageTicker.C:
 		}
+		// Grants go to the masters before a usage report lists them.
 		if err := s.flushOutbox(ctx); err != nil {
 			retry.Reset(backoff.Next())
-		} else {
-			backoff.Reset()
+			continue
+		}
+		backoff.Reset()
+		if err := s.sendUsage(ctx, time.Now()); err != nil {
+			s.log.Debug("usage report to the masters", "err", err)
 		}
 	}
 }
@@ -630,9 +679,21 @@ func (s *Service) giveBack(hb *heldBlock) {
 			putOutbox(outboxEntry{Kind: outboxGrant, Overlay: hb.Overlay, Prefix: hb.Prefix, Donor: s.id, Recipient: to, RequestID: id}))
 		news = ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: hb.Overlay, Family: familyName(hb.Family), Ring: enc}}}
 	default:
+		// The ring lets go of the block first (to nobody, so that a later
+		// lease of another agent fills it), in the same commit as the
+		// report the masters will free it on.
 		o.unreserveGateway(hb.Family, hb.Prefix)
+		if err := a.ReleaseBlock(hb.Prefix); err != nil {
+			o.reserveGateways()
+			s.mu.Unlock()
+			s.log.Warn("an idle block could not be released in the ring", "overlay", hb.Overlay, "block", hb.Prefix, "err", err)
+			return
+		}
 		s.grow.returned[hb.Prefix] = hb.Version
-		writes = append(writes, putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+		enc := a.EncodeRing()
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+		news = ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: hb.Overlay, Family: familyName(hb.Family), Ring: enc}}}
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))

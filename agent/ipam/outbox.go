@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -31,6 +32,7 @@ type outboxEntry struct {
 	Prefix    netip.Prefix `json:"prefix"`
 	Donor     string       `json:"donor,omitempty"`
 	Recipient string       `json:"recipient,omitempty"`
+	Bridge    string       `json:"bridge,omitempty"`
 	RequestID string       `json:"request_id"`
 }
 
@@ -87,14 +89,21 @@ func (s *Service) flushOutbox(ctx context.Context) error {
 		case outboxReturn:
 			err = src.Return(cctx, e.Overlay, e.Prefix, e.RequestID)
 		default:
-			err = src.ReportGrant(cctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, RequestID: e.RequestID})
+			err = src.ReportGrant(cctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, Bridge: e.Bridge, RequestID: e.RequestID})
 		}
 		cancel()
-		if err != nil {
+		switch {
+		case err != nil && !errors.Is(err, ErrReportRefused):
 			s.metrics.reports.WithLabelValues(e.Kind, "error").Inc()
 			return fmt.Errorf("report %s of %s to the masters: %w", e.Kind, e.Prefix, err)
+		case err != nil:
+			// The masters refused it for good (a conflict names the other
+			// holder): retrying would block every later report.
+			s.metrics.reports.WithLabelValues(e.Kind, "refused").Inc()
+			s.log.Error("the masters refused a report: dropped", "kind", e.Kind, "overlay", e.Overlay, "block", e.Prefix, "err", err)
+		default:
+			s.metrics.reports.WithLabelValues(e.Kind, "ok").Inc()
 		}
-		s.metrics.reports.WithLabelValues(e.Kind, "ok").Inc()
 		s.mu.Lock()
 		b := s.enqueue(change{writes: []write{{bucket: outboxBucket, key: e.RequestID}}})
 		s.mu.Unlock()

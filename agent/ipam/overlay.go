@@ -198,15 +198,23 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err
 		}
 		o.alloc[fam] = alloc
 	}
-	var leases []ring.Lease
+	// Each record's blocks are its agent's complete lease set: a newer one
+	// replaces the older (a block given back or granted away leaves).
+	var sets []ring.LeaseSet
 	for _, p := range v.Peers {
+		if p.Version == 0 {
+			continue
+		}
+		set := ring.LeaseSet{Owner: p.ID, Version: p.Version}
 		for _, sub := range p.Subnets {
 			pr, err := netip.ParsePrefix(sub)
 			if err == nil && u.Contains(pr.Addr()) && pr.Bits() > u.Bits() {
-				leases = append(leases, ring.Lease{Owner: p.ID, Prefix: pr, Version: p.Version})
+				set.Prefixes = append(set.Prefixes, pr)
 			}
 		}
+		sets = append(sets, set)
 	}
+	var leases []ring.Lease
 	for _, hb := range o.blocks[fam] {
 		if hb.Origin == OriginGrow && hb.Version > 0 {
 			leases = append(leases, ring.Lease{Owner: s.id, Prefix: hb.Prefix, Version: hb.Version})
@@ -216,8 +224,15 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed bool, err
 	for _, t := range v.Tombstones {
 		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
 	}
-	if changed, err = alloc.Seed(leases, tombs); err != nil {
+	if changed, err = alloc.SeedSets(sets, tombs); err != nil {
 		return false, err
+	}
+	if len(leases) > 0 {
+		more, err := alloc.Seed(leases, nil)
+		if err != nil {
+			return false, err
+		}
+		changed = changed || more
 	}
 	if fresh && !s.staleRings {
 		// Grants made through the ring live only in the ring: merge the

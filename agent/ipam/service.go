@@ -51,10 +51,13 @@ type Config struct {
 	Growth GrowthConfig
 }
 
-// Peer is one agent's leased subnets, of every overlay.
+// Peer is one agent's leases, of every overlay: the blocks of its masters'
+// record (its subnets for a record without blocks).
 type Peer struct {
 	ID      string
 	Version uint64 // Raft index of the record the subnets come from
+	// Subnets are every block the record lists: each overlay family's
+	// are the agent's complete lease set at Version in that ring.
 	Subnets []string
 }
 
@@ -67,9 +70,12 @@ type View struct {
 	Peers     []Peer // every known agent, self included
 	// Tombstones are the agents the masters deleted.
 	Tombstones []api.Tombstone
-	// Blocks are the grown blocks the masters' record of this agent lists
-	// (beyond each bridge's first sub-subnet).
+	// Blocks are the grown and granted blocks the masters' record of this
+	// agent lists (beyond each bridge's first sub-subnet).
 	Blocks []MasterBlock
+	// StateIndex is the index of the masters' state the agent has merged
+	// (its tombstones included): what a complete usage report acknowledges.
+	StateIndex uint64
 }
 
 // Service serves container addresses out of the ranges this agent owns.
@@ -134,6 +140,7 @@ func New(cfg Config) (*Service, error) {
 		pending: map[string]*batch{}, savedBlocks: st.blocks,
 	}
 	s.grow = newGrowState(cfg.Growth)
+	s.grow.granted = st.granted
 	n := 0
 	for _, m := range s.persist {
 		n += len(m)

@@ -212,10 +212,18 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, ringMessage, *ba
 		return refuse("not_served")
 	}
 	o := s.overlays[m.Overlay]
+	if s.tombstoned(s.id) {
+		return refuse("deleted") // a deleted agent stops granting (obligation 2)
+	}
+	if s.tombstoned(m.From) {
+		return refuse("recipient_deleted")
+	}
 	grant := func(p netip.Prefix) (spaceMessage, ringMessage, *batch) {
 		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), a.EncodeRing()
 		news := ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: m.Overlay, Family: m.Family, Ring: ans.Ring}}}
-		return ans, news, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring)}})
+		// The request id is remembered in the grant's commit: a request
+		// repeated after a restart gets this block again, not another.
+		return ans, news, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring), putGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {

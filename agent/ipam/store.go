@@ -16,6 +16,10 @@ import (
 // restarted agent holds every address it gave out and has not taken back.
 const (
 	allocBucket  = "ipam-allocations" // "<overlay>\x00<container>\x00<ifname>" -> allocRecord
+	// grantedBucket remembers the space requests this agent granted, so
+	// that a request repeated after a restart gets the same block, not a
+	// second one: "<from>\x00<request id>" -> prefix.
+	grantedBucket = "ipam-granted"
 	ringBucket   = "ipam-rings"       // "<overlay>/<family>" -> ring encoding
 	metaBucket   = "ipam-meta"        // keyClusterID -> the cluster the rings belong to
 	keyClusterID = "cluster_id"
@@ -79,6 +83,10 @@ func deleteAlloc(network string, at ring.Attachment) write {
 	return write{bucket: allocBucket, key: allocKey(network, at)}
 }
 
+func putGranted(from, id string, p netip.Prefix) write {
+	return write{bucket: grantedBucket, key: from + "\x00" + id, value: []byte(p.String())}
+}
+
 func putRing(overlay string, fam int, enc []byte) write {
 	return write{bucket: ringBucket, key: ringKey(overlay, fam), value: enc}
 }
@@ -104,6 +112,7 @@ func apply(tx *bolt.Tx, writes []write) error {
 type loaded struct {
 	allocations map[string]map[ring.Attachment]allocRecord // by overlay
 	blocks      map[string][]*heldBlock                    // by overlay
+	granted     map[[2]string]netip.Prefix                 // (from, request id) -> block
 	clusterID   string
 }
 
@@ -111,9 +120,9 @@ type loaded struct {
 // cluster id of the rings. The rings themselves are read when their overlay
 // is seeded.
 func load(db *bolt.DB) (loaded, error) {
-	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}}
+	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, granted: map[[2]string]netip.Prefix{}}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket} {
+		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket, grantedBucket} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
@@ -121,6 +130,17 @@ func load(db *bolt.DB) (loaded, error) {
 		out.clusterID = string(tx.Bucket([]byte(metaBucket)).Get([]byte(keyClusterID)))
 		var err error
 		if out.blocks, err = loadBlocks(tx); err != nil {
+			return err
+		}
+		if err := tx.Bucket([]byte(grantedBucket)).ForEach(func(k, v []byte) error {
+			from, id, ok := strings.Cut(string(k), "\x00")
+			p, err := netip.ParsePrefix(string(v))
+			if !ok || err != nil {
+				return fmt.Errorf("corrupt grant record %q", k)
+			}
+			out.granted[[2]string{from, id}] = p
+			return nil
+		}); err != nil {
 			return err
 		}
 		return tx.Bucket([]byte(allocBucket)).ForEach(func(k, v []byte) error {

@@ -1,0 +1,162 @@
+package ipam
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+// Usage reports. The agent tells the masters the used and free counts of
+// every block it can allocate in (PUT .../usage), when they change (at most
+// every UsageInterval) and at least every UsageRefresh. Every report is
+// complete (docs/design.md, obligation 3): it lists every block the agent's
+// ring lets it allocate in, composed under the IPAM lock from the state
+// that merged the masters' state up to View.StateIndex, which it carries.
+// The masters acknowledge the agent's holdings from it, and release the
+// quarantined space of deleted agents once every live agent has.
+
+// UsageReporter is the masters' side of usage reports; a BlockSource that
+// implements it gets them.
+type UsageReporter interface {
+	// ReportUsage sends a report and returns the masters' answer.
+	ReportUsage(ctx context.Context, r api.UsageReport) (*api.UsageAnswer, error)
+}
+
+// Defaults of the usage reports.
+const (
+	defaultUsageInterval = 5 * time.Second
+	defaultUsageRefresh  = time.Minute
+)
+
+// usageState is what Run remembers of the reports it sent.
+type usageState struct {
+	last     *api.UsageReport // the last report the masters took
+	lastSent time.Time
+}
+
+// tombstoned tells whether the masters deleted an agent, as far as the
+// view says. The caller holds s.mu.
+func (s *Service) tombstoned(id string) bool {
+	return slices.ContainsFunc(s.view.Tombstones, func(t api.Tombstone) bool { return t.AgentID == id })
+}
+
+// usageReport composes a complete report of every served overlay: per
+// known block (each bridge's first block and the blocks it holds), the
+// parts the ring gives this agent, with their used and free counts.
+func (s *Service) usageReport() api.UsageReport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := api.UsageReport{StateIndex: s.view.StateIndex}
+	for _, name := range sortedKeys(s.overlays) {
+		o := s.overlays[name]
+		ou := api.OverlayUsage{Name: name, Blocks: []api.BlockUsage{}}
+		for fam := range families {
+			for _, p := range o.ownedBlocks(fam) {
+				used, free := o.counts(fam, p)
+				ou.Blocks = append(ou.Blocks, api.BlockUsage{Prefix: p.String(), Used: used, Free: free})
+			}
+		}
+		r.Overlays = append(r.Overlays, ou)
+	}
+	return r
+}
+
+// ownedBlocks lists the parts of the bridges' blocks of a family that the
+// ring gives this agent, in address order. The caller holds s.mu.
+func (o *overlay) ownedBlocks(fam int) []netip.Prefix {
+	a := o.alloc[fam]
+	if a == nil {
+		return nil
+	}
+	owned := a.Ring().Blocks(a.Self())
+	var out []netip.Prefix
+	for _, kind := range sortedKeys(o.bridges) {
+		for _, k := range o.bridgeBlocks(kind, fam) {
+			for _, w := range owned {
+				switch {
+				case w.Bits() <= k.Bits() && w.Contains(k.Addr()):
+					out = append(out, k)
+				case k.Bits() < w.Bits() && k.Contains(w.Addr()):
+					out = append(out, w)
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y netip.Prefix) int { return x.Addr().Compare(y.Addr()) })
+	return slices.Compact(out)
+}
+
+// counts are the addresses in use and free in a block. The caller holds s.mu.
+func (o *overlay) counts(fam int, p netip.Prefix) (used, free uint64) {
+	for _, rec := range o.attached {
+		if a := rec.addr(fam); a.IsValid() && p.Contains(a) {
+			used++
+		}
+	}
+	if a := o.alloc[fam]; a != nil {
+		free, _ = a.FreeHosts(p).Uint64()
+	}
+	return used, free
+}
+
+// BlockCounts returns the used and free counts of an overlay's blocks the
+// ring gives this agent, by prefix (nil when the overlay is not served).
+func (s *Service) BlockCounts(network string) map[string][2]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.overlays[network]
+	if o == nil {
+		return nil
+	}
+	out := map[string][2]uint64{}
+	for fam := range families {
+		for _, p := range o.ownedBlocks(fam) {
+			used, free := o.counts(fam, p)
+			out[p.String()] = [2]uint64{used, free}
+		}
+	}
+	return out
+}
+
+// sendUsage sends a usage report when it changed since the last one the
+// masters took and UsageInterval has passed, or UsageRefresh has.
+func (s *Service) sendUsage(ctx context.Context, now time.Time) error {
+	rep, ok := s.grow.cfg.Source.(UsageReporter)
+	if !ok || s.grow.cfg.UsageInterval < 0 {
+		return nil
+	}
+	s.mu.Lock()
+	synced := s.synced
+	s.mu.Unlock()
+	if !synced {
+		return nil
+	}
+	r := s.usageReport()
+	u := &s.grow.usage
+	due := u.last == nil || now.Sub(u.lastSent) >= s.grow.cfg.UsageRefresh ||
+		(now.Sub(u.lastSent) >= s.grow.cfg.UsageInterval && !reflect.DeepEqual(u.last, &r))
+	if !due {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, outboxCallTimeout)
+	defer cancel()
+	ans, err := rep.ReportUsage(cctx, r)
+	if err != nil {
+		s.metrics.reports.WithLabelValues("usage", "error").Inc()
+		return err
+	}
+	s.metrics.reports.WithLabelValues("usage", "ok").Inc()
+	u.lastSent = now
+	if len(ans.Unknown) > 0 {
+		// Grants not reported yet: the outbox sends them; report again soon.
+		s.log.Debug("the masters do not know some blocks yet", "blocks", ans.Unknown)
+		u.last = nil
+		return nil
+	}
+	u.last = &r
+	return nil
+}
