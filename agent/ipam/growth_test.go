@@ -498,3 +498,49 @@ func (c *cluster) startSource(id, dir string, src BlockSource) *node {
 	svc.Sync(growthView(id))
 	return &node{id: id, dir: dir, db: db, svc: svc}
 }
+
+// TestDonorRestartRemembersGrants: a donor that granted a block and
+// restarted answers the same request again (a recipient's resend) with the
+// same block, never a second one: the request id is persisted with the
+// grant.
+func TestDonorRestartRemembersGrants(t *testing.T) {
+	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
+	dir := t.TempDir()
+	c.start("b", dir, "")
+	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-0001", Overlay: "carve", Family: "4", Bits: 27}
+	grant := func(what string) netip.Prefix {
+		t.Helper()
+		nd := c.nodes["b"]
+		ans, _, b := nd.svc.decideDonation(req)
+		if b != nil {
+			if err := nd.svc.flush(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ans.Kind != kindGrant {
+			t.Fatalf("%s: answer %+v", what, ans)
+		}
+		return netip.MustParsePrefix(ans.Prefix)
+	}
+	grantedToA := func() []netip.Prefix {
+		t.Helper()
+		var out []netip.Prefix
+		for _, p := range c.nodes["b"].svc.overlays["carve"].alloc[0].Ring().Blocks("a") {
+			if netip.MustParsePrefix("10.128.0.64/26").Contains(p.Addr()) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	first := grant("first request")
+	if again := grant("the same request"); again != first {
+		t.Fatalf("a repeated request got %v, then %v", first, again)
+	}
+	c.start("b", dir, "") // restart
+	if again := grant("the same request after a restart"); again != first {
+		t.Fatalf("after a restart the repeated request got %v, first %v", again, first)
+	}
+	if got := grantedToA(); len(got) != 1 || got[0] != first {
+		t.Fatalf("b granted a %v, want only %v", got, first)
+	}
+}

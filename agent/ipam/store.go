@@ -15,14 +15,14 @@ import (
 // durable before it is answered, so that after a crash at any point a
 // restarted agent holds every address it gave out and has not taken back.
 const (
-	allocBucket  = "ipam-allocations" // "<overlay>\x00<container>\x00<ifname>" -> allocRecord
+	allocBucket = "ipam-allocations" // "<overlay>\x00<container>\x00<ifname>" -> allocRecord
 	// grantedBucket remembers the space requests this agent granted, so
 	// that a request repeated after a restart gets the same block, not a
 	// second one: "<from>\x00<request id>" -> prefix.
 	grantedBucket = "ipam-granted"
-	ringBucket   = "ipam-rings"       // "<overlay>/<family>" -> ring encoding
-	metaBucket   = "ipam-meta"        // keyClusterID -> the cluster the rings belong to
-	keyClusterID = "cluster_id"
+	ringBucket    = "ipam-rings" // "<overlay>/<family>" -> ring encoding
+	metaBucket    = "ipam-meta"  // keyClusterID -> the cluster the rings belong to
+	keyClusterID  = "cluster_id"
 )
 
 // allocRecord is a persisted attachment.
