@@ -55,6 +55,7 @@ bench: build
 	$(GO) run ./bench/agent
 	$(GO) run ./bench/gossip
 	$(GO) run ./bench/cni
+	$(GO) run ./bench/growth
 	$(GO) run ./bench/scale
 
 clean:

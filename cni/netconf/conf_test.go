@@ -52,7 +52,7 @@ func TestConfContent(t *testing.T) {
 				"name":        tc.overlay,
 				"type":        "bridge",
 				"bridge":      "m-" + tc.overlay,
-				"isGateway":   true,
+				"isGateway":   false,
 				"ipMasq":      false,
 				"hairpinMode": true,
 				"mtu":         float64(tc.mtu),

@@ -127,7 +127,13 @@ func (c Conflist) Validate() error {
 }
 
 // bridge is the bridge plugin on m-<overlay> with carve-ipam as its IPAM,
-// the same in the conflist and in the single-plugin file.
+// the same in the conflist and in the single-plugin file. isGateway is off:
+// the agent puts a gateway address on the bridge for every block the bridge
+// holds (its first sub-subnet, then each grown or granted block), and the
+// bridge plugin with isGateway refuses, on every ADD, a bridge that already
+// has an IPv4 address other than the result's gateway, so that no ADD
+// could land past a bridge's first block. The container's default route
+// via its block's gateway comes from carve-ipam's result.
 func (c Conflist) bridge() bridgeJSON {
 	sock := c.Socket
 	if sock == "" {
@@ -136,7 +142,7 @@ func (c Conflist) bridge() bridgeJSON {
 	return bridgeJSON{
 		Type:        "bridge",
 		Bridge:      MesosBridge(c.Overlay),
-		IsGateway:   true,
+		IsGateway:   false,
 		IPMasq:      false,
 		HairpinMode: true,
 		MTU:         c.MTU,

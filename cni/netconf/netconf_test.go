@@ -52,7 +52,7 @@ func TestConflistContent(t *testing.T) {
 					map[string]any{
 						"type":        "bridge",
 						"bridge":      "m-" + tc.overlay,
-						"isGateway":   true,
+						"isGateway":   false,
 						"ipMasq":      false,
 						"hairpinMode": true,
 						"mtu":         float64(tc.mtu),
