@@ -19,7 +19,8 @@ import (
 // The overlays of the tests' agents. The masters lease the lowest free
 // slice, so the one agent of a test gets the first of each: ov 10.1.0.0/24
 // (mesos bridge 10.1.0.0/25, gateway 10.1.0.1, first container 10.1.0.2),
-// tiny 10.2.0.0/28 (mesos bridge 10.2.0.0/29: five container addresses),
+// tiny 10.2.0.0/28 of 10.2.0.0/27 (mesos bridge 10.2.0.0/29: five container
+// addresses; fillTiny leases the other slice, so tiny cannot grow),
 // and other, to check that one overlay's calls leave another alone.
 var (
 	ovMesos   = netip.MustParsePrefix("10.1.0.0/25")
@@ -30,7 +31,7 @@ func testNetwork() *api.NetworkConfig {
 	cfg := master.DefaultConfig()
 	cfg.Overlays = []api.OverlayNetwork{
 		{Name: "ov", Subnet: "10.1.0.0/16", Prefix: 24},
-		{Name: "tiny", Subnet: "10.2.0.0/16", Prefix: 28},
+		{Name: "tiny", Subnet: "10.2.0.0/27", Prefix: 28},
 		{Name: "other", Subnet: "10.9.0.0/16", Prefix: 24},
 	}
 	return &cfg
@@ -72,6 +73,20 @@ func startAgent(t *testing.T, ready bool) *testAgent {
 	}
 	a.checkLeases(t)
 	return a
+}
+
+// fillTiny registers a second (synthetic) agent, which the masters lease
+// the rest of tiny: the overlay is then wholly leased, and a full bridge
+// cannot grow there (the synthetic agent answers no space request).
+func (a *testAgent) fillTiny(t *testing.T) {
+	t.Helper()
+	info, err := a.c.Client().Register(bounded(t), api.RegisterRequest{AgentID: "filler", IP: "198.18.9.9", NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ov := info.Overlay("tiny"); ov == nil || ov.Subnet != "10.2.0.16/28" {
+		t.Fatalf("the filler agent's tiny lease: %+v", info)
+	}
 }
 
 // StartMasters starts the master and waits until the agent is ready.

@@ -218,6 +218,7 @@ func TestPluginAgainstAgent(t *testing.T) {
 	for rname, run := range runners {
 		t.Run(rname, func(t *testing.T) {
 			a := startAgent(t, true)
+			a.fillTiny(t)
 			conf := func(network string, extra map[string]any) []byte { return ipamConf(t, a.Sock, network, extra) }
 
 			// ADD: the lowest free address after the gateway, with the
