@@ -172,15 +172,11 @@ func (s *server) register(w http.ResponseWriter, r *http.Request) {
 	// after a read barrier so that the answer is not stale. Its index is what
 	// the barrier confirmed (and at least the record's version): the
 	// follower that proxied it waits for that as for a write.
-	if _, changes := s.m.table.WouldChange(req); !changes {
-		if readIndex, err := s.m.node.ConsistentRead(ctx); err == nil {
-			if info, changes := s.m.table.WouldChange(req); !changes {
-				s.m.metrics.registrations.WithLabelValues("unchanged").Inc()
-				setIndex(w, max(readIndex, info.Version))
-				s.writeAgent(w, info)
-				return
-			}
-		}
+	if info, readIndex, ok := s.unchangedAfterBarrier(ctx, func() (*api.AgentInfo, bool) { return s.m.table.WouldChange(req) }); ok {
+		s.m.metrics.registrations.WithLabelValues("unchanged").Inc()
+		setIndex(w, max(readIndex, info.Version))
+		s.writeAgent(w, info)
+		return
 	}
 	cmd := command{Op: opRegister, RequestID: req.RequestID, Register: &registerCmd{
 		AgentID: req.AgentID, Hostname: req.Hostname, IP: req.IP, MeshAddr: req.MeshAddr, Bridges: req.NetworkConfig,
@@ -232,15 +228,11 @@ func (s *server) report(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
 	defer cancel()
-	if _, changes := s.m.table.ReportWouldChange(id, req); !changes {
-		if readIndex, err := s.m.node.ConsistentRead(ctx); err == nil {
-			if info, changes := s.m.table.ReportWouldChange(id, req); !changes {
-				s.m.metrics.reports.WithLabelValues("unchanged").Inc()
-				setIndex(w, readIndex)
-				s.writeAgent(w, info)
-				return
-			}
-		}
+	if info, readIndex, ok := s.unchangedAfterBarrier(ctx, func() (*api.AgentInfo, bool) { return s.m.table.ReportWouldChange(id, req) }); ok {
+		s.m.metrics.reports.WithLabelValues("unchanged").Inc()
+		setIndex(w, readIndex)
+		s.writeAgent(w, info)
+		return
 	}
 	requestID := req.RequestID
 	req.RequestID = ""
@@ -251,6 +243,25 @@ func (s *server) report(w http.ResponseWriter, r *http.Request) {
 	}
 	s.m.metrics.reports.WithLabelValues("ok").Inc()
 	s.writeAgent(w, res.Agent)
+}
+
+// unchangedAfterBarrier tells whether a write would change nothing, asked
+// again after a read barrier so that an answer without a log entry is not
+// stale; it returns the record to answer and the index the barrier
+// confirmed.
+func (s *server) unchangedAfterBarrier(ctx context.Context, wouldChange func() (*api.AgentInfo, bool)) (*api.AgentInfo, uint64, bool) {
+	if _, changes := wouldChange(); changes {
+		return nil, 0, false
+	}
+	readIndex, err := s.m.node.ConsistentRead(ctx)
+	if err != nil {
+		return nil, 0, false
+	}
+	info, changes := wouldChange()
+	if changes {
+		return nil, 0, false
+	}
+	return info, readIndex, true
 }
 
 // writeAgent answers one agent's record, signed.
