@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/carve-net/carve/internal/labcluster"
 )
@@ -102,7 +101,7 @@ exec %q "$@"
 // before the agent starts (so that it reads them in one state), waits
 // until the agent programmed them all and returns its idle CPU seconds
 // per minute, measured as the current agent's.
-func baselineIdle(ctx context.Context, binary string, n int, settle, window time.Duration) (cpu float64, err error) {
+func baselineIdle(ctx context.Context, binary string, n int, o idleOptions) (cpu float64, err error) {
 	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"})
 	if err != nil {
 		return 0, err
@@ -117,7 +116,7 @@ func baselineIdle(ctx context.Context, binary string, n int, settle, window time
 		return 0, err
 	}
 	progress("%d agents, baseline: registering", n)
-	if err := registerAll(ctx, c.Client(), n); err != nil {
+	if err := registerAll(ctx, c.Client(), n, o.mesh); err != nil {
 		return 0, err
 	}
 	h := c.Host(1)
@@ -128,6 +127,6 @@ func baselineIdle(ctx context.Context, binary string, n int, settle, window time
 	if err := waitProgrammed(ctx, c, h, n); err != nil {
 		return 0, err
 	}
-	progress("%d agents, baseline: idle CPU (%s settle, %s window)", n, settle, window)
-	return idleCPU(ctx, h.Agent.PID(), settle, window)
+	progress("%d agents, baseline: idle CPU (%s settle, %s window)", n, o.settle, o.window)
+	return idleCPU(ctx, h.Agent.PID(), o.settle, o.window)
 }

@@ -50,6 +50,7 @@ func main() {
 	flag.DurationVar(&o.settle, "idle-settle", 15*time.Second, "wait after the agent programmed every peer before the idle window")
 	flag.StringVar(&o.rev, "baseline-rev", "946600f", "git revision whose carve is the idle-CPU baseline (built from git archive)")
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
+	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -64,6 +65,7 @@ type idleOptions struct {
 	window, settle time.Duration
 	rev            string // baseline revision, built unless binary is set
 	binary         string // baseline binary; "none" skips the baseline
+	mesh           bool   // synthetic agents have mesh addresses
 }
 
 // progress prints a progress line on stderr.
@@ -126,7 +128,7 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 		idle := &tbl.Rows[len(tbl.Rows)-1]
 		switch {
 		case baseline != "":
-			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o.settle, o.window)
+			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
@@ -146,11 +148,19 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// synthetic is the registration of synthetic agent i (no mesh address: the
-// real agent must not dial thousands of absent peers).
-func synthetic(i int) api.RegisterRequest {
-	return api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: fmt.Sprintf("198.19.%d.%d", i/250, i%250+1),
+// synthetic is the registration of synthetic agent i. Without mesh (the
+// default) it has no mesh address: the real agent must not dial thousands
+// of absent peers. With mesh it has one (nothing listens there), so that
+// the agent's mesh side (its connections and dials) is part of the
+// figures.
+func synthetic(i int, mesh bool) api.RegisterRequest {
+	ip := fmt.Sprintf("198.19.%d.%d", i/250, i%250+1)
+	req := api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: ip,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}
+	if mesh {
+		req.MeshAddr = ip + ":6783"
+	}
+	return req
 }
 
 // measure runs the cluster at n agents and returns its table; the idle CPU
@@ -183,7 +193,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 
 	op := c.Client()
 	progress("%d agents: registering", n)
-	if err := registerAll(ctx, op, n); err != nil {
+	if err := registerAll(ctx, op, n, o.mesh); err != nil {
 		return tbl, err
 	}
 	progress("%d agents: waiting for the real agent to program them", n)
@@ -200,7 +210,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	progress("%d agents: bytes per change, registration to programmed, state reads, restart", n)
 
 	// Bytes to one watcher for one change.
-	delta, full, fullGz, err := bytesPerChange(ctx, c, op, n)
+	delta, full, fullGz, err := bytesPerChange(ctx, c, op, n, o.mesh)
 	if err != nil {
 		return tbl, err
 	}
@@ -210,7 +220,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	// Registration to programmed in the real agent.
 	var lat, commit []time.Duration
 	for k := range 3 {
-		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k)
+		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k, o.mesh)
 		if err != nil {
 			return tbl, err
 		}
@@ -266,7 +276,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	}
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("idle agent CPU, %d peers", n), Value: idle, Unit: "CPU s/min",
 		Baseline: "carve " + o.rev + " (before changes watch, gossip deltas), same cluster and N", BaseVal: 0,
-		Note: fmt.Sprintf("/proc utime+stime over %s, %s after all peers programmed; peers without mesh address; goal < 0.6 (1%% of a core)", o.window, o.settle)})
+		Note: fmt.Sprintf("/proc utime+stime over %s, %s after all peers programmed; %s; goal < 0.6 (1%% of a core)", o.window, o.settle, meshNote(o.mesh))})
 	return tbl, nil
 }
 
@@ -297,7 +307,7 @@ func waitProgrammed(ctx context.Context, c *labcluster.Cluster, h *labcluster.Ho
 }
 
 // registerAll registers n synthetic agents with 64 concurrent clients.
-func registerAll(ctx context.Context, op *api.Client, n int) error {
+func registerAll(ctx context.Context, op *api.Client, n int, mesh bool) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -308,7 +318,7 @@ func registerAll(ctx context.Context, op *api.Client, n int) error {
 				if i >= n {
 					return
 				}
-				if _, err := op.Register(ctx, synthetic(i)); err != nil {
+				if _, err := op.Register(ctx, synthetic(i, mesh)); err != nil {
 					errs <- fmt.Errorf("register %d: %w", i, err)
 					return
 				}
@@ -342,7 +352,7 @@ func get(ctx context.Context, hc *http.Client, url, encoding string) (int, error
 // bytesPerChange watches with both the changes watch and the blocking
 // state watch on a follower, registers one agent, and returns what each
 // watcher received (and the state gzip'ed).
-func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int) (delta, full, fullGz int, err error) {
+func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int, mesh bool) (delta, full, fullGz int, err error) {
 	st, err := op.State(ctx, api.StateOptions{Consistent: true})
 	if err != nil {
 		return 0, 0, 0, err
@@ -358,7 +368,7 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 		full, ferr = get(ctx, hc, fmt.Sprintf("%s/overlay-master/state?index=%d&wait=30s", base, st.Index), "identity")
 	})
 	time.Sleep(200 * time.Millisecond) // both watches are waiting
-	if _, err := op.Register(ctx, synthetic(n+100)); err != nil {
+	if _, err := op.Register(ctx, synthetic(n+100, mesh)); err != nil {
 		return 0, 0, 0, err
 	}
 	wg.Wait()
@@ -371,8 +381,8 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 
 // registerToProgrammed registers synthetic agent i and times it until the
 // real agent reports it programmed; it also returns the Register round trip.
-func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int) (time.Duration, time.Duration, error) {
-	req := synthetic(i)
+func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int, mesh bool) (time.Duration, time.Duration, error) {
+	req := synthetic(i, mesh)
 	start := time.Now()
 	if _, err := op.Register(ctx, req); err != nil {
 		return 0, 0, err
@@ -462,3 +472,11 @@ func pct(ds []time.Duration, p int) time.Duration {
 }
 
 func median(ds []time.Duration) time.Duration { return pct(ds, 50) }
+
+// meshNote says whether the synthetic peers have mesh addresses.
+func meshNote(mesh bool) string {
+	if mesh {
+		return "peers with mesh addresses nothing listens on (-synthetic-mesh)"
+	}
+	return "peers without mesh address (no gossip peers; -synthetic-mesh adds them)"
+}
