@@ -53,7 +53,6 @@ bench: build
 	$(GO) run ./bench/ring
 	$(GO) run ./bench/vxlan
 	$(GO) run ./bench/agent
-	$(GO) run ./bench/gossip
 	$(GO) run ./bench/cni
 	$(GO) run ./bench/growth
 	$(GO) run ./bench/scale

@@ -4,9 +4,15 @@
 // printed beside the full-state baseline measured in the same run: bytes a
 // watcher receives for one change (changes vs whole state), registration to
 // programmed in the real agent, state reads with 50 concurrent readers,
-// master and agent RSS, agent restart to serving.
+// master and agent RSS, agent restart to serving, gossip bytes per change
+// and per anti-entropy round (membership and rings, encoded in process as
+// the agent encodes them, beside the whole-state gossip), and the real
+// agent's idle CPU seconds per minute beside the same measurement of a
+// carve built from git revision -baseline-rev (the tree before the delta
+// watch and gossip changes) running the same cluster with the same N.
 //
-// N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long).
+// N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long). Progress
+// goes to stderr, the tables to stdout.
 package main
 
 import (
@@ -39,16 +45,35 @@ func main() {
 	sizes := flag.String("agents", "1000,5000", "synthetic agent counts, comma separated (SCALE=1 adds 10000)")
 	readers := flag.Int("readers", 50, "concurrent state readers")
 	binary := flag.String("carve", "", "carve binary (default: build ./cmd/carve of this module)")
+	var o idleOptions
+	flag.DurationVar(&o.window, "idle", 30*time.Second, "window over which the idle agent's CPU is read")
+	flag.DurationVar(&o.settle, "idle-settle", 15*time.Second, "wait after the agent programmed every peer before the idle window")
+	flag.StringVar(&o.rev, "baseline-rev", "946600f", "git revision whose carve is the idle-CPU baseline (built from git archive)")
+	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
+	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *sizes, *readers, *binary); err != nil {
+	if err := run(ctx, *sizes, *readers, *binary, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/scale:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, sizesFlag string, readers int, binary string) error {
+// idleOptions configure the idle CPU rows.
+type idleOptions struct {
+	window, settle time.Duration
+	rev            string // baseline revision, built unless binary is set
+	binary         string // baseline binary; "none" skips the baseline
+	mesh           bool   // synthetic agents have mesh addresses
+}
+
+// progress prints a progress line on stderr.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "== "+format+"\n", args...)
+}
+
+func run(ctx context.Context, sizesFlag string, readers int, binary string, o idleOptions) error {
 	if !netnslab.IsRoot() {
 		return errors.New("needs root to create network namespaces")
 	}
@@ -66,21 +91,53 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string) erro
 	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
 		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
 	}
+	dir, err := os.MkdirTemp("", "carve-bench-scale-bin-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
 	if binary == "" {
-		dir, err := os.MkdirTemp("", "carve-bench-scale-bin-")
-		if err != nil {
+		progress("building carve")
+		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		var err2 error
-		if binary, err2 = labcluster.BuildCarve(ctx, dir); err2 != nil {
-			return err2
+	}
+	// The baseline binary; baseNA says why there is none.
+	baseline, baseNA := o.binary, ""
+	switch baseline {
+	case "none":
+		baseline, baseNA = "", "n/a (skipped: -baseline-carve none)"
+	case "":
+		progress("building the baseline carve of %s", o.rev)
+		if baseline, err = buildBaseline(ctx, o.rev, dir); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			baseNA = "n/a (baseline not built)"
+			if errors.Is(err, errNoHistory) {
+				baseNA = "n/a (no git history)"
+			}
+			fmt.Fprintf(os.Stderr, "bench/scale: the idle-CPU baseline: %v\n", err)
 		}
 	}
 	for _, n := range sizes {
-		tbl, err := measure(ctx, binary, n, readers)
+		tbl, err := measure(ctx, binary, n, readers, o)
 		if err != nil {
 			return fmt.Errorf("%d agents: %w", n, err)
+		}
+		idle := &tbl.Rows[len(tbl.Rows)-1]
+		switch {
+		case baseline != "":
+			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o)
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "bench/scale: %d agents, the idle-CPU baseline: %v\n", n, err)
+				idle.Baseline, idle.BaseNA = "n/a (the baseline run failed; see stderr)", true
+			}
+		default:
+			idle.Baseline, idle.BaseNA = baseNA, true
 		}
 		if err := tbl.Print(os.Stdout); err != nil {
 			return err
@@ -89,25 +146,28 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string) erro
 	return nil
 }
 
-// gossipRows is where the membership gossip figures go (gossip bytes per
-// change, an idle agent's CPU seconds per minute), beside their baselines:
-// MEASURED ELSEWHERE, TO BE ADDED HERE. It returns no rows yet.
-func gossipRows(_ context.Context, _ *labcluster.Cluster, _ *labcluster.Host, _ int) ([]benchtable.Row, error) {
-	return nil, nil
-}
-
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// synthetic is the registration of synthetic agent i (no mesh address: the
-// real agent must not dial thousands of absent peers).
-func synthetic(i int) api.RegisterRequest {
-	return api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: fmt.Sprintf("198.19.%d.%d", i/250, i%250+1),
+// synthetic is the registration of synthetic agent i. Without mesh (the
+// default) it has no mesh address: the real agent must not dial thousands
+// of absent peers. With mesh it has one (nothing listens there), so that
+// the agent's mesh side (its connections and dials) is part of the
+// figures.
+func synthetic(i int, mesh bool) api.RegisterRequest {
+	ip := fmt.Sprintf("198.19.%d.%d", i/250, i%250+1)
+	req := api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: ip,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}
+	if mesh {
+		req.MeshAddr = ip + ":6783"
+	}
+	return req
 }
 
-func measure(ctx context.Context, binary string, n, readers int) (tbl benchtable.Table, err error) {
+// measure runs the cluster at n agents and returns its table; the idle CPU
+// row comes last, its baseline for the caller to fill in.
+func measure(ctx context.Context, binary string, n, readers int, o idleOptions) (tbl benchtable.Table, err error) {
 	tbl.Title = fmt.Sprintf("scale: %d synthetic agents, 3 secure masters, one real agent (real processes, network namespaces)", n)
-	fmt.Fprintf(os.Stderr, "== %d agents: starting the cluster\n", n)
+	progress("%d agents: starting the cluster", n)
 	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"})
 	if err != nil {
 		return tbl, err
@@ -132,34 +192,25 @@ func measure(ctx context.Context, binary string, n, readers int) (tbl benchtable
 	emptyStart := time.Since(start)
 
 	op := c.Client()
-	fmt.Fprintf(os.Stderr, "== %d agents: registering\n", n)
-	if err := registerAll(ctx, op, n); err != nil {
+	progress("%d agents: registering", n)
+	if err := registerAll(ctx, op, n, o.mesh); err != nil {
 		return tbl, err
 	}
-	fmt.Fprintf(os.Stderr, "== %d agents: waiting for the real agent to program them\n", n)
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	if err := retry.Until(wctx, 500*time.Millisecond, func() error {
-		p, err := c.AgentClient(h).Peers(wctx)
-		if err != nil {
-			return err
-		}
-		programmed := 0
-		for _, peer := range p.Peers {
-			if peer.Programmed {
-				programmed++
-			}
-		}
-		if programmed < n {
-			return fmt.Errorf("%d of %d programmed", programmed, n)
-		}
-		return nil
-	}); err != nil {
-		return tbl, fmt.Errorf("the real agent programs the synthetic agents: %w", err)
+	progress("%d agents: waiting for the real agent to program them", n)
+	if err := waitProgrammed(ctx, c, h, n); err != nil {
+		return tbl, err
 	}
+	// Idle CPU first, so that it is read at the same time after the
+	// agent programmed its peers as the baseline's.
+	progress("%d agents: idle CPU (%s settle, %s window)", n, o.settle, o.window)
+	idle, err := idleCPU(ctx, h.Agent.PID(), o.settle, o.window)
+	if err != nil {
+		return tbl, err
+	}
+	progress("%d agents: bytes per change, registration to programmed, state reads, restart", n)
 
 	// Bytes to one watcher for one change.
-	delta, full, fullGz, err := bytesPerChange(ctx, c, op, n)
+	delta, full, fullGz, err := bytesPerChange(ctx, c, op, n, o.mesh)
 	if err != nil {
 		return tbl, err
 	}
@@ -169,7 +220,7 @@ func measure(ctx context.Context, binary string, n, readers int) (tbl benchtable
 	// Registration to programmed in the real agent.
 	var lat, commit []time.Duration
 	for k := range 3 {
-		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k)
+		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k, o.mesh)
 		if err != nil {
 			return tbl, err
 		}
@@ -216,18 +267,47 @@ func measure(ctx context.Context, binary string, n, readers int) (tbl benchtable
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("agent restart -> serving, %d peers", n), Value: ms(restart), Unit: "ms",
 		Baseline: "first start, no peers", BaseVal: ms(emptyStart), Note: "overlays STATUS_OK on /overlay-agent/overlay; goal < 2 s at 5,000"})
 
-	rows, err := gossipRows(ctx, c, h, n)
+	rows, err := gossipBytesRows(n)
 	if err != nil {
 		return tbl, err
 	}
 	for _, r := range rows {
 		tbl.Add(r)
 	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("idle agent CPU, %d peers", n), Value: idle, Unit: "CPU s/min",
+		Baseline: "carve " + o.rev + " (before changes watch, gossip deltas), same cluster and N", BaseVal: 0,
+		Note: fmt.Sprintf("/proc utime+stime over %s, %s after all peers programmed; %s; goal < 0.6 (1%% of a core)", o.window, o.settle, meshNote(o.mesh))})
 	return tbl, nil
 }
 
+// waitProgrammed waits (at most 5 minutes) until the agent on h reports n
+// programmed peers.
+func waitProgrammed(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host, n int) error {
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if err := retry.Until(wctx, 500*time.Millisecond, func() error {
+		p, err := c.AgentClient(h).Peers(wctx)
+		if err != nil {
+			return err
+		}
+		programmed := 0
+		for _, peer := range p.Peers {
+			if peer.Programmed {
+				programmed++
+			}
+		}
+		if programmed < n {
+			return fmt.Errorf("%d of %d programmed", programmed, n)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("the agent programs the synthetic agents: %w", err)
+	}
+	return nil
+}
+
 // registerAll registers n synthetic agents with 64 concurrent clients.
-func registerAll(ctx context.Context, op *api.Client, n int) error {
+func registerAll(ctx context.Context, op *api.Client, n int, mesh bool) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -238,7 +318,7 @@ func registerAll(ctx context.Context, op *api.Client, n int) error {
 				if i >= n {
 					return
 				}
-				if _, err := op.Register(ctx, synthetic(i)); err != nil {
+				if _, err := op.Register(ctx, synthetic(i, mesh)); err != nil {
 					errs <- fmt.Errorf("register %d: %w", i, err)
 					return
 				}
@@ -272,7 +352,7 @@ func get(ctx context.Context, hc *http.Client, url, encoding string) (int, error
 // bytesPerChange watches with both the changes watch and the blocking
 // state watch on a follower, registers one agent, and returns what each
 // watcher received (and the state gzip'ed).
-func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int) (delta, full, fullGz int, err error) {
+func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int, mesh bool) (delta, full, fullGz int, err error) {
 	st, err := op.State(ctx, api.StateOptions{Consistent: true})
 	if err != nil {
 		return 0, 0, 0, err
@@ -288,7 +368,7 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 		full, ferr = get(ctx, hc, fmt.Sprintf("%s/overlay-master/state?index=%d&wait=30s", base, st.Index), "identity")
 	})
 	time.Sleep(200 * time.Millisecond) // both watches are waiting
-	if _, err := op.Register(ctx, synthetic(n+100)); err != nil {
+	if _, err := op.Register(ctx, synthetic(n+100, mesh)); err != nil {
 		return 0, 0, 0, err
 	}
 	wg.Wait()
@@ -301,8 +381,8 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 
 // registerToProgrammed registers synthetic agent i and times it until the
 // real agent reports it programmed; it also returns the Register round trip.
-func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int) (time.Duration, time.Duration, error) {
-	req := synthetic(i)
+func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int, mesh bool) (time.Duration, time.Duration, error) {
+	req := synthetic(i, mesh)
 	start := time.Now()
 	if _, err := op.Register(ctx, req); err != nil {
 		return 0, 0, err
@@ -392,3 +472,11 @@ func pct(ds []time.Duration, p int) time.Duration {
 }
 
 func median(ds []time.Duration) time.Duration { return pct(ds, 50) }
+
+// meshNote says whether the synthetic peers have mesh addresses.
+func meshNote(mesh bool) string {
+	if mesh {
+		return "peers with mesh addresses nothing listens on (-synthetic-mesh)"
+	}
+	return "peers without mesh address (no gossip peers; -synthetic-mesh adds them)"
+}

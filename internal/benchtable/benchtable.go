@@ -19,7 +19,10 @@ type Row struct {
 	BaseVal  float64 // the baseline's figure, in the same unit
 	// HigherIsBetter tells how to read the ratio column (Value/BaseVal).
 	HigherIsBetter bool
-	Note           string // optional remark (target, parameters)
+	// BaseNA says the baseline could not be measured (Baseline says why):
+	// its value prints as "n/a" instead of a misleading 0.
+	BaseNA bool
+	Note   string // optional remark (target, parameters)
 }
 
 // Table is a titled list of rows.
@@ -39,16 +42,18 @@ func (t *Table) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "benchmark\tvalue\tbaseline\tbaseline value\tratio\tnote")
 	for _, r := range t.Rows {
-		ratio := "-"
-		if r.BaseVal != 0 {
+		ratio, base := "-", Format(r.BaseVal)+" "+r.Unit
+		if r.BaseNA {
+			base = "n/a"
+		} else if r.BaseVal != 0 {
 			dir := "lower is better"
 			if r.HigherIsBetter {
 				dir = "higher is better"
 			}
 			ratio = fmt.Sprintf("%.2fx (%s)", r.Value/r.BaseVal, dir)
 		}
-		fmt.Fprintf(tw, "%s\t%s %s\t%s\t%s %s\t%s\t%s\n",
-			r.Name, Format(r.Value), r.Unit, r.Baseline, Format(r.BaseVal), r.Unit, ratio, r.Note)
+		fmt.Fprintf(tw, "%s\t%s %s\t%s\t%s\t%s\t%s\n",
+			r.Name, Format(r.Value), r.Unit, r.Baseline, base, ratio, r.Note)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/benchtable"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/ring"
+)
+
+// gossipBytesRows measures, in process and deterministically, the
+// membership and ring messages an agent sends at n agents, encoded exactly
+// as the agent encodes them (agent.AntiEntropyRound), beside the whole
+// state that periodic gossip carried before deltas and digests, built from
+// the same memberships.
+func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
+	tbl := &benchtable.Table{}
+	defer func() { rows = tbl.Rows }()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	const cluster = "bench-cluster"
+	record := func(i int, v uint64) agent.PeerRecord {
+		ip := netip.AddrFrom4([4]byte{198, 19, byte(i / 250), byte(i%250 + 1)})
+		info := &api.AgentInfo{AgentID: fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i), IP: ip.String(), MeshAddr: ip.String() + ":6783", Version: v,
+			Overlays: []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"},
+				Subnet:      fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256),
+				MesosBridge: &api.BridgeInfo{IP: fmt.Sprintf("10.%d.%d.0/25", 128+i/256, i%256)},
+				Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: fmt.Sprintf("100.64.%d.%d/16", i/250, i%250+1),
+					VTEPMAC: api.VTEPMAC([3]byte{0x70, 0xb3, 0xd5}, netip.AddrFrom4([4]byte{100, 64, byte(i / 250), byte(i%250 + 1)})).String()}},
+				State: api.OverlayState{Status: api.StatusOK}}}}
+		info.Signature = api.Sign(priv, api.RecordSigningBytes(info, cluster))
+		return agent.NewPeerRecord(info)
+	}
+	a := agent.NewMembership()
+	var st agent.MembershipState
+	for i := range n {
+		st.Records = append(st.Records, record(i, uint64(100+i)))
+	}
+	a.MergeFromMasters(st)
+	b := agent.NewMembership()
+	b.MergeFromMasters(a.State())
+
+	whole, err := json.Marshal(agent.MembershipMessage{ClusterID: cluster, MembershipState: a.State()})
+	if err != nil {
+		return nil, err
+	}
+	changed := record(n/2, uint64(100+n+1))
+	delta, err := json.Marshal(agent.MembershipMessage{ClusterID: cluster, MembershipState: agent.MembershipState{Records: []agent.PeerRecord{changed}}})
+	if err != nil {
+		return nil, err
+	}
+	equal := agent.AntiEntropyRound(cluster, "a", a, b)
+	a.MergeFromMasters(agent.MembershipState{Records: []agent.PeerRecord{changed}})
+	oneOff := agent.AntiEntropyRound(cluster, "a", a, b)
+	if again := agent.AntiEntropyRound(cluster, "a", a, b); again.Messages != 1 {
+		return nil, fmt.Errorf("%d agents: one round did not reconcile the memberships (%+v)", n, again)
+	}
+	base := "whole membership (periodic gossip before)"
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: one change, broadcast delta (%d agents)", n), Value: float64(len(delta)), Unit: "B/msg",
+		Baseline: base, BaseVal: float64(len(whole))})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, in sync (%d agents)", n), Value: float64(equal.Total()), Unit: "B/round",
+		Baseline: base, BaseVal: float64(len(whole)), Note: "the digest alone"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, one record behind (%d agents)", n), Value: float64(oneOff.Total()), Unit: "B/round",
+		Baseline: base, BaseVal: float64(len(whole)), Note: fmt.Sprintf("digest %d + summary %d + push %d", oneOff.Digest, oneOff.Summary, oneOff.Push)})
+
+	// One overlay ring with a lease per agent.
+	alloc, err := ring.NewAllocator("self", netip.MustParsePrefix("10.128.0.0/9"))
+	if err != nil {
+		return nil, err
+	}
+	var leases []ring.Lease
+	for i := range n {
+		leases = append(leases, ring.Lease{Owner: fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i),
+			Prefix: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256)), Version: uint64(100 + i)})
+	}
+	if _, err := alloc.Seed(leases, nil); err != nil {
+		return nil, err
+	}
+	// The ring channel's messages (agent/ipam's ringMessage), mirrored.
+	type entry struct {
+		Overlay string `json:"overlay"`
+		Family  string `json:"family"`
+		Ring    []byte `json:"ring"`
+	}
+	type digest struct {
+		Overlay string `json:"overlay"`
+		Family  string `json:"family"`
+		Hash    uint64 `json:"hash"`
+	}
+	type msg struct {
+		ClusterID string   `json:"cluster_id,omitempty"`
+		Rings     []entry  `json:"rings,omitempty"`
+		From      string   `json:"from,omitempty"`
+		Digest    []digest `json:"digest,omitempty"`
+	}
+	wholeRing, _ := json.Marshal(msg{ClusterID: cluster, Rings: []entry{{"carve", "4", alloc.EncodeRing()}}})
+	ringDigest, _ := json.Marshal(msg{ClusterID: cluster, From: "00000000-5c1e-4f7a-9d2b-000000000000", Digest: []digest{{"carve", "4", 1 << 63}}})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync, one overlay (%d agents)", n), Value: float64(len(ringDigest)), Unit: "B/round",
+		Baseline: "every ring (periodic gossip before)", BaseVal: float64(len(wholeRing)), Note: "the digest alone"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: a registration, per agent (%d agents)", n), Value: 0, Unit: "B/agent",
+		Baseline: "each agent broadcast its changed ring before", BaseVal: float64(len(wholeRing)),
+		Note: "every agent seeds the new lease from its own view"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: a change made through the ring (grant, free counts) (%d agents)", n), Value: float64(len(wholeRing)), Unit: "B/msg",
+		Baseline: "every ring (periodic gossip before)", BaseVal: float64(len(wholeRing)), Note: "the changed ring, whole: ring-entry deltas are not done"})
+	return nil, nil
+}
+
+// idleCPU reads the process's CPU time from /proc over window (after
+// settle, so that start-up work is not counted) and returns CPU seconds per
+// minute.
+func idleCPU(ctx context.Context, pid int, settle, window time.Duration) (float64, error) {
+	if !retry.Sleep(ctx, settle) {
+		return 0, ctx.Err()
+	}
+	before, err := cpuSeconds(pid)
+	if err != nil {
+		return 0, err
+	}
+	if !retry.Sleep(ctx, window) {
+		return 0, ctx.Err()
+	}
+	after, err := cpuSeconds(pid)
+	if err != nil {
+		return 0, err
+	}
+	return (after - before) / window.Minutes(), nil
+}
+
+// cpuSeconds is a process's user and system CPU time, from /proc.
+func cpuSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: fields count from after it.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, err1 := strconv.ParseFloat(f[11], 64)
+	stime, err2 := strconv.ParseFloat(f[12], 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	return (utime + stime) / 100, nil // USER_HZ is 100 on Linux
+}
