@@ -777,6 +777,19 @@ func (d *Dataplane) ensureBridge(b Bridge, rep *Report) error {
 			rep.Sysctls.Updated++
 		}
 	}
+	// A block the agent granted away can lie inside the prefix of its own
+	// containers (a /30 out of its first /28): for them it is on-link, so
+	// they ARP for it on the bridge, while the kernel routes it out of the
+	// VTEP to the recipient. With proxy_arp the bridge answers for exactly
+	// the targets it routes out of another interface; local containers
+	// (routed on the bridge itself) still answer for themselves.
+	changed, err := d.ensureSysctl("net/ipv4/conf/"+b.Name+"/proxy_arp", "1")
+	switch {
+	case err != nil:
+		rep.fail(KindSysctl, b.Name+" proxy_arp", "", "set", err)
+	case changed && !created:
+		rep.Sysctls.Updated++
+	}
 	d.ensureAddrs(link, b.addresses(), KindBridge, b.Name, rep)
 	if link.Attrs().Flags&net.FlagUp == 0 {
 		if err := d.h.LinkSetUp(link); err != nil {

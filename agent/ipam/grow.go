@@ -431,6 +431,11 @@ func (e *refusedError) Error() string { return fmt.Sprintf("peer %s refused: %s"
 // growFromRing asks peers for a block, the ones with most free space most
 // likely, leaving out those that refused recently.
 func (s *Service) growFromRing(ctx context.Context, k growKey) error {
+	if k.fam == 1 {
+		// Peers do not grant IPv6 space (reasonIPv6NotGranted).
+		s.metrics.grows.WithLabelValues("ring", "none").Inc()
+		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", ErrOverlayFull)
+	}
 	var errs []error
 	for range maxPeersAsked {
 		s.mu.Lock()

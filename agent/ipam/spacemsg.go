@@ -26,6 +26,13 @@ const (
 	kindGrant    = "grant"
 	kindRefuse   = "refuse"
 
+	// reasonIPv6NotGranted refuses a request for IPv6 space: a donor
+	// grants out of its bridges' first blocks, which are on-link for its
+	// own containers. IPv4 has the bridge answer ARP for the granted part
+	// (proxy_arp); IPv6 would need a proxy NDP entry per address the
+	// recipient hands out, so IPv6 grows at the masters only.
+	reasonIPv6NotGranted = "ipv6_not_granted"
+
 	// maxSpaceRequestBytes bounds a request (no ring in it).
 	maxSpaceRequestBytes = 4 << 10
 	maxRequestIDLen      = 128
@@ -210,6 +217,9 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, ringMessage, *ba
 	a := s.allocatorOf(m.Overlay, m.Family)
 	if a == nil || m.From == s.id {
 		return refuse("not_served")
+	}
+	if fam == 1 {
+		return refuse(reasonIPv6NotGranted)
 	}
 	o := s.overlays[m.Overlay]
 	if s.tombstoned(s.id) {

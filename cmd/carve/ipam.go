@@ -426,7 +426,7 @@ func readIPAM(ctx context.Context, client *api.Client, reader *agentReader) (ipa
 	if err != nil {
 		return ipamSnapshot{}, err
 	}
-	snap := ipamSnapshot{State: st, Allocations: map[string]*api.AgentAllocations{}}
+	snap := ipamSnapshot{State: st, Allocations: map[string]*api.AgentAllocations{}, Status: map[string]*api.AgentIPAMStatus{}}
 	var mu sync.Mutex
 	snap.Failed = reader.readAgents(ctx, st.Agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
 		list, err := c.IPAMAllocations(ctx, "")
@@ -436,8 +436,19 @@ func readIPAM(ctx context.Context, client *api.Client, reader *agentReader) (ipa
 		if list.AgentID != a.AgentID {
 			return fmt.Errorf("the agent at %s says it is %q", a.IP, list.AgentID)
 		}
+		// The blocks the agent's ring gives it, read after its allocations
+		// so that a grant an allocation lies in is already there: the
+		// grants the masters have not learned yet.
+		status, err := c.IPAMStatus(ctx, "")
+		if err != nil {
+			return err
+		}
+		if status.AgentID != a.AgentID {
+			return fmt.Errorf("the agent at %s says it is %q", a.IP, status.AgentID)
+		}
 		mu.Lock()
 		snap.Allocations[a.AgentID] = list
+		snap.Status[a.AgentID] = status
 		mu.Unlock()
 		return nil
 	})

@@ -60,6 +60,7 @@ type ipamSnapshot struct {
 	State       *api.State
 	Allocations map[string]*api.AgentAllocations // by agent id
 	Failed      map[string]string                // agent id -> error
+	Status      map[string]*api.AgentIPAMStatus  // by agent id: the blocks each agent reports (ring ownership)
 }
 
 // checkIPAM finds, in one read, the addresses held twice, those outside
@@ -96,7 +97,7 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 				addr := p.Addr().Unmap()
 				k := place{al.Network, addr.String()}
 				holders[k] = append(holders[k], h)
-				if why := outsideLease(rec, al.Network, al.Bridge, addr); why != "" {
+				if why := outsideLease(rec, snap.Status[id], records, al.Network, al.Bridge, addr); why != "" {
 					problems = append(problems, ipamProblem{Kind: problemOutside, Network: al.Network, Address: addr.String(),
 						Holders: []holder{h}, Detail: why})
 				}
@@ -127,9 +128,15 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 	return problems
 }
 
-// outsideLease says why addr is outside the range the masters leased to the
-// agent for the bridge on the overlay ("" when inside).
-func outsideLease(rec *api.AgentInfo, network, bridge string, addr netip.Addr) string {
+// outsideLease says why addr is outside the space the agent holds for the
+// bridge on the overlay ("" when inside). That space is every block of the
+// bridge in the masters' record (its first lease, the blocks it grew and
+// those granted to it; a donor's record lists only what it kept), or the
+// bridge's first sub-subnet for a record without blocks of the family. A
+// grant the masters have not learned yet counts too: a block of origin
+// grant that the agent reports in its IPAM status (its ring's ownership),
+// provided the masters still give it to the named donor.
+func outsideLease(rec *api.AgentInfo, st *api.AgentIPAMStatus, records map[string]*api.AgentInfo, network, bridge string, addr netip.Addr) string {
 	if rec == nil {
 		return "the agent is not in the masters' state"
 	}
@@ -137,28 +144,104 @@ func outsideLease(rec *api.AgentInfo, network, bridge string, addr netip.Addr) s
 	if ov == nil {
 		return fmt.Sprintf("agent %s has no lease on overlay %s", rec.AgentID, network)
 	}
-	var br *api.BridgeInfo
-	switch bridge {
-	case api.BridgeMesos:
-		br = ov.MesosBridge
-	case api.BridgeDocker:
-		br = ov.DockerBridge
+	held := blocksOf(ov, bridge, addr.Is6())
+	if len(held) == 0 {
+		var br *api.BridgeInfo
+		switch bridge {
+		case api.BridgeMesos:
+			br = ov.MesosBridge
+		case api.BridgeDocker:
+			br = ov.DockerBridge
+		}
+		if br == nil {
+			return fmt.Sprintf("agent %s has no %s bridge lease on overlay %s", rec.AgentID, bridge, network)
+		}
+		lease := br.IP
+		if addr.Is6() {
+			lease = br.IP6
+		}
+		p, err := netip.ParsePrefix(lease)
+		if err != nil {
+			return fmt.Sprintf("agent %s has no IPv%d range on the %s bridge of overlay %s", rec.AgentID, map[bool]int{true: 6, false: 4}[addr.Is6()], bridge, network)
+		}
+		held = []netip.Prefix{p.Masked()}
 	}
-	if br == nil {
-		return fmt.Sprintf("agent %s has no %s bridge lease on overlay %s", rec.AgentID, bridge, network)
+	for _, p := range held {
+		if p.Contains(addr) {
+			return ""
+		}
 	}
-	lease := br.IP
-	if addr.Is6() {
-		lease = br.IP6
+	if pendingGrant(st, records, network, bridge, addr) {
+		return ""
 	}
-	p, err := netip.ParsePrefix(lease)
-	if err != nil {
-		return fmt.Sprintf("agent %s has no IPv%d range on the %s bridge of overlay %s", rec.AgentID, map[bool]int{true: 6, false: 4}[addr.Is6()], bridge, network)
+	names := make([]string, len(held))
+	for i, p := range held {
+		names[i] = p.String()
 	}
-	if !p.Masked().Contains(addr) {
-		return fmt.Sprintf("outside agent %s's %s range %s on overlay %s", rec.AgentID, bridge, p.Masked(), network)
+	return fmt.Sprintf("outside agent %s's %s blocks %s on overlay %s", rec.AgentID, bridge, strings.Join(names, ", "), network)
+}
+
+// blocksOf are the overlay's blocks of the bridge in one family, from the
+// masters' record.
+func blocksOf(ov *api.AgentOverlay, bridge string, v6 bool) []netip.Prefix {
+	var out []netip.Prefix
+	for _, b := range ov.Blocks {
+		p, err := netip.ParsePrefix(b.Prefix)
+		if err != nil || b.Bridge != bridge || p.Addr().Is6() != v6 {
+			continue
+		}
+		out = append(out, p.Masked())
 	}
-	return ""
+	return out
+}
+
+// pendingGrant says whether the agent reports a block of origin grant for
+// the bridge (st) that holds addr, and the masters still give that block to
+// its donor: a grant made through the ring that they have not learned yet.
+func pendingGrant(st *api.AgentIPAMStatus, records map[string]*api.AgentInfo, network, bridge string, addr netip.Addr) bool {
+	if st == nil {
+		return false
+	}
+	for _, nu := range st.Networks {
+		if nu.Network != network {
+			continue
+		}
+		for _, bu := range nu.Bridges {
+			if bu.Bridge != bridge {
+				continue
+			}
+			for _, b := range append(slices.Clone(bu.Blocks), bu.Blocks6...) {
+				p, err := netip.ParsePrefix(b.Prefix)
+				if err != nil || b.Origin != api.BlockGranted || !p.Masked().Contains(addr) {
+					continue
+				}
+				if donorHolds(records[b.Donor], network, p.Masked()) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// donorHolds says whether the masters give the whole of p to the agent of
+// rec on the overlay (inside one of its blocks, of any bridge).
+func donorHolds(rec *api.AgentInfo, network string, p netip.Prefix) bool {
+	if rec == nil {
+		return false
+	}
+	ov := rec.Overlay(network)
+	if ov == nil {
+		return false
+	}
+	for _, br := range []string{api.BridgeMesos, api.BridgeDocker} {
+		for _, b := range blocksOf(ov, br, p.Addr().Is6()) {
+			if b.Bits() <= p.Bits() && b.Contains(p.Addr()) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // confirmProblems keeps the problems of the second read that the first

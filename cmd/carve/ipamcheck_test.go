@@ -206,3 +206,84 @@ func TestConfirmProblems(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckIPAMGrownAndGranted: addresses are judged against every block
+// the agent holds for the bridge, not its first sub-subnet only. The
+// masters' record lists h4's first /28, a block it grew and one granted by
+// h2 (learned); h2 granted another block out of its first block that the
+// masters have not learned yet, which h4 reports in its IPAM status (the
+// ring's ownership): inside a block of the donor's at the masters, so not
+// outside either. A grant h4 claims out of space the masters give to
+// nobody it names, and an address of the donor inside the block it granted
+// away, are outside.
+func TestCheckIPAMGrownAndGranted(t *testing.T) {
+	blk := func(bridge, prefix, origin, donor string) api.Block {
+		return api.Block{Bridge: bridge, Prefix: prefix, Origin: origin, Donor: donor}
+	}
+	h4 := leaseRecord("h4", "10.128.0.97/28", "fd00::1/80", "10.128.0.113/28")
+	h4.Overlays[0].Blocks = []api.Block{
+		blk(api.BridgeMesos, "10.128.0.96/28", api.BlockLeased, ""),
+		blk(api.BridgeDocker, "10.128.0.112/28", api.BlockLeased, ""),
+		blk(api.BridgeMesos, "fd00::/80", api.BlockLeased, ""),
+		blk(api.BridgeMesos, "10.128.0.128/28", api.BlockGrown, ""),
+		blk(api.BridgeMesos, "10.128.1.4/30", api.BlockGranted, "h2"),
+	}
+	// h2's first mesos /28 is 10.128.1.0/28: it granted 10.128.1.4/30
+	// (learned) and 10.128.1.8/30 (not yet): its record lists what it
+	// still holds of the learned state.
+	h2 := leaseRecord("h2", "10.128.1.1/28", "", "")
+	h2.Overlays[0].Blocks = []api.Block{
+		blk(api.BridgeMesos, "10.128.1.0/30", api.BlockLeased, ""),
+		blk(api.BridgeMesos, "10.128.1.8/29", api.BlockLeased, ""),
+	}
+	state := &api.State{Index: 9, Agents: []api.AgentInfo{h2, h4}}
+	free := func(n uint64) *uint64 { return &n }
+	status := map[string]*api.AgentIPAMStatus{
+		"h4": {AgentID: "h4", Networks: []api.IPAMNetworkUsage{{Network: "carve", Ready: true, Bridges: []api.IPAMBridgeUsage{{
+			Bridge: api.BridgeMesos, Subnet: "10.128.0.96/28", Free: free(3),
+			Blocks: []api.IPAMBlockUsage{
+				{Prefix: "10.128.0.96/28", Origin: api.BlockLeased},
+				{Prefix: "10.128.0.128/28", Origin: api.BlockGrown},
+				{Prefix: "10.128.1.4/30", Origin: api.BlockGranted, Donor: "h2"},
+				{Prefix: "10.128.1.8/30", Origin: api.BlockGranted, Donor: "h2"}, // not learned yet
+				{Prefix: "10.128.2.0/30", Origin: api.BlockGranted, Donor: "h2"}, // not h2's at the masters
+				{Prefix: "10.128.0.144/30", Origin: api.BlockGrown, Donor: "h2"}, // only a grant counts
+			},
+		}}}}},
+	}
+	allocs := map[string]*api.AgentAllocations{
+		"h4": {AgentID: "h4", Allocations: []api.AgentAllocation{
+			alloc("c1", api.BridgeMesos, api.ContainerLive, "10.128.0.98/28", "fd00::2/80"),
+			alloc("c2", api.BridgeMesos, api.ContainerLive, "10.128.0.130/28"),
+			alloc("c3", api.BridgeMesos, api.ContainerLive, "10.128.1.6/30"),
+			alloc("c4", api.BridgeMesos, api.ContainerLive, "10.128.1.10/30"),
+			alloc("c5", api.BridgeDocker, api.ContainerLive, "10.128.0.114/28"),
+			alloc("c6", api.BridgeMesos, api.ContainerLive, "10.128.2.2/30"),
+			alloc("c7", api.BridgeMesos, api.ContainerLive, "10.128.0.146/30"),
+			alloc("c8", api.BridgeDocker, api.ContainerLive, "10.128.0.131/28"), // the mesos bridge's block
+		}},
+		"h2": {AgentID: "h2", Allocations: []api.AgentAllocation{
+			alloc("d1", api.BridgeMesos, api.ContainerLive, "10.128.1.2/28"),
+			alloc("d2", api.BridgeMesos, api.ContainerLive, "10.128.1.5/28"), // granted away
+		}},
+	}
+	problems := checkIPAM(ipamSnapshot{State: state, Allocations: allocs, Status: status})
+	var got []string
+	for _, p := range problems {
+		got = append(got, fmt.Sprintf("%s %s %s", p.Kind, p.Address, p.Holders[0]))
+	}
+	want := []string{
+		"outside 10.128.0.131 h4/c8/eth0",
+		"outside 10.128.0.146 h4/c7/eth0",
+		"outside 10.128.1.5 h2/d2/eth0",
+		"outside 10.128.2.2 h4/c6/eth0",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("problems:\n%s\nwant:\n%s\n(details: %+v)", strings.Join(got, "\n"), strings.Join(want, "\n"), problems)
+	}
+	for _, p := range problems {
+		if p.Address == "10.128.1.5" && !strings.Contains(p.Detail, "10.128.1.8/29") {
+			t.Errorf("the detail of %s does not list the agent's blocks: %q", p.Address, p.Detail)
+		}
+	}
+}
