@@ -364,6 +364,14 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 		s.mu.Unlock()
 		return fmt.Errorf("block %v (version %d) is not a block of %v", lb.Prefix, lb.Version, u)
 	}
+	// The masters' watch may have brought the new record, and with it
+	// this block (learnMasterBlocks), before the grow's answer came back.
+	if slices.ContainsFunc(o.blocks[k.fam], func(hb *heldBlock) bool {
+		return hb.Prefix == lb.Prefix && hb.Bridge == k.bridge && hb.Origin == OriginGrow
+	}) {
+		s.mu.Unlock()
+		return nil
+	}
 	for kind := range o.bridges {
 		for _, p := range o.bridgeBlocks(kind, k.fam) {
 			if p.Overlaps(lb.Prefix) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
@@ -542,5 +543,48 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 	}
 	if got := grantedToA(); len(got) != 1 || got[0] != first {
 		t.Fatalf("b granted a %v, want only %v", got, first)
+	}
+}
+
+// watchFirstStandIn is a TEST DOUBLE for the masters whose watch brings
+// the agent's new record (with the grown block) before the grow's answer
+// does, as the real masters' watch may.
+type watchFirstStandIn struct {
+	leasingStandIn
+	svc *Service
+	id  string
+}
+
+func (m *watchFirstStandIn) Grow(ctx context.Context, overlay, bridge string, family int, rid string) (LeasedBlock, error) {
+	lb, err := m.leasingStandIn.Grow(ctx, overlay, bridge, family, rid)
+	if err == nil {
+		v := growthView(m.id)
+		v.Blocks = []MasterBlock{{Overlay: overlay, Bridge: bridge, Prefix: lb.Prefix, Version: lb.Version}}
+		m.svc.Sync(v)
+	}
+	return lb, err
+}
+
+// TestGrowthAnswerAfterWatch: the grown block the watch brought first is
+// the grow's answer too: the bridge uses it, and does not go asking peers
+// for space it already has.
+func TestGrowthAnswerAfterWatch(t *testing.T) {
+	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
+	src := &watchFirstStandIn{leasingStandIn: leasingStandIn{next: netip.MustParsePrefix("10.128.0.192/27")}, id: "a"}
+	nd := c.startSource("a", t.TempDir(), src)
+	src.svc = nd.svc
+	for i := range 31 {
+		nd.alloc(t, fmt.Sprint("c", i))
+	}
+	st := nd.svc.Status("carve")
+	if bs := st.Blocks[api.BridgeMesos]; len(bs) != 2 || bs[1].Prefix != "10.128.0.192/27" || bs[1].Origin != OriginGrow {
+		t.Fatalf("blocks %+v", bs)
+	}
+	var m dto.Metric
+	if err := nd.svc.metrics.grows.WithLabelValues("master", "ok").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 1 {
+		t.Errorf("grows from the masters that succeeded: %v, want 1 (the answer was refused as a block the bridge holds)", n)
 	}
 }
