@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -48,7 +49,7 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 	t.Helper()
 	p := &masterProxy{t: t}
 	p.switchTo(m)
-	rp := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+	rp := &httputil.ReverseProxy{ErrorLog: log.New(io.Discard, "", 0), Rewrite: func(r *httputil.ProxyRequest) {
 		p.mu.Lock()
 		r.SetURL(p.backend)
 		p.mu.Unlock()

@@ -540,7 +540,10 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 		return &refusedError{peer: peer, reason: ans.Reason}
 	}
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
-	if s.tombstoned(peer) {
+	s.mu.Lock()
+	deleted := s.tombstoned(peer)
+	s.mu.Unlock()
+	if deleted {
 		// Obligation 2 (docs/design.md): no grant from a deleted donor.
 		return &refusedError{peer: peer, reason: "donor_deleted"}
 	}
