@@ -45,6 +45,9 @@ type quarantined struct {
 	Prefix netip.Prefix `json:"prefix"`
 	From   string       `json:"from"`  // the deleted agent
 	Since  uint64       `json:"since"` // the deletion's Raft index
+	// Bridge is the bridge the block served (empty in snapshots written
+	// before it was kept: the mesos bridge).
+	Bridge string `json:"bridge,omitempty"`
 }
 
 // sortBlocks puts blocks in api.SortBlocks order (the signed order).
@@ -118,6 +121,42 @@ func (t *LeaseTable) reclaimOwnSlice(overlay string, space *blockSpace, id strin
 		return slice, true
 	}
 	return netip.Prefix{}, false
+}
+
+// reclaimOwnQuarantine gives an agent registered again under a deleted
+// id every block of its own quarantined space that is left in an overlay
+// (after its first slice, see reclaimOwnSlice), as grown blocks of the
+// bridge they served: its containers may hold addresses there, and its
+// ring, persisted with its id, knows the grants it made from them (a grant
+// reported late already moved its part out of the quarantine).
+// Only in a family where it was leased a subnet: an agent without one
+// serves nothing there, and its quarantine waits for the usual release.
+func (t *LeaseTable) reclaimOwnQuarantine(rec *agentRecord, def overlayDef, l overlayLease, index uint64) overlayLease {
+	overlay := def.api.Name
+	var keep []quarantined
+	for _, q := range t.quarantine[overlay] {
+		space := t.spaces[overlay].family(q.Prefix.Addr().Is4())
+		leased := l.Subnet.IsValid()
+		if q.Prefix.Addr().Is6() {
+			leased = l.Subnet6.IsValid()
+		}
+		if q.From != rec.ID || space == nil || !leased {
+			keep = append(keep, q)
+			continue
+		}
+		space.remove(q.Prefix)
+		_ = space.add(q.Prefix, rec.ID, false) // its own quarantine: nobody else holds it
+		bridge := q.Bridge
+		if bridge == "" {
+			bridge = api.BridgeMesos
+		}
+		l.Blocks = append(l.Blocks, leaseBlock{Bridge: bridge, Prefix: q.Prefix, Origin: api.BlockGrown, Home: q.Prefix, Version: index})
+	}
+	if len(keep) != len(t.quarantine[overlay]) {
+		t.quarantine[overlay] = keep
+		sortBlocks(l.Blocks)
+	}
+	return l
 }
 
 // legacyLeaseBlocks gives a record restored from a format without blocks
@@ -419,7 +458,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 		space.remove(q.Prefix)
 		for _, r := range cutOut(leaseBlock{Prefix: q.Prefix}, c.Prefix) {
 			_ = space.add(r.Prefix, q.From, true) // the rest of what was just freed
-			qs = append(qs, quarantined{Prefix: r.Prefix, From: q.From, Since: q.Since})
+			qs = append(qs, quarantined{Prefix: r.Prefix, From: q.From, Since: q.Since, Bridge: q.Bridge})
 		}
 	}
 	t.quarantine[c.Overlay] = qs

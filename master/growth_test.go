@@ -437,3 +437,30 @@ func subnetIn(a *api.AgentInfo, overlay string) string {
 	}
 	return ""
 }
+
+// TestReRegisteredAgentTakesBackItsGrownBlocks: an agent deleted with
+// containers in blocks it grew, and registered again under its id, gets
+// those blocks back too (its ring refuses to hand space where it has
+// allocations to nobody: without them it could serve nothing, and never
+// send the complete usage report that releases a quarantine).
+func TestReRegisteredAgentTakesBackItsGrownBlocks(t *testing.T) {
+	h := newHarness(t, growCfg())
+	h.mustRegister("a", "198.18.0.1")
+	h.mustRegister("b", "198.18.0.2")
+	if res := h.apply(command{Op: opGrow, Grow: &growCmd{AgentID: "b", Overlay: "g", Bridge: api.BridgeDocker, Family: 4}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	grown := blocksOf(t, h, "b")
+	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"b"}}})
+	b := h.mustRegister("b", "198.18.0.2")
+	if got := blocksOf(t, h, "b"); !slices.Equal(got, grown) {
+		t.Errorf("b registered again holds %q, want its blocks %q back", got, grown)
+	}
+	if q := h.table.quarantine["g"]; len(q) != 0 {
+		t.Errorf("b's space is still quarantined: %+v", q)
+	}
+	if subnetIn(b, "g") != "10.9.1.0/24" {
+		t.Errorf("b's subnet %q", subnetIn(b, "g"))
+	}
+	checkTable(t, h.table)
+}

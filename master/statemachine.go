@@ -298,7 +298,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 				l.Failed += "; " + failures[1]
 			}
 		}
-		rec.Leases[def.api.Name] = l
+		rec.Leases[def.api.Name] = t.reclaimOwnQuarantine(rec, def, l, index)
 	}
 }
 
@@ -360,7 +360,7 @@ func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool)
 			}
 			if quarantine {
 				_ = space.add(b.Prefix, rec.ID, true) // just freed: cannot overlap
-				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index})
+				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge})
 			}
 		}
 	}
