@@ -60,12 +60,13 @@ func TestSigningKeyPinning(t *testing.T) {
 	if got := a.snapshot().SigningKey; !got.Equal(k1pub) {
 		t.Errorf("the key persisted is %x, want the pinned one", got)
 	}
+	// The same cluster (the same data dir) restarted with another key, and
+	// an agent registered there meanwhile. What the agent holds is read
+	// once the first master is gone: its own reports move the state index
+	// until then.
+	m1.Close()
 	before := a.members.State()
 	index := a.Peers().MasterIndex
-
-	// The same cluster (the same data dir) restarted with another key, and
-	// an agent registered there meanwhile.
-	m1.Close()
 	m1b := mastertest.StartSigning(t, m1dir, master.DefaultConfig(), quietLogger(), k2)
 	if _, err := masterClient(t, m1b).Register(ctx, api.RegisterRequest{AgentID: "late", IP: "198.18.5.2"}); err != nil {
 		t.Fatal(err)
