@@ -60,22 +60,14 @@ func ValidateGrow(req *api.GrowRequest) (int, error) {
 
 func (s *server) grow(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	body, ok := httpapi.ReadBody(w, r)
+	family := 0
+	req, body, ok := readValid(w, r, func(req *api.GrowRequest) (err error) {
+		if family, err = ValidateGrow(req); err != nil {
+			return err
+		}
+		return api.ValidateAgentID(id)
+	}, func() { s.m.metrics.growRefused.WithLabelValues(growRefusedInvalid).Inc() })
 	if !ok {
-		return
-	}
-	var req api.GrowRequest
-	if !httpapi.DecodeBody(w, body, &req) {
-		s.m.metrics.growRefused.WithLabelValues(growRefusedInvalid).Inc()
-		return
-	}
-	family, err := ValidateGrow(&req)
-	if err == nil {
-		err = api.ValidateAgentID(id)
-	}
-	if err != nil {
-		s.m.metrics.growRefused.WithLabelValues(growRefusedInvalid).Inc()
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	cmd := command{Op: opGrow, RequestID: req.RequestID, Grow: &growCmd{AgentID: id, Overlay: req.Overlay, Bridge: req.Bridge, Family: family}}
@@ -100,23 +92,17 @@ func (s *server) grow(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) returnBlock(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	body, ok := httpapi.ReadBody(w, r)
+	var p netip.Prefix
+	req, body, ok := readValid(w, r, func(req *api.ReturnRequest) (err error) {
+		if p, err = parseBlockPrefix("prefix", req.Prefix); err != nil {
+			return err
+		}
+		if err = api.ValidateOverlayName(req.Overlay); err != nil {
+			return err
+		}
+		return validateRequestID(req.RequestID)
+	}, nil)
 	if !ok {
-		return
-	}
-	var req api.ReturnRequest
-	if !httpapi.DecodeBody(w, body, &req) {
-		return
-	}
-	p, err := parseBlockPrefix("prefix", req.Prefix)
-	if err == nil {
-		err = api.ValidateOverlayName(req.Overlay)
-	}
-	if err == nil {
-		err = validateRequestID(req.RequestID)
-	}
-	if err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	cmd := command{Op: opReturn, RequestID: req.RequestID, Return: &returnCmd{AgentID: id, Overlay: req.Overlay, Prefix: p}}
@@ -130,16 +116,8 @@ func (s *server) returnBlock(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) reportGrant(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	body, ok := httpapi.ReadBody(w, r)
+	req, body, ok := readValid(w, r, func(req *api.GrantReport) error { return validateGrantReport(id, req) }, nil)
 	if !ok {
-		return
-	}
-	var req api.GrantReport
-	if !httpapi.DecodeBody(w, body, &req) {
-		return
-	}
-	if err := validateGrantReport(id, &req); err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	if who, ok := requestIdentity(r); ok && who.Role == pki.RoleAgent && who.Name != req.Donor && who.Name != req.Recipient {
@@ -197,23 +175,15 @@ func (s *server) commitBlocks(w http.ResponseWriter, r *http.Request, body []byt
 // that proposes quarantine releases from the acknowledgements in them.
 func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	body, ok := httpapi.ReadBody(w, r)
+	req, body, ok := readValid(w, r, ValidateUsage, nil)
 	if !ok {
-		return
-	}
-	var req api.UsageReport
-	if !httpapi.DecodeBody(w, body, &req) {
-		return
-	}
-	if err := ValidateUsage(&req); err != nil {
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	if !s.m.node.IsLeader() {
 		s.forward(w, r, body)
 		return
 	}
-	ans, err := s.m.table.RecordUsage(id, &req)
+	ans, err := s.m.table.RecordUsage(id, req)
 	if err != nil {
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 		return

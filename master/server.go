@@ -201,25 +201,16 @@ func (s *server) register(w http.ResponseWriter, r *http.Request) {
 // an unchanged registration.
 func (s *server) report(w http.ResponseWriter, r *http.Request) {
 	id := mux.Vars(r)["id"]
-	body, ok := httpapi.ReadBody(w, r)
+	req, body, ok := readValid(w, r, func(req *api.ReportRequest) error {
+		if err := api.ValidateAgentID(id); err != nil {
+			return err
+		}
+		if _, err := reportOf(*req); err != nil {
+			return err
+		}
+		return validateRequestID(req.RequestID)
+	}, func() { s.m.metrics.reports.WithLabelValues("bad_request").Inc() })
 	if !ok {
-		return
-	}
-	var req api.ReportRequest
-	if !httpapi.DecodeBody(w, body, &req) {
-		s.m.metrics.reports.WithLabelValues("bad_request").Inc()
-		return
-	}
-	err := api.ValidateAgentID(id)
-	if err == nil {
-		_, err = reportOf(req)
-	}
-	if err == nil {
-		err = validateRequestID(req.RequestID)
-	}
-	if err != nil {
-		s.m.metrics.reports.WithLabelValues("bad_request").Inc()
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 		return
 	}
 	if !s.m.node.IsLeader() {
@@ -228,7 +219,7 @@ func (s *server) report(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
 	defer cancel()
-	if info, readIndex, ok := s.unchangedAfterBarrier(ctx, func() (*api.AgentInfo, bool) { return s.m.table.ReportWouldChange(id, req) }); ok {
+	if info, readIndex, ok := s.unchangedAfterBarrier(ctx, func() (*api.AgentInfo, bool) { return s.m.table.ReportWouldChange(id, *req) }); ok {
 		s.m.metrics.reports.WithLabelValues("unchanged").Inc()
 		setIndex(w, readIndex)
 		s.writeAgent(w, info)
@@ -236,13 +227,39 @@ func (s *server) report(w http.ResponseWriter, r *http.Request) {
 	}
 	requestID := req.RequestID
 	req.RequestID = ""
-	res, ok := s.commit(w, r, body, command{Op: opReport, RequestID: requestID, Report: &reportCmd{AgentID: id, Report: req}})
+	res, ok := s.commit(w, r, body, command{Op: opReport, RequestID: requestID, Report: &reportCmd{AgentID: id, Report: *req}})
 	if !ok {
 		s.m.metrics.reports.WithLabelValues("error").Inc()
 		return
 	}
 	s.m.metrics.reports.WithLabelValues("ok").Inc()
 	s.writeAgent(w, res.Agent)
+}
+
+// readValid reads a request body, decodes it strictly into a T and checks
+// it; a body that does not decode or fails the check is answered 400,
+// naming what is wrong, and counted by refused when it is set. It returns
+// the raw body too, for a follower to forward to the leader.
+func readValid[T any](w http.ResponseWriter, r *http.Request, check func(*T) error, refused func()) (*T, []byte, bool) {
+	body, ok := httpapi.ReadBody(w, r)
+	if !ok {
+		return nil, nil, false
+	}
+	req := new(T)
+	if !httpapi.DecodeBody(w, body, req) {
+		if refused != nil {
+			refused()
+		}
+		return nil, nil, false
+	}
+	if err := check(req); err != nil {
+		if refused != nil {
+			refused()
+		}
+		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+		return nil, nil, false
+	}
+	return req, body, true
 }
 
 // unchangedAfterBarrier tells whether a write would change nothing, asked
