@@ -62,9 +62,10 @@ func TestSigningKeyPinning(t *testing.T) {
 	}
 	// The same cluster (the same data dir) restarted with another key, and
 	// an agent registered there meanwhile. What the agent holds is read
-	// once the first master is gone: its own reports move the state index
-	// until then.
+	// once it has found the first master gone: its own reports move the
+	// state index until then, and an answer may be in flight at the close.
 	m1.Close()
+	testutil.Eventually(t, 0, "the agent finds the first master gone", testutil.True(func() bool { return !a.Peers().MastersReachable }))
 	before := a.members.State()
 	index := a.Peers().MasterIndex
 	m1b := mastertest.StartSigning(t, m1dir, master.DefaultConfig(), quietLogger(), k2)
