@@ -59,19 +59,12 @@ func run(ctx context.Context, sizesFlag string, reps int, binary string) error {
 		}
 		sizes = append(sizes, n)
 	}
-	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
-		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
+	br, err := labcluster.NewBenchRun(ctx, prefix, "agent", binary, "", false)
+	if err != nil {
+		return err
 	}
-	if binary == "" {
-		dir, err := os.MkdirTemp("", "carve-bench-agent-bin-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
-			return err
-		}
-	}
+	defer br.Close()
+	binary = br.Binary
 	tbl := benchtable.Table{Title: "agents: a new agent's registration until every other agent has programmed it (real processes, network namespaces)"}
 	for _, n := range sizes {
 		r, err := measure(ctx, binary, n, reps)

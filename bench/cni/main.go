@@ -79,24 +79,12 @@ func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath stri
 	if cycles < 1 || parallel < 1 || allocs < parallel || allocs > 500 {
 		return fmt.Errorf("-cycles %d -parallel %d -allocs %d: want cycles, parallel >= 1 and parallel <= allocs <= 500", cycles, parallel, allocs)
 	}
-	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
-		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
-	}
-	dir, err := os.MkdirTemp("", "carve-bench-cni-")
+	br, err := labcluster.NewBenchRun(ctx, prefix, "cni", binary, cniPath, true)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if binary == "" {
-		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
-			return err
-		}
-	}
-	if cniPath == "" {
-		if cniPath, err = labcluster.BuildCNIPlugins(ctx, filepath.Join(dir, "cni-bin")); err != nil {
-			return err
-		}
-	}
+	defer br.Close()
+	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
 	netCfg := master.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
 	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",

@@ -68,24 +68,12 @@ func run(ctx context.Context, leaseAdds, ringAdds int, binary, cniPath string) (
 	if leaseAdds < 27 || ringAdds < 1 {
 		return fmt.Errorf("-lease-adds %d -ring-adds %d: want at least 27 and 1", leaseAdds, ringAdds)
 	}
-	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
-		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
-	}
-	dir, err := os.MkdirTemp("", "carve-bench-growth-")
+	br, err := labcluster.NewBenchRun(ctx, prefix, "growth", binary, cniPath, true)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if binary == "" {
-		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
-			return err
-		}
-	}
-	if cniPath == "" {
-		if cniPath, err = labcluster.BuildCNIPlugins(ctx, filepath.Join(dir, "cni-bin")); err != nil {
-			return err
-		}
-	}
+	defer br.Close()
+	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
 	netCfg := master.DefaultConfig()
 	netCfg.Overlays = []api.OverlayNetwork{
 		// /27 per agent: a /28 first block (13 containers), /28 grown blocks.

@@ -88,20 +88,15 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 	if os.Getenv("SCALE") == "1" && !slices.Contains(sizes, 10000) {
 		sizes = append(sizes, 10000)
 	}
-	if killed, removed, err := labcluster.RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
-		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
+	if binary == "" {
+		progress("building carve")
 	}
-	dir, err := os.MkdirTemp("", "carve-bench-scale-bin-")
+	br, err := labcluster.NewBenchRun(ctx, prefix, "scale", binary, "", false)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if binary == "" {
-		progress("building carve")
-		if binary, err = labcluster.BuildCarve(ctx, dir); err != nil {
-			return err
-		}
-	}
+	defer br.Close()
+	dir, binary := br.Dir, br.Binary
 	// The baseline binary; baseNA says why there is none.
 	baseline, baseNA := o.binary, ""
 	switch baseline {

@@ -152,3 +152,42 @@ func FindCNIPlugins(dirs ...string) ([]string, error) {
 	}
 	return path, nil
 }
+
+// BenchRun is the workspace of one benchmark run in the lab: leftovers of a
+// killed run with the same prefix removed, a temporary directory, and the
+// carve binary and CNI plugins, built there unless given.
+type BenchRun struct {
+	Dir     string
+	Binary  string
+	CNIPath string // empty unless asked for
+}
+
+// NewBenchRun prepares a benchmark run: name names its temporary
+// directory, binary and cniPath are used when set (else built), and the CNI
+// plugins only when withCNI. Close removes the directory.
+func NewBenchRun(ctx context.Context, prefix, name, binary, cniPath string, withCNI bool) (*BenchRun, error) {
+	if killed, removed, err := RemoveStale(prefix); err != nil || len(killed)+len(removed) > 0 {
+		fmt.Fprintf(os.Stderr, "removed leftovers of a killed run: %d processes, %d namespaces (%v)\n", len(killed), len(removed), err)
+	}
+	dir, err := os.MkdirTemp("", "carve-bench-"+name+"-")
+	if err != nil {
+		return nil, err
+	}
+	r := &BenchRun{Dir: dir, Binary: binary, CNIPath: cniPath}
+	if r.Binary == "" {
+		if r.Binary, err = BuildCarve(ctx, dir); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	if withCNI && r.CNIPath == "" {
+		if r.CNIPath, err = BuildCNIPlugins(ctx, filepath.Join(dir, "cni-bin")); err != nil {
+			r.Close()
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Close removes the run's temporary directory.
+func (r *BenchRun) Close() { _ = os.RemoveAll(r.Dir) }
