@@ -3,6 +3,7 @@ package ipam
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -145,5 +146,112 @@ func TestRingAntiEntropy(t *testing.T) {
 	}
 	if !equal() {
 		t.Fatal("the rings differ after both agents synced the same leases")
+	}
+}
+
+// TestRingGossipInProportionToChange: with 250 agents in the rings,
+// an allocation is announced as a delta of a few tokens, and a change a
+// broadcast missed is repaired by anti-entropy with the bucket hashes and
+// the buckets that differ, never the whole ring; the rings end equal.
+func TestRingGossipInProportionToChange(t *testing.T) {
+	gnet := fakegossip.New(fakegossip.Config{Seed: 9})
+	t.Cleanup(gnet.Close)
+	var peers []Peer
+	for i := range 250 {
+		peers = append(peers, Peer{ID: fmt.Sprintf("peer-%03d", i), Version: uint64(10 + i),
+			Subnets: []string{fmt.Sprintf("10.128.%d.%d/26", 64+i/4, 64*(i%4))}})
+	}
+	sent := map[string]*sentBytes{}
+	svcs := map[string]*Service{}
+	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
+		id := self.AgentID
+		sent[id] = &sentBytes{byKind: map[string]int{}, count: map[string]int{}}
+		svc, err := New(Config{AgentID: id, DB: openDB(t, t.TempDir()), Logger: testLogger(), OnSent: sent[id].add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := testView(testSelf())
+		v.Self = self
+		v.Peers = append([]Peer{peerOf(testSelf()), peerOf(otherSelf())}, peers...)
+		svc.Sync(v)
+		r, err := gnet.Join(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := r.Channel(RingChannel, svc.RingGossip())
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.UseChannel(ch)
+		svcs[id] = svc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	idle := func() {
+		t.Helper()
+		if err := gnet.WaitIdle(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	equal := func() bool {
+		a, b := svcs["self"].Rings(), svcs["other"].Rings()
+		return bytes.Equal(a["carve/4"], b["carve/4"]) && bytes.Equal(a["carve/6"], b["carve/6"])
+	}
+	gnet.GossipRound()
+	idle()
+	if !equal() {
+		t.Fatalf("rings differ after an anti-entropy round (seed %d)", gnet.Seed())
+	}
+	whole := len(svcs["self"].Rings()["carve/4"])
+	if whole < 4000 {
+		t.Fatalf("the ring is %d bytes: too small for the test to show anything", whole)
+	}
+	for _, s := range sent {
+		s.reset()
+	}
+
+	// An allocation, announced: a delta of the tokens it wrote.
+	if _, err := svcs["self"].Allocate(req("c1")); err != nil {
+		t.Fatal(err)
+	}
+	svcs["self"].announce()
+	idle()
+	b, n := sent["self"].reset()
+	if n["delta"] != 1 || b["delta"] == 0 || b["delta"] > whole/16 {
+		t.Errorf("an allocation announced in %d messages of %d bytes in all; the ring is %d bytes", n["delta"], b["delta"], whole)
+	}
+	if !equal() {
+		t.Fatalf("rings differ after the delta (seed %d)", gnet.Seed())
+	}
+	svcs["self"].announce()
+	if b, _ := sent["self"].reset(); b["delta"] != 0 {
+		t.Errorf("announced %d bytes with nothing new", b["delta"])
+	}
+
+	// An allocation nobody announced: anti-entropy sends the buckets that
+	// differ, a fraction of the ring.
+	if _, err := svcs["self"].Allocate(req("c2")); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sent {
+		s.reset()
+	}
+	svcs["self"].RingGossip().Gossip() // writes the free counts into the ring
+	gnet.GossipRound()
+	idle()
+	if !equal() {
+		t.Fatalf("rings differ after anti-entropy (seed %d)", gnet.Seed())
+	}
+	total := 0
+	for id, s := range sent {
+		b, n := s.reset()
+		t.Logf("%s sent %v bytes in %v messages; the ring is %d bytes", id, b, n, whole)
+		total += b["buckets"] + b["push"]
+		if n["push"] > 0 && b["push"]/n["push"] > whole/4 {
+			t.Errorf("%s pushed %d bytes in %d messages to repair one change of a %d-byte ring", id, b["push"], n["push"], whole)
+		}
+	}
+	if total == 0 {
+		t.Error("no bucket hashes or push: the rings were not repaired by anti-entropy")
 	}
 }

@@ -1,7 +1,6 @@
 package ipam
 
 import (
-	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
@@ -31,22 +30,52 @@ var (
 	ErrOtherCluster = errors.New("ring message of another cluster")
 )
 
-// ringEntry is one overlay family's ring in a gossip message.
+// ringEntry is one overlay family's ring, or part of it, in a gossip
+// message: any subset of a ring's entries is a valid ring that joins as
+// the whole would (ring.Ring.Delta).
 type ringEntry struct {
 	Overlay string `json:"overlay"`
 	Family  string `json:"family"`
 	Ring    []byte `json:"ring"`
+	// N and Buckets, when set, say that Ring holds the sender's entries of
+	// these buckets (of N) and ask the receiver for its own entries of the
+	// buckets where they still differ after the merge.
+	N       int   `json:"n,omitempty"`
+	Buckets []int `json:"buckets,omitempty"`
 }
 
-// ringMessage is the payload of RingChannel: rings (a broadcast of the
-// rings that changed, a relay, an anti-entropy push), or a digest.
+// ringBuckets is one ring's bucket hashes (ring.Ring.BucketHashes): 8
+// bytes a bucket, big-endian, a power of two of buckets.
+type ringBuckets struct {
+	Overlay string `json:"overlay"`
+	Family  string `json:"family"`
+	Hashes  []byte `json:"hashes"`
+}
+
+// ringMessage is the payload of RingChannel.
 //
-// Anti-entropy: periodic gossip carries a digest, a hash of every ring the
-// sender serves, never the rings. A receiver unicasts to the digest's
-// sender the rings whose hash differs from its own; a receiver of such a
-// push merges it and, when its merged ring still differs from what it
-// received (the pusher lacks something), pushes its ring back. Equal rings
-// cost one digest of a few dozen bytes per ring and round.
+// Changes travel as deltas: a broadcast carries only the entries of each
+// ring that the other agents do not hold yet (what a grant, a return or a
+// free-count update wrote), and each receiver relays only what was news to
+// it. What the masters' leases change is never broadcast: every agent
+// seeds it into its rings from its own view of the masters.
+//
+// Anti-entropy, for what a broadcast missed, never sends a whole ring:
+//
+//  1. Periodic gossip carries a digest: a hash of every ring the sender
+//     serves.
+//  2. A receiver whose ring hashes differently unicasts back that ring's
+//     bucket hashes: its entries hashed into n buckets by owner (a power
+//     of two, about ringBucketLoad agents a bucket, at most
+//     maxRingBuckets).
+//  3. The digest's sender unicasts its entries of the buckets that differ,
+//     naming them.
+//  4. The receiver merges them and, where its entries of those buckets
+//     still differ from what it received, unicasts its own back.
+//
+// Equal rings cost one digest of a few dozen bytes per ring and round; a
+// difference costs the bucket hashes and about the size of the buckets
+// that differ.
 type ringMessage struct {
 	// ClusterID is the sender's masters' cluster ("" when it knows none).
 	ClusterID string      `json:"cluster_id,omitempty"`
@@ -54,6 +83,9 @@ type ringMessage struct {
 	// From and Digest: the sender's anti-entropy digest.
 	From   string       `json:"from,omitempty"`
 	Digest []ringDigest `json:"digest,omitempty"`
+	// Buckets answers a digest (by unicast): the bucket hashes of the
+	// rings whose digest hash differs.
+	Buckets []ringBuckets `json:"buckets,omitempty"`
 }
 
 // ringDigest is one ring's entry in a digest.
@@ -66,12 +98,42 @@ type ringDigest struct {
 // maxDigestRings bounds the rings of a digest (two families per overlay).
 const maxDigestRings = 1024
 
+// Bucket counts of ring anti-entropy.
+const (
+	// maxRingBuckets bounds the buckets of a message (8 bytes a bucket).
+	maxRingBuckets = 4096
+	// ringBucketLoad is the number of agents a bucket is sized for.
+	ringBucketLoad = 16
+	// defaultRingBuckets is the most buckets this agent uses: 2 KiB of
+	// hashes, about 20 agents a bucket at 5,000 agents.
+	defaultRingBuckets = 256
+)
+
 type ringID struct{ overlay, family string }
 
-// ringHash is a ring's hash, valid while its change count is changes.
-type ringHash struct {
+// ringGossip is what the gossip of one ring keeps.
+type ringGossip struct {
+	// known joins what the other agents hold or derive themselves: what
+	// this agent announced, what it received, and the masters' leases it
+	// seeded. A broadcast sends the ring's delta since known.
+	known *ring.Ring
+	// announced is the ring's change count at the last announcement.
+	announced uint64
+	// changes, hash and buckets cache the digest hash and the bucket
+	// hashes (of len(buckets) buckets), valid at that change count.
 	changes uint64
 	hash    uint64
+	buckets []uint64
+}
+
+// ringBucketCount is the bucket count this agent uses for a ring naming
+// owners agents.
+func ringBucketCount(owners int) int {
+	n := 1
+	for n*ringBucketLoad < owners && n < defaultRingBuckets {
+		n *= 2
+	}
+	return n
 }
 
 // ringData is a ring message as gossip data.
@@ -180,7 +242,45 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 			return ringMessage{}, fmt.Errorf("%w: digest: %v", ErrBadRingMessage, err)
 		}
 	}
+	for _, e := range m.Rings {
+		if e.N == 0 && e.Buckets == nil {
+			continue
+		}
+		if err := validBucketCount(e.N); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %v", ErrBadRingMessage, e.Overlay, e.Family, err)
+		}
+		if len(e.Buckets) == 0 || len(e.Buckets) > e.N {
+			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %d buckets of %d", ErrBadRingMessage, e.Overlay, e.Family, len(e.Buckets), e.N)
+		}
+		for _, b := range e.Buckets {
+			if b < 0 || b >= e.N {
+				return ringMessage{}, fmt.Errorf("%w: ring %s/%s: bucket %d of %d", ErrBadRingMessage, e.Overlay, e.Family, b, e.N)
+			}
+		}
+	}
+	if len(m.Buckets) > maxDigestRings {
+		return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d rings", ErrBadRingMessage, len(m.Buckets))
+	}
+	for _, e := range m.Buckets {
+		if err := validRingKey(e.Overlay, e.Family); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", ErrBadRingMessage, err)
+		}
+		if len(e.Hashes)%8 != 0 {
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d bytes: want 8 a bucket", ErrBadRingMessage, len(e.Hashes))
+		}
+		if err := validBucketCount(len(e.Hashes) / 8); err != nil {
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", ErrBadRingMessage, err)
+		}
+	}
 	return m, nil
+}
+
+// validBucketCount checks a bucket count from the network.
+func validBucketCount(n int) error {
+	if n < 1 || n > maxRingBuckets || n&(n-1) != 0 {
+		return fmt.Errorf("%d buckets: want a power of two up to %d", n, maxRingBuckets)
+	}
+	return nil
 }
 
 // validRingKey checks the overlay and family that name a ring.
@@ -209,18 +309,9 @@ func (s *Service) rings() ringMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := ringMessage{ClusterID: s.clusterID}
-	for _, name := range sortedKeys(s.overlays) {
-		for fam := range families {
-			a := s.allocatorOf(name, familyName(fam))
-			if a == nil {
-				continue
-			}
-			if _, err := a.SyncFree(); err != nil {
-				s.log.Warn("ring free counts", "overlay", name, "err", err)
-			}
-			m.Rings = append(m.Rings, ringEntry{Overlay: name, Family: familyName(fam), Ring: a.EncodeRing()})
-		}
-	}
+	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+		m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: a.EncodeRing()})
+	})
 	return m
 }
 
@@ -234,10 +325,97 @@ func (s *Service) Rings() map[string][]byte {
 	return out
 }
 
-// mergeRings merges remote rings, makes the changed ones durable, and
-// returns them (to relay). A remote change that would take a range holding
-// allocations is refused by the allocator (ring.TakeoverError) and the ring
-// stays as it was; so does a message of another cluster (ErrOtherCluster).
+// eachServedRing calls f for every served ring, in order, after writing
+// its free counts into it; s.mu is held.
+func (s *Service) eachServedRing(f func(k ringID, a *ring.Allocator)) {
+	for _, name := range sortedKeys(s.overlays) {
+		for fam := range families {
+			a := s.allocatorOf(name, familyName(fam))
+			if a == nil {
+				continue
+			}
+			if _, err := a.SyncFree(); err != nil {
+				s.log.Warn("ring free counts", "overlay", name, "err", err)
+			}
+			f(ringID{name, familyName(fam)}, a)
+		}
+	}
+}
+
+// gossipOf returns the gossip state of a served ring; s.mu is held.
+func (s *Service) gossipOf(k ringID, a *ring.Allocator) *ringGossip {
+	g := s.gossipState[k]
+	if g == nil {
+		g = &ringGossip{}
+		s.gossipState[k] = g
+	}
+	if u := a.Ring().Universe(); g.known == nil || g.known.Universe() != u {
+		g.known, _ = ring.NewRing(u) // the allocator's universe: valid
+		g.changes, g.buckets = 0, nil
+	}
+	return g
+}
+
+// markKnown applies to an overlay family's known ring what every agent
+// derives alike (the masters' leases), or what it already holds (a ring
+// read back from disk), so that it is never broadcast; s.mu is held.
+func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error) {
+	a := o.alloc[fam]
+	if a == nil {
+		return
+	}
+	if g := s.gossipOf(ringID{o.name, familyName(fam)}, a); g.known != nil {
+		if err := f(g.known); err != nil {
+			s.log.Debug("known ring", "overlay", o.name, "family", familyName(fam), "err", err)
+		}
+	}
+}
+
+// forgetGossip drops the gossip state of an overlay's rings (retired: its
+// next rings start over); s.mu is held.
+func (s *Service) forgetGossip(overlay string) {
+	for fam := range families {
+		delete(s.gossipState, ringID{overlay, familyName(fam)})
+	}
+}
+
+// announce broadcasts, of every served ring, the entries the other agents
+// do not hold yet: what this agent wrote since its last announcement (a
+// grant, a return, free counts). Nothing, when nothing changed.
+func (s *Service) announce() {
+	s.mu.Lock()
+	m := ringMessage{ClusterID: s.clusterID}
+	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+		g := s.gossipOf(k, a)
+		if g.announced == a.RingChanges() {
+			return
+		}
+		g.announced = a.RingChanges()
+		if d, ok := a.Ring().Delta(g.known); ok {
+			m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: d.Encode()})
+			if _, err := g.known.Merge(d); err != nil {
+				s.log.Debug("known ring", "overlay", k.overlay, "family", k.family, "err", err)
+			}
+		}
+	})
+	s.mu.Unlock()
+	s.broadcast(m)
+}
+
+// kickAnnounce asks Run to announce (from gossip callbacks, which must not
+// broadcast themselves).
+func (s *Service) kickAnnounce() {
+	select {
+	case s.announceKick <- struct{}{}:
+	default:
+	}
+}
+
+// mergeRings merges remote rings (or parts), makes the changed ones
+// durable, and returns what was news (to relay): the deltas of the changed
+// rings. A remote change that would take a range holding allocations is
+// refused by the allocator (ring.TakeoverError) and the ring stays as it
+// was; so does a message of another cluster (ErrOtherCluster).
 func (s *Service) mergeRings(m ringMessage) (ringMessage, error) {
 	news, b, err := s.decideMerge(m)
 	if b != nil {
@@ -265,7 +443,13 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 		if a == nil {
 			continue // an overlay this agent does not serve (yet)
 		}
-		changed, err := a.MergeEncoded(e.Ring)
+		remote, err := ring.Decode(e.Ring)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ring %s/%s: %w", e.Overlay, e.Family, err))
+			continue
+		}
+		before := a.Ring()
+		changed, err := a.Merge(remote)
 		if err != nil {
 			var te *ring.TakeoverError
 			if errors.As(err, &te) {
@@ -274,24 +458,29 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 			errs = append(errs, fmt.Errorf("ring %s/%s: %w", e.Overlay, e.Family, err))
 			continue
 		}
+		g := s.gossipOf(ringID{e.Overlay, e.Family}, a)
+		if _, err := g.known.Merge(remote); err != nil {
+			s.log.Debug("known ring", "overlay", e.Overlay, "family", e.Family, "err", err)
+		}
 		if !changed {
 			continue
 		}
-		enc := a.EncodeRing()
 		fam := 0
 		if e.Family == "6" {
 			fam = 1
 		}
 		o := s.overlays[e.Overlay]
 		writes, adopted := s.syncBlocks(o, fam)
-		b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, enc)}, writes...)})
+		b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
 		if adopted {
 			// A grant, or one this agent held before it lost its data dir:
 			// take back the addresses its containers hold there first.
 			s.claimPersisted(o, slog.LevelDebug)
 			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
 		}
-		news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: enc})
+		if d, ok := a.Ring().Delta(before); ok {
+			news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Encode()})
+		}
 	}
 	return news, b, errors.Join(errs...)
 }
@@ -313,63 +502,138 @@ func (s *Service) broadcast(m ringMessage) {
 // again only for rings that changed since; s.mu is held.
 func (s *Service) ringDigestLocked() []ringDigest {
 	var out []ringDigest
-	for _, name := range sortedKeys(s.overlays) {
-		for fam := range families {
-			a := s.allocatorOf(name, familyName(fam))
-			if a == nil {
-				continue
-			}
-			if _, err := a.SyncFree(); err != nil {
-				s.log.Warn("ring free counts", "overlay", name, "err", err)
-			}
-			k := ringID{name, familyName(fam)}
-			h, ok := s.ringHashes[k]
-			if !ok || h.changes != a.RingChanges() {
-				sum := sha256.Sum256(a.EncodeRing())
-				h = ringHash{changes: a.RingChanges(), hash: binary.BigEndian.Uint64(sum[:8])}
-				s.ringHashes[k] = h
-			}
-			out = append(out, ringDigest{Overlay: name, Family: familyName(fam), Hash: h.hash})
+	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+		g := s.gossipOf(k, a)
+		if g.changes != a.RingChanges() || g.changes == 0 {
+			sum := sha256.Sum256(a.EncodeRing())
+			g.changes, g.hash, g.buckets = a.RingChanges(), binary.BigEndian.Uint64(sum[:8]), nil
 		}
-	}
+		out = append(out, ringDigest{Overlay: k.overlay, Family: k.family, Hash: g.hash})
+	})
 	return out
 }
 
-// answerDigest returns the served rings whose hash differs from the
-// digest's (or that it lacks): what to push to its sender.
+// bucketHashesLocked returns a served ring's bucket hashes, n of them (0:
+// as many as its owners call for), cached until the ring changes; s.mu is
+// held and the digest is fresh (ringDigestLocked).
+func (s *Service) bucketHashesLocked(k ringID, a *ring.Allocator, n int) []uint64 {
+	g := s.gossipOf(k, a)
+	if n == 0 {
+		if g.buckets != nil && g.changes == a.RingChanges() {
+			return g.buckets
+		}
+		n = ringBucketCount(a.Ring().Owners())
+	}
+	if g.changes == a.RingChanges() && len(g.buckets) == n {
+		return g.buckets
+	}
+	h, err := a.Ring().BucketHashes(n)
+	if err != nil {
+		return nil // n was checked when decoded
+	}
+	if g.changes == a.RingChanges() {
+		g.buckets = h
+	}
+	return h
+}
+
+// answerDigest returns the bucket hashes of the served rings whose hash
+// differs from the digest's: what to unicast to its sender. A ring the
+// digest lacks is not served there, and is left out.
 func (s *Service) answerDigest(m ringMessage) ringMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := ringMessage{ClusterID: s.clusterID}
+	out := ringMessage{ClusterID: s.clusterID, From: s.id}
 	theirs := map[ringID]uint64{}
 	for _, e := range m.Digest {
 		theirs[ringID{e.Overlay, e.Family}] = e.Hash
 	}
 	for _, mine := range s.ringDigestLocked() {
 		k := ringID{mine.Overlay, mine.Family}
-		if h, ok := theirs[k]; ok && h == mine.Hash {
+		if h, ok := theirs[k]; !ok || h == mine.Hash {
 			continue
 		}
-		a := s.allocatorOf(mine.Overlay, mine.Family)
-		out.Rings = append(out.Rings, ringEntry{Overlay: mine.Overlay, Family: mine.Family, Ring: a.EncodeRing()})
+		hashes := s.bucketHashesLocked(k, s.allocatorOf(k.overlay, k.family), 0)
+		out.Buckets = append(out.Buckets, ringBuckets{Overlay: k.overlay, Family: k.family, Hashes: packHashes(hashes)})
 	}
 	return out
 }
 
-// pushBack returns, of the rings a peer pushed, this agent's rings that
-// still differ from them after the merge: the pusher lacks something.
+// answerBuckets returns, of every ring of a bucket-hashes message, this
+// agent's entries of the buckets that differ, naming them: the push that
+// asks the other for its own entries back.
+func (s *Service) answerBuckets(m ringMessage) ringMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := ringMessage{ClusterID: s.clusterID}
+	s.ringDigestLocked() // fresh free counts and cache
+	for _, e := range m.Buckets {
+		a := s.allocatorOf(e.Overlay, e.Family)
+		if a == nil {
+			continue
+		}
+		n := len(e.Hashes) / 8
+		mine := s.bucketHashesLocked(ringID{e.Overlay, e.Family}, a, n)
+		var differ []int
+		for i := range n {
+			if mine[i] != binary.BigEndian.Uint64(e.Hashes[8*i:]) {
+				differ = append(differ, i)
+			}
+		}
+		if len(differ) == 0 {
+			continue
+		}
+		part, err := a.Ring().InBuckets(n, differ)
+		if err != nil {
+			continue
+		}
+		out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: part.Encode(), N: n, Buckets: differ})
+	}
+	return out
+}
+
+// pushBack returns, of the buckets a peer pushed (and named), this agent's
+// entries where they still differ from what it received after the merge:
+// the pusher lacks something.
 func (s *Service) pushBack(pushed ringMessage) ringMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := ringMessage{ClusterID: s.clusterID}
 	for _, e := range pushed.Rings {
 		a := s.allocatorOf(e.Overlay, e.Family)
-		if a == nil {
+		if a == nil || e.N == 0 {
 			continue
 		}
-		if enc := a.EncodeRing(); !bytes.Equal(enc, e.Ring) {
-			out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: enc})
+		theirs, err := ring.Decode(e.Ring)
+		if err != nil {
+			continue
 		}
+		th, err1 := theirs.BucketHashes(e.N)
+		mh, err2 := a.Ring().BucketHashes(e.N)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		var differ []int
+		for _, b := range e.Buckets {
+			if th[b] != mh[b] {
+				differ = append(differ, b)
+			}
+		}
+		if len(differ) == 0 {
+			continue
+		}
+		if part, err := a.Ring().InBuckets(e.N, differ); err == nil {
+			out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: part.Encode()})
+		}
+	}
+	return out
+}
+
+// packHashes is the wire form of bucket hashes.
+func packHashes(h []uint64) []byte {
+	out := make([]byte, 0, 8*len(h))
+	for _, v := range h {
+		out = binary.BigEndian.AppendUint64(out, v)
 	}
 	return out
 }
@@ -401,12 +665,15 @@ func (s *Service) RingGossip() gossip.Handler { return (*ringHandler)(s) }
 // ringHandler receives ring gossip.
 type ringHandler Service
 
-// Gossip implements gossip.Handler: the digest of the served rings.
+// Gossip implements gossip.Handler: the digest of the served rings. It
+// also has what this agent wrote since its last broadcast announced (free
+// counts are written into the rings here, not on every allocation).
 func (h *ringHandler) Gossip() gossip.Data {
 	s := (*Service)(h)
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	d := s.ringDigestLocked()
+	s.mu.Unlock()
+	s.kickAnnounce()
 	if len(d) == 0 {
 		return nil
 	}
@@ -422,16 +689,21 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
 		return nil, err
 	}
+	s.mu.Lock()
+	other := s.clusterID != "" && m.ClusterID != "" && m.ClusterID != s.clusterID
+	s.mu.Unlock()
+	if other {
+		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
+		return nil, fmt.Errorf("%w: %q", ErrOtherCluster, m.ClusterID)
+	}
 	if m.Digest != nil && m.From != s.id {
-		s.mu.Lock()
-		other := s.clusterID != "" && m.ClusterID != "" && m.ClusterID != s.clusterID
-		s.mu.Unlock()
-		if other {
-			s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
-			return nil, fmt.Errorf("%w: %q", ErrOtherCluster, m.ClusterID)
+		if ans := s.answerDigest(m); len(ans.Buckets) > 0 {
+			s.unicast(m.From, "buckets", ans)
 		}
-		if push := s.answerDigest(m); len(push.Rings) > 0 {
-			s.unicast(m.From, "push", push)
+	}
+	if len(m.Buckets) > 0 && src != "" {
+		if push := s.answerBuckets(m); len(push.Rings) > 0 {
+			s.unicast(src, "push", push)
 		}
 	}
 	if len(m.Rings) == 0 {
@@ -456,6 +728,9 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 		return nil, err
 	}
 	s.metrics.ringGossip.WithLabelValues(gossipNews).Inc()
+	if src != "" {
+		return nil, err // merged, not relayed: each agent runs its own anti-entropy
+	}
 	return ringData{msg: news, sent: s.onSent}, err
 }
 
@@ -469,8 +744,8 @@ func (h *ringHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) {
 
 // OnUnicast implements gossip.Handler. Two kinds of message travel by
 // unicast on the ring channel: space requests and their answers (growth,
-// spacemsg.go), which always carry a "kind", and anti-entropy pushes,
-// which never do (merged and not relayed).
+// spacemsg.go), which always carry a "kind", and anti-entropy messages
+// (bucket hashes, pushes), which never do (merged and not relayed).
 func (h *ringHandler) OnUnicast(src string, msg []byte) error {
 	if isSpaceMessage(msg) {
 		return h.onSpaceMessage(src, msg)

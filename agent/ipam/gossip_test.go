@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -144,6 +145,17 @@ func TestDecodeRingMessageRejects(t *testing.T) {
 		{"digest bad family", `{"from":"p","digest":[{"overlay":"carve","family":"5","hash":1}]}`},
 		{"digest bad overlay", `{"from":"p","digest":[{"overlay":"Carve!","family":"4","hash":1}]}`},
 		{"digest too long", `{"from":"p","digest":[` + strings.TrimSuffix(strings.Repeat(`{"overlay":"carve","family":"4","hash":1},`, maxDigestRings+1), ",") + `]}`},
+		{"push of 3 buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":3,"buckets":[0]}]}`},
+		{"push bucket outside", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4,"buckets":[4]}]}`},
+		{"push bucket negative", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4,"buckets":[-1]}]}`},
+		{"push buckets without n", `{"rings":[{"overlay":"carve","family":"4","ring":"","buckets":[0]}]}`},
+		{"push n without buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4}]}`},
+		{"push too many buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":1,"buckets":[0,0]}]}`},
+		{"push n too large", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":8192,"buckets":[0]}]}`},
+		{"bucket hashes not 8 a bucket", `{"buckets":[{"overlay":"carve","family":"4","hashes":"AAAA"}]}`},
+		{"bucket hashes of 3 buckets", `{"buckets":[{"overlay":"carve","family":"4","hashes":"` + base64.StdEncoding.EncodeToString(make([]byte, 24)) + `"}]}`},
+		{"bucket hashes empty", `{"buckets":[{"overlay":"carve","family":"4","hashes":""}]}`},
+		{"bucket hashes bad family", `{"buckets":[{"overlay":"carve","family":"5","hashes":"AAAAAAAAAAA="}]}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,6 +247,13 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	f.Add([]byte(`{"cluster_id":"fuzz-cluster","from":"peer","digest":[{"overlay":"carve","family":"4","hash":1}]}`))
 	f.Add([]byte(`{"from":"","digest":[{"overlay":"carve","family":"7","hash":1}]}`))
 	f.Add([]byte(`{"from":"peer","digest":[]}`))
+	// Bucket hashes (answered by a push of the differing buckets) and a
+	// push of named buckets (merged, answered by a push back).
+	f.Add([]byte(`{"cluster_id":"fuzz-cluster","buckets":[{"overlay":"carve","family":"4","hashes":"AAAAAAAAAAEAAAAAAAAAAg=="}]}`))
+	if part, err := thief.Ring().InBuckets(2, []int{1}); err == nil {
+		push, _ := json.Marshal(ringMessage{ClusterID: "fuzz-cluster", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: part.Encode(), N: 2, Buckets: []int{1}}}})
+		f.Add(push)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := decodeRingMessage(data)
 		if err != nil {

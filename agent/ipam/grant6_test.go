@@ -23,11 +23,11 @@ func TestNoIPv6GrantThroughRing(t *testing.T) {
 		return spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-" + family,
 			Overlay: "carve", Family: family, Bits: bits}
 	}
-	ans, _, _ := b.svc.decideDonation(req("6", 65))
+	ans, _ := b.svc.decideDonation(req("6", 65))
 	if ans.Kind != kindRefuse || ans.Reason != reasonIPv6NotGranted {
 		t.Errorf("IPv6 space request answered %s %q %s, want a refusal %q", ans.Kind, ans.Reason, ans.Prefix, reasonIPv6NotGranted)
 	}
-	ans, _, bt := b.svc.decideDonation(req("4", 27))
+	ans, bt := b.svc.decideDonation(req("4", 27))
 	if ans.Kind != kindGrant {
 		t.Fatalf("IPv4 space request answered %s %q, want a grant", ans.Kind, ans.Reason)
 	}

@@ -397,13 +397,12 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 	o.reserveGateways()
 	enc := a.EncodeRing()
 	b := s.enqueue(change{writes: []write{putBlock(hb), putRing(k.overlay, k.fam, enc)}})
-	news := ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: familyName(k.fam), Ring: enc}}}
 	s.mu.Unlock()
 	s.log.Info("block leased by the masters", "overlay", k.overlay, "bridge", k.bridge, "block", lb.Prefix)
 	if err := s.flush(b); err != nil {
 		return fmt.Errorf("persist block: %w", err)
 	}
-	s.broadcast(news)
+	s.announce()
 	return nil
 }
 
@@ -571,8 +570,8 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 	return nil
 }
 
-// Run gives back idle blocks and reports grants and returns to the masters,
-// until ctx ends.
+// Run gives back idle blocks, reports grants and returns to the masters,
+// and announces ring changes when gossip asks, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	tick := s.grow.cfg.IdleReturn / 4
 	if tick <= 0 || tick > time.Minute {
@@ -599,6 +598,9 @@ func (s *Service) Run(ctx context.Context) {
 			if s.grow.cfg.IdleReturn > 0 {
 				s.returnIdle(time.Now())
 			}
+		case <-s.announceKick:
+			s.announce()
+			continue
 		case <-s.grow.kick:
 		case <-retry.C:
 		case <-usageTicker.C:
@@ -671,7 +673,6 @@ func (s *Service) giveBack(hb *heldBlock) {
 		return // taken meanwhile
 	}
 	var writes []write
-	var news ringMessage
 	id := fmt.Sprintf("%s-%016x", s.id, s.grow.rng.Uint64())
 	switch hb.Origin {
 	case OriginGrant:
@@ -693,7 +694,6 @@ func (s *Service) giveBack(hb *heldBlock) {
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
 			putOutbox(outboxEntry{Kind: outboxGrant, Overlay: hb.Overlay, Prefix: hb.Prefix, Donor: s.id, Recipient: to, RequestID: id}))
-		news = ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: hb.Overlay, Family: familyName(hb.Family), Ring: enc}}}
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
@@ -709,7 +709,6 @@ func (s *Service) giveBack(hb *heldBlock) {
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
 			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
-		news = ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: hb.Overlay, Family: familyName(hb.Family), Ring: enc}}}
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -721,7 +720,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 	}
 	s.metrics.returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
-	s.broadcast(news)
+	s.announce()
 	s.kickOutbox()
 	s.changed()
 }

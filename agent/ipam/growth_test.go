@@ -512,7 +512,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 	grant := func(what string) netip.Prefix {
 		t.Helper()
 		nd := c.nodes["b"]
-		ans, _, b := nd.svc.decideDonation(req)
+		ans, b := nd.svc.decideDonation(req)
 		if b != nil {
 			if err := nd.svc.flush(b); err != nil {
 				t.Fatal(err)

@@ -46,16 +46,14 @@ type overlay struct {
 	unserved string
 }
 
-// syncOverlays applies the view's overlays; the caller has quiesced. It
-// returns the rings that changed.
-func (s *Service) syncOverlays(v View, b *batch) ringMessage {
-	var news ringMessage
+// syncOverlays applies the view's overlays; the caller has quiesced.
+func (s *Service) syncOverlays(v View, b *batch) {
 	seen := map[string]bool{}
 	if v.Self != nil {
 		for i := range v.Self.Overlays {
 			ov := &v.Self.Overlays[i]
 			seen[ov.Info.Name] = true
-			news.Rings = append(news.Rings, s.syncOverlay(ov, v, b)...)
+			s.syncOverlay(ov, v, b)
 		}
 	}
 	for _, name := range sortedKeys(s.overlays) {
@@ -67,21 +65,20 @@ func (s *Service) syncOverlays(v View, b *batch) ringMessage {
 			s.stopServing(o, why)
 		}
 	}
-	return news
 }
 
 // syncOverlay applies one overlay of the agent's record. It serves an
 // overlay that is leased (in the record, with a subnet), whatever status
 // the record shows: that status is what this agent reported to the masters,
 // and acting on it would make an agent that reported a failure stop serving.
-func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntry {
+func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	name := ov.Info.Name
 	o := s.overlays[name]
 	if ov.Subnet == "" && ov.Subnet6 == "" {
 		if o != nil {
 			s.stopServing(o, statusMessage(ov))
 		}
-		return nil
+		return
 	}
 	var universe [families]netip.Prefix
 	var parseErrs []error
@@ -126,15 +123,10 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 		o.bridges[kind] = p
 	}
 	s.learnMasterBlocks(o, v, b)
-	var news []ringEntry
 	errs := parseErrs
 	o.unreserveGateways()
 	for fam := range families {
-		_, spread, err := s.seed(o, fam, v, b)
-		errs = append(errs, err)
-		if spread {
-			news = append(news, ringEntry{Overlay: name, Family: familyName(fam), Ring: o.alloc[fam].EncodeRing()})
-		}
+		errs = append(errs, s.seed(o, fam, v, b))
 	}
 	o.reserveGateways()
 	for fam := range families {
@@ -152,7 +144,6 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) []ringEntr
 	if created {
 		s.reclaimFromCNICache(o, b.add)
 	}
-	return news
 }
 
 // statusMessage says why an overlay of the record takes no allocation.
@@ -181,24 +172,26 @@ func (s *Service) retire(o *overlay) {
 		}
 	}
 	delete(s.overlays, o.name)
+	s.forgetGossip(o.name)
 }
 
 // seed creates (or re-seeds) the allocator of one overlay family from the
-// view's leases, and queues its ring's write when it changed. spread tells
-// whether the ring holds news for the other agents: what the masters'
-// leases changed, every agent changes alike from its own view (broadcasting
-// it would cost every agent a whole ring per registration, cluster-wide),
-// but grants merged back from the persisted ring live only in rings.
-func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed, spread bool, err error) {
+// view's leases, and queues its ring's write when it changed. What the
+// masters' leases change, every agent changes alike from its own view, so
+// it is marked known and never broadcast (that would cost every agent a
+// whole ring per registration, cluster-wide); so is the persisted ring
+// merged back after a restart, which was announced before (anti-entropy
+// repairs what was not).
+func (s *Service) seed(o *overlay, fam int, v View, b *batch) (err error) {
 	u := o.universe[fam]
 	if !u.IsValid() {
-		return false, false, nil
+		return nil
 	}
 	alloc := o.alloc[fam]
 	fresh := alloc == nil
 	if fresh {
 		if alloc, err = ring.NewAllocator(s.id, u); err != nil {
-			return false, false, err
+			return err
 		}
 		o.alloc[fam] = alloc
 	}
@@ -228,15 +221,18 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed, spread b
 	for _, t := range v.Tombstones {
 		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
 	}
-	if changed, err = alloc.SeedSets(sets, tombs); err != nil {
-		return false, false, err
+	changed, err := alloc.SeedSets(sets, tombs)
+	if err != nil {
+		return err
 	}
+	s.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.SeedSets(sets, tombs); return err })
 	if len(leases) > 0 {
 		more, err := alloc.Seed(leases, nil)
 		if err != nil {
-			return false, false, err
+			return err
 		}
 		changed = changed || more
+		s.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.Seed(leases, nil); return err })
 	}
 	if fresh && !s.staleRings {
 		// Grants made through the ring live only in the ring: merge the
@@ -245,15 +241,22 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (changed, spread b
 			merged, err := alloc.MergeEncoded(saved)
 			if err != nil {
 				s.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
+			} else {
+				s.markKnown(o, fam, func(k *ring.Ring) error {
+					r, err := ring.Decode(saved)
+					if err == nil {
+						_, err = k.Merge(r)
+					}
+					return err
+				})
 			}
 			changed = changed || merged
-			spread = merged
 		}
 	}
 	if changed || fresh {
 		b.add(change{writes: []write{putRing(o.name, fam, alloc.EncodeRing())}})
 	}
-	return changed || fresh, spread, nil
+	return nil
 }
 
 // claimPersisted takes back the addresses of persisted allocations that the

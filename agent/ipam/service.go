@@ -112,8 +112,10 @@ type Service struct {
 	savedBlocks map[string][]*heldBlock
 	grow        growState
 	onSent      func(kind string, n int)
-	// ringHashes caches each ring's digest hash by its change count.
-	ringHashes map[ringID]ringHash
+	// gossipState is what the gossip of each served ring keeps.
+	gossipState map[ringID]*ringGossip
+	// announceKick asks Run to announce ring changes.
+	announceKick chan struct{}
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -143,7 +145,8 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, ringHashes: map[ringID]ringHash{},
+		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
+		announceKick: make(chan struct{}, 1),
 	}
 	s.grow = newGrowState(cfg.Growth)
 	s.grow.granted = st.granted
@@ -169,16 +172,17 @@ func (s *Service) UseChannel(ch gossip.Channel) {
 // caller changes none of it afterwards): served overlays get an allocator
 // seeded from everyone's leases, persisted allocations are claimed back
 // before any new one is made, overlays that are no longer OK here stop
-// taking allocations, and the rings that changed are broadcast. A view of
+// taking allocations, and what this agent changed in its rings is
+// broadcast (not the masters' leases: every agent seeds those). A view of
 // another cluster than the rings' rebuilds first.
 func (s *Service) Sync(v View) {
-	news := s.sync(v)
-	s.broadcast(news)
+	s.sync(v)
+	s.announce()
 }
 
 // sync holds both locks across its one commit: it reshapes the state, and
 // runs only when the agent's view changes and on its periodic resync.
-func (s *Service) sync(v View) ringMessage {
+func (s *Service) sync(v View) {
 	s.quiesce()
 	defer s.commitMu.Unlock()
 	defer s.mu.Unlock()
@@ -201,10 +205,8 @@ func (s *Service) sync(v View) ringMessage {
 	if s.staleRings {
 		s.forgetRings()
 	}
-	news := s.syncOverlays(v, b)
+	s.syncOverlays(v, b)
 	s.finish(b, s.commit(b))
-	news.ClusterID = s.clusterID
-	return news
 }
 
 // Rebuild forgets every ring, in memory and on disk, because the masters'

@@ -179,7 +179,7 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 // sub-subnets, as large as asked or smaller, never more than half of what
 // is free there, persisted and broadcast before the answer.
 func (s *Service) donate(m spaceMessage) {
-	ans, news, b := s.decideDonation(m)
+	ans, b := s.decideDonation(m)
 	if b != nil {
 		if err := s.flush(b); err != nil {
 			s.log.Error("persist a grant: not answered", "to", m.From, "err", err)
@@ -188,7 +188,7 @@ func (s *Service) donate(m spaceMessage) {
 	}
 	if ans.Kind == kindGrant {
 		s.metrics.grantsGiven.Inc()
-		s.broadcast(news)
+		s.announce()
 		s.changed()
 	}
 	s.mu.Lock()
@@ -201,14 +201,14 @@ func (s *Service) donate(m spaceMessage) {
 	}
 }
 
-func (s *Service) decideDonation(m spaceMessage) (spaceMessage, ringMessage, *batch) {
+func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ans := spaceMessage{V: spaceVersion, Kind: kindRefuse, ClusterID: s.clusterID, From: s.id, ID: m.ID, Overlay: m.Overlay, Family: m.Family}
-	refuse := func(reason string) (spaceMessage, ringMessage, *batch) {
+	refuse := func(reason string) (spaceMessage, *batch) {
 		ans.Reason = reason
 		s.log.Info("refused a space request", "from", m.From, "overlay", m.Overlay, "family", m.Family, "reason", reason)
-		return ans, ringMessage{}, nil
+		return ans, nil
 	}
 	fam := 0
 	if m.Family == "6" {
@@ -228,12 +228,11 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, ringMessage, *ba
 	if s.tombstoned(m.From) {
 		return refuse("recipient_deleted")
 	}
-	grant := func(p netip.Prefix) (spaceMessage, ringMessage, *batch) {
+	grant := func(p netip.Prefix) (spaceMessage, *batch) {
 		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), a.EncodeRing()
-		news := ringMessage{ClusterID: s.clusterID, Rings: []ringEntry{{Overlay: m.Overlay, Family: m.Family, Ring: ans.Ring}}}
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
-		return ans, news, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring), putGranted(m.From, m.ID, p)}})
+		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring), putGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {

@@ -90,7 +90,7 @@ func FuzzDecodeSpaceMessage(f *testing.F) {
 		if m.Kind == kindRequest {
 			// The donor's decision, synchronously (OnUnicast runs it in
 			// a goroutine).
-			_, _, b := s.decideDonation(m)
+			_, b := s.decideDonation(m)
 			if b != nil {
 				_ = s.flush(b)
 			}
