@@ -87,7 +87,19 @@ func (r *Ring) Owners() int { return len(r.owners()) }
 // BucketOf is the bucket (of n, a power of two) of an owner's entries; raw
 // tokens of nobody are in the bucket of "".
 func BucketOf(owner string, n int) int {
-	return int(fnv64([]byte(owner)) & uint64(n-1))
+	return int(mix64(fnv64([]byte(owner))) & uint64(n-1))
+}
+
+// mix64 is MurmurHash3's 64-bit finalizer: FNV's low bits depend only on
+// the low bits of the input bytes, and agent ids that differ in a few
+// characters would crowd into a few buckets.
+func mix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return h
 }
 
 // BucketHashes hashes r's entries into n buckets (n a power of two, at

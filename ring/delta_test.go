@@ -2,7 +2,9 @@ package ring
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -121,6 +123,22 @@ func TestBucketArguments(t *testing.T) {
 	for _, b := range []int{-1, 4} {
 		if _, err := r.InBuckets(4, []int{b}); err == nil {
 			t.Errorf("InBuckets(4, [%d]) accepted", b)
+		}
+	}
+}
+
+// TestBucketsSpreadSimilarIDs: agent ids that differ in a few characters
+// (as generated ids do) spread over every bucket, so that a push of one
+// bucket stays a small part of the ring.
+func TestBucketsSpreadSimilarIDs(t *testing.T) {
+	for _, format := range []string{"%08x-5c1e-4f7a-9d2b-%012x", "agent-%06d%.0d"} {
+		const ids, n = 5000, 256
+		count := make([]int, n)
+		for i := range ids {
+			count[BucketOf(fmt.Sprintf(format, i, i), n)]++
+		}
+		if m := slices.Max(count); slices.Min(count) == 0 || m > 3*ids/n {
+			t.Errorf("%q: buckets hold %d to %d ids, want all used and none above %d", format, slices.Min(count), m, 3*ids/n)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/ring"
 )
 
 // otherSelf is the agent "other" of testView, as its own record.
@@ -253,5 +255,48 @@ func TestRingGossipInProportionToChange(t *testing.T) {
 	}
 	if total == 0 {
 		t.Error("no bucket hashes or push: the rings were not repaired by anti-entropy")
+	}
+}
+
+// TestRingAntiEntropyRoundReconciles: the in-process round the scale bench
+// measures reconciles two rings in either direction, and costs the digest
+// alone between equal rings.
+func TestRingAntiEntropyRoundReconciles(t *testing.T) {
+	base, err := ring.NewRing(netip.MustParsePrefix("10.128.0.0/14"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leases []ring.Lease
+	for i := range 1000 {
+		leases = append(leases, ring.Lease{Owner: fmt.Sprintf("agent-%03d", i), Prefix: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256)), Version: uint64(10 + i)})
+	}
+	if _, err := base.Seed(leases, nil); err != nil {
+		t.Fatal(err)
+	}
+	ahead := base.Clone()
+	if _, err := ahead.ReportFree("agent-007", map[netip.Addr]ring.Uint128{netip.MustParseAddr("10.128.7.0"): ring.U128(100)}); err != nil {
+		t.Fatal(err)
+	}
+	whole := len(base.Encode())
+	for _, tt := range []struct {
+		name string
+		a, b *ring.Ring
+	}{{"digest sender ahead", ahead.Clone(), base.Clone()}, {"digest sender behind", base.Clone(), ahead.Clone()}} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := RingAntiEntropyRound("c1", "carve", "a", "b", tt.a, tt.b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.a.Equal(ahead) || !tt.b.Equal(ahead) {
+				t.Fatalf("not reconciled after a round (%+v)", got)
+			}
+			if got.Push == 0 || got.Total() > whole/4 {
+				t.Errorf("round of %+v bytes for a %d-byte ring", got, whole)
+			}
+			again, err := RingAntiEntropyRound("c1", "carve", "a", "b", tt.a, tt.b)
+			if err != nil || again.Messages != 1 {
+				t.Errorf("round between equal rings: %+v, %v; want the digest alone", again, err)
+			}
+		})
 	}
 }

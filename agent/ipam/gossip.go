@@ -505,12 +505,17 @@ func (s *Service) ringDigestLocked() []ringDigest {
 	s.eachServedRing(func(k ringID, a *ring.Allocator) {
 		g := s.gossipOf(k, a)
 		if g.changes != a.RingChanges() || g.changes == 0 {
-			sum := sha256.Sum256(a.EncodeRing())
-			g.changes, g.hash, g.buckets = a.RingChanges(), binary.BigEndian.Uint64(sum[:8]), nil
+			g.changes, g.hash, g.buckets = a.RingChanges(), ringHash(a.EncodeRing()), nil
 		}
 		out = append(out, ringDigest{Overlay: k.overlay, Family: k.family, Hash: g.hash})
 	})
 	return out
+}
+
+// ringHash is a ring's hash in a digest.
+func ringHash(encoded []byte) uint64 {
+	sum := sha256.Sum256(encoded)
+	return binary.BigEndian.Uint64(sum[:8])
 }
 
 // bucketHashesLocked returns a served ring's bucket hashes, n of them (0:
@@ -572,24 +577,35 @@ func (s *Service) answerBuckets(m ringMessage) ringMessage {
 		if a == nil {
 			continue
 		}
-		n := len(e.Hashes) / 8
-		mine := s.bucketHashesLocked(ringID{e.Overlay, e.Family}, a, n)
-		var differ []int
-		for i := range n {
-			if mine[i] != binary.BigEndian.Uint64(e.Hashes[8*i:]) {
-				differ = append(differ, i)
-			}
+		mine := s.bucketHashesLocked(ringID{e.Overlay, e.Family}, a, len(e.Hashes)/8)
+		if push, ok := bucketPush(a.Ring(), mine, e); ok {
+			out.Rings = append(out.Rings, push)
 		}
-		if len(differ) == 0 {
-			continue
-		}
-		part, err := a.Ring().InBuckets(n, differ)
-		if err != nil {
-			continue
-		}
-		out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: part.Encode(), N: n, Buckets: differ})
 	}
 	return out
+}
+
+// bucketPush is r's entries of the buckets whose hashes (mine, r's) differ
+// from theirs, naming them.
+func bucketPush(r *ring.Ring, mine []uint64, theirs ringBuckets) (ringEntry, bool) {
+	n := len(theirs.Hashes) / 8
+	if len(mine) != n {
+		return ringEntry{}, false
+	}
+	var differ []int
+	for i := range n {
+		if mine[i] != binary.BigEndian.Uint64(theirs.Hashes[8*i:]) {
+			differ = append(differ, i)
+		}
+	}
+	if len(differ) == 0 {
+		return ringEntry{}, false
+	}
+	part, err := r.InBuckets(n, differ)
+	if err != nil {
+		return ringEntry{}, false
+	}
+	return ringEntry{Overlay: theirs.Overlay, Family: theirs.Family, Ring: part.Encode(), N: n, Buckets: differ}, true
 }
 
 // pushBack returns, of the buckets a peer pushed (and named), this agent's
@@ -600,33 +616,44 @@ func (s *Service) pushBack(pushed ringMessage) ringMessage {
 	defer s.mu.Unlock()
 	out := ringMessage{ClusterID: s.clusterID}
 	for _, e := range pushed.Rings {
-		a := s.allocatorOf(e.Overlay, e.Family)
-		if a == nil || e.N == 0 {
-			continue
-		}
-		theirs, err := ring.Decode(e.Ring)
-		if err != nil {
-			continue
-		}
-		th, err1 := theirs.BucketHashes(e.N)
-		mh, err2 := a.Ring().BucketHashes(e.N)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		var differ []int
-		for _, b := range e.Buckets {
-			if th[b] != mh[b] {
-				differ = append(differ, b)
+		if a := s.allocatorOf(e.Overlay, e.Family); a != nil {
+			if back, ok := pushBackEntry(a.Ring(), e); ok {
+				out.Rings = append(out.Rings, back)
 			}
-		}
-		if len(differ) == 0 {
-			continue
-		}
-		if part, err := a.Ring().InBuckets(e.N, differ); err == nil {
-			out.Rings = append(out.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: part.Encode()})
 		}
 	}
 	return out
+}
+
+// pushBackEntry is r's entries of the buckets a push named where they
+// differ from the pushed ones (r has merged the push).
+func pushBackEntry(r *ring.Ring, pushed ringEntry) (ringEntry, bool) {
+	if pushed.N == 0 {
+		return ringEntry{}, false
+	}
+	theirs, err := ring.Decode(pushed.Ring)
+	if err != nil {
+		return ringEntry{}, false
+	}
+	th, err1 := theirs.BucketHashes(pushed.N)
+	mh, err2 := r.BucketHashes(pushed.N)
+	if err1 != nil || err2 != nil {
+		return ringEntry{}, false
+	}
+	var differ []int
+	for _, b := range pushed.Buckets {
+		if th[b] != mh[b] {
+			differ = append(differ, b)
+		}
+	}
+	if len(differ) == 0 {
+		return ringEntry{}, false
+	}
+	part, err := r.InBuckets(pushed.N, differ)
+	if err != nil {
+		return ringEntry{}, false
+	}
+	return ringEntry{Overlay: pushed.Overlay, Family: pushed.Family, Ring: part.Encode()}, true
 }
 
 // packHashes is the wire form of bucket hashes.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/retry"
@@ -77,46 +78,95 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, one record behind (%d agents)", n), Value: float64(oneOff.Total()), Unit: "B/round",
 		Baseline: base, BaseVal: float64(len(whole)), Note: fmt.Sprintf("digest %d + summary %d + push %d", oneOff.Digest, oneOff.Summary, oneOff.Push)})
 
-	// One overlay ring with a lease per agent.
-	alloc, err := ring.NewAllocator("self", netip.MustParsePrefix("10.128.0.0/9"))
+	ringRows, err := ringGossipRows(cluster, n)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range ringRows {
+		tbl.Add(r)
+	}
+	return nil, nil
+}
+
+// ringGossipRows measures the ring channel's messages at n agents, as the
+// agents encode them (agent/ipam's RingDeltaBytes and
+// RingAntiEntropyRound), beside the whole ring that was broadcast and
+// pushed before deltas and bucketed digests: one overlay ring with a lease
+// per agent and each agent's free count written, as every agent holds it.
+func ringGossipRows(cluster string, n int) ([]benchtable.Row, error) {
+	owner := func(i int) string { return fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i) }
+	subnet := func(i int) netip.Prefix {
+		return netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256))
+	}
+	r, err := ring.NewRing(netip.MustParsePrefix("10.128.0.0/9"))
 	if err != nil {
 		return nil, err
 	}
 	var leases []ring.Lease
 	for i := range n {
-		leases = append(leases, ring.Lease{Owner: fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i),
-			Prefix: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256)), Version: uint64(100 + i)})
+		leases = append(leases, ring.Lease{Owner: owner(i), Prefix: subnet(i), Version: uint64(100 + i)})
 	}
-	if _, err := alloc.Seed(leases, nil); err != nil {
+	if _, err := r.Seed(leases, nil); err != nil {
 		return nil, err
 	}
-	// The ring channel's messages (agent/ipam's ringMessage), mirrored.
-	type entry struct {
-		Overlay string `json:"overlay"`
-		Family  string `json:"family"`
-		Ring    []byte `json:"ring"`
+	for i := range n {
+		if _, err := r.ReportFree(owner(i), map[netip.Addr]ring.Uint128{subnet(i).Addr(): ring.U128(200)}); err != nil {
+			return nil, err
+		}
 	}
-	type digest struct {
-		Overlay string `json:"overlay"`
-		Family  string `json:"family"`
-		Hash    uint64 `json:"hash"`
+	whole, err := ipam.RingDeltaBytes(cluster, "carve", nil, r)
+	if err != nil {
+		return nil, err
 	}
-	type msg struct {
-		ClusterID string   `json:"cluster_id,omitempty"`
-		Rings     []entry  `json:"rings,omitempty"`
-		From      string   `json:"from,omitempty"`
-		Digest    []digest `json:"digest,omitempty"`
+	base := "the whole ring (broadcast and pushed before)"
+	var rows []benchtable.Row
+
+	// One allocation: the agent's free count, announced.
+	after := r.Clone()
+	if _, err := after.ReportFree(owner(n/2), map[netip.Addr]ring.Uint128{subnet(n / 2).Addr(): ring.U128(199)}); err != nil {
+		return nil, err
 	}
-	wholeRing, _ := json.Marshal(msg{ClusterID: cluster, Rings: []entry{{"carve", "4", alloc.EncodeRing()}}})
-	ringDigest, _ := json.Marshal(msg{ClusterID: cluster, From: "00000000-5c1e-4f7a-9d2b-000000000000", Digest: []digest{{"carve", "4", 1 << 63}}})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync, one overlay (%d agents)", n), Value: float64(len(ringDigest)), Unit: "B/round",
-		Baseline: "every ring (periodic gossip before)", BaseVal: float64(len(wholeRing)), Note: "the digest alone"})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: a registration, per agent (%d agents)", n), Value: 0, Unit: "B/agent",
-		Baseline: "each agent broadcast its changed ring before", BaseVal: float64(len(wholeRing)),
+	alloc, err := ipam.RingDeltaBytes(cluster, "carve", r, after)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, broadcast delta (%d agents)", n), Value: float64(alloc), Unit: "B/msg",
+		Baseline: base, BaseVal: float64(whole)})
+
+	// A grant through the ring: a /26 of one agent's subnet to another.
+	granted := r.Clone()
+	if err := granted.Grant(owner(n/3), owner(n/3+1), netip.PrefixFrom(subnet(n/3).Addr(), 26)); err != nil {
+		return nil, err
+	}
+	grant, err := ipam.RingDeltaBytes(cluster, "carve", r, granted)
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: a grant through the ring, broadcast delta (%d agents)", n), Value: float64(grant), Unit: "B/msg",
+		Baseline: base, BaseVal: float64(whole)})
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: a registration, per agent (%d agents)", n), Value: 0, Unit: "B/agent",
+		Baseline: "each agent broadcast its changed ring before", BaseVal: float64(whole),
 		Note: "every agent seeds the new lease from its own view"})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: a change made through the ring (grant, free counts) (%d agents)", n), Value: float64(len(wholeRing)), Unit: "B/msg",
-		Baseline: "every ring (periodic gossip before)", BaseVal: float64(len(wholeRing)), Note: "the changed ring, whole: ring-entry deltas are not done"})
-	return nil, nil
+
+	// Anti-entropy: in sync, then one allocation behind.
+	idA, idB := owner(0), owner(1)
+	inSync, err := ipam.RingAntiEntropyRound(cluster, "carve", idA, idB, after, after.Clone())
+	if err != nil {
+		return nil, err
+	}
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync (%d agents)", n), Value: float64(inSync.Total()), Unit: "B/round",
+		Baseline: base, BaseVal: float64(whole), Note: "the digest alone"})
+	behind := r.Clone()
+	oneOff, err := ipam.RingAntiEntropyRound(cluster, "carve", idA, idB, after.Clone(), behind)
+	if err != nil {
+		return nil, err
+	}
+	if !behind.Equal(after) {
+		return nil, fmt.Errorf("%d agents: one ring anti-entropy round did not reconcile the rings", n)
+	}
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, one allocation behind (%d agents)", n), Value: float64(oneOff.Total()), Unit: "B/round",
+		Baseline: base, BaseVal: float64(whole), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d", oneOff.Digest, oneOff.Buckets, oneOff.Push)})
+	return rows, nil
 }
 
 // idleCPU reads the process's CPU time from /proc over window (after
