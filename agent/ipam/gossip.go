@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
@@ -110,6 +112,10 @@ const (
 )
 
 type ringID struct{ overlay, family string }
+
+// ringPersistEvery is how often rings changed by other agents' entries
+// only are written to disk.
+const ringPersistEvery = 10 * time.Second
 
 // ringGossip is what the gossip of one ring keeps.
 type ringGossip struct {
@@ -429,6 +435,27 @@ func (s *Service) mergeRings(m ringMessage) (ringMessage, error) {
 	return news, err
 }
 
+// persistDirtyRings writes the rings that changed by other agents'
+// entries only since they were last written (Run, every ringPersistEvery).
+func (s *Service) persistDirtyRings() {
+	s.mu.Lock()
+	var b *batch
+	for _, k := range slices.SortedFunc(maps.Keys(s.dirtyRings), func(x, y ringID) int {
+		return cmp.Or(cmp.Compare(x.overlay, y.overlay), cmp.Compare(x.family, y.family))
+	}) {
+		delete(s.dirtyRings, k)
+		if a := s.allocatorOf(k.overlay, k.family); a != nil {
+			b = s.enqueue(change{writes: []write{putRing(k.overlay, familyIndex(k.family), a.EncodeRing())}})
+		}
+	}
+	s.mu.Unlock()
+	if b != nil {
+		if err := s.flush(b); err != nil {
+			s.log.Warn("persist rings", "err", err)
+		}
+	}
+}
+
 func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -448,7 +475,7 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 			errs = append(errs, fmt.Errorf("ring %s/%s: %w", e.Overlay, e.Family, err))
 			continue
 		}
-		before := a.Ring()
+		before, ownedBefore := a.Ring(), a.Owned()
 		changed, err := a.Merge(remote)
 		if err != nil {
 			var te *ring.TakeoverError
@@ -465,13 +492,22 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 		if !changed {
 			continue
 		}
-		fam := 0
-		if e.Family == "6" {
-			fam = 1
-		}
+		fam := familyIndex(e.Family)
 		o := s.overlays[e.Overlay]
 		writes, adopted := s.syncBlocks(o, fam)
-		b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
+		k := ringID{e.Overlay, e.Family}
+		if len(writes) > 0 || adopted || !slices.Equal(ownedBefore, a.Owned()) {
+			// What this agent owns moved: durable before anything is
+			// allocated from it.
+			delete(s.dirtyRings, k)
+			b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
+		} else {
+			// Other agents' entries only (free counts, their grants): a
+			// crash loses nothing anti-entropy does not bring back, and
+			// writing the whole ring per change would cost every agent
+			// the cluster's size on disk for each change anywhere.
+			s.dirtyRings[k] = true
+		}
 		if adopted {
 			// A grant, or one this agent held before it lost its data dir:
 			// take back the addresses its containers hold there first.

@@ -278,3 +278,66 @@ func FuzzDecodeRingMessage(f *testing.F) {
 		checkAllocations(t, s)
 	})
 }
+
+// TestOtherAgentsEntriesPersistedLater: a merge that brings only other
+// agents' entries (a free count) is not written at once, which would cost
+// every agent a whole ring on disk per change anywhere; Run's periodic
+// write persists it. A merge that moves what this agent owns is written in
+// the merge's own commit.
+func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
+	s, err := New(Config{AgentID: "self", DB: openDB(t, t.TempDir()), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := testView(testSelf())
+	s.Sync(v)
+	saved := func() []byte { return savedRing(s.db, "carve", 0) }
+	mine := func() []byte { return s.Rings()["carve/4"] }
+	other, err := ring.NewAllocator("other", netip.MustParsePrefix("10.128.0.0/16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sets []ring.LeaseSet
+	for _, p := range v.Peers {
+		sets = append(sets, ring.LeaseSet{Owner: p.ID, Version: p.Version, Prefixes: []netip.Prefix{netip.MustParsePrefix(p.Subnets[0])}})
+	}
+	if _, err := other.SeedSets(sets, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Allocate(ring.Attachment{ContainerID: "c", Interface: "eth0"}, netip.MustParsePrefix("10.128.4.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.SyncFree(); err != nil {
+		t.Fatal(err)
+	}
+	before := saved()
+	news, err := s.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}})
+	if err != nil || len(news.Rings) != 1 {
+		t.Fatalf("merge: %v, %d rings of news", err, len(news.Rings))
+	}
+	if !bytes.Equal(saved(), before) {
+		t.Error("another agent's free count was written to disk at once")
+	}
+	s.persistDirtyRings()
+	if !bytes.Equal(saved(), mine()) {
+		t.Error("the periodic write did not persist the merged ring")
+	}
+
+	// The other agent grants this one a block: written with the merge.
+	if err := other.Grant("self", netip.MustParsePrefix("10.128.5.0/26")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if owner, _ := other.Ring().Owner(netip.MustParseAddr("10.128.5.1")); owner != "self" {
+		t.Fatalf("the grant did not give the block: owner %q", owner)
+	}
+	onDisk, err := ring.Decode(saved())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if owner, _ := onDisk.Owner(netip.MustParseAddr("10.128.5.1")); owner != "self" {
+		t.Errorf("a merge that gave this agent a block was not written with the merge: on disk the block is %q's", owner)
+	}
+}

@@ -571,7 +571,8 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 }
 
 // Run gives back idle blocks, reports grants and returns to the masters,
-// and announces ring changes when gossip asks, until ctx ends.
+// announces ring changes when gossip asks, and writes the rings that
+// changed by other agents' entries, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
 	tick := s.grow.cfg.IdleReturn / 4
 	if tick <= 0 || tick > time.Minute {
@@ -589,6 +590,9 @@ func (s *Service) Run(ctx context.Context) {
 	}
 	usageTicker := time.NewTicker(usageEvery)
 	defer usageTicker.Stop()
+	persistTicker := time.NewTicker(ringPersistEvery)
+	defer persistTicker.Stop()
+	defer s.persistDirtyRings()
 	backoff := newOutboxBackoff()
 	for {
 		select {
@@ -600,6 +604,9 @@ func (s *Service) Run(ctx context.Context) {
 			}
 		case <-s.announceKick:
 			s.announce()
+			continue
+		case <-persistTicker.C:
+			s.persistDirtyRings()
 			continue
 		case <-s.grow.kick:
 		case <-retry.C:

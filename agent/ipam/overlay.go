@@ -24,6 +24,15 @@ func familyName(fam int) string {
 	return "4"
 }
 
+// familyIndex is the index of a family name ("4", "6"; checked by the
+// caller).
+func familyIndex(name string) int {
+	if name == "6" {
+		return 1
+	}
+	return 0
+}
+
 // overlay is the address space of one overlay on this agent: one ring
 // allocator per address family, seeded from the masters' leases.
 type overlay struct {

@@ -116,6 +116,9 @@ type Service struct {
 	gossipState map[ringID]*ringGossip
 	// announceKick asks Run to announce ring changes.
 	announceKick chan struct{}
+	// dirtyRings changed by other agents' entries only since they were
+	// written; Run writes them every ringPersistEvery.
+	dirtyRings map[ringID]bool
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -146,7 +149,7 @@ func New(cfg Config) (*Service, error) {
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
 		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
-		announceKick: make(chan struct{}, 1),
+		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{},
 	}
 	s.grow = newGrowState(cfg.Growth)
 	s.grow.granted = st.granted

@@ -210,10 +210,7 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 		s.log.Info("refused a space request", "from", m.From, "overlay", m.Overlay, "family", m.Family, "reason", reason)
 		return ans, nil
 	}
-	fam := 0
-	if m.Family == "6" {
-		fam = 1
-	}
+	fam := familyIndex(m.Family)
 	a := s.allocatorOf(m.Overlay, m.Family)
 	if a == nil || m.From == s.id {
 		return refuse("not_served")
