@@ -109,7 +109,7 @@ func (a *Allocator) Seed(leases []Lease, tombstones []Tombstone) (changed bool, 
 // SeedSets joins complete lease sets and tombstones into the ring (see
 // Ring.SeedSets), refusing like Seed a change that takes a range in use.
 func (a *Allocator) SeedSets(sets []LeaseSet, tombstones []Tombstone) (changed bool, err error) {
-	leases, floors := flattenSets(sets)
+	leases, floors := flattenSets(a.ring.newerSets(sets))
 	next, changed, err := a.ring.trySeed(leases, floors, tombstones)
 	if err != nil || !changed {
 		return false, err

@@ -526,13 +526,27 @@ func (r *Ring) Seed(leases []Lease, tombstones []Tombstone) (changed bool, err e
 // version) and tombstones into the ring: a set replaces its agent's leases
 // of a lower version, an older set than the one held changes nothing.
 func (r *Ring) SeedSets(sets []LeaseSet, tombstones []Tombstone) (changed bool, err error) {
-	leases, floors := flattenSets(sets)
+	leases, floors := flattenSets(r.newerSets(sets))
 	next, changed, err := r.trySeed(leases, floors, tombstones)
 	if err != nil || !changed {
 		return false, err
 	}
 	r.commit(next)
 	return true, nil
+}
+
+// newerSets drops the sets the ring holds at the same or a higher version:
+// a set's version is the Raft index of its record, so an equal version is
+// the same set and seeding it changes nothing. Seeding a whole view at
+// every change of one record then costs a lookup per agent, not a sort.
+func (r *Ring) newerSets(sets []LeaseSet) []LeaseSet {
+	out := sets[:0:0]
+	for _, s := range sets {
+		if s.Version > tombIndex(r.st.sets, s.Owner) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func flattenSets(sets []LeaseSet) ([]Lease, []Tombstone) {
@@ -569,7 +583,9 @@ func (r *Ring) trySeed(leases []Lease, sets, tombstones []Tombstone) (state, boo
 		if t.Owner == "" || t.Version == 0 || t.Version > maxRaftIndex {
 			return state{}, false, fmt.Errorf("%w: tombstone %q at %d", ErrInvalid, t.Owner, t.Version)
 		}
-		ts = append(ts, t)
+		if t.Version > tombIndex(r.st.tombs, t.Owner) {
+			ts = append(ts, t) // one held at the same or a higher index changes nothing
+		}
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].Owner < ts[j].Owner })
 	ts = dedupTombs(ts)

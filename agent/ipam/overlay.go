@@ -190,7 +190,8 @@ func (s *Service) retire(o *overlay) {
 // it is marked known and never broadcast (that would cost every agent a
 // whole ring per registration, cluster-wide); so is the persisted ring
 // merged back after a restart, which was announced before (anti-entropy
-// repairs what was not).
+// repairs what was not). The ring is written at once only when what this
+// agent owns moved.
 func (s *Service) seed(o *overlay, fam int, v View, b *batch) (err error) {
 	u := o.universe[fam]
 	if !u.IsValid() {
@@ -204,6 +205,7 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (err error) {
 		}
 		o.alloc[fam] = alloc
 	}
+	ownedBefore := alloc.Owned()
 	// Each record's blocks are its agent's complete lease set: a newer one
 	// replaces the older (a block given back or granted away leaves).
 	var sets []ring.LeaseSet
@@ -262,8 +264,16 @@ func (s *Service) seed(o *overlay, fam int, v View, b *batch) (err error) {
 			changed = changed || merged
 		}
 	}
-	if changed || fresh {
+	k := ringID{o.name, familyName(fam)}
+	switch {
+	case fresh || !slices.Equal(ownedBefore, alloc.Owned()):
+		delete(s.dirtyRings, k)
 		b.add(change{writes: []write{putRing(o.name, fam, alloc.EncodeRing())}})
+	case changed:
+		// Other agents' leases only: derived again from the masters'
+		// records (or the persisted membership) after a restart, and
+		// written with the next periodic write, not per registration.
+		s.dirtyRings[k] = true
 	}
 	return nil
 }
