@@ -54,32 +54,7 @@ func (s *sentBytes) reset() (bytes, count map[string]int) {
 // pushes alone; once they agree, a round sends digests only, a few dozen
 // bytes per ring, never a ring.
 func TestRingAntiEntropy(t *testing.T) {
-	gnet := fakegossip.New(fakegossip.Config{Seed: 5})
-	t.Cleanup(gnet.Close)
-	sent := map[string]*sentBytes{}
-	svcs := map[string]*Service{}
-	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
-		id := self.AgentID
-		sent[id] = &sentBytes{byKind: map[string]int{}, count: map[string]int{}}
-		svc, err := New(Config{AgentID: id, DB: openDB(t, t.TempDir()), Logger: testLogger(), OnSent: sent[id].add})
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := testView(testSelf())
-		v.Self = self
-		v.Peers = []Peer{peerOf(testSelf()), peerOf(otherSelf())}
-		svc.Sync(v) // no channel yet: nothing is broadcast
-		r, err := gnet.Join(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, err := r.Channel(RingChannel, svc.RingGossip())
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc.UseChannel(ch)
-		svcs[id] = svc
-	}
+	gnet, svcs, sent := ringGossipPair(t, 5, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	round := func() {
@@ -156,37 +131,12 @@ func TestRingAntiEntropy(t *testing.T) {
 // broadcast missed is repaired by anti-entropy with the bucket hashes and
 // the buckets that differ, never the whole ring; the rings end equal.
 func TestRingGossipInProportionToChange(t *testing.T) {
-	gnet := fakegossip.New(fakegossip.Config{Seed: 9})
-	t.Cleanup(gnet.Close)
 	var peers []Peer
 	for i := range 250 {
 		peers = append(peers, Peer{ID: fmt.Sprintf("peer-%03d", i), Version: uint64(10 + i),
 			Subnets: []string{fmt.Sprintf("10.128.%d.%d/26", 64+i/4, 64*(i%4))}})
 	}
-	sent := map[string]*sentBytes{}
-	svcs := map[string]*Service{}
-	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
-		id := self.AgentID
-		sent[id] = &sentBytes{byKind: map[string]int{}, count: map[string]int{}}
-		svc, err := New(Config{AgentID: id, DB: openDB(t, t.TempDir()), Logger: testLogger(), OnSent: sent[id].add})
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := testView(testSelf())
-		v.Self = self
-		v.Peers = append([]Peer{peerOf(testSelf()), peerOf(otherSelf())}, peers...)
-		svc.Sync(v)
-		r, err := gnet.Join(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ch, err := r.Channel(RingChannel, svc.RingGossip())
-		if err != nil {
-			t.Fatal(err)
-		}
-		svc.UseChannel(ch)
-		svcs[id] = svc
-	}
+	gnet, svcs, sent := ringGossipPair(t, 9, peers)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	idle := func() {
@@ -299,4 +249,38 @@ func TestRingAntiEntropyRoundReconciles(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ringGossipPair is the agents "self" and "other" (with more peers in
+// their views), synced before they join a fake gossip network (nothing is
+// broadcast), and what each sends, by kind.
+func ringGossipPair(t *testing.T, seed uint64, more []Peer) (*fakegossip.Network, map[string]*Service, map[string]*sentBytes) {
+	t.Helper()
+	gnet := fakegossip.New(fakegossip.Config{Seed: seed})
+	t.Cleanup(gnet.Close)
+	sent := map[string]*sentBytes{}
+	svcs := map[string]*Service{}
+	for _, self := range []*api.AgentInfo{testSelf(), otherSelf()} {
+		id := self.AgentID
+		sent[id] = &sentBytes{byKind: map[string]int{}, count: map[string]int{}}
+		svc, err := New(Config{AgentID: id, DB: openDB(t, t.TempDir()), Logger: testLogger(), OnSent: sent[id].add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := testView(testSelf())
+		v.Self = self
+		v.Peers = append([]Peer{peerOf(testSelf()), peerOf(otherSelf())}, more...)
+		svc.Sync(v) // no channel yet: nothing is broadcast
+		r, err := gnet.Join(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch, err := r.Channel(RingChannel, svc.RingGossip())
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc.UseChannel(ch)
+		svcs[id] = svc
+	}
+	return gnet, svcs, sent
 }
