@@ -30,6 +30,7 @@ test: build
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -count=1 -timeout 5m ./gossip/...
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshBoundedConnections' ./agent/
+	$(GO) test -count=1 -timeout 5m -run '^TestMeshRing' ./agent/ipam/
 
 # A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
 FUZZTIME ?= 20s

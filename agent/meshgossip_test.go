@@ -10,7 +10,6 @@ import (
 	"crypto/ed25519"
 	"fmt"
 	"log/slog"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/meshtest"
 	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/master"
 )
@@ -67,31 +67,12 @@ func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, net
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), connectCh: make(chan struct{}, 1),
 		connected: map[string]string{}, dialing: map[string]time.Time{}, cfg: Config{MeshPeers: 3}}
 	deaf := &atomic.Bool{}
-	for attempt := 0; ; attempt++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: id, Host: "127.0.0.1", Port: port, NoDiscovery: true,
-			GossipInterval: 200 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if a.channel, err = r.Channel(GossipChannel, deafHandler{(*gossipHandler)(a), deaf}); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Start(); err != nil {
-			if attempt < 5 {
-				continue
-			}
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Stop() })
-		a.router = r
-		return &meshAgent{a: a, router: r, addr: fmt.Sprintf("127.0.0.1:%d", port), deaf: deaf}
-	}
+	r, addr := meshtest.Start(t, id, gossip.MeshConfig{NoDiscovery: true, GossipInterval: 200 * time.Millisecond}, func(r *gossip.MeshRouter) (err error) {
+		a.channel, err = r.Channel(GossipChannel, deafHandler{(*gossipHandler)(a), deaf})
+		return err
+	})
+	a.router = r
+	return &meshAgent{a: a, router: r, addr: addr, deaf: deaf}
 }
 
 // meshRecord is agent i's record, signed, with its mesh address.

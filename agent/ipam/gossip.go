@@ -310,12 +310,12 @@ func (s *Service) allocatorOf(overlay, family string) *ring.Allocator {
 	return o.alloc[0]
 }
 
-// rings returns every ring this agent serves, with fresh free counts.
+// rings returns every ring this agent serves.
 func (s *Service) rings() ringMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := ringMessage{ClusterID: s.clusterID}
-	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+	s.eachServedRing(false, func(k ringID, a *ring.Allocator) {
 		m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: a.EncodeRing()})
 	})
 	return m
@@ -332,16 +332,21 @@ func (s *Service) Rings() map[string][]byte {
 }
 
 // eachServedRing calls f for every served ring, in order, after writing
-// its free counts into it; s.mu is held.
-func (s *Service) eachServedRing(f func(k ringID, a *ring.Allocator)) {
+// its free counts into it when syncFree is set; s.mu is held. Free counts
+// are written only where they are announced at once (announce): a digest
+// of counts no broadcast carried yet would start anti-entropy that races
+// the broadcast, and a receiver that got the push first would not relay it.
+func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocator)) {
 	for _, name := range sortedKeys(s.overlays) {
 		for fam := range families {
 			a := s.allocatorOf(name, familyName(fam))
 			if a == nil {
 				continue
 			}
-			if _, err := a.SyncFree(); err != nil {
-				s.log.Warn("ring free counts", "overlay", name, "err", err)
+			if syncFree {
+				if _, err := a.SyncFree(); err != nil {
+					s.log.Warn("ring free counts", "overlay", name, "err", err)
+				}
 			}
 			f(ringID{name, familyName(fam)}, a)
 		}
@@ -391,7 +396,7 @@ func (s *Service) forgetGossip(overlay string) {
 func (s *Service) announce() {
 	s.mu.Lock()
 	m := ringMessage{ClusterID: s.clusterID}
-	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+	s.eachServedRing(true, func(k ringID, a *ring.Allocator) {
 		g := s.gossipOf(k, a)
 		if g.announced == a.RingChanges() {
 			return
@@ -534,11 +539,11 @@ func (s *Service) broadcast(m ringMessage) {
 	}
 }
 
-// ringDigestLocked hashes every served ring (with fresh free counts),
-// again only for rings that changed since; s.mu is held.
+// ringDigestLocked hashes every served ring, again only for rings that
+// changed since; s.mu is held.
 func (s *Service) ringDigestLocked() []ringDigest {
 	var out []ringDigest
-	s.eachServedRing(func(k ringID, a *ring.Allocator) {
+	s.eachServedRing(false, func(k ringID, a *ring.Allocator) {
 		g := s.gossipOf(k, a)
 		if g.changes != a.RingChanges() || g.changes == 0 {
 			g.changes, g.hash, g.buckets = a.RingChanges(), ringHash(a.EncodeRing()), nil
@@ -607,7 +612,7 @@ func (s *Service) answerBuckets(m ringMessage) ringMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := ringMessage{ClusterID: s.clusterID}
-	s.ringDigestLocked() // fresh free counts and cache
+	s.ringDigestLocked() // the cache
 	for _, e := range m.Buckets {
 		a := s.allocatorOf(e.Overlay, e.Family)
 		if a == nil {
@@ -729,8 +734,8 @@ func (s *Service) RingGossip() gossip.Handler { return (*ringHandler)(s) }
 type ringHandler Service
 
 // Gossip implements gossip.Handler: the digest of the served rings. It
-// also has what this agent wrote since its last broadcast announced (free
-// counts are written into the rings here, not on every allocation).
+// also has Run announce what this agent wrote since its last announcement
+// (free counts are written into the rings then, not on every allocation).
 func (h *ringHandler) Gossip() gossip.Data {
 	s := (*Service)(h)
 	s.mu.Lock()
