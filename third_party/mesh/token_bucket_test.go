@@ -1,0 +1,7 @@
+package mesh_test
+
+import "testing"
+
+func TestTokenBucket(t *testing.T) {
+	t.Skip("TODO")
+}
