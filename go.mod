@@ -48,6 +48,8 @@ require (
 
 replace github.com/hashicorp/raft => ./third_party/raft
 
+replace github.com/weaveworks/mesh => ./third_party/mesh
+
 tool (
 	github.com/containernetworking/plugins/plugins/ipam/host-local
 	github.com/containernetworking/plugins/plugins/main/bridge

@@ -65,6 +65,7 @@ type LocalConnection struct {
 	tcpConn         *net.TCPConn
 	trustRemote     bool // is remote on a trusted subnet?
 	trustedByRemote bool // does remote trust us?
+	syncsTopology   bool // does remote take topology digests? (topology_sync.go)
 	version         byte
 	tcpSender       tcpSender
 	sessionKey      *[32]byte
@@ -129,6 +130,12 @@ func (conn *LocalConnection) SendProtocolMsg(m protocolMsg) error {
 		return err
 	}
 	return nil
+}
+
+// topologySync says whether the remote takes topology digests. It is set
+// during the handshake, before the connection is added.
+func (conn *LocalConnection) topologySync() bool {
+	return conn.syncsTopology
 }
 
 func (conn *LocalConnection) gossipSenders() *gossipSenders {
@@ -265,6 +272,8 @@ func (conn *LocalConnection) makeFeatures() map[string]string {
 		"UID":             fmt.Sprint(conn.local.UID),
 		"ConnID":          fmt.Sprint(conn.uid),
 		"Trusted":         fmt.Sprint(conn.trustRemote),
+		// Unknown features are ignored by upstream mesh.
+		topologySyncFeature: "1",
 	}
 	conn.router.Overlay.AddFeaturesTo(features)
 	return features
@@ -305,6 +314,7 @@ func (conn *LocalConnection) parseFeatures(features map[string]string) (*Peer, e
 		}
 	}
 	conn.trustedByRemote = trusted
+	conn.syncsTopology = features[topologySyncFeature] == "1"
 
 	uid, err := parsePeerUID(features["UID"])
 	if err != nil {

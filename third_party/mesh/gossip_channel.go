@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"encoding/gob"
 	"fmt"
+	"sync/atomic"
 )
 
 // gossipChannel is a logical communication channel within a physical mesh.
 type gossipChannel struct {
+	// sent counts the bytes of gossip and broadcast messages made for
+	// sending on this channel (atomic, first for 64-bit alignment on
+	// 32-bit platforms; for measurements).
+	sent uint64
+
 	name     string
 	ourself  *localPeer
 	routes   *routes
@@ -63,12 +69,24 @@ func (c *gossipChannel) deliver(srcName PeerName, _ []byte, dec *gob.Decoder) er
 	if err := dec.Decode(&payload); err != nil {
 		return err
 	}
-	update, err := c.gossiper.OnGossip(payload)
+	var update GossipData
+	var err error
+	if g, ok := c.gossiper.(gossipFromReceiver); ok {
+		update, err = g.onGossipFrom(srcName, payload)
+	} else {
+		update, err = c.gossiper.OnGossip(payload)
+	}
 	if err != nil || update == nil {
 		return err
 	}
 	c.relay(srcName, update)
 	return nil
+}
+
+// gossipFromReceiver is a Gossiper that needs the neighbour a gossip came
+// from (the topology sync channel answers it).
+type gossipFromReceiver interface {
+	onGossipFrom(src PeerName, msg []byte) (GossipData, error)
 }
 
 // GossipUnicast implements Gossip, relaying msg to dst, which must be a
@@ -133,11 +151,21 @@ func (c *gossipChannel) makeGossipSender(sender protocolSender, stop <-chan stru
 }
 
 func (c *gossipChannel) makeMsg(msg []byte) protocolMsg {
-	return protocolMsg{ProtocolGossip, gobEncode(c.name, c.ourself.Name, msg)}
+	pm := protocolMsg{ProtocolGossip, gobEncode(c.name, c.ourself.Name, msg)}
+	atomic.AddUint64(&c.sent, uint64(1+len(pm.msg)))
+	return pm
 }
 
 func (c *gossipChannel) makeBroadcastMsg(srcName PeerName, msg []byte) protocolMsg {
-	return protocolMsg{ProtocolGossipBroadcast, gobEncode(c.name, srcName, msg)}
+	pm := protocolMsg{ProtocolGossipBroadcast, gobEncode(c.name, srcName, msg)}
+	atomic.AddUint64(&c.sent, uint64(1+len(pm.msg)))
+	return pm
+}
+
+// sentBytes is what the channel made for sending so far: the tag byte and
+// the message, before the connection's framing and encryption.
+func (c *gossipChannel) sentBytes() uint64 {
+	return atomic.LoadUint64(&c.sent)
 }
 
 func (c *gossipChannel) logf(format string, args ...interface{}) {

@@ -53,6 +53,8 @@ type Router struct {
 	gossipLock      sync.RWMutex
 	gossipChannels  gossipChannels
 	topologyGossip  Gossip
+	topologyChannel *gossipChannel // topologyGossip, typed
+	syncChannel     *gossipChannel // the digest exchange (topology_sync.go)
 	acceptLimiter   *tokenBucket
 	logger          Logger
 }
@@ -79,6 +81,12 @@ func NewRouter(config Config, name PeerName, nickName string, overlay Overlay, l
 		return nil, err
 	}
 	router.topologyGossip = gossip
+	router.topologyChannel = gossip.(*gossipChannel)
+	sync, err := router.NewGossip(topologySyncChannel, &topologySyncGossiper{router: router})
+	if err != nil {
+		return nil, err
+	}
+	router.syncChannel = sync.(*gossipChannel)
 	router.acceptLimiter = newTokenBucket(acceptMaxTokens, acceptTokenDelay)
 	return router, nil
 }
@@ -203,8 +211,14 @@ func (router *Router) handleGossip(tag protocolTag, payload []byte) error {
 }
 
 // Relay all pending gossip data for each channel via random neighbours.
+// The topology goes as a digest where the neighbour takes one (see
+// sendTopologyRound).
 func (router *Router) sendAllGossip() {
 	for channel := range router.gossipChannelSet() {
+		if channel == router.topologyChannel {
+			router.sendTopologyRound()
+			continue
+		}
 		if gossip := channel.gossiper.Gossip(); gossip != nil {
 			channel.Send(gossip)
 		}
@@ -252,7 +266,9 @@ func (router *Router) OnGossipBroadcast(_ PeerName, update []byte) (GossipData, 
 	return &topologyGossipData{peers: router.Peers, update: origUpdate}, nil
 }
 
-// Gossip yields the current topology as GossipData.
+// Gossip yields the current topology as GossipData. It goes to every new
+// neighbour (sendAllGossipDown), and in the periodic round to neighbours
+// that do not take digests.
 func (router *Router) Gossip() GossipData {
 	return &topologyGossipData{peers: router.Peers, update: router.Peers.names()}
 }
