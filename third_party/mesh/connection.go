@@ -272,8 +272,10 @@ func (conn *LocalConnection) makeFeatures() map[string]string {
 		"UID":             fmt.Sprint(conn.local.UID),
 		"ConnID":          fmt.Sprint(conn.uid),
 		"Trusted":         fmt.Sprint(conn.trustRemote),
+	}
+	if !conn.router.noTopologySync {
 		// Unknown features are ignored by upstream mesh.
-		topologySyncFeature: "1",
+		features[topologySyncFeature] = "1"
 	}
 	conn.router.Overlay.AddFeaturesTo(features)
 	return features
@@ -314,7 +316,7 @@ func (conn *LocalConnection) parseFeatures(features map[string]string) (*Peer, e
 		}
 	}
 	conn.trustedByRemote = trusted
-	conn.syncsTopology = features[topologySyncFeature] == "1"
+	conn.syncsTopology = !conn.router.noTopologySync && features[topologySyncFeature] == "1"
 
 	uid, err := parsePeerUID(features["UID"])
 	if err != nil {

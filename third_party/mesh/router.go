@@ -3,6 +3,7 @@ package mesh
 import (
 	"bytes"
 	"encoding/gob"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -57,6 +58,10 @@ type Router struct {
 	syncChannel     *gossipChannel // the digest exchange (topology_sync.go)
 	acceptLimiter   *tokenBucket
 	logger          Logger
+	stopLock        sync.Mutex
+	listener        *net.TCPListener // nil until Start and after Stop
+	stopped         bool
+	noTopologySync  bool // for tests: behave as upstream mesh (no digests)
 }
 
 // NewRouter returns a new router. It must be started.
@@ -97,12 +102,29 @@ func (router *Router) Start() {
 	router.listenTCP()
 }
 
-// Stop shuts down the router.
+// Stop shuts down the router: it stops listening and closes its
+// connections, so that its peers see it leave (and a new router can take
+// its address). The caller should forget the router's connection targets
+// first (ConnectionMaker.ForgetConnections), or it keeps dialling them.
 func (router *Router) Stop() error {
 	router.Overlay.Stop()
-	// TODO: perform more graceful shutdown...
+	router.stopLock.Lock()
+	ln := router.listener
+	router.listener = nil
+	router.stopped = true
+	router.stopLock.Unlock()
+	if ln != nil {
+		ln.Close()
+	}
+	for conn := range router.Ourself.getConnections() {
+		if c, ok := conn.(ourConnection); ok {
+			c.shutdown(errRouterStopped)
+		}
+	}
 	return nil
 }
+
+var errRouterStopped = errors.New("router stopped")
 
 func (router *Router) usingPassword() bool {
 	return router.Password != nil
@@ -117,10 +139,21 @@ func (router *Router) listenTCP() {
 	if err != nil {
 		panic(err)
 	}
+	router.stopLock.Lock()
+	if router.stopped {
+		router.stopLock.Unlock()
+		ln.Close()
+		return
+	}
+	router.listener = ln
+	router.stopLock.Unlock()
 	go func() {
 		defer ln.Close()
 		for {
 			tcpConn, err := ln.AcceptTCP()
+			if errors.Is(err, net.ErrClosed) {
+				return // Stop
+			}
 			if err != nil {
 				router.logger.Printf("%v", err)
 				continue

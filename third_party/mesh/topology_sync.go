@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"sort"
 )
 
@@ -48,6 +49,8 @@ const (
 	maxSyncNames = 1 << 16
 	maxNameBytes = 64
 
+	// The digest is the peer count (uvarint) and an 8-byte hash; bucket
+	// hashes are 8 bytes each.
 	syncDigest  byte = 1
 	syncBuckets byte = 2
 	syncSummary byte = 3
@@ -167,6 +170,12 @@ func putUvarint(buf *bytes.Buffer, x uint64) {
 	buf.Write(b[:binary.PutUvarint(b[:], x)])
 }
 
+func putUint64(buf *bytes.Buffer, x uint64) {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], x)
+	buf.Write(b[:])
+}
+
 func putName(buf *bytes.Buffer, name PeerName) {
 	b := name.bytes()
 	putUvarint(buf, uint64(len(b)))
@@ -179,11 +188,11 @@ func (m topologySyncMsg) encode() []byte {
 	switch m.kind {
 	case syncDigest:
 		putUvarint(buf, uint64(m.count))
-		putUvarint(buf, m.digest)
+		putUint64(buf, m.digest)
 	case syncBuckets:
 		putUvarint(buf, uint64(m.n))
 		for _, h := range m.hashes {
-			putUvarint(buf, h)
+			putUint64(buf, h)
 		}
 	case syncSummary:
 		putUvarint(buf, uint64(m.n))
@@ -241,6 +250,16 @@ func (s *syncReader) bounded(max int) int {
 	return int(x)
 }
 
+func (s *syncReader) uint64() uint64 {
+	var b [8]byte
+	if s.err == nil {
+		if _, err := io.ReadFull(s.r, b[:]); err != nil {
+			s.err = errBadTopologySync
+		}
+	}
+	return binary.BigEndian.Uint64(b[:])
+}
+
 func (s *syncReader) byte() byte {
 	if s.err != nil {
 		return 0
@@ -280,11 +299,11 @@ func decodeTopologySync(msg []byte) (topologySyncMsg, error) {
 	switch m.kind {
 	case syncDigest:
 		m.count = s.bounded(maxSyncNames)
-		m.digest = s.uvarint()
+		m.digest = s.uint64()
 	case syncBuckets:
 		m.n = s.bucketCount()
 		for i := 0; s.err == nil && i < m.n; i++ {
-			m.hashes = append(m.hashes, s.uvarint())
+			m.hashes = append(m.hashes, s.uint64())
 		}
 	case syncSummary:
 		m.n = s.bucketCount()
