@@ -147,11 +147,12 @@ func (peer *localPeer) encode(enc *gob.Encoder) {
 // ACTOR server
 
 func (peer *localPeer) actorLoop(actionChan <-chan localPeerAction) {
-	gossipInterval := defaultGossipInterval
+	// A local peer without a router (upstream's tests make them) has
+	// nothing to gossip: its timer would call a nil router.
+	var gossipTimer <-chan time.Time
 	if peer.router != nil {
-		gossipInterval = peer.router.gossipInterval()
+		gossipTimer = time.Tick(peer.router.gossipInterval())
 	}
-	gossipTimer := time.Tick(gossipInterval)
 	for {
 		select {
 		case action := <-actionChan:

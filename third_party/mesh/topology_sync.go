@@ -118,19 +118,22 @@ func syncBucketCount(count int) int {
 	return n
 }
 
-// versions returns every known peer's version. Lock order as in encodePeers:
-// Peers, then the local peer.
+// versions returns the version of every peer reachable from us, the peers
+// a garbage collection would keep. Unreachable peers (a peer that left, which
+// some still hold until their next collection) are left out of the digest
+// and never sent in an exchange: otherwise a peer that has not collected yet
+// would hand it back to one that has, again and again. Lock order as in
+// garbageCollect: Peers, then the local peer.
 func (peers *Peers) versions() []peerVersion {
 	peers.RLock()
 	defer peers.RUnlock()
-	out := make([]peerVersion, 0, len(peers.byName))
-	for _, p := range peers.byName {
-		if p == peers.ourself.Peer {
-			peers.ourself.RLock()
-		}
-		out = append(out, peerVersion{name: p.Name, uid: p.UID, version: p.Version, hasShortID: p.HasShortID})
-		if p == peers.ourself.Peer {
-			peers.ourself.RUnlock()
+	peers.ourself.RLock()
+	defer peers.ourself.RUnlock()
+	_, reached := peers.ourself.routes(nil, false)
+	out := make([]peerVersion, 0, len(reached))
+	for name := range reached {
+		if p, found := peers.byName[name]; found {
+			out = append(out, peerVersion{name: p.Name, uid: p.UID, version: p.Version, hasShortID: p.HasShortID})
 		}
 	}
 	return out
@@ -423,11 +426,17 @@ func (peers *Peers) handleTopologySync(msg []byte) (reply []byte, send peerNameS
 		}
 		return reply, send, nil
 	case syncWant:
+		reachable := make(map[PeerName]bool, len(vs))
+		for _, v := range vs {
+			reachable[v.name] = true
+		}
 		send = make(peerNameSet)
 		for _, name := range m.names {
-			send[name] = struct{}{}
+			if reachable[name] {
+				send[name] = struct{}{}
+			}
 		}
-		return nil, send, nil // encodePeers skips the names we do not know
+		return nil, send, nil
 	}
 	return nil, nil, nil
 }
