@@ -225,9 +225,10 @@ func (r *MeshRouter) Forget(addrs ...string) error {
 	return nil
 }
 
-// Stop stops the router: it forgets its peers, and the channels drop
-// whatever still arrives. mesh offers no way to close its listener, which
-// lives until the process ends.
+// Stop stops the router: it forgets its peers, stops listening and closes
+// its connections (carve's mesh fork, third_party/mesh, closes them; see its
+// PATCHED.md), so that its peers see it leave and a new router may take its
+// address. The channels drop whatever still arrives.
 func (r *MeshRouter) Stop() error {
 	r.mu.Lock()
 	if r.stopped {
