@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/meshtest"
 	"github.com/carve-net/carve/internal/testutil"
 )
 
@@ -22,17 +23,12 @@ type boundedNode struct {
 	addr string
 }
 
-func startBounded(t *testing.T, id string, port int) boundedNode {
+var boundedConfig = gossip.MeshConfig{NoDiscovery: true, GossipInterval: 100 * time.Millisecond}
+
+func startBounded(t *testing.T, id string) boundedNode {
 	t.Helper()
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: id, Host: "127.0.0.1", Port: port, NoDiscovery: true, GossipInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.Stop() })
-	return boundedNode{r: r, id: id, addr: fmt.Sprintf("127.0.0.1:%d", port)}
+	r, addr := meshtest.Start(t, id, boundedConfig, func(*gossip.MeshRouter) error { return nil })
+	return boundedNode{r: r, id: id, addr: addr}
 }
 
 // know checks that every node knows exactly the others, and has at most
@@ -63,7 +59,7 @@ func TestMeshTopologyBounded(t *testing.T) {
 	const n = 6
 	var nodes []boundedNode
 	for i := range n {
-		nodes = append(nodes, startBounded(t, fmt.Sprintf("agent-%d", i), freePort(t)))
+		nodes = append(nodes, startBounded(t, fmt.Sprintf("agent-%d", i)))
 		if i > 0 {
 			if err := nodes[i].r.Connect(nodes[i-1].addr); err != nil {
 				t.Fatal(err)
@@ -72,15 +68,25 @@ func TestMeshTopologyBounded(t *testing.T) {
 	}
 	testutil.Eventually(t, 0, "the line converges", func() error { return know(nodes) })
 
-	// agent-2 restarts on the same address: agent-3 keeps dialling it,
-	// and the new agent-2 dials agent-1 again.
-	var port int
-	fmt.Sscanf(nodes[2].addr, "127.0.0.1:%d", &port)
+	// agent-2 restarts on the same address (which needs the listener
+	// closed on Stop): agent-3 keeps dialling it, and the new agent-2
+	// dials agent-1 again.
 	if err := nodes[2].r.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	nodes[2] = startBounded(t, "agent-2", port)
-	if err := nodes[2].r.Connect(nodes[1].addr); err != nil {
+	cfg := boundedConfig
+	cfg.ID, cfg.Host = "agent-2", "127.0.0.1"
+	fmt.Sscanf(nodes[2].addr, "127.0.0.1:%d", &cfg.Port)
+	r, err := gossip.NewMeshRouter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatalf("restart on %s: %v", nodes[2].addr, err)
+	}
+	t.Cleanup(func() { r.Stop() })
+	nodes[2].r = r
+	if err := r.Connect(nodes[1].addr); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 0, "the line reconverges after a restart", func() error { return know(nodes) })
