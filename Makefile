@@ -24,13 +24,15 @@ cni-plugins: deps
 
 # The whole suite: vet, every package under the race detector, then the
 # tests that run real weaveworks/mesh routers over TCP, which mesh's known
-# data races keep out of -race (they carry a !race build tag).
+# data races keep out of -race (they carry a !race build tag), and the
+# tests of carve's fork of mesh (third_party/mesh, its own module).
 test: build
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -count=1 -timeout 5m ./gossip/...
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshBoundedConnections' ./agent/
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshRing' ./agent/ipam/
+	cd third_party/mesh && $(GO) test -count=1 -timeout 5m .
 
 # A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
 FUZZTIME ?= 20s

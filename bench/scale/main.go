@@ -5,8 +5,9 @@
 // watcher receives for one change (changes vs whole state), registration to
 // programmed in the real agent, state reads with 50 concurrent readers,
 // master and agent RSS, agent restart to serving, gossip bytes per change
-// and per anti-entropy round (membership and rings, encoded in process as
-// the agent encodes them, beside the whole-state gossip), and the real
+// and per anti-entropy round (membership, rings and mesh's topology,
+// encoded in process as the agent and mesh encode them, beside the
+// whole-state gossip), and the real
 // agent's idle CPU seconds per minute beside the same measurement of a
 // carve built from git revision -baseline-rev (the tree before the delta
 // watch and gossip changes) running the same cluster with the same N.
@@ -266,7 +267,11 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	if err != nil {
 		return tbl, err
 	}
-	for _, r := range rows {
+	topo, err := topologyBytesRows(n)
+	if err != nil {
+		return tbl, err
+	}
+	for _, r := range append(rows, topo...) {
 		tbl.Add(r)
 	}
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("idle agent CPU, %d peers", n), Value: idle, Unit: "CPU s/min",
