@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -24,19 +26,71 @@ const (
 	keyID       = "id"
 	keySelf     = "self"
 	keyNetwork  = "network"
-	keyMembers  = "membership"
 	keyIndex    = "master_index"
 	keyCluster  = "cluster_id"
 	keySignKey  = "signing_key"
-	keyMasters  = "membership_from_masters"
 	keyHorizon  = "horizon"
+	// membersBucket holds the membership, one key per agent id
+	// (memberEntry), so that a change writes what changed.
+	membersBucket = "members"
+	// keyMembers and keyMasters held the whole membership and the ids
+	// whose record is the masters' copy in one value each (before
+	// membersBucket): read once, then replaced.
+	keyMembers = "membership"
+	keyMasters = "membership_from_masters"
 )
+
+// memberEntry is what the store holds of one agent id.
+type memberEntry struct {
+	Record      *PeerRecord    `json:"r,omitempty"`
+	Tombstone   *api.Tombstone `json:"t,omitempty"`
+	FromMasters bool           `json:"m,omitempty"`
+}
+
+func (e *memberEntry) equal(o *memberEntry) bool {
+	if (e.Record == nil) != (o.Record == nil) || (e.Tombstone == nil) != (o.Tombstone == nil) || e.FromMasters != o.FromMasters {
+		return false
+	}
+	return (e.Record == nil || e.Record.equal(o.Record)) && (e.Tombstone == nil || *e.Tombstone == *o.Tombstone)
+}
+
+// memberEntries indexes a persisted membership by agent id.
+func memberEntries(st MembershipState, fromMasters []string) map[string]*memberEntry {
+	out := make(map[string]*memberEntry, len(st.Records)+len(st.Tombstones))
+	entry := func(id string) *memberEntry {
+		e := out[id]
+		if e == nil {
+			e = &memberEntry{}
+			out[id] = e
+		}
+		return e
+	}
+	// Copies (as Membership keeps them): what Save compares with must not
+	// change with the caller's slices.
+	for _, r := range st.Records {
+		r.Overlays = slices.Clone(r.Overlays)
+		entry(r.ID).Record = &r
+	}
+	for _, t := range st.Tombstones {
+		entry(t.AgentID).Tombstone = &t
+	}
+	for _, id := range fromMasters {
+		if e := out[id]; e != nil {
+			e.FromMasters = true
+		}
+	}
+	return out
+}
 
 // Store is the agent's persistent state: its id, its last known leases, the
 // network configuration, and the membership, so that a restart with every
 // master down keeps the dataplane working.
 type Store struct {
 	db *bolt.DB
+	// mu guards saved: the membership as last written (or loaded), which
+	// Save compares with to write only the agent ids that changed.
+	mu    sync.Mutex
+	saved map[string]*memberEntry
 }
 
 // persisted is what the agent keeps across restarts.
@@ -72,8 +126,12 @@ func OpenStore(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open agent store: %w", err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists([]byte(agentBucket))
-		return err
+		for _, name := range []string{agentBucket, membersBucket} {
+			if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init agent store: %w", err)
@@ -137,13 +195,8 @@ func (s *Store) Load() (persisted, error) {
 				return fmt.Errorf("decode persisted network config: %w", err)
 			}
 		}
-		if v := b.Get([]byte(keyMembers)); v != nil {
-			// Our own disk: no bound but the cluster's size.
-			msg, err := decodeMembership(v)
-			if err != nil {
-				return fmt.Errorf("decode persisted membership: %w", err)
-			}
-			p.Membership = msg.MembershipState
+		if err := loadMembers(tx, &p); err != nil {
+			return err
 		}
 		if v := b.Get([]byte(keyIndex)); v != nil {
 			if err := json.Unmarshal(v, &p.MasterIndex); err != nil {
@@ -158,11 +211,6 @@ func (s *Store) Load() (persisted, error) {
 			}
 			p.SigningKey = key
 		}
-		if v := b.Get([]byte(keyMasters)); v != nil {
-			if err := json.Unmarshal(v, &p.FromMasters); err != nil {
-				return fmt.Errorf("decode persisted membership origins: %w", err)
-			}
-		}
 		if v := b.Get([]byte(keyHorizon)); v != nil {
 			if err := json.Unmarshal(v, &p.Horizon); err != nil {
 				return fmt.Errorf("decode persisted compaction horizon: %w", err)
@@ -170,14 +218,63 @@ func (s *Store) Load() (persisted, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		s.mu.Lock()
+		s.saved = memberEntries(p.Membership, p.FromMasters)
+		s.mu.Unlock()
+	}
 	return p, err
 }
 
-// Save writes the state in one transaction (fsynced on commit). A nil own
-// record or network configuration is deleted: after a rebuild of the
-// masters' cluster the old ones must not come back on restart.
+// loadMembers reads the membership: one entry per agent id, or the whole
+// membership in one value as earlier versions wrote it.
+func loadMembers(tx *bolt.Tx, p *persisted) error {
+	b := tx.Bucket([]byte(agentBucket))
+	if v := b.Get([]byte(keyMembers)); v != nil {
+		// Our own disk: no bound but the cluster's size.
+		msg, err := decodeMembership(v)
+		if err != nil {
+			return fmt.Errorf("decode persisted membership: %w", err)
+		}
+		p.Membership = msg.MembershipState
+		if v := b.Get([]byte(keyMasters)); v != nil {
+			if err := json.Unmarshal(v, &p.FromMasters); err != nil {
+				return fmt.Errorf("decode persisted membership origins: %w", err)
+			}
+		}
+		return nil
+	}
+	return tx.Bucket([]byte(membersBucket)).ForEach(func(k, v []byte) error {
+		var e memberEntry
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("decode persisted membership entry %q: %w", k, err)
+		}
+		if e.Record != nil {
+			p.Membership.Records = append(p.Membership.Records, *e.Record)
+		}
+		if e.Tombstone != nil {
+			p.Membership.Tombstones = append(p.Membership.Tombstones, *e.Tombstone)
+		}
+		if e.FromMasters {
+			p.FromMasters = append(p.FromMasters, string(k))
+		}
+		return nil
+	})
+}
+
+// Save writes the state in one transaction (fsynced on commit): of the
+// membership, only the agent ids whose record, tombstone or origin changed
+// since the last Save (a change costs what it is, not the cluster's size).
+// A nil own record or network configuration is deleted: after a rebuild of
+// the masters' cluster the old ones must not come back on restart.
 func (s *Store) Save(p persisted) error {
-	return s.db.Update(func(tx *bolt.Tx) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries := memberEntries(p.Membership, p.FromMasters)
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := saveMembers(tx, s.saved, entries); err != nil {
+			return err
+		}
 		b := tx.Bucket([]byte(agentBucket))
 		put := func(key string, v any) error {
 			if v == nil {
@@ -199,7 +296,7 @@ func (s *Store) Save(p persisted) error {
 		for _, kv := range []struct {
 			key string
 			v   any
-		}{{keySelf, self}, {keyNetwork, network}, {keyMembers, p.Membership}, {keyIndex, p.MasterIndex}, {keyMasters, p.FromMasters}, {keyHorizon, p.Horizon}} {
+		}{{keySelf, self}, {keyNetwork, network}, {keyIndex, p.MasterIndex}, {keyHorizon, p.Horizon}} {
 			if err := put(kv.key, kv.v); err != nil {
 				return err
 			}
@@ -214,4 +311,61 @@ func (s *Store) Save(p persisted) error {
 		}
 		return b.Put([]byte(keyCluster), []byte(p.ClusterID))
 	})
+	if err == nil {
+		s.saved = entries
+	}
+	return err
+}
+
+// saveMembers writes the entries that differ from saved and deletes those
+// that are gone; the whole-membership values of earlier versions are
+// replaced by the entries.
+func saveMembers(tx *bolt.Tx, saved, entries map[string]*memberEntry) error {
+	b := tx.Bucket([]byte(agentBucket))
+	if b.Get([]byte(keyMembers)) != nil {
+		saved = nil // written by an earlier version: write every entry
+		for _, k := range []string{keyMembers, keyMasters} {
+			if err := b.Delete([]byte(k)); err != nil {
+				return err
+			}
+		}
+	}
+	mb := tx.Bucket([]byte(membersBucket))
+	if saved == nil {
+		// Nothing known of what is on disk: the entries are all of it.
+		var stale [][]byte
+		if err := mb.ForEach(func(k, _ []byte) error {
+			if _, ok := entries[string(k)]; !ok {
+				stale = append(stale, slices.Clone(k))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range stale {
+			if err := mb.Delete(k); err != nil {
+				return err
+			}
+		}
+	}
+	for id, e := range entries {
+		if old, ok := saved[id]; ok && old.equal(e) {
+			continue
+		}
+		data, err := json.Marshal(e)
+		if err != nil {
+			return fmt.Errorf("encode membership entry %q: %w", id, err)
+		}
+		if err := mb.Put([]byte(id), data); err != nil {
+			return err
+		}
+	}
+	for id := range saved {
+		if _, ok := entries[id]; !ok {
+			if err := mb.Delete([]byte(id)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
