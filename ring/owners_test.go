@@ -119,3 +119,32 @@ func mustSeedAllocator(t testing.TB, a *Allocator, leases []Lease) {
 		t.Fatalf("seed: %v", err)
 	}
 }
+
+// BenchmarkBlocksEveryPeer asks for the blocks of every peer of a ring of
+// n /24 leases, as an agent's reconcile does (agent/ipam PeerBlocks), on a
+// fresh clone each time as it gets one: through the owner index, beside
+// the scan of the whole view per peer it replaced.
+func BenchmarkBlocksEveryPeer(b *testing.B) {
+	for _, n := range []int{1000, 5000, 10000} {
+		a := mustAllocator(b, "self", "10.0.0.0/8")
+		var leases []Lease
+		for i := range n {
+			leases = append(leases, Lease{fmt.Sprintf("p%05d", i), netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24), uint64(i + 1)})
+		}
+		mustSeedAllocator(b, a, leases)
+		peers := a.Ring().Peers()
+		for _, m := range []struct {
+			name   string
+			blocks func(*Ring, string) []netip.Prefix
+		}{{"indexed", (*Ring).Blocks}, {"scan", blocksByScan}} {
+			b.Run(fmt.Sprintf("%s/%d", m.name, n), func(b *testing.B) {
+				for b.Loop() {
+					r := a.Ring()
+					for _, p := range peers {
+						m.blocks(r, p)
+					}
+				}
+			})
+		}
+	}
+}
