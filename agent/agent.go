@@ -410,6 +410,15 @@ func (a *Agent) ID() string { return a.id }
 // HTTPAddr is the address the HTTP API listens on.
 func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
 
+// DebugAddr is the address the runtime profiles are served on ("" without
+// Config.DebugAddr).
+func (a *Agent) DebugAddr() string {
+	if a.debugLn == nil {
+		return ""
+	}
+	return a.debugLn.Addr().String()
+}
+
 // IPAM is the agent's container address service (New always makes an *ipam.Service).
 func (a *Agent) IPAM() *ipam.Service { s, _ := a.ipam.(*ipam.Service); return s }
 
