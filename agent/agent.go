@@ -77,6 +77,10 @@ type Config struct {
 	Hostname string
 	// HTTPAddr is where the agent's HTTP API listens.
 	HTTPAddr string
+	// DebugAddr, when set, is where the agent serves Go's runtime
+	// profiles (/debug/pprof/, plain http, no client certificates): for
+	// an operator finding where its CPU goes, on loopback. Empty: none.
+	DebugAddr string
 	// Socket is the unix socket of the IPAM service.
 	Socket string
 	// SocketGID is the group of the IPAM socket and of the Docker plugin
@@ -170,6 +174,7 @@ type Agent struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 	httpLn   net.Listener
+	debugLn  net.Listener // nil without Config.DebugAddr
 	ipam     ipamService
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
@@ -335,6 +340,11 @@ func New(cfg Config) (*Agent, error) {
 	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
+	if cfg.DebugAddr != "" {
+		if a.debugLn, err = net.Listen("tcp", cfg.DebugAddr); err != nil {
+			return nil, fmt.Errorf("agent: listen on --debug-addr %s: %w", cfg.DebugAddr, err)
+		}
+	}
 	if cfg.Socket != "" {
 		if a.ipamLn, err = unixsock.Listen(cfg.Socket, cfg.SocketGID); err != nil {
 			return nil, fmt.Errorf("agent: --socket %s: %w", cfg.Socket, err)
@@ -400,6 +410,15 @@ func (a *Agent) ID() string { return a.id }
 // HTTPAddr is the address the HTTP API listens on.
 func (a *Agent) HTTPAddr() string { return a.httpLn.Addr().String() }
 
+// DebugAddr is the address the runtime profiles are served on ("" without
+// Config.DebugAddr).
+func (a *Agent) DebugAddr() string {
+	if a.debugLn == nil {
+		return ""
+	}
+	return a.debugLn.Addr().String()
+}
+
 // IPAM is the agent's container address service (New always makes an *ipam.Service).
 func (a *Agent) IPAM() *ipam.Service { s, _ := a.ipam.(*ipam.Service); return s }
 
@@ -430,6 +449,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.log.Error("http server stopped", "err", err)
 		}
 	}()
+	var debug *httpapi.Server
+	if a.debugLn != nil {
+		debug = httpapi.NewServer(debugRoutes(), httpapi.ServerOptions{WriteTimeout: debugWriteTimeout,
+			ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)})
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := debug.Serve(a.debugLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Error("debug http server stopped", "err", err)
+			}
+		}()
+		a.log.Warn("serving runtime profiles without authentication on --debug-addr", "debug_addr", a.debugLn.Addr().String())
+	}
 	run(a.reconcileLoop)
 	run(a.persistLoop)
 	run(a.registerLoop)
@@ -458,6 +490,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shut)
+	if debug != nil {
+		_ = debug.Close()
+	}
 	_ = a.router.Stop()
 	wg.Wait()
 	if err := a.store.Save(a.snapshot()); err != nil {
@@ -473,6 +508,9 @@ func (a *Agent) closeResources() {
 	}
 	if a.ipamLn != nil {
 		a.ipamLn.Close()
+	}
+	if a.debugLn != nil {
+		a.debugLn.Close()
 	}
 	if a.dp != nil {
 		a.dp.Close()

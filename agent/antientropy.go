@@ -98,9 +98,15 @@ func hash64(parts ...[]byte) uint64 {
 // refreshSumsLocked brings the cached per-id entries up to date with the
 // records and tombstones, whatever changed them (merges, resets, the
 // compaction of tombstones): an entry is hashed again only when its record
-// or tombstone differs from the one it was computed from. m.mu is held
-// (read) and m.sumMu locked.
+// or tombstone differs from the one it was computed from. Nothing is done
+// while nothing changed (m.gen): an idle agent's periodic digests would
+// otherwise compare every record each time. m.mu is held (read) and
+// m.sumMu locked.
 func (m *Membership) refreshSumsLocked() {
+	if m.sums != nil && m.sumsGen == m.gen {
+		return
+	}
+	m.sumsGen, m.digest, m.digestN = m.gen, nil, 0
 	if m.sums == nil {
 		m.sums = map[string]*idSum{}
 	}
@@ -136,18 +142,20 @@ func (m *Membership) refreshSumsLocked() {
 			update(id)
 		}
 	}
-	if len(m.sums) > len(m.records)+len(m.tombstones) {
-		for id := range m.sums {
-			_, r := m.records[id]
-			_, t := m.tombstones[id]
-			if !r && !t {
-				delete(m.sums, id)
-			}
+	// Every time: counting cannot tell when an id went, since an id with
+	// both a record and a tombstone has one entry (a record dropped
+	// beside such an id left its entry in every digest, which then never
+	// matched a peer's).
+	for id := range m.sums {
+		_, r := m.records[id]
+		_, t := m.tombstones[id]
+		if !r && !t {
+			delete(m.sums, id)
 		}
 	}
 }
 
-// withSums runs f with the cached entries up to date.
+// withSums runs f with the cached entries up to date (and m.sumMu held).
 func (m *Membership) withSums(f func(sums map[string]*idSum)) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -155,6 +163,15 @@ func (m *Membership) withSums(f func(sums map[string]*idSum)) {
 	defer m.sumMu.Unlock()
 	m.refreshSumsLocked()
 	f(m.sums)
+}
+
+// bucketsLocked is bucketHashes(m.sums, n), cached until the next change
+// (m.sumMu held, the sums refreshed): the read-only result is shared.
+func (m *Membership) bucketsLocked(n int) []byte {
+	if m.digestN != n {
+		m.digest, m.digestN = bucketHashes(m.sums, n), n
+	}
+	return m.digest
 }
 
 // digestBuckets is the bucket count this agent uses for a membership of
@@ -175,7 +192,7 @@ func (m *Membership) Digest(n int) []byte {
 		if n <= 0 {
 			n = digestBuckets(len(sums))
 		}
-		out = bucketHashes(sums, n)
+		out = slices.Clone(m.bucketsLocked(n))
 	})
 	return out
 }
@@ -211,7 +228,7 @@ func (m *Membership) AnswerDigest(digest []byte) *DigestSummary {
 	n := len(digest) / 8
 	var sum *DigestSummary
 	m.withSums(func(sums map[string]*idSum) {
-		mine := bucketHashes(sums, n)
+		mine := m.bucketsLocked(n)
 		var differ []int
 		for i := range n {
 			if binary.BigEndian.Uint64(mine[8*i:]) != binary.BigEndian.Uint64(digest[8*i:]) {

@@ -179,3 +179,97 @@ func FuzzDecodeAntiEntropy(f *testing.F) {
 		_ = m.Lookup(msg.Want)
 	})
 }
+
+// TestDigestFollowsEveryChange: the digest is cached while nothing
+// changes, so every way the records and tombstones change (merges from
+// gossip and from the masters, a record replaced at an equal version,
+// tombstones, compaction, a whole master state that drops records, a
+// reset) must show in the next digest. After each random step, read
+// before and after it (so that a stale cache would be served), the
+// digests and the answer to another membership's digest equal those of a
+// membership built afresh from the same state.
+func TestDigestFollowsEveryChange(t *testing.T) {
+	for seed := uint64(1); seed <= 100; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		m := NewMembership()
+		other := NewMembership()
+		var horizon uint64
+		for step := range 60 {
+			id := fmt.Sprintf("n%d", rng.IntN(30))
+			v := uint64(rng.IntN(40) + 1)
+			ip := fmt.Sprintf("198.18.0.%d", rng.IntN(3)+1)
+			var what string
+			switch op := rng.IntN(8); op {
+			case 0, 1:
+				what = "merge"
+				m.Merge(MembershipState{Records: []PeerRecord{rec(id, v, ip)}})
+			case 2:
+				what = "merge from the masters"
+				m.MergeFromMasters(MembershipState{Records: []PeerRecord{rec(id, v, ip)}})
+			case 3:
+				// The masters' copy at the same version, another content.
+				what = "replace at an equal version"
+				if r, ok := m.Record(id); ok {
+					m.MergeFromMasters(MembershipState{Records: []PeerRecord{rec(id, r.Version, fmt.Sprintf("198.18.1.%d", rng.IntN(250)+1))}})
+				}
+			case 4:
+				what = "tombstone"
+				m.Merge(MembershipState{Tombstones: []api.Tombstone{{AgentID: id, Version: v}}})
+			case 5:
+				what = "compact"
+				horizon += uint64(rng.IntN(6))
+				m.Compact(horizon)
+			case 6:
+				what = "sync with the masters"
+				held := map[string]bool{}
+				for _, r := range m.State().Records {
+					if rng.IntN(3) > 0 {
+						held[r.ID] = true
+					}
+				}
+				horizon += uint64(rng.IntN(6))
+				m.SyncWithMasters(held, horizon)
+			case 7:
+				if rng.IntN(4) > 0 {
+					continue
+				}
+				what, horizon = "reset", 0
+				m.Reset()
+			}
+			other.Merge(MembershipState{Records: []PeerRecord{rec(fmt.Sprintf("n%d", rng.IntN(30)), uint64(rng.IntN(40)+1), ip)}})
+			ref := NewMembership()
+			ref.Merge(m.State())
+			for _, n := range []int{0, 4, 16} {
+				if got, want := m.Digest(n), ref.Digest(n); !reflect.DeepEqual(got, want) {
+					t.Fatalf("seed %d, step %d (%s): Digest(%d) = %x, afresh %x", seed, step, what, n, got, want)
+				}
+			}
+			if got, want := m.AnswerDigest(other.Digest(4)), ref.AnswerDigest(other.Digest(4)); !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d, step %d (%s): the answer to a digest is %+v, afresh %+v", seed, step, what, got, want)
+			}
+		}
+	}
+}
+
+// TestDigestForgetsDroppedRecord: a record dropped (here by a whole master
+// state past the horizon) leaves the digest, also while another id has
+// both a record and a tombstone. It stayed in before (the entries were
+// pruned only when they outnumbered records plus tombstones), and the
+// digest then never matched a peer's.
+func TestDigestForgetsDroppedRecord(t *testing.T) {
+	m := NewMembership()
+	m.Merge(MembershipState{Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}})
+	m.Merge(MembershipState{Records: []PeerRecord{rec("a", 9, "198.18.0.1"), rec("b", 5, "198.18.0.2")}})
+	m.Digest(0)
+	if dropped := m.SyncWithMasters(map[string]bool{"a": true}, 6); !reflect.DeepEqual(dropped, []string{"b"}) {
+		t.Fatalf("dropped %v, want [b]", dropped)
+	}
+	ref := NewMembership()
+	ref.Merge(m.State())
+	if got, want := m.Digest(0), ref.Digest(0); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after b was dropped the digest is %x, afresh %x", got, want)
+	}
+	if r := AntiEntropyRound("c", "m", m, ref); r.Messages != 1 {
+		t.Fatalf("a round with an equal membership sent %+v, want the digest alone", r)
+	}
+}

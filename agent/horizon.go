@@ -30,6 +30,7 @@ func (m *Membership) compactLocked(h uint64) bool {
 	for id, t := range m.tombstones {
 		if t.Version <= m.horizon {
 			delete(m.tombstones, id)
+			m.gen++
 			dropped = true
 		}
 	}
@@ -52,6 +53,7 @@ func (m *Membership) SyncWithMasters(held map[string]bool, horizon uint64) []str
 		if r.Version <= m.horizon && !held[id] {
 			delete(m.records, id)
 			delete(m.fromMasters, id)
+			m.gen++
 			dropped = append(dropped, id)
 		}
 	}

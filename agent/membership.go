@@ -389,11 +389,19 @@ type Membership struct {
 	fromMasters map[string]bool
 	// horizon is the masters' compaction horizon (horizon.go).
 	horizon uint64
+	// gen counts the changes of records and tombstones (bumped under mu
+	// wherever they change): the anti-entropy caches below are of one gen.
+	gen uint64
 
 	// sums caches the anti-entropy digest entry of every agent id (see
-	// antientropy.go), under sumMu, refreshed from the maps above.
-	sumMu sync.Mutex
-	sums  map[string]*idSum
+	// antientropy.go), under sumMu, refreshed from the maps above when gen
+	// moved past sumsGen; digest caches the digest of digestN buckets of
+	// those sums (digestN 0: none).
+	sumMu   sync.Mutex
+	sums    map[string]*idSum
+	sumsGen uint64
+	digest  []byte
+	digestN int
 }
 
 // NewMembership returns an empty membership.
@@ -449,6 +457,7 @@ func (m *Membership) mergeRecord(r PeerRecord, masters bool) bool {
 	}
 	r.Overlays = slices.Clone(r.Overlays)
 	m.records[r.ID] = r
+	m.gen++
 	if masters {
 		m.fromMasters[r.ID] = true
 	} else {
@@ -475,6 +484,7 @@ func (m *Membership) mergeTombstone(t api.Tombstone) bool {
 		return false
 	}
 	m.tombstones[t.AgentID] = t
+	m.gen++
 	if r, ok := m.records[t.AgentID]; ok && r.Version <= t.Version {
 		delete(m.records, t.AgentID)
 		delete(m.fromMasters, t.AgentID)
@@ -506,6 +516,7 @@ func (m *Membership) Reset() {
 	defer m.mu.Unlock()
 	m.records, m.tombstones, m.fromMasters = map[string]PeerRecord{}, map[string]api.Tombstone{}, map[string]bool{}
 	m.horizon = 0
+	m.gen++
 }
 
 // State returns the whole membership, sorted (deterministic encoding).

@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -68,5 +70,46 @@ func TestPickMeshPeers(t *testing.T) {
 	none := ids(pickMeshPeers(self, slices.Clone(cs), k, func(string) bool { return false }))
 	if len(none) != 2*k {
 		t.Fatalf("with no peer reachable: %d picked, want %d", len(none), 2*k)
+	}
+}
+
+// TestPickMeshPeersIsTheLowestRanks: the choice is the candidates sorted
+// by rank (then id), taken in order as the grace allows, whatever the
+// number of candidates against 2k (keeping the lowest 2k of them must
+// choose exactly what sorting them all did).
+func TestPickMeshPeersIsTheLowestRanks(t *testing.T) {
+	for seed := uint64(1); seed <= 200; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 3))
+		n, k := rng.IntN(80), 1+rng.IntN(16)
+		cs := candidates(n)
+		rng.Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+		down := map[string]bool{}
+		for _, c := range cs {
+			down[c.id] = rng.IntN(3) == 0
+		}
+		up := func(id string) bool { return !down[id] }
+		got := ids(pickMeshPeers("self", slices.Clone(cs), k, up))
+
+		sorted := slices.Clone(cs)
+		for i := range sorted {
+			sorted[i].rank = hash64([]byte("self"), []byte(sorted[i].id))
+		}
+		slices.SortFunc(sorted, func(x, y meshCandidate) int {
+			return cmp.Or(cmp.Compare(x.rank, y.rank), cmp.Compare(x.id, y.id))
+		})
+		var want []string
+		limit := k
+		for _, c := range sorted {
+			if len(want) >= limit {
+				break
+			}
+			want = append(want, c.id)
+			if down[c.id] && limit < 2*k {
+				limit++
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("seed %d (%d candidates, k=%d): picked %v, sorting all gives %v", seed, n, k, got, want)
+		}
 	}
 }

@@ -51,6 +51,7 @@ func main() {
 	flag.DurationVar(&o.settle, "idle-settle", 15*time.Second, "wait after the agent programmed every peer before the idle window")
 	flag.StringVar(&o.rev, "baseline-rev", "946600f", "git revision whose carve is the idle-CPU baseline (built from git archive)")
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of the real agent over the idle window to DIR/agent-idle-N.pprof (the agent runs with --debug-addr)")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,6 +68,7 @@ type idleOptions struct {
 	rev            string // baseline revision, built unless binary is set
 	binary         string // baseline binary; "none" skips the baseline
 	mesh           bool   // synthetic agents have mesh addresses
+	profileDir     string // where the idle agent's CPU profile goes ("": none)
 }
 
 // progress prints a progress line on stderr.
@@ -179,7 +181,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	}
 	h := c.Host(1)
 	start := time.Now()
-	if err := c.StartAgent(h); err != nil {
+	if err := c.StartAgent(h, profileArgs(o, h)...); err != nil {
 		return tbl, err
 	}
 	if _, err := c.WaitAgent(ctx, h); err != nil {
@@ -199,8 +201,9 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	// Idle CPU first, so that it is read at the same time after the
 	// agent programmed its peers as the baseline's.
 	progress("%d agents: idle CPU (%s settle, %s window)", n, o.settle, o.window)
+	profiled := startProfile(ctx, c, h, n, o)
 	idle, err := idleCPU(ctx, h.Agent.PID(), o.settle, o.window)
-	if err != nil {
+	if err := errors.Join(err, profiled()); err != nil {
 		return tbl, err
 	}
 	progress("%d agents: bytes per change, registration to programmed, state reads, restart", n)

@@ -25,6 +25,7 @@ func runAgent(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "agent id (default: the name in --cert-file; with --insecure and no certificate, created on first start and kept in --data-dir)")
 	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
+	debugAddr := fs.String("debug-addr", "", "HOST:PORT serving Go's runtime profiles (/debug/pprof/; plain http, no authentication: keep it on loopback); empty: off")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	meshPeers := fs.Int("mesh-peers", agent.DefaultMeshPeers, "how many peers the agent keeps mesh connections to (chosen by hashing agent ids; gossip reaches the others through them)")
@@ -68,6 +69,11 @@ func runAgent(ctx context.Context, args []string) error {
 	if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
 		return fmt.Errorf("%w: --http-addr %q: want HOST:PORT", cli.ErrUsage, *httpAddr)
 	}
+	if *debugAddr != "" {
+		if _, _, err := net.SplitHostPort(*debugAddr); err != nil {
+			return fmt.Errorf("%w: --debug-addr %q: want HOST:PORT", cli.ErrUsage, *debugAddr)
+		}
+	}
 	if *meshAddr != "" {
 		if _, err := netip.ParseAddrPort(*meshAddr); err != nil {
 			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
@@ -104,7 +110,7 @@ func runAgent(ctx context.Context, args []string) error {
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
+		HTTPAddr: *httpAddr, DebugAddr: *debugAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
 		DockerNetworkName:  *dockerNetworkName,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
