@@ -202,6 +202,9 @@ func (r *Ring) ownedIvalsIndexed(peer string) []ival {
 		return nil
 	}
 	view := r.st.view
+	if r.st.owners == nil {
+		return ownedIvals(r.u, view, peer) // a state not made by derive
+	}
 	idx := r.st.owners.ownedBy(view, peer)
 	out := make([]ival, 0, len(idx))
 	for _, i := range idx {
