@@ -51,6 +51,8 @@ func main() {
 	flag.StringVar(&o.rev, "baseline-rev", "946600f", "git revision whose carve is the idle-CPU baseline (built from git archive)")
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
+	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them")
+	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -66,6 +68,8 @@ type idleOptions struct {
 	rev            string // baseline revision, built unless binary is set
 	binary         string // baseline binary; "none" skips the baseline
 	mesh           bool   // synthetic agents have mesh addresses
+	only           string // "state": only the state-read rows
+	stateRounds    int    // rounds of the concurrent state reads
 }
 
 // progress prints a progress line on stderr.
@@ -84,6 +88,16 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 			return fmt.Errorf("-agents %q: want counts of 1-60000", sizesFlag)
 		}
 		sizes = append(sizes, n)
+	}
+	switch o.only {
+	case "":
+	case "state":
+		o.binary = "none"
+	default:
+		return fmt.Errorf("-only %q: want \"state\" or nothing", o.only)
+	}
+	if o.stateRounds < 1 {
+		return fmt.Errorf("-state-rounds %d: want at least 1", o.stateRounds)
 	}
 	if os.Getenv("SCALE") == "1" && !slices.Contains(sizes, 10000) {
 		sizes = append(sizes, 10000)
@@ -122,6 +136,8 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 		}
 		idle := &tbl.Rows[len(tbl.Rows)-1]
 		switch {
+		case o.only != "":
+			// no idle row
 		case baseline != "":
 			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o)
 			if ctx.Err() != nil {
@@ -195,6 +211,10 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	if err := waitProgrammed(ctx, c, h, n); err != nil {
 		return tbl, err
 	}
+	if o.only == "state" {
+		progress("%d agents: state reads", n)
+		return tbl, stateRows(ctx, c, &tbl, readers, o.stateRounds)
+	}
 	// Idle CPU first, so that it is read at the same time after the
 	// agent programmed its peers as the baseline's.
 	progress("%d agents: idle CPU (%s settle, %s window)", n, o.settle, o.window)
@@ -225,18 +245,9 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 		Baseline: "Register round trip (commit)", BaseVal: ms(median(commit)), Note: "median of 3; /overlay-agent/peers polled every 20ms; goal < 1 s"})
 
 	// State reads, 50 concurrent readers.
-	one, err := stateReads(ctx, c, 1, 10)
-	if err != nil {
+	if err := stateRows(ctx, c, &tbl, readers, o.stateRounds); err != nil {
 		return tbl, err
 	}
-	many, err := stateReads(ctx, c, readers, 10)
-	if err != nil {
-		return tbl, err
-	}
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p50, %d readers", readers), Value: ms(pct(many, 50)), Unit: "ms",
-		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip'ed body read to its last byte, not decompressed"})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
-		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
 
 	// Memory.
 	var masterRSS float64
@@ -395,6 +406,29 @@ func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Cl
 			return 0, 0, fmt.Errorf("the real agent never programmed %s: %w", req.AgentID, wctx.Err())
 		}
 	}
+}
+
+// stateRows measures the state reads, one reader alone and readers
+// concurrent ones over rounds rounds, and adds their rows to tbl.
+func stateRows(ctx context.Context, c *labcluster.Cluster, tbl *benchtable.Table, readers, rounds int) error {
+	one, err := stateReads(ctx, c, 1, 10)
+	if err != nil {
+		return err
+	}
+	var many []time.Duration
+	for r := range rounds {
+		d, err := stateReads(ctx, c, readers, 10)
+		if err != nil {
+			return err
+		}
+		progress("state reads round %d: %d readers p50 %.1f ms p99 %.1f ms", r+1, readers, ms(pct(d, 50)), ms(pct(d, 99)))
+		many = append(many, d...)
+	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p50, %d readers", readers), Value: ms(pct(many, 50)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip'ed body read to its last byte, not decompressed"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
+	return nil
 }
 
 // stateReads has readers goroutines read the whole state each times from
