@@ -433,42 +433,64 @@ func stateRows(ctx context.Context, c *labcluster.Cluster, tbl *benchtable.Table
 
 // stateReads has readers goroutines read the whole state each times from
 // the masters in turn (gzip'ed, read to the last byte, not decompressed)
-// and returns every latency.
+// and returns every latency. Each reader is a client of its own, as the
+// masters' consumers are separate processes: it opens its connection to
+// every master with a first read (not counted: the TLS handshakes), and
+// the counted reads start when every reader holds its connections, so that
+// they measure reads, not other readers' handshakes.
 func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) ([]time.Duration, error) {
 	urls := c.MasterURLs()
-	transport := c.HTTPClient().Transport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = readers
-	hc := &http.Client{Transport: transport, Timeout: time.Minute}
-	defer transport.CloseIdleConnections()
 	var mu sync.Mutex
 	var out []time.Duration
 	var wg sync.WaitGroup
 	errs := make(chan error, readers)
+	var warm sync.WaitGroup // every reader holds its connections
+	warm.Add(readers)
 	for r := range readers {
+		transport := c.HTTPClient().Transport.(*http.Transport).Clone()
+		transport.MaxIdleConnsPerHost = 1
+		hc := &http.Client{Transport: transport, Timeout: time.Minute}
 		wg.Go(func() {
-			for k := range each + 1 {
-				url := urls[(r+k)%len(urls)] + "/overlay-master/state"
-				start := time.Now()
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			defer transport.CloseIdleConnections()
+			read := func(url string) error {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/overlay-master/state", nil)
 				if err != nil {
-					errs <- err
-					return
+					return err
 				}
 				// Asked for explicitly, gzip is not decompressed by the
 				// transport: the figure is the masters' latency, not the
 				// readers' CPU (they share this machine's cores).
 				req.Header.Set("Accept-Encoding", "gzip")
 				resp, err := hc.Do(req)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
 				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+					return err
+				}
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("GET %s: %s", req.URL, resp.Status)
+				}
+				return nil
+			}
+			var werr error
+			for _, url := range urls {
+				if werr = read(url); werr != nil {
+					break
+				}
+			}
+			warm.Done()
+			if werr != nil {
+				errs <- werr
+				return
+			}
+			warm.Wait()
+			for k := range each {
+				start := time.Now()
+				if err := read(urls[(r+k)%len(urls)]); err != nil {
 					errs <- err
 					return
-				}
-				if k == 0 {
-					continue // the connection's handshake
 				}
 				d := time.Since(start)
 				mu.Lock()

@@ -102,10 +102,16 @@ type batchListener struct {
 }
 
 func newBatchListener(ln net.Listener) *batchListener {
-	return &batchListener{Listener: ln, pool: &sync.Pool{New: func() any {
+	return &batchListener{Listener: ln, pool: newBatchPool()}
+}
+
+// newBatchPool returns a pool of batch buffers (*[]byte of capacity
+// batchBytes).
+func newBatchPool() *sync.Pool {
+	return &sync.Pool{New: func() any {
 		b := make([]byte, 0, batchBytes)
 		return &b
-	}}}
+	}}
 }
 
 func (l *batchListener) Accept() (net.Conn, error) {
