@@ -15,16 +15,22 @@ import (
 // its own trip through the kernel's TCP, bridge and netfilter path and a
 // wakeup of the reader. At a 10,000-agent state (about 1 MB gzip'ed) those
 // per-write costs, not the bytes, were most of the masters' kernel time.
-// 256 KB lets the kernel send segments of the largest size (64 KB) and
-// costs one pooled buffer per answer being written.
+// 256 KB lets the kernel send segments of the largest size (64 KB).
 const batchBytes = 256 << 10
+
+// maxBatches bounds the answers batched at once by one server, and so the
+// memory of their buffers (8 MB), which are kept for the next answers (a
+// sync.Pool would drop them at every other garbage collection and have
+// them made again under load). Answers beyond it, say the blocking state
+// watches of thousands of agents woken together, go unbatched.
+const maxBatches = 32
 
 // batchConn is a server connection under TLS that can gather the records
 // of one large answer (see WriteLarge) and write them to the socket in
 // batchBytes pieces; outside of a batch every write goes straight through.
 type batchConn struct {
 	net.Conn
-	pool *sync.Pool // of *[]byte of capacity batchBytes
+	bufs *batchBuffers
 
 	mu     sync.Mutex
 	active bool
@@ -58,14 +64,16 @@ func (c *batchConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// begin starts gathering writes.
+// begin starts gathering writes, unless every batch buffer is in use.
 func (c *batchConn) begin() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.active {
 		return
 	}
-	c.active, c.buf = true, c.pool.Get().(*[]byte)
+	if c.buf = c.bufs.get(); c.buf != nil {
+		c.active = true
+	}
 }
 
 // end writes what was gathered and stops gathering.
@@ -76,8 +84,7 @@ func (c *batchConn) end() error {
 		return c.err
 	}
 	err := c.flushLocked()
-	*c.buf = (*c.buf)[:0]
-	c.pool.Put(c.buf)
+	c.bufs.put(c.buf)
 	c.active, c.buf = false, nil
 	return err
 }
@@ -95,23 +102,48 @@ func (c *batchConn) flushLocked() error {
 	return err
 }
 
-// batchListener hands out batchConns sharing one buffer pool.
+// batchBuffers hands out at most maxBatches buffers of capacity
+// batchBytes at once, and keeps those given back.
+type batchBuffers struct {
+	slots chan struct{} // one per buffer out
+	free  chan *[]byte
+}
+
+func newBatchBuffers() *batchBuffers {
+	return &batchBuffers{slots: make(chan struct{}, maxBatches), free: make(chan *[]byte, maxBatches)}
+}
+
+// get returns an empty buffer, or nil when maxBatches are out.
+func (b *batchBuffers) get() *[]byte {
+	select {
+	case b.slots <- struct{}{}:
+	default:
+		return nil
+	}
+	select {
+	case buf := <-b.free:
+		return buf
+	default:
+		buf := make([]byte, 0, batchBytes)
+		return &buf
+	}
+}
+
+// put gives back a buffer that get returned.
+func (b *batchBuffers) put(buf *[]byte) {
+	*buf = (*buf)[:0]
+	b.free <- buf // never blocks: at most maxBatches buffers exist
+	<-b.slots
+}
+
+// batchListener hands out batchConns sharing one set of buffers.
 type batchListener struct {
 	net.Listener
-	pool *sync.Pool
+	bufs *batchBuffers
 }
 
 func newBatchListener(ln net.Listener) *batchListener {
-	return &batchListener{Listener: ln, pool: newBatchPool()}
-}
-
-// newBatchPool returns a pool of batch buffers (*[]byte of capacity
-// batchBytes).
-func newBatchPool() *sync.Pool {
-	return &sync.Pool{New: func() any {
-		b := make([]byte, 0, batchBytes)
-		return &b
-	}}
+	return &batchListener{Listener: ln, bufs: newBatchBuffers()}
 }
 
 func (l *batchListener) Accept() (net.Conn, error) {
@@ -119,7 +151,7 @@ func (l *batchListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &batchConn{Conn: c, pool: l.pool}, nil
+	return &batchConn{Conn: c, bufs: l.bufs}, nil
 }
 
 // batchKey is the request context key of the connection's batchConn.

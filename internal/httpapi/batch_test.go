@@ -70,7 +70,7 @@ func TestBatchConnGathersWrites(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			client, server := tcpPair(t)
 			counter := &writeCounter{Conn: server}
-			c := &batchConn{Conn: counter, pool: newBatchPool()}
+			c := &batchConn{Conn: counter, bufs: newBatchBuffers()}
 			var want bytes.Buffer
 			got := make(chan []byte, 1)
 			total := 0
@@ -120,7 +120,7 @@ func repeat(n, times int) []int {
 // the peer out of sequence.
 func TestBatchConnFailedBatchIsSticky(t *testing.T) {
 	_, server := tcpPair(t)
-	c := &batchConn{Conn: server, pool: newBatchPool()}
+	c := &batchConn{Conn: server, bufs: newBatchBuffers()}
 	c.begin()
 	if _, err := c.Write([]byte("gathered")); err != nil {
 		t.Fatalf("a gathered write failed: %v", err)
@@ -227,4 +227,45 @@ func getBody(hc *http.Client, url string, want []byte) error {
 		return fmt.Errorf("GET %s: %s, %d bytes; want 200 and the %d bytes sent", url, resp.Status, len(got), len(want))
 	}
 	return nil
+}
+
+// With every batch buffer out, an answer goes unbatched (and whole); a
+// buffer given back batches the next one.
+func TestBatchConnBoundedBuffers(t *testing.T) {
+	client, server := tcpPair(t)
+	counter := &writeCounter{Conn: server}
+	bufs := newBatchBuffers()
+	var out []*[]byte
+	for range maxBatches {
+		out = append(out, bufs.get())
+	}
+	if b := bufs.get(); b != nil {
+		t.Fatalf("buffer %d handed out; want at most %d", maxBatches+1, maxBatches)
+	}
+	c := &batchConn{Conn: counter, bufs: bufs}
+	record := bytes.Repeat([]byte("r"), 16<<10)
+	answer := func() int64 {
+		before := counter.writes.Load()
+		c.begin()
+		for range 8 {
+			if _, err := c.Write(record); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.end(); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 8*len(record))
+		if _, err := io.ReadFull(client, got); err != nil || !bytes.Equal(got, bytes.Repeat(record, 8)) {
+			t.Fatalf("the peer read other bytes than the answer (%v)", err)
+		}
+		return counter.writes.Load() - before
+	}
+	if w := answer(); w != 8 {
+		t.Errorf("with every buffer out: %d socket writes for 8 records; want 8 (unbatched)", w)
+	}
+	bufs.put(out[0])
+	if w := answer(); w != 1 {
+		t.Errorf("with a buffer given back: %d socket writes for 8 records; want 1", w)
+	}
 }
