@@ -364,7 +364,11 @@ func (s *server) writeStateFor(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Encoding", "gzip")
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-	_, _ = w.Write(data)
+	if r == nil {
+		_, _ = w.Write(data)
+		return
+	}
+	_ = httpapi.WriteLarge(w, r, data)
 }
 
 // gzipMinBytes: smaller states go plain (gzip would gain little).

@@ -53,6 +53,8 @@ func main() {
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of the real agent over the idle window to DIR/agent-idle-N.pprof (the agent runs with --debug-addr)")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
+	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them")
+	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -69,6 +71,8 @@ type idleOptions struct {
 	binary         string // baseline binary; "none" skips the baseline
 	mesh           bool   // synthetic agents have mesh addresses
 	profileDir     string // where the idle agent's CPU profile goes ("": none)
+	only           string // "state": only the state-read rows
+	stateRounds    int    // rounds of the concurrent state reads
 }
 
 // progress prints a progress line on stderr.
@@ -87,6 +91,16 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 			return fmt.Errorf("-agents %q: want counts of 1-60000", sizesFlag)
 		}
 		sizes = append(sizes, n)
+	}
+	switch o.only {
+	case "":
+	case "state":
+		o.binary = "none"
+	default:
+		return fmt.Errorf("-only %q: want \"state\" or nothing", o.only)
+	}
+	if o.stateRounds < 1 {
+		return fmt.Errorf("-state-rounds %d: want at least 1", o.stateRounds)
 	}
 	if os.Getenv("SCALE") == "1" && !slices.Contains(sizes, 10000) {
 		sizes = append(sizes, 10000)
@@ -125,6 +139,8 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 		}
 		idle := &tbl.Rows[len(tbl.Rows)-1]
 		switch {
+		case o.only != "":
+			// no idle row
 		case baseline != "":
 			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o)
 			if ctx.Err() != nil {
@@ -198,6 +214,10 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	if err := waitProgrammed(ctx, c, h, n); err != nil {
 		return tbl, err
 	}
+	if o.only == "state" {
+		progress("%d agents: state reads", n)
+		return tbl, stateRows(ctx, c, &tbl, readers, o.stateRounds)
+	}
 	// Idle CPU first, so that it is read at the same time after the
 	// agent programmed its peers as the baseline's.
 	progress("%d agents: idle CPU (%s settle, %s window)", n, o.settle, o.window)
@@ -229,18 +249,9 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 		Baseline: "Register round trip (commit)", BaseVal: ms(median(commit)), Note: "median of 3; /overlay-agent/peers polled every 20ms; goal < 1 s"})
 
 	// State reads, 50 concurrent readers.
-	one, err := stateReads(ctx, c, 1, 10)
-	if err != nil {
+	if err := stateRows(ctx, c, &tbl, readers, o.stateRounds); err != nil {
 		return tbl, err
 	}
-	many, err := stateReads(ctx, c, readers, 10)
-	if err != nil {
-		return tbl, err
-	}
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p50, %d readers", readers), Value: ms(pct(many, 50)), Unit: "ms",
-		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip'ed body read to its last byte, not decompressed"})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
-		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
 
 	// Memory.
 	var masterRSS float64
@@ -405,44 +416,89 @@ func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Cl
 	}
 }
 
+// stateRows measures the state reads, one reader alone and readers
+// concurrent ones over rounds rounds, and adds their rows to tbl.
+func stateRows(ctx context.Context, c *labcluster.Cluster, tbl *benchtable.Table, readers, rounds int) error {
+	one, err := stateReads(ctx, c, 1, 10)
+	if err != nil {
+		return err
+	}
+	var many []time.Duration
+	for r := range rounds {
+		d, err := stateReads(ctx, c, readers, 10)
+		if err != nil {
+			return err
+		}
+		progress("state reads round %d: %d readers p50 %.1f ms p99 %.1f ms", r+1, readers, ms(pct(d, 50)), ms(pct(d, 99)))
+		many = append(many, d...)
+	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p50, %d readers", readers), Value: ms(pct(many, 50)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip'ed body read to its last byte, not decompressed"})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
+		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
+	return nil
+}
+
 // stateReads has readers goroutines read the whole state each times from
 // the masters in turn (gzip'ed, read to the last byte, not decompressed)
-// and returns every latency.
+// and returns every latency. Each reader is a client of its own, as the
+// masters' consumers are separate processes: it opens its connection to
+// every master with a first read (not counted: the TLS handshakes), and
+// the counted reads start when every reader holds its connections, so that
+// they measure reads, not other readers' handshakes.
 func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) ([]time.Duration, error) {
 	urls := c.MasterURLs()
-	transport := c.HTTPClient().Transport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = readers
-	hc := &http.Client{Transport: transport, Timeout: time.Minute}
-	defer transport.CloseIdleConnections()
 	var mu sync.Mutex
 	var out []time.Duration
 	var wg sync.WaitGroup
 	errs := make(chan error, readers)
+	var warm sync.WaitGroup // every reader holds its connections
+	warm.Add(readers)
 	for r := range readers {
+		transport := c.HTTPClient().Transport.(*http.Transport).Clone()
+		transport.MaxIdleConnsPerHost = 1
+		hc := &http.Client{Transport: transport, Timeout: time.Minute}
 		wg.Go(func() {
-			for k := range each + 1 {
-				url := urls[(r+k)%len(urls)] + "/overlay-master/state"
-				start := time.Now()
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			defer transport.CloseIdleConnections()
+			read := func(url string) error {
+				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/overlay-master/state", nil)
 				if err != nil {
-					errs <- err
-					return
+					return err
 				}
 				// Asked for explicitly, gzip is not decompressed by the
 				// transport: the figure is the masters' latency, not the
 				// readers' CPU (they share this machine's cores).
 				req.Header.Set("Accept-Encoding", "gzip")
 				resp, err := hc.Do(req)
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
 				if err != nil {
+					return err
+				}
+				defer resp.Body.Close()
+				if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+					return err
+				}
+				if resp.StatusCode != http.StatusOK {
+					return fmt.Errorf("GET %s: %s", req.URL, resp.Status)
+				}
+				return nil
+			}
+			var werr error
+			for _, url := range urls {
+				if werr = read(url); werr != nil {
+					break
+				}
+			}
+			warm.Done()
+			if werr != nil {
+				errs <- werr
+				return
+			}
+			warm.Wait()
+			for k := range each {
+				start := time.Now()
+				if err := read(urls[(r+k)%len(urls)]); err != nil {
 					errs <- err
 					return
-				}
-				if k == 0 {
-					continue // the connection's handshake
 				}
 				d := time.Since(start)
 				mu.Lock()

@@ -91,6 +91,7 @@ func NewServer(handler http.Handler, opts ServerOptions) *Server {
 		IdleTimeout:       opts.IdleTimeout,
 		MaxHeaderBytes:    opts.MaxHeaderBytes,
 		ErrorLog:          opts.ErrorLog,
+		ConnContext:       withBatchConn,
 	}}
 }
 
@@ -107,7 +108,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		// HTTP/1.1 only: the timeouts above and ExtendDeadlines act on
 		// the connection, which HTTP/2 would share between requests.
 		cfg.NextProtos = []string{"http/1.1"}
-		serveLn = tls.NewListener(limited, cfg)
+		serveLn = tls.NewListener(newBatchListener(limited), cfg)
 	}
 	return s.http.Serve(serveLn)
 }
