@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -261,6 +262,10 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	fullMB := float64(full) / (1 << 20)
 	tbl.Add(benchtable.Row{Name: "master RSS (largest of 3)", Value: masterRSS, Unit: "MB", Baseline: "the encoded state", BaseVal: fullMB})
 	tbl.Add(benchtable.Row{Name: "real agent RSS", Value: rssMB(h.Agent.PID()), Unit: "MB", Baseline: "the encoded state", BaseVal: fullMB})
+	if st, err := os.Stat(filepath.Join(h.AgentDataDir, "agent.db")); err == nil {
+		tbl.Add(benchtable.Row{Name: "real agent's agent.db (bbolt) size", Value: float64(st.Size()) / (1 << 20), Unit: "MB", Baseline: "the encoded state", BaseVal: fullMB,
+			Note: "membership, leases, rings and allocations, after every registration"})
+	}
 
 	// Agent restart to serving.
 	if err := c.StopAgent(ctx, h); err != nil {
