@@ -289,9 +289,16 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the other", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == 1 }))
 	}
 	infos := []*api.AgentInfo{agents[0].Overlay(), agents[1].Overlay()}
-	testutil.Eventually(t, 0, "the agents' master index reaches the master's", testutil.True(func() bool {
-		idx := masterState(t, m).Index
-		return agents[0].Peers().MasterIndex == idx && agents[1].Peers().MasterIndex == idx
+	// Quiet first: once both agents have reported their configuration on
+	// their records (a report is a commit), nothing else moves the index.
+	testutil.Eventually(t, 0, "both agents reported, and their master index reaches the master's", testutil.True(func() bool {
+		st := masterState(t, m)
+		for _, a := range st.Agents {
+			if len(a.Overlays) == 0 || a.Overlays[0].State.Status != api.StatusOK {
+				return false
+			}
+		}
+		return len(st.Agents) == 2 && agents[0].Peers().MasterIndex == st.Index && agents[1].Peers().MasterIndex == st.Index
 	}))
 	before := agents[0].Peers().MasterIndex
 	network := *agents[0].network

@@ -16,6 +16,7 @@ package netnslab
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +31,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -37,6 +39,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/carve-net/carve/internal/retry"
 )
 
 // NetNSDir is where named namespaces are bind-mounted, the directory that
@@ -690,15 +694,32 @@ func createNamed(path string) error {
 // namespace's bind mount at path and removes the file; a missing one is not
 // an error. (plugins/pkg/testutils.UnmountNS fails on a missing or busy
 // mount, which a cleanup after a crash must get past.)
+//
+// The file is busy (EBUSY) while it is still a mount point: the namespace
+// was bound there more than once (each unmount detaches one), or a mount
+// propagated back from another mount namespace of the same peer group (a
+// lab's dockerd runs in one of its own) while its processes exit. It is
+// unmounted and removed again for up to removeBusyFor.
 func RemoveMount(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), removeBusyFor)
+	defer cancel()
+	return retry.Until(ctx, 50*time.Millisecond, func() error {
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return retry.Permanent(fmt.Errorf("unmount: %w", err))
+		}
+		err := os.Remove(path)
+		switch {
+		case err == nil || errors.Is(err, os.ErrNotExist):
+			return nil
+		case errors.Is(err, unix.EBUSY):
+			return err
+		}
+		return retry.Permanent(err)
+	})
 }
+
+// removeBusyFor bounds how long RemoveMount waits for a busy namespace file.
+const removeBusyFor = 15 * time.Second
 
 // CreatorPID parses a namespace name a lab with this prefix made
 // ("<prefix>-<pid>-<counter>-<suffix>") and returns the pid of the process

@@ -400,3 +400,32 @@ func TestPingErrors(t *testing.T) {
 		t.Fatalf("PingEchoes to loopback = %d sent, rtt %s, %v; want 1 sent, a round trip, nil", sent, rtt, err)
 	}
 }
+
+// TestRemoveMountBusyFile: a namespace file that is still a mount point
+// after one unmount (bound twice) is removed, not left behind with EBUSY.
+func TestRemoveMountBusyFile(t *testing.T) {
+	if !IsRoot() {
+		t.Skip("netnslab: needs root")
+	}
+	p := filepath.Join(NetNSDir, fmt.Sprintf("carvelabbusy-%d-1-h1", os.Getpid()))
+	if err := createNamed(p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = RemoveMount(p) })
+	if err := unix.Mount("/proc/self/ns/net", p, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	// What RemoveMount did before: one unmount, one remove.
+	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("removing the file bound twice after one unmount: %v, want EBUSY (the test proves nothing)", err)
+	}
+	if err := RemoveMount(p); err != nil {
+		t.Fatalf("RemoveMount: %v", err)
+	}
+	if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the namespace file is still there: %v", err)
+	}
+}
