@@ -27,6 +27,10 @@ cni-plugins: deps
 # data races keep out of -race (they carry a !race build tag), and the
 # tests of carve's fork of mesh (third_party/mesh, its own module).
 test: build
+	@# /run/netns a shared mount point before any test makes a namespace (see
+	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise
+	@# bind it onto itself over another package's namespaces.
+	@mkdir -p /run/netns && (mountpoint -q /run/netns || mount --bind /run/netns /run/netns) && mount --make-shared /run/netns
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -count=1 -timeout 5m ./gossip/...

@@ -660,7 +660,7 @@ func (n *Namespace) Inode() (uint64, error) {
 // that is never unlocked, so the Go runtime discards it afterwards and no
 // other goroutine ever runs inside the new namespace by accident.
 func createNamed(path string) error {
-	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
+	if err := EnsureNetNSDir(); err != nil {
 		return err
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
@@ -690,16 +690,37 @@ func createNamed(path string) error {
 	return nil
 }
 
+// EnsureNetNSDir makes NetNSDir a shared mount point, as `ip netns add`
+// and CNI's testutils.NewNS do the first time: when it is not one yet, they
+// bind it onto itself, recursively. A namespace bound in the directory
+// before that stays under the new mount, copied into it: the copy can be
+// unmounted, the original never (its file is busy, EBUSY, for good). So
+// every namespace of the lab is created after the directory is a mount
+// point (`make test` makes it one before any test runs, because the test
+// packages run side by side and one of them uses `ip netns add`).
+func EnsureNetNSDir() error {
+	if err := os.MkdirAll(NetNSDir, 0o755); err != nil {
+		return err
+	}
+	err := unix.Mount("", NetNSDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if !errors.Is(err, unix.EINVAL) {
+		return err // nil: a mount point already, now shared
+	}
+	if err := unix.Mount(NetNSDir, NetNSDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s onto itself: %w", NetNSDir, err)
+	}
+	return unix.Mount("", NetNSDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+}
+
 // RemoveMount undoes `ip netns add` (and createNamed): it detaches the
 // namespace's bind mount at path and removes the file; a missing one is not
 // an error. (plugins/pkg/testutils.UnmountNS fails on a missing or busy
 // mount, which a cleanup after a crash must get past.)
 //
 // The file is busy (EBUSY) while it is still a mount point: the namespace
-// was bound there more than once (each unmount detaches one), or a mount
-// propagated back from another mount namespace of the same peer group (a
-// lab's dockerd runs in one of its own) while its processes exit. It is
-// unmounted and removed again for up to removeBusyFor.
+// was bound there more than once (each unmount detaches one); it is
+// unmounted and removed again for up to removeBusyFor. (One left under a
+// later mount of the directory stays busy: see EnsureNetNSDir.)
 func RemoveMount(path string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), removeBusyFor)
 	defer cancel()
@@ -718,8 +739,8 @@ func RemoveMount(path string) error {
 	})
 }
 
-// removeBusyFor bounds how long RemoveMount waits for a busy namespace file.
-const removeBusyFor = 15 * time.Second
+// removeBusyFor bounds how long RemoveMount tries a busy namespace file.
+const removeBusyFor = 2 * time.Second
 
 // CreatorPID parses a namespace name a lab with this prefix made
 // ("<prefix>-<pid>-<counter>-<suffix>") and returns the pid of the process
