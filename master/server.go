@@ -358,6 +358,12 @@ func (s *server) writeStateFor(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(stateIndexHeader, strconv.FormatUint(b.index, 10))
 	w.Header().Add("Vary", "Accept-Encoding")
+	w.Header().Set("ETag", b.ETag())
+	if r != nil && etagMatches(r.Header.Get("If-None-Match"), b.ETag()) {
+		// A poller that holds this state already: nothing to send.
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
 	data := b.data
 	if r != nil && len(data) >= gzipMinBytes && acceptsGzip(r) {
 		data = b.gzipped()
@@ -369,6 +375,22 @@ func (s *server) writeStateFor(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = httpapi.WriteLarge(w, r, data)
+}
+
+// etagMatches reports whether an If-None-Match header names etag (weak
+// comparison, as RFC 9110 has for If-None-Match), or is "*".
+func etagMatches(header, etag string) bool {
+	if header == "" {
+		return false
+	}
+	bare := strings.TrimPrefix(etag, "W/")
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || strings.TrimPrefix(t, "W/") == bare {
+			return true
+		}
+	}
+	return false
 }
 
 // gzipMinBytes: smaller states go plain (gzip would gain little).

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -169,4 +170,85 @@ func getState(ctx context.Context, hc *http.Client, url, accept string) (stateRe
 		return stateRead{}, fmt.Errorf("GET state (%s): Content-Length %s, body %d bytes", accept, cl, len(body))
 	}
 	return stateRead{index: resp.Header.Get("X-Carve-State-Index"), encoding: enc, body: body}, nil
+}
+
+// A poller that sends back the ETag of the state it holds gets 304 and no
+// body while the state is unchanged, whatever the encoding it reads, and
+// the new state (with a new ETag) once it changed.
+func TestStateConditionalRead(t *testing.T) {
+	ms := mastertest.StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.DiscardHandler))
+	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
+	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	register := func(i int) {
+		t.Helper()
+		if _, err := op.Register(ctx, api.RegisterRequest{AgentID: fmt.Sprintf("a%04d", i), IP: fmt.Sprintf("198.18.1.%d", i+1),
+			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 40 { // a state above gzipMinBytes: both encodings served
+		register(i)
+	}
+	tr := &http.Transport{TLSClientConfig: tlsCfg, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	hc := &http.Client{Transport: tr}
+	get := func(accept, ifNoneMatch string) (status int, etag string, body []byte) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ms.URL()+"/overlay-master/state", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Accept-Encoding", accept)
+		if ifNoneMatch != "" {
+			req.Header.Set("If-None-Match", ifNoneMatch)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, resp.Header.Get("ETag"), body
+	}
+	status, etag, body := get("gzip", "")
+	if status != http.StatusOK || etag == "" || len(body) == 0 {
+		t.Fatalf("first read: %d, ETag %q, %d bytes", status, etag, len(body))
+	}
+	if _, plainTag, _ := get("identity", ""); plainTag != etag {
+		t.Errorf("the plain answer's ETag %q differs from the gzip'ed one's %q: the same state", plainTag, etag)
+	}
+	for _, tt := range []struct {
+		name, accept, ifNoneMatch string
+		want                      int
+	}{
+		{"same tag, gzip", "gzip", etag, http.StatusNotModified},
+		{"same tag, plain", "identity", etag, http.StatusNotModified},
+		{"same tag in a list", "gzip", `"other", ` + etag, http.StatusNotModified},
+		{"same tag, strong form", "gzip", strings.TrimPrefix(etag, "W/"), http.StatusNotModified},
+		{"any", "gzip", "*", http.StatusNotModified},
+		{"another tag", "gzip", `W/"0123456789abcdef01234567"`, http.StatusOK},
+		{"garbage", "gzip", `not a tag`, http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			status, got, body := get(tt.accept, tt.ifNoneMatch)
+			if status != tt.want || got != etag {
+				t.Errorf("If-None-Match %q: %d with ETag %q, want %d with %q", tt.ifNoneMatch, status, got, tt.want, etag)
+			}
+			if status == http.StatusNotModified && len(body) != 0 {
+				t.Errorf("304 with a body of %d bytes", len(body))
+			}
+		})
+	}
+	register(40)
+	status, newTag, body := get("gzip", etag)
+	if status != http.StatusOK || newTag == etag || len(body) == 0 {
+		t.Fatalf("after a registration, If-None-Match of the old state: %d, ETag %q (was %q), %d bytes; want 200, a new ETag and the state", status, newTag, etag, len(body))
+	}
 }

@@ -3,6 +3,8 @@ package master
 import (
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,6 +44,20 @@ type stateBody struct {
 	data   []byte
 	gzOnce sync.Once
 	gz     []byte
+	// etag, made once, names the body for conditional reads.
+	etagOnce sync.Once
+	etag     string
+}
+
+// ETag is the body's entity tag: weak, because the gzip'ed and the plain
+// answers are the same state, and a hash of the body, because the body
+// changes with the index, the leader and the agents' usage reports.
+func (b *stateBody) ETag() string {
+	b.etagOnce.Do(func() {
+		sum := sha256.Sum256(b.data)
+		b.etag = `W/"` + hex.EncodeToString(sum[:12]) + `"`
+	})
+	return b.etag
 }
 
 // stateGzipLevel is the compression of the gzip'ed state. Every read

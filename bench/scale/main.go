@@ -424,13 +424,13 @@ func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Cl
 // stateRows measures the state reads, one reader alone and readers
 // concurrent ones over rounds rounds, and adds their rows to tbl.
 func stateRows(ctx context.Context, c *labcluster.Cluster, tbl *benchtable.Table, readers, rounds int) error {
-	one, err := stateReads(ctx, c, 1, 10)
+	one, _, err := stateReads(ctx, c, 1, 10, false)
 	if err != nil {
 		return err
 	}
 	var many []time.Duration
 	for r := range rounds {
-		d, err := stateReads(ctx, c, readers, 10)
+		d, _, err := stateReads(ctx, c, readers, 10, false)
 		if err != nil {
 			return err
 		}
@@ -441,20 +441,30 @@ func stateRows(ctx context.Context, c *labcluster.Cluster, tbl *benchtable.Table
 		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "gzip'ed body read to its last byte, not decompressed"})
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers", readers), Value: ms(pct(many, 99)), Unit: "ms",
 		Baseline: "one reader alone, p50", BaseVal: ms(pct(one, 50)), Note: "goal < 50 ms at 10,000 agents"})
+	polls, unchanged, err := stateReads(ctx, c, readers, 10, true)
+	if err != nil {
+		return err
+	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("GET state p99, %d readers polling (If-None-Match)", readers), Value: ms(pct(polls, 99)), Unit: "ms",
+		Baseline: fmt.Sprintf("GET state p99, %d readers", readers), BaseVal: ms(pct(many, 99)),
+		Note: fmt.Sprintf("%d of %d answers 304 (the others: the state changed, e.g. a usage report)", unchanged, len(polls))})
 	return nil
 }
 
 // stateReads has readers goroutines read the whole state each times from
 // the masters in turn (gzip'ed, read to the last byte, not decompressed)
-// and returns every latency. Each reader is a client of its own, as the
+// and returns every latency; with poll, each reader sends back the ETag of
+// the state it last read from that master (If-None-Match), and the count
+// of 304 answers is returned too. Each reader is a client of its own, as the
 // masters' consumers are separate processes: it opens its connection to
 // every master with a first read (not counted: the TLS handshakes), and
 // the counted reads start when every reader holds its connections, so that
 // they measure reads, not other readers' handshakes.
-func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) ([]time.Duration, error) {
+func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int, poll bool) ([]time.Duration, int, error) {
 	urls := c.MasterURLs()
 	var mu sync.Mutex
 	var out []time.Duration
+	var unchanged atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, readers)
 	var warm sync.WaitGroup // every reader holds its connections
@@ -465,6 +475,7 @@ func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) (
 		hc := &http.Client{Transport: transport, Timeout: time.Minute}
 		wg.Go(func() {
 			defer transport.CloseIdleConnections()
+			etags := map[string]string{}
 			read := func(url string) error {
 				req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/overlay-master/state", nil)
 				if err != nil {
@@ -474,6 +485,9 @@ func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) (
 				// transport: the figure is the masters' latency, not the
 				// readers' CPU (they share this machine's cores).
 				req.Header.Set("Accept-Encoding", "gzip")
+				if poll && etags[url] != "" {
+					req.Header.Set("If-None-Match", etags[url])
+				}
 				resp, err := hc.Do(req)
 				if err != nil {
 					return err
@@ -482,9 +496,13 @@ func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) (
 				if _, err := io.Copy(io.Discard, resp.Body); err != nil {
 					return err
 				}
-				if resp.StatusCode != http.StatusOK {
+				switch {
+				case resp.StatusCode == http.StatusNotModified && poll:
+					unchanged.Add(1)
+				case resp.StatusCode != http.StatusOK:
 					return fmt.Errorf("GET %s: %s", req.URL, resp.Status)
 				}
+				etags[url] = resp.Header.Get("ETag")
 				return nil
 			}
 			var werr error
@@ -515,9 +533,9 @@ func stateReads(ctx context.Context, c *labcluster.Cluster, readers, each int) (
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return out, nil
+	return out, int(unchanged.Load()), nil
 }
 
 // rssMB is a process's resident set size in MiB (0 when unreadable).
