@@ -24,33 +24,6 @@ import (
 	"github.com/carve-net/carve/master"
 )
 
-// deafRouter drops everything it receives while deaf is set: one side of
-// a partition.
-type deafHandler struct {
-	h    gossip.Handler
-	deaf *atomic.Bool
-}
-
-func (d deafHandler) Gossip() gossip.Data { return d.h.Gossip() }
-func (d deafHandler) OnGossip(msg []byte) (gossip.Data, error) {
-	if d.deaf.Load() {
-		return nil, nil
-	}
-	return d.h.OnGossip(msg)
-}
-func (d deafHandler) OnBroadcast(src string, msg []byte) (gossip.Data, error) {
-	if d.deaf.Load() {
-		return nil, nil
-	}
-	return d.h.OnBroadcast(src, msg)
-}
-func (d deafHandler) OnUnicast(src string, msg []byte) error {
-	if d.deaf.Load() {
-		return nil
-	}
-	return d.h.OnUnicast(src, msg)
-}
-
 // meshAgent is the gossip side of an agent (its membership, trust and
 // handler) on a real mesh router.
 type meshAgent struct {
@@ -68,7 +41,7 @@ func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, net
 		connected: map[string]string{}, dialing: map[string]time.Time{}, cfg: Config{MeshPeers: 3}}
 	deaf := &atomic.Bool{}
 	r, addr := meshtest.Start(t, id, gossip.MeshConfig{NoDiscovery: true, GossipInterval: 200 * time.Millisecond}, func(r *gossip.MeshRouter) (err error) {
-		a.channel, err = r.Channel(GossipChannel, deafHandler{(*gossipHandler)(a), deaf})
+		a.channel, err = r.Channel(GossipChannel, meshtest.Deaf((*gossipHandler)(a), deaf))
 		return err
 	})
 	a.router = r

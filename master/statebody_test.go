@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -36,12 +37,7 @@ func TestStateConcurrentReadersSameBody(t *testing.T) {
 		t.Skip("master test")
 	}
 	const agents = 600
-	ms := mastertest.StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.DiscardHandler))
-	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
-	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ms, tlsCfg, op := secureOperator(t)
 	ctx := context.Background()
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -176,12 +172,7 @@ func getState(ctx context.Context, hc *http.Client, url, accept string) (stateRe
 // body while the state is unchanged, whatever the encoding it reads, and
 // the new state (with a new ETag) once it changed.
 func TestStateConditionalRead(t *testing.T) {
-	ms := mastertest.StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.DiscardHandler))
-	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
-	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ms, tlsCfg, op := secureOperator(t)
 	ctx := context.Background()
 	register := func(i int) {
 		t.Helper()
@@ -251,4 +242,17 @@ func TestStateConditionalRead(t *testing.T) {
 	if status != http.StatusOK || newTag == etag || len(body) == 0 {
 		t.Fatalf("after a registration, If-None-Match of the old state: %d, ETag %q (was %q), %d bytes; want 200, a new ETag and the state", status, newTag, etag, len(body))
 	}
+}
+
+// secureOperator is a secure master, an operator's TLS configuration and
+// an API client with it.
+func secureOperator(t *testing.T) (*mastertest.Secure, *tls.Config, *api.Client) {
+	t.Helper()
+	ms := mastertest.StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.DiscardHandler))
+	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
+	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms, tlsCfg, op
 }

@@ -20,34 +20,6 @@ import (
 	"github.com/carve-net/carve/internal/testutil"
 )
 
-// muteHandler drops what it receives while mute is set: one side of a
-// partition.
-type muteHandler struct {
-	gossip.Handler
-	mute *atomic.Bool
-}
-
-func (m muteHandler) OnGossip(msg []byte) (gossip.Data, error) {
-	if m.mute.Load() {
-		return nil, nil
-	}
-	return m.Handler.OnGossip(msg)
-}
-
-func (m muteHandler) OnBroadcast(src string, msg []byte) (gossip.Data, error) {
-	if m.mute.Load() {
-		return nil, nil
-	}
-	return m.Handler.OnBroadcast(src, msg)
-}
-
-func (m muteHandler) OnUnicast(src string, msg []byte) error {
-	if m.mute.Load() {
-		return nil
-	}
-	return m.Handler.OnUnicast(src, msg)
-}
-
 // TestMeshRingGossipInProportionToChange: eight agents on real mesh
 // routers connected in a cycle (every change crosses up to four hops),
 // with 250 more agents in their rings. An allocation reaches every agent
@@ -94,7 +66,7 @@ func TestMeshRingGossipInProportionToChange(t *testing.T) {
 		svc.Sync(v)
 		mutes[i] = &atomic.Bool{}
 		routers[i], addrs[i] = meshtest.Start(t, id, gossip.MeshConfig{NoDiscovery: true, GossipInterval: 300 * time.Millisecond}, func(r *gossip.MeshRouter) error {
-			ch, err := r.Channel(RingChannel, muteHandler{svc.RingGossip(), mutes[i]})
+			ch, err := r.Channel(RingChannel, meshtest.Deaf(svc.RingGossip(), mutes[i]))
 			svc.UseChannel(ch)
 			return err
 		})

@@ -6,6 +6,7 @@ package meshtest
 import (
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 
 	"github.com/carve-net/carve/gossip"
@@ -41,4 +42,34 @@ func Start(t testing.TB, id string, cfg gossip.MeshConfig, register func(r *goss
 		t.Cleanup(func() { r.Stop() })
 		return r, fmt.Sprintf("127.0.0.1:%d", port)
 	}
+}
+
+// Deaf wraps a channel handler that drops everything it receives while
+// deaf is set (its own gossip still goes out): one side of a partition.
+func Deaf(h gossip.Handler, deaf *atomic.Bool) gossip.Handler { return deafHandler{h, deaf} }
+
+type deafHandler struct {
+	gossip.Handler
+	deaf *atomic.Bool
+}
+
+func (d deafHandler) OnGossip(msg []byte) (gossip.Data, error) {
+	if d.deaf.Load() {
+		return nil, nil
+	}
+	return d.Handler.OnGossip(msg)
+}
+
+func (d deafHandler) OnBroadcast(src string, msg []byte) (gossip.Data, error) {
+	if d.deaf.Load() {
+		return nil, nil
+	}
+	return d.Handler.OnBroadcast(src, msg)
+}
+
+func (d deafHandler) OnUnicast(src string, msg []byte) error {
+	if d.deaf.Load() {
+		return nil
+	}
+	return d.Handler.OnUnicast(src, msg)
 }
