@@ -292,3 +292,43 @@ func writeFreeCounts(s *Service) {
 	defer s.mu.Unlock()
 	s.eachServedRing(true, func(ringID, *ring.Allocator) {})
 }
+
+// TestGrantAnswerIsWhatTheGrantWrote: a donor among 250 agents answers a
+// space request with the ring entries the grant wrote, not its whole ring,
+// and the recipient's ring then gives it the block.
+func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
+	var peers []Peer
+	for i := range 250 {
+		peers = append(peers, Peer{ID: fmt.Sprintf("peer-%03d", i), Version: uint64(10 + i),
+			Subnets: []string{fmt.Sprintf("10.128.%d.%d/26", 64+i/4, 64*(i%4))}})
+	}
+	_, svcs, _ := ringGossipPair(t, 3, peers)
+	donor, recipient := svcs["other"], svcs["self"]
+	whole := len(donor.Rings()["carve/4"])
+	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "", From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
+	ans, b := donor.decideDonation(req)
+	if ans.Kind != kindGrant {
+		t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
+	}
+	if err := donor.flush(b); err != nil {
+		t.Fatal(err)
+	}
+	if len(ans.Ring) > whole/8 {
+		t.Errorf("the grant answer carries %d bytes of ring; the whole ring is %d", len(ans.Ring), whole)
+	}
+	if _, err := recipient.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: ans.Ring}}}); err != nil {
+		t.Fatal(err)
+	}
+	p := netip.MustParsePrefix(ans.Prefix)
+	recipient.mu.Lock()
+	owner, _ := recipient.overlays["carve"].alloc[0].Ring().Owner(p.Addr())
+	recipient.mu.Unlock()
+	if owner != "self" {
+		t.Fatalf("after the answer, the recipient's ring gives %s to %q", p, owner)
+	}
+	// A repeated request (the recipient restarted) gets the whole ring.
+	again, _ := donor.decideDonation(req)
+	if again.Kind != kindGrant || again.Prefix != ans.Prefix || len(again.Ring) < whole/2 {
+		t.Errorf("a repeated request: %s %s with %d bytes of ring; want the same grant with the whole ring (%d)", again.Kind, again.Prefix, len(again.Ring), whole)
+	}
+}

@@ -225,18 +225,26 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 	if s.tombstoned(m.From) {
 		return refuse("recipient_deleted")
 	}
-	grant := func(p netip.Prefix) (spaceMessage, *batch) {
-		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), a.EncodeRing()
+	// grant answers with what the grant wrote (the ring's delta since
+	// before it), or the whole ring when before is nil (a repeated
+	// request: the recipient may have lost what it had).
+	grant := func(p netip.Prefix, before *ring.Ring) (spaceMessage, *batch) {
+		enc := a.EncodeRing()
+		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), enc
+		if d, ok := a.Ring().Delta(before); ok && before != nil {
+			ans.Ring = d.Encode()
+		}
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
-		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, ans.Ring), putGranted(m.From, m.ID, p)}})
+		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), putGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {
 		if owner, _ := a.Ring().Owner(p.Addr()); owner == m.From {
-			return grant(p) // a repeated request: the same grant
+			return grant(p, nil) // a repeated request: the same grant
 		}
 	}
+	before := a.Ring()
 	var within []netip.Prefix
 	var free ring.Uint128
 	for _, kind := range sortedKeys(o.bridges) {
@@ -260,7 +268,7 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 		}
 		s.grow.granted[key] = p
 		s.log.Info("granted a block through the ring", "to", m.From, "overlay", m.Overlay, "block", p)
-		return grant(p)
+		return grant(p, before)
 	}
 	return refuse("no_space")
 }
