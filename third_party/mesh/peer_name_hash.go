@@ -1,3 +1,4 @@
+//go:build peer_name_hash
 // +build peer_name_hash
 
 package mesh

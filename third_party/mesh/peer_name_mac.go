@@ -1,3 +1,4 @@
+//go:build peer_name_mac || !peer_name_alternative
 // +build peer_name_mac !peer_name_alternative
 
 package mesh

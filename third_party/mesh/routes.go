@@ -279,11 +279,15 @@ func (r *routes) calculateUnicast(establishedAndSymmetric bool) unicastRoutes {
 // particular:
 //
 // ForAll X,Y,Z in Peers.
-//     X.Routes(Y) <= X.Routes(Z) \/
-//     X.Routes(Z) <= X.Routes(Y)
+//
+//	X.Routes(Y) <= X.Routes(Z) \/
+//	X.Routes(Z) <= X.Routes(Y)
+//
 // ForAll X,Y,Z in Peers.
-//     Y =/= Z /\ X.Routes(Y) <= X.Routes(Z) =>
-//     X.Routes(Y) u [P | Y.HasSymmetricConnectionTo(P)] <= X.Routes(Z)
+//
+//	Y =/= Z /\ X.Routes(Y) <= X.Routes(Z) =>
+//	X.Routes(Y) u [P | Y.HasSymmetricConnectionTo(P)] <= X.Routes(Z)
+//
 // where <= is the subset relationship on keys of the returned map.
 func (r *routes) calculateBroadcast(name PeerName, establishedAndSymmetric bool) []PeerName {
 	hops := []PeerName{}
