@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/ring"
@@ -330,5 +332,61 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	again, _ := donor.decideDonation(req)
 	if again.Kind != kindGrant || again.Prefix != ans.Prefix || len(again.Ring) < whole/2 {
 		t.Errorf("a repeated request: %s %s with %d bytes of ring; want the same grant with the whole ring (%d)", again.Kind, again.Prefix, len(again.Ring), whole)
+	}
+}
+
+// TestGrantedRequestsForgotten: the donor remembers a granted request (a
+// repeat gets the same block) until the masters' record of the recipient
+// lists the block, or the recipient is deleted; then it forgets it, on
+// disk too.
+func TestGrantedRequestsForgotten(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		update func(v *View, block string)
+	}{
+		{"the recipient's record lists the block", func(v *View, block string) {
+			for i := range v.Peers {
+				if v.Peers[i].ID == "self" {
+					v.Peers[i].Version += 10
+					v.Peers[i].Subnets = append(v.Peers[i].Subnets, block)
+				}
+			}
+		}},
+		{"the recipient is deleted", func(v *View, _ string) {
+			v.Tombstones = append(v.Tombstones, api.Tombstone{AgentID: "self", Version: 50})
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, svcs, _ := ringGossipPair(t, 4, nil)
+			donor := svcs["other"]
+			req := spaceMessage{V: spaceVersion, Kind: kindRequest, From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
+			ans, b := donor.decideDonation(req)
+			if ans.Kind != kindGrant {
+				t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
+			}
+			if err := donor.flush(b); err != nil {
+				t.Fatal(err)
+			}
+			stored := func() int {
+				n := 0
+				_ = donor.db.View(func(tx *bolt.Tx) error {
+					n = tx.Bucket([]byte(grantedBucket)).Stats().KeyN
+					return nil
+				})
+				return n
+			}
+			v := testView(testSelf())
+			v.Self = otherSelf()
+			v.Peers = []Peer{peerOf(testSelf()), peerOf(otherSelf())}
+			donor.Sync(v) // the grant is not recorded yet: remembered
+			if n := stored(); n != 1 || len(donor.grow.granted) != 1 {
+				t.Fatalf("before the masters record the grant: %d stored, %d in memory; want 1", n, len(donor.grow.granted))
+			}
+			tt.update(&v, ans.Prefix)
+			donor.Sync(v)
+			if n := stored(); n != 0 || len(donor.grow.granted) != 0 {
+				t.Errorf("%d stored, %d in memory; want the granted request forgotten", n, len(donor.grow.granted))
+			}
+		})
 	}
 }

@@ -209,7 +209,34 @@ func (s *Service) sync(v View) {
 		s.forgetRings()
 	}
 	s.syncOverlays(v, b)
+	s.pruneGranted(v, b)
 	s.finish(b, s.commit(b))
+}
+
+// pruneGranted forgets the space requests this agent granted whose block
+// the masters' record of the recipient now lists (the recipient had the
+// answer: it reported the grant, and repeats the request no more), and
+// those of deleted recipients; the caller holds s.mu.
+func (s *Service) pruneGranted(v View, b *batch) {
+	if len(s.grow.granted) == 0 {
+		return
+	}
+	recorded := map[[2]string]bool{} // (agent, block) in the view
+	for _, p := range v.Peers {
+		for _, sub := range p.Subnets {
+			recorded[[2]string{p.ID, sub}] = true
+		}
+	}
+	deleted := map[string]bool{}
+	for _, t := range v.Tombstones {
+		deleted[t.AgentID] = true
+	}
+	for key, p := range s.grow.granted {
+		if deleted[key[0]] || recorded[[2]string{key[0], p.String()}] {
+			delete(s.grow.granted, key)
+			b.add(change{writes: []write{deleteGranted(key[0], key[1])}})
+		}
+	}
 }
 
 // Rebuild forgets every ring, in memory and on disk, because the masters'

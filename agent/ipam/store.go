@@ -87,6 +87,10 @@ func putGranted(from, id string, p netip.Prefix) write {
 	return write{bucket: grantedBucket, key: from + "\x00" + id, value: []byte(p.String())}
 }
 
+func deleteGranted(from, id string) write {
+	return write{bucket: grantedBucket, key: from + "\x00" + id}
+}
+
 func putRing(overlay string, fam int, enc []byte) write {
 	return write{bucket: ringBucket, key: ringKey(overlay, fam), value: enc}
 }
