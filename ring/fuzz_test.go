@@ -121,6 +121,18 @@ func FuzzMerge(f *testing.F) {
 		if changed, err := x.Merge(b); err != nil || changed {
 			t.Fatalf("merge not idempotent: %v, %v", changed, err)
 		}
+		// b's delta since a, merged into a, is b merged into a; the
+		// buckets of b's owners, all of them, are b.
+		if d, ok := b.Delta(a); ok {
+			z := a.Clone()
+			if _, err := z.Merge(d); err != nil || !bytes.Equal(z.Encode(), x.Encode()) {
+				t.Fatalf("merging the delta (%v) differs from merging the whole:\n%v\n%v", err, z, x)
+			}
+		}
+		all, err := b.InBuckets(4, []int{0, 1, 2, 3})
+		if err != nil || !all.Equal(b) {
+			t.Fatalf("every bucket of b is not b (%v)", err)
+		}
 		// The guarded merge of a peer with allocations either refuses
 		// with the state unchanged, or keeps ring and space equal.
 		owners := a.Peers()
