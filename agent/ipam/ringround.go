@@ -25,20 +25,18 @@ func (b RingRoundBytes) Total() int { return b.Digest + b.Buckets + b.Push }
 // that measure message sizes deterministically.
 func RingAntiEntropyRound(clusterID, overlay, aID, bID string, a, b *ring.Ring) (RingRoundBytes, error) {
 	var out RingRoundBytes
-	family := "4"
-	if !a.Universe().Addr().Is4() {
-		family = "6"
-	}
+	family := ringFamily(a)
 	size := func(m ringMessage) (int, error) {
 		enc, err := json.Marshal(m)
 		out.Messages++
 		return len(enc), err
 	}
 	var err error
-	if out.Digest, err = size(ringMessage{ClusterID: clusterID, From: aID, Digest: []ringDigest{{Overlay: overlay, Family: family, Hash: ringHash(a.Encode())}}}); err != nil {
+	hash := ringHash(a.Encode())
+	if out.Digest, err = size(ringMessage{ClusterID: clusterID, From: aID, Digest: []ringDigest{{Overlay: overlay, Family: family, Hash: hash}}}); err != nil {
 		return out, err
 	}
-	if ringHash(a.Encode()) == ringHash(b.Encode()) {
+	if hash == ringHash(b.Encode()) {
 		return out, nil
 	}
 	hb, err := b.BucketHashes(ringBucketCount(b.Owners()))
@@ -90,10 +88,14 @@ func RingDeltaBytes(clusterID, overlay string, before, after *ring.Ring) (int, e
 	if !ok {
 		return 0, nil
 	}
-	family := "4"
-	if !after.Universe().Addr().Is4() {
-		family = "6"
-	}
-	enc, err := json.Marshal(ringMessage{ClusterID: clusterID, Rings: []ringEntry{{Overlay: overlay, Family: family, Ring: d.Encode()}}})
+	enc, err := json.Marshal(ringMessage{ClusterID: clusterID, Rings: []ringEntry{{Overlay: overlay, Family: ringFamily(after), Ring: d.Encode()}}})
 	return len(enc), err
+}
+
+// ringFamily is a ring's family as the ring messages write it.
+func ringFamily(r *ring.Ring) string {
+	if r.Universe().Addr().Is4() {
+		return familyName(0)
+	}
+	return familyName(1)
 }
