@@ -19,9 +19,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/mastertest"
-	"github.com/carve-net/carve/internal/netnslab"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/mastertest"
+	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/ring"
 )

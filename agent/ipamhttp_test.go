@@ -13,7 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // writeCNICacheEntry writes a libcni cache entry for an attachment, as

@@ -25,8 +25,8 @@ import (
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/netnslab"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 )
 

@@ -19,8 +19,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/meshtest"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/meshtest"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 )
 

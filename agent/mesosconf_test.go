@@ -8,7 +8,7 @@ import (
 
 	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // TestAgentWritesMesosConf: with MesosCNIConfDir the agent writes, beside

@@ -11,8 +11,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/mastertest"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/mastertest"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
 )

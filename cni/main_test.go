@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/lab/labcluster"
 )
 
 // labPrefix starts the names of the tests' network namespaces.

@@ -8,7 +8,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)   # cgo, for go test -race
 command -v git >/dev/null 2>&1 || need+=(git)
 # The Docker plugin's test, the mixed-containers e2e test and the demo run a
-# real engine inside a lab network namespace (internal/dockerlab), with a
+# real engine inside a lab network namespace (internal/lab/dockerlab), with a
 # tiny image made from a static busybox.
 if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
   need+=(docker.io)

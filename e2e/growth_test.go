@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 )

@@ -15,7 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/lab/labcluster"
 )
 
 // checkReport is what `carve ipam check --json` prints.

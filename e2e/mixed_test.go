@@ -5,8 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/carve-net/carve/internal/dockerlab"
-	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/labcluster"
 )
 
 // TestMixedContainers is the DC/OS design's own example: a Docker container

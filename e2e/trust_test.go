@@ -19,7 +19,7 @@ import (
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/labcluster"
+	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/internal/gset"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 type meshPeer struct {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // A master restarted without quorum has not caught up with a leader: it

@@ -11,7 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/dcosproto"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
 )
 

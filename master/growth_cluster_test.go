@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/internal/testutil"
 	"github.com/carve-net/carve/pki"
 )
 

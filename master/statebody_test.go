@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/mastertest"
+	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
 )

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/pkitest"
+	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/prometheus/client_golang/prometheus"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/carve-net/carve/internal/pkitest"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/pkitest"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
 )
 

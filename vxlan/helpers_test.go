@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"

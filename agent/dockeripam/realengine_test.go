@@ -19,9 +19,9 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/dockerlab"
-	"github.com/carve-net/carve/internal/netnslab"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // TestRealDockerEngine runs a real dockerd (and its containerd) inside a

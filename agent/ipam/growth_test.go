@@ -17,7 +17,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // Three agents a, b, c on an overlay 10.128.0.0/24 (and fd00::/48), each

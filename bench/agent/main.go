@@ -26,8 +26,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
-	"github.com/carve-net/carve/internal/labcluster"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/labcluster"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 )
 

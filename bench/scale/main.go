@@ -1,6 +1,6 @@
 // Command scale benchmarks carve at scale: 3 real masters (secure: TLS and
 // signed records) with N synthetic agents registered over HTTP, and one
-// real agent in a network namespace (internal/labcluster). Every figure is
+// real agent in a network namespace (internal/lab/labcluster). Every figure is
 // printed beside the full-state baseline measured in the same run: bytes a
 // watcher receives for one change (changes vs whole state), registration to
 // programmed in the real agent, state reads with 50 concurrent readers,
@@ -36,8 +36,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
-	"github.com/carve-net/carve/internal/labcluster"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/labcluster"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 )
 

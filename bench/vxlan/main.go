@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/benchtable"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"

@@ -1,6 +1,6 @@
 // Command carve-lab runs the carve demo: a whole cluster of real carve
 // masters and agents in network namespaces, containers attached through CNI,
-// and a ping matrix through the overlay (internal/demo). It is the lab's own
+// and a ping matrix through the overlay (internal/lab/demo). It is the lab's own
 // binary, so that bin/carve links no test harness; `carve demo` execs it.
 // It runs bin/carve, carve-ipam and the CNI plugins found next to itself.
 //
@@ -17,7 +17,7 @@ import (
 	"syscall"
 
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/demo"
+	"github.com/carve-net/carve/internal/lab/demo"
 )
 
 func main() {

@@ -9,20 +9,17 @@ import (
 	"testing"
 )
 
-// notInCarve are packages that belong to the lab (cmd/carve-lab), the tests
-// or carve-ipam, never to bin/carve: the namespace lab and cluster harness,
-// the shared test helpers, libcni (a CNI runtime), and the CNI plugin
-// itself (the agent writes conflists with cni/netconf alone).
+// notInCarve are packages that belong to carve-ipam or the tests, never to
+// bin/carve: libcni (a CNI runtime) and the CNI plugin itself (the agent
+// writes conflists with cni/netconf alone).
 var notInCarve = []string{
 	"github.com/carve-net/carve/cni",
-	"github.com/carve-net/carve/internal/testutil",
-	"github.com/carve-net/carve/internal/pkitest",
-	"github.com/carve-net/carve/internal/mastertest",
-	"github.com/carve-net/carve/internal/demo",
-	"github.com/carve-net/carve/internal/labcluster",
-	"github.com/carve-net/carve/internal/netnslab",
 	"github.com/containernetworking/cni/libcni",
 }
+
+// labTree holds the lab and the test harness (cmd/carve-lab, the tests and
+// the benches): no package under it ships in bin/carve.
+const labTree = "github.com/carve-net/carve/internal/lab/"
 
 // TestNoLabInProductionBinary fails when bin/carve links a package of the
 // lab or a package that imports testing: `carve demo` execs bin/carve-lab
@@ -51,6 +48,11 @@ func TestNoLabInProductionBinary(t *testing.T) {
 	}
 	if deps["testing"] {
 		t.Errorf("cmd/carve links package testing")
+	}
+	for p := range deps {
+		if strings.HasPrefix(p, labTree) {
+			t.Errorf("cmd/carve links %s: the lab and the test harness belong to cmd/carve-lab and the tests", p)
+		}
 	}
 	for _, p := range notInCarve {
 		if deps[p] {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/mastertest"
+	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 func TestConflistContent(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/pkitest"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/pkitest"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
 )
 

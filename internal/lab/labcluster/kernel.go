@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"

@@ -35,7 +35,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/carve-net/carve/internal/dockerlab"
+	"github.com/carve-net/carve/internal/lab/dockerlab"
 	"github.com/carve-net/carve/internal/retry"
 )
 

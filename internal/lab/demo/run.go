@@ -18,9 +18,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/carve-net/carve/internal/dockerlab"
-	"github.com/carve-net/carve/internal/labcluster"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/labcluster"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 )
 
 // Prefix starts the names of the demo's namespaces; a demo that was killed

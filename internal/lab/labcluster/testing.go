@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 )
 
 // RunTests is the body of a TestMain for tests that use ForTest: as root, it

@@ -35,8 +35,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/dockerlab"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"

@@ -20,7 +20,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/cni/netconf"
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 )
 
 // Containers are attached the way a CNI runtime attaches them: libcni loads

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 	"golang.org/x/sys/unix"
 )
 

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 )
 
 // StopTimeout is how long Stop waits after SIGTERM before it sends SIGKILL.

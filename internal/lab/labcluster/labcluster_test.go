@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/netnslab"
-	"github.com/carve-net/carve/internal/testutil"
+	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"

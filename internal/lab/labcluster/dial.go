@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/carve-net/carve/internal/netnslab"
+	"github.com/carve-net/carve/internal/lab/netnslab"
 )
 
 // nsDialer dials from inside a namespace: the socket is created by a thread
