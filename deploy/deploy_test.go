@@ -1,6 +1,8 @@
 // Package deploy holds the files an installation uses (systemd units,
 // example configurations, install scripts); its tests check that they are
-// valid and agree with the carve binary.
+// valid and agree with the carve binary, and that the documentation
+// (README.md, docs/) names every flag of every command and only flags that
+// exist.
 package deploy
 
 import (
@@ -12,7 +14,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,13 +42,7 @@ var units = []struct {
 // buildCarve builds cmd/carve into a temporary directory.
 func buildCarve(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "carve")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(gobin, "build", "-o", bin, "github.com/carve-net/carve/cmd/carve").CombinedOutput()
-	if err != nil {
-		t.Fatalf("build carve: %v\n%s", err, out)
-	}
-	return bin
+	return filepath.Join(buildBinaries(t, "carve"), "carve")
 }
 
 // hardening are settings every unit keeps.
@@ -169,20 +164,25 @@ var (
 )
 
 // TestUnitsMatchBinaryAndEnv checks that every flag the units pass exists in
-// the carve command, and that the example env file defines exactly the
-// variables the unit uses (systemd passes an undefined one as "").
+// the carve command, that the example env file defines exactly the
+// variables the unit uses (systemd passes an undefined one as ""), and that
+// docs/configuration.md names, beside each flag of the command, the
+// variable the unit passes to it (none when it passes none).
 func TestUnitsMatchBinaryAndEnv(t *testing.T) {
-	bin := buildCarve(t)
+	dir := buildBinaries(t, "carve")
 	for _, u := range units {
 		t.Run(u.file, func(t *testing.T) {
 			text := readUnit(t, u.file)
-			help, _ := exec.Command(bin, u.command, "-h").CombinedOutput()
+			command := "carve " + u.command
+			flags := commandFlags(t, dir, command)
 			used := map[string]bool{}
+			passed := map[string]string{}
 			for _, m := range execFlag.FindAllStringSubmatch(text, -1) {
-				if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(m[1]) + `(\s|$)`).Match(help) {
-					t.Errorf("ExecStart passes --%s, which carve %s does not have", m[1], u.command)
+				if _, ok := flags[m[1]]; !ok {
+					t.Errorf("ExecStart passes --%s, which %s does not have", m[1], command)
 				}
 				used[m[2]] = true
+				passed[m[1]] = m[2]
 			}
 			if len(used) == 0 {
 				t.Fatal("ExecStart passes no --flag=${VAR}")
@@ -198,9 +198,36 @@ func TestUnitsMatchBinaryAndEnv(t *testing.T) {
 					t.Errorf("%s defines %s, which %s does not use", u.env, v, u.file)
 				}
 			}
+			documented := readDocumentedFlags(t, command)
+			for _, row := range documented[command] {
+				var want []string
+				for _, f := range row.flags {
+					if v, ok := passed[f]; ok {
+						want = append(want, "`"+v+"`")
+					}
+				}
+				if len(row.cells) < 3 || row.cells[1] != strings.Join(want, ", ") {
+					t.Errorf("%s: the row of %s names %q as its %s variables, want %q", configurationDoc, row.cells[0], row.cells[1:min(2, len(row.cells))], filepath.Base(u.env), strings.Join(want, ", "))
+				}
+			}
 			t.Logf("%s: %s", u.file, strings.Join(slices.Sorted(maps.Keys(used)), " "))
 		})
 	}
+}
+
+// readDocumentedFlags reads the flag tables of docs/configuration.md for
+// command (TestDocsNameEveryFlag checks that they list exactly its flags).
+func readDocumentedFlags(t *testing.T, command string) map[string][]docRow {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot, configurationDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented, _ := documentedFlags(string(data), []string{command})
+	if len(documented[command]) == 0 {
+		t.Fatalf("%s has no flag table for %s", configurationDoc, command)
+	}
+	return documented
 }
 
 // readEnv reads an EnvironmentFile's assignments.
@@ -270,44 +297,42 @@ func withoutEnabled(cfg api.NetworkConfig) api.NetworkConfig {
 }
 
 // TestExampleDockerNetworkName: the example names the Docker networks as
-// the README documents and as the binary defaults to (the overlay's name,
-// as DC/OS), and the unit passes that variable to --docker-network-name; the
-// Mesos CNI isolator's directory is passed the same way, off in the example
-// as by default.
+// docs/configuration.md documents and as the binary defaults to (the
+// overlay's name, as DC/OS), and the unit passes that variable to
+// --docker-network-name; the Mesos CNI isolator's directory is passed the
+// same way, off in the example as by default.
 func TestExampleDockerNetworkName(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
 	env := readEnv(t, "examples/agent.env")
 	unit := readUnit(t, "carve-agent.service")
-	help, _ := exec.Command(buildCarve(t), "agent", "-h").CombinedOutput()
+	const command = "carve agent"
+	flags := commandFlags(t, buildBinaries(t, "carve"), command)
+	documented := readDocumentedFlags(t, command)
 	for _, f := range []struct{ flag, variable, want string }{
 		{"docker-network-name", "CARVE_DOCKER_NETWORK_NAME", "{overlay}"},
 		{"mesos-cni-conf-dir", "CARVE_MESOS_CNI_CONF_DIR", ""},
 	} {
-		row := regexp.MustCompile("(?m)^\\| `--" + regexp.QuoteMeta(f.flag) + "` \\|(.*)$").FindSubmatch(readme)
-		if row == nil {
-			t.Errorf("the README's agent flags have no row for --%s", f.flag)
+		row, ok := rowFor(documented, command, f.flag)
+		if !ok {
+			t.Errorf("%s documents no --%s of %s", configurationDoc, f.flag, command)
 			continue
 		}
-		var documented string
-		if m := regexp.MustCompile("default `([^`]*)`").FindSubmatch(row[1]); m != nil {
-			documented = string(m[1])
-		} else if !strings.Contains(string(row[1]), "default empty") {
-			t.Errorf("the README's row for --%s names no default: %s", f.flag, row[1])
+		meaning := row.cells[len(row.cells)-1]
+		var documentedDefault string
+		if m := regexp.MustCompile("default `([^`]*)`").FindStringSubmatch(meaning); m != nil {
+			documentedDefault = m[1]
+		} else if !strings.Contains(meaning, "default empty") {
+			t.Errorf("%s: the row of --%s names no default: %s", configurationDoc, f.flag, meaning)
 		}
-		if got, ok := env[f.variable]; !ok || got != f.want || documented != f.want {
-			t.Errorf("--%s: examples/agent.env sets %s=%q, the README documents %q; want both %q", f.flag, f.variable, got, documented, f.want)
+		if got, ok := env[f.variable]; !ok || got != f.want || documentedDefault != f.want {
+			t.Errorf("--%s: examples/agent.env sets %s=%q, %s documents %q; want both %q", f.flag, f.variable, got, configurationDoc, documentedDefault, f.want)
 		}
 		if !strings.Contains(unit, "--"+f.flag+"=${"+f.variable+"}") {
 			t.Errorf("carve-agent.service does not pass --%s=${%s}", f.flag, f.variable)
 		}
 		// Go's flag package prints a non-empty default as (default "...").
 		wantHelp := fmt.Sprintf("(default %q)", f.want)
-		block := regexp.MustCompile(`(?ms)^\s+-` + regexp.QuoteMeta(f.flag) + ` .*?(?:^\s+-|\z)`).Find(help)
-		if hasDefault := strings.Contains(string(block), "(default "); f.want != "" && !strings.Contains(string(block), wantHelp) || f.want == "" && hasDefault {
-			t.Errorf("carve agent -h for --%s: %q, want the default %q", f.flag, block, f.want)
+		if help := flags[f.flag]; f.want != "" && !strings.Contains(help, wantHelp) || f.want == "" && strings.Contains(help, "(default ") {
+			t.Errorf("carve agent -h for --%s: %q, want the default %q", f.flag, help, f.want)
 		}
 	}
 }
