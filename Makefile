@@ -25,7 +25,7 @@ cni-plugins: deps
 # The whole suite: vet, every package under the race detector, then the
 # tests that run real weaveworks/mesh routers over TCP, which mesh's known
 # data races keep out of -race (they carry a !race build tag), and the
-# tests of carve's fork of mesh (third_party/mesh, its own module).
+# vet and tests of carve's fork of mesh (third_party/mesh, its own module).
 test: build
 	@# /run/netns a shared mount point before any test makes a namespace (see
 	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise
@@ -36,7 +36,7 @@ test: build
 	$(GO) test -count=1 -timeout 5m ./gossip/...
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshBoundedConnections' ./agent/
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshRing' ./agent/ipam/
-	cd third_party/mesh && $(GO) test -count=1 -timeout 5m .
+	cd third_party/mesh && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m .
 
 # A short coverage-guided pass over every fuzz target (the seeds also run in
 # `make test`): deploy/fuzz.sh finds each FuzzXxx in the tree, so none is missed.
