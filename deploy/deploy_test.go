@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,8 +42,8 @@ var units = []struct {
 func buildCarve(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "carve")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(gobin, "build", "-o", bin, "github.com/carve-net/carve/cmd/carve").CombinedOutput()
+	// go test puts the go command of its toolchain first on the test's PATH.
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/carve-net/carve/cmd/carve").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build carve: %v\n%s", err, out)
 	}

@@ -37,7 +37,7 @@ func TestRaftForkIsUpstreamLessItsHarness(t *testing.T) {
 		t.Fatalf("go.mod does not replace %s: remove third_party/raft and this test, or restore the replace", module)
 	}
 	var dl struct{ Dir, Error string }
-	out, err := exec.Command(goTool(), "mod", "download", "-json", module+"@"+mod.Version).Output()
+	out, err := exec.Command(goTool, "mod", "download", "-json", module+"@"+mod.Version).Output()
 	if err == nil {
 		err = json.Unmarshal(out, &dl)
 	}
@@ -75,7 +75,7 @@ func TestRaftForkIsUpstreamLessItsHarness(t *testing.T) {
 // goJSON runs the go command with args and decodes its JSON output into v.
 func goJSON(t *testing.T, v any, args ...string) {
 	t.Helper()
-	out, err := exec.Command(goTool(), args...).Output()
+	out, err := exec.Command(goTool, args...).Output()
 	if err != nil {
 		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
 	}
