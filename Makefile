@@ -36,9 +36,9 @@ lint: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-# The whole suite: vet, staticcheck, every package under the race detector, then the
-# tests that run real weaveworks/mesh routers over TCP, which mesh's known
-# data races keep out of -race (they carry a !race build tag), and the
+# The whole suite: vet, staticcheck, every package under the race detector,
+# then the tests that run real weaveworks/mesh routers over TCP, which mesh's
+# known data races keep out of -race (they carry a !race build tag), and the
 # vet and tests of carve's fork of mesh (third_party/mesh, its own module).
 test: build $(STATICCHECK)
 	@# /run/netns a shared mount point before any test makes a namespace (see
