@@ -36,9 +36,7 @@ func quietLogger() *slog.Logger {
 // namespaces, a directory for the test, and a master running in dir/m1.
 func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Master) {
 	t.Helper()
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces")
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: n})
 	dir := t.TempDir()
 	return lab.Hosts(), dir, startMaster(t, filepath.Join(dir, "m1"))

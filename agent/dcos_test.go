@@ -44,9 +44,7 @@ func masterStatus(ctx context.Context, cl *api.Client, id, overlay string) (api.
 // stays; once the device is gone the agent reports STATUS_OK again. The
 // agent endpoint decodes with DC/OS's AgentInfo.
 func TestAgentReportsConfigurationResult(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces")
 	cfg, err := master.LoadConfig("../master/testdata/dcos-default-network.json")
 	if err != nil {
 		t.Fatal(err)

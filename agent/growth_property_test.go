@@ -79,9 +79,7 @@ func growthSeedList(t *testing.T) []uint64 {
 // to a full overlay and is leased nothing). The seed and
 // the history are printed on failure; -growth.seed=S replays one.
 func TestGrowthInvariantAcrossAgents(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces for the agents")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces for the agents")
 	for _, seed := range growthSeedList(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			h := newGrowthHistory(t, seed)

@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 )
 
@@ -107,9 +108,7 @@ func readUnit(t *testing.T, name string) string {
 
 func TestUnitsVerify(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
-	}
+	testutil.Require(t, err == nil, "systemd-analyze is not installed (Debian package systemd): the units are not verified")
 	bin := buildCarve(t)
 	for _, u := range units {
 		t.Run(u.file, func(t *testing.T) {
@@ -128,9 +127,7 @@ func TestUnitsVerify(t *testing.T) {
 // fail: each breakage of a real unit must draw a complaint.
 func TestUnitsVerifyCatchesBrokenUnits(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
-	}
+	testutil.Require(t, err == nil, "systemd-analyze is not installed (Debian package systemd): the units are not verified")
 	bin := buildCarve(t)
 	agent := units[1]
 	text := readUnit(t, agent.file)

@@ -13,6 +13,13 @@ command -v git >/dev/null 2>&1 || need+=(git)
 if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
   need+=(docker.io)
 fi
+# deploy's tests verify the systemd units with systemd-analyze, which Debian
+# ships in its systemd package. Installing it starts nothing: its postinst
+# calls systemctl only when systemd is PID 1 (/run/systemd/system), and
+# otherwise only enables units (symlinks), writes /etc/machine-id and adds
+# system users; the policy-rc.d guard below covers any service start. It
+# does not replace /sbin/init (that is systemd-sysv, not installed).
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)

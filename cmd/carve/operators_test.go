@@ -66,9 +66,6 @@ func clusterCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
 func agentsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
 	return runAgents(ctx, args, out)
 }
-func ipamCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
-	return runIPAM(ctx, args, out)
-}
 
 func TestClusterStatus(t *testing.T) {
 	m := secureMaster(t)
