@@ -31,8 +31,8 @@ const (
 // unchanged (no log entry needed), error, bad_request.
 func countByResult(vec *prometheus.CounterVec) func(writeOutcome, error) {
 	return func(o writeOutcome, _ error) {
-		label := map[writeOutcome]string{writeBadRequest: "bad_request", writeUnchanged: "unchanged", writeFailed: "error", writeDone: "ok"}[o]
-		vec.WithLabelValues(label).Inc()
+		labels := [...]string{writeBadRequest: "bad_request", writeUnchanged: "unchanged", writeFailed: "error", writeDone: "ok"}
+		vec.WithLabelValues(labels[o]).Inc()
 	}
 }
 
@@ -40,11 +40,8 @@ func countByResult(vec *prometheus.CounterVec) func(writeOutcome, error) {
 // changes nothing is answered without a log entry.
 func (s *server) register() http.HandlerFunc {
 	return handleWrite(s, write[api.RegisterRequest, state.Result]{
-		body: true,
-		prepare: func(_ *http.Request, req *api.RegisterRequest) (action[state.Result], error) {
-			cmd, err := state.RegisterCommand(*req)
-			return s.proposal(cmd), err
-		},
+		body:    true,
+		prepare: proposeBody(s, state.RegisterCommand),
 		unchanged: func(_ *http.Request, req *api.RegisterRequest) (*api.AgentInfo, bool) {
 			return s.m.table.WouldChange(*req)
 		},
@@ -66,11 +63,8 @@ func (s *server) register() http.HandlerFunc {
 // registration.
 func (s *server) report() http.HandlerFunc {
 	return handleWrite(s, write[api.ReportRequest, state.Result]{
-		body: true,
-		prepare: func(r *http.Request, req *api.ReportRequest) (action[state.Result], error) {
-			cmd, err := state.ReportCommand(mux.Vars(r)["id"], *req)
-			return s.proposal(cmd), err
-		},
+		body:    true,
+		prepare: proposeForAgent(s, state.ReportCommand),
 		unchanged: func(r *http.Request, req *api.ReportRequest) (*api.AgentInfo, bool) {
 			return s.m.table.ReportWouldChange(mux.Vars(r)["id"], *req)
 		},
@@ -95,23 +89,17 @@ func (s *server) deleteAgent() http.HandlerFunc {
 // deleteAgents is DC/OS's bulk delete: it answers the new state.
 func (s *server) deleteAgents() http.HandlerFunc {
 	return handleWrite(s, write[api.DeleteAgentsRequest, state.Result]{
-		body: true,
-		prepare: func(_ *http.Request, req *api.DeleteAgentsRequest) (action[state.Result], error) {
-			cmd, err := state.DeleteAgentsCommand(*req)
-			return s.proposal(cmd), err
-		},
-		answer: func(w http.ResponseWriter, _ state.Result) { s.writeState(w) },
+		body:    true,
+		prepare: proposeBody(s, state.DeleteAgentsCommand),
+		answer:  func(w http.ResponseWriter, _ state.Result) { s.writeState(w) },
 	})
 }
 
 // grow leases the agent one more block.
 func (s *server) grow() http.HandlerFunc {
 	return handleWrite(s, write[api.GrowRequest, state.Result]{
-		body: true,
-		prepare: func(r *http.Request, req *api.GrowRequest) (action[state.Result], error) {
-			cmd, err := state.GrowCommand(mux.Vars(r)["id"], *req)
-			return s.proposal(cmd), err
-		},
+		body:     true,
+		prepare:  proposeForAgent(s, state.GrowCommand),
 		servable: true,
 		answer:   s.answerAgent,
 		count: func(o writeOutcome, err error) {
@@ -137,11 +125,8 @@ func (s *server) grow() http.HandlerFunc {
 // returnBlock gives back what the agent holds inside a prefix.
 func (s *server) returnBlock() http.HandlerFunc {
 	return handleWrite(s, write[api.ReturnRequest, state.Result]{
-		body: true,
-		prepare: func(r *http.Request, req *api.ReturnRequest) (action[state.Result], error) {
-			cmd, err := state.ReturnCommand(mux.Vars(r)["id"], *req)
-			return s.proposal(cmd), err
-		},
+		body:     true,
+		prepare:  proposeForAgent(s, state.ReturnCommand),
 		servable: true,
 		answer:   s.answerAgent,
 		count:    countDone(s.m.metrics.returned),
@@ -151,11 +136,8 @@ func (s *server) returnBlock() http.HandlerFunc {
 // reportGrant records a ring grant that its donor or its recipient reports.
 func (s *server) reportGrant() http.HandlerFunc {
 	return handleWrite(s, write[api.GrantReport, state.Result]{
-		body: true,
-		prepare: func(r *http.Request, req *api.GrantReport) (action[state.Result], error) {
-			cmd, err := state.GrantCommand(mux.Vars(r)["id"], *req)
-			return s.proposal(cmd), err
-		},
+		body:    true,
+		prepare: proposeForAgent(s, state.GrantCommand),
 		authorize: func(r *http.Request, req *api.GrantReport) error {
 			if who, ok := requestIdentity(r); ok && who.Role == pki.RoleAgent && who.Name != req.Donor && who.Name != req.Recipient {
 				return &refusal{reason: refusedWrongAgent,

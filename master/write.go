@@ -11,6 +11,7 @@ import (
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
+	"github.com/gorilla/mux"
 )
 
 // write is one write endpoint of the API (T its request body, R what doing
@@ -134,6 +135,24 @@ func handleWrite[T, R any](s *server, wr write[T, R]) http.HandlerFunc {
 			setIndex(w, index)
 		}
 		wr.answer(w, res)
+	}
+}
+
+// proposeBody is the prepare of a write that proposes the command build
+// makes of its body.
+func proposeBody[T any](s *server, build func(req T) (state.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
+	return func(_ *http.Request, req *T) (action[state.Result], error) {
+		cmd, err := build(*req)
+		return s.proposal(cmd), err
+	}
+}
+
+// proposeForAgent is the prepare of a write that proposes the command
+// build makes of the path's agent id and the body.
+func proposeForAgent[T any](s *server, build func(agentID string, req T) (state.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
+	return func(r *http.Request, req *T) (action[state.Result], error) {
+		cmd, err := build(mux.Vars(r)["id"], *req)
+		return s.proposal(cmd), err
 	}
 }
 
