@@ -1,8 +1,9 @@
 package master
 
 import (
-	"github.com/carve-net/carve/master/state"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/carve-net/carve/master/state"
 )
 
 type metrics struct {

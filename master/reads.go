@@ -9,11 +9,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorilla/mux"
+
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
-	"github.com/gorilla/mux"
 )
 
 // writeAgent answers one agent's record, signed.

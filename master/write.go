@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/gorilla/mux"
+
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
-	"github.com/gorilla/mux"
 )
 
 // write is one write endpoint of the API (T its request body, R what doing
