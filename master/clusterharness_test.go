@@ -38,6 +38,8 @@ type testCluster struct {
 	mu        sync.Mutex
 	// pki, when set, runs the masters with TLS and signing; nil: --insecure.
 	pki *testPKI
+	// plain is the clients' HTTP client without TLS (boundedClient).
+	plain *http.Client
 	// tune adjusts every master's options.
 	tune []func(*Options)
 }
@@ -97,7 +99,7 @@ func newTestCluster(t *testing.T, n int, cfg api.NetworkConfig) *testCluster {
 // adjusts their options.
 func newTestClusterWith(t *testing.T, n int, cfg api.NetworkConfig, p *testPKI, tune ...func(*Options)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p, tune: tune}
+	c := &testCluster{t: t, cfg: cfg, masters: make([]*Master, n), pki: p, tune: tune, plain: boundedClient(t, nil)}
 	addrs := freeAddrs(t, 2*n)
 	for i := range n {
 		c.ids = append(c.ids, fmt.Sprintf("m%d", i+1))
@@ -131,10 +133,14 @@ func (c *testCluster) options(i int) Options {
 	opts := Options{
 		ID: c.ids[i], DataDir: c.dirs[i], HTTPAddr: c.httpAddrs[i], RaftAddr: c.raftAddrs[i],
 		Peers: c.peers(), Network: c.cfg, Logger: testLogger(c.t).With("node", c.ids[i]),
+		// raftlog's defaults (1s heartbeat and election, 500ms lease): with
+		// 300ms and 200ms, a leader starved of CPU (-race on two busy
+		// cores) lost its lease and elections flapped, and the tests saw
+		// 503 no_leader mid-way.
 		TuneRaft: func(rc *raftlog.Config) {
-			rc.HeartbeatTimeout = 300 * time.Millisecond
-			rc.ElectionTimeout = 300 * time.Millisecond
-			rc.LeaderLeaseTimeout = 200 * time.Millisecond
+			rc.HeartbeatTimeout = raftlog.DefaultHeartbeatTimeout
+			rc.ElectionTimeout = raftlog.DefaultElectionTimeout
+			rc.LeaderLeaseTimeout = raftlog.DefaultLeaderLeaseTimeout
 		},
 	}
 	if c.pki == nil {
@@ -276,7 +282,7 @@ func (c *testCluster) clientAs(first int, name string, role pki.Role) *api.Clien
 	c.t.Helper()
 	urls := c.urls()
 	rot := append(append([]string{}, urls[first%len(urls):]...), urls[:first%len(urls)]...)
-	hc := &http.Client{Timeout: 20 * time.Second} // the shared default transport
+	hc := c.plain
 	if c.pki != nil {
 		hc = c.pki.sharedHTTPClient(name, role)
 	}
