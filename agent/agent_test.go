@@ -23,6 +23,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 func quietLogger() *slog.Logger {
@@ -46,7 +47,7 @@ func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Mas
 // agents; the 3-master cluster is tested in package master and in e2e).
 func startMaster(t *testing.T, dir string) *master.Master {
 	t.Helper()
-	return mastertest.Start(t, dir, master.DefaultConfig(), quietLogger())
+	return mastertest.Start(t, dir, state.DefaultConfig(), quietLogger())
 }
 
 // runningAgent is an agent running in a goroutine.

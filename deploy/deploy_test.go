@@ -21,7 +21,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // installedBinary is the path the units run carve from.
@@ -268,15 +268,15 @@ func TestExampleNetworkConfigs(t *testing.T) {
 		t.Fatal("no examples/*.json")
 	}
 	for _, f := range files {
-		if _, err := master.LoadConfig(f); err != nil {
+		if _, err := state.LoadConfig(f); err != nil {
 			t.Errorf("carve master --config %s: %v", f, err)
 		}
 	}
-	def, err := master.LoadConfig("examples/network.json")
+	def, err := state.LoadConfig("examples/network.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := master.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
+	if want := state.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
 		t.Errorf("examples/network.json is not the default configuration:\n got %+v\nwant %+v", def, want)
 	}
 }

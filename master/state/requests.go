@@ -1,4 +1,4 @@
-package master
+package state
 
 // maxRequestIDs is how many recent request ids are remembered so that a
 // retry after an unknown outcome has one effect. Pruned first in, first out,

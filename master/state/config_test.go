@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"encoding/json"
@@ -161,7 +161,7 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		tbl := NewLeaseTable()
 		c, _ := encodeCommand(command{Op: opSetConfig, SetConfig: &cfg})
-		if res := tbl.Apply(1, c).(applyResult); res.Err != nil {
+		if res := tbl.Apply(1, c).(Result); res.Err != nil {
 			t.Fatalf("valid config refused by the table: %v", res.Err)
 		}
 		for i := range 3 {
@@ -196,7 +196,7 @@ func FuzzRegistrationDecode(f *testing.F) {
 		tbl.Apply(1, c)
 		r, _ := encodeCommand(command{Op: opRegister, RequestID: req.RequestID, Register: &registerCmd{
 			AgentID: req.AgentID, Hostname: req.Hostname, IP: req.IP, MeshAddr: req.MeshAddr, Bridges: req.NetworkConfig}})
-		res := tbl.Apply(2, r).(applyResult)
+		res := tbl.Apply(2, r).(Result)
 		if res.Err != nil {
 			t.Fatalf("validated registration refused by the table: %v", res.Err)
 		}

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"net/netip"

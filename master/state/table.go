@@ -1,4 +1,10 @@
-package master
+// Package state is the masters' replicated lease table and the rules that
+// change it: the Raft state machine (LeaseTable) that applies the commands
+// of the log (Command), the address allocators, the network-config and
+// request validation, snapshots, the change log, and the signed, cached
+// rendering of the table as the API shows it. It has no HTTP and no
+// network: package master serves it and replicates it with raftlog.
+package state
 
 import (
 	"errors"
@@ -43,7 +49,7 @@ type LeaseTable struct {
 	agents     map[string]*agentRecord
 	byIP       map[netip.Addr]string
 	tombstones map[string]uint64
-	servers    map[string]serverMeta
+	servers    map[string]ServerMeta
 	requests   requestTable
 
 	vteps  *slicePool
@@ -91,7 +97,7 @@ func (t *LeaseTable) reset() {
 	t.agents = map[string]*agentRecord{}
 	t.byIP = map[netip.Addr]string{}
 	t.tombstones = map[string]uint64{}
-	t.servers = map[string]serverMeta{}
+	t.servers = map[string]ServerMeta{}
 	t.requests = newRequestTable()
 	t.vteps, t.vteps6 = nil, nil
 	t.spaces = map[string]*overlaySpace{}
@@ -217,7 +223,7 @@ func (t *LeaseTable) ConfigChange(cfg api.NetworkConfig) (bool, []string, error)
 }
 
 // Server returns the recorded addresses of a master.
-func (t *LeaseTable) Server(id string) (serverMeta, bool) {
+func (t *LeaseTable) Server(id string) (ServerMeta, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	s, ok := t.servers[id]

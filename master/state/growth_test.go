@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"errors"
@@ -113,7 +113,7 @@ func TestGrowGrantReturn(t *testing.T) {
 	h.mustRegister("a1", "198.18.0.1")
 	h.mustRegister("a2", "198.18.0.2")
 	h.mustRegister("a3", "198.18.0.3")
-	grow := func(id, fam string) applyResult {
+	grow := func(id, fam string) Result {
 		return h.apply(command{Op: opGrow, Grow: &growCmd{AgentID: id, Overlay: "g", Bridge: api.BridgeMesos, Family: map[string]int{"4": 4, "6": 6}[fam]}})
 	}
 	if res := grow("a1", "4"); res.Err != nil || res.Agent.Version != h.index {
@@ -129,7 +129,7 @@ func TestGrowGrantReturn(t *testing.T) {
 		t.Errorf("grow v6: %v %q", res.Err, blocksOf(t, h, "a1"))
 	}
 	// a2 gets a ring grant from a1's first lease.
-	grant := func(p, donor, recip string) applyResult {
+	grant := func(p, donor, recip string) Result {
 		return h.apply(command{Op: opGrant, Grant: &grantCmd{Overlay: "g", Prefix: netip.MustParsePrefix(p), Donor: donor, Recipient: recip}})
 	}
 	res := grant("10.9.0.32/27", "a1", "a2")
@@ -171,7 +171,7 @@ func TestGrowGrantReturn(t *testing.T) {
 	}
 	// The first lease cannot be returned; the grant goes back to its donor
 	// and the donor's lease block is whole again.
-	ret := func(id, p string) applyResult {
+	ret := func(id, p string) Result {
 		return h.apply(command{Op: opReturn, Return: &returnCmd{AgentID: id, Overlay: "g", Prefix: netip.MustParsePrefix(p)}})
 	}
 	if res := ret("a2", "10.9.1.0/25"); !errors.Is(res.Err, ErrInvalidBlock) {
@@ -349,35 +349,27 @@ func FuzzGrowthBodies(f *testing.F) {
 		h.mustRegister("a1", "198.18.0.1")
 		h.mustRegister("a2", "198.18.0.2")
 		decode := func(v any) bool { return api.DecodeStrict(strings.NewReader(string(data)), v) == nil }
-		var res applyResult
+		var cmd Command
+		var err error
 		switch kind & 3 {
 		case 0:
 			var req api.GrowRequest
 			if !decode(&req) {
 				return
 			}
-			fam, err := ValidateGrow(&req)
-			if err != nil {
-				return
-			}
-			res = h.apply(command{Op: opGrow, RequestID: req.RequestID, Grow: &growCmd{AgentID: "a1", Overlay: req.Overlay, Bridge: req.Bridge, Family: fam}})
+			cmd, err = GrowCommand("a1", req)
 		case 1:
 			var req api.ReturnRequest
 			if !decode(&req) {
 				return
 			}
-			p, err := parseBlockPrefix("prefix", req.Prefix)
-			if err != nil || validateRequestID(req.RequestID) != nil {
-				return
-			}
-			res = h.apply(command{Op: opReturn, Return: &returnCmd{AgentID: "a1", Overlay: req.Overlay, Prefix: p}})
+			cmd, err = ReturnCommand("a1", req)
 		case 2:
 			var req api.GrantReport
-			if !decode(&req) || validateGrantReport(req.Recipient, &req) != nil {
+			if !decode(&req) {
 				return
 			}
-			p, _ := parseBlockPrefix("prefix", req.Prefix)
-			res = h.apply(command{Op: opGrant, Grant: &grantCmd{Overlay: req.Overlay, Prefix: p, Donor: req.Donor, Recipient: req.Recipient, Bridge: req.Bridge}})
+			cmd, err = GrantCommand(req.Recipient, req)
 		default:
 			var req api.UsageReport
 			if !decode(&req) || ValidateUsage(&req) != nil {
@@ -387,7 +379,9 @@ func FuzzGrowthBodies(f *testing.F) {
 				t.Fatalf("usage of a known agent: %v", err)
 			}
 		}
-		_ = res
+		if err == nil && cmd.c.Op != "" {
+			h.apply(cmd.c)
+		}
 		checkTable(t, h.table)
 	})
 }

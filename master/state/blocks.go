@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"fmt"
@@ -178,7 +178,7 @@ func alignUp(x ring.Uint128, host uint) (ring.Uint128, bool) {
 	return y, !y.Less(x) && !y.IsZero()
 }
 
-// freeSpans returns the free space as inclusive offset ranges (tests).
+// freeSpans returns the free space as inclusive offset ranges (CheckInvariants).
 func (s *blockSpace) freeSpans() [][2]ring.Uint128 {
 	var out [][2]ring.Uint128
 	next, done := ring.Uint128{}, false

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"encoding/json"
@@ -83,10 +83,10 @@ func (s *overlaySpace) family(is4 bool) *blockSpace {
 func (t *LeaseTable) Apply(index uint64, data []byte) any {
 	var c command
 	if err := json.Unmarshal(data, &c); err != nil {
-		return applyResult{Err: fmt.Errorf("%w: %v", ErrBadCommand, err)}
+		return Result{Err: fmt.Errorf("%w: %v", ErrBadCommand, err)}
 	}
 	if err := c.validate(); err != nil {
-		return applyResult{Err: err}
+		return Result{Err: err}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -105,7 +105,7 @@ func (t *LeaseTable) Apply(index uint64, data []byte) any {
 }
 
 // applyCommand applies a validated command; the caller holds t.mu.
-func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
+func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 	var digest string
 	if c.RequestID != "" {
 		digest = commandDigest(c)
@@ -114,26 +114,26 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 		}
 	}
 	outcome := requestOutcome{Index: index, Op: c.Op, Digest: digest}
-	var res applyResult
+	var res Result
 	switch c.Op {
 	case opRegister:
 		rec, err := t.applyRegister(index, c.Register)
 		if err != nil {
-			return applyResult{Err: err}
+			return Result{Err: err}
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
 	case opDelete:
 		deleted, err := t.applyDelete(index, c.Delete)
 		if err != nil {
-			return applyResult{Err: err}
+			return Result{Err: err}
 		}
 		outcome.Deleted = deleted
 		res.Deleted = deleted
 	case opReport:
 		rec, err := t.applyReport(index, c.Report)
 		if err != nil {
-			return applyResult{Err: err}
+			return Result{Err: err}
 		}
 		res.Agent = t.render(rec)
 	case opGrow, opReturn, opGrant:
@@ -148,7 +148,7 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 			rec, err = t.applyGrant(index, c.Grant)
 		}
 		if err != nil {
-			return applyResult{Err: err}
+			return Result{Err: err}
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
@@ -172,36 +172,36 @@ func (t *LeaseTable) applyCommand(index uint64, c command) applyResult {
 // repeatedRequest answers a request id seen before: a retry of the same
 // request (after an unknown outcome) gets that request's own outcome, and the
 // state does not change again; another request reusing the id is refused.
-func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome) applyResult {
+func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome) Result {
 	legacy := o.Digest == "" // restored from a snapshot that kept no outcomes
 	if !legacy && o.Digest != digest {
-		return applyResult{Err: fmt.Errorf("%w: request_id %q named a %s request applied at index %d, not this %s request; give every new request a new request_id",
+		return Result{Err: fmt.Errorf("%w: request_id %q named a %s request applied at index %d, not this %s request; give every new request a new request_id",
 			ErrRequestIDReused, c.RequestID, o.Op, o.Index, c.Op)}
 	}
 	switch c.Op {
 	case opGrow, opReturn, opGrant:
-		return applyResult{Agent: renderAgent(t.net, o.Agent)}
+		return Result{Agent: renderAgent(t.net, o.Agent)}
 	case opRegister:
 		rec := o.Agent
 		if legacy {
 			if rec = t.agents[c.Register.AgentID]; rec == nil {
-				return applyResult{Err: fmt.Errorf("%w: %s was deleted after it registered", ErrUnknownAgent, c.Register.AgentID)}
+				return Result{Err: fmt.Errorf("%w: %s was deleted after it registered", ErrUnknownAgent, c.Register.AgentID)}
 			}
 		}
-		return applyResult{Agent: t.render(rec)}
+		return Result{Agent: t.render(rec)}
 	case opReport:
 		rec := t.agents[c.Report.AgentID]
 		if rec == nil {
-			return applyResult{Err: fmt.Errorf("%w %q", ErrUnknownAgent, c.Report.AgentID)}
+			return Result{Err: fmt.Errorf("%w %q", ErrUnknownAgent, c.Report.AgentID)}
 		}
-		return applyResult{Agent: t.render(rec)}
+		return Result{Agent: t.render(rec)}
 	case opDelete:
 		if legacy {
-			return applyResult{Deleted: c.Delete.Agents}
+			return Result{Deleted: c.Delete.Agents}
 		}
-		return applyResult{Deleted: o.Deleted}
+		return Result{Deleted: o.Deleted}
 	}
-	return applyResult{}
+	return Result{}
 }
 
 // applyRegister creates or updates an agent's record and returns it.
@@ -367,13 +367,13 @@ func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool)
 }
 
 // applySetConfig merges a (validated) configuration into the state.
-func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyResult {
+func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result {
 	merged, warnings, err := t.mergeConfig(cfg)
 	if err != nil {
-		return applyResult{Err: err, Warnings: warnings}
+		return Result{Err: err, Warnings: warnings}
 	}
 	if t.net != nil && configEqual(t.net.api, merged.api) {
-		return applyResult{Warnings: warnings}
+		return Result{Warnings: warnings}
 	}
 	t.net = merged
 	t.rebuildSpaces()
@@ -393,7 +393,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) applyRe
 	}
 	t.touchAll()
 	t.stateIndex = index
-	return applyResult{Warnings: warnings}
+	return Result{Warnings: warnings}
 }
 
 // applySetClusterID records the cluster id. The first one committed wins: a

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"bytes"
@@ -114,8 +114,9 @@ func (t *LeaseTable) SetSigningKey(key ed25519.PrivateKey) {
 	t.cache.mu.Unlock()
 }
 
-// signAgent signs a record rendered for an answer (a registration, GET agent).
-func (t *LeaseTable) signAgent(info *api.AgentInfo) {
+// SignAgent signs a record rendered for an answer (a registration, GET
+// agent) as the state shows it.
+func (t *LeaseTable) SignAgent(info *api.AgentInfo) {
 	t.mu.RLock()
 	signer, clusterID := t.signer, t.clusterID
 	t.mu.RUnlock()

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"crypto/sha256"
@@ -37,7 +37,7 @@ type command struct {
 	Register   *registerCmd       `json:"register,omitempty"`
 	Delete     *deleteCmd         `json:"delete,omitempty"`
 	SetConfig  *api.NetworkConfig `json:"set_config,omitempty"`
-	ServerMeta *serverMeta        `json:"server_meta,omitempty"`
+	ServerMeta *ServerMeta        `json:"server_meta,omitempty"`
 	ClusterID  string             `json:"cluster_id,omitempty"`
 	Compact    *compactCmd        `json:"compact,omitempty"`
 	Report     *reportCmd         `json:"report,omitempty"`
@@ -108,9 +108,9 @@ type deleteCmd struct {
 	Strict bool `json:"strict,omitempty"`
 }
 
-// serverMeta records a master's HTTP address so that followers can proxy
+// ServerMeta records a master's HTTP address so that followers can proxy
 // writes to the leader and /cluster/status can name it.
-type serverMeta struct {
+type ServerMeta struct {
 	ID       string `json:"id"`
 	RaftAddr string `json:"raft_addr"`
 	HTTPAddr string `json:"http_addr"`
@@ -176,8 +176,8 @@ func commandDigest(c command) string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// applyResult is what applying a command hands back to its proposer.
-type applyResult struct {
+// Result is what applying a command hands back to its proposer.
+type Result struct {
 	Agent    *api.AgentInfo
 	Deleted  []string
 	Warnings []string

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"bytes"
@@ -60,10 +60,18 @@ func ParseConfig(data []byte) (api.NetworkConfig, error) {
 		return api.NetworkConfig{}, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	cfg = WithDefaults(cfg)
-	if _, err := parseNetwork(cfg); err != nil {
+	if err := ValidateConfig(cfg); err != nil {
 		return api.NetworkConfig{}, err
 	}
 	return cfg, nil
+}
+
+// ValidateConfig checks a configuration, with defaults for its absent
+// fields, against every rule of DESIGN.md; the error wraps
+// ErrInvalidConfig and names the field.
+func ValidateConfig(cfg api.NetworkConfig) error {
+	_, err := parseNetwork(WithDefaults(cfg))
+	return err
 }
 
 // WithDefaults fills the absent fields of cfg with DefaultConfig's.

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"fmt"
@@ -193,11 +193,11 @@ func holds(blocks []leaseBlock, p netip.Prefix) bool {
 // ReleaseProposal returns the release command the leader may propose: the
 // acknowledgements it holds, when quarantined space exists that they
 // release. false when there is nothing to release.
-func (t *LeaseTable) ReleaseProposal() (*releaseCmd, bool) {
+func (t *LeaseTable) ReleaseProposal() (Command, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if len(t.quarantine) == 0 {
-		return nil, false
+		return Command{}, false
 	}
 	t.usage.mu.Lock()
 	defer t.usage.mu.Unlock()
@@ -206,7 +206,7 @@ func (t *LeaseTable) ReleaseProposal() (*releaseCmd, bool) {
 	for id, rec := range t.agents {
 		a, ok := t.usage.acks[id]
 		if !ok || a.Created != rec.Created {
-			return nil, false
+			return Command{}, false
 		}
 		acks[id] = a
 		floor = min(floor, a.Index)
@@ -214,11 +214,11 @@ func (t *LeaseTable) ReleaseProposal() (*releaseCmd, bool) {
 	for _, qs := range t.quarantine {
 		for _, q := range qs {
 			if q.Since <= floor {
-				return &releaseCmd{Acks: acks}, true
+				return Command{command{Op: opRelease, Release: &releaseCmd{Acks: acks}}}, true
 			}
 		}
 	}
-	return nil, false
+	return Command{}, false
 }
 
 // QuarantinedCount is the number of quarantined blocks (metrics).

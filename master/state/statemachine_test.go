@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"bytes"
@@ -29,17 +29,17 @@ func newHarness(t *testing.T, cfg api.NetworkConfig) *tableHarness {
 	return h
 }
 
-func (h *tableHarness) apply(c command) applyResult {
+func (h *tableHarness) apply(c command) Result {
 	h.t.Helper()
 	data, err := encodeCommand(c)
 	if err != nil {
 		h.t.Fatal(err)
 	}
 	h.index++
-	return h.table.Apply(h.index, data).(applyResult)
+	return h.table.Apply(h.index, data).(Result)
 }
 
-func (h *tableHarness) register(id, ip string, mesos, docker bool) applyResult {
+func (h *tableHarness) register(id, ip string, mesos, docker bool) Result {
 	h.t.Helper()
 	return h.apply(command{Op: opRegister, Register: &registerCmd{AgentID: id, IP: ip, Hostname: id + ".example",
 		Bridges: api.AgentNetworkConfig{MesosBridge: mesos, DockerBridge: docker}}})
@@ -56,7 +56,7 @@ func (h *tableHarness) mustRegister(id, ip string) *api.AgentInfo {
 
 // releaseAll lifts the quarantine as if every live agent had acknowledged
 // its holdings at the current index.
-func (h *tableHarness) releaseAll() applyResult {
+func (h *tableHarness) releaseAll() Result {
 	h.t.Helper()
 	acks := map[string]holdingsAck{}
 	for id, rec := range h.table.agents {
@@ -426,10 +426,10 @@ func TestRequestIDDedup(t *testing.T) {
 func TestRegisterBeforeConfig(t *testing.T) {
 	tbl := NewLeaseTable()
 	data, _ := encodeCommand(command{Op: opRegister, Register: &registerCmd{AgentID: "a", IP: "198.18.0.1"}})
-	if res := tbl.Apply(1, data).(applyResult); !errors.Is(res.Err, ErrNoConfig) {
+	if res := tbl.Apply(1, data).(Result); !errors.Is(res.Err, ErrNoConfig) {
 		t.Errorf("register without config: %v", res.Err)
 	}
-	if res := tbl.Apply(2, []byte("{not json")).(applyResult); !errors.Is(res.Err, ErrBadCommand) {
+	if res := tbl.Apply(2, []byte("{not json")).(Result); !errors.Is(res.Err, ErrBadCommand) {
 		t.Errorf("garbage command: %v", res.Err)
 	}
 }
@@ -444,7 +444,7 @@ func TestSnapshotRestoreIdentical(t *testing.T) {
 			IP: fmt.Sprintf("198.18.0.%d", i+1), Bridges: api.AgentNetworkConfig{MesosBridge: i%2 == 0}}})
 	}
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"n03", "n07"}}})
-	h.apply(command{Op: opServerMeta, ServerMeta: &serverMeta{ID: "m1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
+	h.apply(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m1", RaftAddr: "127.0.0.1:1", HTTPAddr: "127.0.0.1:2"}})
 
 	restored := restoreCopy(t, h)
 	want, _, _ := h.table.StateJSON("m1")
@@ -454,7 +454,7 @@ func TestSnapshotRestoreIdentical(t *testing.T) {
 	}
 	// The restored table allocates exactly as the original would.
 	h2 := &tableHarness{t: t, table: restored, index: h.index}
-	var retried []applyResult
+	var retried []Result
 	for _, hh := range []*tableHarness{h, h2} {
 		hh.mustRegister("late", "198.18.9.9")
 		// duplicates are still recognised after restore

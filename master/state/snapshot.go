@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"encoding/json"
@@ -33,7 +33,7 @@ type snapshotData struct {
 	Network    *api.NetworkConfig       `json:"network,omitempty"`
 	Agents     []snapshotAgent          `json:"agents"`
 	Tombstones map[string]uint64        `json:"tombstones"`
-	Servers    map[string]serverMeta    `json:"servers"`
+	Servers    map[string]ServerMeta    `json:"servers"`
 	Requests   []snapshotRequest        `json:"requests"`
 	Reports    map[string]agentReport   `json:"reports,omitempty"`
 	Quarantine map[string][]quarantined `json:"quarantine,omitempty"`
@@ -90,7 +90,7 @@ type tableSnapshot struct {
 	net               *network
 	agents            []*agentRecord
 	tombstones        map[string]uint64
-	servers           map[string]serverMeta
+	servers           map[string]ServerMeta
 	quarantine        map[string][]quarantined
 	requests          []snapshotRequest
 	horizon           uint64

@@ -1,4 +1,4 @@
-package master
+package state
 
 import (
 	"bytes"
@@ -32,12 +32,13 @@ type stateCache struct {
 	fullValid bool
 	// body is the whole answer of the last state read, shared by every
 	// reader of the same index and leader (immutable once built).
-	body *stateBody
+	body *StateBody
 }
 
-// stateBody is one encoded state answer, and its gzip encoding made at the
-// first reader that accepts it.
-type stateBody struct {
+// StateBody is one encoded state answer, and its gzip encoding made at the
+// first reader that accepts it. Immutable, shared by every reader of the
+// same index and leader.
+type StateBody struct {
 	index  uint64
 	leader string
 	usage  uint64 // the usage generation it shows
@@ -52,7 +53,7 @@ type stateBody struct {
 // ETag is the body's entity tag: weak, because the gzip'ed and the plain
 // answers are the same state, and a hash of the body, because the body
 // changes with the index, the leader and the agents' usage reports.
-func (b *stateBody) ETag() string {
+func (b *StateBody) ETag() string {
 	b.etagOnce.Do(func() {
 		sum := sha256.Sum256(b.data)
 		b.etag = `W/"` + hex.EncodeToString(sum[:12]) + `"`
@@ -69,9 +70,15 @@ func (b *stateBody) ETag() string {
 // at every index.
 const stateGzipLevel = 5
 
-// gzipped returns the body gzip'ed, made once, by the first reader that
+// Index is the state index the body shows.
+func (b *StateBody) Index() uint64 { return b.index }
+
+// Data is the encoded state (api.State with the leader); not to be changed.
+func (b *StateBody) Data() []byte { return b.data }
+
+// Gzipped returns the body gzip'ed, made once, by the first reader that
 // asks for it.
-func (b *stateBody) gzipped() []byte {
+func (b *StateBody) Gzipped() []byte {
 	b.gzOnce.Do(func() {
 		var buf bytes.Buffer
 		buf.Grow(len(b.data) / 4)
@@ -113,17 +120,17 @@ func (c *stateCache) invalidate() {
 // answer's index header and its body never disagree. leader is the current
 // leader's id (not part of the replicated state).
 func (t *LeaseTable) StateJSON(leader string) ([]byte, uint64, error) {
-	b, err := t.stateBody(leader)
+	b, err := t.StateBody(leader)
 	if err != nil {
 		return nil, 0, err
 	}
 	return b.data, b.index, nil
 }
 
-// stateBody returns the encoded state, built once per index and leader and
+// StateBody returns the encoded state, built once per index and leader and
 // shared by every reader: a read at 10,000 agents costs a write of the
 // bytes, not an encoding.
-func (t *LeaseTable) stateBody(leader string) (*stateBody, error) {
+func (t *LeaseTable) StateBody(leader string) (*StateBody, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	t.cache.mu.Lock()
@@ -136,7 +143,7 @@ func (t *LeaseTable) stateBody(leader string) (*stateBody, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.cache.body = &stateBody{index: t.stateIndex, leader: leader, usage: usage, data: data}
+	t.cache.body = &StateBody{index: t.stateIndex, leader: leader, usage: usage, data: data}
 	return t.cache.body, nil
 }
 
