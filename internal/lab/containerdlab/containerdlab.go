@@ -41,15 +41,7 @@ var ErrCannotRun = errors.New("containerd cannot run here")
 // Binaries finds the programs a lab containerd needs (Debian's containerd
 // and runc, util-linux's nsenter).
 func Binaries() (map[string]string, error) {
-	bins := map[string]string{}
-	for _, b := range []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "mount", "umount"} {
-		p, err := exec.LookPath(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s not found (install Debian's containerd): %w", b, err)
-		}
-		bins[b] = p
-	}
-	return bins, nil
+	return enginelab.LookPaths("containerd", "containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "mount", "umount")
 }
 
 // Options configure Start.

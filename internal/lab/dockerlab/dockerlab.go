@@ -46,15 +46,7 @@ const Image = "carve-busybox:lab"
 
 // Binaries finds the programs an engine needs (Debian's docker.io).
 func Binaries() (map[string]string, error) {
-	bins := map[string]string{}
-	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount"} {
-		p, err := exec.LookPath(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s not found (install Debian's docker.io): %w", b, err)
-		}
-		bins[b] = p
-	}
-	return bins, nil
+	return enginelab.LookPaths("docker.io", "dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount")
 }
 
 // StaticBusybox finds a statically linked busybox (enginelab.StaticBusybox,

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,6 +21,20 @@ import (
 
 	"github.com/carve-net/carve/internal/lab/netnslab"
 )
+
+// LookPaths finds programs on PATH; the error of a missing one says to
+// install pkg (a Debian package).
+func LookPaths(pkg string, names ...string) (map[string]string, error) {
+	bins := map[string]string{}
+	for _, b := range names {
+		p, err := exec.LookPath(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s not found (install Debian's %s): %w", b, pkg, err)
+		}
+		bins[b] = p
+	}
+	return bins, nil
+}
 
 // StaticBusybox finds a statically linked busybox (a dynamic one would need
 // its libraries in the image).

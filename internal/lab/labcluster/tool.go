@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 )
 
-// BuildTool builds pkg, a package named by a `tool` directive of go.mod
-// (e.g. sigs.k8s.io/cri-tools/cmd/crictl), at the version go.mod pins, into
-// dir and returns the binary's path. The build cache makes it cheap after
+// BuildTool builds pkg, a package of this module (./cmd/carve) or one named
+// by a `tool` directive of go.mod (sigs.k8s.io/cri-tools/cmd/crictl, at the
+// version go.mod pins), into dir and returns the binary's path. The build cache makes it cheap after
 // the first run.
 func BuildTool(ctx context.Context, dir, pkg string) (string, error) {
 	root, err := ModuleRoot(ctx)
