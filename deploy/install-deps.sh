@@ -23,6 +23,12 @@ command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)
+# containerd's lab (internal/lab/containerdlab): Debian's containerd (1.6,
+# CRI plugin built in; ctr) and its CNI plugins in /usr/lib/cni, run only
+# inside a lab network namespace (the policy-rc.d guard below keeps the
+# package's service from starting in the root namespace).
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

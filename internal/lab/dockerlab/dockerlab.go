@@ -14,11 +14,8 @@
 package dockerlab
 
 import (
-	"archive/tar"
-	"bufio"
 	"bytes"
 	"context"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,12 +26,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
 )
@@ -50,34 +46,12 @@ const Image = "carve-busybox:lab"
 
 // Binaries finds the programs an engine needs (Debian's docker.io).
 func Binaries() (map[string]string, error) {
-	bins := map[string]string{}
-	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount"} {
-		p, err := exec.LookPath(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s not found (install Debian's docker.io): %w", b, err)
-		}
-		bins[b] = p
-	}
-	return bins, nil
+	return enginelab.LookPaths("docker.io", "dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount")
 }
 
-// StaticBusybox finds a statically linked busybox (a dynamic one would need
-// its libraries in the image).
-func StaticBusybox() (string, error) {
-	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
-		f, err := elf.Open(p)
-		if err != nil {
-			continue
-		}
-		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
-		f.Close()
-		if !dynamic {
-			return p, nil
-		}
-		return "", fmt.Errorf("%s is dynamically linked (install Debian's busybox-static)", p)
-	}
-	return "", errors.New("no busybox in /bin or /usr/bin (install Debian's busybox-static)")
-}
+// StaticBusybox finds a statically linked busybox (enginelab.StaticBusybox,
+// kept here for the engine's callers).
+func StaticBusybox() (string, error) { return enginelab.StaticBusybox() }
 
 // Options configure Start.
 type Options struct {
@@ -203,7 +177,7 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
 		return e.Call(pctx, http.MethodGet, "/_ping", nil, nil)
 	})
 	if err != nil {
-		why := daemonError(filepath.Join(opts.Dir, "dockerd.log"))
+		why := enginelab.DaemonError(filepath.Join(opts.Dir, "dockerd.log"))
 		_ = e.Stop()
 		return nil, fmt.Errorf("%w: %v: %s", ErrCannotRun, err, why)
 	}
@@ -215,24 +189,6 @@ func (e *Engine) Host() string { return "unix://" + e.sock }
 
 // Dir is the engine's directory (its logs: dockerd.log, containerd.log).
 func (e *Engine) Dir() string { return e.opts.Dir }
-
-// daemonError is the reason a daemon gives in its log for failing.
-func daemonError(log string) string {
-	data, _ := os.ReadFile(log)
-	var last string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.Contains(l, "level=fatal") || strings.Contains(l, "level=error") || strings.HasPrefix(l, "failed to start daemon") {
-			last = l
-		}
-	}
-	if last == "" {
-		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-		last = lines[len(lines)-1]
-	}
-	return last
-}
 
 // Stop removes the containers, stops dockerd and containerd by PID (SIGTERM,
 // SIGKILL after 30s), kills what they left in the namespace (shims and their
@@ -250,7 +206,7 @@ func (e *Engine) Stop() error {
 			_ = e.Call(ctx, http.MethodDelete, "/containers/"+c.ID+"?force=1", nil, nil)
 		}
 	}
-	ctdPID := readPID(filepath.Join(e.opts.Dir, "containerd.pid"))
+	ctdPID := enginelab.ReadPID(filepath.Join(e.opts.Dir, "containerd.pid"))
 	_ = e.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-e.waited:
@@ -259,11 +215,11 @@ func (e *Engine) Stop() error {
 		_ = e.cmd.Process.Kill()
 		<-e.waited
 	}
-	if ctdPID > 0 && isRunning(ctdPID) {
+	if ctdPID > 0 && netnslab.PIDAlive(ctdPID) {
 		_ = syscall.Kill(ctdPID, syscall.SIGTERM)
 		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := retry.Until(wctx, 100*time.Millisecond, func() error {
-			if isRunning(ctdPID) {
+			if netnslab.PIDAlive(ctdPID) {
 				return errors.New("still running")
 			}
 			return nil
@@ -274,24 +230,21 @@ func (e *Engine) Stop() error {
 			_ = syscall.Kill(ctdPID, syscall.SIGKILL)
 		}
 	}
-	left, err := processesIn(e.host)
-	if err != nil {
+	// Every process in the host's namespace and below: the daemons started
+	// all of them.
+	if want, err := enginelab.NetNSLink(e.host); err != nil {
 		errs = append(errs, err)
-	}
-	for _, pid := range left {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	for _, pattern := range []string{"/sys/fs/cgroup/" + e.opts.CgroupParent, "/sys/fs/cgroup/*/" + e.opts.CgroupParent} {
-		matches, _ := filepath.Glob(pattern)
-		for _, m := range matches {
-			if err := removeCgroup(m); err != nil {
-				errs = append(errs, err)
-			}
+	} else {
+		for _, pid := range enginelab.ProcessesIn("net", want) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+	}
+	if err := enginelab.RemoveCgroups(e.opts.CgroupParent); err != nil {
+		errs = append(errs, err)
 	}
 	// The daemons' mounts lived in their own mount namespace, gone with
 	// them: nothing under the directory is mounted here.
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), e.opts.Dir) {
+	if enginelab.MountsUnder(e.opts.Dir) {
 		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", e.opts.Dir))...)
 	}
 	if err := os.RemoveAll(e.opts.Dir); err != nil {
@@ -311,80 +264,6 @@ func (e *Engine) LogTail(max int) string {
 		fmt.Fprintf(&b, "%s (tail):\n%s\n", l, data)
 	}
 	return b.String()
-}
-
-func readPID(path string) int {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	return pid
-}
-
-func isRunning(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie (state Z) has exited; its parent has yet to reap it.
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	return len(f) > 0 && f[0] != "Z"
-}
-
-// processesIn lists the processes in host's network namespace and their
-// descendants (containers live in namespaces of their own, under shims that
-// live in host's), this process excepted: the daemons started all of them.
-func processesIn(host *netnslab.Host) ([]int, error) {
-	ino, err := host.Inode()
-	if err != nil {
-		return nil, fmt.Errorf("dockerlab: namespace inode: %w", err)
-	}
-	want := fmt.Sprintf("net:[%d]", ino)
-	entries, _ := os.ReadDir("/proc")
-	parent := map[int]int{}
-	var roots []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && l == want && isRunning(pid) {
-			roots = append(roots, pid)
-		}
-		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-			f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-			if len(f) > 1 {
-				parent[pid], _ = strconv.Atoi(f[1])
-			}
-		}
-	}
-	out := slices.Clone(roots)
-	for changed := true; changed; {
-		changed = false
-		for pid, ppid := range parent {
-			if slices.Contains(out, ppid) && !slices.Contains(out, pid) && isRunning(pid) {
-				out = append(out, pid)
-				changed = true
-			}
-		}
-	}
-	return out, nil
-}
-
-// removeCgroup removes a cgroup directory of the engine, children first.
-func removeCgroup(dir string) error {
-	entries, _ := os.ReadDir(dir)
-	var errs []error
-	for _, e := range entries {
-		if e.IsDir() {
-			errs = append(errs, removeCgroup(filepath.Join(dir, e.Name())))
-		}
-	}
-	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
-	}
-	return errors.Join(errs...)
 }
 
 // Call makes an engine API call (unversioned); a non-2xx answer is an error
@@ -432,37 +311,14 @@ func (e *Engine) CallJSON(ctx context.Context, method, path string, in, out any)
 // ImportBusybox imports Image: a root file system holding only busybox, with
 // sh, sleep and ping.
 func (e *Engine) ImportBusybox(ctx context.Context, busybox string) error {
-	bin, err := os.ReadFile(busybox)
+	layer, err := enginelab.BusyboxRootfs(busybox)
 	if err != nil {
 		return err
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	hdrs := []*tar.Header{
-		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
-		{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
-	}
-	for _, h := range hdrs {
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := tw.Write(bin); err != nil {
-				return err
-			}
-		}
-	}
-	for _, l := range []string{"sh", "sleep", "ping"} {
-		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
+	buf := bytes.NewReader(layer)
 	repo, tag, _ := strings.Cut(Image, ":")
 	q := url.Values{"fromSrc": {"-"}, "repo": {repo}, "tag": {tag}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/images/create?"+q.Encode(), &buf)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/images/create?"+q.Encode(), buf)
 	if err != nil {
 		return err
 	}
