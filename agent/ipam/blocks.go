@@ -231,8 +231,17 @@ func (s *Service) syncBlocks(o *overlay, fam int) (writes []write, adopted bool)
 		return nil, false
 	}
 	r := a.Ring()
+	firsts := o.firstBlocks(fam)
 	var keep []*heldBlock
 	for _, b := range o.blocks[fam] {
+		if first, inside := overlapsAny(firsts, b.Prefix); inside {
+			// A block this agent granted, given back: it is part of
+			// the bridge's first sub-subnet again, not a prefix of its own.
+			o.unreserveGateway(fam, b.Prefix)
+			s.log.Info("a block given back merged into the bridge's first block", "overlay", o.name, "block", b.Prefix, "into", first)
+			writes = append(writes, deleteBlock(b))
+			continue
+		}
 		if owner, _ := r.Owner(gatewayOf(b.Prefix)); owner != s.id {
 			o.unreserveGateway(fam, b.Prefix)
 			s.log.Warn("a block is no longer this agent's in the ring: dropped", "overlay", o.name, "block", b.Prefix, "origin", b.Origin, "owner", owner)
@@ -242,7 +251,10 @@ func (s *Service) syncBlocks(o *overlay, fam int) (writes []write, adopted bool)
 		keep = append(keep, b)
 	}
 	o.blocks[fam] = keep
-	var covers []netip.Prefix
+	// What this agent owns inside a bridge's first sub-subnet is that
+	// bridge's (a grant given back merges into it), and so is what its
+	// leases and held blocks cover.
+	covers := slices.Clone(firsts)
 	for _, l := range r.Leases() {
 		if l.Owner == s.id {
 			covers = append(covers, l.Prefix)
@@ -271,6 +283,27 @@ func (s *Service) syncBlocks(o *overlay, fam int) (writes []write, adopted bool)
 	slices.SortFunc(o.blocks[fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
 	o.reserveGateways()
 	return writes, adopted
+}
+
+// firstBlocks returns the bridges' first sub-subnets of a family.
+func (o *overlay) firstBlocks(fam int) []netip.Prefix {
+	var out []netip.Prefix
+	for _, kind := range sortedKeys(o.bridges) {
+		if p := o.bridges[kind][fam]; p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// overlapsAny returns the first of ps that overlaps p.
+func overlapsAny(ps []netip.Prefix, p netip.Prefix) (netip.Prefix, bool) {
+	for _, q := range ps {
+		if q.Overlaps(p) {
+			return q, true
+		}
+	}
+	return netip.Prefix{}, false
 }
 
 // leaseOwner is the owner of the lease holding p ("" when none): where a
@@ -331,4 +364,19 @@ func familyOf(a netip.Addr) int {
 		return 0
 	}
 	return 1
+}
+
+// bridgeAddressOf returns the prefix of a bridge (its blocks) of which
+// addr is the network, broadcast (IPv4) or gateway address: an address no
+// container may hold, since the kernel routes it as the bridge's own.
+func bridgeAddressOf(blocks []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
+	for _, p := range blocks {
+		if !p.Contains(addr) {
+			continue
+		}
+		if addr == p.Masked().Addr() || addr == gatewayOf(p) || (addr.Is4() && addr == lastAddr(p)) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
 }

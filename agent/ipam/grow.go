@@ -420,6 +420,11 @@ func (s *Service) learnMasterBlocks(o *overlay, v View, b *batch) {
 		if _, ok := o.bridges[mb.Bridge]; !ok || !o.universe[fam].IsValid() {
 			continue
 		}
+		if _, inside := overlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
+			// A block this agent granted and got back, which the masters
+			// record as a grant to it: it is part of a first block.
+			continue
+		}
 		hb := &heldBlock{Overlay: o.name, Family: fam, Bridge: mb.Bridge, Prefix: mb.Prefix, Origin: OriginGrow, Version: mb.Version}
 		if mb.Donor != "" {
 			hb.Origin, hb.Donor, hb.Version = OriginGrant, mb.Donor, 0
