@@ -740,12 +740,13 @@ func (h *ringHandler) Gossip() gossip.Data {
 	s := (*Service)(h)
 	s.mu.Lock()
 	d := s.ringDigestLocked()
+	cluster := s.clusterID // sync changes it
 	s.mu.Unlock()
 	s.kickAnnounce()
 	if len(d) == 0 {
 		return nil
 	}
-	return ringData{msg: ringMessage{ClusterID: s.clusterID, From: s.id, Digest: d}, sent: s.onSent}
+	return ringData{msg: ringMessage{ClusterID: cluster, From: s.id, Digest: d}, sent: s.onSent}
 }
 
 // receive handles a ring message; src is the sender of a unicast ("" for

@@ -341,3 +341,41 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 		t.Errorf("a merge that gave this agent a block was not written with the merge: on disk the block is %q's", owner)
 	}
 }
+
+// TestGossipHandlersRaceSync: the ring channel's handlers run on the
+// mesh's goroutines while the agent syncs, and a sync may change the
+// cluster id (the first one learnt, a rebuilt cluster): every handler
+// reads the Service's state under its lock (go test -race).
+func TestGossipHandlersRaceSync(t *testing.T) {
+	svc, err := New(Config{AgentID: "self", DB: openDB(t, t.TempDir()), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := svc.RingGossip()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if d := h.Gossip(); d != nil {
+				for _, b := range d.Encode() {
+					_, _ = h.OnGossip(b)
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	for i := range 20 {
+		v := testView(testSelf())
+		v.ClusterID = fmt.Sprint("cluster-", i/2) // new every other sync
+		svc.Sync(v)
+	}
+}
