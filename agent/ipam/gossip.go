@@ -25,8 +25,8 @@ const maxClusterIDLen = 256
 
 // Errors of received ring gossip, for callers that branch.
 var (
-	// ErrBadRingMessage marks a ring message that cannot be decoded.
-	ErrBadRingMessage = errors.New("bad ring message")
+	// errBadRingMessage marks a ring message that cannot be decoded.
+	errBadRingMessage = errors.New("bad ring message")
 	// ErrOtherCluster marks a ring message of another masters' cluster: its
 	// leases carry Raft indexes of another log and are refused whole.
 	ErrOtherCluster = errors.New("ring message of another cluster")
@@ -222,30 +222,30 @@ func joinRings(a, b []byte) []byte {
 func decodeRingMessage(b []byte) (ringMessage, error) {
 	var m ringMessage
 	if len(b) > maxRingMessageBytes {
-		return ringMessage{}, fmt.Errorf("%w: %d bytes", ErrBadRingMessage, len(b))
+		return ringMessage{}, fmt.Errorf("%w: %d bytes", errBadRingMessage, len(b))
 	}
 	if err := json.Unmarshal(b, &m); err != nil {
-		return ringMessage{}, fmt.Errorf("%w: %v", ErrBadRingMessage, err)
+		return ringMessage{}, fmt.Errorf("%w: %v", errBadRingMessage, err)
 	}
 	if len(m.ClusterID) > maxClusterIDLen {
-		return ringMessage{}, fmt.Errorf("%w: cluster id of %d bytes", ErrBadRingMessage, len(m.ClusterID))
+		return ringMessage{}, fmt.Errorf("%w: cluster id of %d bytes", errBadRingMessage, len(m.ClusterID))
 	}
 	for _, e := range m.Rings {
 		if err := validRingKey(e.Overlay, e.Family); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: ring: %v", ErrBadRingMessage, err)
+			return ringMessage{}, fmt.Errorf("%w: ring: %v", errBadRingMessage, err)
 		}
 	}
 	if m.Digest != nil {
 		if err := api.ValidateAgentID(m.From); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: digest sender: %v", ErrBadRingMessage, err)
+			return ringMessage{}, fmt.Errorf("%w: digest sender: %v", errBadRingMessage, err)
 		}
 		if len(m.Digest) > maxDigestRings {
-			return ringMessage{}, fmt.Errorf("%w: digest of %d rings", ErrBadRingMessage, len(m.Digest))
+			return ringMessage{}, fmt.Errorf("%w: digest of %d rings", errBadRingMessage, len(m.Digest))
 		}
 	}
 	for _, e := range m.Digest {
 		if err := validRingKey(e.Overlay, e.Family); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: digest: %v", ErrBadRingMessage, err)
+			return ringMessage{}, fmt.Errorf("%w: digest: %v", errBadRingMessage, err)
 		}
 	}
 	for _, e := range m.Rings {
@@ -253,29 +253,29 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 			continue
 		}
 		if err := validBucketCount(e.N); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %v", ErrBadRingMessage, e.Overlay, e.Family, err)
+			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %v", errBadRingMessage, e.Overlay, e.Family, err)
 		}
 		if len(e.Buckets) == 0 || len(e.Buckets) > e.N {
-			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %d buckets of %d", ErrBadRingMessage, e.Overlay, e.Family, len(e.Buckets), e.N)
+			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %d buckets of %d", errBadRingMessage, e.Overlay, e.Family, len(e.Buckets), e.N)
 		}
 		for _, b := range e.Buckets {
 			if b < 0 || b >= e.N {
-				return ringMessage{}, fmt.Errorf("%w: ring %s/%s: bucket %d of %d", ErrBadRingMessage, e.Overlay, e.Family, b, e.N)
+				return ringMessage{}, fmt.Errorf("%w: ring %s/%s: bucket %d of %d", errBadRingMessage, e.Overlay, e.Family, b, e.N)
 			}
 		}
 	}
 	if len(m.Buckets) > maxDigestRings {
-		return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d rings", ErrBadRingMessage, len(m.Buckets))
+		return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d rings", errBadRingMessage, len(m.Buckets))
 	}
 	for _, e := range m.Buckets {
 		if err := validRingKey(e.Overlay, e.Family); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", ErrBadRingMessage, err)
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", errBadRingMessage, err)
 		}
 		if len(e.Hashes)%8 != 0 {
-			return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d bytes: want 8 a bucket", ErrBadRingMessage, len(e.Hashes))
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d bytes: want 8 a bucket", errBadRingMessage, len(e.Hashes))
 		}
 		if err := validBucketCount(len(e.Hashes) / 8); err != nil {
-			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", ErrBadRingMessage, err)
+			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", errBadRingMessage, err)
 		}
 	}
 	return m, nil

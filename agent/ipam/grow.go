@@ -80,9 +80,9 @@ var (
 	// ErrMastersExhausted is BlockSource.Grow's answer when the masters have
 	// no free block left for the overlay.
 	ErrMastersExhausted = errors.New("the masters have no free block left")
-	// ErrOverlayFull marks a growth that found space nowhere: not at the
+	// errOverlayFull marks a growth that found space nowhere: not at the
 	// masters, and no peer would grant any.
-	ErrOverlayFull = errors.New("overlay full")
+	errOverlayFull = errors.New("overlay full")
 	// ErrReportRefused is a BlockSource's answer when the masters refused
 	// a grant report or a return for good (not worth sending again).
 	ErrReportRefused = errors.New("refused by the masters")
@@ -220,7 +220,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)
 			if gerr := errors.Join(growErrs...); gerr != nil {
-				if errors.Is(gerr, ErrOverlayFull) {
+				if errors.Is(gerr, errOverlayFull) {
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v)", req.Network, full.Message, gerr)
 				}
 				return nil, failure(http.StatusConflict, api.CodeExhausted, "%s; no more space: %v", full.Message, gerr)
@@ -446,7 +446,7 @@ func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 	if k.fam == 1 {
 		// Peers do not grant IPv6 space (reasonIPv6NotGranted).
 		s.metrics.grows.WithLabelValues("ring", "none").Inc()
-		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", ErrOverlayFull)
+		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", errOverlayFull)
 	}
 	var errs []error
 	for range maxPeersAsked {
@@ -467,7 +467,7 @@ func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 		s.mu.Unlock()
 		if !ok {
 			s.metrics.grows.WithLabelValues("ring", "none").Inc()
-			return fmt.Errorf("%w: no peer has free space to ask for (%d refused recently)", ErrOverlayFull, len(exclude)-1)
+			return fmt.Errorf("%w: no peer has free space to ask for (%d refused recently)", errOverlayFull, len(exclude)-1)
 		}
 		err := s.askPeer(ctx, peer, k, bits)
 		if err == nil {
@@ -489,7 +489,7 @@ func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 			break
 		}
 	}
-	return fmt.Errorf("%w: %w", ErrOverlayFull, errors.Join(errs...))
+	return fmt.Errorf("%w: %w", errOverlayFull, errors.Join(errs...))
 }
 
 // askingBridge is the bridge an overlay family asks space for now (mesos
