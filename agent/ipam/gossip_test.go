@@ -291,7 +291,7 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	}
 	v := testView(testSelf())
 	s.Sync(v)
-	saved := func() []byte { return savedRing(s.db, "carve", 0) }
+	saved := func() []byte { return ringStore{s.db}.savedRing("carve", 0) }
 	mine := func() []byte { return s.Rings()["carve/4"] }
 	other, err := ring.NewAllocator("other", netip.MustParsePrefix("10.128.0.0/16"))
 	if err != nil {
