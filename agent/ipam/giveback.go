@@ -123,15 +123,26 @@ func (s *Service) giveBack(hb *heldBlock) {
 			return // nobody to give it back to: it stays
 		}
 		o.unreserveGateway(hb.Family, hb.Prefix)
-		if err := a.Grant(to, hb.Prefix); err != nil {
+		var err error
+		if s.tombstoned(to) {
+			// The donor was deleted (and may be back with other space):
+			// the block goes to nobody, as the masters free it.
+			err = a.ReleaseBlock(hb.Prefix)
+		} else {
+			err = a.Grant(to, hb.Prefix)
+		}
+		if err != nil {
 			o.reserveGateways()
 			s.mu.Unlock()
 			s.log.Warn("an idle block could not go back to its donor", "overlay", hb.Overlay, "block", hb.Prefix, "donor", to, "err", err)
 			return
 		}
+		// A return, not a grant: the masters give the block back to its
+		// donor, merged into the block it came from (or free it when the
+		// donor holds that no more), never as a block of its own.
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			putOutbox(outboxEntry{Kind: outboxGrant, Overlay: hb.Overlay, Prefix: hb.Prefix, Donor: s.id, Recipient: to, RequestID: id}))
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the

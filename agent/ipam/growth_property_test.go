@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -60,15 +61,26 @@ func (m *recordingMasters) Grow(context.Context, string, string, int, string) (L
 	return LeasedBlock{}, ErrMastersExhausted
 }
 
+// Return frees a block the agent holds; a granted one goes back to its
+// donor, as part of its lease set again (the real masters merge it into
+// the donor's block it came from).
 func (m *recordingMasters) Return(_ context.Context, _ string, p netip.Prefix, _ string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, r := range m.records {
-		if slices.ContainsFunc(r.leases, func(l netip.Prefix) bool { return l.Overlaps(p) }) {
-			m.index++
-			r.cut(p)
-			r.version = m.index
+	for _, id := range slices.Sorted(maps.Keys(m.records)) {
+		r := m.records[id]
+		if !slices.ContainsFunc(r.leases, func(l netip.Prefix) bool { return l.Overlaps(p) }) {
+			continue
 		}
+		m.index++
+		for _, b := range r.blocks {
+			if d := m.records[b.Donor]; b.Prefix.Overlaps(p) && d != nil {
+				d.leases = append(d.leases, p)
+				d.version = m.index
+			}
+		}
+		r.cut(p)
+		r.version = m.index
 	}
 	return nil
 }
@@ -103,13 +115,7 @@ func (m *recordingMasters) view(id string) View {
 	defer m.mu.Unlock()
 	v := View{ClusterID: "c1", Self: growthSelf(id), Network: &api.NetworkConfig{OverlayMTU: 1400}}
 	v.Self.Version = m.records[id].version
-	for _, pid := range slices.Sorted(func(yield func(string) bool) {
-		for k := range m.records {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, pid := range slices.Sorted(maps.Keys(m.records)) {
 		r := m.records[pid]
 		p := Peer{ID: pid, Version: r.version}
 		for _, l := range r.leases {
