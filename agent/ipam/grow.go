@@ -214,8 +214,10 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 				}
 			}
 			timer.Stop()
-			a, err = s.allocate(req)
 		}
+		// Again even when no growth is in flight: one may have ended
+		// since the first try, leaving space (startGrowth found it).
+		a, err = s.allocate(req)
 		if isExhausted(err) {
 			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)
