@@ -1,0 +1,249 @@
+package netconf
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Spec versions of the conflists carve writes. The file is the same in
+// both; what differs is which runtimes and plugins accept it.
+const (
+	// BaseCNIVersion is what every living CNI consumer reads: libcni 1.1
+	// (containerd 1.6 and 1.7, Podman 4's CNI backend) and Debian's
+	// plugins 1.1.1 stop at 1.0.0.
+	BaseCNIVersion = "1.0.0"
+	// LatestCNIVersion adds STATUS and GC, which carve-ipam implements;
+	// containerd 2 calls STATUS, no runtime calls GC yet.
+	LatestCNIVersion = "1.1.0"
+)
+
+// ErrVersion marks a spec version carve does not write.
+var ErrVersion = errors.New("unsupported CNI version")
+
+// ValidVersion checks a --cni-version value: one of the versions carve
+// writes conflists in.
+func ValidVersion(v string) error {
+	if v != BaseCNIVersion && v != LatestCNIVersion {
+		return fmt.Errorf("%w %q: carve writes %s (every runtime) or %s (STATUS and GC; libcni 1.2 and later)", ErrVersion, v, BaseCNIVersion, LatestCNIVersion)
+	}
+	return nil
+}
+
+// ChainPlugins are the plugin binaries carve's conflist runs, in order.
+func ChainPlugins() []string { return []string{"bridge", PluginType, "portmap"} }
+
+// Plugin is what the version probe learnt of one plugin of the chain.
+type Plugin struct {
+	// Type is the plugin's name; Path where it was found ("" if nowhere).
+	Type string `json:"type"`
+	Path string `json:"path,omitempty"`
+	// Versions are the spec versions it answered VERSION with.
+	Versions []string `json:"versions,omitempty"`
+	// Err says why the plugin could not be asked.
+	Err string `json:"error,omitempty"`
+}
+
+// Runtime is a container engine found on the host whose CNI library bounds
+// the spec versions it loads.
+type Runtime struct {
+	Name    string `json:"name"`
+	Path    string `json:"path"`
+	Version string `json:"version"`
+	// MaxCNI is the highest spec version its CNI library reads ("" when
+	// carve knows no bound).
+	MaxCNI string `json:"max_cni,omitempty"`
+}
+
+// VersionChoice is the spec version the agent writes its conflists in, and
+// why.
+type VersionChoice struct {
+	Version  string    `json:"version"`
+	Plugins  []Plugin  `json:"plugins"`
+	Runtimes []Runtime `json:"runtimes,omitempty"`
+	// Reason says in a sentence what decided it.
+	Reason string `json:"reason"`
+}
+
+// Missing lists the plugins of the chain found in none of the directories.
+func (c VersionChoice) Missing() []string {
+	var out []string
+	for _, p := range c.Plugins {
+		if p.Path == "" {
+			out = append(out, p.Type)
+		}
+	}
+	return out
+}
+
+// ChooseVersion picks the highest spec version carve writes that every
+// plugin of the chain (found in pluginDirs, first match wins as libcni
+// searches) and every runtime on the host (runtimes, from FindRuntimes)
+// reads. Whatever cannot be asked counts as reading BaseCNIVersion only,
+// so an unknown host gets the version every consumer reads.
+func ChooseVersion(ctx context.Context, pluginDirs []string, runtimes []Runtime) VersionChoice {
+	c := VersionChoice{Version: LatestCNIVersion, Runtimes: runtimes}
+	lower := func(why string) {
+		if c.Version != BaseCNIVersion {
+			c.Version, c.Reason = BaseCNIVersion, why
+		}
+	}
+	for _, typ := range ChainPlugins() {
+		p := probePlugin(ctx, pluginDirs, typ)
+		c.Plugins = append(c.Plugins, p)
+		switch {
+		case p.Path == "":
+			lower(fmt.Sprintf("plugin %s is in none of %s", typ, strings.Join(pluginDirs, ", ")))
+		case p.Err != "":
+			lower(fmt.Sprintf("plugin %s did not answer VERSION: %s", p.Path, p.Err))
+		case !slices.Contains(p.Versions, LatestCNIVersion):
+			lower(fmt.Sprintf("plugin %s supports up to %s", p.Path, highest(p.Versions)))
+		}
+	}
+	for _, r := range runtimes {
+		if r.MaxCNI == BaseCNIVersion {
+			lower(fmt.Sprintf("%s %s (%s) reads spec versions up to %s", r.Name, r.Version, r.Path, r.MaxCNI))
+		}
+	}
+	if c.Reason == "" {
+		c.Reason = fmt.Sprintf("every plugin of the chain and every runtime found supports %s", LatestCNIVersion)
+	}
+	return c
+}
+
+// probePlugin finds a plugin in dirs and asks it for its spec versions.
+func probePlugin(ctx context.Context, dirs []string, typ string) Plugin {
+	p := Plugin{Type: typ}
+	for _, d := range dirs {
+		path := filepath.Join(d, typ)
+		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			p.Path = path
+			break
+		}
+	}
+	if p.Path == "" {
+		return p
+	}
+	v, err := PluginVersions(ctx, p.Path)
+	if err != nil {
+		p.Err = err.Error()
+	}
+	p.Versions = v
+	return p
+}
+
+// PluginVersions asks a CNI plugin binary which spec versions it supports
+// (the CNI VERSION command).
+func PluginVersions(ctx context.Context, path string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = []string{"CNI_COMMAND=VERSION", "PATH=" + os.Getenv("PATH")}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"` + BaseCNIVersion + `"}`)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s VERSION: %w: %s", path, err, strings.TrimSpace(stderr.String()))
+	}
+	var ans struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal(out, &ans); err != nil || len(ans.Supported) == 0 {
+		return nil, fmt.Errorf("%s VERSION answered %q: want {\"supportedVersions\": [...]}", path, bytes.TrimSpace(out))
+	}
+	return ans.Supported, nil
+}
+
+// highest is the highest of spec versions (by number).
+func highest(vs []string) string {
+	best := ""
+	for _, v := range vs {
+		if best == "" || versionLess(best, v) {
+			best = v
+		}
+	}
+	return best
+}
+
+func versionLess(a, b string) bool {
+	pa, pb := versionParts(a), versionParts(b)
+	return slices.Compare(pa, pb) < 0
+}
+
+func versionParts(v string) []int {
+	var out []int
+	for _, f := range strings.Split(v, ".") {
+		n, err := strconv.Atoi(f)
+		if err != nil {
+			break
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// runtimeProbe is how FindRuntimes recognises one engine: its binary, the
+// flag that prints its version, and the first major version whose CNI
+// library reads spec 1.1.0.
+type runtimeProbe struct {
+	name, binary, flag string
+	pattern            *regexp.Regexp
+	firstMajorLatest   int
+}
+
+func runtimeProbes() []runtimeProbe {
+	return []runtimeProbe{
+		// containerd 2.0 moved to libcni 1.2; 1.6 and 1.7 link libcni 1.1.
+		{"containerd", "containerd", "--version", regexp.MustCompile(`containerd\S*\s+\S+\s+v?(\d+)\.(\d+)\.(\d+)`), 2},
+		// Podman 4's CNI backend links libcni 1.1; Podman 5 keeps CNI only
+		// behind a build tag.
+		{"podman", "podman", "--version", regexp.MustCompile(`podman version (\d+)\.(\d+)\.(\d+)`), 5},
+	}
+}
+
+// FindRuntimes looks up the container engines on PATH whose CNI library
+// bounds the spec version (containerd, Podman) and reads their versions.
+func FindRuntimes(ctx context.Context) []Runtime {
+	var out []Runtime
+	for _, p := range runtimeProbes() {
+		path, err := exec.LookPath(p.binary)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		b, err := exec.CommandContext(cctx, path, p.flag).Output()
+		cancel()
+		if err != nil {
+			continue
+		}
+		if r, ok := p.parse(path, string(b)); ok {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// parse reads an engine's version output.
+func (p runtimeProbe) parse(path, out string) (Runtime, bool) {
+	m := p.pattern.FindStringSubmatch(out)
+	if m == nil {
+		return Runtime{}, false
+	}
+	major, _ := strconv.Atoi(m[1])
+	r := Runtime{Name: p.name, Path: path, Version: m[1] + "." + m[2] + "." + m[3]}
+	if major < p.firstMajorLatest {
+		r.MaxCNI = BaseCNIVersion
+	}
+	return r, true
+}
