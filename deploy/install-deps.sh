@@ -13,6 +13,15 @@ command -v git >/dev/null 2>&1 || need+=(git)
 if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
   need+=(docker.io)
 fi
+# --- podman (internal/lab/podmanlab) ---
+# The Podman lab runs Debian's rootful podman 4.3.1 with its CNI backend
+# inside a lab network namespace, with Debian's CNI plugins (1.1.1, in
+# /usr/lib/cni). podman pulls conmon, crun or runc and containers-common;
+# the plugins are only suggested, so they are named here. Neither package
+# ships a service that starts on install (the guard below covers it anyway).
+command -v podman >/dev/null 2>&1 || need+=(podman)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
+# --- end podman ---
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)

@@ -14,11 +14,9 @@
 package dockerlab
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
-	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,13 +27,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/carve-net/carve/internal/lab/labproc"
 	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/rootfs"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -61,23 +59,9 @@ func Binaries() (map[string]string, error) {
 	return bins, nil
 }
 
-// StaticBusybox finds a statically linked busybox (a dynamic one would need
-// its libraries in the image).
-func StaticBusybox() (string, error) {
-	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
-		f, err := elf.Open(p)
-		if err != nil {
-			continue
-		}
-		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
-		f.Close()
-		if !dynamic {
-			return p, nil
-		}
-		return "", fmt.Errorf("%s is dynamically linked (install Debian's busybox-static)", p)
-	}
-	return "", errors.New("no busybox in /bin or /usr/bin (install Debian's busybox-static)")
-}
+// StaticBusybox finds a statically linked busybox: rootfs.StaticBusybox,
+// kept here for dockerlab's callers, which check it before Start.
+func StaticBusybox() (string, error) { return rootfs.StaticBusybox() }
 
 // Options configure Start.
 type Options struct {
@@ -250,7 +234,7 @@ func (e *Engine) Stop() error {
 			_ = e.Call(ctx, http.MethodDelete, "/containers/"+c.ID+"?force=1", nil, nil)
 		}
 	}
-	ctdPID := readPID(filepath.Join(e.opts.Dir, "containerd.pid"))
+	ctdPID := labproc.ReadPIDFile(filepath.Join(e.opts.Dir, "containerd.pid"))
 	_ = e.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-e.waited:
@@ -259,11 +243,11 @@ func (e *Engine) Stop() error {
 		_ = e.cmd.Process.Kill()
 		<-e.waited
 	}
-	if ctdPID > 0 && isRunning(ctdPID) {
+	if ctdPID > 0 && labproc.Running(ctdPID) {
 		_ = syscall.Kill(ctdPID, syscall.SIGTERM)
 		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := retry.Until(wctx, 100*time.Millisecond, func() error {
-			if isRunning(ctdPID) {
+			if labproc.Running(ctdPID) {
 				return errors.New("still running")
 			}
 			return nil
@@ -274,20 +258,22 @@ func (e *Engine) Stop() error {
 			_ = syscall.Kill(ctdPID, syscall.SIGKILL)
 		}
 	}
-	left, err := processesIn(e.host)
+	// What is left in the namespace and below it: the daemons started all
+	// of it (containers live in namespaces of their own, under shims that
+	// live in host's).
+	var left []int
+	ino, err := e.host.Inode()
+	if err == nil {
+		left, err = labproc.InNamespace(fmt.Sprintf("net:[%d]", ino))
+	}
 	if err != nil {
-		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("dockerlab: processes left: %w", err))
 	}
 	for _, pid := range left {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	for _, pattern := range []string{"/sys/fs/cgroup/" + e.opts.CgroupParent, "/sys/fs/cgroup/*/" + e.opts.CgroupParent} {
-		matches, _ := filepath.Glob(pattern)
-		for _, m := range matches {
-			if err := removeCgroup(m); err != nil {
-				errs = append(errs, err)
-			}
-		}
+	if err := labproc.RemoveCgroups(e.opts.CgroupParent); err != nil {
+		errs = append(errs, err)
 	}
 	// The daemons' mounts lived in their own mount namespace, gone with
 	// them: nothing under the directory is mounted here.
@@ -311,80 +297,6 @@ func (e *Engine) LogTail(max int) string {
 		fmt.Fprintf(&b, "%s (tail):\n%s\n", l, data)
 	}
 	return b.String()
-}
-
-func readPID(path string) int {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
-	return pid
-}
-
-func isRunning(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// A zombie (state Z) has exited; its parent has yet to reap it.
-	f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	return len(f) > 0 && f[0] != "Z"
-}
-
-// processesIn lists the processes in host's network namespace and their
-// descendants (containers live in namespaces of their own, under shims that
-// live in host's), this process excepted: the daemons started all of them.
-func processesIn(host *netnslab.Host) ([]int, error) {
-	ino, err := host.Inode()
-	if err != nil {
-		return nil, fmt.Errorf("dockerlab: namespace inode: %w", err)
-	}
-	want := fmt.Sprintf("net:[%d]", ino)
-	entries, _ := os.ReadDir("/proc")
-	parent := map[int]int{}
-	var roots []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", pid)); err == nil && l == want && isRunning(pid) {
-			roots = append(roots, pid)
-		}
-		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
-			f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-			if len(f) > 1 {
-				parent[pid], _ = strconv.Atoi(f[1])
-			}
-		}
-	}
-	out := slices.Clone(roots)
-	for changed := true; changed; {
-		changed = false
-		for pid, ppid := range parent {
-			if slices.Contains(out, ppid) && !slices.Contains(out, pid) && isRunning(pid) {
-				out = append(out, pid)
-				changed = true
-			}
-		}
-	}
-	return out, nil
-}
-
-// removeCgroup removes a cgroup directory of the engine, children first.
-func removeCgroup(dir string) error {
-	entries, _ := os.ReadDir(dir)
-	var errs []error
-	for _, e := range entries {
-		if e.IsDir() {
-			errs = append(errs, removeCgroup(filepath.Join(dir, e.Name())))
-		}
-	}
-	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
-	}
-	return errors.Join(errs...)
 }
 
 // Call makes an engine API call (unversioned); a non-2xx answer is an error
@@ -429,35 +341,11 @@ func (e *Engine) CallJSON(ctx context.Context, method, path string, in, out any)
 	return e.Call(ctx, method, path, body, out)
 }
 
-// ImportBusybox imports Image: a root file system holding only busybox, with
-// sh, sleep and ping.
+// ImportBusybox imports Image: the lab's root file system (package rootfs),
+// a static busybox with sh, sleep, ping and ip.
 func (e *Engine) ImportBusybox(ctx context.Context, busybox string) error {
-	bin, err := os.ReadFile(busybox)
-	if err != nil {
-		return err
-	}
 	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	hdrs := []*tar.Header{
-		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
-		{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
-	}
-	for _, h := range hdrs {
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if h.Typeflag == tar.TypeReg {
-			if _, err := tw.Write(bin); err != nil {
-				return err
-			}
-		}
-	}
-	for _, l := range []string{"sh", "sleep", "ping"} {
-		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
+	if err := rootfs.WriteTar(&buf, busybox); err != nil {
 		return err
 	}
 	repo, tag, _ := strings.Cut(Image, ":")
