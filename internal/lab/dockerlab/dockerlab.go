@@ -141,19 +141,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	if opts.PluginDir != "" {
 		plugins = fmt.Sprintf("mount --bind %q /run/docker/plugins\n", opts.PluginDir)
 	}
-	// Inside a private mount namespace (Unshareflags below): the network
-	// namespace's own /sys (the cgroup hierarchy bound back in), and tmpfs
-	// over the machine's paths that containerd and dockerd write to
-	// regardless of their flags.
+	// Inside a private mount namespace (Unshareflags below):
+	// labproc.PrivateMounts (the network namespace's own /sys, a tmpfs over
+	// /run), and a tmpfs over /etc/docker, which dockerd writes to
+	// regardless of its flags.
 	script := fmt.Sprintf(`set -e
-D=%q
-mount --make-rprivate /
-mount --rbind /sys/fs/cgroup "$D/cg"
-mount -t sysfs sysfs /sys
-mount --rbind "$D/cg" /sys/fs/cgroup
-umount -l "$D/cg"
-mount -t tmpfs -o mode=0755 carve-lab /run
-mkdir -p /run/docker/plugins /run/containerd
+%smkdir -p /run/docker/plugins /run/containerd
 %sif [ -d /etc/docker ]; then mount -t tmpfs -o mode=0755 carve-lab /etc/docker; fi
 %q --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
 echo $! >"$D/containerd.pid"
@@ -161,7 +154,7 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
   --host "unix://$D/docker.sock" --containerd "$D/containerd/c.sock" \
   --bridge=none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
   --storage-driver=vfs --cgroup-parent=/%s >"$D/dockerd.log" 2>&1
-`, opts.Dir, plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
+`, labproc.PrivateMounts(opts.Dir), plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
 	if err := os.WriteFile(filepath.Join(opts.Dir, "run.sh"), []byte(script), 0o644); err != nil {
 		return nil, fmt.Errorf("dockerlab: %w", err)
 	}
@@ -272,15 +265,9 @@ func (e *Engine) Stop() error {
 	for _, pid := range left {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if err := labproc.RemoveCgroups(e.opts.CgroupParent); err != nil {
-		errs = append(errs, err)
-	}
 	// The daemons' mounts lived in their own mount namespace, gone with
 	// them: nothing under the directory is mounted here.
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), e.opts.Dir) {
-		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", e.opts.Dir))...)
-	}
-	if err := os.RemoveAll(e.opts.Dir); err != nil {
+	if err := labproc.RemoveLeftovers(e.opts.CgroupParent, e.opts.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

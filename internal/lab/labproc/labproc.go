@@ -1,7 +1,9 @@
-// Package labproc finds and ends what a lab engine (dockerlab, podmanlab)
-// left behind when it stops: the processes in one of its namespaces and
-// their descendants, by PID, and the cgroups it made. It only reads /proc
-// and removes cgroup directories; callers decide what to kill.
+// Package labproc holds what the lab's engines (dockerlab, podmanlab) share
+// about their processes: the private mount namespace they start in, and
+// finding and ending what they left behind when they stop (the processes in
+// one of their namespaces and their descendants, by PID, their cgroups and
+// their directory). It only reads /proc and removes directories; callers
+// decide what to kill.
 package labproc
 
 import (
@@ -15,6 +17,23 @@ import (
 	"strings"
 	"syscall"
 )
+
+// PrivateMounts is the start of an engine's shell script, run in a mount
+// namespace of its own (Unshareflags CLONE_NEWNS) inside a lab network
+// namespace: mounts stop propagating, /sys becomes that network
+// namespace's own (the cgroup hierarchy bound back in, through dir/cg,
+// which must exist), and a tmpfs covers /run, where engines write whatever
+// their flags say.
+func PrivateMounts(dir string) string {
+	return fmt.Sprintf(`D=%q
+mount --make-rprivate /
+mount --rbind /sys/fs/cgroup "$D/cg"
+mount -t sysfs sysfs /sys
+mount --rbind "$D/cg" /sys/fs/cgroup
+umount -l "$D/cg"
+mount -t tmpfs -o mode=0755 carve-lab /run
+`, dir)
+}
 
 // ReadPIDFile reads a pid file; 0 when it is missing or malformed.
 func ReadPIDFile(path string) int {
@@ -104,6 +123,25 @@ func removeCgroup(dir string) error {
 	}
 	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
+}
+
+// RemoveLeftovers removes an engine's cgroups (RemoveCgroups) and then its
+// directory, unless something under the directory is mounted in this mount
+// namespace: the engine's mounts belong in a mount namespace of its own,
+// gone with its processes, and removing a directory through a leaked mount
+// would reach into what is mounted there.
+func RemoveLeftovers(cgroupParent, dir string) error {
+	var errs []error
+	if err := RemoveCgroups(cgroupParent); err != nil {
+		errs = append(errs, err)
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), dir) {
+		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", dir))...)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -8,8 +8,9 @@
 // namespace, held by a keeper process that this package starts in the
 // host's network namespace. In it, the machine's paths that Podman and
 // libcni write to whatever their configuration says are covered by
-// directories of the lab: /run (Podman's netns files, locks' fallbacks), /dev/shm
-// (Podman's SHM locks), /var/lib (libcni's result cache /var/lib/cni and
+// directories of the lab: /run (a tmpfs: Podman's runroot and tmp_dir, the
+// containers' netns files in /run/netns), /dev/shm (a tmpfs: Podman's SHM
+// locks), /var/lib (Dir/varlib: libcni's result cache /var/lib/cni and
 // host-local's default data directory, both fixed paths) and /etc/containers.
 // Podman reads only the lab's containers.conf (CONTAINERS_CONF) and
 // storage.conf (CONTAINERS_STORAGE_CONF). The cleanup removes the
@@ -257,22 +258,15 @@ func tomlStrings(ss []string) string {
 // inside host's network namespace, and waits until its mounts are made.
 func (p *Podman) startKeeper() error {
 	d := p.opts.Dir
-	// The network namespace's own /sys (the cgroup hierarchy bound back in,
-	// as dockerlab does), then the lab's directories over the machine's.
+	// labproc.PrivateMounts (the network namespace's own /sys, a tmpfs over
+	// /run), then the lab's directories over the machine's.
 	script := fmt.Sprintf(`set -e
-D=%q
-mount --make-rprivate /
-mount --rbind /sys/fs/cgroup "$D/cg"
-mount -t sysfs sysfs /sys
-mount --rbind "$D/cg" /sys/fs/cgroup
-umount -l "$D/cg"
-mount -t tmpfs -o mode=0755 carve-lab /run
-mount -t tmpfs -o mode=1777 carve-lab /dev/shm
+%smount -t tmpfs -o mode=1777 carve-lab /dev/shm
 mount --bind "$D/varlib" /var/lib
 if [ -d /etc/containers ]; then mount --bind "$D/etc-containers" /etc/containers; fi
 : >"$D/keeper.ready"
 exec cat >/dev/null
-`, d)
+`, labproc.PrivateMounts(d))
 	if err := os.WriteFile(filepath.Join(d, "keeper.sh"), []byte(script), 0o644); err != nil {
 		return err
 	}
@@ -395,14 +389,8 @@ func (p *Podman) close() error {
 	} else if err != nil {
 		errs = append(errs, err)
 	}
-	if err := labproc.RemoveCgroups(p.cgroup); err != nil {
-		errs = append(errs, err)
-	}
 	// Every mount lived in the keeper's namespace, gone with its processes.
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), p.opts.Dir) {
-		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", p.opts.Dir))...)
-	}
-	if err := os.RemoveAll(p.opts.Dir); err != nil {
+	if err := labproc.RemoveLeftovers(p.cgroup, p.opts.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
