@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= $(shell command -v go || echo /usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
 
-.PHONY: all build deps cni-plugins test fuzz demo bench clean
+.PHONY: all build deps cni-plugins lint test fuzz demo bench clean
 
 all: build
 
@@ -22,34 +22,42 @@ build: deps
 cni-plugins: deps
 	GO=$(GO) deploy/build-cni-plugins.sh bin/cni
 
-# The whole suite: vet, every package under the race detector, then the
-# tests that run real weaveworks/mesh routers over TCP, which mesh's known
-# data races keep out of -race (they carry a !race build tag), and the
-# tests of carve's fork of mesh (third_party/mesh, its own module).
-test: build
+# staticcheck, pinned, installed from the Go module proxy into bin/tools
+# only when that version is absent (make clean removes it with bin/).
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(CURDIR)/bin/tools/staticcheck-$(STATICCHECK_VERSION)
+$(STATICCHECK):
+	@mkdir -p $(dir $@)
+	GOBIN=$(CURDIR)/bin/tools $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(CURDIR)/bin/tools/staticcheck $@
+
+# vet and staticcheck over carve's module.
+lint: $(STATICCHECK)
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
+# The whole suite: vet, staticcheck, every package under the race detector,
+# then the tests that run real weaveworks/mesh routers over TCP, which mesh's
+# known data races keep out of -race (they carry a !race build tag), and the
+# vet and tests of carve's fork of mesh (third_party/mesh, its own module).
+test: build $(STATICCHECK)
 	@# /run/netns a shared mount point before any test makes a namespace (see
 	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise
 	@# bind it onto itself over another package's namespaces.
 	@mkdir -p /run/netns && (mountpoint -q /run/netns || mount --bind /run/netns /run/netns) && mount --make-shared /run/netns
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 	$(GO) test -count=1 -timeout 5m ./gossip/...
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshBoundedConnections' ./agent/
 	$(GO) test -count=1 -timeout 5m -run '^TestMeshRing' ./agent/ipam/
-	cd third_party/mesh && $(GO) test -count=1 -timeout 5m .
+	cd third_party/mesh && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m .
 
-# A short coverage-guided pass over every fuzz target (the seeds also run in `make test`).
+# A short coverage-guided pass over every fuzz target (the seeds also run in
+# `make test`): deploy/fuzz.sh finds each FuzzXxx in the tree, so none is missed.
 FUZZTIME ?= 20s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./master/
-	$(GO) test -run '^$$' -fuzz '^FuzzRegistrationDecode$$' -fuzztime $(FUZZTIME) ./master/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./ring/
-	$(GO) test -run '^$$' -fuzz '^FuzzMerge$$' -fuzztime $(FUZZTIME) ./ring/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMembership$$' -fuzztime $(FUZZTIME) ./agent/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSpaceMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRingMessage$$' -fuzztime $(FUZZTIME) ./agent/ipam/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeAntiEntropy$$' -fuzztime $(FUZZTIME) ./agent/
-	$(GO) test -run '^$$' -fuzz '^FuzzPluginRequest$$' -fuzztime $(FUZZTIME) ./agent/dockeripam/
+	GO=$(GO) FUZZTIME=$(FUZZTIME) deploy/fuzz.sh
 
 demo: build cni-plugins
 	./bin/carve demo $(DEMO_FLAGS)

@@ -23,6 +23,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 func quietLogger() *slog.Logger {
@@ -36,9 +37,7 @@ func quietLogger() *slog.Logger {
 // namespaces, a directory for the test, and a master running in dir/m1.
 func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Master) {
 	t.Helper()
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces")
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: n})
 	dir := t.TempDir()
 	return lab.Hosts(), dir, startMaster(t, filepath.Join(dir, "m1"))
@@ -48,7 +47,7 @@ func hostsWithMaster(t *testing.T, n int) ([]*netnslab.Host, string, *master.Mas
 // agents; the 3-master cluster is tested in package master and in e2e).
 func startMaster(t *testing.T, dir string) *master.Master {
 	t.Helper()
-	return mastertest.Start(t, dir, master.DefaultConfig(), quietLogger())
+	return mastertest.Start(t, dir, state.DefaultConfig(), quietLogger())
 }
 
 // runningAgent is an agent running in a goroutine.

@@ -18,7 +18,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // masterStatus is the status the masters show for an agent's overlay.
@@ -44,10 +44,8 @@ func masterStatus(ctx context.Context, cl *api.Client, id, overlay string) (api.
 // stays; once the device is gone the agent reports STATUS_OK again. The
 // agent endpoint decodes with DC/OS's AgentInfo.
 func TestAgentReportsConfigurationResult(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces")
-	}
-	cfg, err := master.LoadConfig("../master/testdata/dcos-default-network.json")
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces")
+	cfg, err := state.LoadConfig("../master/state/testdata/dcos-default-network.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +135,7 @@ func TestAgentReportsConfigurationResult(t *testing.T) {
 	info1 := agents[0].Overlay()
 	vx1 := info1.Overlay("dcos").Backend.VXLAN
 	vtep6, err := netip.ParsePrefix(vx1.VTEPIP6)
-	if err != nil || vx1.VTEPPort != master.DefaultVTEPPort {
+	if err != nil || vx1.VTEPPort != state.DefaultVTEPPort {
 		t.Fatalf("host-1 vtep_ip6 %q (%v), port %d", vx1.VTEPIP6, err, vx1.VTEPPort)
 	}
 	testutil.Eventually(t, 0, "host-2's kernel has host-1's vtep_ip6 neighbour and its own vtep_ip6", func() error {

@@ -20,7 +20,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -42,7 +42,7 @@ func reconcileCount(t *testing.T, a *Agent, mode string) uint64 {
 // readKernel reads the VTEP and carve's entries in host's kernel.
 func readKernel(t *testing.T, host *netnslab.Host) *labcluster.KernelState {
 	t.Helper()
-	ks, err := labcluster.ReadKernel(host.Namespace, master.DefaultVTEPName)
+	ks, err := labcluster.ReadKernel(host.Namespace, state.DefaultVTEPName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, 
 // started after that.
 func TestForgedGossipChangesNothing(t *testing.T) {
 	hosts, dir, _ := hostsWithMaster(t, 2)
-	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), master.DefaultConfig(), quietLogger())
+	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), state.DefaultConfig(), quietLogger())
 	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -79,9 +80,7 @@ func growthSeedList(t *testing.T) []uint64 {
 // to a full overlay and is leased nothing). The seed and
 // the history are printed on failure; -growth.seed=S replays one.
 func TestGrowthInvariantAcrossAgents(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root to create network namespaces for the agents")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces for the agents")
 	for _, seed := range growthSeedList(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			h := newGrowthHistory(t, seed)
@@ -139,7 +138,7 @@ func newGrowthHistory(t *testing.T, seed uint64) *growthHistory {
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 3})
 	dir := t.TempDir()
 	_, key := testKey(t)
-	cfg := master.DefaultConfig()
+	cfg := state.DefaultConfig()
 	cfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/26", Prefix: 28, GrowPrefix: 30}}
 	h := &growthHistory{t: t, rng: rand.New(rand.NewPCG(seed, 0x67726f77)), dir: dir, key: key, cfg: cfg, adds: map[string]int{}, seen: map[[3]string]bool{}}
 	h.m = mastertest.StartSigning(t, filepath.Join(dir, "m1"), cfg, quietLogger(), key)

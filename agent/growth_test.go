@@ -11,7 +11,7 @@ import (
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // TestQuarantineReleasedByUsageReports deletes an agent while two agents
@@ -28,7 +28,7 @@ func TestQuarantineReleasedByUsageReports(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			hosts, dir, _ := hostsWithMaster(t, 2)
 			_, key := testKey(t)
-			m := mastertest.StartSigning(t, filepath.Join(dir, "signing-m1"), master.DefaultConfig(), quietLogger(), key)
+			m := mastertest.StartSigning(t, filepath.Join(dir, "signing-m1"), state.DefaultConfig(), quietLogger(), key)
 			op := masterClient(t, m)
 			ctx := context.Background()
 			// The deleted agent registers first: it holds the lowest /24.

@@ -21,6 +21,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // cutProxy passes requests to a master until it is cut: then every answer,
@@ -102,7 +103,7 @@ func sameAsMasters(m MembershipState, st *api.State) error {
 func TestWatcherBehindHorizonResyncs(t *testing.T) {
 	hosts, dir, _ := hostsWithMaster(t, 1)
 	_, key := testKey(t)
-	m := mastertest.StartSigning(t, filepath.Join(dir, "signing-m1"), master.DefaultConfig(), quietLogger(), key, func(o *master.Options) {
+	m := mastertest.StartSigning(t, filepath.Join(dir, "signing-m1"), state.DefaultConfig(), quietLogger(), key, func(o *master.Options) {
 		o.TombstoneMaxAge, o.CompactEvery = 500*time.Millisecond, 50*time.Millisecond
 	})
 	op := masterClient(t, m)

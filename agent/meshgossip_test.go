@@ -21,7 +21,7 @@ import (
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/lab/meshtest"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // meshAgent is the gossip side of an agent (its membership, trust and
@@ -75,7 +75,7 @@ func meshRecord(priv ed25519.PrivateKey, cluster string, i int, addr string, v u
 func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	const n, k = 30, 3
 	pub, priv := testKey(t)
-	network := master.DefaultConfig()
+	network := state.DefaultConfig()
 	var agents []*meshAgent
 	var st MembershipState
 	for i := range n {

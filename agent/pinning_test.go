@@ -13,7 +13,7 @@ import (
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -41,7 +41,7 @@ func TestSigningKeyPinning(t *testing.T) {
 	k1pub, k1 := testKey(t)
 	k2pub, k2 := testKey(t)
 	m1dir := filepath.Join(dir, "signing-m1")
-	m1 := mastertest.StartSigning(t, m1dir, master.DefaultConfig(), quietLogger(), k1)
+	m1 := mastertest.StartSigning(t, m1dir, state.DefaultConfig(), quietLogger(), k1)
 	ctx := context.Background()
 	if _, err := masterClient(t, m1).Register(ctx, api.RegisterRequest{AgentID: "peer", IP: "198.18.5.1", MeshAddr: "198.18.5.1:6783"}); err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestSigningKeyPinning(t *testing.T) {
 	testutil.Eventually(t, 0, "the agent finds the first master gone", testutil.True(func() bool { return !a.Peers().MastersReachable }))
 	before := a.members.State()
 	index := a.Peers().MasterIndex
-	m1b := mastertest.StartSigning(t, m1dir, master.DefaultConfig(), quietLogger(), k2)
+	m1b := mastertest.StartSigning(t, m1dir, state.DefaultConfig(), quietLogger(), k2)
 	if _, err := masterClient(t, m1b).Register(ctx, api.RegisterRequest{AgentID: "late", IP: "198.18.5.2"}); err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +96,7 @@ func TestSigningKeyPinning(t *testing.T) {
 
 	// A rebuilt cluster signs with its own key: taken.
 	m1b.Close()
-	m2 := mastertest.StartSigning(t, filepath.Join(dir, "signing-m2"), master.DefaultConfig(), quietLogger(), k2)
+	m2 := mastertest.StartSigning(t, filepath.Join(dir, "signing-m2"), state.DefaultConfig(), quietLogger(), k2)
 	if _, err := masterClient(t, m2).Register(ctx, api.RegisterRequest{AgentID: "peer2", IP: "198.18.5.3", MeshAddr: "198.18.5.3:6783"}); err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // testKey is an ed25519 key pair for signing records in tests.
@@ -27,7 +27,7 @@ func testKey(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
 }
 
 // signedPeer is a record of a second agent as the masters render it for
-// master.DefaultConfig, signed with key for cluster c1; mutate changes it
+// state.DefaultConfig, signed with key for cluster c1; mutate changes it
 // before it is signed.
 func signedPeer(key ed25519.PrivateKey, cluster string, mutate ...func(*api.AgentInfo)) PeerRecord {
 	info := &api.AgentInfo{AgentID: "b", Hostname: "unsigned-host", IP: "198.18.0.11", MeshAddr: "198.18.0.11:6783", Version: 9,
@@ -125,7 +125,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 }
 
 func TestRecordInRange(t *testing.T) {
-	network := master.DefaultConfig()
+	network := state.DefaultConfig()
 	network.Overlays = append(network.Overlays, api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64})
 	overlay := func(f func(*PeerOverlay)) func(*PeerRecord) { return func(p *PeerRecord) { f(&p.Overlays[0]) } }
 	network6 := network
@@ -224,7 +224,7 @@ func TestKeyAfter(t *testing.T) {
 func TestTrustAdmit(t *testing.T) {
 	pub, priv := testKey(t)
 	_, other := testKey(t)
-	network := master.DefaultConfig()
+	network := state.DefaultConfig()
 	signed := trust{clusterID: "c1", key: pub, required: true, network: &network}
 	good := signedPeer(priv, "c1")
 	changedSubnet := good
@@ -349,7 +349,7 @@ func TestMembershipEqualVersions(t *testing.T) {
 func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
 	pub, priv := testKey(t)
 	_, other := testKey(t)
-	network := master.DefaultConfig()
+	network := state.DefaultConfig()
 	good := signedPeer(priv, "c1")
 	c := signedPeer(priv, "c1", func(a *api.AgentInfo) {
 		a.AgentID, a.Overlays[0].Subnet, a.Overlays[0].MesosBridge, a.Overlays[0].DockerBridge = "c", "10.128.3.0/24", nil, nil
@@ -427,7 +427,7 @@ func TestPeerRecordCarriesBlocks(t *testing.T) {
 	if err := bad.Validate(); err == nil {
 		t.Error("a block of an unknown bridge validates")
 	}
-	network := master.DefaultConfig()
+	network := state.DefaultConfig()
 	outside := got
 	outside.Overlays = slices.Clone(got.Overlays)
 	outside.Overlays[0].Blocks = []api.Block{{Bridge: api.BridgeMesos, Prefix: "10.0.0.0/25", Origin: api.BlockGrown, Version: 1}}

@@ -2,9 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"strings"
 )
@@ -65,29 +62,9 @@ func (c *AgentClient) Peers(ctx context.Context) (*AgentPeers, error) {
 	return &out, c.get(ctx, "/overlay-agent/peers", &out)
 }
 
+// get reads path into out through Call, the tree's one JSON client: an
+// error answer is an *Error with the agent's message and code, an agent
+// that cannot be reached an *Error wrapping ErrUnreachable.
 func (c *AgentClient) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return &Error{Message: fmt.Sprintf("GET %s%s: %v", c.base, path, err), Code: CodeInternal}
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("read %s%s: %w", c.base, path, err)
-	}
-	if resp.StatusCode >= 300 {
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(data, e) != nil || e.Message == "" {
-			e.Message, e.Code = strings.TrimSpace(string(data)), CodeInternal
-		}
-		return e
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("decode %s%s: %w", c.base, path, err)
-	}
-	return nil
+	return Call(ctx, c.http, http.MethodGet, c.base+path, nil, out, nil)
 }

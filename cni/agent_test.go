@@ -9,7 +9,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/lab/testutil"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // The tests run carve-ipam against a real carve agent: one host of a lab
@@ -28,7 +28,7 @@ var (
 )
 
 func testNetwork() *api.NetworkConfig {
-	cfg := master.DefaultConfig()
+	cfg := state.DefaultConfig()
 	cfg.Overlays = []api.OverlayNetwork{
 		{Name: "ov", Subnet: "10.1.0.0/16", Prefix: 24},
 		{Name: "tiny", Subnet: "10.2.0.0/27", Prefix: 28},

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/lab/labcluster"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // labPrefix starts the names of the tests' network namespaces.
@@ -23,9 +24,7 @@ func TestMain(m *testing.M) { os.Exit(labcluster.RunTests(m, labPrefix)) }
 func pluginPath(t testing.TB) []string {
 	t.Helper()
 	path := filepath.SplitList(os.Getenv(labcluster.CNIPathEnv))
-	if len(path) == 0 {
-		t.Skipf("no CNI plugins: labcluster.RunTests builds them as root, or set $%s", labcluster.CNIPathEnv)
-	}
+	testutil.Require(t, len(path) > 0, "no CNI plugins: labcluster.RunTests builds them as root, or set $%s", labcluster.CNIPathEnv)
 	return path
 }
 

@@ -20,7 +20,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master/state"
 )
 
 // installedBinary is the path the units run carve from.
@@ -107,9 +108,7 @@ func readUnit(t *testing.T, name string) string {
 
 func TestUnitsVerify(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
-	}
+	testutil.Require(t, err == nil, "systemd-analyze is not installed (Debian package systemd): the units are not verified")
 	bin := buildCarve(t)
 	for _, u := range units {
 		t.Run(u.file, func(t *testing.T) {
@@ -128,9 +127,7 @@ func TestUnitsVerify(t *testing.T) {
 // fail: each breakage of a real unit must draw a complaint.
 func TestUnitsVerifyCatchesBrokenUnits(t *testing.T) {
 	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze is not installed (Debian package systemd): the units are not verified")
-	}
+	testutil.Require(t, err == nil, "systemd-analyze is not installed (Debian package systemd): the units are not verified")
 	bin := buildCarve(t)
 	agent := units[1]
 	text := readUnit(t, agent.file)
@@ -271,15 +268,15 @@ func TestExampleNetworkConfigs(t *testing.T) {
 		t.Fatal("no examples/*.json")
 	}
 	for _, f := range files {
-		if _, err := master.LoadConfig(f); err != nil {
+		if _, err := state.LoadConfig(f); err != nil {
 			t.Errorf("carve master --config %s: %v", f, err)
 		}
 	}
-	def, err := master.LoadConfig("examples/network.json")
+	def, err := state.LoadConfig("examples/network.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := master.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
+	if want := state.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
 		t.Errorf("examples/network.json is not the default configuration:\n got %+v\nwant %+v", def, want)
 	}
 }

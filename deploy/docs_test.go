@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,9 +40,9 @@ var otherPrograms = []string{"net", "ip-range", "network_cni_config_dir"}
 func buildBinaries(t *testing.T, names ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	for _, name := range names {
-		out, err := exec.Command(gobin, "build", "-o", filepath.Join(dir, name), "github.com/carve-net/carve/cmd/"+name).CombinedOutput()
+		// go test puts the go command of its toolchain first on the test's PATH.
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), "github.com/carve-net/carve/cmd/"+name).CombinedOutput()
 		if err != nil {
 			t.Fatalf("build %s: %v\n%s", name, err, out)
 		}

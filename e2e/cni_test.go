@@ -18,7 +18,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // TestCNI is issue 5's CNI end-to-end scenario on real agents: containers
@@ -49,7 +49,7 @@ import (
 //     then reports an injected leak and an injected duplicate (see
 //     checkIPAMAfterChurn).
 func TestCNI(t *testing.T) {
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix, Network: &netCfg})
 	step := func(name string, fn func(t *testing.T)) {

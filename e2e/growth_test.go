@@ -17,7 +17,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // The overlays of TestGrowth. "carve" is roomy (a /22 of /27 slices: every
@@ -60,7 +60,7 @@ const (
 //     containers still ping, new ADDs get fresh addresses, and the real
 //     `carve ipam check` reports the cluster clean.
 func TestGrowth(t *testing.T) {
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	netCfg.Overlays = []api.OverlayNetwork{
 		{Name: roomy, Subnet: "10.128.0.0/22", Prefix: 27},
 		{Name: full, Subnet: "10.129.0.0/25", Prefix: 27, GrowPrefix: 30},

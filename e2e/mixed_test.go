@@ -7,6 +7,7 @@ import (
 
 	"github.com/carve-net/carve/internal/lab/dockerlab"
 	"github.com/carve-net/carve/internal/lab/labcluster"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // TestMixedContainers is the DC/OS design's own example: a Docker container
@@ -14,14 +15,13 @@ import (
 // named after it as DC/OS names it, with carve's IPAM plugin) and a CNI
 // container on host 1's m-<overlay> (the reference bridge plugin with
 // carve-ipam, as a runtime attaches it) ping each other both ways through
-// the overlay. It skips only when dockerd cannot run on this machine.
+// the overlay. It skips only when dockerd cannot run on this machine (and
+// fails then under CI: testutil.Require).
 func TestMixedContainers(t *testing.T) {
-	if _, err := dockerlab.Binaries(); err != nil {
-		t.Skipf("no Docker engine to run (deploy/install-deps.sh installs it): %v", err)
-	}
-	if _, err := dockerlab.StaticBusybox(); err != nil {
-		t.Skipf("no image for the Docker container: %v", err)
-	}
+	_, err := dockerlab.Binaries()
+	testutil.Require(t, err == nil, "no Docker engine to run (deploy/install-deps.sh installs it): %v", err)
+	_, err = dockerlab.StaticBusybox()
+	testutil.Require(t, err == nil, "no image for the Docker container: %v", err)
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, DockerBridge: true})
 	ctx := within(t, 3*converge)
 	const overlay = "carve"
@@ -29,9 +29,7 @@ func TestMixedContainers(t *testing.T) {
 
 	// The engine first: an agent that found none tries again only every 30s.
 	eng, err := c.StartDocker(ctx, h2)
-	if errors.Is(err, dockerlab.ErrCannotRun) {
-		t.Skipf("dockerd cannot run on this machine: %v", err)
-	}
+	testutil.Require(t, !errors.Is(err, dockerlab.ErrCannotRun), "dockerd cannot run on this machine: %v", err)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,18 +2,37 @@ package gossip_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
+
+	"github.com/weaveworks/mesh"
 
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/internal/gset"
 )
 
+// TestPeerName: an id's peer name is the first bytes of its SHA-256 (6, in
+// mesh's default name flavour), the same in every process and release,
+// since peers recognise one another by it; distinct ids get distinct names.
 func TestPeerName(t *testing.T) {
-	if gossip.PeerName("agent-1") != gossip.PeerName("agent-1") {
-		t.Fatal("PeerName is not deterministic")
+	for _, tc := range []struct{ id, want string }{
+		{"agent-1", "6f:f3:b3:bd:11:c4"},
+		{"agent-2", "c3:54:4a:a1:58:a8"},
+		{"", "e3:b0:c4:42:98:fc"},
+	} {
+		if got := gossip.PeerName(tc.id).String(); got != tc.want {
+			t.Errorf("PeerName(%q) = %s, want %s (the first 6 bytes of its SHA-256)", tc.id, got, tc.want)
+		}
 	}
-	if gossip.PeerName("agent-1") == gossip.PeerName("agent-2") {
-		t.Fatal("two ids share a peer name")
+	const ids = 10000
+	names := make(map[mesh.PeerName]string, ids)
+	for i := range ids {
+		id := fmt.Sprintf("agent-%d", i)
+		name := gossip.PeerName(id)
+		if other, ok := names[name]; ok {
+			t.Fatalf("%q and %q share the peer name %s", other, id, name)
+		}
+		names[name] = id
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -66,7 +67,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -181,7 +182,7 @@ func TestClientTrustFailures(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 1, DefaultConfig(), p)
+	c := newTestClusterWith(t, 1, state.DefaultConfig(), p)
 	c.waitLeader()
 	foreign := newTestPKI(t)
 	foreignCert := foreign.ClientTLS("operator", pki.RoleOperator)
@@ -223,7 +224,7 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -310,7 +311,7 @@ func TestStartNeedsTLSOrInsecure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			opts := Options{ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0",
-				Peers: []raftlog.Server{{ID: "m1", Address: "127.0.0.1:1"}}, Network: DefaultConfig(), Logger: testLogger(t)}
+				Peers: []raftlog.Server{{ID: "m1", Address: "127.0.0.1:1"}}, Network: state.DefaultConfig(), Logger: testLogger(t)}
 			tt.set(&opts)
 			m, err := Start(context.Background(), opts)
 			if err == nil {
@@ -331,7 +332,7 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := &testCluster{t: t, cfg: DefaultConfig(), masters: make([]*Master, 1), pki: p}
+	c := &testCluster{t: t, cfg: state.DefaultConfig(), masters: make([]*Master, 1), pki: p}
 	c.ids, c.dirs = []string{"m1"}, []string{t.TempDir()}
 	pair := freeAddrs(t, 2)
 	c.raftAddrs, c.httpAddrs = []string{pair[0]}, []string{pair[1]}
@@ -379,7 +380,7 @@ func TestInsecureWarnsAtStart(t *testing.T) {
 	m, err := Start(context.Background(), Options{
 		ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: raftAddr,
 		Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
-		Network: DefaultConfig(), Insecure: true,
+		Network: state.DefaultConfig(), Insecure: true,
 		Logger: logs.Logger(),
 	})
 	if err != nil {

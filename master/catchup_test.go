@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master/state"
 )
 
 // A master restarted without quorum has not caught up with a leader: it
@@ -22,7 +23,7 @@ func TestRestartedAloneDoesNotServeItsTable(t *testing.T) {
 	}
 	for _, snapshot := range []bool{false, true} {
 		t.Run(fmt.Sprintf("snapshot=%v", snapshot), func(t *testing.T) {
-			c := newTestCluster(t, 3, DefaultConfig())
+			c := newTestCluster(t, 3, state.DefaultConfig())
 			leader := c.waitLeader()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

@@ -3,7 +3,6 @@ package master
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/raftlog"
 )
 
 // indexHeader carries the Raft index a write's answer reflects: a client (or
@@ -28,85 +26,6 @@ const forwardedHeader = "X-Carve-Forwarded-By"
 // setIndex sets the index header of a write's answer.
 func setIndex(w http.ResponseWriter, index uint64) {
 	w.Header().Set(indexHeader, strconv.FormatUint(index, 10))
-}
-
-// commit proposes cmd on the leader, or proxies the request to the leader
-// when this master does not lead. ok=false means an answer was written.
-func (s *server) commit(w http.ResponseWriter, r *http.Request, body []byte, cmd command) (res applyResult, ok bool) {
-	if !s.m.node.IsLeader() {
-		s.forward(w, r, body)
-		return applyResult{}, false
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
-	defer cancel()
-	res, index, handled := s.apply(ctx, w, r, body, cmd)
-	if handled {
-		return res, false
-	}
-	if res.Err != nil {
-		s.writeApplyError(w, res.Err)
-		return res, false
-	}
-	setIndex(w, index)
-	return res, true
-}
-
-// apply proposes a command on the leader and returns its result and log
-// index. handled=true means an answer was written (forwarded to a new
-// leader, or an error).
-func (s *server) apply(ctx context.Context, w http.ResponseWriter, r *http.Request, body []byte, cmd command) (applyResult, uint64, bool) {
-	data, err := encodeCommand(cmd)
-	if err != nil {
-		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
-		return applyResult{}, 0, true
-	}
-	out, index, err := s.m.node.Apply(ctx, data)
-	switch {
-	case err == nil:
-	case errors.Is(err, raftlog.ErrNotLeader):
-		// Surely not applied: the new leader can take it.
-		s.forward(w, r, body)
-		return applyResult{}, 0, true
-	case errors.Is(err, raftlog.ErrLeadershipLost), errors.Is(err, raftlog.ErrUnknownOutcome):
-		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable,
-			"leadership changed while the write was in flight; its outcome is unknown: retry with the same request_id")
-		return applyResult{}, 0, true
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeTimeout, "the write did not commit in time; retry with the same request_id")
-		return applyResult{}, 0, true
-	default:
-		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, fmt.Sprintf("raft: %v", err))
-		return applyResult{}, 0, true
-	}
-	res, ok := out.(applyResult)
-	if !ok {
-		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, fmt.Sprintf("unexpected apply result %T", out))
-		return applyResult{}, 0, true
-	}
-	for _, warn := range res.Warnings {
-		s.log.Warn("network config", "warning", warn)
-	}
-	return res, index, false
-}
-
-func (s *server) writeApplyError(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, ErrVTEPExhausted):
-		s.m.metrics.allocFailures.WithLabelValues("vtep_exhausted").Inc()
-		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
-	case errors.Is(err, ErrOverlayExhausted):
-		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
-	case errors.Is(err, ErrBlockConflict), errors.Is(err, ErrRequestIDReused), errors.Is(err, ErrReportAhead):
-		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
-	case errors.Is(err, ErrUnknownAgent):
-		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
-	case errors.Is(err, ErrNoConfig):
-		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, ErrBadCommand), errors.Is(err, ErrInvalidBlock):
-		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
-	default:
-		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
-	}
 }
 
 // forward proxies a request to the leader and copies its answer back. A

@@ -14,6 +14,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -57,7 +58,7 @@ func (c *testCluster) checkMasters() {
 		return nil
 	})
 	for _, m := range c.running() {
-		if err := tableInvariants(m.table); err != nil {
+		if err := m.table.CheckInvariants(); err != nil {
 			c.t.Fatalf("%s: %v", m.opts.ID, err)
 		}
 	}
@@ -73,7 +74,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := cfgWith(api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24})
+	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
 	c := newTestClusterWith(t, 3, cfg, p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

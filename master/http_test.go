@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -19,7 +20,7 @@ func TestHTTPRequestIDReuseConflict(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, DefaultConfig())
+	c := newTestCluster(t, 1, state.DefaultConfig())
 	c.waitLeader()
 	base := "http://" + c.httpAddrs[0]
 	status, _, data := httpCall(t, "POST", base+"/overlay-master/agents", "application/json",
@@ -45,7 +46,7 @@ func TestUnchangedRegistrationCarriesIndex(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, DefaultConfig())
+	c := newTestCluster(t, 3, state.DefaultConfig())
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	body := `{"agent_id":"a1","ip":"198.18.0.1","hostname":"h1"}`
@@ -79,7 +80,7 @@ func TestStateIndexHeaderMatchesBody(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, DefaultConfig())
+	c := newTestCluster(t, 1, state.DefaultConfig())
 	c.waitLeader()
 	m := c.masters[0]
 	// Changes are applied straight to the table, as raft's FSM goroutine
@@ -95,7 +96,11 @@ func TestStateIndexHeaderMatchesBody(t *testing.T) {
 				return
 			default:
 			}
-			data, err := encodeCommand(command{Op: opRegister, Register: &registerCmd{AgentID: "a1", IP: "198.18.0.1", Hostname: fmt.Sprint("h", i)}})
+			cmd, err := state.RegisterCommand(api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1", Hostname: fmt.Sprint("h", i)})
+			if err != nil {
+				panic(err)
+			}
+			data, err := cmd.Encode()
 			if err != nil {
 				panic(err)
 			}
@@ -135,7 +140,7 @@ func TestWildcardHTTPAddrRefused(t *testing.T) {
 			m, err := Start(context.Background(), Options{
 				ID: "m1", DataDir: t.TempDir(), HTTPAddr: addr, RaftAddr: raftAddr,
 				Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
-				Network: DefaultConfig(), Logger: testLogger(t), Insecure: true,
+				Network: state.DefaultConfig(), Logger: testLogger(t), Insecure: true,
 			})
 			if err == nil {
 				m.Close()
@@ -154,7 +159,7 @@ func TestHTTPRequestsCountedByRoute(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, DefaultConfig())
+	c := newTestCluster(t, 1, state.DefaultConfig())
 	c.waitLeader()
 	base := "http://" + c.httpAddrs[0]
 	for _, path := range []string{"/overlay-master/state", "/overlay-master/agents/nobody", "/cluster/status", "/nothing"} {

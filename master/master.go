@@ -1,13 +1,13 @@
-// Package master is the carve master: the lease allocation rules, the
-// network-config validation, and the HTTP server, on top of a raftlog node
-// that replicates the LeaseTable.
+// Package master runs a carve master: the process (Start, Close), the
+// leader's duties, and the HTTP API that serves the lease table of
+// master/state, authenticates and authorizes its clients, and proposes
+// their writes through the raftlog node that replicates the table, or
+// forwards them to the leader.
 package master
 
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,7 +21,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -78,7 +78,7 @@ const DefaultTombstoneMaxAge = 24 * time.Hour
 type Master struct {
 	opts     Options
 	log      *slog.Logger
-	table    *LeaseTable
+	table    *state.LeaseTable
 	node     *raftlog.Node
 	registry *prometheus.Registry
 	metrics  *metrics
@@ -98,86 +98,6 @@ type Master struct {
 	closeErr  error
 }
 
-type metrics struct {
-	registrations *prometheus.CounterVec
-	reports       *prometheus.CounterVec
-	allocFailures *prometheus.CounterVec
-	httpRequests  *prometheus.CounterVec
-	forwarded     prometheus.Counter
-	authRefusals  *prometheus.CounterVec
-	grown         prometheus.Counter
-	returned      prometheus.Counter
-	grantsLearned prometheus.Counter
-	growRefused   *prometheus.CounterVec
-	released      prometheus.Counter
-}
-
-func newMetrics(reg prometheus.Registerer, t *LeaseTable) *metrics {
-	m := &metrics{
-		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
-		}, []string{"result"}),
-		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_master_agent_reports_total",
-			Help: "Agents' configuration reports answered by this master, by result (ok: committed, unchanged: no log entry needed).",
-		}, []string{"result"}),
-		allocFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_master_allocation_failures_total", Help: "Leases that could not be allocated, by reason.",
-		}, []string{"reason"}),
-		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_master_http_requests_total", Help: "HTTP requests, by method, route and status code.",
-		}, []string{"method", "route", "code"}),
-		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "carve_master_forwarded_requests_total", Help: "Requests this follower proxied to the leader.",
-		}),
-		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_master_auth_refusals_total",
-			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
-		}, []string{"reason"}),
-	}
-	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
-	})
-	m.returned = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "carve_master_blocks_returned_total", Help: "Block returns committed (answered by this master as leader).",
-	})
-	m.grantsLearned = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "carve_master_grants_learned_total", Help: "Ring grant reports committed (answered by this master as leader), repeats included.",
-	})
-	m.growRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "carve_master_grow_refused_total", Help: "Grow requests refused, by reason: exhausted, invalid, unknown_agent, other.",
-	}, []string{"reason"})
-	m.released = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "carve_master_quarantine_released_total", Help: "Quarantined blocks of deleted agents freed by releases this master proposed.",
-	})
-	for _, r := range []string{growRefusedExhausted, growRefusedInvalid, growRefusedUnknown, growRefusedOther} {
-		m.growRefused.WithLabelValues(r)
-	}
-	quarantined := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "carve_master_quarantined_blocks", Help: "Blocks of deleted agents' space not yet leasable again (quarantine).",
-	}, func() float64 { return float64(t.QuarantinedCount()) })
-	reg.MustRegister(m.grown, m.returned, m.grantsLearned, m.growRefused, m.released, quarantined)
-	// Export zeros for the known labels, so dashboards and alerts see the series.
-	for _, r := range []string{"ok", "unchanged", "error", "bad_request"} {
-		m.registrations.WithLabelValues(r)
-		m.reports.WithLabelValues(r)
-	}
-	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
-		m.allocFailures.WithLabelValues(r)
-	}
-	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent} {
-		m.authRefusals.WithLabelValues(r)
-	}
-	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "carve_master_agents", Help: "Agents in the lease table.",
-	}, func() float64 { return float64(t.AgentCount()) })
-	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
-	}, func() float64 { return float64(t.Index()) })
-	reg.MustRegister(m.registrations, m.reports, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex)
-	return m
-}
-
 // Start opens the Raft node from DataDir, starts the HTTP API and the
 // leader's duties, and joins a running cluster when Options.Join is set.
 func Start(ctx context.Context, opts Options) (*Master, error) {
@@ -193,10 +113,10 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
-	if _, err := parseNetwork(WithDefaults(opts.Network)); err != nil {
+	if err := state.ValidateConfig(opts.Network); err != nil {
 		return nil, err
 	}
-	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: NewLeaseTable(), registry: prometheus.NewRegistry(),
+	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: state.NewLeaseTable(), registry: prometheus.NewRegistry(),
 		releaseKick: make(chan struct{}, 1)}
 	sec, err := newSecurity(opts, m.log)
 	if err != nil {
@@ -303,180 +223,10 @@ func (m *Master) RaftAddr() string { return m.node.Addr() }
 func (m *Master) Node() *raftlog.Node { return m.node }
 
 // Table exposes the lease table (tests).
-func (m *Master) Table() *LeaseTable { return m.table }
+func (m *Master) Table() *state.LeaseTable { return m.table }
 
 // Registry is the Prometheus registry served on /metrics.
 func (m *Master) Registry() *prometheus.Registry { return m.registry }
-
-// leaderDuties runs, whenever this node leads and has caught up with the
-// log, what only a leader does: commit a cluster id when the log has none,
-// publish its HTTP address in the log (followers proxy to it) and commit its
-// network configuration file when it differs from the committed one.
-func (m *Master) leaderDuties(ctx context.Context) {
-	changes := m.node.LeaderChanges()
-	caughtUp := m.node.CaughtUp()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	compact := time.NewTicker(m.opts.CompactEvery)
-	defer compact.Stop()
-	for {
-		if m.node.IsLeader() && m.node.IsCaughtUp() {
-			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
-				m.log.Warn("leader setup", "err", err)
-			}
-			if err := m.releaseQuarantine(ctx); err != nil && ctx.Err() == nil {
-				m.log.Warn("quarantine release", "err", err)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-m.releaseKick:
-		case <-changes:
-		case <-caughtUp:
-			caughtUp = nil // closed for good: wait on it once
-		case <-tick.C:
-		case <-compact.C:
-			if m.node.IsLeader() && m.node.IsCaughtUp() {
-				m.proposeCompaction(ctx)
-			}
-		}
-	}
-}
-
-// proposeCompaction has the log compact the tombstones older than
-// TombstoneMaxAge by this leader's clock (applyCompact decides which).
-func (m *Master) proposeCompaction(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	before := m.table.Horizon()
-	c := &compactCmd{Now: time.Now().UnixMilli(), MaxAge: max(m.opts.TombstoneMaxAge.Milliseconds(), 1)}
-	if err := m.propose(ctx, command{Op: opCompact, Compact: c}); err != nil {
-		if ctx.Err() == nil {
-			m.log.Warn("propose tombstone compaction", "err", err)
-		}
-		return
-	}
-	if after := m.table.Horizon(); after != before {
-		m.log.Info("tombstones compacted", "horizon", after)
-	}
-}
-
-func (m *Master) leaderSetup(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if m.table.ClusterID() == "" {
-		id, err := newClusterID()
-		if err != nil {
-			return err
-		}
-		// Should another leader have committed one first, that one stays.
-		if err := m.propose(ctx, command{Op: opSetClusterID, ClusterID: id}); err != nil {
-			return fmt.Errorf("commit cluster id: %w", err)
-		}
-		m.log.Info("cluster id committed", "cluster_id", m.table.ClusterID())
-	}
-	self := serverMeta{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
-	if cur, ok := m.table.Server(m.opts.ID); !ok || cur != self {
-		if err := m.propose(ctx, command{Op: opServerMeta, ServerMeta: &self}); err != nil {
-			return fmt.Errorf("publish http address: %w", err)
-		}
-	}
-	change, warnings, err := m.table.ConfigChange(m.opts.Network)
-	if err != nil {
-		return fmt.Errorf("network config: %w", err)
-	}
-	if !change {
-		return nil
-	}
-	for _, w := range warnings {
-		m.log.Warn("network config", "warning", w)
-	}
-	if err := m.propose(ctx, command{Op: opSetConfig, SetConfig: &m.opts.Network}); err != nil {
-		return fmt.Errorf("commit network config: %w", err)
-	}
-	m.log.Info("network config committed", "overlays", len(m.opts.Network.Overlays))
-	return nil
-}
-
-// kickRelease asks the leader's duties to look for a quarantine release.
-func (m *Master) kickRelease() {
-	select {
-	case m.releaseKick <- struct{}{}:
-	default:
-	}
-}
-
-// releaseQuarantine proposes a quarantine release when the holdings
-// acknowledgements this leader received cover every live agent past the
-// deletion of some quarantined space.
-func (m *Master) releaseQuarantine(ctx context.Context) error {
-	cmd, ok := m.table.ReleaseProposal()
-	if !ok {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	data, err := encodeCommand(command{Op: opRelease, Release: cmd})
-	if err != nil {
-		return err
-	}
-	out, _, err := m.node.Apply(ctx, data)
-	if err != nil {
-		return fmt.Errorf("commit quarantine release: %w", err)
-	}
-	if res, ok := out.(applyResult); ok && res.Released > 0 {
-		m.metrics.released.Add(float64(res.Released))
-		m.log.Info("quarantine released", "blocks", res.Released)
-	}
-	return nil
-}
-
-// propose applies a command and returns its deterministic error, if any.
-func (m *Master) propose(ctx context.Context, c command) error {
-	data, err := encodeCommand(c)
-	if err != nil {
-		return err
-	}
-	out, _, err := m.node.Apply(ctx, data)
-	if err != nil {
-		return err
-	}
-	if res, ok := out.(applyResult); ok && res.Err != nil {
-		return res.Err
-	}
-	return nil
-}
-
-// newClusterID draws the id that names a new cluster's log.
-func newClusterID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("draw a cluster id: %w", err)
-	}
-	return hex.EncodeToString(b[:]), nil
-}
-
-// joinCluster asks the masters at Options.Join to add this node, until one agrees.
-func (m *Master) joinCluster(ctx context.Context) {
-	client := m.joinClient
-	req := api.JoinRequest{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
-	backoff := retry.Backoff{First: 500 * time.Millisecond, Max: 30 * time.Second}
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		err := client.Join(cctx, req)
-		cancel()
-		if err == nil {
-			m.log.Info("joined the cluster", "via", m.opts.Join)
-			return
-		}
-		wait := backoff.Next()
-		m.log.Warn("join failed, retrying", "via", m.opts.Join, "err", err, "in", wait)
-		if !retry.Sleep(ctx, wait) {
-			return
-		}
-	}
-}
 
 // ClusterStatus is this node's view of the Raft cluster.
 func (m *Master) ClusterStatus() api.ClusterStatus {

@@ -2,7 +2,6 @@ package master
 
 import (
 	"context"
-	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -35,9 +35,9 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := cfgWith(api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
 		api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64},
-		api.OverlayNetwork{Name: "dual", Subnet: "10.1.0.0/16", Prefix: 24, Subnet6: "fd01::/48", Prefix6: 64})
+		api.OverlayNetwork{Name: "dual", Subnet: "10.1.0.0/16", Prefix: 24, Subnet6: "fd01::/48", Prefix6: 64}}})
 	c := newTestClusterWith(t, 3, cfg, p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
@@ -159,56 +159,5 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 	// A record's signature is no tombstone's.
 	if err := api.VerifyTombstone(pub, api.Tombstone{AgentID: rec.AgentID, Version: rec.Version, Signature: rec.Signature}, st.ClusterID); err == nil {
 		t.Error("a record's signature verifies as a tombstone's")
-	}
-}
-
-// A state read signs only what changed since the last one.
-func TestSigningOncePerRecord(t *testing.T) {
-	h := newHarness(t, DefaultConfig())
-	_, key, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.table.SetSigningKey(key)
-	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
-	for i := range 100 {
-		h.mustRegister(fmt.Sprintf("a%03d", i), fmt.Sprintf("198.18.0.%d", i+1))
-	}
-	signed := func() uint64 { return h.table.signer.signed.Load() }
-	read := func() {
-		t.Helper()
-		if _, _, err := h.table.StateJSON(""); err != nil {
-			t.Fatal(err)
-		}
-	}
-	steps := []struct {
-		name  string
-		do    func()
-		signs uint64
-	}{
-		{"first read", func() {}, 100},
-		{"second read", func() {}, 0},
-		{"one registration", func() { h.mustRegister("new", "198.18.1.1") }, 1},
-		{"one deletion", func() { h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a000"}}}) }, 1}, // the tombstone
-		{"a configuration change outside the signed fields", func() {
-			cfg := DefaultConfig()
-			cfg.OverlayMTU = 1400
-			h.apply(command{Op: opSetConfig, SetConfig: &cfg})
-		}, 0},
-	}
-	for _, s := range steps {
-		before := signed()
-		s.do()
-		read()
-		if got := signed() - before; got != s.signs {
-			t.Errorf("%s: %d signatures, want %d", s.name, got, s.signs)
-		}
-	}
-	// A GET of a record already in a state read signs nothing.
-	before := signed()
-	info, _ := h.table.Agent("a001")
-	h.table.signAgent(info)
-	if signed() != before || info.Signature == "" {
-		t.Errorf("GET agent re-signed (%d) or left unsigned", signed()-before)
 	}
 }

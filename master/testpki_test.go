@@ -41,7 +41,7 @@ func (p *testPKI) httpClient(name string, role pki.Role) *http.Client {
 }
 
 // sharedHTTPClient is one HTTP client per name, whose connections every
-// caller shares (as http.DefaultTransport's are).
+// caller shares (as http.DefaultTransport's are), bounded (boundedClient).
 func (p *testPKI) sharedHTTPClient(name string, role pki.Role) *http.Client {
 	p.t.Helper()
 	cfg := p.ClientTLS(name, role)
@@ -49,12 +49,27 @@ func (p *testPKI) sharedHTTPClient(name string, role pki.Role) *http.Client {
 	defer p.mu.Unlock()
 	hc, ok := p.clients[name]
 	if !ok {
-		tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: 1024}
-		p.t.Cleanup(tr.CloseIdleConnections)
-		hc = &http.Client{Transport: tr, Timeout: 20 * time.Second}
+		hc = boundedClient(p.t, cfg)
 		p.clients[name] = hc
 	}
 	return hc
+}
+
+// sharedConnsPerMaster bounds the connections of a shared client to one master.
+const sharedConnsPerMaster = 32
+
+// boundedClient is an HTTP client (with TLS when cfg is set) whose
+// callers share at most sharedConnsPerMaster connections to each master,
+// as a few agents would: 500 concurrent registrations opening one
+// connection each (TLS handshakes, and http.DefaultTransport's churn of
+// all but two) spent both cores under -race, so that 50 registrations took
+// over 30s and TestClusterRegistrationsThroughLeaderFailover failed; that
+// tested nothing of the masters.
+func boundedClient(t *testing.T, cfg *tls.Config) *http.Client {
+	t.Helper()
+	tr := &http.Transport{TLSClientConfig: cfg, MaxIdleConnsPerHost: sharedConnsPerMaster, MaxConnsPerHost: sharedConnsPerMaster}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
 }
 
 func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {

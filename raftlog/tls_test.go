@@ -50,6 +50,12 @@ func TestTLSTransportRefusesStrangers(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ca, foreign := pkitest.New(t), pkitest.New(t)
 			c := newCluster(t, 3, func(cfg *Config) {
+				// With the rogue a voter, a quorum needs every real node:
+				// the test's quick timeouts would let one follower starved
+				// of CPU for 200 ms depose the leader, which is not the
+				// rogue's doing (seen under -race beside other packages).
+				cfg.HeartbeatTimeout, cfg.ElectionTimeout = DefaultHeartbeatTimeout, DefaultElectionTimeout
+				cfg.LeaderLeaseTimeout = DefaultLeaderLeaseTimeout
 				if cfg.TLS == nil {
 					cfg.TLS = transportTLS(ca, cfg.ID, pki.RoleMaster)
 				}

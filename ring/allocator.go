@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sort"
 )
 
 // Attachment names who holds an address: one interface of one container.
@@ -29,7 +28,7 @@ type Allocation struct {
 type Allocator struct {
 	self     string
 	ring     *Ring
-	space    *Space
+	space    *space
 	byAttach map[Attachment]netip.Addr
 	byAddr   map[netip.Addr]Attachment
 	reserved map[netip.Addr]bool
@@ -45,7 +44,7 @@ func NewAllocator(self string, universe netip.Prefix) (*Allocator, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, _ := NewSpace(universe) // same universe, already validated
+	s, _ := newSpace(universe) // same universe, already validated
 	return &Allocator{
 		self: self, ring: r, space: s,
 		byAttach: map[Attachment]netip.Addr{},
@@ -204,18 +203,6 @@ func (a *Allocator) DonateBlock(to string, within []netip.Prefix, log2 int) (net
 // FreeHosts counts the free addresses of subnet that Allocate may hand out.
 func (a *Allocator) FreeHosts(subnet netip.Prefix) Uint128 { return a.space.FreeHosts(subnet) }
 
-// Transfer takes over every range of a departed peer (see Ring.Transfer).
-func (a *Allocator) Transfer(from string) (int, error) {
-	next, n, err := a.ring.tryTransfer(from, a.self)
-	if err != nil || n == 0 {
-		return 0, err
-	}
-	if err := a.apply(next); err != nil {
-		return 0, err
-	}
-	return n, nil
-}
-
 // SyncFree writes the space's free counts into the ring's tokens. Cheap when
 // nothing changed; a holder calls it before gossiping rather than on every
 // allocation, so that allocations do not flood the network.
@@ -226,12 +213,6 @@ func (a *Allocator) SyncFree() (changed bool, err error) {
 	}
 	a.ring.commit(next) // same owners, same ranges: nothing to check
 	return true, nil
-}
-
-// Lookup returns the address held by an attachment.
-func (a *Allocator) Lookup(at Attachment) (netip.Addr, bool) {
-	addr, ok := a.byAttach[at]
-	return addr, ok
 }
 
 // Holder returns the attachment holding addr.
@@ -298,54 +279,6 @@ func (a *Allocator) unbind(al Allocation) {
 	_ = a.space.Release(al.Addr)
 }
 
-// ReleaseContainer frees every address of a container and returns them.
-func (a *Allocator) ReleaseContainer(containerID string) []Allocation {
-	return a.releaseWhere(func(at Attachment) bool { return at.ContainerID == containerID })
-}
-
-// GC frees every address whose attachment is not in keep and returns them.
-// A kept attachment with an empty Interface keeps every interface of its
-// container.
-func (a *Allocator) GC(keep []Attachment) []Allocation {
-	exact := map[Attachment]bool{}
-	whole := map[string]bool{}
-	for _, k := range keep {
-		if k.Interface == "" {
-			whole[k.ContainerID] = true
-		}
-		exact[k] = true
-	}
-	return a.releaseWhere(func(at Attachment) bool { return !exact[at] && !whole[at.ContainerID] })
-}
-
-func (a *Allocator) releaseWhere(match func(Attachment) bool) []Allocation {
-	var out []Allocation
-	for at, addr := range a.byAttach {
-		if match(at) {
-			out = append(out, Allocation{at, addr})
-		}
-	}
-	sortAllocations(out)
-	for _, al := range out {
-		a.unbind(al)
-	}
-	return out
-}
-
-func sortAllocations(as []Allocation) {
-	sort.Slice(as, func(i, j int) bool { return as[i].Addr.Less(as[j].Addr) })
-}
-
-// Allocations returns every address handed out, in address order.
-func (a *Allocator) Allocations() []Allocation {
-	out := make([]Allocation, 0, len(a.byAttach))
-	for at, addr := range a.byAttach {
-		out = append(out, Allocation{at, addr})
-	}
-	sortAllocations(out)
-	return out
-}
-
 // Reserve takes an owned address out of circulation without an attachment
 // (a bridge's gateway, say), so that it is neither allocated nor donated.
 // Reserving a reserved address is a no-op.
@@ -379,49 +312,4 @@ func (a *Allocator) Reserved() []netip.Addr {
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
-}
-
-// State is the full state of an allocator, for persistence: the space is
-// derived from it, so it is not stored.
-type State struct {
-	Self        string
-	Ring        []byte // Ring.Encode
-	Allocations []Allocation
-	Reserved    []netip.Addr
-}
-
-// State exports the allocator.
-func (a *Allocator) State() State {
-	return State{Self: a.self, Ring: a.ring.Encode(), Allocations: a.Allocations(), Reserved: a.Reserved()}
-}
-
-// RestoreAllocator rebuilds an allocator from an exported state, checking
-// that every address is owned by the peer and held once.
-func RestoreAllocator(st State) (*Allocator, error) {
-	r, err := Decode(st.Ring)
-	if err != nil {
-		return nil, fmt.Errorf("restore ring: %w", err)
-	}
-	a, err := NewAllocator(st.Self, r.u.prefix)
-	if err != nil {
-		return nil, err
-	}
-	if err := a.space.setOwned(ownedIvals(r.u, r.st.view, a.self)); err != nil {
-		return nil, err
-	}
-	a.ring = r
-	for _, al := range st.Allocations {
-		if err := a.Claim(al.Attachment, al.Addr); err != nil {
-			return nil, fmt.Errorf("restore %v: %w", al, err)
-		}
-	}
-	for _, addr := range st.Reserved {
-		if a.reserved[addr] {
-			return nil, fmt.Errorf("%w: %v reserved twice", ErrInvalid, addr)
-		}
-		if err := a.Reserve(addr); err != nil {
-			return nil, fmt.Errorf("restore reserved %v: %w", addr, err)
-		}
-	}
-	return a, nil
 }

@@ -323,7 +323,7 @@ func TestAllocatorSyncFree(t *testing.T) {
 	if err != nil || !changed {
 		t.Fatalf("SyncFree = %v, %v", changed, err)
 	}
-	if got := a.ring.FreeByPeer()["a"]; got != U128(255) {
+	if got := a.ring.freeByPeer()["a"]; got != U128(255) {
 		t.Fatalf("ring free of a = %v, want 255", got)
 	}
 	if changed, _ := a.SyncFree(); changed {

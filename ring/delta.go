@@ -84,9 +84,9 @@ func (r *Ring) subset(raw []rawToken, leases []leaseEntry, sets, tombs []Tombsto
 // tombstones): what sizes its buckets.
 func (r *Ring) Owners() int { return len(r.owners()) }
 
-// BucketOf is the bucket (of n, a power of two) of an owner's entries; raw
+// bucketOf is the bucket (of n, a power of two) of an owner's entries; raw
 // tokens of nobody are in the bucket of "".
-func BucketOf(owner string, n int) int {
+func bucketOf(owner string, n int) int {
 	return int(mix64(fnv64([]byte(owner))) & uint64(n-1))
 }
 
@@ -111,7 +111,7 @@ func (r *Ring) BucketHashes(n int) ([]uint64, error) {
 		return nil, fmt.Errorf("%w: %d buckets: want a power of two", ErrInvalid, n)
 	}
 	out := make([]uint64, n)
-	r.eachEntry(func(owner string, h uint64) { out[BucketOf(owner, n)] ^= h })
+	r.eachEntry(func(owner string, h uint64) { out[bucketOf(owner, n)] ^= h })
 	return out, nil
 }
 
@@ -132,7 +132,7 @@ func (r *Ring) InBuckets(n int, buckets []int) (*Ring, error) {
 	in := func(owner string) bool {
 		v, ok := cache[owner]
 		if !ok {
-			v = want[BucketOf(owner, n)]
+			v = want[bucketOf(owner, n)]
 			cache[owner] = v
 		}
 		return v

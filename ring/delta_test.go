@@ -135,7 +135,7 @@ func TestBucketsSpreadSimilarIDs(t *testing.T) {
 		const ids, n = 5000, 256
 		count := make([]int, n)
 		for i := range ids {
-			count[BucketOf(fmt.Sprintf(format, i, i), n)]++
+			count[bucketOf(fmt.Sprintf(format, i, i), n)]++
 		}
 		if m := slices.Max(count); slices.Min(count) == 0 || m > 3*ids/n {
 			t.Errorf("%q: buckets hold %d to %d ids, want all used and none above %d", format, slices.Min(count), m, 3*ids/n)

@@ -7,10 +7,10 @@ import (
 	"sort"
 )
 
-// FormatV2 is the first byte of every encoded ring of this layout. Format 1
+// formatV2 is the first byte of every encoded ring of this layout. Format 1
 // (leases disjoint, without lease-set versions) is no longer read: a ring
 // persisted in it is seeded again from the masters' records.
-const FormatV2 = 2
+const formatV2 = 2
 
 // maxOwnerLen bounds an agent id in the encoding.
 const maxOwnerLen = 255
@@ -18,7 +18,7 @@ const maxOwnerLen = 255
 // Encode writes the replicated state in a compact, canonical form, the same
 // for gossip and for disk:
 //
-//	format byte (FormatV2)
+//	format byte (formatV2)
 //	family byte (4 or 6), universe address (4 or 16 bytes), prefix length byte
 //	owners:     count, then each as length + bytes, sorted, each used below
 //	tokens:     count, then each: start as a delta from the previous one
@@ -34,11 +34,11 @@ const maxOwnerLen = 255
 // Integers are unsigned varints; 128-bit values are two varints (high, low).
 // Equal states encode to equal bytes.
 func (r *Ring) Encode() []byte {
-	return r.AppendEncode(make([]byte, 0, 32+12*len(r.st.raw)+8*len(r.st.leases)))
+	return r.appendEncode(make([]byte, 0, 32+12*len(r.st.raw)+8*len(r.st.leases)))
 }
 
-// AppendEncode appends the encoding of r to b.
-func (r *Ring) AppendEncode(b []byte) []byte {
+// appendEncode appends the encoding of r to b.
+func (r *Ring) appendEncode(b []byte) []byte {
 	owners := r.owners()
 	index := make(map[string]uint64, len(owners))
 	for i, o := range owners {
@@ -50,7 +50,7 @@ func (r *Ring) AppendEncode(b []byte) []byte {
 		}
 		return index[o]
 	}
-	b = append(b, FormatV2)
+	b = append(b, formatV2)
 	a := r.u.prefix.Addr()
 	if a.Is4() {
 		b = append(b, 4)
@@ -96,9 +96,6 @@ func (r *Ring) AppendEncode(b []byte) []byte {
 	}
 	return b
 }
-
-// MarshalBinary is Encode, for encoding.BinaryMarshaler.
-func (r *Ring) MarshalBinary() ([]byte, error) { return r.Encode(), nil }
 
 func (r *Ring) owners() []string {
 	seen := map[string]bool{}
@@ -207,7 +204,7 @@ func (d *decoder) count(what string, minBytes int) int {
 // below its owner's lease-set version, lease sets and tombstones sorted. It never panics on any input.
 func Decode(b []byte) (*Ring, error) {
 	d := &decoder{b: b}
-	if f := d.byte1("format"); d.err == nil && f != FormatV2 {
+	if f := d.byte1("format"); d.err == nil && f != formatV2 {
 		return nil, fmt.Errorf("%w: unknown format %d", ErrInvalid, f)
 	}
 	var addr netip.Addr
@@ -369,14 +366,4 @@ func (d *decoder) ownerVersions(what string, owner func(uint64, bool) string) []
 		out = append(out, t)
 	}
 	return out
-}
-
-// UnmarshalBinary is Decode into r, for encoding.BinaryUnmarshaler.
-func (r *Ring) UnmarshalBinary(b []byte) error {
-	d, err := Decode(b)
-	if err != nil {
-		return err
-	}
-	*r = *d
-	return nil
 }

@@ -83,7 +83,7 @@ func (e enc) bytes() []byte {
 // deleted at 7.
 func validEnc() enc {
 	return enc{
-		format: FormatV2, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
+		format: formatV2, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
 		owners: []string{"a", "b", "c"},
 		toks: []encTok{
 			{U128(0), 0, 0, 0, U128(0)},
@@ -219,12 +219,12 @@ func TestEncodeRoundTrip(t *testing.T) {
 			if !d.Equal(tt.r) || !bytes.Equal(d.Encode(), b) {
 				t.Fatalf("round trip differs:\n%v\n%v", tt.r, d)
 			}
-			if b[0] != FormatV2 {
+			if b[0] != formatV2 {
 				t.Fatalf("format byte %d", b[0])
 			}
 			var u Ring
-			if err := u.UnmarshalBinary(b); err != nil || !u.Equal(tt.r) {
-				t.Fatalf("UnmarshalBinary: %v", err)
+			if err := u.unmarshalBinary(b); err != nil || !u.Equal(tt.r) {
+				t.Fatalf("unmarshalBinary: %v", err)
 			}
 		})
 	}

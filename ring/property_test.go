@@ -195,7 +195,7 @@ func (h *history) step() {
 		// It must know the dead peer's last ring first, or it would
 		// take back what the dead peer had given away.
 		h.merge(to, h.peers[d].Ring())
-		if _, err := h.peers[to].Transfer(d); err != nil {
+		if _, err := h.peers[to].transfer(d); err != nil {
 			h.fatalf("transfer %s to %s: %v", d, to, err)
 		}
 		h.taken[d] = true

@@ -12,7 +12,7 @@
 //
 // The replicated state has three parts, each a join-semilattice:
 //
-//   - raw tokens: the tokens peers wrote (grants, transfers, free counts),
+//   - raw tokens: the tokens peers wrote (grants, releases, free counts),
 //     joined position by position, the greater value winning;
 //   - leases: the master's lease table (agent -> blocks, with the Raft index
 //     of the record they come from), joined by (prefix, agent), the higher
@@ -36,14 +36,13 @@
 //
 // A version is a Raft index (the epoch, upper 32 bits) and a local counter
 // (lower 32 bits): a lease of index i gives version i<<32; an owner's write
-// (grant, free count) adds 1; a transfer adds 1<<20, dominating any run of
-// small increments the departed owner may have made concurrently; and a
-// tombstone of index d voids every token of its agent whose epoch is below d.
+// (grant, free count) adds 1; and a tombstone of index d voids every token
+// of its agent whose epoch is below d.
 //
 // # The space
 //
-// Space holds the ranges one peer owns and, inside them, which addresses are
-// free. Allocator ties a Ring and a Space for one peer and keeps them equal
+// The space of a peer holds the ranges it owns and, inside them, which
+// addresses are free. Allocator ties a Ring and a space for one peer and keeps them equal
 // after every operation, and hands out addresses idempotently per
 // (container, interface). Nothing in this package does I/O or locking.
 package ring
@@ -62,11 +61,6 @@ const (
 	epochShift   = 32
 	counterMask  = 1<<epochShift - 1
 	maxRaftIndex = 1<<epochShift - 1
-
-	// TransferStep is added to a token's version when a peer takes over
-	// the ranges of a departed one: it dominates the small increments the
-	// departed peer may have made concurrently.
-	TransferStep = 1 << 20
 )
 
 // Lease is one line of the master's lease table for this overlay.
@@ -153,7 +147,7 @@ func (a leaseEntry) beats(b leaseEntry) bool {
 
 type viewToken struct {
 	rawToken
-	voided string // owner whose tombstone emptied this range, for Transfer
+	voided string // owner whose tombstone emptied this range, for a takeover (tests)
 }
 
 // state is the replicated state and the view derived from it. Slices are
@@ -478,15 +472,6 @@ func (r *Ring) Owner(a netip.Addr) (owner string, ok bool) {
 	return r.st.view[find(r.st.view, x)].owner, true
 }
 
-// RangesOf returns the ranges peer owns, one per token, in address order.
-func (r *Ring) RangesOf(peer string) []Range {
-	var out []Range
-	for _, v := range r.ownedIvalsIndexed(peer) {
-		out = append(out, r.u.rangeOf(v.lo, v.hi))
-	}
-	return out
-}
-
 func ownedIvals(u universe, view []viewToken, peer string) []ival {
 	var out []ival
 	if peer == "" {
@@ -514,8 +499,8 @@ func (r *Ring) Peers() []string {
 	return out
 }
 
-// FreeByPeer sums the free counts of every owner's ranges.
-func (r *Ring) FreeByPeer() map[string]Uint128 {
+// freeByPeer sums the free counts of every owner's ranges.
+func (r *Ring) freeByPeer() map[string]Uint128 {
 	out := map[string]Uint128{}
 	for _, t := range r.st.view {
 		if t.owner != "" {
@@ -530,7 +515,7 @@ func (r *Ring) FreeByPeer() map[string]Uint128 {
 // excluded peers (this peer, peers that refused) and peers with nothing free.
 // ok is false when no peer qualifies.
 func (r *Ring) ChoosePeerToAsk(rng *rand.Rand, exclude ...string) (peer string, ok bool) {
-	free := r.FreeByPeer()
+	free := r.freeByPeer()
 	names := make([]string, 0, len(free))
 	var sum Uint128
 	for p, f := range free {
@@ -888,51 +873,6 @@ func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 		writes = append(writes, rawToken{start: b, owner: self, version: w, free: minU(left, e.Sub(b))})
 	}
 	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), nil
-}
-
-// Transfer hands every range of a departed peer (those it still owns, and
-// those its tombstone emptied) to peer to, with versions that dominate any
-// concurrent small increment of the departed peer. It returns how many
-// ranges moved. Only one peer should transfer a given departed peer, and
-// only once its ring has converged with the others': a grant to the departed
-// peer that it has not heard of yet would stay with the departed peer (two
-// concurrent transfers are resolved by the tie-break, and the loser loses the
-// ranges again).
-func (r *Ring) Transfer(from, to string) (int, error) {
-	next, n, err := r.tryTransfer(from, to)
-	if err != nil || n == 0 {
-		return 0, err
-	}
-	r.commit(next)
-	return n, nil
-}
-
-func (r *Ring) tryTransfer(from, to string) (state, int, error) {
-	if from == "" || to == "" || from == to {
-		return state{}, 0, fmt.Errorf("%w: transfer from %q to %q", ErrInvalid, from, to)
-	}
-	var writes []rawToken
-	for i, t := range r.st.view {
-		if t.owner != from && (t.owner != "" || t.voided != from) {
-			continue
-		}
-		w, err := bump(t.version, TransferStep)
-		if err != nil {
-			return state{}, 0, err
-		}
-		if d := tombIndex(r.st.tombs, to); voids(d, w) {
-			return state{}, 0, fmt.Errorf("%w: %s at %d", ErrDeparted, to, d)
-		}
-		free := t.free
-		if t.owner == "" {
-			free = rangeEnd(r.u, r.st.view, i).Sub(t.start)
-		}
-		writes = append(writes, rawToken{start: t.start, owner: to, version: w, free: free})
-	}
-	if len(writes) == 0 {
-		return state{}, 0, nil
-	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), len(writes), nil
 }
 
 // ReportFree records the free count of ranges self owns, keyed by the

@@ -442,7 +442,7 @@ func TestTransfer(t *testing.T) {
 		}
 	}
 
-	n, err := r.Transfer("d", "c")
+	n, err := r.transfer("d", "c")
 	if err != nil || n != 2 {
 		t.Fatalf("Transfer(d) = %d, %v; want 2 ranges", n, err)
 	}
@@ -455,16 +455,16 @@ func TestTransfer(t *testing.T) {
 		}
 	}
 	// A range emptied by a tombstone can be taken over too.
-	if n, err := r.Transfer("gone", "c"); err != nil || n != 1 || ownerOf(t, r, "10.0.3.1") != "c" {
+	if n, err := r.transfer("gone", "c"); err != nil || n != 1 || ownerOf(t, r, "10.0.3.1") != "c" {
 		t.Fatalf("Transfer(gone) = %d, %v, owner %q", n, err, ownerOf(t, r, "10.0.3.1"))
 	}
-	if n, err := r.Transfer("nobody", "c"); err != nil || n != 0 {
+	if n, err := r.transfer("nobody", "c"); err != nil || n != 0 {
 		t.Fatalf("Transfer(nobody) = %d, %v; want 0, nil", n, err)
 	}
-	if _, err := r.Transfer("a", "gone"); !errors.Is(err, ErrDeparted) {
+	if _, err := r.transfer("a", "gone"); !errors.Is(err, ErrDeparted) {
 		t.Fatalf("Transfer to a departed peer = %v, want ErrDeparted", err)
 	}
-	if _, err := r.Transfer("a", "a"); !errors.Is(err, ErrInvalid) {
+	if _, err := r.transfer("a", "a"); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("Transfer to itself = %v, want ErrInvalid", err)
 	}
 	checkValid(t, r)
@@ -475,7 +475,7 @@ func TestVersionExhausted(t *testing.T) {
 	if err := r.Grant("a", "b", pfx(t, "10.0.0.0/26")); !errors.Is(err, ErrVersionExhausted) {
 		t.Fatalf("Grant at a full counter = %v, want ErrVersionExhausted", err)
 	}
-	if _, err := r.Transfer("a", "b"); !errors.Is(err, ErrVersionExhausted) {
+	if _, err := r.transfer("a", "b"); !errors.Is(err, ErrVersionExhausted) {
 		t.Fatalf("Transfer at a full counter = %v, want ErrVersionExhausted", err)
 	}
 }
@@ -499,9 +499,9 @@ func TestQueries(t *testing.T) {
 	if got := r.Peers(); len(got) != 3 || got[0] != "a" || got[1] != "b" || got[2] != "c" {
 		t.Errorf("Peers = %v", got)
 	}
-	free := r.FreeByPeer()
+	free := r.freeByPeer()
 	if free["b"] != U128(256) || free["c"] != U128(64) || free["a"] != U128(192) {
-		t.Errorf("FreeByPeer = %v", free)
+		t.Errorf("freeByPeer = %v", free)
 	}
 	if _, ok := r.ChoosePeerToAsk(rand.New(rand.NewPCG(1, 2)), "a", "b", "c"); ok {
 		t.Errorf("ChoosePeerToAsk with everyone excluded reported a peer")

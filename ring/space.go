@@ -7,28 +7,28 @@ import (
 	"sort"
 )
 
-// Space is the address space of one peer: the ranges it owns (one per ring
+// space is the address space of one peer: the ranges it owns (one per ring
 // token) and, inside them, the free addresses as sorted runs. Runs are never
 // joined across a range boundary, so each lies in exactly one range. An
 // address that is owned and not free is in use. Not safe for concurrent use.
-type Space struct {
+type space struct {
 	u     universe
 	owned []ival // sorted, disjoint, one per ring range
 	free  []ival // sorted, disjoint, each inside one owned run
 	nfree Uint128
 }
 
-// NewSpace returns an empty space of the universe.
-func NewSpace(universe netip.Prefix) (*Space, error) {
+// newSpace returns an empty space of the universe.
+func newSpace(universe netip.Prefix) (*space, error) {
 	u, err := newUniverse(universe)
 	if err != nil {
 		return nil, err
 	}
-	return &Space{u: u}, nil
+	return &space{u: u}, nil
 }
 
 // Owned returns the ranges the space holds, in address order.
-func (s *Space) Owned() []Range {
+func (s *space) Owned() []Range {
 	out := make([]Range, len(s.owned))
 	for i, v := range s.owned {
 		out[i] = s.u.rangeOf(v.lo, v.hi)
@@ -37,11 +37,11 @@ func (s *Space) Owned() []Range {
 }
 
 // FreeCount is the number of free addresses.
-func (s *Space) FreeCount() Uint128 { return s.nfree }
+func (s *space) FreeCount() Uint128 { return s.nfree }
 
 // FreeByRange returns the free count of every owned range, keyed by its
 // first address, as Ring.ReportFree takes it.
-func (s *Space) FreeByRange() map[netip.Addr]Uint128 {
+func (s *space) FreeByRange() map[netip.Addr]Uint128 {
 	out := make(map[netip.Addr]Uint128, len(s.owned))
 	j := 0
 	for _, o := range s.owned {
@@ -55,7 +55,7 @@ func (s *Space) FreeByRange() map[netip.Addr]Uint128 {
 	return out
 }
 
-func (s *Space) rangesToIvals(ranges []Range) ([]ival, error) {
+func (s *space) rangesToIvals(ranges []Range) ([]ival, error) {
 	out := make([]ival, 0, len(ranges))
 	for _, r := range ranges {
 		lo, ok1 := s.u.offset(r.First)
@@ -74,19 +74,7 @@ func (s *Space) rangesToIvals(ranges []Range) ([]ival, error) {
 	return out, nil
 }
 
-// SetOwned makes the space hold exactly the given ranges (sorted, disjoint),
-// keeping the addresses in use and making new ones free. If a range that
-// goes away holds an address in use it returns a *TakeoverError and changes
-// nothing.
-func (s *Space) SetOwned(ranges []Range) error {
-	owned, err := s.rangesToIvals(ranges)
-	if err != nil {
-		return err
-	}
-	return s.setOwned(owned)
-}
-
-func (s *Space) setOwned(owned []ival) error {
+func (s *space) setOwned(owned []ival) error {
 	oldSet, newSet := coalesce(s.owned), coalesce(owned)
 	lost := subtract(oldSet, newSet)
 	freeSet := coalesce(s.free)
@@ -112,7 +100,7 @@ func (s *Space) setOwned(owned []ival) error {
 }
 
 // InUse reports whether any owned address of r is in use.
-func (s *Space) InUse(r Range) bool {
+func (s *space) InUse(r Range) bool {
 	lo, ok1 := s.u.offset(r.First)
 	hi, ok2 := s.u.offset(r.Last)
 	if !ok1 || !ok2 || hi.Less(lo) {
@@ -123,7 +111,7 @@ func (s *Space) InUse(r Range) bool {
 }
 
 // ownedAt returns the index of the owned run holding x, or -1.
-func (s *Space) ownedAt(x Uint128) int {
+func (s *space) ownedAt(x Uint128) int {
 	i := sort.Search(len(s.owned), func(i int) bool { return x.Less(s.owned[i].lo) }) - 1
 	if i >= 0 && !s.owned[i].hi.Less(x) {
 		return i
@@ -132,12 +120,12 @@ func (s *Space) ownedAt(x Uint128) int {
 }
 
 // freeAt returns the index of the first free run that ends at or after x.
-func (s *Space) freeAt(x Uint128) int {
+func (s *space) freeAt(x Uint128) int {
 	return sort.Search(len(s.free), func(i int) bool { return !s.free[i].hi.Less(x) })
 }
 
 // take removes x from free run i, which holds it.
-func (s *Space) take(i int, x Uint128) {
+func (s *space) take(i int, x Uint128) {
 	v := s.free[i]
 	switch {
 	case v.lo == v.hi:
@@ -156,7 +144,7 @@ func (s *Space) take(i int, x Uint128) {
 // hostSpan returns the offsets a subnet may hand out: never its network
 // address nor its first host (the gateway), nor, in IPv4, its broadcast
 // address.
-func (s *Space) hostSpan(subnet netip.Prefix) (lo, hi Uint128, ok bool, err error) {
+func (s *space) hostSpan(subnet netip.Prefix) (lo, hi Uint128, ok bool, err error) {
 	start, end, err := s.u.prefixSpan(subnet)
 	if err != nil {
 		return Uint128{}, Uint128{}, false, err
@@ -173,7 +161,7 @@ func (s *Space) hostSpan(subnet netip.Prefix) (lo, hi Uint128, ok bool, err erro
 
 // Allocate hands out the lowest free address of subnet (for example a
 // bridge's sub-subnet), never its network, gateway or broadcast address.
-func (s *Space) Allocate(subnet netip.Prefix) (netip.Addr, error) {
+func (s *space) Allocate(subnet netip.Prefix) (netip.Addr, error) {
 	lo, hi, ok, err := s.hostSpan(subnet)
 	if err != nil {
 		return netip.Addr{}, err
@@ -184,17 +172,7 @@ func (s *Space) Allocate(subnet netip.Prefix) (netip.Addr, error) {
 	return s.allocate(lo, hi, subnet.String())
 }
 
-// AllocateIn hands out the lowest free address of r, with no exclusion.
-func (s *Space) AllocateIn(r Range) (netip.Addr, error) {
-	lo, ok1 := s.u.offset(r.First)
-	hi, ok2 := s.u.offset(r.Last)
-	if !ok1 || !ok2 || hi.Less(lo) {
-		return netip.Addr{}, fmt.Errorf("%w: range %v", ErrOutside, r)
-	}
-	return s.allocate(lo, hi, r.String())
-}
-
-func (s *Space) allocate(lo, hi Uint128, where string) (netip.Addr, error) {
+func (s *space) allocate(lo, hi Uint128, where string) (netip.Addr, error) {
 	i := s.freeAt(lo)
 	if i == len(s.free) || hi.Less(s.free[i].lo) {
 		return netip.Addr{}, fmt.Errorf("%w in %s", ErrFull, where)
@@ -205,7 +183,7 @@ func (s *Space) allocate(lo, hi Uint128, where string) (netip.Addr, error) {
 }
 
 // Claim takes a specific address, which must be owned and free.
-func (s *Space) Claim(a netip.Addr) error {
+func (s *space) Claim(a netip.Addr) error {
 	x, ok := s.u.offset(a)
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrOutside, a)
@@ -221,7 +199,7 @@ func (s *Space) Claim(a netip.Addr) error {
 }
 
 // Release makes an address in use free again.
-func (s *Space) Release(a netip.Addr) error {
+func (s *space) Release(a netip.Addr) error {
 	x, ok := s.u.offset(a)
 	if !ok {
 		return fmt.Errorf("%w: %v", ErrOutside, a)
@@ -253,19 +231,9 @@ func (s *Space) Release(a netip.Addr) error {
 	return nil
 }
 
-// IsFree reports whether a is owned and free.
-func (s *Space) IsFree(a netip.Addr) bool {
-	x, ok := s.u.offset(a)
-	if !ok {
-		return false
-	}
-	i := s.freeAt(x)
-	return i < len(s.free) && !x.Less(s.free[i].lo)
-}
-
 // FreeHosts counts the free addresses of subnet that Allocate may hand out
 // (its network, gateway and, in IPv4, broadcast address excluded).
-func (s *Space) FreeHosts(subnet netip.Prefix) Uint128 {
+func (s *space) FreeHosts(subnet netip.Prefix) Uint128 {
 	lo, hi, ok, err := s.hostSpan(subnet)
 	if err != nil || !ok {
 		return Uint128{}
@@ -277,7 +245,7 @@ func (s *Space) FreeHosts(subnet netip.Prefix) Uint128 {
 // that lies inside one owned range and inside one of the within prefixes
 // (allocation fills from the bottom, so the top stays free longest). ok is
 // false when there is none.
-func (s *Space) FreeBlock(within []netip.Prefix, log2 int) (p netip.Prefix, ok bool) {
+func (s *space) FreeBlock(within []netip.Prefix, log2 int) (p netip.Prefix, ok bool) {
 	width := s.u.prefix.Addr().BitLen()
 	if log2 < 0 || log2 > width {
 		return netip.Prefix{}, false

@@ -8,9 +8,9 @@ import (
 	"testing"
 )
 
-func newSpace(t testing.TB, universe string, owned ...string) *Space {
+func testSpace(t testing.TB, universe string, owned ...string) *space {
 	t.Helper()
-	s, err := NewSpace(pfx(t, universe))
+	s, err := newSpace(pfx(t, universe))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestSpaceAllocate(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSpace(t, tt.universe, tt.owned...)
+			s := testSpace(t, tt.universe, tt.owned...)
 			for _, c := range tt.claimed {
 				if err := s.Claim(ip(t, c)); err != nil {
 					t.Fatal(err)
@@ -81,7 +81,7 @@ func TestSpaceAllocate(t *testing.T) {
 }
 
 func TestSpaceClaimRelease(t *testing.T) {
-	s := newSpace(t, "10.0.0.0/16", "10.0.1.0/24", "10.0.2.0/24")
+	s := testSpace(t, "10.0.0.0/16", "10.0.1.0/24", "10.0.2.0/24")
 	a := ip(t, "10.0.1.9")
 	if err := s.Claim(a); err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestSpaceModel(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 99))
-			s := newSpace(t, "10.0.0.0/16", "10.0.1.0/26", "10.0.1.64/26", "10.0.2.0/25")
+			s := testSpace(t, "10.0.0.0/16", "10.0.1.0/26", "10.0.1.64/26", "10.0.2.0/25")
 			owned := map[netip.Addr]bool{}
 			for _, r := range s.Owned() {
 				for a := r.First; a.Compare(r.Last) <= 0; a = a.Next() {
@@ -211,7 +211,7 @@ func TestSpaceFreeBlock(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSpace(t, "10.0.0.0/16", tt.owned...)
+			s := testSpace(t, "10.0.0.0/16", tt.owned...)
 			for _, c := range tt.claimed {
 				if err := s.Claim(ip(t, c)); err != nil {
 					t.Fatal(err)
@@ -236,7 +236,7 @@ func TestSpaceFreeBlock(t *testing.T) {
 }
 
 func TestSpaceSetOwned(t *testing.T) {
-	s := newSpace(t, "10.0.0.0/16", "10.0.1.0/24")
+	s := testSpace(t, "10.0.0.0/16", "10.0.1.0/24")
 	for _, c := range []string{"10.0.1.2", "10.0.1.200"} {
 		if err := s.Claim(ip(t, c)); err != nil {
 			t.Fatal(err)
@@ -286,7 +286,7 @@ func TestSpaceSetOwned(t *testing.T) {
 }
 
 func TestSpaceIPv6Counts(t *testing.T) {
-	s := newSpace(t, "fd00::/48", "fd00:0:0:1::/64")
+	s := testSpace(t, "fd00::/48", "fd00:0:0:1::/64")
 	if want := (Uint128{Hi: 1}); s.FreeCount() != want {
 		t.Fatalf("free in a /64 = %v, want 2^64", s.FreeCount())
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // These tests import package agent, so they live in the external test
@@ -49,7 +50,7 @@ const waitLimit = 60 * time.Second
 
 // testNetwork has a dual-stack overlay "carve" and an IPv4 one, "blue".
 func testNetwork() api.NetworkConfig {
-	cfg := master.DefaultConfig()
+	cfg := state.DefaultConfig()
 	cfg.Overlays = []api.OverlayNetwork{
 		{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24, Subnet6: "fd00:ca7e::/48", Prefix6: 64},
 		{Name: "blue", Subnet: "10.0.0.0/16", Prefix: 24},

@@ -35,17 +35,11 @@ import (
 // PID); the root namespace's links, routes and firewall are compared
 // before and after.
 func TestRealDockerEngine(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root: network namespaces and a Docker engine")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root: network namespaces and a Docker engine")
 	bins, err := dockerlab.Binaries()
-	if err != nil {
-		t.Skip(err)
-	}
+	testutil.Require(t, err == nil, "%v", err)
 	busybox, err := dockerlab.StaticBusybox()
-	if err != nil {
-		t.Skip(err)
-	}
+	testutil.Require(t, err == nil, "%v", err)
 
 	rootBefore := rootState(t)
 	t.Cleanup(func() {
@@ -123,9 +117,7 @@ func TestRealDockerEngine(t *testing.T) {
 	// A container without a network first: if the runtime cannot run
 	// containers in this sandbox, that is the sandbox's limit, not carve's.
 	probe, err := d.run(t, "none")
-	if err != nil {
-		t.Skipf("dockerd cannot run containers here: %v", err)
-	}
+	testutil.Require(t, err == nil, "dockerd cannot run containers here: %v", err)
 	d.remove(t, probe)
 
 	id, err := d.run(t, "carve")
@@ -367,9 +359,7 @@ func startEngine(t *testing.T, host *netnslab.Host, dir, pluginDir string, bins 
 	defer cancel()
 	e, err := dockerlab.Start(ctx, host, dockerlab.Options{Dir: dir, PluginDir: pluginDir, Bins: bins,
 		CgroupParent: fmt.Sprintf("carve-test-%d", os.Getpid())})
-	if errors.Is(err, dockerlab.ErrCannotRun) {
-		t.Skip(err)
-	}
+	testutil.Require(t, !errors.Is(err, dockerlab.ErrCannotRun), "%v", err)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,15 +74,13 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 		if claim.IsValid() && claim.Is4() == (fam == 0) {
 			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
 				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
+			} else if p, edge := bridgeAddressOf(blocks, claim); edge {
+				err = fmt.Errorf("%w: %s is a network, broadcast or gateway address of the %s bridge's %s", errBridgeAddress, claim, req.Bridge, p)
 			} else if err = alloc.Claim(at, claim); err == nil {
 				addr = claim
 			}
 		} else {
-			for _, p := range blocks {
-				if addr, err = alloc.Allocate(at, p); !errors.Is(err, ring.ErrFull) {
-					break
-				}
-			}
+			addr, err = allocateHost(alloc, at, blocks)
 		}
 		if err != nil {
 			forget(o, at)
@@ -96,8 +94,47 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 	return rec, nil
 }
 
+// errBridgeAddress refuses an address the bridge itself answers for.
+var errBridgeAddress = errors.New("a bridge's own address")
+
+// allocateHost allocates the attachment an address of the bridge's blocks,
+// in order, that is no block's network, broadcast or gateway address (see
+// bridgeAddressOf): the rule holds whatever the blocks are, even nested
+// ones. Such an address the allocator offers is reserved while the others
+// are tried, then given back to the free space.
+func allocateHost(alloc *ring.Allocator, at ring.Attachment, blocks []netip.Prefix) (netip.Addr, error) {
+	var skipped []netip.Addr
+	defer func() {
+		for _, a := range skipped {
+			alloc.Unreserve(a)
+		}
+	}()
+	for _, p := range blocks {
+		for {
+			addr, err := alloc.Allocate(at, p)
+			if errors.Is(err, ring.ErrFull) {
+				break
+			}
+			if err != nil {
+				return netip.Addr{}, err
+			}
+			if _, edge := bridgeAddressOf(blocks, addr); !edge {
+				return addr, nil
+			}
+			alloc.Release(at)
+			if err := alloc.Reserve(addr); err != nil {
+				return netip.Addr{}, err
+			}
+			skipped = append(skipped, addr)
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w: no host address left", ring.ErrFull)
+}
+
 func allocError(err error, bridge string, subnet string, claim netip.Addr) error {
 	switch {
+	case errors.Is(err, errBridgeAddress):
+		return failure(http.StatusConflict, api.CodeConflict, "%v", err)
 	case errors.Is(err, ring.ErrFull):
 		return failure(http.StatusConflict, api.CodeExhausted, "exhausted: the %s bridge's %s has no free address", bridge, subnet)
 	case errors.Is(err, ring.ErrAddressInUse):

@@ -291,7 +291,7 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	}
 	v := testView(testSelf())
 	s.Sync(v)
-	saved := func() []byte { return savedRing(s.db, "carve", 0) }
+	saved := func() []byte { return ringStore{s.db}.savedRing("carve", 0) }
 	mine := func() []byte { return s.Rings()["carve/4"] }
 	other, err := ring.NewAllocator("other", netip.MustParsePrefix("10.128.0.0/16"))
 	if err != nil {
@@ -339,5 +339,43 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	}
 	if owner, _ := onDisk.Owner(netip.MustParseAddr("10.128.5.1")); owner != "self" {
 		t.Errorf("a merge that gave this agent a block was not written with the merge: on disk the block is %q's", owner)
+	}
+}
+
+// TestGossipHandlersRaceSync: the ring channel's handlers run on the
+// mesh's goroutines while the agent syncs, and a sync may change the
+// cluster id (the first one learnt, a rebuilt cluster): every handler
+// reads the Service's state under its lock (go test -race).
+func TestGossipHandlersRaceSync(t *testing.T) {
+	svc, err := New(Config{AgentID: "self", DB: openDB(t, t.TempDir()), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := svc.RingGossip()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if d := h.Gossip(); d != nil {
+				for _, b := range d.Encode() {
+					_, _ = h.OnGossip(b)
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	for i := range 20 {
+		v := testView(testSelf())
+		v.ClusterID = fmt.Sprint("cluster-", i/2) // new every other sync
+		svc.Sync(v)
 	}
 }

@@ -36,7 +36,7 @@ func TestNoIPv6GrantThroughRing(t *testing.T) {
 	}
 	// The asking side does not ask for IPv6 at all.
 	err := c.nodes["a"].svc.growFromRing(t.Context(), growKey{overlay: "carve", bridge: "mesos", fam: 1})
-	if err == nil || !errors.Is(err, ErrOverlayFull) {
-		t.Errorf("growing IPv6 through the ring: %v, want ErrOverlayFull", err)
+	if err == nil || !errors.Is(err, errOverlayFull) {
+		t.Errorf("growing IPv6 through the ring: %v, want errOverlayFull", err)
 	}
 }

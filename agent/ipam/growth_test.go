@@ -110,8 +110,10 @@ type cluster struct {
 	t       *testing.T
 	net     *fakegossip.Network
 	masters *mastersStandIn
-	nodes   map[string]*node
-	growth  GrowthConfig
+	// source, when set, is the agents' BlockSource instead of masters.
+	source BlockSource
+	nodes  map[string]*node
+	growth GrowthConfig
 }
 
 func newCluster(t *testing.T, seed uint64, growth GrowthConfig) *cluster {
@@ -135,6 +137,9 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 	nd := &node{id: id, dir: dir, db: db, reg: prometheus.NewRegistry(), done: make(chan struct{}), changes: make(chan struct{}, 1)}
 	cfg := c.growth
 	cfg.Source = c.masters
+	if c.source != nil {
+		cfg.Source = c.source
+	}
 	cfg.Seed = uint64(len(id)) + 7
 	cfg.OnChange = func() {
 		select {

@@ -1,13 +1,10 @@
 package ipam
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -55,265 +52,6 @@ type overlay struct {
 	unserved string
 }
 
-// syncOverlays applies the view's overlays; the caller has quiesced.
-func (s *Service) syncOverlays(v View, b *batch) {
-	seen := map[string]bool{}
-	if v.Self != nil {
-		for i := range v.Self.Overlays {
-			ov := &v.Self.Overlays[i]
-			seen[ov.Info.Name] = true
-			s.syncOverlay(ov, v, b)
-		}
-	}
-	for _, name := range sortedKeys(s.overlays) {
-		if o := s.overlays[name]; !seen[name] {
-			why := fmt.Sprintf("overlay %q is no longer leased to this agent", name)
-			if v.Self == nil {
-				why = "this agent has no lease (not registered with a master)"
-			}
-			s.stopServing(o, why)
-		}
-	}
-}
-
-// syncOverlay applies one overlay of the agent's record. It serves an
-// overlay that is leased (in the record, with a subnet), whatever status
-// the record shows: that status is what this agent reported to the masters,
-// and acting on it would make an agent that reported a failure stop serving.
-func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
-	name := ov.Info.Name
-	o := s.overlays[name]
-	if ov.Subnet == "" && ov.Subnet6 == "" {
-		if o != nil {
-			s.stopServing(o, statusMessage(ov))
-		}
-		return
-	}
-	var universe [families]netip.Prefix
-	var parseErrs []error
-	for fam, sub := range []string{ov.Info.Subnet, ov.Info.Subnet6} {
-		if sub == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(sub)
-		if err != nil {
-			parseErrs = append(parseErrs, fmt.Errorf("overlay subnet %q: %w", sub, err))
-			continue
-		}
-		universe[fam] = p
-	}
-	if o != nil && o.universe != universe {
-		s.log.Warn("the overlay's subnets changed: its rings start over", "overlay", name, "was", o.universe, "now", universe)
-		s.retire(o)
-		o = nil
-	}
-	created := o == nil
-	if created {
-		o = &overlay{name: name, universe: universe, attached: map[ring.Attachment]allocRecord{}, gateways: map[netip.Addr]bool{}}
-		for _, b := range s.savedBlocks[name] {
-			if universe[b.Family].IsValid() && universe[b.Family].Contains(b.Prefix.Addr()) {
-				o.blocks[b.Family] = append(o.blocks[b.Family], b)
-			}
-		}
-		delete(s.savedBlocks, name)
-		s.overlays[name] = o
-	} else if o.unserved != "" {
-		s.log.Info("overlay served again", "overlay", name)
-	}
-	o.unserved = ""
-	o.bridges = map[string][families]netip.Prefix{}
-	for kind, br := range map[string]*api.BridgeInfo{api.BridgeMesos: ov.MesosBridge, api.BridgeDocker: ov.DockerBridge} {
-		if br == nil {
-			continue
-		}
-		var p [families]netip.Prefix
-		p[0], _ = netip.ParsePrefix(br.IP)
-		p[1], _ = netip.ParsePrefix(br.IP6)
-		o.bridges[kind] = p
-	}
-	s.learnMasterBlocks(o, v, b)
-	errs := parseErrs
-	o.unreserveGateways()
-	for fam := range families {
-		errs = append(errs, s.seed(o, fam, v, b))
-	}
-	o.reserveGateways()
-	for fam := range families {
-		writes, _ := s.syncBlocks(o, fam)
-		b.add(change{writes: writes})
-	}
-	if o.seedErr = errors.Join(errs...); o.seedErr != nil {
-		s.log.Error("the ring refused the masters' leases", "overlay", name, "err", o.seedErr)
-	}
-	level := slog.LevelDebug
-	if created {
-		level = slog.LevelError
-	}
-	s.claimPersisted(o, level)
-	if created {
-		s.reclaimFromCNICache(o, b.add)
-	}
-}
-
-// statusMessage says why an overlay of the record takes no allocation.
-func statusMessage(ov *api.AgentOverlay) string {
-	return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
-}
-
-// stopServing refuses new allocations on an overlay, keeping what it holds.
-func (s *Service) stopServing(o *overlay, why string) {
-	if o.unserved == "" {
-		s.log.Warn("overlay no longer served: new allocations are refused, existing ones can be released", "overlay", o.name, "why", why)
-	}
-	o.unserved = why
-}
-
-// retire drops an overlay's allocators; its allocations go back to the
-// persisted ones, claimed again when the overlay is seeded anew. The caller
-// has quiesced (nothing of the overlay is in flight).
-func (s *Service) retire(o *overlay) {
-	if len(o.attached) > 0 {
-		if s.persist[o.name] == nil {
-			s.persist[o.name] = map[ring.Attachment]allocRecord{}
-		}
-		for at, rec := range o.attached {
-			s.persist[o.name][at] = rec
-		}
-	}
-	delete(s.overlays, o.name)
-	s.forgetGossip(o.name)
-}
-
-// seed creates (or re-seeds) the allocator of one overlay family from the
-// view's leases, and queues its ring's write when it changed. What the
-// masters' leases change, every agent changes alike from its own view, so
-// it is marked known and never broadcast (that would cost every agent a
-// whole ring per registration, cluster-wide); so is the persisted ring
-// merged back after a restart, which was announced before (anti-entropy
-// repairs what was not). The ring is written at once only when what this
-// agent owns moved.
-func (s *Service) seed(o *overlay, fam int, v View, b *batch) (err error) {
-	u := o.universe[fam]
-	if !u.IsValid() {
-		return nil
-	}
-	alloc := o.alloc[fam]
-	fresh := alloc == nil
-	if fresh {
-		if alloc, err = ring.NewAllocator(s.id, u); err != nil {
-			return err
-		}
-		o.alloc[fam] = alloc
-	}
-	ownedBefore := alloc.Owned()
-	// Each record's blocks are its agent's complete lease set: a newer one
-	// replaces the older (a block given back or granted away leaves).
-	var sets []ring.LeaseSet
-	for _, p := range v.Peers {
-		if p.Version == 0 {
-			continue
-		}
-		set := ring.LeaseSet{Owner: p.ID, Version: p.Version}
-		for _, sub := range p.Subnets {
-			pr, err := netip.ParsePrefix(sub)
-			if err == nil && u.Contains(pr.Addr()) && pr.Bits() > u.Bits() {
-				set.Prefixes = append(set.Prefixes, pr)
-			}
-		}
-		sets = append(sets, set)
-	}
-	var leases []ring.Lease
-	for _, hb := range o.blocks[fam] {
-		if hb.Origin == OriginGrow && hb.Version > 0 {
-			leases = append(leases, ring.Lease{Owner: s.id, Prefix: hb.Prefix, Version: hb.Version})
-		}
-	}
-	tombs := make([]ring.Tombstone, 0, len(v.Tombstones))
-	for _, t := range v.Tombstones {
-		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
-	}
-	changed, err := alloc.SeedSets(sets, tombs)
-	if err != nil {
-		return err
-	}
-	s.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.SeedSets(sets, tombs); return err })
-	if len(leases) > 0 {
-		more, err := alloc.Seed(leases, nil)
-		if err != nil {
-			return err
-		}
-		changed = changed || more
-		s.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.Seed(leases, nil); return err })
-	}
-	if fresh && !s.staleRings {
-		// Grants made through the ring live only in the ring: merge the
-		// persisted one back.
-		if saved := savedRing(s.db, o.name, fam); saved != nil {
-			merged, err := alloc.MergeEncoded(saved)
-			if err != nil {
-				s.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
-			} else {
-				s.markKnown(o, fam, func(k *ring.Ring) error {
-					r, err := ring.Decode(saved)
-					if err == nil {
-						_, err = k.Merge(r)
-					}
-					return err
-				})
-			}
-			changed = changed || merged
-		}
-	}
-	k := ringID{o.name, familyName(fam)}
-	switch {
-	case fresh || !slices.Equal(ownedBefore, alloc.Owned()):
-		delete(s.dirtyRings, k)
-		b.add(change{writes: []write{putRing(o.name, fam, alloc.EncodeRing())}})
-	case changed:
-		// Other agents' leases only: derived again from the masters'
-		// records (or the persisted membership) after a restart, and
-		// written with the next periodic write, not per registration.
-		s.dirtyRings[k] = true
-	}
-	return nil
-}
-
-// claimPersisted takes back the addresses of persisted allocations that the
-// overlay's rings give this agent (nothing to write: the records are on disk).
-func (s *Service) claimPersisted(o *overlay, level slog.Level) {
-	for _, at := range sortedAttachments(s.persist[o.name]) {
-		rec := s.persist[o.name][at]
-		var errs []error
-		var claimed []int
-		for fam := range families {
-			addr := rec.addr(fam)
-			if !addr.IsValid() {
-				continue
-			}
-			if o.alloc[fam] == nil {
-				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, familyName(fam), addr))
-				continue
-			}
-			if err := o.alloc[fam].Claim(at, addr); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			claimed = append(claimed, fam)
-		}
-		if err := errors.Join(errs...); err != nil {
-			// Keep the record: the container may still use the address,
-			// and a later lease or grant can make it claimable again.
-			for _, fam := range claimed {
-				o.alloc[fam].Release(at)
-			}
-			s.log.Log(context.Background(), level, "persisted allocation not claimable", "overlay", o.name, "container", at.ContainerID, "ifname", at.Interface, "err", err)
-			continue
-		}
-		o.attached[at] = rec
-		delete(s.persist[o.name], at)
-	}
-}
-
 func sortedAttachments(m map[ring.Attachment]allocRecord) []ring.Attachment {
 	out := make([]ring.Attachment, 0, len(m))
 	for at := range m {
@@ -331,5 +69,187 @@ func sortedKeys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// Where a bridge's extra block came from (heldBlock.Origin).
+const (
+	// OriginGrow is a block the masters leased to this agent on a grow
+	// request: it is a lease in the ring, and goes back through
+	// BlockSource.Return.
+	OriginGrow = "grow"
+	// OriginGrant is a block a peer granted through the ring: the ring
+	// alone says this agent owns it, and it goes back to its donor with a
+	// grant back through the ring.
+	OriginGrant = "grant"
+)
+
+// heldBlock is one block a bridge holds beyond its first sub-subnet.
+type heldBlock struct {
+	Overlay string       `json:"overlay"`
+	Family  int          `json:"family"` // 0: IPv4, 1: IPv6
+	Bridge  string       `json:"bridge"`
+	Prefix  netip.Prefix `json:"prefix"`
+	Origin  string       `json:"origin"`
+	// Donor is the peer that granted the block (OriginGrant).
+	Donor string `json:"donor,omitempty"`
+	// Version is the Raft index of the masters' lease (OriginGrow).
+	Version uint64 `json:"version,omitempty"`
+	// idleSince is when the block was last seen without an allocation
+	// (zero while it holds one); in memory only.
+	idleSince time.Time
+}
+
+// bridgeBlocks returns a bridge's blocks of a family: its first sub-subnet,
+// then the blocks it grew, in address order. The caller holds s.mu.
+func (o *overlay) bridgeBlocks(bridge string, fam int) []netip.Prefix {
+	var out []netip.Prefix
+	if first := o.bridges[bridge][fam]; first.IsValid() {
+		out = append(out, first)
+	}
+	for _, b := range o.blocks[fam] {
+		if b.Bridge == bridge {
+			out = append(out, b.Prefix)
+		}
+	}
+	return out
+}
+
+// firstBlocks returns the bridges' first sub-subnets of a family.
+func (o *overlay) firstBlocks(fam int) []netip.Prefix {
+	var out []netip.Prefix
+	for _, kind := range sortedKeys(o.bridges) {
+		if p := o.bridges[kind][fam]; p.IsValid() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// blockOf returns the block of the bridge that holds addr (its first
+// sub-subnet when none does, so that rendering never fails).
+func (o *overlay) blockOf(bridge string, addr netip.Addr) netip.Prefix {
+	fam := 0
+	if addr.Is6() {
+		fam = 1
+	}
+	for _, p := range o.bridgeBlocks(bridge, fam) {
+		if p.Contains(addr) {
+			return p
+		}
+	}
+	return o.bridges[bridge][fam]
+}
+
+// held returns the held block of a family that contains p (nil when none).
+func (o *overlay) held(fam int, p netip.Prefix) *heldBlock {
+	for _, b := range o.blocks[fam] {
+		if b.Prefix.Overlaps(p) {
+			return b
+		}
+	}
+	return nil
+}
+
+// freeHosts counts the addresses a bridge can still hand out in a family.
+func (o *overlay) freeHosts(bridge string, fam int) uint64 {
+	a := o.alloc[fam]
+	if a == nil {
+		return 0
+	}
+	var n uint64
+	for _, p := range o.bridgeBlocks(bridge, fam) {
+		f, ok := a.FreeHosts(p).Uint64()
+		if !ok {
+			return ^uint64(0)
+		}
+		n = satAdd(n, f)
+	}
+	return n
+}
+
+// reserveGateways takes every bridge block's gateway out of circulation in
+// the allocators, so that it is neither handed out nor donated, and a ring
+// change that would take it away is refused like one that takes an address
+// in use. Gateways not owned (yet) are skipped. The caller holds s.mu.
+func (o *overlay) reserveGateways() {
+	for fam := range families {
+		a := o.alloc[fam]
+		if a == nil {
+			continue
+		}
+		for kind := range o.bridges {
+			for _, p := range o.bridgeBlocks(kind, fam) {
+				gw := gatewayOf(p)
+				if o.gateways[gw] {
+					continue
+				}
+				if owner, _ := a.Ring().Owner(gw); owner == a.Self() && a.Reserve(gw) == nil {
+					o.gateways[gw] = true
+				}
+			}
+		}
+	}
+}
+
+// unreserveGateway gives a block's gateway back to the free space.
+func (o *overlay) unreserveGateway(fam int, p netip.Prefix) {
+	gw := gatewayOf(p)
+	if o.gateways[gw] && o.alloc[fam] != nil {
+		o.alloc[fam].Unreserve(gw)
+		delete(o.gateways, gw)
+	}
+}
+
+// unreserveGateways gives every reserved gateway back (before a re-seed,
+// which may move the bridges).
+func (o *overlay) unreserveGateways() {
+	for gw := range o.gateways {
+		fam := 0
+		if gw.Is6() {
+			fam = 1
+		}
+		if o.alloc[fam] != nil {
+			o.alloc[fam].Unreserve(gw)
+		}
+		delete(o.gateways, gw)
+	}
+}
+
+// bridgeAddressOf returns the prefix of a bridge (its blocks) of which
+// addr is the network, broadcast (IPv4) or gateway address: an address no
+// container may hold, since the kernel routes it as the bridge's own.
+func bridgeAddressOf(blocks []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
+	for _, p := range blocks {
+		if !p.Contains(addr) {
+			continue
+		}
+		if addr == p.Masked().Addr() || addr == gatewayOf(p) || (addr.Is4() && addr == lastAddr(p)) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// blockUsage is one block of a bridge as the status shows it.
+func (s *Service) blockUsage(o *overlay, bridge string, fam int) []api.IPAMBlockUsage {
+	var out []api.IPAMBlockUsage
+	for i, p := range o.bridgeBlocks(bridge, fam) {
+		u := api.IPAMBlockUsage{Prefix: p.String(), Origin: "lease"}
+		if i > 0 || p != o.bridges[bridge][fam] {
+			if b := o.held(fam, p); b != nil {
+				u.Origin, u.Donor = b.Origin, b.Donor
+			}
+		}
+		for _, rec := range o.attached {
+			if rec.Bridge == bridge && p.Contains(rec.addr(fam)) {
+				u.Used++
+			}
+		}
+		if a := o.alloc[fam]; a != nil {
+			u.Free, _ = a.FreeHosts(p).Uint64()
+		}
+		out = append(out, u)
+	}
 	return out
 }

@@ -39,8 +39,8 @@ const (
 	maxReasonLen         = 512
 )
 
-// ErrBadSpaceMessage marks a space request or answer that is refused.
-var ErrBadSpaceMessage = errors.New("bad space message")
+// errBadSpaceMessage marks a space request or answer that is refused.
+var errBadSpaceMessage = errors.New("bad space message")
 
 // spaceMessage is a space request, or its answer.
 type spaceMessage struct {
@@ -69,13 +69,13 @@ func encodeSpaceMessage(m spaceMessage) []byte {
 func decodeSpaceMessage(b []byte) (spaceMessage, error) {
 	var m spaceMessage
 	if len(b) > maxRingMessageBytes {
-		return m, fmt.Errorf("%w: %d bytes", ErrBadSpaceMessage, len(b))
+		return m, fmt.Errorf("%w: %d bytes", errBadSpaceMessage, len(b))
 	}
 	if err := api.DecodeStrict(bytes.NewReader(b), &m); err != nil {
-		return spaceMessage{}, fmt.Errorf("%w: %v", ErrBadSpaceMessage, err)
+		return spaceMessage{}, fmt.Errorf("%w: %v", errBadSpaceMessage, err)
 	}
 	if err := m.check(len(b)); err != nil {
-		return spaceMessage{}, fmt.Errorf("%w: %v", ErrBadSpaceMessage, err)
+		return spaceMessage{}, fmt.Errorf("%w: %v", errBadSpaceMessage, err)
 	}
 	return m, nil
 }
@@ -149,7 +149,7 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 	}
 	if m.From != src {
 		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
-		return fmt.Errorf("%w: sent as %q by peer %q", ErrBadSpaceMessage, m.From, src)
+		return fmt.Errorf("%w: sent as %q by peer %q", errBadSpaceMessage, m.From, src)
 	}
 	s.mu.Lock()
 	cluster := s.clusterID
@@ -166,7 +166,7 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 	w, ok := s.grow.waiting[m.ID]
 	s.mu.Unlock()
 	if !ok || w.peer != src {
-		return fmt.Errorf("%w: answer %q from %s matches no request in flight", ErrBadSpaceMessage, m.ID, src)
+		return fmt.Errorf("%w: answer %q from %s matches no request in flight", errBadSpaceMessage, m.ID, src)
 	}
 	select {
 	case w.ch <- m:

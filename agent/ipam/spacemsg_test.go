@@ -1,9 +1,10 @@
 package ipam
 
 import (
-	"github.com/carve-net/carve/api"
 	"strings"
 	"testing"
+
+	"github.com/carve-net/carve/api"
 )
 
 func TestDecodeSpaceMessageRejects(t *testing.T) {

@@ -166,10 +166,13 @@ func load(db *bolt.DB) (loaded, error) {
 	return out, nil
 }
 
+// ringStore reads the persisted rings (ringDisk).
+type ringStore struct{ db *bolt.DB }
+
 // savedRing returns the persisted ring of an overlay family (nil when none).
-func savedRing(db *bolt.DB, overlay string, fam int) []byte {
+func (st ringStore) savedRing(overlay string, fam int) []byte {
 	var out []byte
-	_ = db.View(func(tx *bolt.Tx) error {
+	_ = st.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket([]byte(ringBucket)).Get([]byte(ringKey(overlay, fam))); v != nil {
 			out = append([]byte(nil), v...)
 		}
@@ -190,4 +193,36 @@ func forgetRings(db *bolt.DB, clusterID string) error {
 		}
 		return tx.Bucket([]byte(metaBucket)).Put([]byte(keyClusterID), []byte(clusterID))
 	})
+}
+
+// blocksBucket holds the blocks a bridge holds beyond its first sub-subnet:
+// "<overlay>/<family>/<prefix>" -> heldBlock.
+const blocksBucket = "ipam-blocks"
+
+func blockKey(overlay string, fam int, p netip.Prefix) string {
+	return overlay + "/" + familyName(fam) + "/" + p.String()
+}
+
+func putBlock(b *heldBlock) write {
+	data, _ := json.Marshal(b) // strings, numbers and a prefix: cannot fail
+	return write{bucket: blocksBucket, key: blockKey(b.Overlay, b.Family, b.Prefix), value: data}
+}
+
+func deleteBlock(b *heldBlock) write {
+	return write{bucket: blocksBucket, key: blockKey(b.Overlay, b.Family, b.Prefix)}
+}
+
+// loadBlocks reads the persisted blocks, by overlay.
+func loadBlocks(tx *bolt.Tx) (map[string][]*heldBlock, error) {
+	out := map[string][]*heldBlock{}
+	err := tx.Bucket([]byte(blocksBucket)).ForEach(func(k, v []byte) error {
+		var b heldBlock
+		if err := json.Unmarshal(v, &b); err != nil || !b.Prefix.IsValid() || b.Family < 0 || b.Family >= families ||
+			blockKey(b.Overlay, b.Family, b.Prefix) != string(k) {
+			return fmt.Errorf("corrupt block record %q", k)
+		}
+		out[b.Overlay] = append(out[b.Overlay], &b)
+		return nil
+	})
+	return out, err
 }

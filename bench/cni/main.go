@@ -43,7 +43,7 @@ import (
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // prefix names the benchmark's namespaces.
@@ -85,7 +85,7 @@ func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath stri
 	}
 	defer br.Close()
 	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
 	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",
 		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab")})

@@ -36,7 +36,7 @@ import (
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 )
 
 // prefix names the benchmark's namespaces.
@@ -74,7 +74,7 @@ func run(ctx context.Context, leaseAdds, ringAdds int, binary, cniPath string) (
 	}
 	defer br.Close()
 	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	netCfg.Overlays = []api.OverlayNetwork{
 		// /27 per agent: a /28 first block (13 containers), /28 grown blocks.
 		{Name: leaseOverlay, Subnet: "10.128.0.0/20", Prefix: 27},

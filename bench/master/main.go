@@ -29,6 +29,7 @@ import (
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -194,7 +195,7 @@ func startCluster(dir string, sec *security) (*cluster, error) {
 		ln := lns[i]
 		opts := master.Options{
 			ID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), HTTPAddr: "127.0.0.1:0",
-			RaftAddr: peers[i].Address, Peers: peers, Network: master.DefaultConfig(), Logger: quiet,
+			RaftAddr: peers[i].Address, Peers: peers, Network: state.DefaultConfig(), Logger: quiet,
 			TuneRaft: func(rc *raftlog.Config) { rc.Listener = ln },
 		}
 		sec.secure(&opts)

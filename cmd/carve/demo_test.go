@@ -16,7 +16,7 @@ import (
 func TestDemoExecsLab(t *testing.T) {
 	dir := t.TempDir()
 	carve := filepath.Join(dir, "carve")
-	if out, err := exec.Command(goTool(), "build", "-o", carve, "github.com/carve-net/carve/cmd/carve").CombinedOutput(); err != nil {
+	if out, err := exec.Command(goTool, "build", "-o", carve, "github.com/carve-net/carve/cmd/carve").CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/carve: %v\n%s", err, out)
 	}
 

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -25,7 +22,7 @@ const labTree = "github.com/carve-net/carve/internal/lab/"
 // lab or a package that imports testing: `carve demo` execs bin/carve-lab
 // instead of linking the harness.
 func TestNoLabInProductionBinary(t *testing.T) {
-	out, err := exec.Command(goTool(), "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}",
+	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}",
 		"github.com/carve-net/carve/cmd/carve").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list -deps ./cmd/carve: %v\n%s", err, out)
@@ -61,11 +58,6 @@ func TestNoLabInProductionBinary(t *testing.T) {
 	}
 }
 
-// goTool is the go command of the toolchain running the tests.
-func goTool() string {
-	p := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(p); err != nil {
-		return "go"
-	}
-	return p
-}
+// goTool is the go command of the toolchain running the tests: go test puts
+// that toolchain's bin directory first on the test's PATH.
+const goTool = "go"

@@ -13,6 +13,7 @@ import (
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -75,9 +76,9 @@ func runMaster(ctx context.Context, args []string) error {
 			return fmt.Errorf("--signing-key-file: %w", err)
 		}
 	}
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	if *config != "" {
-		if netCfg, err = master.LoadConfig(*config); err != nil {
+		if netCfg, err = state.LoadConfig(*config); err != nil {
 			return err
 		}
 	} else {

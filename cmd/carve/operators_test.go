@@ -18,7 +18,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -26,7 +26,7 @@ import (
 // holding a certificate of the role (name: its holder).
 func secureMaster(t *testing.T) *mastertest.Secure {
 	t.Helper()
-	return mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), master.DefaultConfig(), slog.New(slog.DiscardHandler))
+	return mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), state.DefaultConfig(), slog.New(slog.DiscardHandler))
 }
 
 // clientFlags are --masters and the TLS flags of a certificate of role.
@@ -65,9 +65,6 @@ func clusterCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
 }
 func agentsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
 	return runAgents(ctx, args, out)
-}
-func ipamCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
-	return runIPAM(ctx, args, out)
 }
 
 func TestClusterStatus(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 func TestListen(t *testing.T) {
@@ -52,9 +54,7 @@ func TestListen(t *testing.T) {
 // whatever the umask (0 here, which would make a plain bind world-writable),
 // it answers, and nothing of its creation is left beside it.
 func TestListenPermissions(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("giving a file a group one is not in needs root")
-	}
+	testutil.Require(t, os.Getuid() == 0, "giving a file a group one is not in needs root")
 	const gid = 12345 // no /etc/group entry needed: a numeric id is enough
 	old := syscall.Umask(0)
 	t.Cleanup(func() { syscall.Umask(old) })

@@ -14,7 +14,6 @@
 package dockerlab
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -31,9 +30,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/labproc"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/rootfs"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -48,20 +46,12 @@ const Image = "carve-busybox:lab"
 
 // Binaries finds the programs an engine needs (Debian's docker.io).
 func Binaries() (map[string]string, error) {
-	bins := map[string]string{}
-	for _, b := range []string{"dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount"} {
-		p, err := exec.LookPath(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s not found (install Debian's docker.io): %w", b, err)
-		}
-		bins[b] = p
-	}
-	return bins, nil
+	return enginelab.LookPaths("docker.io", "dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount")
 }
 
-// StaticBusybox finds a statically linked busybox: rootfs.StaticBusybox,
-// kept here for dockerlab's callers, which check it before Start.
-func StaticBusybox() (string, error) { return rootfs.StaticBusybox() }
+// StaticBusybox finds a statically linked busybox (enginelab.StaticBusybox,
+// kept here for the engine's callers).
+func StaticBusybox() (string, error) { return enginelab.StaticBusybox() }
 
 // Options configure Start.
 type Options struct {
@@ -141,12 +131,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	if opts.PluginDir != "" {
 		plugins = fmt.Sprintf("mount --bind %q /run/docker/plugins\n", opts.PluginDir)
 	}
-	// Inside a private mount namespace (Unshareflags below):
-	// labproc.PrivateMounts (the network namespace's own /sys, a tmpfs over
-	// /run), and a tmpfs over /etc/docker, which dockerd writes to
-	// regardless of its flags.
+	// Inside a private mount namespace (Unshareflags below): the network
+	// namespace's own /sys (the cgroup hierarchy bound back in), and tmpfs
+	// over the machine's paths that containerd and dockerd write to
+	// regardless of their flags.
 	script := fmt.Sprintf(`set -e
-%smkdir -p /run/docker/plugins /run/containerd
+D=%q
+mount --make-rprivate /
+mount --rbind /sys/fs/cgroup "$D/cg"
+mount -t sysfs sysfs /sys
+mount --rbind "$D/cg" /sys/fs/cgroup
+umount -l "$D/cg"
+mount -t tmpfs -o mode=0755 carve-lab /run
+mkdir -p /run/docker/plugins /run/containerd
 %sif [ -d /etc/docker ]; then mount -t tmpfs -o mode=0755 carve-lab /etc/docker; fi
 %q --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
 echo $! >"$D/containerd.pid"
@@ -154,7 +151,7 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
   --host "unix://$D/docker.sock" --containerd "$D/containerd/c.sock" \
   --bridge=none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
   --storage-driver=vfs --cgroup-parent=/%s >"$D/dockerd.log" 2>&1
-`, labproc.PrivateMounts(opts.Dir), plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
+`, opts.Dir, plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
 	if err := os.WriteFile(filepath.Join(opts.Dir, "run.sh"), []byte(script), 0o644); err != nil {
 		return nil, fmt.Errorf("dockerlab: %w", err)
 	}
@@ -180,7 +177,7 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
 		return e.Call(pctx, http.MethodGet, "/_ping", nil, nil)
 	})
 	if err != nil {
-		why := daemonError(filepath.Join(opts.Dir, "dockerd.log"))
+		why := enginelab.DaemonError(filepath.Join(opts.Dir, "dockerd.log"))
 		_ = e.Stop()
 		return nil, fmt.Errorf("%w: %v: %s", ErrCannotRun, err, why)
 	}
@@ -192,24 +189,6 @@ func (e *Engine) Host() string { return "unix://" + e.sock }
 
 // Dir is the engine's directory (its logs: dockerd.log, containerd.log).
 func (e *Engine) Dir() string { return e.opts.Dir }
-
-// daemonError is the reason a daemon gives in its log for failing.
-func daemonError(log string) string {
-	data, _ := os.ReadFile(log)
-	var last string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.Contains(l, "level=fatal") || strings.Contains(l, "level=error") || strings.HasPrefix(l, "failed to start daemon") {
-			last = l
-		}
-	}
-	if last == "" {
-		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
-		last = lines[len(lines)-1]
-	}
-	return last
-}
 
 // Stop removes the containers, stops dockerd and containerd by PID (SIGTERM,
 // SIGKILL after 30s), kills what they left in the namespace (shims and their
@@ -227,7 +206,7 @@ func (e *Engine) Stop() error {
 			_ = e.Call(ctx, http.MethodDelete, "/containers/"+c.ID+"?force=1", nil, nil)
 		}
 	}
-	ctdPID := labproc.ReadPIDFile(filepath.Join(e.opts.Dir, "containerd.pid"))
+	ctdPID := enginelab.ReadPID(filepath.Join(e.opts.Dir, "containerd.pid"))
 	_ = e.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-e.waited:
@@ -236,11 +215,11 @@ func (e *Engine) Stop() error {
 		_ = e.cmd.Process.Kill()
 		<-e.waited
 	}
-	if ctdPID > 0 && labproc.Running(ctdPID) {
+	if ctdPID > 0 && netnslab.PIDAlive(ctdPID) {
 		_ = syscall.Kill(ctdPID, syscall.SIGTERM)
 		wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := retry.Until(wctx, 100*time.Millisecond, func() error {
-			if labproc.Running(ctdPID) {
+			if netnslab.PIDAlive(ctdPID) {
 				return errors.New("still running")
 			}
 			return nil
@@ -251,23 +230,24 @@ func (e *Engine) Stop() error {
 			_ = syscall.Kill(ctdPID, syscall.SIGKILL)
 		}
 	}
-	// What is left in the namespace and below it: the daemons started all
-	// of it (containers live in namespaces of their own, under shims that
-	// live in host's).
-	var left []int
-	ino, err := e.host.Inode()
-	if err == nil {
-		left, err = labproc.InNamespace(fmt.Sprintf("net:[%d]", ino))
+	// Every process in the host's namespace and below: the daemons started
+	// all of them.
+	if want, err := enginelab.NetNSLink(e.host); err != nil {
+		errs = append(errs, err)
+	} else {
+		for _, pid := range enginelab.ProcessesIn("net", want) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
-	if err != nil {
-		errs = append(errs, fmt.Errorf("dockerlab: processes left: %w", err))
-	}
-	for _, pid := range left {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	if err := enginelab.RemoveCgroups(e.opts.CgroupParent); err != nil {
+		errs = append(errs, err)
 	}
 	// The daemons' mounts lived in their own mount namespace, gone with
 	// them: nothing under the directory is mounted here.
-	if err := labproc.RemoveLeftovers(e.opts.CgroupParent, e.opts.Dir); err != nil {
+	if enginelab.MountsUnder(e.opts.Dir) {
+		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", e.opts.Dir))...)
+	}
+	if err := os.RemoveAll(e.opts.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -328,16 +308,17 @@ func (e *Engine) CallJSON(ctx context.Context, method, path string, in, out any)
 	return e.Call(ctx, method, path, body, out)
 }
 
-// ImportBusybox imports Image: the lab's root file system (package rootfs),
-// a static busybox with sh, sleep, ping and ip.
+// ImportBusybox imports Image: a root file system holding only busybox, with
+// sh, sleep and ping.
 func (e *Engine) ImportBusybox(ctx context.Context, busybox string) error {
-	var buf bytes.Buffer
-	if err := rootfs.WriteTar(&buf, busybox); err != nil {
+	layer, err := enginelab.BusyboxRootfs(busybox)
+	if err != nil {
 		return err
 	}
+	buf := bytes.NewReader(layer)
 	repo, tag, _ := strings.Cut(Image, ":")
 	q := url.Values{"fromSrc": {"-"}, "repo": {repo}, "tag": {tag}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/images/create?"+q.Encode(), &buf)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://docker/images/create?"+q.Encode(), buf)
 	if err != nil {
 		return err
 	}

@@ -63,23 +63,7 @@ func BuildLab(ctx context.Context, dir string) (string, error) {
 
 // buildCommand builds ./cmd/name into dir/name.
 func buildCommand(ctx context.Context, dir, name string) (string, error) {
-	root, err := ModuleRoot(ctx)
-	if err != nil {
-		return "", err
-	}
-	goCmd, err := goTool()
-	if err != nil {
-		return "", err
-	}
-	out := filepath.Join(dir, name)
-	cmd := exec.CommandContext(ctx, goCmd, "build", "-o", out, "./cmd/"+name)
-	cmd.Dir = root
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("labcluster: go build ./cmd/%s: %w\n%s", name, err, stderr.String())
-	}
-	return out, nil
+	return BuildTool(ctx, dir, "./cmd/"+name)
 }
 
 // CNIPathEnv names the environment variable that carries the directory of

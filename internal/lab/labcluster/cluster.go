@@ -38,7 +38,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/dockerlab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/containernetworking/cni/libcni"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
@@ -76,7 +76,7 @@ type Options struct {
 	// most Hosts).
 	Masters int
 	// Network is the masters' network configuration (default
-	// master.DefaultConfig(): overlay "carve", 10.128.0.0/9, /24 per agent).
+	// state.DefaultConfig(): overlay "carve", 10.128.0.0/9, /24 per agent).
 	Network *api.NetworkConfig
 	// Dir holds data dirs, sockets, configs and logs. Empty: a new temporary
 	// directory, removed by Close.
@@ -230,11 +230,11 @@ func New(opts Options) (_ *Cluster, err error) {
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
 	}
-	netCfg := master.DefaultConfig()
+	netCfg := state.DefaultConfig()
 	if opts.Network != nil {
 		netCfg = *opts.Network
 	}
-	netCfg = master.WithDefaults(netCfg)
+	netCfg = state.WithDefaults(netCfg)
 	c := &Cluster{opts: opts, network: netCfg, log: opts.Logger}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)

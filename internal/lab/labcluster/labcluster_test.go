@@ -332,9 +332,7 @@ func TestSetUnderlayIP(t *testing.T) {
 // one whose creator is gone, and checks that RemoveStale kills the master and
 // removes both namespaces, and leaves a live run's namespace alone.
 func TestRemoveStale(t *testing.T) {
-	if !netnslab.IsRoot() {
-		t.Skip("needs root")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "needs root")
 	bin := os.Getenv(BinaryEnv)
 	prefix := "carvestaletest"
 	zombie := exec.Command("true")

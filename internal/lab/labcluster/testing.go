@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // RunTests is the body of a TestMain for tests that use ForTest: as root, it
@@ -85,9 +86,7 @@ func RunTests(m *testing.M, prefix string) int {
 // process log, then closes the cluster.
 func ForTest(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	if !netnslab.IsRoot() {
-		t.Skip("labcluster: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to create network namespaces; run the tests as root")
-	}
+	testutil.Require(t, netnslab.IsRoot(), "labcluster: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to create network namespaces; run the tests as root")
 	if opts.Binary == "" {
 		opts.Binary = os.Getenv(BinaryEnv)
 		if opts.Binary == "" {

@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
 
 // A secure master serves its signed state to an agent's certificate.
 func TestStartSecure(t *testing.T) {
-	m := StartSecure(t, t.TempDir(), master.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m := StartSecure(t, t.TempDir(), state.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
 	if err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -156,13 +157,12 @@ type ContainerConfig struct {
 func IsRoot() bool { return os.Geteuid() == 0 }
 
 // ForTest creates a lab for a test: it skips the test with a clear message when
-// not running as root and registers Close with t.Cleanup, so the namespaces
-// are removed also when the test fails.
+// not running as root (fails it under CI: testutil.Require) and registers
+// Close with t.Cleanup, so the namespaces are removed also when the test
+// fails.
 func ForTest(t testing.TB, opts Options) *Lab {
 	t.Helper()
-	if !IsRoot() {
-		t.Skip("netnslab: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to create network namespaces; run the tests as root")
-	}
+	testutil.Require(t, IsRoot(), "netnslab: needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN) to create network namespaces; run the tests as root")
 	lab, err := New(opts)
 	if lab != nil {
 		t.Cleanup(func() {

@@ -203,9 +203,8 @@ func TestStartProcess(t *testing.T) {
 }
 
 func TestIPNetnsExec(t *testing.T) {
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("iproute2 (ip) not installed")
-	}
+	_, err := exec.LookPath("ip")
+	testutil.Require(t, err == nil, "iproute2 (ip) not installed")
 	lab := ForTest(t, Options{Hosts: 1})
 	h := lab.Hosts()[0]
 	args := h.ExecArgs("ip", "-o", "addr", "show", "dev", HostLink)
@@ -223,9 +222,7 @@ func TestIPNetnsExec(t *testing.T) {
 }
 
 func TestCloseRemovesEverything(t *testing.T) {
-	if !IsRoot() {
-		t.Skip("netnslab: needs root")
-	}
+	testutil.Require(t, IsRoot(), "netnslab: needs root")
 	lab, err := New(Options{Hosts: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -271,9 +268,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 }
 
 func TestConcurrentLabs(t *testing.T) {
-	if !IsRoot() {
-		t.Skip("netnslab: needs root")
-	}
+	testutil.Require(t, IsRoot(), "netnslab: needs root")
 	var wg sync.WaitGroup
 	labs := make([]*Lab, 3)
 	errs := make([]error, len(labs))
@@ -305,9 +300,7 @@ func TestConcurrentLabs(t *testing.T) {
 }
 
 func TestRemoveStale(t *testing.T) {
-	if !IsRoot() {
-		t.Skip("netnslab: needs root")
-	}
+	testutil.Require(t, IsRoot(), "netnslab: needs root")
 	// A creator killed but not reaped yet is a zombie: gone all the same.
 	zombie := exec.Command("true")
 	if err := zombie.Start(); err != nil {
@@ -404,9 +397,7 @@ func TestPingErrors(t *testing.T) {
 // TestRemoveMountBusyFile: a namespace file that is still a mount point
 // after one unmount (bound twice) is removed, not left behind with EBUSY.
 func TestRemoveMountBusyFile(t *testing.T) {
-	if !IsRoot() {
-		t.Skip("netnslab: needs root")
-	}
+	testutil.Require(t, IsRoot(), "netnslab: needs root")
 	p := filepath.Join(NetNSDir, fmt.Sprintf("carvelabbusy-%d-1-h1", os.Getpid()))
 	if err := createNamed(p); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,175 @@
+package ipam
+
+// The background work of growth: Run, and the return of idle blocks (a
+// grant back to the donor through the ring, or a return to the masters).
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Run gives back idle blocks, reports grants and returns to the masters,
+// announces ring changes when gossip asks, and writes the rings that
+// changed by other agents' entries, until ctx ends.
+func (s *Service) Run(ctx context.Context) {
+	tick := s.grow.cfg.IdleReturn / 4
+	if tick <= 0 || tick > time.Minute {
+		tick = time.Minute
+	}
+	tick = max(tick, 10*time.Millisecond)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	usageEvery := s.grow.cfg.UsageInterval
+	if usageEvery <= 0 {
+		usageEvery = time.Hour
+	}
+	usageTicker := time.NewTicker(usageEvery)
+	defer usageTicker.Stop()
+	persistTicker := time.NewTicker(ringPersistEvery)
+	defer persistTicker.Stop()
+	defer s.persistDirtyRings()
+	backoff := newOutboxBackoff()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+			if s.grow.cfg.IdleReturn > 0 {
+				s.returnIdle(time.Now())
+			}
+		case <-s.announceKick:
+			s.announce()
+			continue
+		case <-persistTicker.C:
+			s.persistDirtyRings()
+			continue
+		case <-s.grow.kick:
+		case <-retry.C:
+		case <-usageTicker.C:
+		}
+		// Grants go to the masters before a usage report lists them.
+		if err := s.flushOutbox(ctx); err != nil {
+			retry.Reset(backoff.Next())
+			continue
+		}
+		backoff.Reset()
+		if err := s.sendUsage(ctx, time.Now()); err != nil {
+			s.log.Debug("usage report to the masters", "err", err)
+		}
+	}
+}
+
+// returnIdle gives back the grown blocks that held no address for
+// IdleReturn. Never a bridge's first block.
+func (s *Service) returnIdle(now time.Time) {
+	s.mu.Lock()
+	var todo []*heldBlock
+	for _, name := range sortedKeys(s.overlays) {
+		o := s.overlays[name]
+		for fam := range families {
+			a := o.alloc[fam]
+			if a == nil {
+				continue
+			}
+			for _, hb := range o.blocks[fam] {
+				if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+					hb.idleSince = time.Time{}
+					continue
+				}
+				if hb.idleSince.IsZero() {
+					hb.idleSince = now
+				}
+				if now.Sub(hb.idleSince) >= s.grow.cfg.IdleReturn {
+					todo = append(todo, hb)
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, hb := range todo {
+		s.giveBack(hb)
+	}
+}
+
+// giveBack returns one idle block: a grant back to its donor through the
+// ring, or to the masters through the outbox.
+func (s *Service) giveBack(hb *heldBlock) {
+	s.mu.Lock()
+	o := s.overlays[hb.Overlay]
+	if o == nil || o.alloc[hb.Family] == nil || !slices.Contains(o.blocks[hb.Family], hb) {
+		s.mu.Unlock()
+		return
+	}
+	a := o.alloc[hb.Family]
+	if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+		s.mu.Unlock()
+		return // taken meanwhile
+	}
+	var writes []write
+	id := fmt.Sprintf("%s-%016x", s.id, s.grow.rng.Uint64())
+	switch hb.Origin {
+	case OriginGrant:
+		to := leaseOwner(a.Ring(), s.id, hb.Prefix)
+		if to == "" {
+			to = hb.Donor
+		}
+		if to == "" || to == s.id {
+			s.mu.Unlock()
+			return // nobody to give it back to: it stays
+		}
+		o.unreserveGateway(hb.Family, hb.Prefix)
+		var err error
+		if s.tombstoned(to) {
+			// The donor was deleted (and may be back with other space):
+			// the block goes to nobody, as the masters free it.
+			err = a.ReleaseBlock(hb.Prefix)
+		} else {
+			err = a.Grant(to, hb.Prefix)
+		}
+		if err != nil {
+			o.reserveGateways()
+			s.mu.Unlock()
+			s.log.Warn("an idle block could not go back to its donor", "overlay", hb.Overlay, "block", hb.Prefix, "donor", to, "err", err)
+			return
+		}
+		// A return, not a grant: the masters give the block back to its
+		// donor, merged into the block it came from (or free it when the
+		// donor holds that no more), never as a block of its own.
+		enc := a.EncodeRing()
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+	default:
+		// The ring lets go of the block first (to nobody, so that a later
+		// lease of another agent fills it), in the same commit as the
+		// report the masters will free it on.
+		o.unreserveGateway(hb.Family, hb.Prefix)
+		if err := a.ReleaseBlock(hb.Prefix); err != nil {
+			o.reserveGateways()
+			s.mu.Unlock()
+			s.log.Warn("an idle block could not be released in the ring", "overlay", hb.Overlay, "block", hb.Prefix, "err", err)
+			return
+		}
+		s.grow.returned[hb.Prefix] = hb.Version
+		enc := a.EncodeRing()
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+	}
+	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
+	writes = append(writes, deleteBlock(hb))
+	b := s.enqueue(change{writes: writes})
+	s.mu.Unlock()
+	if err := s.flush(b); err != nil {
+		s.log.Error("persist the return of a block", "err", err)
+		return
+	}
+	s.metrics.returned.Inc()
+	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
+	s.announce()
+	s.kickOutbox()
+	s.changed()
+}

@@ -1,0 +1,155 @@
+package ipam
+
+// Growth through the ring: a space request to a peer chosen by free
+// space, resent until answered, and the answer's ring merged; the grant
+// counts only once the merged ring gives the block to this agent.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+// refusedError is a peer's refusal to grant space.
+type refusedError struct{ peer, reason string }
+
+func (e *refusedError) Error() string { return fmt.Sprintf("peer %s refused: %s", e.peer, e.reason) }
+
+// growFromRing asks peers for a block, the ones with most free space most
+// likely, leaving out those that refused recently.
+func (s *Service) growFromRing(ctx context.Context, k growKey) error {
+	if k.fam == 1 {
+		// Peers do not grant IPv6 space (reasonIPv6NotGranted).
+		s.metrics.grows.WithLabelValues("ring", "none").Inc()
+		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", errOverlayFull)
+	}
+	var errs []error
+	for range maxPeersAsked {
+		s.mu.Lock()
+		o := s.overlays[k.overlay]
+		if o == nil || o.alloc[k.fam] == nil || s.channel == nil {
+			s.mu.Unlock()
+			return errors.Join(append(errs, errors.New("no ring channel to ask peers on"))...)
+		}
+		exclude := []string{s.id}
+		for key, when := range s.grow.refused {
+			if key[0] == k.overlay && time.Since(when) < s.grow.cfg.RefuseMemory {
+				exclude = append(exclude, key[1])
+			}
+		}
+		peer, ok := o.alloc[k.fam].Ring().ChoosePeerToAsk(s.grow.rng, exclude...)
+		bits := o.bridges[k.bridge][k.fam].Bits()
+		s.mu.Unlock()
+		if !ok {
+			s.metrics.grows.WithLabelValues("ring", "none").Inc()
+			return fmt.Errorf("%w: no peer has free space to ask for (%d refused recently)", errOverlayFull, len(exclude)-1)
+		}
+		err := s.askPeer(ctx, peer, k, bits)
+		if err == nil {
+			s.metrics.grows.WithLabelValues("ring", "ok").Inc()
+			return nil
+		}
+		errs = append(errs, err)
+		reason := "no_answer"
+		var re *refusedError
+		if errors.As(err, &re) {
+			reason = re.reason
+		}
+		s.metrics.refused.WithLabelValues(reason).Inc()
+		s.metrics.grows.WithLabelValues("ring", "refused").Inc()
+		s.mu.Lock()
+		s.grow.refused[[2]string{k.overlay, peer}] = time.Now()
+		s.mu.Unlock()
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return fmt.Errorf("%w: %w", errOverlayFull, errors.Join(errs...))
+}
+
+// askingBridge is the bridge an overlay family asks space for now (mesos
+// when none). The caller holds s.mu.
+func (s *Service) askingBridge(overlay string, fam int) string {
+	if b, ok := s.grow.asking[[2]string{overlay, familyName(fam)}]; ok {
+		return b
+	}
+	return api.BridgeMesos
+}
+
+// askPeer sends a space request to peer, resending it until it is answered;
+// the grant counts once the merged ring gives this agent the block.
+func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int) error {
+	id := s.requestID()
+	ch := make(chan spaceMessage, 1)
+	s.mu.Lock()
+	s.grow.waiting[id] = waiter{peer: peer, ch: ch}
+	s.grow.asking[[2]string{k.overlay, familyName(k.fam)}] = k.bridge
+	channel, clusterID := s.channel, s.clusterID
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.grow.waiting, id)
+		delete(s.grow.asking, [2]string{k.overlay, familyName(k.fam)})
+		s.mu.Unlock()
+	}()
+	msg := encodeSpaceMessage(spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: clusterID, From: s.id, ID: id,
+		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits})
+	for range 3 {
+		if err := channel.Unicast(peer, msg); err != nil {
+			return fmt.Errorf("ask %s: %w", peer, err)
+		}
+		timer := time.NewTimer(s.grow.cfg.AnswerTimeout)
+		select {
+		case ans := <-ch:
+			timer.Stop()
+			return s.acceptAnswer(k, peer, ans)
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		case <-timer.C:
+		}
+	}
+	return fmt.Errorf("peer %s did not answer", peer)
+}
+
+// acceptAnswer merges a grant's ring; the block counts only if the ring
+// then gives it to this agent. A grant is reported to the masters.
+func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
+	if ans.Kind == kindRefuse {
+		return &refusedError{peer: peer, reason: ans.Reason}
+	}
+	p, _ := netip.ParsePrefix(ans.Prefix) // validated
+	s.mu.Lock()
+	deleted := s.tombstoned(peer)
+	s.mu.Unlock()
+	if deleted {
+		// Obligation 2 (docs/design.md): no grant from a deleted donor.
+		return &refusedError{peer: peer, reason: "donor_deleted"}
+	}
+	if _, err := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}}); err != nil {
+		return &refusedError{peer: peer, reason: "bad_ring: " + err.Error()}
+	}
+	s.mu.Lock()
+	o := s.overlays[k.overlay]
+	var hb *heldBlock
+	if o != nil {
+		hb = o.held(k.fam, p)
+	}
+	if hb == nil || !hb.Prefix.Contains(p.Addr()) {
+		s.mu.Unlock()
+		return &refusedError{peer: peer, reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
+	}
+	b := s.enqueue(change{writes: []write{putOutbox(outboxEntry{Kind: outboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
+		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID})}})
+	s.mu.Unlock()
+	s.metrics.grantsReceived.Inc()
+	if err := s.flush(b); err != nil {
+		s.log.Error("persist the report of a grant", "err", err)
+	}
+	s.kickOutbox()
+	return nil
+}

@@ -1,0 +1,377 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// recordingMasters is a TEST DOUBLE for the masters' lease table, enough
+// of it for growth: each agent's record is its lease set (its /26 and /64
+// at first), a grant report cuts the block out of the donor's set and adds
+// it to the recipient's as a granted block, a return frees a grown block,
+// and Grow has no block left (growth goes through the ring). Reports are idempotent, as
+// the real masters' are (a resent report changes nothing).
+type recordingMasters struct {
+	mu      sync.Mutex
+	index   uint64
+	records map[string]*masterRecord
+}
+
+// masterRecord is one agent's record: its lease set and the blocks beyond
+// its bridges' first sub-subnets.
+type masterRecord struct {
+	version uint64
+	leases  []netip.Prefix
+	blocks  []MasterBlock
+}
+
+func newRecordingMasters(ids []string) *recordingMasters {
+	m := &recordingMasters{index: 100, records: map[string]*masterRecord{}}
+	for _, id := range ids {
+		self := growthSelf(id)
+		ov := self.Overlays[0]
+		m.records[id] = &masterRecord{version: self.Version, leases: []netip.Prefix{netip.MustParsePrefix(ov.Subnet), netip.MustParsePrefix(ov.Subnet6)}}
+	}
+	return m
+}
+
+// cut takes p out of a record (its leases and blocks).
+func (r *masterRecord) cut(p netip.Prefix) {
+	var leases []netip.Prefix
+	for _, l := range r.leases {
+		leases = append(leases, uncovered(l, []netip.Prefix{p})...)
+	}
+	r.leases = leases
+	r.blocks = slices.DeleteFunc(r.blocks, func(b MasterBlock) bool { return b.Prefix.Overlaps(p) })
+}
+
+func (m *recordingMasters) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+	return LeasedBlock{}, ErrMastersExhausted
+}
+
+// Return frees a block the agent holds; a granted one goes back to its
+// donor, as part of its lease set again (the real masters merge it into
+// the donor's block it came from).
+func (m *recordingMasters) Return(_ context.Context, _ string, p netip.Prefix, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, id := range slices.Sorted(maps.Keys(m.records)) {
+		r := m.records[id]
+		if !slices.ContainsFunc(r.leases, func(l netip.Prefix) bool { return l.Overlaps(p) }) {
+			continue
+		}
+		m.index++
+		for _, b := range r.blocks {
+			if d := m.records[b.Donor]; b.Prefix.Overlaps(p) && d != nil {
+				d.leases = append(d.leases, p)
+				d.version = m.index
+			}
+		}
+		r.cut(p)
+		r.version = m.index
+	}
+	return nil
+}
+
+func (m *recordingMasters) ReportGrant(_ context.Context, g GrantReport) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	recip, donor := m.records[g.Recipient], m.records[g.Donor]
+	if recip == nil || donor == nil {
+		return fmt.Errorf("%w: unknown agent", ErrReportRefused)
+	}
+	if slices.ContainsFunc(recip.leases, func(l netip.Prefix) bool { return l.Bits() <= g.Prefix.Bits() && l.Contains(g.Prefix.Addr()) }) {
+		return nil // already the recipient's
+	}
+	m.index++
+	donor.cut(g.Prefix)
+	donor.version = m.index
+	recip.cut(g.Prefix)
+	recip.leases = append(recip.leases, g.Prefix)
+	bridge := g.Bridge
+	if bridge == "" {
+		bridge = api.BridgeMesos
+	}
+	recip.blocks = append(recip.blocks, MasterBlock{Overlay: g.Overlay, Bridge: bridge, Prefix: g.Prefix, Version: m.index, Donor: g.Donor})
+	recip.version = m.index
+	return nil
+}
+
+// view is an agent's view of the masters' records.
+func (m *recordingMasters) view(id string) View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := View{ClusterID: "c1", Self: growthSelf(id), Network: &api.NetworkConfig{OverlayMTU: 1400}}
+	v.Self.Version = m.records[id].version
+	for _, pid := range slices.Sorted(maps.Keys(m.records)) {
+		r := m.records[pid]
+		p := Peer{ID: pid, Version: r.version}
+		for _, l := range r.leases {
+			p.Subnets = append(p.Subnets, l.String())
+		}
+		v.Peers = append(v.Peers, p)
+	}
+	v.Blocks = slices.Clone(m.records[id].blocks)
+	return v
+}
+
+// propertyCluster is a cluster whose views come from recordingMasters.
+type propertyCluster struct {
+	*cluster
+	masters *recordingMasters
+	ids     []string
+}
+
+func newPropertyCluster(t *testing.T, seed uint64, ids []string) *propertyCluster {
+	t.Helper()
+	c := newCluster(t, seed, GrowthConfig{IdleReturn: time.Hour, LowWater: -1, Wait: 5 * time.Second})
+	pc := &propertyCluster{cluster: c, masters: newRecordingMasters(ids), ids: ids}
+	c.source = pc.masters
+	for _, id := range ids {
+		c.start(id, t.TempDir(), "")
+		c.nodes[id].svc.Sync(pc.masters.view(id))
+	}
+	pc.gossipRounds()
+	return pc
+}
+
+// report sends every agent's outbox to the masters and syncs every agent
+// with its new view, then lets the rings converge.
+func (pc *propertyCluster) report() {
+	pc.t.Helper()
+	for _, id := range pc.ids {
+		if err := pc.nodes[id].svc.flushOutbox(context.Background()); err != nil {
+			pc.t.Fatalf("%s: outbox: %v", id, err)
+		}
+	}
+	for _, id := range pc.ids {
+		pc.nodes[id].svc.Sync(pc.masters.view(id))
+	}
+	pc.gossipRounds()
+}
+
+// returnIdle has an agent give back every block that is idle now.
+func (pc *propertyCluster) returnIdle(id string) {
+	svc := pc.nodes[id].svc
+	now := time.Now()
+	svc.returnIdle(now)
+	svc.returnIdle(now.Add(2 * svc.grow.cfg.IdleReturn))
+}
+
+// checkBridgeAddresses fails when a handed-out address is a network,
+// broadcast or gateway address of a prefix of its bridge, as bridgeBlocks
+// has the agent program them, or when two prefixes of an agent's bridges
+// overlap; and (checkNoDoubles) when two containers hold one address.
+func (pc *propertyCluster) checkBridgeAddresses(what string) {
+	pc.t.Helper()
+	for _, id := range pc.ids {
+		svc := pc.nodes[id].svc
+		svc.mu.Lock()
+		var errs []string
+		for _, o := range svc.overlays {
+			for fam := range families {
+				var all []netip.Prefix
+				for _, kind := range sortedKeys(o.bridges) {
+					all = append(all, o.bridgeBlocks(kind, fam)...)
+				}
+				for i, p := range all {
+					for _, q := range all[i+1:] {
+						if p.Overlaps(q) {
+							errs = append(errs, fmt.Sprintf("bridge prefixes %s and %s overlap", p, q))
+						}
+					}
+				}
+			}
+			for at, rec := range o.attached {
+				for fam := range families {
+					addr := rec.addr(fam)
+					if !addr.IsValid() {
+						continue
+					}
+					if p, ok := bridgeAddressOf(o.bridgeBlocks(rec.Bridge, fam), addr); ok {
+						errs = append(errs, fmt.Sprintf("%s/%s holds %s, the network, broadcast or gateway address of the %s bridge's %s", at.ContainerID, at.Interface, addr, rec.Bridge, p))
+					}
+				}
+			}
+		}
+		svc.mu.Unlock()
+		if len(errs) > 0 {
+			slices.Sort(errs)
+			pc.t.Fatalf("%s: agent %s: %s", what, id, strings.Join(errs, "; "))
+		}
+	}
+	pc.checkNoDoubles()
+}
+
+// TestReturnedGrantMergesIntoDonor: a block a donor granted, which the
+// masters then cut out of its lease set, comes back to the donor when the
+// recipient gives it back idle. It merges back into the donor's bridge
+// (no extra prefix on it, so no broadcast address inside the bridge's
+// first block), and the donor's containers never get a network, broadcast
+// or gateway address of a prefix on their bridge.
+func TestReturnedGrantMergesIntoDonor(t *testing.T) {
+	pc := newPropertyCluster(t, 11, []string{"a", "b"})
+	a, b := pc.nodes["a"], pc.nodes["b"]
+	// b's docker bridge is full: what b grants comes out of its mesos one.
+	for i := range 29 {
+		if _, err := b.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("d", i), IfName: "eth0", Bridge: api.BridgeDocker}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a fills its mesos bridge (29 addresses) and asks b for more, twice.
+	for i := range 40 {
+		a.alloc(t, fmt.Sprint("a", i))
+	}
+	pc.report()
+	pc.checkBridgeAddresses("after the grants")
+	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 3 {
+		t.Fatalf("a holds %d mesos blocks, want two grants", n)
+	}
+	// a's containers go: the granted blocks go back to b.
+	for i := range 40 {
+		if _, err := a.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("a", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc.returnIdle("a")
+	pc.report()
+	if bs := a.svc.Status("carve").Blocks[api.BridgeMesos]; len(bs) != 1 {
+		t.Fatalf("a still holds %+v", bs)
+	}
+	if bs := b.svc.Status("carve").Blocks[api.BridgeMesos]; len(bs) != 1 || bs[0].Prefix != "10.128.0.64/27" {
+		t.Errorf("b's mesos bridge holds %+v after the return, want its first block alone", bs)
+	}
+	// b fills its mesos bridge: every address is a host of its /27, none
+	// the broadcast address of a returned block inside it.
+	for i := range 29 {
+		b.alloc(t, fmt.Sprint("b", i))
+	}
+	pc.checkBridgeAddresses("after b filled its bridge")
+}
+
+// TestGrowthPropertyBridgeAddresses runs random histories of ADDs, DELs,
+// idle returns and reports to the masters on three agents, whose masters
+// cut granted blocks out of the donors' lease sets: after every step no
+// handed-out address is a network, broadcast or gateway address of a prefix
+// on its bridge, no two bridge prefixes of an agent overlap, and no address
+// is held twice. The seed is printed on failure.
+func TestGrowthPropertyBridgeAddresses(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3, 4} {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			ids := []string{"a", "b", "c"}
+			pc := newPropertyCluster(t, seed, ids)
+			rng := rand.New(rand.NewPCG(seed, 17))
+			held := map[string][]string{}
+			var history []string
+			defer func() {
+				if t.Failed() {
+					t.Logf("seed %d, history:\n%s", seed, strings.Join(history, "\n"))
+				}
+			}()
+			next := 0
+			for step := range 60 {
+				id := ids[rng.IntN(len(ids))]
+				nd := pc.nodes[id]
+				switch op := rng.IntN(10); {
+				case op < 4: // a burst of ADDs
+					n := 1 + rng.IntN(20)
+					bridge := api.BridgeMesos
+					if rng.IntN(3) == 0 {
+						bridge = api.BridgeDocker
+					}
+					history = append(history, fmt.Sprintf("%d: %s adds %d on %s", step, id, n, bridge))
+					for range n {
+						cid := fmt.Sprint("c", next)
+						next++
+						_, err := nd.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: cid, IfName: "eth0", Bridge: bridge})
+						if err != nil {
+							if !api.IsCode(err, api.CodeExhausted) {
+								t.Fatalf("step %d: %s: allocate %s: %v", step, id, cid, err)
+							}
+							break
+						}
+						held[id] = append(held[id], cid)
+					}
+				case op < 7: // a burst of DELs
+					n := min(len(held[id]), 1+rng.IntN(30))
+					history = append(history, fmt.Sprintf("%d: %s deletes %d", step, id, n))
+					for range n {
+						i := rng.IntN(len(held[id]))
+						cid := held[id][i]
+						held[id] = slices.Delete(held[id], i, i+1)
+						if _, err := nd.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: cid, IfName: "eth0"}); err != nil {
+							t.Fatalf("step %d: %s: release %s: %v", step, id, cid, err)
+						}
+					}
+				case op < 9:
+					history = append(history, fmt.Sprintf("%d: %s gives back its idle blocks", step, id))
+					pc.returnIdle(id)
+				default:
+					history = append(history, fmt.Sprintf("%d: reports to the masters", step))
+				}
+				pc.report()
+				pc.checkBridgeAddresses(fmt.Sprintf("seed %d step %d", seed, step))
+			}
+		})
+	}
+}
+
+// TestAllocateHostSkipsBridgeAddresses: whatever a bridge's blocks are,
+// nested ones included, no address handed out is a network, broadcast or
+// gateway address of any of them, and the ones skipped stay free.
+func TestAllocateHostSkipsBridgeAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		blocks []string
+		want   int // addresses handed out before ErrFull
+	}{
+		{"one /28", []string{"10.0.0.0/28"}, 13},
+		{"a /30 inside", []string{"10.0.0.0/28", "10.0.0.8/30"}, 10},
+		{"two nested", []string{"10.0.0.0/28", "10.0.0.4/30", "10.0.0.8/29"}, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			alloc, err := ring.NewAllocator("self", netip.MustParsePrefix("10.0.0.0/24"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := alloc.Seed([]ring.Lease{{Owner: "self", Prefix: netip.MustParsePrefix("10.0.0.0/24"), Version: 1}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			var blocks []netip.Prefix
+			for _, b := range tc.blocks {
+				blocks = append(blocks, netip.MustParsePrefix(b))
+			}
+			n := 0
+			for ; ; n++ {
+				addr, err := allocateHost(alloc, ring.Attachment{ContainerID: fmt.Sprint("c", n), Interface: "eth0"}, blocks)
+				if errors.Is(err, ring.ErrFull) {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if p, edge := bridgeAddressOf(blocks, addr); edge {
+					t.Fatalf("handed out %s, an address of the bridge's %s", addr, p)
+				}
+			}
+			if n != tc.want {
+				t.Errorf("%d addresses handed out, want %d", n, tc.want)
+			}
+			if r := alloc.Reserved(); len(r) != 0 {
+				t.Errorf("reserved %v left behind", r)
+			}
+		})
+	}
+}

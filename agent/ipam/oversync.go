@@ -1,0 +1,425 @@
+package ipam
+
+// How a sync changes an overlay: the masters' view applied to it (its
+// subnets, bridges, the blocks the masters list), its rings seeded from
+// everyone's leases, its held blocks brought in line with the ring, and
+// its persisted allocations claimed back. Persistence and gossip sit
+// beneath it: a sync returns writes for the group commit, reads the rings
+// on disk through ringDisk and tells the gossip what every agent already
+// knows through ringKnowledge.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// syncOverlays applies the view's overlays; the caller has quiesced.
+func (s *Service) syncOverlays(v View, b *batch) {
+	seen := map[string]bool{}
+	if v.Self != nil {
+		for i := range v.Self.Overlays {
+			ov := &v.Self.Overlays[i]
+			seen[ov.Info.Name] = true
+			s.syncOverlay(ov, v, b)
+		}
+	}
+	for _, name := range sortedKeys(s.overlays) {
+		if o := s.overlays[name]; !seen[name] {
+			why := fmt.Sprintf("overlay %q is no longer leased to this agent", name)
+			if v.Self == nil {
+				why = "this agent has no lease (not registered with a master)"
+			}
+			s.stopServing(o, why)
+		}
+	}
+}
+
+// syncOverlay applies one overlay of the agent's record. It serves an
+// overlay that is leased (in the record, with a subnet), whatever status
+// the record shows: that status is what this agent reported to the masters,
+// and acting on it would make an agent that reported a failure stop serving.
+func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
+	name := ov.Info.Name
+	o := s.overlays[name]
+	if ov.Subnet == "" && ov.Subnet6 == "" {
+		if o != nil {
+			s.stopServing(o, statusMessage(ov))
+		}
+		return
+	}
+	var universe [families]netip.Prefix
+	var parseErrs []error
+	for fam, sub := range []string{ov.Info.Subnet, ov.Info.Subnet6} {
+		if sub == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(sub)
+		if err != nil {
+			parseErrs = append(parseErrs, fmt.Errorf("overlay subnet %q: %w", sub, err))
+			continue
+		}
+		universe[fam] = p
+	}
+	if o != nil && o.universe != universe {
+		s.log.Warn("the overlay's subnets changed: its rings start over", "overlay", name, "was", o.universe, "now", universe)
+		s.retire(o)
+		o = nil
+	}
+	created := o == nil
+	if created {
+		o = &overlay{name: name, universe: universe, attached: map[ring.Attachment]allocRecord{}, gateways: map[netip.Addr]bool{}}
+		for _, b := range s.savedBlocks[name] {
+			if universe[b.Family].IsValid() && universe[b.Family].Contains(b.Prefix.Addr()) {
+				o.blocks[b.Family] = append(o.blocks[b.Family], b)
+			}
+		}
+		delete(s.savedBlocks, name)
+		s.overlays[name] = o
+	} else if o.unserved != "" {
+		s.log.Info("overlay served again", "overlay", name)
+	}
+	o.unserved = ""
+	o.bridges = map[string][families]netip.Prefix{}
+	for kind, br := range map[string]*api.BridgeInfo{api.BridgeMesos: ov.MesosBridge, api.BridgeDocker: ov.DockerBridge} {
+		if br == nil {
+			continue
+		}
+		var p [families]netip.Prefix
+		p[0], _ = netip.ParsePrefix(br.IP)
+		p[1], _ = netip.ParsePrefix(br.IP6)
+		o.bridges[kind] = p
+	}
+	b.add(change{writes: o.learnMasterBlocks(v.Blocks, s.grow.returned)})
+	errs := parseErrs
+	sy := s.overlaySync(name)
+	o.unreserveGateways()
+	for fam := range families {
+		ringWrite, dirty, err := o.seed(sy, fam, v)
+		errs = append(errs, err)
+		s.ringWritten(ringID{name, familyName(fam)}, ringWrite, dirty, b)
+	}
+	o.reserveGateways()
+	for fam := range families {
+		writes, _ := o.syncBlocks(sy, fam)
+		b.add(change{writes: writes})
+	}
+	if o.seedErr = errors.Join(errs...); o.seedErr != nil {
+		s.log.Error("the ring refused the masters' leases", "overlay", name, "err", o.seedErr)
+	}
+	level := slog.LevelDebug
+	if created {
+		level = slog.LevelError
+	}
+	s.claimPersisted(o, level)
+	if created {
+		s.reclaimFromCNICache(o, b.add)
+	}
+}
+
+// statusMessage says why an overlay of the record takes no allocation.
+func statusMessage(ov *api.AgentOverlay) string {
+	return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
+}
+
+// stopServing refuses new allocations on an overlay, keeping what it holds.
+func (s *Service) stopServing(o *overlay, why string) {
+	if o.unserved == "" {
+		s.log.Warn("overlay no longer served: new allocations are refused, existing ones can be released", "overlay", o.name, "why", why)
+	}
+	o.unserved = why
+}
+
+// retire drops an overlay's allocators; its allocations go back to the
+// persisted ones, claimed again when the overlay is seeded anew. The caller
+// has quiesced (nothing of the overlay is in flight).
+func (s *Service) retire(o *overlay) {
+	if len(o.attached) > 0 {
+		if s.persist[o.name] == nil {
+			s.persist[o.name] = map[ring.Attachment]allocRecord{}
+		}
+		for at, rec := range o.attached {
+			s.persist[o.name][at] = rec
+		}
+	}
+	delete(s.overlays, o.name)
+	s.forgetGossip(o.name)
+}
+
+// seed creates (or re-seeds) the allocator of one overlay family from the
+// view's leases, and queues its ring's write when it changed. What the
+// masters' leases change, every agent changes alike from its own view, so
+// it is marked known and never broadcast (that would cost every agent a
+// whole ring per registration, cluster-wide); so is the persisted ring
+// merged back after a restart, which was announced before (anti-entropy
+// repairs what was not). The ring is written at once (ringWrite) only when
+// what this agent owns moved; dirty: other agents' entries changed only.
+func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirty bool, err error) {
+	u := o.universe[fam]
+	if !u.IsValid() {
+		return nil, false, nil
+	}
+	alloc := o.alloc[fam]
+	fresh := alloc == nil
+	if fresh {
+		if alloc, err = ring.NewAllocator(sy.self, u); err != nil {
+			return nil, false, err
+		}
+		o.alloc[fam] = alloc
+	}
+	ownedBefore := alloc.Owned()
+	// Each record's blocks are its agent's complete lease set: a newer one
+	// replaces the older (a block given back or granted away leaves).
+	var sets []ring.LeaseSet
+	for _, p := range v.Peers {
+		if p.Version == 0 {
+			continue
+		}
+		set := ring.LeaseSet{Owner: p.ID, Version: p.Version}
+		for _, sub := range p.Subnets {
+			pr, err := netip.ParsePrefix(sub)
+			if err == nil && u.Contains(pr.Addr()) && pr.Bits() > u.Bits() {
+				set.Prefixes = append(set.Prefixes, pr)
+			}
+		}
+		sets = append(sets, set)
+	}
+	var leases []ring.Lease
+	for _, hb := range o.blocks[fam] {
+		if hb.Origin == OriginGrow && hb.Version > 0 {
+			leases = append(leases, ring.Lease{Owner: sy.self, Prefix: hb.Prefix, Version: hb.Version})
+		}
+	}
+	tombs := make([]ring.Tombstone, 0, len(v.Tombstones))
+	for _, t := range v.Tombstones {
+		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
+	}
+	changed, err := alloc.SeedSets(sets, tombs)
+	if err != nil {
+		return nil, false, err
+	}
+	sy.known.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.SeedSets(sets, tombs); return err })
+	if len(leases) > 0 {
+		more, err := alloc.Seed(leases, nil)
+		if err != nil {
+			return nil, false, err
+		}
+		changed = changed || more
+		sy.known.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.Seed(leases, nil); return err })
+	}
+	if fresh && sy.disk != nil {
+		// Grants made through the ring live only in the ring: merge the
+		// persisted one back.
+		if saved := sy.disk.savedRing(o.name, fam); saved != nil {
+			merged, err := alloc.MergeEncoded(saved)
+			if err != nil {
+				sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
+			} else {
+				sy.known.markKnown(o, fam, func(k *ring.Ring) error {
+					r, err := ring.Decode(saved)
+					if err == nil {
+						_, err = k.Merge(r)
+					}
+					return err
+				})
+			}
+			changed = changed || merged
+		}
+	}
+	switch {
+	case fresh || !slices.Equal(ownedBefore, alloc.Owned()):
+		return []write{putRing(o.name, fam, alloc.EncodeRing())}, false, nil
+	case changed:
+		// Other agents' leases only: derived again from the masters'
+		// records (or the persisted membership) after a restart, and
+		// written with the next periodic write, not per registration.
+		return nil, true, nil
+	}
+	return nil, false, nil
+}
+
+// learnMasterBlocks adds the grown blocks the masters' record lists that
+// this agent does not hold (after a lost data dir), and returns their
+// writes. The caller has quiesced.
+func (o *overlay) learnMasterBlocks(blocks []MasterBlock, returned map[netip.Prefix]uint64) (writes []write) {
+	for _, mb := range blocks {
+		if mb.Overlay != o.name || !mb.Prefix.IsValid() {
+			continue
+		}
+		fam := familyOf(mb.Prefix.Addr())
+		if o.held(fam, mb.Prefix) != nil || mb.Version <= returned[mb.Prefix] {
+			continue
+		}
+		if _, ok := o.bridges[mb.Bridge]; !ok || !o.universe[fam].IsValid() {
+			continue
+		}
+		if _, inside := overlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
+			// A block this agent granted and got back, which the masters
+			// record as a grant to it: it is part of a first block.
+			continue
+		}
+		hb := &heldBlock{Overlay: o.name, Family: fam, Bridge: mb.Bridge, Prefix: mb.Prefix, Origin: OriginGrow, Version: mb.Version}
+		if mb.Donor != "" {
+			hb.Origin, hb.Donor, hb.Version = OriginGrant, mb.Donor, 0
+		}
+		o.blocks[fam] = append(o.blocks[fam], hb)
+		slices.SortFunc(o.blocks[fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+		writes = append(writes, putBlock(hb))
+	}
+	return writes
+}
+
+// syncBlocks brings the held blocks of a family in line with the ring: a
+// range this agent owns outside its own leases and outside the blocks it
+// knows is a grant (from an answer, from gossip, or one it held before its
+// data dir was lost): it becomes a block of the bridge that asked for space
+// (the mesos bridge when none did). A held block whose gateway the ring no
+// longer gives this agent is dropped. It returns the writes, and whether
+// new blocks were adopted. The caller holds s.mu.
+func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted bool) {
+	a := o.alloc[fam]
+	if a == nil || len(o.bridges) == 0 {
+		return nil, false
+	}
+	r := a.Ring()
+	firsts := o.firstBlocks(fam)
+	var keep []*heldBlock
+	for _, b := range o.blocks[fam] {
+		if first, inside := overlapsAny(firsts, b.Prefix); inside {
+			// A block this agent granted, given back: it is part of
+			// the bridge's first sub-subnet again, not a prefix of its own.
+			o.unreserveGateway(fam, b.Prefix)
+			sy.log.Info("a block given back merged into the bridge's first block", "overlay", o.name, "block", b.Prefix, "into", first)
+			writes = append(writes, deleteBlock(b))
+			continue
+		}
+		if owner, _ := r.Owner(gatewayOf(b.Prefix)); owner != sy.self {
+			o.unreserveGateway(fam, b.Prefix)
+			sy.log.Warn("a block is no longer this agent's in the ring: dropped", "overlay", o.name, "block", b.Prefix, "origin", b.Origin, "owner", owner)
+			writes = append(writes, deleteBlock(b))
+			continue
+		}
+		keep = append(keep, b)
+	}
+	o.blocks[fam] = keep
+	// What this agent owns inside a bridge's first sub-subnet is that
+	// bridge's (a grant given back merges into it), and so is what its
+	// leases and held blocks cover.
+	covers := slices.Clone(firsts)
+	for _, l := range r.Leases() {
+		if l.Owner == sy.self {
+			covers = append(covers, l.Prefix)
+		}
+	}
+	for _, b := range o.blocks[fam] {
+		covers = append(covers, b.Prefix)
+	}
+	bridge := sy.asking(fam)
+	if _, ok := o.bridges[bridge]; !ok {
+		bridge = sortedKeys(o.bridges)[len(o.bridges)-1] // mesos sorts after docker
+	}
+	minBits := minBlockBits(fam)
+	for _, owned := range r.Blocks(sy.self) {
+		for _, p := range uncovered(owned, covers) {
+			if p.Bits() > minBits {
+				continue // too small to hold a gateway and a container
+			}
+			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p)}
+			o.blocks[fam] = append(o.blocks[fam], b)
+			writes = append(writes, putBlock(b))
+			adopted = true
+			sy.log.Info("block granted through the ring", "overlay", o.name, "bridge", bridge, "block", p, "donor", b.Donor)
+		}
+	}
+	slices.SortFunc(o.blocks[fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+	o.reserveGateways()
+	return writes, adopted
+}
+
+// claimPersisted takes back the addresses of persisted allocations that the
+// overlay's rings give this agent (nothing to write: the records are on disk).
+func (s *Service) claimPersisted(o *overlay, level slog.Level) {
+	for _, at := range sortedAttachments(s.persist[o.name]) {
+		rec := s.persist[o.name][at]
+		var errs []error
+		var claimed []int
+		for fam := range families {
+			addr := rec.addr(fam)
+			if !addr.IsValid() {
+				continue
+			}
+			if o.alloc[fam] == nil {
+				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, familyName(fam), addr))
+				continue
+			}
+			if err := o.alloc[fam].Claim(at, addr); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			claimed = append(claimed, fam)
+		}
+		if err := errors.Join(errs...); err != nil {
+			// Keep the record: the container may still use the address,
+			// and a later lease or grant can make it claimable again.
+			for _, fam := range claimed {
+				o.alloc[fam].Release(at)
+			}
+			s.log.Log(context.Background(), level, "persisted allocation not claimable", "overlay", o.name, "container", at.ContainerID, "ifname", at.Interface, "err", err)
+			continue
+		}
+		o.attached[at] = rec
+		delete(s.persist[o.name], at)
+	}
+}
+
+// ringDisk is the persistence beneath an overlay's sync: its rings as
+// last written.
+type ringDisk interface {
+	savedRing(overlay string, fam int) []byte
+}
+
+// ringKnowledge is the gossip beneath an overlay's sync: what every agent
+// already holds of a ring (the masters' leases, a ring read back), which
+// is never broadcast.
+type ringKnowledge interface {
+	markKnown(o *overlay, fam int, f func(known *ring.Ring) error)
+}
+
+// overlaySync is what a sync of an overlay reaches beneath it.
+type overlaySync struct {
+	self  string
+	disk  ringDisk // nil: the rings on disk are another cluster's, never read
+	known ringKnowledge
+	// asking is the bridge a family asks space for now (a range the ring
+	// gives this agent beyond what it holds becomes that bridge's).
+	asking func(fam int) string
+	log    *slog.Logger
+}
+
+// overlaySync is the layers beneath a sync of an overlay; the caller holds
+// s.mu.
+func (s *Service) overlaySync(name string) overlaySync {
+	sy := overlaySync{self: s.id, known: s, log: s.log, asking: func(fam int) string { return s.askingBridge(name, fam) }}
+	if !s.staleRings {
+		sy.disk = ringStore{s.db}
+	}
+	return sy
+}
+
+// ringWritten queues the write of a ring whose owned ranges moved, or marks
+// it dirty (written with the next periodic write); the caller holds s.mu.
+func (s *Service) ringWritten(k ringID, ringWrite []write, dirty bool, b *batch) {
+	switch {
+	case len(ringWrite) > 0:
+		delete(s.dirtyRings, k)
+		b.add(change{writes: ringWrite})
+	case dirty:
+		s.dirtyRings[k] = true
+	}
+}

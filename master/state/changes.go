@@ -1,0 +1,266 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strconv"
+)
+
+// The change log and tombstone compaction.
+//
+// Every master applies the same Raft log, so every master derives the same
+// change log from it: per state index, the agents whose record or tombstone
+// changed there. GET /overlay-master/changes?since=N answers from it with
+// only what changed after N. The log is bounded (DefaultChangeLogIDs agent
+// ids in all); it starts where this master's table started: index 0 for a
+// table built from the whole log, the snapshot's state index after a
+// restore. Changes since an index older than that, or older than the
+// compaction horizon, are gone (410): the client reads the whole state.
+//
+// Tombstones are compacted by a command the leader proposes now and then
+// with its clock (compactCmd): the table keeps clock marks (Raft index,
+// leader time) from those commands, and drops the tombstones at or below
+// the newest mark older than the command's max age. The highest index
+// compacted is the horizon, published in the state.
+
+// DefaultChangeLogIDs bounds the change log: agent ids held in all (a
+// configuration change counts as one). A watcher further behind reads the
+// whole state once.
+const DefaultChangeLogIDs = 16384
+
+// maxClockMarks bounds the clock marks kept for compaction; dropping the
+// oldest only delays compaction.
+const maxClockMarks = 1024
+
+// ErrGone: changes since that index are not kept any more.
+var ErrGone = errors.New("changes since that index are not kept")
+
+// GoneError says which index is the oldest the masters can serve changes
+// since (it wraps ErrGone).
+type GoneError struct{ Oldest uint64 }
+
+func (e *GoneError) Error() string {
+	return fmt.Sprintf("%v: the oldest index served is %d", ErrGone, e.Oldest)
+}
+
+// Unwrap makes errors.Is(err, ErrGone) hold.
+func (e *GoneError) Unwrap() error { return ErrGone }
+
+// changeEntry is what one state index changed.
+type changeEntry struct {
+	index uint64
+	ids   []string
+	// all: every record was re-rendered (configuration or cluster id).
+	all bool
+}
+
+// changeLog is the bounded log of changes, by ascending index.
+type changeLog struct {
+	entries []changeEntry
+	// start: every change after it is in entries.
+	start uint64
+	ids   int // ids held (an all entry counts one)
+	max   int
+}
+
+func (l *changeLog) add(e changeEntry) {
+	l.entries = append(l.entries, e)
+	l.ids += max(1, len(e.ids))
+	if l.ids <= l.max {
+		return
+	}
+	// Drop the oldest down to three quarters, so that the copy is rare.
+	n := 0
+	for l.ids > l.max*3/4 && n < len(l.entries)-1 {
+		l.ids -= max(1, len(l.entries[n].ids))
+		l.start = l.entries[n].index
+		n++
+	}
+	l.entries = slices.Clone(l.entries[n:])
+}
+
+// trim drops the entries at or below index (the compaction horizon).
+func (l *changeLog) trim(index uint64) {
+	n := sort.Search(len(l.entries), func(i int) bool { return l.entries[i].index > index })
+	for _, e := range l.entries[:n] {
+		l.ids -= max(1, len(e.ids))
+	}
+	l.entries = slices.Clone(l.entries[n:])
+	l.start = max(l.start, index)
+}
+
+// since returns the ids changed after index, and whether every record was.
+func (l *changeLog) since(index uint64) ([]string, bool) {
+	n := sort.Search(len(l.entries), func(i int) bool { return l.entries[i].index > index })
+	set := map[string]bool{}
+	for _, e := range l.entries[n:] {
+		if e.all {
+			return nil, true
+		}
+		for _, id := range e.ids {
+			set[id] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set)), false
+}
+
+// touch notes that id's record or tombstone changes in the command being
+// applied; the caller holds t.mu.
+func (t *LeaseTable) touch(id string) { t.touched = append(t.touched, id) }
+
+// touchAll notes that every record is re-rendered; the caller holds t.mu.
+func (t *LeaseTable) touchAll() { t.touchedAll = true }
+
+// logChanges appends what the command at index changed; the caller holds t.mu.
+func (t *LeaseTable) logChanges(index uint64) {
+	if len(t.touched) > 0 || t.touchedAll {
+		t.changes.add(changeEntry{index: index, ids: slices.Compact(slices.Sorted(slices.Values(t.touched))), all: t.touchedAll})
+	}
+	t.touched, t.touchedAll = nil, false
+}
+
+// Horizon is the highest index up to which tombstones were compacted.
+func (t *LeaseTable) Horizon() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.horizon
+}
+
+// OldestChanges is the oldest index that changes can be served since.
+func (t *LeaseTable) OldestChanges() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return max(t.changes.start, t.horizon)
+}
+
+// compactCmd compacts tombstones: Now is the leader's clock, MaxAge the age
+// (both in milliseconds) beyond which a tombstone is dropped.
+type compactCmd struct {
+	Now    int64 `json:"now"`
+	MaxAge int64 `json:"max_age"`
+}
+
+// clockMark ties a Raft index to the leader's clock when it was applied.
+type clockMark struct {
+	Index uint64 `json:"index"`
+	Time  int64  `json:"time"`
+}
+
+// applyCompact records a clock mark and drops the tombstones at or below
+// the newest mark older than MaxAge. Deterministic: the time comes from the
+// command.
+func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
+	t.marks = append(t.marks, clockMark{Index: index, Time: c.Now})
+	limit := c.Now - c.MaxAge
+	cut := -1
+	for i, m := range t.marks {
+		if m.Time <= limit {
+			cut = i
+		}
+	}
+	if cut < 0 {
+		if len(t.marks) > maxClockMarks {
+			t.marks = slices.Clone(t.marks[len(t.marks)-maxClockMarks:])
+		}
+		return
+	}
+	cutoff := t.marks[cut].Index
+	t.marks = slices.Clone(t.marks[cut:])
+	dropped := false
+	for id, v := range t.tombstones {
+		if v <= cutoff {
+			delete(t.tombstones, id)
+			dropped = true
+		}
+	}
+	if dropped && cutoff > t.horizon {
+		t.horizon = cutoff
+		t.stateIndex = index
+		t.changes.trim(cutoff)
+	}
+}
+
+// ChangesJSON encodes what changed after since (api.Changes), with the
+// index it runs to; a *GoneError when since is older than what is kept.
+func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if oldest := max(t.changes.start, t.horizon); since < oldest {
+		return nil, 0, &GoneError{Oldest: oldest}
+	}
+	t.cache.mu.Lock()
+	defer t.cache.mu.Unlock()
+	var ids []string
+	all := false
+	if since < t.stateIndex {
+		ids, all = t.changes.since(since)
+	}
+	if all {
+		ids = slices.Sorted(maps.Keys(t.agents))
+		for id := range t.tombstones {
+			ids = append(ids, id)
+		}
+		slices.Sort(ids)
+	}
+	var agents, tombstones []string
+	for _, id := range ids {
+		if t.agents[id] != nil {
+			agents = append(agents, id)
+		} else if _, ok := t.tombstones[id]; ok {
+			tombstones = append(tombstones, id)
+		}
+	}
+	if err := t.encodeChangedAgents(agents); err != nil {
+		return nil, 0, err
+	}
+	var out bytes.Buffer
+	out.WriteString(`{"index":`)
+	out.WriteString(strconv.FormatUint(t.stateIndex, 10))
+	out.WriteString(`,"since":`)
+	out.WriteString(strconv.FormatUint(since, 10))
+	writeJSONField(&out, "cluster_id", t.clusterID)
+	writeJSONField(&out, "signing_key", t.signer.publicKey())
+	if t.horizon > 0 {
+		out.WriteString(`,"horizon":`)
+		out.WriteString(strconv.FormatUint(t.horizon, 10))
+	}
+	if all && t.net != nil {
+		netJSON, err := json.Marshal(t.net.api)
+		if err != nil {
+			return nil, 0, fmt.Errorf("encode network: %w", err)
+		}
+		out.WriteString(`,"network":`)
+		out.Write(netJSON)
+	}
+	if len(agents) > 0 {
+		out.WriteString(`,"agents":[`)
+		for i, id := range agents {
+			if i > 0 {
+				out.WriteByte(',')
+			}
+			out.Write(t.cache.agents[id].data)
+		}
+		out.WriteString(`]`)
+	}
+	if len(tombstones) > 0 {
+		out.WriteString(`,"tombstones":[`)
+		for i, id := range tombstones {
+			if i > 0 {
+				out.WriteByte(',')
+			}
+			data, err := t.encodeTombstone(id)
+			if err != nil {
+				return nil, 0, err
+			}
+			out.Write(data)
+		}
+		out.WriteString(`]`)
+	}
+	out.WriteString("}\n")
+	return out.Bytes(), t.stateIndex, nil
+}

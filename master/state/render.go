@@ -1,0 +1,174 @@
+package state
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/carve-net/carve/api"
+)
+
+// render is rec in its API form, with the agent's last configuration
+// report; the caller holds t.mu.
+func (t *LeaseTable) render(rec *agentRecord) *api.AgentInfo {
+	info := renderAgent(t.net, rec)
+	applyReport(info, t.reports[rec.ID], rec.Version)
+	return info
+}
+
+// renderAgent turns a record into its API form under the network
+// configuration n (nil while none is committed). Every overlay shows
+// STATUS_CONFIGURING: the status is the agent's report (applyReport).
+//
+// The form is DC/OS's AgentInfo: ip is always present (api.NoIP while a
+// newer registration holds the agent's IP), only leased overlays are
+// listed, each with its backend; an overlay that is disabled, or that had
+// no subnet left for the agent, is named in not_leased with the reason.
+func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
+	info := &api.AgentInfo{
+		AgentID:       rec.ID,
+		Hostname:      rec.Hostname,
+		IP:            api.NoIP,
+		MeshAddr:      rec.MeshAddr,
+		Version:       rec.Version,
+		NetworkConfig: rec.Bridges,
+	}
+	if rec.IP.IsValid() {
+		info.IP = rec.IP.String()
+	}
+	if n == nil {
+		return info
+	}
+	vxlan := &api.VXLANInfo{
+		VNI:      n.api.VNI,
+		VTEPName: n.api.VTEPName,
+		VTEPIP:   netip.PrefixFrom(rec.VTEP, n.vtepNet.Bits()).String(),
+		VTEPMAC:  api.VTEPMAC(n.oui, rec.VTEP).String(),
+		VTEPPort: n.api.VTEPPort,
+		VTEPMTU:  n.api.VTEPMTU,
+	}
+	if rec.VTEP6.IsValid() && n.vtepNet6.IsValid() {
+		vxlan.VTEPIP6 = netip.PrefixFrom(rec.VTEP6, n.vtepNet6.Bits()).String()
+	}
+	for _, def := range n.overlays {
+		l, ok := rec.Leases[def.api.Name]
+		switch {
+		case !def.enabled:
+			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name,
+				Reason: "disabled (enabled: false in the network configuration)"})
+			continue
+		case !ok:
+			continue
+		}
+		if l.Failed != "" {
+			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name, Reason: l.Failed})
+		}
+		if !l.Subnet.IsValid() && !l.Subnet6.IsValid() && len(l.Blocks) == 0 {
+			continue
+		}
+		info.Overlays = append(info.Overlays, renderOverlay(def, l, rec.Bridges, vxlan))
+	}
+	return info
+}
+
+// renderOverlay is one leased overlay of an agent's record in its API form.
+func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfig, vxlan *api.VXLANInfo) api.AgentOverlay {
+	ov := api.AgentOverlay{Info: def.api, Backend: &api.BackendInfo{VXLAN: vxlan},
+		State: api.OverlayState{Status: api.StatusConfiguring}}
+	ov.Info.Enabled = nil // enabled: only enabled overlays are rendered
+	if l.Subnet.IsValid() {
+		ov.Subnet = l.Subnet.String()
+	}
+	if l.Subnet6.IsValid() {
+		ov.Subnet6 = l.Subnet6.String()
+	}
+	if bridges.MesosBridge || bridges.DockerBridge {
+		m, d := &api.BridgeInfo{Name: "m-" + def.api.Name}, &api.BridgeInfo{Name: "d-" + def.api.Name}
+		if l.Subnet.IsValid() {
+			a, b := halves(l.Subnet)
+			m.IP, d.IP = a.String(), b.String()
+		}
+		if l.Subnet6.IsValid() {
+			a, b := halves(l.Subnet6)
+			m.IP6, d.IP6 = a.String(), b.String()
+		}
+		if bridges.MesosBridge {
+			ov.MesosBridge = m
+		}
+		if bridges.DockerBridge {
+			ov.DockerBridge = d
+		}
+	}
+	for _, b := range l.Blocks {
+		ov.Blocks = append(ov.Blocks, b.api())
+	}
+	return ov
+}
+
+// agentReport is an agent's last configuration report (ReportRequest), in
+// the replicated state.
+type agentReport struct {
+	// Version is the record version the agent configured.
+	Version  uint64                      `json:"version"`
+	Overlays map[string]api.OverlayState `json:"overlays,omitempty"`
+	Attempts uint32                      `json:"configuration_attempts,omitempty"`
+}
+
+func (r agentReport) equal(o agentReport) bool {
+	if r.Version != o.Version || r.Attempts != o.Attempts || len(r.Overlays) != len(o.Overlays) {
+		return false
+	}
+	for k, v := range r.Overlays {
+		if w, ok := o.Overlays[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// applyReport sets each overlay's status from the agent's report when the
+// report covers the record's current version; STATUS_CONFIGURING stays
+// otherwise (the agent has not configured this version of its leases yet).
+func applyReport(info *api.AgentInfo, rep agentReport, version uint64) {
+	info.ConfigurationAttempts = rep.Attempts
+	if rep.Version < version {
+		return
+	}
+	for i := range info.Overlays {
+		if st, ok := rep.Overlays[info.Overlays[i].Info.Name]; ok {
+			info.Overlays[i].State = st
+		}
+	}
+}
+
+// reportOf is the report a request carries, validated.
+func reportOf(req api.ReportRequest) (agentReport, error) {
+	rep := agentReport{Version: req.Version, Attempts: req.ConfigurationAttempts, Overlays: map[string]api.OverlayState{}}
+	if len(req.Overlays) > maxReportOverlays {
+		return rep, fmt.Errorf("overlays: %d entries, at most %d", len(req.Overlays), maxReportOverlays)
+	}
+	for i, o := range req.Overlays {
+		if err := api.ValidateOverlayName(o.Name); err != nil {
+			return rep, fmt.Errorf("overlays[%d].name: %w", i, err)
+		}
+		if _, dup := rep.Overlays[o.Name]; dup {
+			return rep, fmt.Errorf("overlays[%d].name: %q is reported twice", i, o.Name)
+		}
+		if !api.ValidReportedStatus(o.Status) {
+			return rep, fmt.Errorf("overlays[%d].status %q: want %s, %s or %s", i, o.Status, api.StatusOK, api.StatusFailed, api.StatusConfiguring)
+		}
+		if len(o.Error) > maxReportError {
+			return rep, fmt.Errorf("overlays[%d].error: %d bytes, at most %d", i, len(o.Error), maxReportError)
+		}
+		if o.Status == api.StatusOK && o.Error != "" {
+			return rep, fmt.Errorf("overlays[%d].error: set with %s", i, api.StatusOK)
+		}
+		rep.Overlays[o.Name] = api.OverlayState{Status: o.Status, Error: o.Error}
+	}
+	return rep, nil
+}
+
+// Bounds of a configuration report.
+const (
+	maxReportOverlays = 256
+	maxReportError    = 1024
+)

@@ -1,0 +1,251 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/raftlog"
+)
+
+// Versions of the snapshot encoding. Format 3 added the IPv6 VTEP
+// addresses, the agents' configuration reports, the blocks of every lease,
+// the records' creation index and the quarantine; format 2 added the
+// cluster id and the outcomes of requests. Format 1 and 2 snapshots still
+// restore: without reports (every overlay shows STATUS_CONFIGURING until
+// its agent reports), and their records get the lease blocks of their
+// subnets.
+const (
+	snapshotFormat       = 3
+	snapshotFormatBlocks = 3
+	snapshotFormatLegacy = 1
+)
+
+type snapshotData struct {
+	Format     int                      `json:"format"`
+	Index      uint64                   `json:"index"`
+	StateIndex uint64                   `json:"state_index"`
+	ClusterID  string                   `json:"cluster_id,omitempty"`
+	Network    *api.NetworkConfig       `json:"network,omitempty"`
+	Agents     []snapshotAgent          `json:"agents"`
+	Tombstones map[string]uint64        `json:"tombstones"`
+	Servers    map[string]ServerMeta    `json:"servers"`
+	Requests   []snapshotRequest        `json:"requests"`
+	Reports    map[string]agentReport   `json:"reports,omitempty"`
+	Quarantine map[string][]quarantined `json:"quarantine,omitempty"`
+	// Horizon and Marks are the tombstone compaction's (changes.go).
+	Horizon uint64      `json:"horizon,omitempty"`
+	Marks   []clockMark `json:"marks,omitempty"`
+}
+
+type snapshotAgent struct {
+	ID       string                  `json:"id"`
+	Hostname string                  `json:"hostname,omitempty"`
+	IP       netip.Addr              `json:"ip,omitzero"`
+	MeshAddr string                  `json:"mesh_addr,omitempty"`
+	Bridges  api.AgentNetworkConfig  `json:"bridges"`
+	VTEP     netip.Addr              `json:"vtep"`
+	VTEP6    netip.Addr              `json:"vtep6,omitzero"`
+	Leases   map[string]overlayLease `json:"leases"`
+	Version  uint64                  `json:"version"`
+	Created  uint64                  `json:"created,omitempty"`
+}
+
+// snapshotRequest is one remembered request. A registration's outcome is
+// usually the agent's current record, named by CurrentAgent; only a record
+// replaced since is written out in Agent.
+type snapshotRequest struct {
+	ID           string         `json:"id"`
+	Index        uint64         `json:"index"`
+	Op           string         `json:"op,omitempty"`
+	Digest       string         `json:"digest,omitempty"`
+	CurrentAgent string         `json:"current_agent,omitempty"`
+	Agent        *snapshotAgent `json:"agent,omitempty"`
+	Deleted      []string       `json:"deleted,omitempty"`
+}
+
+func snapshotAgentOf(r *agentRecord) snapshotAgent {
+	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
+		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created}
+}
+
+func (a snapshotAgent) record() *agentRecord {
+	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
+		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created}
+	if rec.Leases == nil {
+		rec.Leases = map[string]overlayLease{}
+	}
+	return rec
+}
+
+// tableSnapshot is a point-in-time copy: records are immutable, so copying
+// the maps of pointers is enough and quick.
+type tableSnapshot struct {
+	index, stateIndex uint64
+	clusterID         string
+	net               *network
+	agents            []*agentRecord
+	tombstones        map[string]uint64
+	servers           map[string]ServerMeta
+	quarantine        map[string][]quarantined
+	requests          []snapshotRequest
+	horizon           uint64
+	marks             []clockMark
+	reports           map[string]agentReport
+	// replaced holds, by position in requests, the outcome records that are
+	// no longer their agent's current record; encoded in WriteTo.
+	replaced map[int]*agentRecord
+}
+
+// Snapshot takes a point-in-time copy (raftlog.StateMachine).
+func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	s := &tableSnapshot{
+		index:      t.index,
+		stateIndex: t.stateIndex,
+		clusterID:  t.clusterID,
+		net:        t.net,
+		tombstones: maps.Clone(t.tombstones),
+		servers:    maps.Clone(t.servers),
+		reports:    maps.Clone(t.reports),
+		quarantine: maps.Clone(t.quarantine), // slices are replaced, never changed in place
+		replaced:   map[int]*agentRecord{},
+		horizon:    t.horizon,
+		marks:      slices.Clone(t.marks),
+	}
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		s.agents = append(s.agents, t.agents[id])
+	}
+	s.requests = make([]snapshotRequest, len(t.requests.order))
+	for i, id := range t.requests.order {
+		o := t.requests.byID[id]
+		s.requests[i] = snapshotRequest{ID: id, Index: o.Index, Op: o.Op, Digest: o.Digest, Deleted: o.Deleted}
+		switch {
+		case o.Agent == nil:
+		case t.agents[o.Agent.ID] == o.Agent:
+			s.requests[i].CurrentAgent = o.Agent.ID
+		default:
+			s.replaced[i] = o.Agent
+		}
+	}
+	return s, nil
+}
+
+// WriteTo writes the snapshot as JSON.
+func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
+	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
+		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
+		Horizon: s.horizon, Marks: s.marks}
+	if s.net != nil {
+		cfg := s.net.api
+		d.Network = &cfg
+	}
+	d.Agents = make([]snapshotAgent, len(s.agents))
+	for i, r := range s.agents {
+		d.Agents[i] = snapshotAgentOf(r)
+	}
+	for i, r := range s.replaced {
+		a := snapshotAgentOf(r)
+		d.Requests[i].Agent = &a
+	}
+	cw := &countingWriter{w: w}
+	if err := json.NewEncoder(cw).Encode(d); err != nil {
+		return cw.n, fmt.Errorf("write lease table snapshot: %w", err)
+	}
+	return cw.n, nil
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Release is a no-op: the copy holds no resources.
+func (s *tableSnapshot) Release() {}
+
+// Restore replaces the whole state with a snapshot (raftlog.StateMachine).
+func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
+	var d snapshotData
+	if err := json.NewDecoder(r).Decode(&d); err != nil {
+		return fmt.Errorf("read lease table snapshot: %w", err)
+	}
+	if d.Format < snapshotFormatLegacy || d.Format > snapshotFormat {
+		return fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
+	}
+	legacy := func(rec *agentRecord) *agentRecord {
+		if d.Format < snapshotFormatBlocks {
+			legacyLeaseBlocks(rec)
+		}
+		return rec
+	}
+	var n *network
+	if d.Network != nil {
+		var err error
+		if n, err = parseNetwork(*d.Network); err != nil {
+			return fmt.Errorf("snapshot network config: %w", err)
+		}
+	}
+	agents := make(map[string]*agentRecord, len(d.Agents))
+	for _, a := range d.Agents {
+		agents[a.ID] = legacy(a.record())
+	}
+	requests := newRequestTable()
+	for _, rq := range d.Requests {
+		o := requestOutcome{Index: rq.Index, Op: rq.Op, Digest: rq.Digest, Deleted: rq.Deleted}
+		switch {
+		case rq.CurrentAgent != "":
+			if o.Agent = agents[rq.CurrentAgent]; o.Agent == nil {
+				return fmt.Errorf("lease table snapshot: request %q names agent %q, which the snapshot lacks", rq.ID, rq.CurrentAgent)
+			}
+		case rq.Agent != nil:
+			o.Agent = legacy(rq.Agent.record())
+		}
+		requests.remember(rq.ID, o)
+	}
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reset()
+	t.index, t.stateIndex, t.clusterID, t.net = max(index, d.Index), d.StateIndex, d.ClusterID, n
+	t.agents = agents
+	for _, a := range d.Agents {
+		if a.IP.IsValid() {
+			t.byIP[a.IP] = a.ID
+		}
+	}
+	if d.Tombstones != nil {
+		t.tombstones = d.Tombstones
+	}
+	if d.Servers != nil {
+		t.servers = d.Servers
+	}
+	t.requests = requests
+	// The change log starts here: what changed before the snapshot is not
+	// known one by one (a watcher further behind reads the whole state).
+	t.changes.start = d.StateIndex
+	t.horizon, t.marks = d.Horizon, d.Marks
+	for id, rep := range d.Reports {
+		if agents[id] != nil {
+			t.reports[id] = rep
+		}
+	}
+	if d.Quarantine != nil {
+		t.quarantine = d.Quarantine
+	}
+	if t.net != nil {
+		t.rebuildSpaces()
+	}
+	t.notifyChanged()
+	return nil
+}

@@ -1,0 +1,495 @@
+package state
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	"github.com/carve-net/carve/api"
+)
+
+// agentRecord is one agent's committed record. Records are immutable once
+// stored (copy on write), so snapshots, request outcomes and readers share
+// them freely.
+type agentRecord struct {
+	ID       string
+	Hostname string
+	IP       netip.Addr // invalid when another agent took the IP
+	MeshAddr string
+	Bridges  api.AgentNetworkConfig
+	VTEP     netip.Addr
+	VTEP6    netip.Addr              // invalid without vtep_subnet6
+	Leases   map[string]overlayLease // by overlay name
+	Version  uint64
+	// Created is the Raft index that created the record (0 for records
+	// from before it was kept): a holdings acknowledgement names it, so
+	// that one of a deleted and re-registered agent is not mistaken for
+	// the new record's.
+	Created uint64
+}
+
+// overlayLease is an agent's share of one overlay.
+type overlayLease struct {
+	Subnet  netip.Prefix `json:"subnet,omitzero"`
+	Subnet6 netip.Prefix `json:"subnet6,omitzero"`
+	// Failed says why the overlay (or its IPv6 part) was left out.
+	Failed string `json:"failed,omitempty"`
+	// Blocks are every block the agent holds in the overlay, disjoint, in
+	// api.SortBlocks order: the halves of Subnet and Subnet6 (origin
+	// lease), grown and granted blocks. A block part of which was granted
+	// away is replaced by the CIDR decomposition of the rest. Immutable
+	// once stored (records are copied on write).
+	Blocks []leaseBlock `json:"blocks,omitempty"`
+}
+
+func leaseEqual(a, b overlayLease) bool {
+	return a.Subnet == b.Subnet && a.Subnet6 == b.Subnet6 && a.Failed == b.Failed && slices.Equal(a.Blocks, b.Blocks)
+}
+
+func (r *agentRecord) clone() *agentRecord {
+	c := *r
+	c.Leases = maps.Clone(r.Leases)
+	if c.Leases == nil {
+		c.Leases = map[string]overlayLease{}
+	}
+	return &c
+}
+
+func (r *agentRecord) equal(o *agentRecord) bool {
+	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
+		r.Bridges == o.Bridges && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
+}
+
+// overlaySpace is the address space of one overlay: a block allocator per
+// family (nil when the overlay has no subnet of that family).
+type overlaySpace struct {
+	v4, v6 *blockSpace
+}
+
+// family returns the allocator of p's family.
+func (s *overlaySpace) family(is4 bool) *blockSpace {
+	if s == nil {
+		return nil
+	}
+	if is4 {
+		return s.v4
+	}
+	return s.v6
+}
+
+// Apply applies one command at a Raft index (raftlog.StateMachine).
+func (t *LeaseTable) Apply(index uint64, data []byte) any {
+	var c command
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Result{Err: fmt.Errorf("%w: %v", ErrBadCommand, err)}
+	}
+	if err := c.validate(); err != nil {
+		return Result{Err: err}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if index > t.index {
+		t.index = index
+	}
+	before := t.stateIndex
+	res := t.applyCommand(index, c)
+	if t.stateIndex != before {
+		t.logChanges(index)
+		t.notifyChanged()
+	} else {
+		t.touched, t.touchedAll = nil, false
+	}
+	return res
+}
+
+// applyCommand applies a validated command; the caller holds t.mu.
+func (t *LeaseTable) applyCommand(index uint64, c command) Result {
+	var digest string
+	if c.RequestID != "" {
+		digest = commandDigest(c)
+		if o, ok := t.requests.lookup(c.RequestID); ok {
+			return t.repeatedRequest(c, digest, o)
+		}
+	}
+	outcome := requestOutcome{Index: index, Op: c.Op, Digest: digest}
+	var res Result
+	switch c.Op {
+	case opRegister:
+		rec, err := t.applyRegister(index, c.Register)
+		if err != nil {
+			return Result{Err: err}
+		}
+		outcome.Agent = rec
+		res.Agent = t.render(rec)
+	case opDelete:
+		deleted, err := t.applyDelete(index, c.Delete)
+		if err != nil {
+			return Result{Err: err}
+		}
+		outcome.Deleted = deleted
+		res.Deleted = deleted
+	case opReport:
+		rec, err := t.applyReport(index, c.Report)
+		if err != nil {
+			return Result{Err: err}
+		}
+		res.Agent = t.render(rec)
+	case opGrow, opReturn, opGrant:
+		var rec *agentRecord
+		var err error
+		switch c.Op {
+		case opGrow:
+			rec, err = t.applyGrow(index, c.Grow)
+		case opReturn:
+			rec, err = t.applyReturn(index, c.Return)
+		default:
+			rec, err = t.applyGrant(index, c.Grant)
+		}
+		if err != nil {
+			return Result{Err: err}
+		}
+		outcome.Agent = rec
+		res.Agent = t.render(rec)
+	case opRelease:
+		res.Released = t.applyRelease(index, c.Release)
+	case opSetConfig:
+		res = t.applySetConfig(index, *c.SetConfig)
+	case opSetClusterID:
+		t.applySetClusterID(index, c.ClusterID)
+	case opServerMeta:
+		t.servers[c.ServerMeta.ID] = *c.ServerMeta
+	case opCompact:
+		t.applyCompact(index, c.Compact)
+	}
+	if c.RequestID != "" && res.Err == nil {
+		t.requests.remember(c.RequestID, outcome)
+	}
+	return res
+}
+
+// repeatedRequest answers a request id seen before: a retry of the same
+// request (after an unknown outcome) gets that request's own outcome, and the
+// state does not change again; another request reusing the id is refused.
+func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome) Result {
+	legacy := o.Digest == "" // restored from a snapshot that kept no outcomes
+	if !legacy && o.Digest != digest {
+		return Result{Err: fmt.Errorf("%w: request_id %q named a %s request applied at index %d, not this %s request; give every new request a new request_id",
+			ErrRequestIDReused, c.RequestID, o.Op, o.Index, c.Op)}
+	}
+	switch c.Op {
+	case opGrow, opReturn, opGrant:
+		return Result{Agent: renderAgent(t.net, o.Agent)}
+	case opRegister:
+		rec := o.Agent
+		if legacy {
+			if rec = t.agents[c.Register.AgentID]; rec == nil {
+				return Result{Err: fmt.Errorf("%w: %s was deleted after it registered", ErrUnknownAgent, c.Register.AgentID)}
+			}
+		}
+		return Result{Agent: t.render(rec)}
+	case opReport:
+		rec := t.agents[c.Report.AgentID]
+		if rec == nil {
+			return Result{Err: fmt.Errorf("%w %q", ErrUnknownAgent, c.Report.AgentID)}
+		}
+		return Result{Agent: t.render(rec)}
+	case opDelete:
+		if legacy {
+			return Result{Deleted: c.Delete.Agents}
+		}
+		return Result{Deleted: o.Deleted}
+	}
+	return Result{}
+}
+
+// applyRegister creates or updates an agent's record and returns it.
+func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, error) {
+	if t.net == nil {
+		return nil, ErrNoConfig
+	}
+	ip, err := netip.ParseAddr(c.IP)
+	if err != nil {
+		return nil, fmt.Errorf("%w: ip %q", ErrBadCommand, c.IP)
+	}
+	old := t.agents[c.AgentID]
+	var rec *agentRecord
+	if old == nil {
+		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
+		n, ok := t.vteps.allocate(c.AgentID)
+		if !ok {
+			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
+		}
+		rec.VTEP = t.vteps.addrAt(n)
+	} else {
+		rec = old.clone()
+	}
+	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
+	// The newest registration takes the IP; the older record keeps its
+	// leases without an IP until it registers again.
+	if other, ok := t.byIP[ip]; ok && other != c.AgentID {
+		o := t.agents[other].clone()
+		o.IP = netip.Addr{}
+		o.Version = index
+		t.agents[other] = o
+		t.touch(other)
+		t.stateIndex = index
+	}
+	t.ensureLeases(rec, index)
+	if old != nil && old.equal(rec) {
+		return old, nil
+	}
+	if old != nil && old.IP.IsValid() && old.IP != ip && t.byIP[old.IP] == c.AgentID {
+		delete(t.byIP, old.IP)
+	}
+	t.byIP[ip] = c.AgentID
+	rec.Version = index
+	t.agents[c.AgentID] = rec
+	delete(t.tombstones, c.AgentID)
+	t.touch(c.AgentID)
+	t.stateIndex = index
+	return rec, nil
+}
+
+// ensureLeases gives rec a subnet of every enabled overlay it lacks (a
+// whole free prefix-sized slice, first fit, whose halves become its lease
+// blocks) and an IPv6 VTEP address when vtep_subnet6 is configured, and
+// records why when an overlay is exhausted.
+func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
+	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
+		if n, ok := t.vteps6.allocate(rec.ID); ok {
+			rec.VTEP6 = t.vteps6.addrAt(n)
+		}
+	}
+	for _, def := range t.net.overlays {
+		if !def.enabled {
+			continue
+		}
+		l := rec.Leases[def.api.Name]
+		sp := t.spaces[def.api.Name]
+		l.Failed = ""
+		var failures []string
+		if def.subnet.IsValid() && !l.Subnet.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v4, rec.ID, def.prefix); ok {
+				l.Subnet = p
+				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
+			} else if p, ok := sp.v4.firstFree(def.prefix); ok {
+				l.Subnet = p
+				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
+			} else {
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix, def.subnet))
+			}
+		}
+		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v6, rec.ID, def.prefix6); ok {
+				l.Subnet6 = p
+				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
+			} else if p, ok := sp.v6.firstFree(def.prefix6); ok {
+				l.Subnet6 = p
+				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
+			} else {
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix6, def.subnet6))
+			}
+		}
+		if len(failures) > 0 {
+			l.Failed = failures[0]
+			if len(failures) > 1 {
+				l.Failed += "; " + failures[1]
+			}
+		}
+		rec.Leases[def.api.Name] = t.reclaimOwnQuarantine(rec, def, l, index)
+	}
+}
+
+// applyDelete removes agents (by id or underlay IP) and returns the ids it
+// removed.
+func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
+	var deleted []string
+	for _, name := range c.Agents {
+		id := name
+		if _, ok := t.agents[id]; !ok {
+			if ip, err := netip.ParseAddr(name); err == nil {
+				id = t.byIP[ip]
+			}
+		}
+		rec := t.agents[id]
+		if rec == nil {
+			if _, gone := t.tombstones[name]; c.Strict && !gone {
+				return nil, fmt.Errorf("%w %q", ErrUnknownAgent, name)
+			}
+			continue
+		}
+		delete(t.agents, id)
+		delete(t.reports, id)
+		t.freeLeases(index, rec, len(t.agents) > 0)
+		if rec.IP.IsValid() && t.byIP[rec.IP] == id {
+			delete(t.byIP, rec.IP)
+		}
+		t.tombstones[id] = index
+		t.touch(id)
+		t.stateIndex = index
+		deleted = append(deleted, id)
+	}
+	if len(t.agents) == 0 {
+		// Nobody is left who could hold an unreported grant.
+		t.releaseQuarantine(func(quarantined) bool { return true })
+	}
+	return deleted, nil
+}
+
+// freeLeases frees the VTEP IP and every block of a deleted agent, and
+// nothing of anyone else's. With other agents live, its overlay blocks are
+// quarantined instead of freed: one of them may hold a grant from it that
+// the masters have not heard of (see applyRelease).
+func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool) {
+	if n, ok := t.vteps.number(rec.VTEP); ok && t.vteps.used[n] == rec.ID {
+		t.vteps.release(n)
+	}
+	if t.vteps6 != nil && rec.VTEP6.IsValid() {
+		if n, ok := t.vteps6.number(rec.VTEP6); ok && t.vteps6.used[n] == rec.ID {
+			t.vteps6.release(n)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(rec.Leases)) {
+		sp := t.spaces[name]
+		for _, b := range rec.Leases[name].Blocks {
+			space := sp.family(b.Prefix.Addr().Is4())
+			if space == nil || !space.removeHeld(b.Prefix, rec.ID) {
+				continue
+			}
+			if quarantine {
+				_ = space.add(b.Prefix, rec.ID, true) // just freed: cannot overlap
+				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge})
+			}
+		}
+	}
+}
+
+// applySetConfig merges a (validated) configuration into the state.
+func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result {
+	merged, warnings, err := t.mergeConfig(cfg)
+	if err != nil {
+		return Result{Err: err, Warnings: warnings}
+	}
+	if t.net != nil && configEqual(t.net.api, merged.api) {
+		return Result{Warnings: warnings}
+	}
+	t.net = merged
+	t.rebuildSpaces()
+	t.cache.mu.Lock()
+	t.cache.invalidate()
+	t.cache.mu.Unlock()
+	// Give existing agents their share of overlays added or enabled now;
+	// sorted so every replica allocates in the same order.
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		old := t.agents[id]
+		rec := old.clone()
+		t.ensureLeases(rec, index)
+		if !old.equal(rec) {
+			rec.Version = index
+			t.agents[id] = rec
+		}
+	}
+	t.touchAll()
+	t.stateIndex = index
+	return Result{Warnings: warnings}
+}
+
+// applySetClusterID records the cluster id. The first one committed wins: a
+// second leader proposing its own (before it saw the first) changes nothing,
+// so every replica and every restart agrees on one id.
+func (t *LeaseTable) applySetClusterID(index uint64, id string) {
+	if t.clusterID != "" {
+		return
+	}
+	t.clusterID = id
+	t.touchAll()
+	t.stateIndex = index
+	// Signatures cover the cluster id.
+	t.cache.mu.Lock()
+	t.cache.invalidate()
+	t.cache.mu.Unlock()
+}
+
+// rebuildSpaces recreates every allocator from the records and the
+// quarantine (after a config change or a restore). Leases outside the
+// current definitions are dropped from the allocators but stay in the
+// records until the agent is deleted.
+func (t *LeaseTable) rebuildSpaces() {
+	t.vteps = newHostPool(t.net.vtepNet)
+	t.vteps6 = nil
+	if t.net.vtepNet6.IsValid() {
+		t.vteps6 = newHostPool(t.net.vtepNet6)
+	}
+	t.spaces = map[string]*overlaySpace{}
+	for _, d := range t.net.overlays {
+		sp := &overlaySpace{}
+		if d.subnet.IsValid() {
+			sp.v4 = newBlockSpace(d.subnet)
+		}
+		if d.subnet6.IsValid() {
+			sp.v6 = newBlockSpace(d.subnet6)
+		}
+		t.spaces[d.api.Name] = sp
+	}
+	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
+		rec := t.agents[id]
+		if n, ok := t.vteps.number(rec.VTEP); ok {
+			t.vteps.take(n, id)
+		}
+		if t.vteps6 != nil && rec.VTEP6.IsValid() {
+			if n, ok := t.vteps6.number(rec.VTEP6); ok {
+				t.vteps6.take(n, id)
+			}
+		}
+		for name, l := range rec.Leases {
+			for _, b := range l.Blocks {
+				if space := t.spaces[name].family(b.Prefix.Addr().Is4()); space != nil {
+					_ = space.add(b.Prefix, id, false) // records never overlap
+				}
+			}
+		}
+	}
+	for name, qs := range t.quarantine {
+		for _, q := range qs {
+			if space := t.spaces[name].family(q.Prefix.Addr().Is4()); space != nil {
+				_ = space.add(q.Prefix, q.From, true)
+			}
+		}
+	}
+	t.vteps.hint = t.vteps.lo
+	if t.vteps6 != nil {
+		t.vteps6.hint = t.vteps6.lo
+	}
+}
+
+// applyReport records an agent's configuration report. It changes the
+// state (and its index) only when the report differs from the last one,
+// and never the record's version: peers act on records, not on reports.
+func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, error) {
+	rec := t.agents[c.AgentID]
+	if rec == nil {
+		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
+	}
+	rep, err := reportOf(c.Report)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadCommand, err)
+	}
+	if rep.Version > rec.Version {
+		return nil, fmt.Errorf("%w: agent %s reported on version %d of its record, which is at version %d", ErrReportAhead, c.AgentID, rep.Version, rec.Version)
+	}
+	if old, ok := t.reports[c.AgentID]; ok && old.equal(rep) {
+		return rec, nil
+	}
+	t.reports[c.AgentID] = rep
+	t.stateIndex = index
+	// Watchers of changes get the re-rendered record (same version).
+	t.touch(c.AgentID)
+	// The record is unchanged (its cached encoding is keyed by it), its
+	// rendering is not.
+	t.cache.mu.Lock()
+	delete(t.cache.agents, c.AgentID)
+	t.cache.mu.Unlock()
+	return rec, nil
+}
