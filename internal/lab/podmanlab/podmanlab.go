@@ -1,12 +1,13 @@
 // Package podmanlab runs Debian's rootful Podman (4.3, CNI backend) inside a
 // lab host's network namespace, for tests of carve under Podman: containers
-// run from a local busybox root file system (package rootfs), on CNI
-// networks that the test writes into a configuration directory of its own.
+// run from a local busybox root file system (enginelab.BusyboxRootfsDir), on
+// CNI networks that the test writes into a configuration directory of its
+// own.
 //
 // Podman is no daemon: every command is a process, and conmon (one per
 // container) outlives it. All of them run inside one private mount
-// namespace, held by a keeper process that this package starts in the
-// host's network namespace. In it, the machine's paths that Podman and
+// namespace (enginelab.HoldMountNamespace) in the host's network
+// namespace. In it, the machine's paths that Podman and
 // libcni write to whatever their configuration says are covered by
 // directories of the lab: /run (a tmpfs: Podman's runroot and tmp_dir, the
 // containers' netns files in /run/netns), /dev/shm (a tmpfs: Podman's SHM
@@ -32,9 +33,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/labproc"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/rootfs"
+	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
 	"golang.org/x/sys/unix"
 )
@@ -75,22 +76,15 @@ type Podman struct {
 	bins   map[string]string
 	rootfs string
 	cgroup string
-	keeper *exec.Cmd
-	hold   *os.File // the keeper's stdin: it exits when this closes
-	mntNS  string   // the keeper's mount namespace, as /proc/PID/ns/mnt reads
-	waited chan error
+	mnt    *enginelab.MountNamespace
 }
 
 // Binaries finds the programs the lab runs: Debian's podman, its conmon and
 // OCI runtime (crun or runc), and util-linux's nsenter.
 func Binaries() (map[string]string, error) {
-	bins := map[string]string{}
-	for _, b := range []string{"podman", "conmon", "nsenter", "mount", "umount"} {
-		p, err := exec.LookPath(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s not found (install Debian's podman): %w", b, err)
-		}
-		bins[b] = p
+	bins, err := enginelab.LookPaths("podman", "podman", "conmon", "nsenter", "mount", "umount")
+	if err != nil {
+		return nil, err
 	}
 	for _, rt := range []string{"crun", "runc"} {
 		if p, err := exec.LookPath(rt); err == nil {
@@ -106,17 +100,17 @@ func Binaries() (map[string]string, error) {
 // directory) skips the test, or fails it when $CI is "true".
 func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 	t.Helper()
-	require(t, netnslab.IsRoot(), "podmanlab: rootful Podman needs root; run the tests as root")
+	testutil.Require(t, netnslab.IsRoot(), "podmanlab: rootful Podman needs root; run the tests as root")
 	bins, err := Binaries()
-	require(t, err == nil, "podmanlab: %v", err)
-	busybox, err := rootfs.StaticBusybox()
-	require(t, err == nil, "podmanlab: %v", err)
+	testutil.Require(t, err == nil, "podmanlab: %v", err)
+	busybox, err := enginelab.StaticBusybox()
+	testutil.Require(t, err == nil, "podmanlab: %v", err)
 	if len(opts.CNIPluginDirs) == 0 {
 		opts.CNIPluginDirs = []string{DebianCNIPluginDir}
 	}
 	for _, d := range opts.CNIPluginDirs {
 		_, err := os.Stat(d)
-		require(t, err == nil, "podmanlab: CNI plugin directory %s: %v (install Debian's containernetworking-plugins)", d, err)
+		testutil.Require(t, err == nil, "podmanlab: CNI plugin directory %s: %v (install Debian's containernetworking-plugins)", d, err)
 	}
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
@@ -128,12 +122,11 @@ func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 		opts: opts, host: host, bins: bins,
 		rootfs: filepath.Join(opts.Dir, "rootfs"),
 		cgroup: fmt.Sprintf("carve-podman-%d-%s", os.Getpid(), filepath.Base(opts.Dir)),
-		waited: make(chan error, 1),
 	}
 	if err := p.prepare(busybox); err != nil {
 		t.Fatalf("podmanlab: %v", err)
 	}
-	if err := p.startKeeper(); err != nil {
+	if err := p.holdMounts(); err != nil {
 		t.Fatalf("podmanlab: %v", err)
 	}
 	t.Cleanup(func() {
@@ -142,22 +135,6 @@ func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 		}
 	})
 	return p
-}
-
-// require stops the test when a prerequisite is missing: a skip, or a
-// failure under CI ($CI is "true"), where a skip would pass a run that
-// tested nothing.
-// TODO(integrator): route through testutil.Require (branch hygiene).
-func require(t testing.TB, ok bool, format string, args ...any) {
-	t.Helper()
-	if ok {
-		return
-	}
-	msg := fmt.Sprintf(format, args...)
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("missing prerequisite under CI ($CI=true): %s (deploy/install-deps.sh installs it; run the tests as root)", msg)
-	}
-	t.Skip("missing prerequisite: " + msg)
 }
 
 // ConfDir is where Podman finds networks by name: write conflists there.
@@ -178,7 +155,7 @@ func (p *Podman) Rootfs() string { return p.rootfs }
 // configuration files.
 func (p *Podman) prepare(busybox string) error {
 	d := p.opts.Dir
-	for _, sub := range []string{"storage", "tmp", "varlib", "etc-containers", "cg", "volumes"} {
+	for _, sub := range []string{"storage", "tmp", "varlib", "etc-containers", "volumes"} {
 		if err := os.MkdirAll(filepath.Join(d, sub), 0o711); err != nil {
 			return err
 		}
@@ -186,7 +163,7 @@ func (p *Podman) prepare(busybox string) error {
 	if err := os.MkdirAll(p.opts.CNIConfDir, 0o755); err != nil {
 		return err
 	}
-	if err := rootfs.WriteDir(p.rootfs, busybox); err != nil {
+	if err := enginelab.BusyboxRootfsDir(p.rootfs, busybox); err != nil {
 		return err
 	}
 	runtime := filepath.Base(p.bins["runtime"])
@@ -254,60 +231,19 @@ func tomlStrings(ss []string) string {
 	return "[" + strings.Join(q, ", ") + "]"
 }
 
-// startKeeper starts the process that holds the private mount namespace,
-// inside host's network namespace, and waits until its mounts are made.
-func (p *Podman) startKeeper() error {
-	d := p.opts.Dir
-	// labproc.PrivateMounts (the network namespace's own /sys, a tmpfs over
-	// /run), then the lab's directories over the machine's.
-	script := fmt.Sprintf(`set -e
-%smount -t tmpfs -o mode=1777 carve-lab /dev/shm
-mount --bind "$D/varlib" /var/lib
-if [ -d /etc/containers ]; then mount --bind "$D/etc-containers" /etc/containers; fi
-: >"$D/keeper.ready"
-exec cat >/dev/null
-`, labproc.PrivateMounts(d))
-	if err := os.WriteFile(filepath.Join(d, "keeper.sh"), []byte(script), 0o644); err != nil {
-		return err
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	p.hold = w
-	p.keeper = exec.Command("/bin/sh", filepath.Join(d, "keeper.sh"))
-	p.keeper.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	p.keeper.Stdin = r
-	var stderr bytes.Buffer
-	p.keeper.Stderr = &stderr
-	if err := p.host.Start(p.keeper); err != nil {
-		w.Close()
-		return fmt.Errorf("start the mount namespace keeper: %w", err)
-	}
-	go func() { p.waited <- p.keeper.Wait() }()
+// holdMounts starts the private mount namespace (enginelab's: the
+// network namespace's own /sys, a tmpfs over /run) in host's network
+// namespace with the lab's directories over the machine's.
+func (p *Podman) holdMounts() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	err = retry.Until(ctx, 20*time.Millisecond, func() error {
-		select {
-		case err := <-p.waited:
-			p.waited <- err
-			return retry.Permanent(fmt.Errorf("keeper exited (%v): %s", err, stderr.String()))
-		default:
-		}
-		if _, err := os.Stat(filepath.Join(d, "keeper.ready")); err != nil {
-			return err
-		}
-		return nil
-	})
-	if err == nil {
-		p.mntNS, err = os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", p.keeper.Process.Pid))
-	}
+	mnt, err := enginelab.HoldMountNamespace(ctx, p.host, p.opts.Dir, `mount -t tmpfs -o mode=1777 carve-lab /dev/shm
+mount --bind "$D/varlib" /var/lib
+if [ -d /etc/containers ]; then mount --bind "$D/etc-containers" /etc/containers; fi`)
 	if err != nil {
-		p.hold.Close()
-		<-p.waited
-		return fmt.Errorf("mount namespace keeper: %w", err)
+		return err
 	}
+	p.mnt = mnt
 	return nil
 }
 
@@ -315,7 +251,7 @@ exec cat >/dev/null
 // namespaces, its configuration) and returns its standard output; an error
 // quotes its standard error.
 func (p *Podman) Command(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append([]string{"-t", strconv.Itoa(p.keeper.Process.Pid), "-m", "-n", "--", p.bins["podman"]}, args...)
+	argv := append([]string{"-t", strconv.Itoa(p.mnt.PID()), "-m", "-n", "--", p.bins["podman"]}, args...)
 	cmd := exec.CommandContext(ctx, p.bins["nsenter"], argv...)
 	cmd.Env = append([]string{
 		"PATH=" + filepath.Dir(p.bins["runtime"]) + ":/usr/sbin:/usr/bin:/sbin:/bin",
@@ -347,7 +283,7 @@ func (e *CommandError) Unwrap() error { return e.Err }
 
 // close removes every container (Podman calls CNI DEL for each), kills
 // what is left in the lab's mount namespace by PID (conmon, containers,
-// the keeper), and removes the cgroups and the directory.
+// the holder), and removes the cgroups and the directory.
 func (p *Podman) close() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -355,12 +291,8 @@ func (p *Podman) close() error {
 	if _, err := p.Command(ctx, "rm", "--all", "--force", "--time", "0"); err != nil {
 		errs = append(errs, err)
 	}
-	p.hold.Close()
-	select {
-	case <-p.waited:
-	case <-time.After(10 * time.Second):
-		_ = p.keeper.Process.Kill()
-		<-p.waited
+	if err := p.mnt.Close(); err != nil {
+		errs = append(errs, err)
 	}
 	// Only this package's processes are in the mount namespace: conmon
 	// (reparented when it daemonized), the containers below it, and the
@@ -370,11 +302,7 @@ func (p *Podman) close() error {
 	var left []int
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	err := retry.Until(wctx, 50*time.Millisecond, func() error {
-		var err error
-		left, err = labproc.InNamespace(p.mntNS)
-		if err != nil {
-			return retry.Permanent(err)
-		}
+		left = p.mnt.Processes()
 		if len(left) > 0 {
 			return fmt.Errorf("processes %v still run", left)
 		}
@@ -389,8 +317,8 @@ func (p *Podman) close() error {
 	} else if err != nil {
 		errs = append(errs, err)
 	}
-	// Every mount lived in the keeper's namespace, gone with its processes.
-	if err := labproc.RemoveLeftovers(p.cgroup, p.opts.Dir); err != nil {
+	// Every mount lived in the holder's namespace, gone with its processes.
+	if err := enginelab.RemoveLeftovers(p.cgroup, p.opts.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -69,26 +69,6 @@ func recordCNICall(self string) int {
 	return 0
 }
 
-func readCalls(t *testing.T, path string) []cniCall {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	var calls []cniCall
-	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		if l == "" {
-			continue
-		}
-		var c cniCall
-		if err := json.Unmarshal([]byte(l), &c); err != nil {
-			t.Fatalf("calls.log: %q: %v", l, err)
-		}
-		calls = append(calls, c)
-	}
-	return calls
-}
-
 // labnet is the test's network: Debian's bridge and host-local at spec
 // 1.0.0, then the recorder.
 const labnet = `{
@@ -170,7 +150,7 @@ func TestPodmanOnCNINetwork(t *testing.T) {
 			if tc.ip != "" {
 				wantArgs += ";IP=" + tc.ip
 			}
-			add := lastCall(readCalls(t, calls), "ADD", id)
+			add := lastCall(testutil.JSONLines[cniCall](t, calls), "ADD", id)
 			if add == nil || add.Args != wantArgs || add.IfName != "eth0" || add.Netns == "" {
 				t.Errorf("ADD as the plugin saw it: %+v; want CNI_ARGS %q, eth0, a netns path", add, wantArgs)
 			}
@@ -179,7 +159,7 @@ func TestPodmanOnCNINetwork(t *testing.T) {
 			if err := pm.Remove(ctx, id); err != nil {
 				t.Fatal(err)
 			}
-			if del := lastCall(readCalls(t, calls), "DEL", id); del == nil || del.Args != wantArgs {
+			if del := lastCall(testutil.JSONLines[cniCall](t, calls), "DEL", id); del == nil || del.Args != wantArgs {
 				t.Errorf("DEL as the plugin saw it: %+v; want CNI_ARGS %q", del, wantArgs)
 			}
 			if _, err := os.Stat(filepath.Join(leases, ip.String())); !os.IsNotExist(err) {
@@ -194,12 +174,12 @@ func TestPodmanOnCNINetwork(t *testing.T) {
 			t.Fatal(err)
 		}
 		testutil.Eventually(t, 0, "DEL from conmon's cleanup", func() error {
-			if del := lastCall(readCalls(t, calls), "DEL", id); del == nil {
+			if del := lastCall(testutil.JSONLines[cniCall](t, calls), "DEL", id); del == nil {
 				return fmt.Errorf("no DEL for %.12s yet", id)
 			}
 			return nil
 		})
-		if del := lastCall(readCalls(t, calls), "DEL", id); del.Args != "IgnoreUnknown=1;K8S_POD_NAME=exits" {
+		if del := lastCall(testutil.JSONLines[cniCall](t, calls), "DEL", id); del.Args != "IgnoreUnknown=1;K8S_POD_NAME=exits" {
 			t.Errorf("DEL from the cleanup: CNI_ARGS %q", del.Args)
 		}
 		if err := pm.Remove(ctx, id); err != nil {

@@ -1,4 +1,4 @@
-package rootfs
+package enginelab
 
 import (
 	"archive/tar"
@@ -11,20 +11,20 @@ import (
 	"testing"
 )
 
-// TestLayoutsAgree writes both forms from a stand-in binary and checks they
-// hold the same entries: busybox with its bytes, and every applet a link to
-// it.
-func TestLayoutsAgree(t *testing.T) {
+// TestBusyboxLayoutsAgree writes both forms from a stand-in binary and
+// checks they hold the same entries: busybox with its bytes, and every
+// applet a link to it.
+func TestBusyboxLayoutsAgree(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "busybox")
 	if err := os.WriteFile(src, []byte("not really busybox"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	if err := WriteTar(&buf, src); err != nil {
+	layer, err := BusyboxRootfs(src)
+	if err != nil {
 		t.Fatal(err)
 	}
 	fromTar := map[string]string{}
-	tr := tar.NewReader(&buf)
+	tr := tar.NewReader(bytes.NewReader(layer))
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -42,7 +42,7 @@ func TestLayoutsAgree(t *testing.T) {
 		}
 	}
 	dir := filepath.Join(t.TempDir(), "root")
-	if err := WriteDir(dir, src); err != nil {
+	if err := BusyboxRootfsDir(dir, src); err != nil {
 		t.Fatal(err)
 	}
 	fromDir := map[string]string{}
@@ -59,7 +59,7 @@ func TestLayoutsAgree(t *testing.T) {
 		data, _ := os.ReadFile(p)
 		fromDir["bin/"+e.Name()] = "file " + string(data)
 	}
-	if len(fromTar) != len(applets())+1 || fromTar["bin/busybox"] != "file not really busybox" {
+	if len(fromTar) != len(busyboxApplets())+1 || fromTar["bin/busybox"] != "file not really busybox" {
 		t.Fatalf("tar holds %v", fromTar)
 	}
 	for name, what := range fromTar {
@@ -70,7 +70,7 @@ func TestLayoutsAgree(t *testing.T) {
 	if len(fromDir) != len(fromTar) {
 		t.Errorf("directory holds %d entries, tar %d", len(fromDir), len(fromTar))
 	}
-	if !slices.Contains(applets(), "ping") || fromDir["bin/ping"] != "link busybox" {
+	if !slices.Contains(busyboxApplets(), "ping") || fromDir["bin/ping"] != "link busybox" {
 		t.Errorf("no ping applet: %v", fromDir)
 	}
 }
