@@ -7,12 +7,6 @@ need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev)   # cgo, for go test -race
 command -v git >/dev/null 2>&1 || need+=(git)
-# The Docker plugin's test, the mixed-containers e2e test and the demo run a
-# real engine inside a lab network namespace (internal/lab/dockerlab), with a
-# tiny image made from a static busybox.
-if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
-  need+=(docker.io)
-fi
 # deploy's tests verify the systemd units with systemd-analyze, which Debian
 # ships in its systemd package. Installing it starts nothing: its postinst
 # calls systemctl only when systemd is PID 1 (/run/systemd/system), and
@@ -20,15 +14,27 @@ fi
 # system users; the policy-rc.d guard below covers any service start. It
 # does not replace /sbin/init (that is systemd-sysv, not installed).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# The container engines' labs run a real engine only inside a lab network
+# namespace (the policy-rc.d guard below keeps any package's service from
+# starting in the root namespace), on tiny images made from a static
+# busybox (internal/lab/enginelab):
+# - dockerlab (the Docker plugin's test, the mixed-containers e2e test, the
+#   demo): Debian's docker.io;
+# - containerdlab: Debian's containerd (1.6, CRI plugin built in; ctr);
+# - podmanlab: Debian's rootful podman (4.3, CNI backend), which pulls
+#   conmon, crun or runc and containers-common.
+# containerdlab and podmanlab put their pods and containers on networks of
+# Debian's CNI plugins in /usr/lib/cni (containernetworking-plugins, which
+# neither engine's package depends on).
+if ! command -v dockerd >/dev/null 2>&1 || ! command -v containerd-shim-runc-v2 >/dev/null 2>&1; then
+  need+=(docker.io)
+fi
+command -v containerd >/dev/null 2>&1 || need+=(containerd)
+command -v podman >/dev/null 2>&1 || need+=(podman)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)
-# containerd's lab (internal/lab/containerdlab): Debian's containerd (1.6,
-# CRI plugin built in; ctr) and its CNI plugins in /usr/lib/cni, run only
-# inside a lab network namespace (the policy-rc.d guard below keeps the
-# package's service from starting in the root namespace).
-command -v containerd >/dev/null 2>&1 || need+=(containerd)
-[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
 
 if ((${#need[@]})); then
   if [[ $(id -u) -ne 0 ]]; then

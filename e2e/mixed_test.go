@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/lab/testutil"
 )
@@ -20,7 +21,7 @@ import (
 func TestMixedContainers(t *testing.T) {
 	_, err := dockerlab.Binaries()
 	testutil.Require(t, err == nil, "no Docker engine to run (deploy/install-deps.sh installs it): %v", err)
-	_, err = dockerlab.StaticBusybox()
+	_, err = enginelab.StaticBusybox()
 	testutil.Require(t, err == nil, "no image for the Docker container: %v", err)
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, DockerBridge: true})
 	ctx := within(t, 3*converge)

@@ -20,6 +20,7 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 )
@@ -38,7 +39,7 @@ func TestRealDockerEngine(t *testing.T) {
 	testutil.Require(t, netnslab.IsRoot(), "needs root: network namespaces and a Docker engine")
 	bins, err := dockerlab.Binaries()
 	testutil.Require(t, err == nil, "%v", err)
-	busybox, err := dockerlab.StaticBusybox()
+	busybox, err := enginelab.StaticBusybox()
 	testutil.Require(t, err == nil, "%v", err)
 
 	rootBefore := rootState(t)

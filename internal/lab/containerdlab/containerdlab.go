@@ -70,8 +70,7 @@ type Containerd struct {
 	opts   Options
 	host   *netnslab.Host
 	dir    string
-	holder *exec.Cmd
-	held   chan error
+	mnt    *enginelab.MountNamespace
 	cmd    *exec.Cmd
 	waited chan error
 }
@@ -153,50 +152,17 @@ func (c *Containerd) PID() int { return c.cmd.Process.Pid }
 // startHolder starts the process that owns the private mount namespace,
 // inside host's network namespace, and waits until its mounts are made.
 func (c *Containerd) startHolder(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Join(c.dir, "cg"), 0o711); err != nil {
-		return fmt.Errorf("containerdlab: %w", err)
-	}
-	// The network namespace's own /sys (the cgroup hierarchy bound back
-	// in), and tmpfs over the machine's paths containerd 1.6 and libcni
-	// write to regardless of the config: /run/containerd (shim sockets)
-	// and /var/lib/cni (libcni's result cache).
-	script := fmt.Sprintf(`set -e
-D=%q
-mount --make-rprivate /
-mount --rbind /sys/fs/cgroup "$D/cg"
-mount -t sysfs sysfs /sys
-mount --rbind "$D/cg" /sys/fs/cgroup
-umount -l "$D/cg"
-mount -t tmpfs -o mode=0755 carve-lab /run
-mount -t tmpfs -o mode=0755 carve-lab /var/lib
-mkdir -p /run/containerd /var/lib/cni
-: >"$D/held"
-exec sleep infinity
-`, c.dir)
-	c.holder = exec.Command("/bin/sh", "-c", script)
-	c.holder.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	var stderr bytes.Buffer
-	c.holder.Stdout, c.holder.Stderr = &stderr, &stderr
-	if err := c.host.Start(c.holder); err != nil {
-		return fmt.Errorf("containerdlab: start the mount namespace's holder: %w", err)
-	}
-	c.held = make(chan error, 1)
-	go func() { c.held <- c.holder.Wait() }()
 	wctx, cancel := context.WithTimeout(ctx, c.opts.StartTimeout)
 	defer cancel()
-	err := retry.Until(wctx, 20*time.Millisecond, func() error {
-		select {
-		case err := <-c.held:
-			c.held <- err
-			return retry.Permanent(fmt.Errorf("it exited (%v)", err))
-		default:
-		}
-		_, err := os.Stat(filepath.Join(c.dir, "held"))
-		return err
-	})
+	// tmpfs over the machine's paths containerd 1.6 and libcni write to
+	// regardless of the config: /run/containerd (shim sockets, under
+	// PrivateMounts' /run) and /var/lib/cni (libcni's result cache).
+	mnt, err := enginelab.HoldMountNamespace(wctx, c.host, c.dir, `mount -t tmpfs -o mode=0755 carve-lab /var/lib
+mkdir -p /run/containerd /var/lib/cni`)
 	if err != nil {
-		return fmt.Errorf("%w: private mount namespace: %v: %s", ErrCannotRun, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("%w: %v", ErrCannotRun, err)
 	}
+	c.mnt = mnt
 	return nil
 }
 
@@ -211,7 +177,7 @@ func (c *Containerd) startDaemon(ctx context.Context, restart bool) error {
 	if restart {
 		fmt.Fprintf(log, "--- containerdlab: restart after pid %d ---\n", c.cmd.Process.Pid)
 	}
-	c.cmd = exec.Command(c.opts.Bins["nsenter"], fmt.Sprintf("--mount=/proc/%d/ns/mnt", c.holder.Process.Pid), "--",
+	c.cmd = exec.Command(c.opts.Bins["nsenter"], "--mount="+c.mnt.Path(), "--",
 		c.opts.Bins["containerd"], "--config", filepath.Join(c.dir, configName))
 	c.cmd.Dir = "/"
 	c.cmd.Stdout, c.cmd.Stderr = log, log
@@ -379,23 +345,16 @@ func (c *Containerd) cleanup() error {
 			<-c.waited
 		}
 	}
-	if c.holder != nil {
-		if mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", c.holder.Process.Pid)); err == nil {
-			for _, pid := range enginelab.ProcessesIn("mnt", mnt) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+	if c.mnt != nil {
+		for _, pid := range c.mnt.Processes() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
-		_ = c.holder.Process.Kill()
-		<-c.held
-	}
-	if err := enginelab.RemoveCgroups(c.opts.CgroupParent); err != nil {
-		errs = append(errs, err)
+		if err := c.mnt.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// The mounts lived in the holder's mount namespace, gone with it.
-	if enginelab.MountsUnder(c.dir) {
-		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", c.dir))...)
-	}
-	if err := os.RemoveAll(c.dir); err != nil {
+	if err := enginelab.RemoveLeftovers(c.opts.CgroupParent, c.dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

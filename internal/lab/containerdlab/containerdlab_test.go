@@ -24,8 +24,9 @@ import (
 // debianCNI is where Debian's containernetworking-plugins installs.
 const debianCNI = "/usr/lib/cni"
 
-// requirePrerequisites skips the test when the machine lacks what a lab
-// containerd needs, saying what.
+// requirePrerequisites stops the test when the machine lacks what a lab
+// containerd needs, saying what (testutil.Require: a skip, a failure under
+// CI).
 func requirePrerequisites(t *testing.T) {
 	t.Helper()
 	var missing []string
@@ -43,15 +44,7 @@ func requirePrerequisites(t *testing.T) {
 			missing = append(missing, fmt.Sprintf("%s/%s (install Debian's containernetworking-plugins)", debianCNI, p))
 		}
 	}
-	if len(missing) == 0 {
-		return
-	}
-	msg := "containerdlab: missing " + strings.Join(missing, "; ") + " (deploy/install-deps.sh installs them)"
-	// CI=true: a missing prerequisite fails
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	testutil.Require(t, len(missing) == 0, "containerdlab: missing %s", strings.Join(missing, "; "))
 }
 
 // spyPlugin is a bin_dir entry that records the CNI environment and the
@@ -71,26 +64,6 @@ type cniCall struct {
 		Name          string         `json:"name"`
 		RuntimeConfig map[string]any `json:"runtimeConfig"`
 	}
-}
-
-func readCalls(t *testing.T, log string) []cniCall {
-	t.Helper()
-	data, err := os.ReadFile(log)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		t.Fatal(err)
-	}
-	var calls []cniCall
-	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		if l == "" {
-			continue
-		}
-		var c cniCall
-		if err := json.Unmarshal([]byte(l), &c); err != nil {
-			t.Fatalf("spy log line %q: %v", l, err)
-		}
-		calls = append(calls, c)
-	}
-	return calls
 }
 
 // hasArgs reports whether CNI_ARGS (K=V pairs joined by ';', in any
@@ -212,7 +185,7 @@ func TestPodLifecycle(t *testing.T) {
 	}
 	webIP := reachable(web)
 
-	calls := readCalls(t, spyLog)
+	calls := testutil.JSONLines[cniCall](t, spyLog)
 	if len(calls) != 1 || calls[0].Command != "ADD" {
 		t.Fatalf("CNI calls after runp = %+v, want one ADD", calls)
 	}
@@ -248,7 +221,7 @@ func TestPodLifecycle(t *testing.T) {
 	if got := reachable(web); got != webIP {
 		t.Errorf("after restart, pod web has %s, want %s", got, webIP)
 	}
-	if n := len(readCalls(t, spyLog)); n != 1 {
+	if n := len(testutil.JSONLines[cniCall](t, spyLog)); n != 1 {
 		t.Errorf("restart made CNI calls: %d in all, want the one ADD", n)
 	}
 
@@ -256,7 +229,7 @@ func TestPodLifecycle(t *testing.T) {
 	if err := ctd.StopPod(ctx, web); err != nil {
 		t.Fatal(err)
 	}
-	stopCalls := readCalls(t, spyLog)[1:]
+	stopCalls := testutil.JSONLines[cniCall](t, spyLog)[1:]
 	if len(stopCalls) != 1 || stopCalls[0].Command != "DEL" || stopCalls[0].ContainerID != web || !hasArgs(stopCalls[0].Args, wantArgs) || stopCalls[0].NetNS != add.NetNS {
 		t.Errorf("CNI calls of stopp = %+v, want one DEL of %s in %s with CNI_ARGS with %v", stopCalls, web, add.NetNS, wantArgs)
 	}
@@ -265,7 +238,7 @@ func TestPodLifecycle(t *testing.T) {
 	}
 	// containerd 1.6 tears the network down again on rmp: a second DEL,
 	// which a plugin must answer with success (CNI: DEL is idempotent).
-	rmCalls := readCalls(t, spyLog)[2:]
+	rmCalls := testutil.JSONLines[cniCall](t, spyLog)[2:]
 	if len(rmCalls) != 1 || rmCalls[0].Command != "DEL" || rmCalls[0].ContainerID != web {
 		t.Errorf("CNI calls of rmp = %+v, want a second DEL of %s", rmCalls, web)
 	} else {
@@ -282,7 +255,7 @@ func TestPodLifecycle(t *testing.T) {
 	}
 	reachable(db)
 	var seq []string
-	for _, c := range readCalls(t, spyLog) {
+	for _, c := range testutil.JSONLines[cniCall](t, spyLog) {
 		seq = append(seq, c.Command+" "+c.ContainerID[:12])
 	}
 	t.Logf("CNI calls: %s; test body %s", strings.Join(seq, ", "), time.Since(begin).Round(time.Millisecond))

@@ -172,7 +172,7 @@ func (c *Containerd) Exec(ctx context.Context, podID string, argv ...string) ([]
 	}
 	// The path is a bind mount in containerd's mount namespace: reach it
 	// through the holder's root.
-	path := fmt.Sprintf("/proc/%d/root%s", c.holder.Process.Pid, ns)
+	path := fmt.Sprintf("/proc/%d/root%s", c.mnt.PID(), ns)
 	out, err := exec.CommandContext(ctx, c.opts.Bins["nsenter"], append([]string{"--net=" + path, "--"}, argv...)...).CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("containerdlab: %s in pod %.12s: %w: %s", strings.Join(argv, " "), podID, err, out)

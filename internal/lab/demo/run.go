@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 )
@@ -200,7 +201,7 @@ func startDocker(ctx context.Context, out io.Writer, c *labcluster.Cluster) *doc
 		return nil
 	}
 	h2 := c.Host(2)
-	if _, err := dockerlab.StaticBusybox(); err != nil {
+	if _, err := enginelab.StaticBusybox(); err != nil {
 		fmt.Fprintf(out, "   Docker: no image for a Docker container (%v); the demo goes on without it\n", err)
 		return nil
 	}

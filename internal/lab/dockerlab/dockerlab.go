@@ -49,10 +49,6 @@ func Binaries() (map[string]string, error) {
 	return enginelab.LookPaths("docker.io", "dockerd", "containerd", "containerd-shim-runc-v2", "runc", "mount", "umount")
 }
 
-// StaticBusybox finds a statically linked busybox (enginelab.StaticBusybox,
-// kept here for the engine's callers).
-func StaticBusybox() (string, error) { return enginelab.StaticBusybox() }
-
 // Options configure Start.
 type Options struct {
 	// Dir holds the engine's sockets, state and logs (required, short:
@@ -131,19 +127,12 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 	if opts.PluginDir != "" {
 		plugins = fmt.Sprintf("mount --bind %q /run/docker/plugins\n", opts.PluginDir)
 	}
-	// Inside a private mount namespace (Unshareflags below): the network
-	// namespace's own /sys (the cgroup hierarchy bound back in), and tmpfs
-	// over the machine's paths that containerd and dockerd write to
-	// regardless of their flags.
+	// Inside a private mount namespace (Unshareflags below):
+	// enginelab.PrivateMounts (the network namespace's own /sys, a tmpfs
+	// over /run), and a tmpfs over /etc/docker, which dockerd writes to
+	// regardless of its flags.
 	script := fmt.Sprintf(`set -e
-D=%q
-mount --make-rprivate /
-mount --rbind /sys/fs/cgroup "$D/cg"
-mount -t sysfs sysfs /sys
-mount --rbind "$D/cg" /sys/fs/cgroup
-umount -l "$D/cg"
-mount -t tmpfs -o mode=0755 carve-lab /run
-mkdir -p /run/docker/plugins /run/containerd
+%smkdir -p /run/docker/plugins /run/containerd
 %sif [ -d /etc/docker ]; then mount -t tmpfs -o mode=0755 carve-lab /etc/docker; fi
 %q --config "$D/containerd.toml" >"$D/containerd.log" 2>&1 &
 echo $! >"$D/containerd.pid"
@@ -151,7 +140,7 @@ exec %q --data-root "$D/data" --exec-root "$D/exec" --pidfile "$D/dockerd.pid" \
   --host "unix://$D/docker.sock" --containerd "$D/containerd/c.sock" \
   --bridge=none --iptables=false --ip6tables=false --ip-masq=false --ip-forward=false \
   --storage-driver=vfs --cgroup-parent=/%s >"$D/dockerd.log" 2>&1
-`, opts.Dir, plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
+`, enginelab.PrivateMounts(opts.Dir), plugins, opts.Bins["containerd"], opts.Bins["dockerd"], opts.CgroupParent)
 	if err := os.WriteFile(filepath.Join(opts.Dir, "run.sh"), []byte(script), 0o644); err != nil {
 		return nil, fmt.Errorf("dockerlab: %w", err)
 	}
@@ -239,15 +228,9 @@ func (e *Engine) Stop() error {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	if err := enginelab.RemoveCgroups(e.opts.CgroupParent); err != nil {
-		errs = append(errs, err)
-	}
 	// The daemons' mounts lived in their own mount namespace, gone with
 	// them: nothing under the directory is mounted here.
-	if enginelab.MountsUnder(e.opts.Dir) {
-		return errors.Join(append(errs, fmt.Errorf("mounts under %s leaked into this mount namespace", e.opts.Dir))...)
-	}
-	if err := os.RemoveAll(e.opts.Dir); err != nil {
+	if err := enginelab.RemoveLeftovers(e.opts.CgroupParent, e.opts.Dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -308,8 +291,8 @@ func (e *Engine) CallJSON(ctx context.Context, method, path string, in, out any)
 	return e.Call(ctx, method, path, body, out)
 }
 
-// ImportBusybox imports Image: a root file system holding only busybox, with
-// sh, sleep and ping.
+// ImportBusybox imports Image: a root file system holding only busybox and
+// its applets (enginelab.BusyboxRootfs).
 func (e *Engine) ImportBusybox(ctx context.Context, busybox string) error {
 	layer, err := enginelab.BusyboxRootfs(busybox)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/internal/lab/dockerlab"
+	"github.com/carve-net/carve/internal/lab/enginelab"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -68,7 +69,7 @@ type DockerContainer struct {
 // created it, with the plugin as its IPAM driver), as `docker run --net
 // NETWORK` does.
 func (c *Cluster) RunDockerContainer(ctx context.Context, h *Host, e *dockerlab.Engine, network string) (*DockerContainer, error) {
-	busybox, err := dockerlab.StaticBusybox()
+	busybox, err := enginelab.StaticBusybox()
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}

@@ -1,0 +1,93 @@
+package enginelab
+
+import (
+	"archive/tar"
+	"bytes"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+)
+
+// busyboxApplets are the busybox applets linked in the root file system's
+// bin/: a shell, sleep for a container that waits, ping and ip to look at
+// its network.
+func busyboxApplets() []string { return []string{"sh", "sleep", "ping", "ip"} }
+
+// StaticBusybox finds a statically linked busybox (a dynamic one would need
+// its libraries in the image).
+func StaticBusybox() (string, error) {
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		dynamic := slices.ContainsFunc(f.Progs, func(p *elf.Prog) bool { return p.Type == elf.PT_INTERP })
+		f.Close()
+		if !dynamic {
+			return p, nil
+		}
+		return "", fmt.Errorf("%s is dynamically linked (install Debian's busybox-static)", p)
+	}
+	return "", errors.New("no busybox in /bin or /usr/bin (install Debian's busybox-static)")
+}
+
+// BusyboxRootfs returns a root file system as an uncompressed tar (an image
+// layer): /bin/busybox read from the file busybox, and the applets (sh,
+// sleep, ping, ip) linked to it in /bin. No registry is reachable from a
+// lab.
+func BusyboxRootfs(busybox string) ([]byte, error) {
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	hdrs := []*tar.Header{
+		{Name: "bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bin))},
+	}
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if h.Typeflag == tar.TypeReg {
+			if _, err := tw.Write(bin); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, l := range busyboxApplets() {
+		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// BusyboxRootfsDir writes the root file system of BusyboxRootfs into dir
+// (created if missing; it should be empty), the form `podman run --rootfs`
+// takes.
+func BusyboxRootfsDir(dir, busybox string) error {
+	bin, err := os.ReadFile(busybox)
+	if err != nil {
+		return fmt.Errorf("enginelab: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return fmt.Errorf("enginelab: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), bin, 0o755); err != nil {
+		return fmt.Errorf("enginelab: %w", err)
+	}
+	for _, l := range busyboxApplets() {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", l)); err != nil {
+			return fmt.Errorf("enginelab: %w", err)
+		}
+	}
+	return nil
+}

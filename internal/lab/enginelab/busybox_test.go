@@ -1,0 +1,76 @@
+package enginelab
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestBusyboxLayoutsAgree writes both forms from a stand-in binary and
+// checks they hold the same entries: busybox with its bytes, and every
+// applet a link to it.
+func TestBusyboxLayoutsAgree(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(src, []byte("not really busybox"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	layer, err := BusyboxRootfs(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromTar := map[string]string{}
+	tr := tar.NewReader(bytes.NewReader(layer))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch h.Typeflag {
+		case tar.TypeReg:
+			data, _ := io.ReadAll(tr)
+			fromTar[h.Name] = "file " + string(data)
+		case tar.TypeSymlink:
+			fromTar[h.Name] = "link " + h.Linkname
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "root")
+	if err := BusyboxRootfsDir(dir, src); err != nil {
+		t.Fatal(err)
+	}
+	fromDir := map[string]string{}
+	entries, err := os.ReadDir(filepath.Join(dir, "bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, "bin", e.Name())
+		if target, err := os.Readlink(p); err == nil {
+			fromDir["bin/"+e.Name()] = "link " + target
+			continue
+		}
+		data, _ := os.ReadFile(p)
+		fromDir["bin/"+e.Name()] = "file " + string(data)
+	}
+	if len(fromTar) != len(busyboxApplets())+1 || fromTar["bin/busybox"] != "file not really busybox" {
+		t.Fatalf("tar holds %v", fromTar)
+	}
+	for name, what := range fromTar {
+		if fromDir[name] != what {
+			t.Errorf("%s: tar has %q, directory has %q", name, what, fromDir[name])
+		}
+	}
+	if len(fromDir) != len(fromTar) {
+		t.Errorf("directory holds %d entries, tar %d", len(fromDir), len(fromTar))
+	}
+	if !slices.Contains(busyboxApplets(), "ping") || fromDir["bin/ping"] != "link busybox" {
+		t.Errorf("no ping applet: %v", fromDir)
+	}
+}
