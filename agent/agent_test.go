@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/membership/membershiptest"
 	"github.com/carve-net/carve/api"
 	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip/fakegossip"
@@ -25,6 +28,26 @@ import (
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
 )
+
+// rec is membershiptest.Agent's record, as gossip carries it.
+func rec(id string, v uint64, ip string) membership.PeerRecord {
+	return membership.NewPeerRecord(membershiptest.Agent(id, v, ip))
+}
+
+// testKey is an ed25519 key pair for signing records in tests.
+func testKey(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
+	t.Helper()
+	return membershiptest.Key(t)
+}
+
+// signedPeer is membershiptest.SignedAgent's record, as gossip carries it.
+func signedPeer(key ed25519.PrivateKey, cluster string, mutate ...func(*api.AgentInfo)) membership.PeerRecord {
+	return membership.NewPeerRecord(membershiptest.SignedAgent(key, cluster, mutate...))
+}
+
+func signedTombstone(key ed25519.PrivateKey, cluster, id string, v uint64) api.Tombstone {
+	return membershiptest.SignedTombstone(key, cluster, id, v)
+}
 
 func quietLogger() *slog.Logger {
 	if os.Getenv("CARVE_TEST_LOG") != "" {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/fakegossip"
@@ -50,9 +51,9 @@ func readKernel(t *testing.T, host *netnslab.Host) *labcluster.KernelState {
 }
 
 // signRecord is info signed with key for cluster, as a gossiped record.
-func signRecord(info api.AgentInfo, key ed25519.PrivateKey, cluster string) PeerRecord {
+func signRecord(info api.AgentInfo, key ed25519.PrivateKey, cluster string) membership.PeerRecord {
 	info.Signature = api.Sign(key, api.RecordSigningBytes(&info, cluster))
-	return NewPeerRecord(&info)
+	return membership.NewPeerRecord(&info)
 }
 
 // copyInfo deep-copies a record, so that a forgery never touches the original.
@@ -132,7 +133,7 @@ func TestForgedGossipChangesNothing(t *testing.T) {
 		t.Fatalf("the master's state lacks host-2's signed record or a cluster id: %+v", st)
 	}
 	// Snapshots, once a full resync has run on the converged state.
-	members := make([]MembershipState, len(agents))
+	members := make([]membership.State, len(agents))
 	kernels := make([]*labcluster.KernelState, len(agents))
 	// waitResync waits until every agent ended two more full resyncs: at
 	// least one started after the call.
@@ -170,50 +171,50 @@ func TestForgedGossipChangesNothing(t *testing.T) {
 	overlay := func(f func(*api.AgentOverlay)) func(*api.AgentInfo) {
 		return func(a *api.AgentInfo) { f(&a.Overlays[0]) }
 	}
-	h2Changed := func(f func(*PeerRecord)) PeerRecord {
-		r := NewPeerRecord(h2)
-		r.Overlays = append([]PeerOverlay(nil), r.Overlays...)
+	h2Changed := func(f func(*membership.PeerRecord)) membership.PeerRecord {
+		r := membership.NewPeerRecord(h2)
+		r.Overlays = append([]membership.PeerOverlay(nil), r.Overlays...)
 		f(&r)
 		return r
 	}
-	unsignedEvil := NewPeerRecord(func() *api.AgentInfo { i := evil(nil); return &i }())
+	unsignedEvil := membership.NewPeerRecord(func() *api.AgentInfo { i := evil(nil); return &i }())
 	// marker is refused as unsigned: it shows that a message whose other
 	// content is genuine was received and processed.
 	marker := rec("marker", 1, "198.18.7.1")
-	msg := func(cluster string, recs []PeerRecord, tombs ...api.Tombstone) MembershipMessage {
-		return MembershipMessage{ClusterID: cluster, MembershipState: MembershipState{Records: recs, Tombstones: tombs}}
+	msg := func(cluster string, recs []membership.PeerRecord, tombs ...api.Tombstone) membership.Message {
+		return membership.Message{ClusterID: cluster, State: membership.State{Records: recs, Tombstones: tombs}}
 	}
 	rerendered := copyInfo(t, h2) // a configuration change re-renders at the same version
 	rerendered.MeshAddr = "198.18.9.9:6783"
 	forgeries := []struct {
 		name   string
-		msg    MembershipMessage
+		msg    membership.Message
 		reason string
 	}{
-		{"unsigned record of a new agent", msg(cluster, []PeerRecord{unsignedEvil}), refusedUnsigned},
-		{"unsigned newer copy of a known agent", msg(cluster, []PeerRecord{h2Changed(func(r *PeerRecord) {
+		{"unsigned record of a new agent", msg(cluster, []membership.PeerRecord{unsignedEvil}), membership.RefusedUnsigned},
+		{"unsigned newer copy of a known agent", msg(cluster, []membership.PeerRecord{h2Changed(func(r *membership.PeerRecord) {
 			r.Signature, r.Version, r.Overlays[0].Subnet = "", r.Version+1, "10.128.200.0/24"
-		})}), refusedUnsigned},
-		{"signed record with a changed subnet", msg(cluster, []PeerRecord{h2Changed(func(r *PeerRecord) {
+		})}), membership.RefusedUnsigned},
+		{"signed record with a changed subnet", msg(cluster, []membership.PeerRecord{h2Changed(func(r *membership.PeerRecord) {
 			r.Version, r.Overlays[0].Subnet = r.Version+1000, "10.128.200.0/24"
-		})}), refusedBadSignature},
-		{"signed record replayed with a huge version", msg(cluster, []PeerRecord{h2Changed(func(r *PeerRecord) { r.Version = math.MaxUint64 })}), refusedBadSignature},
-		{"older signed record replayed", msg(cluster, []PeerRecord{NewPeerRecord(oldV1), marker}), refusedUnsigned},
-		{"unsigned huge-version tombstone", msg(cluster, nil, api.Tombstone{AgentID: "host-2", Version: math.MaxUint64}), refusedUnsigned},
-		{"huge-version tombstone signed by another key", msg(cluster, nil, signedTombstone(otherKey, cluster, "host-2", math.MaxUint64)), refusedBadSignature},
-		{"record signed by another key", msg(cluster, []PeerRecord{signRecord(evil(nil), otherKey, cluster)}), refusedBadSignature},
-		{"record of another cluster", msg("another-cluster", []PeerRecord{signRecord(evil(nil), key, "another-cluster")}), refusedOtherCluster},
-		{"record signed for another cluster, sent as this one's", msg(cluster, []PeerRecord{signRecord(evil(nil), key, "another-cluster")}), refusedBadSignature},
-		{"signed, subnet outside the overlays", msg(cluster, []PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
+		})}), membership.RefusedBadSignature},
+		{"signed record replayed with a huge version", msg(cluster, []membership.PeerRecord{h2Changed(func(r *membership.PeerRecord) { r.Version = math.MaxUint64 })}), membership.RefusedBadSignature},
+		{"older signed record replayed", msg(cluster, []membership.PeerRecord{membership.NewPeerRecord(oldV1), marker}), membership.RefusedUnsigned},
+		{"unsigned huge-version tombstone", msg(cluster, nil, api.Tombstone{AgentID: "host-2", Version: math.MaxUint64}), membership.RefusedUnsigned},
+		{"huge-version tombstone signed by another key", msg(cluster, nil, signedTombstone(otherKey, cluster, "host-2", math.MaxUint64)), membership.RefusedBadSignature},
+		{"record signed by another key", msg(cluster, []membership.PeerRecord{signRecord(evil(nil), otherKey, cluster)}), membership.RefusedBadSignature},
+		{"record of another cluster", msg("another-cluster", []membership.PeerRecord{signRecord(evil(nil), key, "another-cluster")}), membership.RefusedOtherCluster},
+		{"record signed for another cluster, sent as this one's", msg(cluster, []membership.PeerRecord{signRecord(evil(nil), key, "another-cluster")}), membership.RefusedBadSignature},
+		{"signed, subnet outside the overlays", msg(cluster, []membership.PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
 			o.Subnet, o.MesosBridge, o.DockerBridge = "128.0.0.0/1", nil, nil
-		})), key, cluster)}), refusedOutOfRange},
-		{"signed, VTEP outside vtep_subnet", msg(cluster, []PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
+		})), key, cluster)}), membership.RefusedOutOfRange},
+		{"signed, VTEP outside vtep_subnet", msg(cluster, []membership.PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
 			o.Backend.VXLAN.VTEPIP, o.Backend.VXLAN.VTEPMAC = "198.18.0.1/16", "70:b3:d5:12:00:01"
-		})), key, cluster)}), refusedOutOfRange},
-		{"signed, MAC not derived from the VTEP IP", msg(cluster, []PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
+		})), key, cluster)}), membership.RefusedOutOfRange},
+		{"signed, MAC not derived from the VTEP IP", msg(cluster, []membership.PeerRecord{signRecord(evil(overlay(func(o *api.AgentOverlay) {
 			o.Backend.VXLAN.VTEPIP = "100.64.9.9/16" // MAC left as host-2's
-		})), key, cluster)}), refusedOutOfRange},
-		{"signed re-rendering at the same version: the masters' copy stays", msg(cluster, []PeerRecord{signRecord(rerendered, key, cluster), marker}), refusedUnsigned},
+		})), key, cluster)}), membership.RefusedOutOfRange},
+		{"signed re-rendering at the same version: the masters' copy stays", msg(cluster, []membership.PeerRecord{signRecord(rerendered, key, cluster), marker}), membership.RefusedUnsigned},
 	}
 
 	rogue, err := gnet.Join("rogue")

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/agent/ipam"
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 )
@@ -56,7 +57,7 @@ type ipamService interface {
 // of one masters' index never overlap; across versions the rings resolve
 // overlaps by version), and this agent's own grown and granted blocks are
 // the View's Blocks. stateIndex is the masters' state index merged.
-func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members MembershipState, stateIndex uint64) ipam.View {
+func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members membership.State, stateIndex uint64) ipam.View {
 	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones, StateIndex: stateIndex}
 	for _, r := range members.Records {
 		if self != nil && r.ID == self.AgentID && r.Version < self.Version {
@@ -65,7 +66,7 @@ func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig,
 		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.LeasePrefixes()})
 	}
 	if self != nil && !slices.ContainsFunc(v.Peers, func(p ipam.Peer) bool { return p.ID == self.AgentID }) {
-		own := NewPeerRecord(self)
+		own := membership.NewPeerRecord(self)
 		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.LeasePrefixes()})
 	}
 	if self != nil {

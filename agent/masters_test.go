@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/gossip/fakegossip"
@@ -535,17 +536,17 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := json.Marshal(map[string]any{"cluster_id": c1, "records": []PeerRecord{rec("old-only", 1<<40, "198.18.3.1")}})
+	msg, err := json.Marshal(map[string]any{"cluster_id": c1, "records": []membership.PeerRecord{rec("old-only", 1<<40, "198.18.3.1")}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	refusedBefore := []float64{refusedCount(t, agents[0].Agent, refusedOtherCluster), refusedCount(t, agents[1].Agent, refusedOtherCluster)}
+	refusedBefore := []float64{refusedCount(t, agents[0].Agent, membership.RefusedOtherCluster), refusedCount(t, agents[1].Agent, membership.RefusedOtherCluster)}
 	if _, err := ghost.Channel(GossipChannel, parrot{msg}); err != nil {
 		t.Fatal(err)
 	}
 	for i, a := range agents {
 		testutil.Eventually(t, 0, fmt.Sprintf("agent %d refuses the old cluster's gossip", i), testutil.True(func() bool {
-			return refusedCount(t, a.Agent, refusedOtherCluster) > refusedBefore[i]
+			return refusedCount(t, a.Agent, membership.RefusedOtherCluster) > refusedBefore[i]
 		}))
 		if _, ok := a.members.Record("old-only"); ok {
 			t.Errorf("agent %d merged a record of the old cluster", i)

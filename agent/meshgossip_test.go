@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/lab/meshtest"
@@ -35,7 +36,7 @@ type meshAgent struct {
 
 func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, network *api.NetworkConfig) *meshAgent {
 	t.Helper()
-	a := &Agent{id: id, log: slog.New(slog.DiscardHandler), members: NewMembership(), metrics: newMetrics(prometheus.NewRegistry()),
+	a := &Agent{id: id, log: slog.New(slog.DiscardHandler), members: membership.New(), metrics: newMetrics(prometheus.NewRegistry()),
 		sec: &security{}, clusterID: cluster, signingKey: key, network: network, refusals: newLogLimiter(time.Minute),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), connectCh: make(chan struct{}, 1),
 		connected: map[string]string{}, dialing: map[string]time.Time{}, cfg: Config{MeshPeers: 3}}
@@ -49,7 +50,7 @@ func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, net
 }
 
 // meshRecord is agent i's record, signed, with its mesh address.
-func meshRecord(priv ed25519.PrivateKey, cluster string, i int, addr string, v uint64) PeerRecord {
+func meshRecord(priv ed25519.PrivateKey, cluster string, i int, addr string, v uint64) membership.PeerRecord {
 	return signedPeer(priv, cluster, func(info *api.AgentInfo) {
 		info.AgentID = fmt.Sprintf("agent-%02d", i)
 		info.IP = fmt.Sprintf("198.18.1.%d", i+1)
@@ -77,7 +78,7 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	pub, priv := testKey(t)
 	network := state.DefaultConfig()
 	var agents []*meshAgent
-	var st MembershipState
+	var st membership.State
 	for i := range n {
 		ma := startMeshAgent(t, fmt.Sprintf("agent-%02d", i), "c1", pub, &network)
 		ma.a.cfg.MeshPeers = k
@@ -110,14 +111,14 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	}
 	t.Logf("%d connection ends (a full mesh has %d)", edges, n*(n-1))
 
-	has := func(ma *meshAgent, r PeerRecord) bool {
+	has := func(ma *meshAgent, r membership.PeerRecord) bool {
 		got, ok := ma.a.members.Record(r.ID)
-		return ok && got.equal(&r)
+		return ok && got.Equal(&r)
 	}
 	// A delta broadcast reaches everyone.
 	changed := meshRecord(priv, "c1", 7, agents[7].addr, 11)
-	agents[0].a.members.MergeFromMasters(MembershipState{Records: []PeerRecord{changed}})
-	agents[0].a.channel.Broadcast(agents[0].a.gossipData(MembershipState{Records: []PeerRecord{changed}}))
+	agents[0].a.members.MergeFromMasters(membership.State{Records: []membership.PeerRecord{changed}})
+	agents[0].a.channel.Broadcast(agents[0].a.gossipData(membership.State{Records: []membership.PeerRecord{changed}}))
 	testutil.Eventually(t, 0, "every agent has the broadcast change", func() error {
 		for _, ma := range agents {
 			if !has(ma, changed) {
@@ -133,12 +134,12 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 		ma.deaf.Store(true)
 	}
 	north := meshRecord(priv, "c1", 3, agents[3].addr, 12)
-	agents[1].a.members.MergeFromMasters(MembershipState{Records: []PeerRecord{north}})
-	agents[1].a.channel.Broadcast(agents[1].a.gossipData(MembershipState{Records: []PeerRecord{north}}))
+	agents[1].a.members.MergeFromMasters(membership.State{Records: []membership.PeerRecord{north}})
+	agents[1].a.channel.Broadcast(agents[1].a.gossipData(membership.State{Records: []membership.PeerRecord{north}}))
 	south := meshRecord(priv, "c1", 25, agents[25].addr, 13)
 	gone := signedTombstone(priv, "c1", "agent-26", 14)
 	for _, ma := range agents[20:] {
-		ma.a.members.MergeFromMasters(MembershipState{Records: []PeerRecord{south}, Tombstones: []api.Tombstone{gone}})
+		ma.a.members.MergeFromMasters(membership.State{Records: []membership.PeerRecord{south}, Tombstones: []api.Tombstone{gone}})
 	}
 	testutil.Eventually(t, 0, "the reachable side has the north change", func() error {
 		for _, ma := range agents[:20] {
@@ -156,7 +157,7 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	// A forged record on the way is refused by every agent.
 	forged := meshRecord(priv, "c1", 5, agents[5].addr, 99)
 	forged.IP = "198.18.9.9"
-	agents[2].a.members.Merge(MembershipState{Records: []PeerRecord{forged}})
+	agents[2].a.members.Merge(membership.State{Records: []membership.PeerRecord{forged}})
 
 	for _, ma := range agents[20:] {
 		ma.deaf.Store(false)

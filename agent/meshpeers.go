@@ -2,8 +2,11 @@ package agent
 
 import (
 	"cmp"
+	"context"
 	"slices"
 	"time"
+
+	"github.com/carve-net/carve/agent/membership"
 )
 
 // DefaultMeshPeers is how many peers an agent keeps mesh connections to:
@@ -30,25 +33,6 @@ type meshCandidate struct {
 	rank     uint64
 }
 
-// meshCandidates lists the other agents with a mesh address, and the ids
-// with a record or a tombstone.
-func (m *Membership) meshCandidates(self string) ([]meshCandidate, map[string]bool) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	known := make(map[string]bool, len(m.records)+len(m.tombstones))
-	var out []meshCandidate
-	for id, r := range m.records {
-		known[id] = true
-		if id != self && r.MeshAddr != "" {
-			out = append(out, meshCandidate{id: id, addr: r.MeshAddr})
-		}
-	}
-	for id := range m.tombstones {
-		known[id] = true
-	}
-	return out, known
-}
-
 // pickMeshPeers chooses the peers to connect to: the k candidates of
 // lowest rendezvous rank hash(self, peer), so that each agent's choice is
 // spread over the cluster and changes little when agents come and go.
@@ -60,7 +44,7 @@ func pickMeshPeers(self string, cands []meshCandidate, k int, up func(id string)
 		k = DefaultMeshPeers
 	}
 	for i := range cands {
-		cands[i].rank = hash64([]byte(self), []byte(cands[i].id))
+		cands[i].rank = membership.Hash64([]byte(self), []byte(cands[i].id))
 	}
 	var out []meshCandidate
 	limit := k
@@ -96,4 +80,93 @@ func lowestRanks(cands []meshCandidate, n int) []meshCandidate {
 		}
 	}
 	return best
+}
+
+// connectLoop keeps the mesh connections (connectPeers) whenever the
+// membership changed (coalesced).
+func (a *Agent) connectLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.connectCh:
+			a.connectPeers()
+		}
+	}
+}
+
+// connectPeers keeps the router connected to a bounded set of peers
+// (Config.MeshPeers): mesh routes broadcasts along a spanning tree of its
+// topology and unicasts through neighbours, so it needs no full mesh. The
+// set is chosen by rendezvous hashing of this agent's id with each peer's
+// (pickMeshPeers): deterministic, spread evenly, and stable as agents come
+// and go; a chosen peer that does not connect for a while is replaced by
+// the next. Addresses the router no longer needs are forgotten (a deleted
+// agent's, the old one of an agent that moved, one that left the set):
+// mesh retries every address it was given for ever. While the membership
+// names no peer at all (reset by a rebuild), the addresses are kept.
+func (a *Agent) connectPeers() {
+	peers, known := a.members.MeshPeers(a.id)
+	cands := make([]meshCandidate, len(peers))
+	for i, p := range peers {
+		cands[i] = meshCandidate{id: p.ID, addr: p.Addr}
+	}
+	var connected map[string]bool
+	if n, ok := a.router.(neighbourer); ok {
+		connected = map[string]bool{}
+		for _, id := range n.Neighbours() {
+			connected[id] = true
+		}
+	}
+	now := time.Now()
+	a.mu.Lock()
+	chosen := pickMeshPeers(a.id, cands, a.cfg.MeshPeers, func(id string) bool {
+		if connected == nil || connected[id] {
+			delete(a.dialing, id)
+			return true
+		}
+		since, ok := a.dialing[id]
+		if !ok {
+			a.dialing[id] = now
+			return true
+		}
+		return now.Sub(since) < meshDialGrace
+	})
+	want := map[string]string{} // mesh address -> agent id
+	for _, c := range chosen {
+		want[c.addr] = c.id
+	}
+	for id := range a.dialing {
+		if !slices.ContainsFunc(chosen, func(c meshCandidate) bool { return c.id == id }) && !slices.ContainsFunc(cands, func(c meshCandidate) bool { return c.id == id }) {
+			delete(a.dialing, id)
+		}
+	}
+	var connect, forget []string
+	for addr, id := range a.connected {
+		if _, ok := want[addr]; !ok && (known[id] || len(cands) > 0) {
+			forget = append(forget, addr)
+			delete(a.connected, addr)
+		}
+	}
+	for addr, id := range want {
+		if _, ok := a.connected[addr]; !ok {
+			connect = append(connect, addr)
+		}
+		a.connected[addr] = id
+	}
+	a.mu.Unlock()
+	a.metrics.meshTargets.Set(float64(len(want)))
+	if len(forget) > 0 {
+		slices.Sort(forget)
+		a.log.Debug("forgetting mesh peers", "addrs", forget)
+		if err := a.router.Forget(forget...); err != nil {
+			a.log.Warn("forget mesh peers", "err", err)
+		}
+	}
+	if len(connect) > 0 {
+		slices.Sort(connect)
+		if err := a.router.Connect(connect...); err != nil {
+			a.log.Warn("connect to mesh peers", "err", err)
+		}
+	}
 }

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/carve-net/carve/agent/membership"
 )
 
 func candidates(n int) []meshCandidate {
@@ -92,7 +94,7 @@ func TestPickMeshPeersIsTheLowestRanks(t *testing.T) {
 
 		sorted := slices.Clone(cs)
 		for i := range sorted {
-			sorted[i].rank = hash64([]byte("self"), []byte(sorted[i].id))
+			sorted[i].rank = membership.Hash64([]byte("self"), []byte(sorted[i].id))
 		}
 		slices.SortFunc(sorted, func(x, y meshCandidate) int {
 			return cmp.Or(cmp.Compare(x.rank, y.rank), cmp.Compare(x.id, y.id))

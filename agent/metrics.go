@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -123,9 +124,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"news", "known", "refused", "bad"} {
 		m.gossip.WithLabelValues(r)
 	}
-	for _, r := range []string{refusedUnsigned, refusedBadSignature, refusedOutOfRange, refusedOtherCluster} {
+	for _, r := range []string{membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOutOfRange, membership.RefusedOtherCluster} {
 		m.gossipRefused.WithLabelValues(r)
-		if r != refusedOtherCluster {
+		if r != membership.RefusedOtherCluster {
 			m.masterRefused.WithLabelValues(r)
 		}
 	}

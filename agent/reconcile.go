@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/vxlan"
@@ -162,7 +163,7 @@ func (a *Agent) setReport(selfVersion uint64, rep *vxlan.Report, peers map[strin
 // desiredState computes the dataplane this agent wants: its VTEP, its
 // bridges, and an entry set for every other agent with an underlay IP. It
 // also returns the peers included, with their versions.
-func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr, members MembershipState) (vxlan.Desired, map[string]uint64, error) {
+func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr, members membership.State) (vxlan.Desired, map[string]uint64, error) {
 	var want vxlan.Desired
 	var vx *api.VXLANInfo
 	for _, ov := range self.Overlays {
@@ -273,7 +274,7 @@ func addGrowth(want *vxlan.Desired, self *api.AgentInfo, g growthView, masterBlo
 	}
 }
 
-func peerOf(r PeerRecord) (vxlan.Peer, error) {
+func peerOf(r membership.PeerRecord) (vxlan.Peer, error) {
 	ip, err := netip.ParseAddr(r.IP)
 	if err != nil {
 		return vxlan.Peer{}, err

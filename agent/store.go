@@ -15,6 +15,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 )
 
@@ -42,20 +43,20 @@ const (
 
 // memberEntry is what the store holds of one agent id.
 type memberEntry struct {
-	Record      *PeerRecord    `json:"r,omitempty"`
-	Tombstone   *api.Tombstone `json:"t,omitempty"`
-	FromMasters bool           `json:"m,omitempty"`
+	Record      *membership.PeerRecord `json:"r,omitempty"`
+	Tombstone   *api.Tombstone         `json:"t,omitempty"`
+	FromMasters bool                   `json:"m,omitempty"`
 }
 
 func (e *memberEntry) equal(o *memberEntry) bool {
 	if (e.Record == nil) != (o.Record == nil) || (e.Tombstone == nil) != (o.Tombstone == nil) || e.FromMasters != o.FromMasters {
 		return false
 	}
-	return (e.Record == nil || e.Record.equal(o.Record)) && (e.Tombstone == nil || *e.Tombstone == *o.Tombstone)
+	return (e.Record == nil || e.Record.Equal(o.Record)) && (e.Tombstone == nil || *e.Tombstone == *o.Tombstone)
 }
 
 // memberEntries indexes a persisted membership by agent id.
-func memberEntries(st MembershipState, fromMasters []string) map[string]*memberEntry {
+func memberEntries(st membership.State, fromMasters []string) map[string]*memberEntry {
 	out := make(map[string]*memberEntry, len(st.Records)+len(st.Tombstones))
 	entry := func(id string) *memberEntry {
 		e := out[id]
@@ -98,7 +99,7 @@ type persisted struct {
 	ID          string
 	Self        *api.AgentInfo
 	Network     *api.NetworkConfig
-	Membership  MembershipState
+	Membership  membership.State
 	MasterIndex uint64
 	// ClusterID is the masters' cluster all of the above comes from.
 	ClusterID string
@@ -109,7 +110,7 @@ type persisted struct {
 	// FromMasters are the agents whose record in Membership is the
 	// masters' copy (see Membership).
 	FromMasters []string
-	// Horizon is the masters' compaction horizon last seen (horizon.go).
+	// Horizon is the masters' compaction horizon last seen (membership.Membership.Horizon).
 	Horizon uint64
 }
 
@@ -232,11 +233,11 @@ func loadMembers(tx *bolt.Tx, p *persisted) error {
 	b := tx.Bucket([]byte(agentBucket))
 	if v := b.Get([]byte(keyMembers)); v != nil {
 		// Our own disk: no bound but the cluster's size.
-		msg, err := decodeMembership(v)
+		msg, err := membership.DecodeStored(v)
 		if err != nil {
 			return fmt.Errorf("decode persisted membership: %w", err)
 		}
-		p.Membership = msg.MembershipState
+		p.Membership = msg.State
 		if v := b.Get([]byte(keyMasters)); v != nil {
 			if err := json.Unmarshal(v, &p.FromMasters); err != nil {
 				return fmt.Errorf("decode persisted membership origins: %w", err)

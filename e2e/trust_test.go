@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
@@ -81,33 +81,33 @@ func TestRogueMeshPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h2Record := func(change func(*agent.PeerRecord)) agent.PeerRecord {
-		r := agent.NewPeerRecord(h2)
-		r.Overlays = append([]agent.PeerOverlay(nil), r.Overlays...)
+	h2Record := func(change func(*membership.PeerRecord)) membership.PeerRecord {
+		r := membership.NewPeerRecord(h2)
+		r.Overlays = append([]membership.PeerOverlay(nil), r.Overlays...)
 		change(&r)
 		return r
 	}
-	unsignedEvil := agent.NewPeerRecord(&api.AgentInfo{AgentID: "evil", IP: "198.18.6.66", MeshAddr: "198.18.6.66:6783", Version: 1 << 40,
+	unsignedEvil := membership.NewPeerRecord(&api.AgentInfo{AgentID: "evil", IP: "198.18.6.66", MeshAddr: "198.18.6.66:6783", Version: 1 << 40,
 		Overlays: []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"}, Subnet: "10.128.250.0/24", State: api.OverlayState{Status: api.StatusOK},
 			Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VTEPIP: "100.64.0.250/16", VTEPMAC: "70:b3:d5:40:00:fa"}}}}})
 	hugeSigned := api.Tombstone{AgentID: h2ID, Version: math.MaxUint64}
 	hugeSigned.Signature = api.Sign(otherKey, api.TombstoneSigningBytes(hugeSigned, st.ClusterID))
-	message := func(recs []agent.PeerRecord, tombs ...api.Tombstone) agent.MembershipMessage {
-		return agent.MembershipMessage{ClusterID: st.ClusterID, MembershipState: agent.MembershipState{Records: recs, Tombstones: tombs}}
+	message := func(recs []membership.PeerRecord, tombs ...api.Tombstone) membership.Message {
+		return membership.Message{ClusterID: st.ClusterID, State: membership.State{Records: recs, Tombstones: tombs}}
 	}
 	const meshRefused = "carve_agent_mesh_handshakes_refused_total"
 	refused := func(reason string) string { return `carve_agent_gossip_refused_total{reason="` + reason + `"}` }
 	cases := []struct {
 		name     string
 		password bool
-		msg      agent.MembershipMessage
+		msg      membership.Message
 		counters []string // each rises on every agent
 	}{
-		{"no password", false, message([]agent.PeerRecord{unsignedEvil}), []string{meshRefused}},
-		{"password, unsigned records", true, message([]agent.PeerRecord{unsignedEvil, h2Record(func(r *agent.PeerRecord) {
+		{"no password", false, message([]membership.PeerRecord{unsignedEvil}), []string{meshRefused}},
+		{"password, unsigned records", true, message([]membership.PeerRecord{unsignedEvil, h2Record(func(r *membership.PeerRecord) {
 			r.Signature, r.Version, r.Overlays[0].Subnet = "", r.Version+1, "10.128.250.0/24"
 		})}), []string{refused("unsigned")}},
-		{"password, signed record with a changed subnet", true, message([]agent.PeerRecord{h2Record(func(r *agent.PeerRecord) {
+		{"password, signed record with a changed subnet", true, message([]membership.PeerRecord{h2Record(func(r *membership.PeerRecord) {
 			r.Version, r.Overlays[0].Subnet = r.Version+1000, "10.128.250.0/24"
 		})}), []string{refused("bad_signature")}},
 		{"password, huge-version tombstones", true, message(nil, api.Tombstone{AgentID: h2ID, Version: math.MaxUint64}, hugeSigned),

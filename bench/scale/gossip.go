@@ -13,8 +13,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/ipam"
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/retry"
@@ -23,7 +23,7 @@ import (
 
 // gossipBytesRows measures, in process and deterministically, the
 // membership and ring messages an agent sends at n agents, encoded exactly
-// as the agent encodes them (agent.AntiEntropyRound), beside the whole
+// as the agent encodes them (membership.AntiEntropyRound), beside the whole
 // state that periodic gossip carried before deltas and digests, built from
 // the same memberships.
 func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
@@ -34,7 +34,7 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 		return nil, err
 	}
 	const cluster = "bench-cluster"
-	record := func(i int, v uint64) agent.PeerRecord {
+	record := func(i int, v uint64) membership.PeerRecord {
 		ip := netip.AddrFrom4([4]byte{198, 19, byte(i / 250), byte(i%250 + 1)})
 		info := &api.AgentInfo{AgentID: fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i), IP: ip.String(), MeshAddr: ip.String() + ":6783", Version: v,
 			Overlays: []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"},
@@ -44,30 +44,30 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 					VTEPMAC: api.VTEPMAC([3]byte{0x70, 0xb3, 0xd5}, netip.AddrFrom4([4]byte{100, 64, byte(i / 250), byte(i%250 + 1)})).String()}},
 				State: api.OverlayState{Status: api.StatusOK}}}}
 		info.Signature = api.Sign(priv, api.RecordSigningBytes(info, cluster))
-		return agent.NewPeerRecord(info)
+		return membership.NewPeerRecord(info)
 	}
-	a := agent.NewMembership()
-	var st agent.MembershipState
+	a := membership.New()
+	var st membership.State
 	for i := range n {
 		st.Records = append(st.Records, record(i, uint64(100+i)))
 	}
 	a.MergeFromMasters(st)
-	b := agent.NewMembership()
+	b := membership.New()
 	b.MergeFromMasters(a.State())
 
-	whole, err := json.Marshal(agent.MembershipMessage{ClusterID: cluster, MembershipState: a.State()})
+	whole, err := json.Marshal(membership.Message{ClusterID: cluster, State: a.State()})
 	if err != nil {
 		return nil, err
 	}
 	changed := record(n/2, uint64(100+n+1))
-	delta, err := json.Marshal(agent.MembershipMessage{ClusterID: cluster, MembershipState: agent.MembershipState{Records: []agent.PeerRecord{changed}}})
+	delta, err := json.Marshal(membership.Message{ClusterID: cluster, State: membership.State{Records: []membership.PeerRecord{changed}}})
 	if err != nil {
 		return nil, err
 	}
-	equal := agent.AntiEntropyRound(cluster, "a", a, b)
-	a.MergeFromMasters(agent.MembershipState{Records: []agent.PeerRecord{changed}})
-	oneOff := agent.AntiEntropyRound(cluster, "a", a, b)
-	if again := agent.AntiEntropyRound(cluster, "a", a, b); again.Messages != 1 {
+	equal := membership.AntiEntropyRound(cluster, "a", a, b)
+	a.MergeFromMasters(membership.State{Records: []membership.PeerRecord{changed}})
+	oneOff := membership.AntiEntropyRound(cluster, "a", a, b)
+	if again := membership.AntiEntropyRound(cluster, "a", a, b); again.Messages != 1 {
 		return nil, fmt.Errorf("%d agents: one round did not reconcile the memberships (%+v)", n, again)
 	}
 	base := "whole membership (periodic gossip before)"

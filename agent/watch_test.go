@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/httpapi"
@@ -69,7 +70,7 @@ func masterReads(t *testing.T, a *Agent, kind string) float64 {
 
 // sameAsMasters says how a membership differs from the masters' state:
 // the same records (id, version, signature) and tombstones, nothing more.
-func sameAsMasters(m MembershipState, st *api.State) error {
+func sameAsMasters(m membership.State, st *api.State) error {
 	var want, got []string
 	for i := range st.Agents {
 		a := &st.Agents[i]
@@ -170,11 +171,11 @@ func TestWatcherBehindHorizonResyncs(t *testing.T) {
 	if ghostInfo.Version > tv {
 		t.Fatalf("ghost's record (version %d) is newer than its tombstone (%d)", ghostInfo.Version, tv)
 	}
-	old := NewPeerRecord(ghostInfo)
+	old := membership.NewPeerRecord(ghostInfo)
 	if old.Signature == "" {
 		t.Fatal("the master did not sign ghost's record")
 	}
-	msg, err := json.Marshal(MembershipMessage{ClusterID: m.Table().ClusterID(), MembershipState: MembershipState{Records: []PeerRecord{old}}})
+	msg, err := json.Marshal(membership.Message{ClusterID: m.Table().ClusterID(), State: membership.State{Records: []membership.PeerRecord{old}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,17 +1,15 @@
-package agent
+package membership
 
 import (
 	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"math"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/carve-net/carve/agent/membership/membershiptest"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/state"
 )
@@ -19,40 +17,16 @@ import (
 // testKey is an ed25519 key pair for signing records in tests.
 func testKey(t *testing.T) (ed25519.PublicKey, ed25519.PrivateKey) {
 	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pub, priv
+	return membershiptest.Key(t)
 }
 
-// signedPeer is a record of a second agent as the masters render it for
-// state.DefaultConfig, signed with key for cluster c1; mutate changes it
-// before it is signed.
+// signedPeer is membershiptest.SignedAgent's record, as gossip carries it.
 func signedPeer(key ed25519.PrivateKey, cluster string, mutate ...func(*api.AgentInfo)) PeerRecord {
-	info := &api.AgentInfo{AgentID: "b", Hostname: "unsigned-host", IP: "198.18.0.11", MeshAddr: "198.18.0.11:6783", Version: 9,
-		Overlays: []api.AgentOverlay{{
-			Info:         api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
-			Subnet:       "10.128.2.0/24",
-			MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.2.0/25"},
-			DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.2.128/25"},
-			Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.2/16",
-				VTEPMAC: "70:b3:d5:40:00:02", VTEPPort: 4789, VTEPMTU: 1450}},
-			State: api.OverlayState{Status: api.StatusOK},
-		}}}
-	for _, m := range mutate {
-		m(info)
-	}
-	if key != nil {
-		info.Signature = api.Sign(key, api.RecordSigningBytes(info, cluster))
-	}
-	return NewPeerRecord(info)
+	return NewPeerRecord(membershiptest.SignedAgent(key, cluster, mutate...))
 }
 
 func signedTombstone(key ed25519.PrivateKey, cluster, id string, v uint64) api.Tombstone {
-	tb := api.Tombstone{AgentID: id, Version: v}
-	tb.Signature = api.Sign(key, api.TombstoneSigningBytes(tb, cluster))
-	return tb
+	return membershiptest.SignedTombstone(key, cluster, id, v)
 }
 
 // TestPeerRecordCarriesTheSignature: a record made from a signed master
@@ -69,7 +43,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 	if names := []string{r.Overlays[0].Name, r.Overlays[1].Name}; !slices.Equal(names, []string{"aaa", "carve"}) {
 		t.Errorf("overlays in order %v, want sorted by name", names)
 	}
-	wire, err := json.Marshal(MembershipMessage{ClusterID: "c1", MembershipState: MembershipState{Records: []PeerRecord{r}}})
+	wire, err := json.Marshal(Message{ClusterID: "c1", State: State{Records: []PeerRecord{r}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +52,7 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 			t.Errorf("gossip carries the unsigned %q: %s", unsigned, wire)
 		}
 	}
-	msg, err := DecodeMembership(wire)
+	msg, err := Decode(wire)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,58 +148,13 @@ func TestRecordInRange(t *testing.T) {
 	}
 }
 
-func TestKeyAfter(t *testing.T) {
-	k1, _ := testKey(t)
-	k2, _ := testKey(t)
-	state := func(k ed25519.PublicKey) *api.State {
-		st := &api.State{ClusterID: "c1", Index: 7}
-		if k != nil {
-			st.SigningKey = api.EncodeSigningKey(k)
-		}
-		return st
-	}
-	tests := []struct {
-		name                string
-		configured, pinned  ed25519.PublicKey
-		st                  *api.State
-		rebuilt, allowPlain bool
-		want                ed25519.PublicKey
-		wantErr             error
-	}{
-		{"first state: pinned", nil, nil, state(k1), false, false, k1, nil},
-		{"same key", nil, k1, state(k1), false, false, k1, nil},
-		{"another key in the same cluster", nil, k1, state(k2), false, false, nil, errStateKey},
-		{"another key in a rebuilt cluster", nil, k1, state(k2), true, false, k2, nil},
-		{"configured key", k1, nil, state(k1), false, false, k1, nil},
-		{"configured key, masters sign with another", k1, nil, state(k2), false, false, nil, errStateKey},
-		{"configured key, rebuilt cluster with another", k1, k1, state(k2), true, false, nil, errStateKey},
-		{"malformed key", nil, nil, &api.State{ClusterID: "c1", SigningKey: "bm90IGEga2V5"}, false, false, nil, errStateKey},
-		{"unsigned over TLS", nil, nil, state(nil), false, false, nil, errStateUnsigned},
-		{"unsigned, --insecure plain http", nil, nil, state(nil), false, true, nil, nil},
-		{"unsigned with a configured key", k1, nil, state(nil), false, true, nil, errStateUnsigned},
-		{"unsigned after signed, same cluster", nil, k1, state(nil), false, true, nil, errStateUnsigned},
-		{"unsigned rebuilt cluster, --insecure plain http", nil, k1, state(nil), true, true, nil, nil},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := keyAfter(tt.configured, tt.pinned, tt.st, tt.rebuilt, tt.allowPlain)
-			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
-				t.Fatalf("keyAfter: %v, want %v", err, tt.wantErr)
-			}
-			if !got.Equal(tt.want) && !(got == nil && tt.want == nil) {
-				t.Errorf("key %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
-
 // TestTrustAdmit: what gossip (or the masters' state) brings is split into
 // what verifies and lies in range, and what is refused, by reason.
 func TestTrustAdmit(t *testing.T) {
 	pub, priv := testKey(t)
 	_, other := testKey(t)
 	network := state.DefaultConfig()
-	signed := trust{clusterID: "c1", key: pub, required: true, network: &network}
+	signed := Trust{ClusterID: "c1", Key: pub, Required: true, Network: &network}
 	good := signedPeer(priv, "c1")
 	changedSubnet := good
 	changedSubnet.Overlays = slices.Clone(good.Overlays)
@@ -234,39 +163,39 @@ func TestTrustAdmit(t *testing.T) {
 	bumped.Version = math.MaxUint64
 	tests := []struct {
 		name    string
-		tr      trust
+		tr      Trust
 		cluster string
-		st      MembershipState
+		st      State
 		want    []string // refusal reasons, in order (tombstones first); the rest is admitted
 	}{
-		{"signed record", signed, "c1", MembershipState{Records: []PeerRecord{good}}, nil},
-		{"signed tombstone", signed, "c1", MembershipState{Tombstones: []api.Tombstone{signedTombstone(priv, "c1", "b", 10)}}, nil},
-		{"unsigned record", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(nil, "")}}, []string{refusedUnsigned}},
-		{"signed record with a changed subnet", signed, "c1", MembershipState{Records: []PeerRecord{changedSubnet}}, []string{refusedBadSignature}},
-		{"signed record with a bumped version", signed, "c1", MembershipState{Records: []PeerRecord{bumped}}, []string{refusedBadSignature}},
-		{"record signed by another key", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(other, "c1")}}, []string{refusedBadSignature}},
-		{"record signed for another cluster", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{refusedBadSignature}},
-		{"message of another cluster", signed, "c2", MembershipState{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{refusedOtherCluster}},
-		{"huge unsigned tombstone", signed, "c1", MembershipState{Tombstones: []api.Tombstone{{AgentID: "b", Version: math.MaxUint64}}}, []string{refusedUnsigned}},
-		{"huge tombstone of another key", signed, "c1", MembershipState{Tombstones: []api.Tombstone{signedTombstone(other, "c1", "b", math.MaxUint64)}}, []string{refusedBadSignature}},
-		{"signed, out of range", signed, "c1", MembershipState{Records: []PeerRecord{signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].Subnet = "128.0.0.0/1" })}}, []string{refusedOutOfRange}},
-		{"a mix", signed, "c1", MembershipState{Records: []PeerRecord{good, signedPeer(nil, "")},
-			Tombstones: []api.Tombstone{{AgentID: "x", Version: 3}, signedTombstone(priv, "c1", "y", 4)}}, []string{refusedUnsigned, refusedUnsigned}},
-		{"no key yet, TLS masters", trust{clusterID: "c1", required: true, network: &network}, "c1", MembershipState{Records: []PeerRecord{good}}, []string{refusedBadSignature}},
-		{"no cluster yet", trust{key: pub, required: true, network: &network}, "c1", MembershipState{Records: []PeerRecord{good}}, []string{refusedOtherCluster}},
-		{"--insecure, unsigned masters: unsigned taken", trust{clusterID: "c1", network: &network}, "c1", MembershipState{Records: []PeerRecord{signedPeer(nil, "")},
+		{"signed record", signed, "c1", State{Records: []PeerRecord{good}}, nil},
+		{"signed tombstone", signed, "c1", State{Tombstones: []api.Tombstone{signedTombstone(priv, "c1", "b", 10)}}, nil},
+		{"unsigned record", signed, "c1", State{Records: []PeerRecord{signedPeer(nil, "")}}, []string{RefusedUnsigned}},
+		{"signed record with a changed subnet", signed, "c1", State{Records: []PeerRecord{changedSubnet}}, []string{RefusedBadSignature}},
+		{"signed record with a bumped version", signed, "c1", State{Records: []PeerRecord{bumped}}, []string{RefusedBadSignature}},
+		{"record signed by another key", signed, "c1", State{Records: []PeerRecord{signedPeer(other, "c1")}}, []string{RefusedBadSignature}},
+		{"record signed for another cluster", signed, "c1", State{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{RefusedBadSignature}},
+		{"message of another cluster", signed, "c2", State{Records: []PeerRecord{signedPeer(priv, "c2")}}, []string{RefusedOtherCluster}},
+		{"huge unsigned tombstone", signed, "c1", State{Tombstones: []api.Tombstone{{AgentID: "b", Version: math.MaxUint64}}}, []string{RefusedUnsigned}},
+		{"huge tombstone of another key", signed, "c1", State{Tombstones: []api.Tombstone{signedTombstone(other, "c1", "b", math.MaxUint64)}}, []string{RefusedBadSignature}},
+		{"signed, out of range", signed, "c1", State{Records: []PeerRecord{signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].Subnet = "128.0.0.0/1" })}}, []string{RefusedOutOfRange}},
+		{"a mix", signed, "c1", State{Records: []PeerRecord{good, signedPeer(nil, "")},
+			Tombstones: []api.Tombstone{{AgentID: "x", Version: 3}, signedTombstone(priv, "c1", "y", 4)}}, []string{RefusedUnsigned, RefusedUnsigned}},
+		{"no key yet, TLS masters", Trust{ClusterID: "c1", Required: true, Network: &network}, "c1", State{Records: []PeerRecord{good}}, []string{RefusedBadSignature}},
+		{"no cluster yet", Trust{Key: pub, Required: true, Network: &network}, "c1", State{Records: []PeerRecord{good}}, []string{RefusedOtherCluster}},
+		{"--insecure, unsigned masters: unsigned taken", Trust{ClusterID: "c1", Network: &network}, "c1", State{Records: []PeerRecord{signedPeer(nil, "")},
 			Tombstones: []api.Tombstone{{AgentID: "x", Version: math.MaxUint64}}}, nil},
-		{"--insecure, unsigned masters: still range checked", trust{clusterID: "c1", network: &network}, "c1",
-			MembershipState{Records: []PeerRecord{signedPeer(nil, "", func(a *api.AgentInfo) { a.Overlays[0].Backend.VXLAN.VTEPMAC = "70:b3:d5:00:00:00" })}}, []string{refusedOutOfRange}},
+		{"--insecure, unsigned masters: still range checked", Trust{ClusterID: "c1", Network: &network}, "c1",
+			State{Records: []PeerRecord{signedPeer(nil, "", func(a *api.AgentInfo) { a.Overlays[0].Backend.VXLAN.VTEPMAC = "70:b3:d5:00:00:00" })}}, []string{RefusedOutOfRange}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in, refused := tt.tr.admit(tt.cluster, tt.st, NewMembership())
+			in, refused := tt.tr.Admit(tt.cluster, tt.st, New())
 			var reasons []string
 			for _, r := range refused {
-				reasons = append(reasons, r.reason)
-				if r.err == nil {
-					t.Errorf("refusal %s without an error", r.reason)
+				reasons = append(reasons, r.Reason)
+				if r.Err == nil {
+					t.Errorf("refusal %s without an error", r.Reason)
 				}
 			}
 			if !slices.Equal(reasons, tt.want) {
@@ -280,13 +209,13 @@ func TestTrustAdmit(t *testing.T) {
 
 	// What the membership holds exactly was checked when it came: the
 	// whole-membership gossip repeats it without a signature check.
-	held := NewMembership()
-	held.MergeFromMasters(MembershipState{Records: []PeerRecord{good}})
-	noKey := trust{clusterID: "c1", required: true, network: &network}
-	if in, refused := noKey.admit("c1", MembershipState{Records: []PeerRecord{good}}, held); len(refused) > 0 || len(in.Records) != 1 {
+	held := New()
+	held.MergeFromMasters(State{Records: []PeerRecord{good}})
+	noKey := Trust{ClusterID: "c1", Required: true, Network: &network}
+	if in, refused := noKey.Admit("c1", State{Records: []PeerRecord{good}}, held); len(refused) > 0 || len(in.Records) != 1 {
 		t.Errorf("a held record: admitted %v, refused %v", in.Records, refused)
 	}
-	if _, refused := noKey.admit("c1", MembershipState{Records: []PeerRecord{changedSubnet}}, held); len(refused) != 1 {
+	if _, refused := noKey.Admit("c1", State{Records: []PeerRecord{changedSubnet}}, held); len(refused) != 1 {
 		t.Errorf("a held record's altered copy was not checked")
 	}
 }
@@ -310,15 +239,15 @@ func TestMembershipEqualVersions(t *testing.T) {
 	}
 
 	for _, order := range [][]string{{"masters", "gossip"}, {"gossip", "masters"}} {
-		m := NewMembership()
+		m := New()
 		for _, from := range order {
 			if from == "masters" {
-				m.MergeFromMasters(MembershipState{Records: []PeerRecord{lo}})
+				m.MergeFromMasters(State{Records: []PeerRecord{lo}})
 			} else {
-				m.Merge(MembershipState{Records: []PeerRecord{hi}})
+				m.Merge(State{Records: []PeerRecord{hi}})
 			}
 		}
-		if got := record(m); !got.equal(&lo) {
+		if got := record(m); !got.Equal(&lo) {
 			t.Errorf("merged %v: kept %+v, want the masters' copy", order, got)
 		}
 		if !slices.Equal(m.FromMasters(), []string{"b"}) {
@@ -326,50 +255,19 @@ func TestMembershipEqualVersions(t *testing.T) {
 		}
 	}
 	for _, order := range [][]PeerRecord{{lo, hi}, {hi, lo}} {
-		m := NewMembership()
+		m := New()
 		for _, r := range order {
-			m.Merge(MembershipState{Records: []PeerRecord{r}})
+			m.Merge(State{Records: []PeerRecord{r}})
 		}
-		if got := record(m); !got.equal(&hi) {
+		if got := record(m); !got.Equal(&hi) {
 			t.Errorf("gossip copies: kept %+v, want the greater %+v", got, hi)
 		}
 	}
-	m := NewMembership()
-	m.MergeFromMasters(MembershipState{Records: []PeerRecord{lo}})
+	m := New()
+	m.MergeFromMasters(State{Records: []PeerRecord{lo}})
 	newer := signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Version++ })
-	if news := m.Merge(MembershipState{Records: []PeerRecord{newer}}); len(news.Records) != 1 || len(m.FromMasters()) != 0 {
+	if news := m.Merge(State{Records: []PeerRecord{newer}}); len(news.Records) != 1 || len(m.FromMasters()) != 0 {
 		t.Errorf("a newer version from gossip: news %v, from masters %v", news.Records, m.FromMasters())
-	}
-}
-
-// TestLoadMembershipKeepsWhatVerifies: a restarted agent takes back from
-// its store what verifies with its key (and gossips it again), and which
-// records were the masters' copies; what does not verify (written by an
-// agent that kept no signatures, or under another key) is dropped.
-func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
-	pub, priv := testKey(t)
-	_, other := testKey(t)
-	network := state.DefaultConfig()
-	good := signedPeer(priv, "c1")
-	c := signedPeer(priv, "c1", func(a *api.AgentInfo) {
-		a.AgentID, a.Overlays[0].Subnet, a.Overlays[0].MesosBridge, a.Overlays[0].DockerBridge = "c", "10.128.3.0/24", nil, nil
-		a.Overlays[0].Backend.VXLAN.VTEPIP, a.Overlays[0].Backend.VXLAN.VTEPMAC = "100.64.0.3/16", "70:b3:d5:40:00:03"
-	})
-	unsigned := rec("old-format", 5, "198.18.0.20")
-	foreign := signedPeer(other, "c1", func(a *api.AgentInfo) { a.AgentID = "foreign" })
-	tomb := signedTombstone(priv, "c1", "gone", 4)
-	a := &Agent{sec: &security{}, members: NewMembership(), log: quietLogger(), refusals: newLogLimiter(time.Minute),
-		clusterID: "c1", signingKey: pub, network: &network}
-	a.loadMembership(persisted{
-		Membership:  MembershipState{Records: []PeerRecord{good, c, unsigned, foreign}, Tombstones: []api.Tombstone{tomb, {AgentID: "x", Version: 9}}},
-		FromMasters: []string{"b"},
-	})
-	want := MembershipState{Records: []PeerRecord{good, c}, Tombstones: []api.Tombstone{tomb}}
-	if got := a.members.State(); !reflect.DeepEqual(got, want) {
-		t.Errorf("loaded %+v\nwant %+v", got, want)
-	}
-	if got := a.members.FromMasters(); !slices.Equal(got, []string{"b"}) {
-		t.Errorf("masters' copies %v, want [b]", got)
 	}
 }
 
@@ -388,14 +286,14 @@ func TestPeerRecordCarriesBlocks(t *testing.T) {
 			{Bridge: api.BridgeMesos, Prefix: "10.128.7.64/26", Origin: api.BlockGranted, Donor: "d", Version: 6},
 		}
 	})
-	wire, err := json.Marshal(MembershipMessage{ClusterID: "c1", MembershipState: MembershipState{Records: []PeerRecord{r}}})
+	wire, err := json.Marshal(Message{ClusterID: "c1", State: State{Records: []PeerRecord{r}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(string(wire), `"used"`) {
 		t.Errorf("gossip carries the unsigned usage: %s", wire)
 	}
-	msg, err := DecodeMembership(wire)
+	msg, err := Decode(wire)
 	if err != nil {
 		t.Fatal(err)
 	}

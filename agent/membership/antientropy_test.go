@@ -1,4 +1,4 @@
-package agent
+package membership
 
 import (
 	"encoding/base64"
@@ -17,12 +17,12 @@ import (
 func TestAntiEntropyConverges(t *testing.T) {
 	for seed := uint64(1); seed <= 300; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		a, b := NewMembership(), NewMembership()
+		a, b := New(), New()
 		nIDs := 1 + rng.IntN(200)
 		for range rng.IntN(400) {
 			id := fmt.Sprintf("n%d", rng.IntN(nIDs))
 			v := uint64(rng.IntN(20) + 1)
-			var st MembershipState
+			var st State
 			if rng.IntN(4) == 0 {
 				st.Tombstones = []api.Tombstone{{AgentID: id, Version: v}}
 			} else {
@@ -38,7 +38,7 @@ func TestAntiEntropyConverges(t *testing.T) {
 				b.Merge(st)
 			}
 		}
-		join := NewMembership()
+		join := New()
 		join.Merge(a.State())
 		join.Merge(b.State())
 		want := join.State()
@@ -58,8 +58,8 @@ func TestAntiEntropyConverges(t *testing.T) {
 // bigMembership is n agents with realistic ids, addresses and signatures
 // (random bytes: sizes are what is measured here, not trust).
 func bigMembership(n int, rng *rand.Rand) *Membership {
-	m := NewMembership()
-	var st MembershipState
+	m := New()
+	var st State
 	for i := range n {
 		st.Records = append(st.Records, scaleRecord(i, 100+uint64(i), rng))
 	}
@@ -89,13 +89,13 @@ func TestGossipSizesAtScale(t *testing.T) {
 	for _, n := range []int{1000, 5000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			a := bigMembership(n, rand.New(rand.NewPCG(1, uint64(n))))
-			b := NewMembership()
+			b := New()
 			b.Merge(a.State())
 			whole := len(membershipData{clusterID: "c", st: a.State()}.Encode()[0])
 			changed := scaleRecord(n/2, 100+uint64(n/2)+1000, rand.New(rand.NewPCG(2, 2)))
-			delta := len(membershipData{clusterID: "c", st: MembershipState{Records: []PeerRecord{changed}}}.Encode()[0])
+			delta := len(membershipData{clusterID: "c", st: State{Records: []PeerRecord{changed}}}.Encode()[0])
 			equal := AntiEntropyRound("c", "a", a, b)
-			a.Merge(MembershipState{Records: []PeerRecord{changed}})
+			a.Merge(State{Records: []PeerRecord{changed}})
 			oneOff := AntiEntropyRound("c", "a", a, b)
 			after := AntiEntropyRound("c", "a", a, b)
 			t.Logf("%d agents: whole state %d B; delta %d B; anti-entropy round: equal %+v, one record off %+v (total %d B)",
@@ -124,7 +124,7 @@ func TestGossipSizesAtScale(t *testing.T) {
 // peer that knows nothing a summary within maxSummaryEntries.
 func TestAnswerSummaryBounds(t *testing.T) {
 	a := bigMembership(3000, rand.New(rand.NewPCG(3, 3)))
-	empty := NewMembership()
+	empty := New()
 	sum := a.AnswerDigest(empty.Digest(0))
 	if sum == nil || len(sum.Entries) != 3000 {
 		t.Fatalf("summary for an empty peer: %v entries, want 3000", sum)
@@ -133,11 +133,11 @@ func TestAnswerSummaryBounds(t *testing.T) {
 	if len(want) != 0 || len(push.Records) != 3000 {
 		t.Fatalf("push to a peer that lacks everything: %d records, want %d ids", len(push.Records), len(want))
 	}
-	for _, c := range chunks(push) {
+	for _, c := range Chunks(push) {
 		if n := len(c.Records) + len(c.Tombstones); n > maxPushRecords {
 			t.Fatalf("a push chunk of %d records", n)
 		}
-		if b := len(encodeMessage(MembershipMessage{ClusterID: "c", MembershipState: c})); b > 256*1024 {
+		if b := len(Encode(Message{ClusterID: "c", State: c})); b > 256*1024 {
 			t.Fatalf("a push message of %d bytes", b)
 		}
 	}
@@ -149,19 +149,19 @@ func TestAnswerSummaryBounds(t *testing.T) {
 // FuzzDecodeAntiEntropy: anti-entropy messages from the network never
 // panic the decoder or the answers, and what is answered is bounded.
 func FuzzDecodeAntiEntropy(f *testing.F) {
-	m := NewMembership()
-	m.Merge(MembershipState{Records: []PeerRecord{rec("a", 3, "198.18.0.1"), rec("b", 4, "198.18.0.2")},
+	m := New()
+	m.Merge(State{Records: []PeerRecord{rec("a", 3, "198.18.0.1"), rec("b", 4, "198.18.0.2")},
 		Tombstones: []api.Tombstone{{AgentID: "c", Version: 5}}})
-	d, _ := json.Marshal(MembershipMessage{ClusterID: "c", From: "x", Digest: NewMembership().Digest(4)})
+	d, _ := json.Marshal(Message{ClusterID: "c", From: "x", Digest: New().Digest(4)})
 	f.Add(d)
-	s, _ := json.Marshal(MembershipMessage{ClusterID: "c", Summary: m.AnswerDigest(NewMembership().Digest(2))})
+	s, _ := json.Marshal(Message{ClusterID: "c", Summary: m.AnswerDigest(New().Digest(2))})
 	f.Add(s)
 	f.Add([]byte(`{"cluster_id":"c","want":["a","c","zz"]}`))
 	f.Add([]byte(`{"summary":{"n":2,"buckets":[0,1],"entries":[{"id":"a","v":9,"h":1},{"id":"q","t":2,"h":3}]}}`))
 	f.Add([]byte(`{"from":"p","digest":"AAAAAAAAAAA="}`))
 	f.Add([]byte(`{"summary":{"n":3,"buckets":[7]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		msg, err := DecodeMembership(data)
+		msg, err := Decode(data)
 		if err != nil {
 			return
 		}
@@ -191,8 +191,8 @@ func FuzzDecodeAntiEntropy(f *testing.F) {
 func TestDigestFollowsEveryChange(t *testing.T) {
 	for seed := uint64(1); seed <= 100; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 11))
-		m := NewMembership()
-		other := NewMembership()
+		m := New()
+		other := New()
 		var horizon uint64
 		for step := range 60 {
 			id := fmt.Sprintf("n%d", rng.IntN(30))
@@ -202,19 +202,19 @@ func TestDigestFollowsEveryChange(t *testing.T) {
 			switch op := rng.IntN(8); op {
 			case 0, 1:
 				what = "merge"
-				m.Merge(MembershipState{Records: []PeerRecord{rec(id, v, ip)}})
+				m.Merge(State{Records: []PeerRecord{rec(id, v, ip)}})
 			case 2:
 				what = "merge from the masters"
-				m.MergeFromMasters(MembershipState{Records: []PeerRecord{rec(id, v, ip)}})
+				m.MergeFromMasters(State{Records: []PeerRecord{rec(id, v, ip)}})
 			case 3:
 				// The masters' copy at the same version, another content.
 				what = "replace at an equal version"
 				if r, ok := m.Record(id); ok {
-					m.MergeFromMasters(MembershipState{Records: []PeerRecord{rec(id, r.Version, fmt.Sprintf("198.18.1.%d", rng.IntN(250)+1))}})
+					m.MergeFromMasters(State{Records: []PeerRecord{rec(id, r.Version, fmt.Sprintf("198.18.1.%d", rng.IntN(250)+1))}})
 				}
 			case 4:
 				what = "tombstone"
-				m.Merge(MembershipState{Tombstones: []api.Tombstone{{AgentID: id, Version: v}}})
+				m.Merge(State{Tombstones: []api.Tombstone{{AgentID: id, Version: v}}})
 			case 5:
 				what = "compact"
 				horizon += uint64(rng.IntN(6))
@@ -236,8 +236,8 @@ func TestDigestFollowsEveryChange(t *testing.T) {
 				what, horizon = "reset", 0
 				m.Reset()
 			}
-			other.Merge(MembershipState{Records: []PeerRecord{rec(fmt.Sprintf("n%d", rng.IntN(30)), uint64(rng.IntN(40)+1), ip)}})
-			ref := NewMembership()
+			other.Merge(State{Records: []PeerRecord{rec(fmt.Sprintf("n%d", rng.IntN(30)), uint64(rng.IntN(40)+1), ip)}})
+			ref := New()
 			ref.Merge(m.State())
 			for _, n := range []int{0, 4, 16} {
 				if got, want := m.Digest(n), ref.Digest(n); !reflect.DeepEqual(got, want) {
@@ -257,14 +257,14 @@ func TestDigestFollowsEveryChange(t *testing.T) {
 // pruned only when they outnumbered records plus tombstones), and the
 // digest then never matched a peer's.
 func TestDigestForgetsDroppedRecord(t *testing.T) {
-	m := NewMembership()
-	m.Merge(MembershipState{Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}})
-	m.Merge(MembershipState{Records: []PeerRecord{rec("a", 9, "198.18.0.1"), rec("b", 5, "198.18.0.2")}})
+	m := New()
+	m.Merge(State{Tombstones: []api.Tombstone{{AgentID: "a", Version: 7}}})
+	m.Merge(State{Records: []PeerRecord{rec("a", 9, "198.18.0.1"), rec("b", 5, "198.18.0.2")}})
 	m.Digest(0)
 	if dropped := m.SyncWithMasters(map[string]bool{"a": true}, 6); !reflect.DeepEqual(dropped, []string{"b"}) {
 		t.Fatalf("dropped %v, want [b]", dropped)
 	}
-	ref := NewMembership()
+	ref := New()
 	ref.Merge(m.State())
 	if got, want := m.Digest(0), ref.Digest(0); !reflect.DeepEqual(got, want) {
 		t.Fatalf("after b was dropped the digest is %x, afresh %x", got, want)

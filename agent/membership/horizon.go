@@ -1,4 +1,4 @@
-package agent
+package membership
 
 // The masters' compaction horizon (api.State.Horizon). The masters drop the
 // tombstones at or below it; a record or tombstone at or below it that the

@@ -1,4 +1,4 @@
-package agent
+package membership
 
 import (
 	"crypto/sha256"
@@ -83,10 +83,13 @@ type idSum struct {
 }
 
 func (s *idSum) matches(r PeerRecord, hasRec bool, t api.Tombstone, hasTomb bool) bool {
-	return s.hasRec == hasRec && s.hasTomb == hasTomb && s.tomb == t && (!hasRec || s.rec.equal(&r))
+	return s.hasRec == hasRec && s.hasTomb == hasTomb && s.tomb == t && (!hasRec || s.rec.Equal(&r))
 }
 
-func hash64(parts ...[]byte) uint64 {
+// Hash64 hashes its parts, each length-prefixed, with SHA-256 and keeps
+// the first 8 bytes: the hash of the digests' buckets and entries. The
+// agent ranks its mesh peers with it as well (rendezvous hashing).
+func Hash64(parts ...[]byte) uint64 {
 	h := sha256.New()
 	for _, p := range parts {
 		h.Write(binary.AppendUvarint(nil, uint64(len(p))))
@@ -118,7 +121,7 @@ func (m *Membership) refreshSumsLocked() {
 			return
 		}
 		if s == nil {
-			s = &idSum{key: hash64([]byte(id))}
+			s = &idSum{key: Hash64([]byte(id))}
 			m.sums[id] = s
 		}
 		s.rec, s.hasRec, s.tomb, s.hasTomb = r, hasRec, t, hasTomb
@@ -132,7 +135,7 @@ func (m *Membership) refreshSumsLocked() {
 			s.entry.T = t.Version
 			tj, _ = json.Marshal(t)
 		}
-		s.entry.H = hash64([]byte(id), rj, tj)
+		s.entry.H = Hash64([]byte(id), rj, tj)
 	}
 	for id := range m.records {
 		update(id)
@@ -271,7 +274,7 @@ func entriesByBucket(sums map[string]*idSum, n int, buckets []int) map[int][]Dig
 // returns what to push to the other (the records and tombstones it lacks
 // or has older) and the ids to ask it for (those it has newer). At an equal
 // version with a different content both are sent: the merge rule decides.
-func (m *Membership) AnswerSummary(s *DigestSummary) (push MembershipState, want []string) {
+func (m *Membership) AnswerSummary(s *DigestSummary) (push State, want []string) {
 	if s == nil || s.N <= 0 || s.N > maxDigestBuckets || s.N&(s.N-1) != 0 {
 		return push, nil
 	}
@@ -315,10 +318,10 @@ func (m *Membership) AnswerSummary(s *DigestSummary) (push MembershipState, want
 }
 
 // Lookup returns the records and tombstones of the given agent ids.
-func (m *Membership) Lookup(ids []string) MembershipState {
+func (m *Membership) Lookup(ids []string) State {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	var st MembershipState
+	var st State
 	for _, id := range ids {
 		if r, ok := m.records[id]; ok {
 			st.Records = append(st.Records, r)
@@ -330,12 +333,12 @@ func (m *Membership) Lookup(ids []string) MembershipState {
 	return st
 }
 
-// chunks splits a state into states of at most maxPushRecords records and
+// Chunks splits a state into states of at most maxPushRecords records and
 // tombstones, so that no push message grows with the cluster.
-func chunks(st MembershipState) []MembershipState {
-	var out []MembershipState
+func Chunks(st State) []State {
+	var out []State
 	for len(st.Records)+len(st.Tombstones) > 0 {
-		var c MembershipState
+		var c State
 		nt := min(len(st.Tombstones), maxPushRecords)
 		c.Tombstones, st.Tombstones = st.Tombstones[:nt], st.Tombstones[nt:]
 		nr := min(len(st.Records), maxPushRecords-nt)
@@ -345,8 +348,8 @@ func chunks(st MembershipState) []MembershipState {
 	return out
 }
 
-// encodeMessage is the wire form of a membership message.
-func encodeMessage(msg MembershipMessage) []byte {
+// Encode is the wire form of a membership message (nil if it cannot be encoded).
+func Encode(msg Message) []byte {
 	b, err := json.Marshal(msg)
 	if err != nil {
 		return nil
@@ -372,25 +375,25 @@ func (b AntiEntropyBytes) Total() int { return b.Digest + b.Summary + b.Want + b
 // measure message sizes deterministically.
 func AntiEntropyRound(clusterID, aID string, a, b *Membership) AntiEntropyBytes {
 	var out AntiEntropyBytes
-	send := func(msg MembershipMessage) int {
+	send := func(msg Message) int {
 		out.Messages++
-		return len(encodeMessage(msg))
+		return len(Encode(msg))
 	}
-	out.Digest = send(MembershipMessage{ClusterID: clusterID, From: aID, Digest: a.Digest(0)})
+	out.Digest = send(Message{ClusterID: clusterID, From: aID, Digest: a.Digest(0)})
 	sum := b.AnswerDigest(a.Digest(0))
 	if sum == nil {
 		return out
 	}
-	out.Summary = send(MembershipMessage{ClusterID: clusterID, Summary: sum})
+	out.Summary = send(Message{ClusterID: clusterID, Summary: sum})
 	push, want := a.AnswerSummary(sum)
-	for _, c := range chunks(push) {
-		out.Push += send(MembershipMessage{ClusterID: clusterID, MembershipState: c})
+	for _, c := range Chunks(push) {
+		out.Push += send(Message{ClusterID: clusterID, State: c})
 		b.Merge(c)
 	}
 	if len(want) > 0 {
-		out.Want = send(MembershipMessage{ClusterID: clusterID, Want: want})
-		for _, c := range chunks(b.Lookup(want)) {
-			out.Push += send(MembershipMessage{ClusterID: clusterID, MembershipState: c})
+		out.Want = send(Message{ClusterID: clusterID, Want: want})
+		for _, c := range Chunks(b.Lookup(want)) {
+			out.Push += send(Message{ClusterID: clusterID, State: c})
 			a.Merge(c)
 		}
 	}
@@ -399,7 +402,7 @@ func AntiEntropyRound(clusterID, aID string, a, b *Membership) AntiEntropyBytes 
 
 // validateAntiEntropy checks the anti-entropy fields of a message from the
 // network.
-func validateAntiEntropy(msg *MembershipMessage) error {
+func validateAntiEntropy(msg *Message) error {
 	if msg.Digest != nil {
 		if err := validDigest(msg.Digest); err != nil {
 			return err

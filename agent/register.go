@@ -1,0 +1,136 @@
+package agent
+
+// Registration with the masters, and the agent's own record they answer.
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+)
+
+// registerLoop registers, retrying with backoff, and again whenever the
+// masters show this agent deleted.
+func (a *Agent) registerLoop(ctx context.Context) {
+	for {
+		a.register(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.reregisterCh:
+			a.log.Warn("the masters no longer have this agent: registering again")
+		}
+	}
+}
+
+func (a *Agent) register(ctx context.Context) {
+	hostname := a.cfg.Hostname
+	if hostname == "" {
+		hostname, _ = os.Hostname()
+	}
+	req := api.RegisterRequest{
+		AgentID: a.id, Hostname: hostname, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr,
+		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
+		RequestID:     api.NewRequestID(),
+	}
+	b := retry.Backoff{First: firstRetry, Max: maxRetry}
+	explained := false // a TLS mismatch was logged as an error
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		info, err := a.client.Register(rctx, req)
+		cancel()
+		if err == nil {
+			a.metrics.registrations.WithLabelValues("ok").Inc()
+			a.log.Info("registered", "version", info.Version, "overlays", len(info.Overlays))
+			a.mu.Lock()
+			a.registered = true
+			a.mu.Unlock()
+			a.updateSelf(info)
+			return
+		}
+		a.metrics.registrations.WithLabelValues("error").Inc()
+		wait := b.Next()
+		if !api.IsRetryable(err) {
+			// A definite answer ends this request: the masters may
+			// remember its id and give the same answer to it for ever (a
+			// registration that committed, then its agent was deleted, is
+			// answered "deleted"). The next attempt is a new request.
+			req.RequestID = api.NewRequestID()
+			if !api.IsCode(err, api.CodeNotFound) {
+				// A refusal (bad input, VTEP IPs exhausted) will not fix
+				// itself quickly, but the operator may free space: keep
+				// trying, slowly. "Not found" (deleted meanwhile) is
+				// answered by registering again, at the usual pace.
+				wait = maxRetry
+			}
+		}
+		if why := explainMasterError(err, a.cfg.TLS); why != "" {
+			// A TLS or scheme mismatch: retrying does not fix it, the
+			// operator must. Said plainly, as an error the first time.
+			level := slog.LevelWarn
+			if !explained {
+				level, explained = slog.LevelError, true
+			}
+			a.log.Log(ctx, level, "registration failed: "+why+"; working from the last known state", "err", err, "retry_in", maxRetry)
+			if !retry.Sleep(ctx, maxRetry) {
+				return
+			}
+			continue
+		}
+		a.log.Warn("registration failed; working from the last known state", "err", err, "retry_in", wait.Round(time.Millisecond))
+		if !retry.Sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// updateSelf records a newer own record, from the masters. The agent
+// programs itself from it (the masters are authenticated by TLS); it joins
+// the membership, and is gossiped, only when it verifies as any other
+// record must. A registration answer read before the first master state
+// cannot be verified yet (no cluster id, maybe no key): the state, which
+// carries the same record, brings it in.
+func (a *Agent) updateSelf(info *api.AgentInfo) {
+	rec := membership.NewPeerRecord(info)
+	a.mu.Lock()
+	if a.self != nil && a.self.Version > info.Version {
+		a.mu.Unlock()
+		return
+	}
+	// The same record again (every watch wake-up brings it): nothing to
+	// store, program or gossip.
+	if a.self != nil && a.self.Version == info.Version && jsonEqual(a.self, info) && a.members.Holds(&rec) {
+		a.mu.Unlock()
+		return
+	}
+	a.self = info
+	tr := a.trustLocked()
+	a.mu.Unlock()
+	a.trigger(a.persistCh)
+	a.trigger(a.reconcileCh)
+	st := membership.State{Records: []membership.PeerRecord{rec}}
+	in, refused := tr.Admit(tr.ClusterID, st, a.members)
+	if len(refused) > 0 {
+		if tr.ClusterID == "" || (tr.Required && tr.Key == nil) {
+			a.log.Debug("own record not gossiped until the first master state", "version", info.Version)
+		} else {
+			a.countRefused(a.metrics.masterRefused, "the masters' record of this agent", refused)
+		}
+		return
+	}
+	// Under the lock, as gossip: a rebuild in between must not let a record
+	// of the old cluster into the new one's membership.
+	a.mu.RLock()
+	current := a.clusterID == tr.ClusterID
+	if current {
+		a.members.MergeFromMasters(in)
+	}
+	a.mu.RUnlock()
+	if current {
+		a.channel.Broadcast(a.gossipData(st))
+	}
+}

@@ -1,0 +1,269 @@
+package agent
+
+// The watch of the masters' state: whole, then its changes, and how a
+// state read is judged and merged.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"reflect"
+
+	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+)
+
+// watchLoop follows the masters' state: one whole state first, then only
+// what changes (GET /overlay-master/changes), which costs a watcher what a
+// change is, not what the cluster is. It reads the whole state again when
+// the masters no longer keep the changes since its index (410: it was away
+// longer than the change log or the tombstone horizon reach), when the
+// cluster id changes (a rebuild), or when a master has no changes route
+// (an older version).
+func (a *Agent) watchLoop(ctx context.Context) {
+	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
+	full := true
+	for ctx.Err() == nil {
+		a.mu.RLock()
+		index, cluster := a.masterIndex, a.clusterID
+		a.mu.RUnlock()
+		var err error
+		applied := false
+		if full {
+			var st *api.State
+			st, err = a.client.State(ctx, api.StateOptions{Index: index, Wait: a.cfg.WatchWait})
+			if err == nil {
+				a.metrics.masterReads.WithLabelValues("state").Inc()
+				applied = a.applyMasterState(st, true)
+				full = !applied
+			}
+		} else {
+			var ch *api.Changes
+			ch, err = a.client.Changes(ctx, index, a.cfg.WatchWait)
+			switch {
+			case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
+				a.metrics.masterReads.WithLabelValues("gone").Inc()
+				a.log.Info("reading the whole state: the masters do not serve the changes since this agent's index", "index", index, "err", err)
+				full = true
+				continue
+			case err == nil && ch.ClusterID != cluster:
+				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
+				full = true
+				continue
+			case err == nil:
+				a.metrics.masterReads.WithLabelValues("changes").Inc()
+				applied = a.applyMasterState(changesState(ch), false)
+			}
+		}
+		if applied {
+			b.Reset()
+			a.setReachable(true)
+			continue
+		}
+		// A stale master counts as none: gossip and the disk are better.
+		a.setReachable(false)
+		wait := b.Next()
+		if err != nil {
+			a.log.Debug("state watch failed", "err", err, "retry_in", wait)
+		}
+		if !retry.Sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// changesState is a changes answer as a (partial) state: without a
+// network configuration when it did not change (networkFrom keeps the
+// known one).
+func changesState(ch *api.Changes) *api.State {
+	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
+		Agents: ch.Agents, Tombstones: ch.Tombstones}
+	if ch.Network != nil {
+		st.Network = *ch.Network
+	}
+	return st
+}
+
+func (a *Agent) setReachable(ok bool) {
+	a.mu.Lock()
+	a.mastersReachable = ok
+	a.mu.Unlock()
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	a.metrics.mastersReachable.Set(v)
+}
+
+// stateVerdict is what a state read from a master means to an agent.
+type stateVerdict int
+
+const (
+	// stateCurrent: the agent's cluster, at or past what the agent saw.
+	stateCurrent stateVerdict = iota
+	// stateStale: a master of the agent's cluster that is behind what the
+	// agent saw (restarted alone, cut off from the others): ignored.
+	stateStale
+	// stateRebuilt: another cluster; the masters were rebuilt from nothing.
+	stateRebuilt
+)
+
+// judgeState tells what st means to an agent that last applied index of
+// cluster clusterID. Only a cluster id that differs from a known one proves
+// a rebuild. A lower index without that proof, from masters with or
+// without cluster ids, is a master that is behind: taking its state would
+// take back what the agent knows, peers and leases alike.
+func judgeState(clusterID string, index uint64, st *api.State) stateVerdict {
+	switch {
+	case clusterID != "" && st.ClusterID != "" && st.ClusterID != clusterID:
+		return stateRebuilt
+	case st.Index < index:
+		return stateStale
+	}
+	return stateCurrent
+}
+
+// networkFrom is the network configuration to hold after a master's state
+// with configuration st, and whether it changed: st, except that an empty
+// configuration never replaces a known one (a rebuilt cluster, which may
+// have none yet, resets cur to nil first).
+func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConfig, bool) {
+	if cur != nil && (jsonEqual(*cur, st) || reflect.ValueOf(st).IsZero()) {
+		return cur, false
+	}
+	return &st, true
+}
+
+// applyMasterState merges a state read from the masters, whole (full) or
+// the changes since the agent's index; false means it was ignored (a stale
+// master, or a state whose signing key is refused). Only a whole state
+// drops the records the masters no longer hold (at or below their
+// compaction horizon: see membership.Membership.SyncWithMasters); changes hold only
+// what changed.
+func (a *Agent) applyMasterState(st *api.State, full bool) bool {
+	a.mu.Lock()
+	verdict := judgeState(a.clusterID, a.masterIndex, st)
+	if verdict == stateStale {
+		seen, warned := a.masterIndex, a.staleWarned
+		a.staleWarned = true
+		a.mu.Unlock()
+		a.metrics.staleStates.Inc()
+		level := slog.LevelWarn
+		if warned {
+			level = slog.LevelDebug
+		}
+		a.log.Log(context.Background(), level, "ignoring the state of a master that is behind: keeping the last known state",
+			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID)
+		return false
+	}
+	key, err := keyAfter(a.cfg.SigningKey, a.signingKey, st, verdict == stateRebuilt, a.sec.client == nil)
+	if err != nil {
+		warned := a.keyWarned
+		a.keyWarned = true
+		a.mu.Unlock()
+		reason := stateRefusedKey
+		if errors.Is(err, errStateUnsigned) {
+			reason = stateRefusedUnsigned
+		}
+		a.metrics.statesRefused.WithLabelValues(reason).Inc()
+		// The operator must act: said as an error the first time, then
+		// quietly while the masters keep answering so.
+		level := slog.LevelError
+		if warned {
+			level = slog.LevelDebug
+		}
+		a.log.Log(context.Background(), level, err.Error()+"; keeping the last known state", "index", st.Index, "cluster_id", st.ClusterID)
+		return false
+	}
+	a.staleWarned, a.keyWarned = false, false
+	pinned := key != nil && !key.Equal(a.signingKey)
+	warnUnsigned := key == nil && !a.unsignedWarned
+	if key == nil {
+		a.unsignedWarned = true
+	}
+	oldCluster, oldKey := a.clusterID, a.signingKey
+	a.signingKey = key
+	if verdict == stateRebuilt {
+		// Records, tombstones and versions of the old cluster mean nothing
+		// in the new one; its state is the truth now.
+		a.members.Reset()
+		a.self, a.network = nil, nil
+		a.trigger(a.reregisterCh)
+	}
+	if st.ClusterID != "" {
+		a.clusterID = st.ClusterID
+	}
+	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID
+	a.masterIndex = st.Index
+	var netChanged bool
+	a.network, netChanged = networkFrom(a.network, st.Network)
+	registered := a.registered
+	tr := a.trustLocked()
+	a.mu.Unlock()
+
+	if verdict == stateRebuilt {
+		a.metrics.rebuilds.Inc()
+		a.log.Warn("the masters' cluster was rebuilt: dropped the old cluster's membership; registering again",
+			"old_cluster_id", oldCluster, "cluster_id", st.ClusterID, "index", st.Index)
+		if a.onRebuild != nil {
+			a.onRebuild(st.ClusterID)
+		}
+	}
+	switch {
+	case pinned && oldKey != nil:
+		a.log.Warn("the rebuilt cluster signs with a new key: verifying with it", "key", keyFingerprint(key), "old_key", keyFingerprint(oldKey), "cluster_id", st.ClusterID)
+	case pinned:
+		a.log.Info("verifying records with the masters' signing key, pinned from their state", "key", keyFingerprint(key), "cluster_id", st.ClusterID)
+	case warnUnsigned:
+		a.log.Warn("--insecure: the masters sign nothing; gossip is accepted without signature verification (range checks only)", "cluster_id", st.ClusterID)
+	}
+	in := membership.State{Tombstones: st.Tombstones}
+	var mine *api.AgentInfo
+	for i := range st.Agents {
+		in.Records = append(in.Records, membership.NewPeerRecord(&st.Agents[i]))
+		if st.Agents[i].AgentID == a.id {
+			mine = &st.Agents[i]
+		}
+	}
+	in, refused := tr.Admit(st.ClusterID, in, a.members)
+	a.countRefused(a.metrics.masterRefused, "the masters' state", refused)
+	news := a.members.MergeFromMasters(in)
+	var dropped []string
+	if full {
+		held := make(map[string]bool, len(st.Agents))
+		for i := range st.Agents {
+			held[st.Agents[i].AgentID] = true
+		}
+		if dropped = a.members.SyncWithMasters(held, st.Horizon); len(dropped) > 0 {
+			a.log.Info("dropped peers the masters deleted before their compaction horizon", "peers", len(dropped), "horizon", st.Horizon)
+		}
+	} else {
+		a.members.Compact(st.Horizon)
+	}
+	if mine != nil {
+		a.updateSelf(mine)
+	} else if tv, gone := a.members.Tombstone(a.id); gone && registered {
+		a.mu.RLock()
+		stale := a.self != nil && a.self.Version <= tv
+		a.mu.RUnlock()
+		if stale {
+			a.trigger(a.reregisterCh)
+		}
+	}
+	a.mu.Lock()
+	if verdict == stateRebuilt || st.Index > a.mergedIndex {
+		a.mergedIndex = st.Index
+	}
+	a.mu.Unlock()
+	changed := len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged
+	if changed || indexChanged || pinned || verdict == stateRebuilt {
+		a.trigger(a.persistCh)
+	}
+	if changed {
+		a.trigger(a.reconcileCh)
+		a.trigger(a.connectCh)
+		a.channel.Broadcast(a.gossipData(news))
+	}
+	return true
+}
