@@ -14,6 +14,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
@@ -121,7 +122,7 @@ func OpenStore(dir string) (*Store, error) {
 	}
 	db, err := bolt.Open(filepath.Join(dir, storeFile), 0o600, &bolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("open %s: another agent holds it (is one already running with this --data-dir?)", filepath.Join(dir, storeFile))
 		}
 		return nil, fmt.Errorf("open agent store: %w", err)

@@ -217,7 +217,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	c.checkMasters()
 	// a4 now gets what is left: not a whole /24 (a2's grant is inside), so
 	// it grows into the pieces.
-	if a4, err = retrying(ctx, func() (*api.AgentInfo, error) {
+	if _, err = retrying(ctx, func() (*api.AgentInfo, error) {
 		return agent["a4"].Grow(ctx, "a4", api.GrowRequest{Overlay: "g", Bridge: api.BridgeMesos, Family: "4"})
 	}); err != nil {
 		t.Fatalf("a4 grows: %v", err)
