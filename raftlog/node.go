@@ -40,6 +40,7 @@ type Node struct {
 	raft    *raft.Raft
 	fsm     *fsmAdapter
 	store   *raftboltdb.BoltStore
+	stable  *stableStore  // store, as raft writes its term and vote
 	logs    raft.LogStore // store behind an in-memory cache of recent entries
 	trans   *commitObservingTransport
 	metrics *nodeMetrics
@@ -156,6 +157,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		logger:   logger,
 		fsm:      fsm,
 		store:    store,
+		stable:   &stableStore{store: store},
 		logs:     logs,
 		trans:    trans,
 		metrics:  metrics,
@@ -167,7 +169,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		catchUp:  caught,
 	}
 
-	r, err := raft.NewRaft(cfg.raftConfig(logger), fsm, logs, store, snaps, trans)
+	r, err := raft.NewRaft(cfg.raftConfig(logger), fsm, logs, n.stable, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: open: start raft: %w", err)
 	}
@@ -276,7 +278,7 @@ func (n *Node) Close() error {
 		}
 		n.raft.DeregisterObserver(n.observer)
 		<-n.obsDone
-		if err := n.store.Close(); err != nil {
+		if err := n.stable.close(n.store.Close); err != nil {
 			errs = append(errs, fmt.Errorf("close store: %w", err))
 		}
 		n.metrics.unregister()
