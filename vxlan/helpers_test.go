@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -398,5 +399,33 @@ func (w *watch) assertQuiet(t *testing.T) {
 		case <-deadline:
 			t.Fatal("the marker route's notification never came")
 		}
+	}
+}
+
+func assertAddrs(t *testing.T, nh *netlink.Handle, link string, want ...string) {
+	t.Helper()
+	l, err := nh.LinkByName(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := nh.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range addrs {
+		if a.Scope == unix.RT_SCOPE_UNIVERSE {
+			got = append(got, a.IPNet.String())
+		}
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("addresses of %s = %v, want %v", link, got, want)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,151 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master"
+)
+
+// masterProxy stands between one agent and a real master. It passes every
+// request through and counts the state answers; pointing it at another
+// master shows the agent a stale or a rebuilt cluster.
+type masterProxy struct {
+	t   *testing.T
+	srv *httptest.Server
+
+	mu      sync.Mutex
+	backend *url.URL
+	states  int // state and changes answers served since the last switch
+	// register, when set, may answer a registration itself (true) instead
+	// of passing it through.
+	register func(w http.ResponseWriter, body []byte) bool
+}
+
+func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
+	t.Helper()
+	p := &masterProxy{t: t}
+	p.switchTo(m)
+	rp := &httputil.ReverseProxy{ErrorLog: log.New(io.Discard, "", 0), Rewrite: func(r *httputil.ProxyRequest) {
+		p.mu.Lock()
+		r.SetURL(p.backend)
+		p.mu.Unlock()
+	}}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/state":
+			p.serveState(w, r)
+			return
+		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/changes":
+			p.mu.Lock()
+			host := p.backend.Host
+			p.mu.Unlock()
+			rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+			rp.ServeHTTP(rec, r)
+			p.mu.Lock()
+			if rec.status == http.StatusOK && p.backend.Host == host {
+				p.states++
+			}
+			p.mu.Unlock()
+			return
+		case r.Method == http.MethodPost && r.URL.Path == "/overlay-master/agents":
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
+				return
+			}
+			p.mu.Lock()
+			hook := p.register
+			p.mu.Unlock()
+			if hook != nil && hook(w, body) {
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *masterProxy) URL() string { return p.srv.URL }
+
+// statusWriter remembers the status of an answer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// switchTo sends every later request to m.
+func (p *masterProxy) switchTo(m *master.Master) {
+	u, err := url.Parse("http://" + m.HTTPAddr())
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.backend, p.states = u, 0
+}
+
+// statesServed counts the state and changes answers given since the last switch.
+func (p *masterProxy) statesServed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.states
+}
+
+func (p *masterProxy) serveState(w http.ResponseWriter, r *http.Request) {
+	p.mu.Lock()
+	u := *p.backend
+	p.mu.Unlock()
+	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	var st api.State
+	if err := api.Call(r.Context(), http.DefaultClient, http.MethodGet, u.String(), nil, &st, nil); err != nil {
+		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
+		return
+	}
+	p.mu.Lock()
+	if p.backend.Host == u.Host {
+		p.states++
+	}
+	p.mu.Unlock()
+	httpapi.WriteJSON(w, http.StatusOK, &st)
+}
+
+// masterState reads a master's own state.
+func masterState(t *testing.T, m *master.Master) *api.State {
+	t.Helper()
+	cl, err := api.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := cl.State(context.Background(), api.StateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func masterClient(t *testing.T, m *master.Master) *api.Client {
+	t.Helper()
+	cl, err := api.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
