@@ -104,6 +104,10 @@ type Agent struct {
 	// reports is the configuration result reportLoop sends the masters.
 	reports *reporter
 
+	// cniVersion is the spec version of the conflists, fixed by Run
+	// before the reconcile loop starts (cniconf.go).
+	cniVersion string
+
 	reconcileCh  chan struct{}
 	persistCh    chan struct{}
 	reregisterCh chan struct{}
@@ -125,6 +129,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: --data-dir is required")
+	}
+	if err := checkCNIConfig(cfg); err != nil {
+		return nil, err
 	}
 	sec, err := checkSecurity(cfg)
 	if err != nil {
@@ -315,6 +322,7 @@ func (a *Agent) Registry() *prometheus.Registry { return a.registry }
 // returns, so containers keep talking while the agent restarts.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.closeResources()
+	a.chooseCNIVersion(ctx)
 	if err := a.router.Start(); err != nil {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
