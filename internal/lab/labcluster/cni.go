@@ -354,3 +354,7 @@ func (c *Cluster) AttachedOn(h *Host, overlay string) []*Container {
 	}
 	return out
 }
+
+// CNIPath is the directories of the plugins the cluster's attachments run
+// (Options.CNIPath).
+func (c *Cluster) CNIPath() []string { return c.opts.CNIPath }
