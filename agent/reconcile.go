@@ -112,7 +112,9 @@ func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) 
 	}{
 		{a.cfg.CNIConfDir, "CNI config", cni.WriteConflist,
 			func(dir string, c cni.Conflist) string { return cni.ConflistPath(dir, c.FilePrefix, c.Overlay) },
-			func(dir string, keep []string) ([]string, error) { return cni.PruneConflists(dir, a.cfg.CNIConfPrefix, keep) }},
+			func(dir string, keep []string) ([]string, error) {
+				return cni.PruneConflists(dir, a.cfg.CNIConfPrefix, keep)
+			}},
 		{a.cfg.MesosCNIConfDir, "Mesos CNI config", cni.WriteConf,
 			func(dir string, c cni.Conflist) string { return cni.ConfPath(dir, c.Overlay) }, cni.PruneConfs},
 	} {

@@ -192,7 +192,7 @@ func TestWriteConfAtomic(t *testing.T) {
 	}
 	deadline := time.Now().Add(testutil.WaitLimit)
 	for i := 0; i < 300 || reads.Load() < 300 && len(errs) == 0 && time.Now().Before(deadline); i++ {
-		if _, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420+i%2}); err != nil {
+		if _, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420 + i%2}); err != nil {
 			t.Error(err)
 			break
 		}
