@@ -104,8 +104,9 @@ type Agent struct {
 	// reports is the configuration result reportLoop sends the masters.
 	reports *reporter
 
-	// cniVersion is the spec version of the conflists, fixed by Run
-	// before the reconcile loop starts (cniconf.go).
+	// cniVersion is the spec version of the conflists, fixed once by the
+	// reconcile loop before its first reconcile, and used by it only
+	// (cniconf.go).
 	cniVersion string
 
 	reconcileCh  chan struct{}
@@ -322,7 +323,6 @@ func (a *Agent) Registry() *prometheus.Registry { return a.registry }
 // returns, so containers keep talking while the agent restarts.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.closeResources()
-	a.chooseCNIVersion(ctx)
 	if err := a.router.Start(); err != nil {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}

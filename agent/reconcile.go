@@ -24,6 +24,9 @@ const defaultOverlayMTU = 1420
 // full read-back resync every ResyncInterval (which repairs changes made by
 // hand). A failed reconcile is retried soon.
 func (a *Agent) reconcileLoop(ctx context.Context) {
+	// Before the first conflist is written, and off the paths that serve
+	// the IPAM socket: the plugin probe takes a moment.
+	a.chooseCNIVersion(ctx)
 	resync := time.NewTicker(a.cfg.ResyncInterval)
 	defer resync.Stop()
 	retry := time.NewTimer(time.Hour)
