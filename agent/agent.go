@@ -104,6 +104,11 @@ type Agent struct {
 	// reports is the configuration result reportLoop sends the masters.
 	reports *reporter
 
+	// cniVersion is the spec version of the conflists, fixed once by the
+	// reconcile loop before its first reconcile, and used by it only
+	// (cniconf.go).
+	cniVersion string
+
 	reconcileCh  chan struct{}
 	persistCh    chan struct{}
 	reregisterCh chan struct{}
@@ -125,6 +130,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if cfg.DataDir == "" {
 		return nil, errors.New("agent: --data-dir is required")
+	}
+	if err := checkCNIConfig(cfg); err != nil {
+		return nil, err
 	}
 	sec, err := checkSecurity(cfg)
 	if err != nil {

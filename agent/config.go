@@ -68,6 +68,16 @@ type Config struct {
 	// such overlay for the Mesos CNI isolator (which skips conflists);
 	// empty writes none.
 	MesosCNIConfDir string
+	// CNIVersion is the spec version of the conflists (netconf.ValidVersion);
+	// empty or "auto": chosen once at start by asking the plugins in
+	// CNIBinDirs and the runtimes on the host (netconf.ChooseVersion).
+	CNIVersion string
+	// CNIBinDirs are where the runtimes look for CNI plugins: probed for the
+	// version and the warnings at start, never run by the agent otherwise.
+	CNIBinDirs []string
+	// CNIConfPrefix starts the conflists' file names (e.g. "10-"), for
+	// runtimes that load only the first file of CNIConfDir.
+	CNIConfPrefix string
 	// DockerPluginSocket is where the Docker remote IPAM plugin listens (with
 	// DockerBridge); empty disables the plugin.
 	DockerPluginSocket string

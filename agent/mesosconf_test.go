@@ -20,7 +20,7 @@ func TestAgentWritesMesosConf(t *testing.T) {
 	gnet := fakegossip.New(fakegossip.Config{Seed: 1, GossipInterval: 300 * time.Millisecond})
 	t.Cleanup(gnet.Close)
 	mesosDir := filepath.Join(dir, "mesos-cni")
-	if _, err := cni.WriteConf(mesosDir, "gone", 1420, ""); err != nil {
+	if _, err := cni.WriteConf(mesosDir, cni.Conflist{Overlay: "gone", MTU: 1420}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := filepath.Join(mesosDir, "other.conf")

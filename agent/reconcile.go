@@ -24,6 +24,9 @@ const defaultOverlayMTU = 1420
 // full read-back resync every ResyncInterval (which repairs changes made by
 // hand). A failed reconcile is retried soon.
 func (a *Agent) reconcileLoop(ctx context.Context) {
+	// Before the first conflist is written, and off the paths that serve
+	// the IPAM socket: the plugin probe takes a moment.
+	a.chooseCNIVersion(ctx)
 	resync := time.NewTicker(a.cfg.ResyncInterval)
 	defer resync.Stop()
 	retry := time.NewTimer(time.Hour)
@@ -85,9 +88,10 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 
 // writeConflists keeps one CNI network config per overlay that has a mesos
 // bridge here, and removes carve's configs of overlays that went away: the
-// conflist in CNIConfDir and, with MesosCNIConfDir, the single-plugin .conf
-// of the Mesos CNI isolator. A config is written only once the overlay has
-// its lease, so a runtime never sees a network the agent cannot serve.
+// conflist in CNIConfDir (in the spec version chosen at start, named with
+// CNIConfPrefix) and, with MesosCNIConfDir, the single-plugin .conf of the
+// Mesos CNI isolator. A config is written only once the overlay has its
+// lease, so a runtime never sees a network the agent cannot serve.
 func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) {
 	mtu := defaultOverlayMTU
 	if network != nil && network.OverlayMTU > 0 {
@@ -99,27 +103,37 @@ func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) 
 			keep = append(keep, ov.Info.Name)
 		}
 	}
+	conflist := func(ov string) cni.Conflist {
+		return cni.Conflist{Overlay: ov, MTU: mtu, Socket: a.cfg.Socket, CNIVersion: a.cniVersion, FilePrefix: a.cfg.CNIConfPrefix}
+	}
 	for _, w := range []struct {
 		dir   string
 		what  string
-		write func(dir, overlay string, mtu int, socket string) (bool, error)
-		path  func(dir, overlay string) string
+		write func(dir string, c cni.Conflist) (bool, error)
+		path  func(dir string, c cni.Conflist) string
 		prune func(dir string, keep []string) ([]string, error)
 	}{
-		{a.cfg.CNIConfDir, "CNI config", cni.WriteConflist, cni.ConflistPath, cni.PruneConflists},
-		{a.cfg.MesosCNIConfDir, "Mesos CNI config", cni.WriteConf, cni.ConfPath, cni.PruneConfs},
+		{a.cfg.CNIConfDir, "CNI config", cni.WriteConflist,
+			func(dir string, c cni.Conflist) string { return cni.ConflistPath(dir, c.FilePrefix, c.Overlay) },
+			func(dir string, keep []string) ([]string, error) {
+				return cni.PruneConflists(dir, a.cfg.CNIConfPrefix, keep)
+			}},
+		{a.cfg.MesosCNIConfDir, "Mesos CNI config", cni.WriteConf,
+			func(dir string, c cni.Conflist) string { return cni.ConfPath(dir, c.Overlay) }, cni.PruneConfs},
 	} {
 		if w.dir == "" {
 			continue
 		}
+		wroteAny := false
 		for _, ov := range keep {
-			wrote, err := w.write(w.dir, ov, mtu, a.cfg.Socket)
+			wrote, err := w.write(w.dir, conflist(ov))
 			if err != nil {
 				a.log.Error("write "+w.what, "overlay", ov, "dir", w.dir, "err", err)
 				continue
 			}
 			if wrote {
-				a.log.Info(w.what+" written", "path", w.path(w.dir, ov))
+				wroteAny = true
+				a.log.Info(w.what+" written", "path", w.path(w.dir, conflist(ov)), "cni_version", a.cniVersion)
 			}
 		}
 		removed, err := w.prune(w.dir, keep)
@@ -128,6 +142,9 @@ func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) 
 		}
 		for _, path := range removed {
 			a.log.Info(w.what+" removed (overlay gone)", "path", path)
+		}
+		if wroteAny && w.dir == a.cfg.CNIConfDir {
+			a.warnNotFirst(w.dir)
 		}
 	}
 }

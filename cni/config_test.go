@@ -94,7 +94,7 @@ func TestParseConfigReadsConflist(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.overlay, func(t *testing.T) {
 			dir := t.TempDir()
-			if _, err := netconf.WriteConflist(dir, tc.overlay, 1420, tc.socket); err != nil {
+			if _, err := netconf.WriteConflist(dir, netconf.Conflist{Overlay: tc.overlay, MTU: 1420, Socket: tc.socket}); err != nil {
 				t.Fatal(err)
 			}
 			list, err := libcni.LoadNetworkConf(dir, tc.overlay)

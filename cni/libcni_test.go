@@ -53,7 +53,7 @@ func newCNIHost(t *testing.T, ready bool) *cniHost {
 	confDir := a.h.CNIConfDir()
 	if !ready {
 		confDir = t.TempDir()
-		if _, err := netconf.WriteConflist(confDir, h.overlay, h.mtu, a.Sock); err != nil {
+		if _, err := netconf.WriteConflist(confDir, netconf.Conflist{Overlay: h.overlay, MTU: h.mtu, Socket: a.Sock, CNIVersion: netconf.LatestCNIVersion}); err != nil {
 			t.Fatal(err)
 		}
 	}

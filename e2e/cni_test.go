@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/state"
@@ -65,6 +66,11 @@ func TestCNI(t *testing.T) {
 		ctx := within(t, converge)
 		if err := c.Start(ctx); err != nil {
 			t.Fatal(err)
+		}
+		// The lab's runtime is libcni 1.3 with the plugins 1.9.1: the
+		// conflist is spec 1.1.0 (GC, step 4, needs it).
+		for _, hh := range c.Hosts() {
+			requireConflistVersion(ctx, t, hh, overlay, netconf.LatestCNIVersion)
 		}
 		var cs []*labcluster.Container
 		for _, hh := range c.Hosts() {

@@ -28,7 +28,14 @@ import (
 // are found and removed by the next one.
 const prefix = "carvee2e"
 
-func TestMain(m *testing.M) { os.Exit(labcluster.RunTests(m, prefix)) }
+// TestMain runs the tests, or one go-cni call when the test binary is the
+// Nomad-like client of TestEngines (goCNIClientEnv).
+func TestMain(m *testing.M) {
+	if os.Getenv(goCNIClientEnv) != "" {
+		os.Exit(goCNIClient())
+	}
+	os.Exit(labcluster.RunTests(m, prefix))
+}
 
 // converge bounds every wait for the cluster to settle. It is a deadline,
 // not a measurement: a healthy cluster settles in a few seconds.

@@ -8,10 +8,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/unixsock"
@@ -30,6 +32,9 @@ func runAgent(ctx context.Context, args []string) error {
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	meshPeers := fs.Int("mesh-peers", agent.DefaultMeshPeers, "how many peers the agent keeps mesh connections to (chosen by hashing agent ids; gossip reaches the others through them)")
 	cniConfDir := fs.String("cni-conf-dir", "/etc/cni/net.d", "where the agent writes <overlay>.conflist for CNI runtimes (empty: none)")
+	cniVersion := fs.String("cni-version", "auto", "CNI spec version of the conflists: "+netconf.BaseCNIVersion+" (every runtime), "+netconf.LatestCNIVersion+" (STATUS and GC; libcni 1.2 and later), or auto: chosen at start by asking the plugins in --cni-bin-dir and the containerd/Podman on the host")
+	cniBinDir := fs.String("cni-bin-dir", strings.Join(netconf.DefaultBinDirs(), ":"), "where the CNI runtimes look for plugins, colon separated like CNI_PATH (containerd and Nomad: /opt/cni/bin; Podman on Debian: /usr/lib/cni): asked for --cni-version auto and checked for carve-ipam, bridge and portmap at start")
+	cniConfPrefix := fs.String("cni-conf-prefix", "", "start of the conflists' file names (e.g. 10- writes 10-<overlay>.conflist), for runtimes that load only the first file of --cni-conf-dir (containerd's CRI with max_conf_num = 1, CRI-O)")
 	mesosCNIConfDir := fs.String("mesos-cni-conf-dir", "", "where the agent also writes the single-plugin <overlay>.conf the Mesos CNI isolator reads (its --network_cni_config_dir; a directory of its own, not --cni-conf-dir; empty: none)")
 	dockerNetworkName := fs.String("docker-network-name", dockeripam.DefaultNetworkName, "name of each overlay's Docker network, "+dockeripam.OverlayPlaceholder+" replaced by the overlay's name (DC/OS's is the overlay's name; the bridge stays d-<overlay>)")
 	dockerSocket := fs.String("docker-plugin-socket", dockeripam.DefaultPluginSocket, "the Docker remote IPAM plugin's socket (with --docker-bridge; empty: no plugin); the driver is named after it")
@@ -82,6 +87,14 @@ func runAgent(ctx context.Context, args []string) error {
 	if *mesosCNIConfDir != "" && filepath.Clean(*mesosCNIConfDir) == filepath.Clean(*cniConfDir) {
 		return fmt.Errorf("%w: --mesos-cni-conf-dir %s is --cni-conf-dir: a runtime would find two configurations of each network there", cli.ErrUsage, *mesosCNIConfDir)
 	}
+	if *cniVersion != "auto" {
+		if err := netconf.ValidVersion(*cniVersion); err != nil {
+			return fmt.Errorf("%w: --cni-version: %v (or auto)", cli.ErrUsage, err)
+		}
+	}
+	if strings.ContainsAny(*cniConfPrefix, "/\\") || strings.HasPrefix(*cniConfPrefix, ".") {
+		return fmt.Errorf("%w: --cni-conf-prefix %q: want the start of a file name (no slash, no leading dot)", cli.ErrUsage, *cniConfPrefix)
+	}
 	if err := dockeripam.ValidateNetworkName(*dockerNetworkName); err != nil {
 		return fmt.Errorf("%w: --docker-network-name: %v", cli.ErrUsage, err)
 	}
@@ -111,6 +124,7 @@ func runAgent(ctx context.Context, args []string) error {
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
 		HTTPAddr: *httpAddr, DebugAddr: *debugAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
+		CNIVersion: *cniVersion, CNIBinDirs: filepath.SplitList(*cniBinDir), CNIConfPrefix: *cniConfPrefix,
 		DockerNetworkName:  *dockerNetworkName,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,

@@ -1,6 +1,6 @@
 // Command carve runs a carve master or agent, reads the masters' state,
 // gives operators their commands (cluster status, agents delete, ipam show
-// and check), issues certificates, and starts the demo (bin/carve-lab).
+// and check), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
 package main
 
 import (
@@ -25,13 +25,14 @@ usage:
   carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
                --mesh-password-file FILE [--signing-pub-file signing.pub] [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
                [--socket PATH] [--socket-group GROUP] [--mesh-addr HOST:PORT] [--mesh-peers N] \
-               [--cni-conf-dir DIR] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
+               [--cni-conf-dir DIR] [--cni-version auto] [--cni-bin-dir DIRS] [--cni-conf-prefix P] [--mesos-bridge=true] [--docker-bridge=true] [--insecure]
   carve state  --masters URL[,URL...] [--json] [--consistent] \
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
+  carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve demo   [--hosts 3] [--containers 2] [--keep]
@@ -65,6 +66,8 @@ func main() {
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
 		err = runCerts(args, os.Stdout)
+	case "install-cni":
+		err = runInstallCNI(args, os.Stdout)
 	case "demo":
 		err = runDemo(args)
 	case "help", "-h", "--help":

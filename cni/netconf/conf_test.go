@@ -34,7 +34,7 @@ func TestConfContent(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			wrote, err := WriteConf(dir, tc.overlay, tc.mtu, tc.socket)
+			wrote, err := WriteConf(dir, Conflist{Overlay: tc.overlay, MTU: tc.mtu, Socket: tc.socket})
 			if err != nil || !wrote {
 				t.Fatalf("WriteConf = %v, %v; want true, nil", wrote, err)
 			}
@@ -120,7 +120,7 @@ func TestConfRejectsInvalidInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			if wrote, err := WriteConf(dir, tc.overlay, tc.mtu, tc.socket); err == nil || wrote {
+			if wrote, err := WriteConf(dir, Conflist{Overlay: tc.overlay, MTU: tc.mtu, Socket: tc.socket}); err == nil || wrote {
 				t.Fatalf("WriteConf = %v, %v; want an error", wrote, err)
 			}
 			assertOnlyFiles(t, dir)
@@ -133,7 +133,7 @@ func TestConfRejectsInvalidInput(t *testing.T) {
 func TestWriteConfIdempotent(t *testing.T) {
 	dir := t.TempDir()
 	path := ConfPath(dir, "dcos")
-	if wrote, err := WriteConf(dir, "dcos", 1420, ""); err != nil || !wrote {
+	if wrote, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420}); err != nil || !wrote {
 		t.Fatalf("first write = %v, %v", wrote, err)
 	}
 	old := time.Now().Add(-time.Hour).Truncate(time.Second)
@@ -141,14 +141,14 @@ func TestWriteConfIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := os.Stat(path)
-	if wrote, err := WriteConf(dir, "dcos", 1420, ""); err != nil || wrote {
+	if wrote, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420}); err != nil || wrote {
 		t.Fatalf("unchanged write = %v, %v; want false, nil", wrote, err)
 	}
 	after, _ := os.Stat(path)
 	if !after.ModTime().Equal(old) || !os.SameFile(before, after) {
 		t.Errorf("unchanged content was rewritten")
 	}
-	if wrote, err := WriteConf(dir, "dcos", 1380, ""); err != nil || !wrote {
+	if wrote, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1380}); err != nil || !wrote {
 		t.Fatalf("changed write = %v, %v; want true, nil", wrote, err)
 	}
 	assertOnlyFiles(t, dir, "dcos.conf")
@@ -158,7 +158,7 @@ func TestWriteConfIdempotent(t *testing.T) {
 // every read sees one complete version, and libcni lists only the file.
 func TestWriteConfAtomic(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "mesos") // created by the write
-	if _, err := WriteConf(dir, "dcos", 1420, ""); err != nil {
+	if _, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420}); err != nil {
 		t.Fatal(err)
 	}
 	versions := map[string]bool{}
@@ -192,7 +192,7 @@ func TestWriteConfAtomic(t *testing.T) {
 	}
 	deadline := time.Now().Add(testutil.WaitLimit)
 	for i := 0; i < 300 || reads.Load() < 300 && len(errs) == 0 && time.Now().Before(deadline); i++ {
-		if _, err := WriteConf(dir, "dcos", 1420+i%2, ""); err != nil {
+		if _, err := WriteConf(dir, Conflist{Overlay: "dcos", MTU: 1420 + i%2}); err != nil {
 			t.Error(err)
 			break
 		}
@@ -212,11 +212,11 @@ func TestWriteConfAtomic(t *testing.T) {
 func TestPruneConfs(t *testing.T) {
 	dir := t.TempDir()
 	for _, ov := range []string{"a", "b", "c"} {
-		if _, err := WriteConf(dir, ov, 1420, ""); err != nil {
+		if _, err := WriteConf(dir, Conflist{Overlay: ov, MTU: 1420}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := WriteConflist(dir, "b", 1420, ""); err != nil {
+	if _, err := WriteConflist(dir, Conflist{Overlay: "b", MTU: 1420}); err != nil {
 		t.Fatal(err)
 	}
 	foreign := []byte(`{"cniVersion":"0.3.1","name":"f","type":"bridge","ipam":{"type":"host-local"}}`)

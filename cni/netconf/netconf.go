@@ -5,8 +5,11 @@
 // Mesos CNI isolator, which reads only single-plugin files with a top-level
 // "type" (the same bridge plugin and IPAM, no chain). Both are written
 // atomically, never rewritten when unchanged, and pruned when their overlay
-// is gone. It is the agent's side of CNI and links nothing of the plugin or
-// of libcni.
+// is gone. It also chooses their spec version (version.go), says what on
+// the host would keep a runtime from loading them (hostcheck.go), and
+// installs carve-ipam where runtimes look for plugins (install.go): the
+// host's side of CNI, for the agent and `carve install-cni`. It links
+// nothing of the plugin or of libcni.
 package netconf
 
 import (
@@ -22,10 +25,6 @@ import (
 
 	"github.com/carve-net/carve/api"
 )
-
-// CNIVersion is the spec version of the conflists carve writes: 1.1.0 is the
-// first with GC and STATUS, which carve-ipam implements.
-const CNIVersion = "1.1.0"
 
 // PluginType is the IPAM plugin's binary name, the "type" in the ipam section.
 const PluginType = "carve-ipam"
@@ -51,9 +50,11 @@ const ConfCNIVersion = "0.3.1"
 // to; the agent's dataplane creates it with the gateway address.
 func MesosBridge(overlay string) string { return "m-" + overlay }
 
-// ConflistPath is where WriteConflist puts an overlay's configuration.
-func ConflistPath(dir, overlay string) string {
-	return filepath.Join(dir, overlay+ConflistExt)
+// ConflistPath is where WriteConflist puts an overlay's configuration:
+// <dir>/<prefix><overlay>.conflist. The prefix (e.g. "10-") orders carve's
+// file among others for runtimes that load only the first one.
+func ConflistPath(dir, prefix, overlay string) string {
+	return filepath.Join(dir, prefix+overlay+ConflistExt)
 }
 
 // ConfPath is where WriteConf puts an overlay's single-plugin configuration.
@@ -70,6 +71,21 @@ type Conflist struct {
 	MTU int
 	// Socket is the agent's IPAM socket; empty means DefaultSocket.
 	Socket string
+	// CNIVersion is the spec version the conflist declares (ValidVersion);
+	// empty means BaseCNIVersion, which every runtime reads. The agent
+	// chooses it once at start (ChooseVersion or --cni-version).
+	CNIVersion string
+	// FilePrefix starts the conflist's file name (ConflistPath); it is not
+	// part of the file's content.
+	FilePrefix string
+}
+
+// version is the spec version the conflist declares.
+func (c Conflist) version() string {
+	if c.CNIVersion == "" {
+		return BaseCNIVersion
+	}
+	return c.CNIVersion
 }
 
 // The JSON shapes below fix the field order, so that equal inputs give equal
@@ -123,6 +139,12 @@ func (c Conflist) Validate() error {
 	if c.Socket != "" && !filepath.IsAbs(c.Socket) {
 		return fmt.Errorf("cni: overlay %s: socket %q is not an absolute path", c.Overlay, c.Socket)
 	}
+	if err := ValidVersion(c.version()); err != nil {
+		return fmt.Errorf("cni: overlay %s: %w", c.Overlay, err)
+	}
+	if c.FilePrefix != "" && (strings.ContainsAny(c.FilePrefix, "/\\\x00") || strings.HasPrefix(c.FilePrefix, ".")) {
+		return fmt.Errorf("cni: file prefix %q: want a plain file name start (no slash, not starting with a dot)", c.FilePrefix)
+	}
 	return nil
 }
 
@@ -156,13 +178,14 @@ func (c Conflist) bridge() bridgeJSON {
 }
 
 // Bytes renders the conflist: the bridge plugin on m-<overlay> with carve-ipam
-// as its IPAM, then portmap. The output is deterministic.
+// as its IPAM, then portmap, in spec version CNIVersion. The output is
+// deterministic.
 func (c Conflist) Bytes() ([]byte, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	doc := conflistJSON{
-		CNIVersion: CNIVersion,
+		CNIVersion: c.version(),
 		Name:       c.Overlay,
 		Plugins: []any{
 			c.bridge(),
@@ -192,29 +215,31 @@ func render(doc any) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// WriteConflist writes <dir>/<overlay>.conflist for the overlay, atomically: a
-// runtime that reads the directory at any moment sees the old file or the new
-// one, never a partial one, also across a crash. dir is created if missing.
-// A file that already holds
-// the same bytes is left alone (no mtime change, which runtimes watching the
-// directory would take as a new configuration). It reports whether it wrote.
-func WriteConflist(dir, overlay string, mtu int, socket string) (bool, error) {
-	data, err := Conflist{Overlay: overlay, MTU: mtu, Socket: socket}.Bytes()
+// WriteConflist writes c to ConflistPath(dir, c.FilePrefix, c.Overlay),
+// atomically: a runtime that reads the directory at any moment sees the old
+// file or the new one, never a partial one, also across a crash. dir is
+// created if missing. A file that already holds the same bytes is left alone
+// (no mtime change, which runtimes watching the directory would take as a
+// new configuration). It reports whether it wrote.
+func WriteConflist(dir string, c Conflist) (bool, error) {
+	data, err := c.Bytes()
 	if err != nil {
 		return false, err
 	}
-	return writeIfChanged(dir, ConflistPath(dir, overlay), data)
+	return writeIfChanged(dir, ConflistPath(dir, c.FilePrefix, c.Overlay), data)
 }
 
 // WriteConf writes <dir>/<overlay>.conf, the single-plugin configuration of
 // the Mesos CNI isolator (ConfBytes), as WriteConflist writes the conflist:
 // atomically, only when it changed, creating dir. It reports whether it wrote.
-func WriteConf(dir, overlay string, mtu int, socket string) (bool, error) {
-	data, err := Conflist{Overlay: overlay, MTU: mtu, Socket: socket}.ConfBytes()
+// Its version is always ConfCNIVersion and its name <overlay>.conf: c's
+// CNIVersion and FilePrefix are the conflist's.
+func WriteConf(dir string, c Conflist) (bool, error) {
+	data, err := c.ConfBytes()
 	if err != nil {
 		return false, err
 	}
-	return writeIfChanged(dir, ConfPath(dir, overlay), data)
+	return writeIfChanged(dir, ConfPath(dir, c.Overlay), data)
 }
 
 // writeIfChanged writes data to path atomically unless the file already
@@ -230,15 +255,15 @@ func writeIfChanged(dir, path string, data []byte) (bool, error) {
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return false, fmt.Errorf("cni: read %s: %w", path, err)
 	}
-	if err := writeAtomic(dir, path, data); err != nil {
+	if err := writeAtomic(dir, path, data, 0o644); err != nil {
 		return false, err
 	}
 	return true, nil
 }
 
-// writeAtomic writes data to path through a temporary file in the same
-// directory, fsynced before the rename, and fsyncs the directory after it.
-func writeAtomic(dir, path string, data []byte) (err error) {
+// writeAtomic writes data to path with mode through a temporary file in the
+// same directory, fsynced before the rename, and fsyncs the directory after it.
+func writeAtomic(dir, path string, data []byte, mode os.FileMode) (err error) {
 	// The temporary name starts with a dot and ends in neither .conf,
 	// .conflist nor .json, so no runtime ever loads it.
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
@@ -254,7 +279,7 @@ func writeAtomic(dir, path string, data []byte) (err error) {
 	if _, err = tmp.Write(data); err != nil {
 		return fmt.Errorf("cni: write %s: %w", tmp.Name(), err)
 	}
-	if err = tmp.Chmod(0o644); err != nil {
+	if err = tmp.Chmod(mode); err != nil {
 		return fmt.Errorf("cni: chmod %s: %w", tmp.Name(), err)
 	}
 	if err = tmp.Sync(); err != nil {
@@ -317,7 +342,7 @@ func RemoveConflist(dir, overlay string) (bool, error) {
 	if err := api.ValidateOverlayName(overlay); err != nil {
 		return false, fmt.Errorf("cni: %w", err)
 	}
-	return removeIfCarve(dir, ConflistPath(dir, overlay))
+	return removeIfCarve(dir, ConflistPath(dir, "", overlay))
 }
 
 // RemoveConf removes the overlay's single-plugin configuration, as
@@ -349,24 +374,28 @@ func removeIfCarve(dir, path string) (bool, error) {
 	return true, syncDir(dir)
 }
 
-// PruneConflists removes every carve conflist in dir whose overlay is not in
-// keep, and the temporary files a crash left behind; an agent calls it on
-// start, when it cannot know which overlays went away while it was down.
-// Files that carve did not write are left alone. It returns the paths removed.
-func PruneConflists(dir string, keep []string) ([]string, error) {
-	return prune(dir, keep, ConflistExt)
+// PruneConflists removes every carve conflist in dir but
+// <prefix><overlay>.conflist of the overlays in keep, and the temporary files
+// a crash left behind; an agent calls it on start, when it cannot know which
+// overlays went away while it was down. Carve's files are known by their
+// content (IsCarveConflist), not their name, so that those written under an
+// earlier --cni-conf-prefix go too. Files that carve did not write are left
+// alone. It returns the paths removed.
+func PruneConflists(dir, prefix string, keep []string) ([]string, error) {
+	return prune(dir, prefix, keep, ConflistExt)
 }
 
-// PruneConfs removes every carve single-plugin configuration in dir whose
-// overlay is not in keep, and the temporary files a crash left behind, as
-// PruneConflists does for the conflists.
+// PruneConfs removes every carve single-plugin configuration in dir but
+// <overlay>.conf of the overlays in keep, and the temporary files a crash
+// left behind, as PruneConflists does for the conflists.
 func PruneConfs(dir string, keep []string) ([]string, error) {
-	return prune(dir, keep, ConfExt)
+	return prune(dir, "", keep, ConfExt)
 }
 
-// prune removes the carve files <overlay><ext> of dir whose overlay is not
-// in keep, and the temporary files of WriteConflist or WriteConf for ext.
-func prune(dir string, keep []string, ext string) ([]string, error) {
+// prune removes the carve files *<ext> of dir other than
+// <prefix><overlay><ext> for an overlay in keep, and the temporary files of
+// WriteConflist or WriteConf for ext.
+func prune(dir, prefix string, keep []string, ext string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -376,7 +405,7 @@ func prune(dir string, keep []string, ext string) ([]string, error) {
 	}
 	kept := make(map[string]bool, len(keep))
 	for _, k := range keep {
-		kept[k] = true
+		kept[prefix+k+ext] = true
 	}
 	var removed []string
 	var errs []error
@@ -392,8 +421,7 @@ func prune(dir string, keep []string, ext string) ([]string, error) {
 			}
 			continue
 		}
-		overlay, ok := strings.CutSuffix(name, ext)
-		if !ok || kept[overlay] {
+		if !strings.HasSuffix(name, ext) || kept[name] {
 			continue
 		}
 		ok, err := removeIfCarve(dir, path)

@@ -3,6 +3,7 @@ package netconf
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -24,15 +25,17 @@ func TestConflistContent(t *testing.T) {
 		mtu           int
 		socket        string
 		wantSocket    string
+		version       string
+		wantVersion   string
 	}{
-		{"explicit socket", "carve", 1420, "/run/carve/other.sock", "/run/carve/other.sock"},
-		{"default socket", "ov-2", 9000, "", DefaultSocket},
-		{"longest name", "abcdefghij-13", 1280, "/s", "/s"},
+		{"explicit socket", "carve", 1420, "/run/carve/other.sock", "/run/carve/other.sock", "", BaseCNIVersion},
+		{"default socket", "ov-2", 9000, "", DefaultSocket, BaseCNIVersion, BaseCNIVersion},
+		{"longest name", "abcdefghij-13", 1280, "/s", "/s", LatestCNIVersion, LatestCNIVersion},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			wrote, err := WriteConflist(dir, tc.overlay, tc.mtu, tc.socket)
+			wrote, err := WriteConflist(dir, Conflist{Overlay: tc.overlay, MTU: tc.mtu, Socket: tc.socket, CNIVersion: tc.version})
 			if err != nil || !wrote {
 				t.Fatalf("WriteConflist = %v, %v; want true, nil", wrote, err)
 			}
@@ -46,7 +49,7 @@ func TestConflistContent(t *testing.T) {
 				t.Fatalf("not JSON: %v\n%s", err, data)
 			}
 			want := map[string]any{
-				"cniVersion": "1.1.0",
+				"cniVersion": tc.wantVersion,
 				"name":       tc.overlay,
 				"plugins": []any{
 					map[string]any{
@@ -81,7 +84,7 @@ func TestConflistContent(t *testing.T) {
 			if err != nil {
 				t.Fatalf("libcni.ConfListFromBytes: %v", err)
 			}
-			if list.Name != tc.overlay || list.CNIVersion != "1.1.0" || len(list.Plugins) != 2 {
+			if list.Name != tc.overlay || list.CNIVersion != tc.wantVersion || len(list.Plugins) != 2 {
 				t.Fatalf("libcni list = %s %s with %d plugins", list.Name, list.CNIVersion, len(list.Plugins))
 			}
 			if p := list.Plugins[0].Network; p.Type != "bridge" || p.IPAM.Type != PluginType {
@@ -118,7 +121,7 @@ func TestConflistRejectsInvalidInput(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			wrote, err := WriteConflist(dir, tc.overlay, tc.mtu, tc.socket)
+			wrote, err := WriteConflist(dir, Conflist{Overlay: tc.overlay, MTU: tc.mtu, Socket: tc.socket})
 			if err == nil || wrote || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("WriteConflist = %v, %v; want an error containing %q", wrote, err, tc.wantErr)
 			}
@@ -131,8 +134,8 @@ func TestConflistRejectsInvalidInput(t *testing.T) {
 
 func TestWriteConflistIdempotent(t *testing.T) {
 	dir := t.TempDir()
-	path := ConflistPath(dir, "carve")
-	if wrote, err := WriteConflist(dir, "carve", 1420, ""); err != nil || !wrote {
+	path := ConflistPath(dir, "", "carve")
+	if wrote, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420}); err != nil || !wrote {
 		t.Fatalf("first write = %v, %v", wrote, err)
 	}
 	// Age the file, so that a rewrite would show in its mtime and inode.
@@ -142,7 +145,7 @@ func TestWriteConflistIdempotent(t *testing.T) {
 	}
 	before, _ := os.Stat(path)
 	for i := 0; i < 3; i++ {
-		if wrote, err := WriteConflist(dir, "carve", 1420, ""); err != nil || wrote {
+		if wrote, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420}); err != nil || wrote {
 			t.Fatalf("unchanged write %d = %v, %v; want false, nil", i, wrote, err)
 		}
 	}
@@ -152,7 +155,7 @@ func TestWriteConflistIdempotent(t *testing.T) {
 	}
 
 	// A change is written, and only the overlay's own file.
-	if wrote, err := WriteConflist(dir, "carve", 1380, ""); err != nil || !wrote {
+	if wrote, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1380}); err != nil || !wrote {
 		t.Fatalf("changed write = %v, %v; want true, nil", wrote, err)
 	}
 	data, _ := os.ReadFile(path)
@@ -186,7 +189,7 @@ func assertOnlyFiles(t *testing.T, dir string, names ...string) {
 // partial or missing file, and libcni never sees the temporary files.
 func TestWriteConflistAtomic(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := WriteConflist(dir, "carve", 1420, ""); err != nil {
+	if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420}); err != nil {
 		t.Fatal(err)
 	}
 	versions := map[string]bool{}
@@ -208,7 +211,7 @@ func TestWriteConflistAtomic(t *testing.T) {
 			defer wg.Done()
 			for !stop.Load() {
 				reads.Add(1)
-				data, err := os.ReadFile(ConflistPath(dir, "carve"))
+				data, err := os.ReadFile(ConflistPath(dir, "", "carve"))
 				if err != nil || !versions[string(data)] {
 					errs <- "read " + string(data) + ": " + errString(err)
 					return
@@ -225,7 +228,7 @@ func TestWriteConflistAtomic(t *testing.T) {
 	// (bounded: a reader that stops early has reported why).
 	deadline := time.Now().Add(testutil.WaitLimit)
 	for i := 0; i < 300 || reads.Load() < 300 && len(errs) == 0 && time.Now().Before(deadline); i++ {
-		if _, err := WriteConflist(dir, "carve", 1420+i%2, ""); err != nil {
+		if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420 + i%2}); err != nil {
 			t.Error(err)
 			break
 		}
@@ -254,11 +257,11 @@ func errString(err error) string {
 // temporary file is gone.
 func TestWriteConflistFailureLeavesNoTemp(t *testing.T) {
 	dir := t.TempDir()
-	blocker := ConflistPath(dir, "carve")
+	blocker := ConflistPath(dir, "", "carve")
 	if err := os.MkdirAll(filepath.Join(blocker, "x"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	wrote, err := WriteConflist(dir, "carve", 1420, "")
+	wrote, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420})
 	if err == nil || wrote || !strings.Contains(err.Error(), blocker) {
 		t.Fatalf("WriteConflist over a directory = %v, %v; want an error naming %s", wrote, err, blocker)
 	}
@@ -268,14 +271,14 @@ func TestWriteConflistFailureLeavesNoTemp(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := WriteConflist(filepath.Join(file, "net.d"), "carve", 1420, ""); err == nil {
+	if _, err := WriteConflist(filepath.Join(file, "net.d"), Conflist{Overlay: "carve", MTU: 1420}); err == nil {
 		t.Error("WriteConflist under a regular file succeeded")
 	}
 }
 
 func TestWriteConflistCreatesDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "etc", "cni", "net.d")
-	if wrote, err := WriteConflist(dir, "carve", 1420, ""); err != nil || !wrote {
+	if wrote, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420}); err != nil || !wrote {
 		t.Fatalf("WriteConflist into a missing directory = %v, %v", wrote, err)
 	}
 	assertOnlyFiles(t, dir, "carve.conflist")
@@ -295,11 +298,11 @@ func TestRemoveConflist(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			path := ConflistPath(dir, "carve")
+			path := ConflistPath(dir, "", "carve")
 			switch tc.content {
 			case "":
 			case "carve":
-				if _, err := WriteConflist(dir, "carve", 1420, ""); err != nil {
+				if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420}); err != nil {
 					t.Fatal(err)
 				}
 			default:
@@ -328,7 +331,7 @@ func TestRemoveConflist(t *testing.T) {
 func TestPruneConflists(t *testing.T) {
 	dir := t.TempDir()
 	for _, ov := range []string{"a", "b", "c"} {
-		if _, err := WriteConflist(dir, ov, 1420, ""); err != nil {
+		if _, err := WriteConflist(dir, Conflist{Overlay: ov, MTU: 1420}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -344,15 +347,71 @@ func TestPruneConflists(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	removed, err := PruneConflists(dir, []string{"a", "c"})
+	removed, err := PruneConflists(dir, "", []string{"a", "c"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{ConflistPath(dir, "b")}; !slices.Equal(removed, want) {
+	if want := []string{ConflistPath(dir, "", "b")}; !slices.Equal(removed, want) {
 		t.Errorf("removed %v, want %v", removed, want)
 	}
 	assertOnlyFiles(t, dir, "a.conflist", "c.conflist", "foreign.conflist", "notes.txt", "10-other.conf")
-	if removed, err := PruneConflists(filepath.Join(dir, "missing"), nil); err != nil || removed != nil {
+	if removed, err := PruneConflists(filepath.Join(dir, "missing"), "", nil); err != nil || removed != nil {
 		t.Errorf("PruneConflists(missing dir) = %v, %v", removed, err)
+	}
+}
+
+// TestPruneConflistsAfterPrefixChange: carve's files are found by content,
+// so the files of an earlier --cni-conf-prefix go once the agent writes
+// under a new one, and a foreign file with carve's name stays.
+func TestPruneConflistsAfterPrefixChange(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []Conflist{
+		{Overlay: "a", MTU: 1420},
+		{Overlay: "a", MTU: 1420, FilePrefix: "10-"},
+		{Overlay: "b", MTU: 1420, FilePrefix: "05-"},
+		{Overlay: "c", MTU: 1420, FilePrefix: "99-"},
+	} {
+		if _, err := WriteConflist(dir, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	foreign := []byte(`{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`)
+	if err := os.WriteFile(filepath.Join(dir, "00-a.conflist"), foreign, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := PruneConflists(dir, "99-", []string{"a", "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(dir, "05-b.conflist"), filepath.Join(dir, "10-a.conflist"), filepath.Join(dir, "a.conflist")}
+	if !slices.Equal(removed, want) {
+		t.Errorf("removed %v, want %v", removed, want)
+	}
+	assertOnlyFiles(t, dir, "00-a.conflist", "99-c.conflist")
+}
+
+// TestConflistFilePrefix: the prefix names the file, never its content,
+// and only plain file name starts are taken.
+func TestConflistFilePrefix(t *testing.T) {
+	dir := t.TempDir()
+	c := Conflist{Overlay: "carve", MTU: 1420, FilePrefix: "10-"}
+	if _, err := WriteConflist(dir, c); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "10-carve.conflist"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := Conflist{Overlay: "carve", MTU: 1420}.Bytes()
+	if err != nil || !bytes.Equal(data, plain) {
+		t.Errorf("10-carve.conflist differs from the unprefixed rendering (%v):\n%s", err, data)
+	}
+	for _, bad := range []string{"../", "a/b", ".hidden-"} {
+		if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420, FilePrefix: bad}); err == nil {
+			t.Errorf("prefix %q accepted", bad)
+		}
+	}
+	if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420, CNIVersion: "0.4.0"}); !errors.Is(err, ErrVersion) {
+		t.Errorf("version 0.4.0: %v, want ErrVersion", err)
 	}
 }

@@ -70,7 +70,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	masters := min(3, opts.Hosts)
 	c, err := labcluster.New(labcluster.Options{Binary: opts.Binary, Hosts: opts.Hosts, Masters: masters, Prefix: Prefix, Dir: dir,
-		CNIPath: cniPath, DockerBridge: true})
+		CNIPath: cniPath, DockerBridge: true,
+		// The agents choose the spec version as on a real host: 1.0.0
+		// when this machine's Podman 4 or containerd 1.6 (libcni 1.1) could
+		// load the conflists, so that the Podman container below runs.
+		CNIVersion: "auto"})
 	if err != nil {
 		return errors.Join(err, os.RemoveAll(dir))
 	}
@@ -184,6 +188,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if err := mixedContainers(ctx, out, c, eng); err != nil {
 			return err
 		}
+	}
+	if err := podmanContainer(ctx, out, c, filepath.Join(dir, "podman")); err != nil {
+		return err
 	}
 
 	if opts.Keep {

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/internal/lab/dockerlab"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/retry"
@@ -92,6 +93,13 @@ type Options struct {
 	DockerBridge bool
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string
+	// CNIVersion is the agents' --cni-version (default
+	// netconf.LatestCNIVersion, which the lab's own runtime, libcni 1.3 with
+	// the plugins of CNIPath, reads; "auto" has the agents detect it).
+	CNIVersion string
+	// CNIBinDirs is the agents' --cni-bin-dir, where the host's runtimes
+	// find plugins (default CNIPath).
+	CNIBinDirs []string
 	// CNIPath lists the directories holding carve-ipam and the reference
 	// CNI plugins (CNIPlugins), the CNI_PATH of every attachment; see
 	// BuildCNIPlugins and FindCNIPlugins. Containers need it.
@@ -226,6 +234,12 @@ func New(opts Options) (_ *Cluster, err error) {
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
+	}
+	if opts.CNIVersion == "" {
+		opts.CNIVersion = netconf.LatestCNIVersion
+	}
+	if opts.CNIBinDirs == nil {
+		opts.CNIBinDirs = opts.CNIPath
 	}
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
@@ -553,6 +567,8 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--socket", h.SocketPath(),
 		"--cni-conf-dir", h.CNIConfDir(),
 		"--mesos-cni-conf-dir", h.MesosCNIConfDir(),
+		"--cni-version", c.opts.CNIVersion,
+		"--cni-bin-dir", strings.Join(c.opts.CNIBinDirs, ":"),
 		// The lab's runtime cache, never the machine's /var/lib/cni.
 		"--cni-cache-dir", h.CNICacheDir(),
 		// Nothing of Docker's on the machine: the plugin's socket in the

@@ -79,7 +79,7 @@ func (c *Cluster) Conflist(h *Host, overlay string) (*libcni.NetworkConfigList, 
 	list, err := libcni.LoadNetworkConf(h.CNIConfDir(), overlay)
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: the conflist of %s on %s (has the agent written %s?): %w",
-			overlay, h.Name, netconf.ConflistPath(h.CNIConfDir(), overlay), err)
+			overlay, h.Name, netconf.ConflistPath(h.CNIConfDir(), "", overlay), err)
 	}
 	return list, nil
 }
@@ -354,3 +354,7 @@ func (c *Cluster) AttachedOn(h *Host, overlay string) []*Container {
 	}
 	return out
 }
+
+// CNIPath is the directories of the plugins the cluster's attachments run
+// (Options.CNIPath).
+func (c *Cluster) CNIPath() []string { return c.opts.CNIPath }

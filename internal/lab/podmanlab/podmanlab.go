@@ -101,9 +101,9 @@ func Binaries() (map[string]string, error) {
 func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 	t.Helper()
 	testutil.Require(t, netnslab.IsRoot(), "podmanlab: rootful Podman needs root; run the tests as root")
-	bins, err := Binaries()
+	_, err := Binaries()
 	testutil.Require(t, err == nil, "podmanlab: %v", err)
-	busybox, err := enginelab.StaticBusybox()
+	_, err = enginelab.StaticBusybox()
 	testutil.Require(t, err == nil, "podmanlab: %v", err)
 	if len(opts.CNIPluginDirs) == 0 {
 		opts.CNIPluginDirs = []string{DebianCNIPluginDir}
@@ -115,6 +115,36 @@ func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}
+	p, err := Start(host, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("podmanlab: cleanup: %v", err)
+		}
+	})
+	return p
+}
+
+// Start starts the lab's Podman in host outside a test (the demo): Close
+// removes it. opts.Dir is required; it fails when a prerequisite is
+// missing, naming it.
+func Start(host *netnslab.Host, opts Options) (*Podman, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("podmanlab: Options.Dir is required")
+	}
+	bins, err := Binaries()
+	if err != nil {
+		return nil, fmt.Errorf("podmanlab: %w", err)
+	}
+	busybox, err := enginelab.StaticBusybox()
+	if err != nil {
+		return nil, fmt.Errorf("podmanlab: %w", err)
+	}
+	if len(opts.CNIPluginDirs) == 0 {
+		opts.CNIPluginDirs = []string{DebianCNIPluginDir}
+	}
 	if opts.CNIConfDir == "" {
 		opts.CNIConfDir = filepath.Join(opts.Dir, "net.d")
 	}
@@ -124,17 +154,12 @@ func New(t testing.TB, host *netnslab.Host, opts Options) *Podman {
 		cgroup: fmt.Sprintf("carve-podman-%d-%s", os.Getpid(), filepath.Base(opts.Dir)),
 	}
 	if err := p.prepare(busybox); err != nil {
-		t.Fatalf("podmanlab: %v", err)
+		return nil, fmt.Errorf("podmanlab: %w", err)
 	}
 	if err := p.holdMounts(); err != nil {
-		t.Fatalf("podmanlab: %v", err)
+		return nil, fmt.Errorf("podmanlab: %w", err)
 	}
-	t.Cleanup(func() {
-		if err := p.close(); err != nil {
-			t.Errorf("podmanlab: cleanup: %v", err)
-		}
-	})
-	return p
+	return p, nil
 }
 
 // ConfDir is where Podman finds networks by name: write conflists there.
@@ -281,10 +306,10 @@ func (e *CommandError) Error() string {
 
 func (e *CommandError) Unwrap() error { return e.Err }
 
-// close removes every container (Podman calls CNI DEL for each), kills
+// Close removes every container (Podman calls CNI DEL for each), kills
 // what is left in the lab's mount namespace by PID (conmon, containers,
 // the holder), and removes the cgroups and the directory.
-func (p *Podman) close() error {
+func (p *Podman) Close() error {
 	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
