@@ -117,6 +117,9 @@ type Config struct {
 	// BlockIdleReturn is how long a grown block stays empty before it goes
 	// back (0: 10 minutes; negative: never).
 	BlockIdleReturn time.Duration
+	// Reclaim releases the addresses of CNI containers whose network
+	// namespace is gone (ipam.ReclaimConfig; the zero value: off).
+	Reclaim ipam.ReclaimConfig
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr string
@@ -307,7 +310,7 @@ func New(cfg Config) (*Agent, error) {
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
 		Growth: ipam.GrowthConfig{Source: source, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
 			UsageInterval: cfg.UsageInterval, OnChange: func() { a.trigger(a.reconcileCh) }},
-		OnSent: a.sentCounter(ipam.RingChannel)})
+		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel)})
 	if err != nil {
 		return nil, err
 	}

@@ -70,6 +70,8 @@ type harness struct {
 type harnessOptions struct {
 	cniCache string
 	view     *View // nil: testView(testSelf()); the zero View: no Sync
+	reclaim  ReclaimConfig
+	growth   GrowthConfig
 }
 
 // newHarness starts a Service on the store in dir, synced with the view.
@@ -77,7 +79,7 @@ func newHarness(t *testing.T, dir string, opts harnessOptions) *harness {
 	t.Helper()
 	db := openDB(t, dir)
 	reg := prometheus.NewRegistry()
-	svc, err := New(Config{AgentID: "self", DB: db, CNICacheDir: opts.cniCache, Registerer: reg, Logger: testLogger()})
+	svc, err := New(Config{AgentID: "self", DB: db, CNICacheDir: opts.cniCache, Registerer: reg, Logger: testLogger(), Reclaim: opts.reclaim, Growth: opts.growth})
 	if err != nil {
 		t.Fatal(err)
 	}
