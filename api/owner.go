@@ -204,13 +204,13 @@ func (o *Owner) String() string {
 		ids = append(ids, "mac "+o.MAC)
 	}
 	s := strings.Join(parts, ", ")
+	if s == "" {
+		s = strings.TrimSpace(o.Runtime + " container")
+	}
 	if len(ids) > 0 {
-		if s == "" {
-			s = o.Runtime + " container"
-		}
 		s += " [" + strings.Join(ids, ", ") + "]"
 	}
-	return strings.TrimSpace(s)
+	return s
 }
 
 // shortID is a container id as runtimes print it (12 characters).

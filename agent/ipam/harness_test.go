@@ -140,6 +140,14 @@ func req(cid string) api.IPAMRequest {
 // counter reads a counter of the harness's registry (0 when absent).
 func (h *harness) counter(name, label, value string) float64 {
 	h.t.Helper()
+	v, _ := h.gauge(name, map[string]string{label: value})
+	return v
+}
+
+// gauge reads a counter or gauge of the harness's registry whose labels
+// include labels; false when there is none.
+func (h *harness) gauge(name string, labels map[string]string) (float64, bool) {
+	h.t.Helper()
 	mfs, err := h.reg.Gather()
 	if err != nil {
 		h.t.Fatal(err)
@@ -149,12 +157,22 @@ func (h *harness) counter(name, label, value string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
+				have[l.GetName()] = l.GetValue()
 			}
+			matches := true
+			for k, v := range labels {
+				matches = matches && have[k] == v
+			}
+			if !matches {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue(), true
+			}
+			return m.GetGauge().GetValue(), true
 		}
 	}
-	return 0
+	return 0, false
 }

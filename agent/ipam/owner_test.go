@@ -174,30 +174,6 @@ func TestOwnerValidated(t *testing.T) {
 	}
 }
 
-// gauge reads a gauge of the harness's registry with all of its labels.
-func (h *harness) gauge(name string, labels map[string]string) (float64, bool) {
-	h.t.Helper()
-	mfs, err := h.reg.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue metric
-				}
-			}
-			return m.GetGauge().GetValue(), true
-		}
-	}
-	return 0, false
-}
-
 func TestCapacityMetrics(t *testing.T) {
 	// No growth in the background: the test says when growth failed.
 	h := newHarness(t, t.TempDir(), harnessOptions{growth: GrowthConfig{LowWater: -1}})
