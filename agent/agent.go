@@ -201,7 +201,7 @@ func New(cfg Config) (*Agent, error) {
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
 		Growth: ipam.GrowthConfig{Source: source, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
 			UsageInterval: cfg.UsageInterval, OnChange: func() { a.trigger(a.reconcileCh) }},
-		OnSent: a.sentCounter(ipam.RingChannel)})
+		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel)})
 	if err != nil {
 		return nil, err
 	}

@@ -102,6 +102,9 @@ type Config struct {
 	// BlockIdleReturn is how long a grown block stays empty before it goes
 	// back (0: 10 minutes; negative: never).
 	BlockIdleReturn time.Duration
+	// Reclaim releases the addresses of CNI containers whose network
+	// namespace is gone (ipam.ReclaimConfig; the zero value: off).
+	Reclaim ipam.ReclaimConfig
 	// MeshAddr is where mesh listens (HOST:PORT); it is advertised to other
 	// agents through the masters. Empty means IP:6783.
 	MeshAddr string

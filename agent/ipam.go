@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/membership"
@@ -14,6 +15,11 @@ import (
 
 // DefaultCNICacheDir is where libcni-based runtimes cache ADD results.
 const DefaultCNICacheDir = ipam.DefaultCNICacheDir
+
+// DefaultReclaimAfter is how long a CNI container's network namespace must
+// be gone before the agent releases its addresses: longer than a runtime
+// takes to recreate a sandbox, short enough that a crash loop leaks little.
+const DefaultReclaimAfter = 5 * time.Minute
 
 // ipamService is what the agent calls on its container address service
 // (package ipam, which knows nothing of the agent).

@@ -26,6 +26,12 @@ const (
 	CodeNotReady = "not_ready"
 	// CodeTaken: a claimed address belongs to another attachment.
 	CodeTaken = "taken"
+	// CodeNotOwned: a requested address is not in this agent's space (the
+	// message names the agent whose it is).
+	CodeNotOwned = "not_owned"
+	// CodeBridgeAddress: a requested address is a bridge block's network,
+	// broadcast or gateway address.
+	CodeBridgeAddress = "bridge_address"
 )
 
 // IPAMRequest names one attachment (container interface) on an overlay.
@@ -39,6 +45,14 @@ type IPAMRequest struct {
 	// the lowest free one: a container that still uses it after the agent
 	// lost its disk, or Docker's preferred address.
 	Address string `json:"address,omitempty"`
+	// Addresses are more requested addresses (the CNI "ips" capability,
+	// IP= in CNI_ARGS): with Address, at most one per family. A requested
+	// address is given exactly, or the allocation fails saying why (taken,
+	// and by whom; another agent's space, and whose; a bridge address).
+	Addresses []string `json:"addresses,omitempty"`
+	// Owner is the container the allocation is for, as its runtime named
+	// it; it is recorded with the allocation (nil: none given).
+	Owner *Owner `json:"owner,omitempty"`
 	// Family limits the allocation to "4" or "6"; empty means every family
 	// the overlay has.
 	Family string `json:"family,omitempty"`
@@ -66,6 +80,9 @@ type Allocation struct {
 	IPs         []IPConfig `json:"ips"`
 	Routes      []Route    `json:"routes,omitempty"`
 	MTU         int        `json:"mtu,omitempty"`
+	// Owner is the container the allocation belongs to (absent for
+	// allocations recorded before carve kept owners).
+	Owner *Owner `json:"owner,omitempty"`
 }
 
 // GCRequest releases every allocation of the network not in Keep.

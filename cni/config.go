@@ -31,6 +31,9 @@ type Config struct {
 	HasAttachments bool
 	// PrevResult is the raw prevResult (CHECK), nil when absent.
 	PrevResult map[string]any
+	// IPs are the requested addresses of the "ips" capability
+	// (runtimeConfig.ips) and of args.cni.ips, with or without a prefix.
+	IPs []string
 }
 
 // ipamSection is the "ipam" object; unknown keys are allowed, as CNI expects.
@@ -49,6 +52,18 @@ type netConf struct {
 	Valid      json.RawMessage `json:"cni.dev/valid-attachments"`
 	// Legacy is the name libcni also sends, after a spec typo (#1101).
 	Legacy json.RawMessage `json:"cni.dev/attachments"`
+	// RuntimeConfig carries the capabilities the runtime filled in; the
+	// parent plugin (bridge) passes its whole configuration, runtimeConfig
+	// included, to its IPAM plugin.
+	RuntimeConfig struct {
+		IPs []string `json:"ips"`
+	} `json:"runtimeConfig"`
+	// Args is the CNI conventions' "args" (args.cni.ips as host-local reads it).
+	Args struct {
+		CNI struct {
+			IPs []string `json:"ips"`
+		} `json:"cni"`
+	} `json:"args"`
 }
 
 // invalidConfig is the CNI error for a configuration carve-ipam cannot use.
@@ -84,6 +99,15 @@ func ParseConfig(stdin []byte) (*Config, error) {
 		Bridge:     ip.Bridge,
 		Socket:     ip.Socket,
 		PrevResult: nc.PrevResult,
+	}
+	for _, list := range []struct {
+		field string
+		ips   []string
+	}{{"runtimeConfig.ips", nc.RuntimeConfig.IPs}, {"args.cni.ips", nc.Args.CNI.IPs}} {
+		if _, err := api.ParseRequestedIPs(list.ips); err != nil {
+			return nil, invalidConfig("%s: %v", list.field, err)
+		}
+		cfg.IPs = append(cfg.IPs, list.ips...)
 	}
 	switch cfg.Bridge {
 	case "":

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -31,6 +33,20 @@ const DefaultTimeout = 30 * time.Second
 // Versions are the CNI spec versions carve-ipam answers: all of them, as
 // results convert down from 1.1.0.
 var Versions = version.All
+
+// carve-ipam's own error codes (the spec leaves 100 and up to plugins):
+// why a requested address (runtimeConfig.ips, IP= of CNI_ARGS) cannot be
+// given. The message names the holder or the agent whose space it is.
+const (
+	// ErrAddressTaken: another container holds the requested address.
+	ErrAddressTaken uint = 1000
+	// ErrAddressNotHere: the requested address is not this host's space
+	// (another agent's, or outside the overlay).
+	ErrAddressNotHere uint = 1001
+	// ErrBridgeAddress: the requested address is a network, broadcast or
+	// gateway address of the bridge.
+	ErrBridgeAddress uint = 1002
+)
 
 // Plugin is carve-ipam: each CNI command becomes one call to the agent's IPAM
 // service. The zero value is ready to use.
@@ -86,6 +102,54 @@ func (cfg *Config) request(args *skel.CmdArgs) api.IPAMRequest {
 	return api.IPAMRequest{Network: cfg.Network, ContainerID: args.ContainerID, IfName: args.IfName, Bridge: cfg.Bridge}
 }
 
+// allocateRequest is ADD's request: the attachment with its owner as the
+// runtime gave it (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS and the
+// identity of CNI_ARGS) and the addresses it asks for (runtimeConfig.ips,
+// args.cni.ips, IP= of CNI_ARGS). A bad CNI_ARGS is error 4 (invalid
+// environment variables) naming the pair; requests that disagree are 7.
+func (cfg *Config) allocateRequest(args *skel.CmdArgs) (api.IPAMRequest, error) {
+	req := cfg.request(args)
+	parsed, err := api.ParseCNIArgs(args.Args)
+	if err != nil {
+		return req, types.NewError(types.ErrInvalidEnvironmentVariables,
+			fmt.Sprintf("carve-ipam: CNI_ARGS: %v (want KEY=VALUE;KEY=VALUE, printable, at most 4096 bytes)", err), "")
+	}
+	owner := parsed.Owner
+	owner.Runtime, owner.ContainerID, owner.IfName, owner.NetNS = api.RuntimeCNI, args.ContainerID, args.IfName, args.Netns
+	if err := owner.Validate(); err != nil {
+		return req, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("carve-ipam: %v (CNI_CONTAINERID, CNI_IFNAME, CNI_NETNS)", err), "")
+	}
+	req.Owner = &owner
+	ips := slices.Clone(cfg.IPs)
+	for _, a := range parsed.IPs {
+		ips = append(ips, a.String())
+	}
+	wanted, err := api.ParseRequestedIPs(dedupeAddrs(ips))
+	if err != nil {
+		return req, invalidConfig("requested addresses (runtimeConfig.ips, args.cni.ips and IP= of CNI_ARGS together): %v", err)
+	}
+	for _, a := range wanted {
+		req.Addresses = append(req.Addresses, a.String())
+	}
+	return req, nil
+}
+
+// dedupeAddrs drops the repeats of an address asked for twice (with and
+// without a prefix, or by two sources).
+func dedupeAddrs(list []string) []string {
+	var out []string
+	seen := map[netip.Addr]bool{}
+	for _, s := range list {
+		a, err := api.ParseHostAddr(s)
+		if err == nil && seen[a] {
+			continue
+		}
+		seen[a] = true
+		out = append(out, s)
+	}
+	return out
+}
+
 // Add allocates the attachment's addresses (the agent is idempotent by
 // network, container id and interface, so a retried ADD gets the same ones)
 // and prints them as a CNI result with the agent's routes and no interfaces.
@@ -94,9 +158,13 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	req, err := cfg.allocateRequest(args)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := p.context()
 	defer cancel()
-	alloc, err := p.client(cfg).Allocate(ctx, cfg.request(args))
+	alloc, err := p.client(cfg).Allocate(ctx, req)
 	if err != nil {
 		return agentError(cfg, "ADD", err)
 	}
@@ -236,7 +304,9 @@ func requireAttachment(args *skel.CmdArgs) error {
 
 // agentError turns a failed agent call into the CNI error a runtime acts on:
 // 11 (try again later) while the agent is unreachable or not ready, 7 when it
-// rejects the network, 999 otherwise, always with the agent's message.
+// rejects the network, ErrAddressTaken, ErrAddressNotHere or
+// ErrBridgeAddress when a requested address cannot be given, 999
+// otherwise, always with the agent's message.
 func agentError(cfg *Config, cmd string, err error) *types.Error {
 	if errors.Is(err, api.ErrAgentUnreachable) {
 		return types.NewError(types.ErrTryAgainLater,
@@ -251,6 +321,12 @@ func agentError(cfg *Config, cmd string, err error) *types.Error {
 			return types.NewError(types.ErrTryAgainLater, msg, "")
 		case api.CodeBadRequest, api.CodeNotFound:
 			return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
+		case api.CodeTaken:
+			return types.NewError(ErrAddressTaken, msg, "")
+		case api.CodeNotOwned:
+			return types.NewError(ErrAddressNotHere, msg, "")
+		case api.CodeBridgeAddress:
+			return types.NewError(ErrBridgeAddress, msg, "")
 		default:
 			return types.NewError(types.ErrInternal, msg, "")
 		}

@@ -413,8 +413,12 @@ func (d *driver) requestAddress(req requestAddressRequest) (*requestAddressRespo
 		// and would answer a v6 request with the v4 record.
 		areq.IfName = "eth0-v6"
 	}
+	// Docker names neither the container nor the endpoint in the request:
+	// the owner is the runtime and the endpoint's MAC address.
+	areq.Owner = &api.Owner{Runtime: api.RuntimeDocker}
 	if mac, err := net.ParseMAC(req.Options[optMACAddress]); err == nil && len(mac) == 6 {
 		areq.ContainerID = attachmentPrefix + strings.ReplaceAll(mac.String(), ":", "")
+		areq.Owner.MAC = mac.String()
 	} else {
 		var b [8]byte
 		if _, err := rand.Read(b[:]); err != nil {

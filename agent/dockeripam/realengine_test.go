@@ -182,6 +182,38 @@ func TestRealDockerEngine(t *testing.T) {
 		t.Errorf("ports of d-carve after removal: %v", ports)
 	}
 
+	// docker run --ip: the address is given exactly when free; taken, it
+	// is refused naming the holder; a bridge address is refused.
+	want := v4.Masked().Addr()
+	for range 10 {
+		want = want.Next()
+	}
+	fixed, err := d.runWithIP(t, "carve", want)
+	if err != nil {
+		t.Fatalf("docker run --ip %s: %v", want, err)
+	}
+	d.call(t, http.MethodGet, "/containers/"+fixed+"/json", nil, &inspect)
+	if got := inspect.NetworkSettings.Networks["carve"].IPAddress; got != want.String() {
+		t.Errorf("docker run --ip %s: the container has %s", want, got)
+	}
+	for _, tt := range []struct {
+		name string
+		ip   netip.Addr
+		msg  string
+	}{
+		{"taken", want, "is taken by docker container"},
+		{"gateway", gw4, "gateway"},
+	} {
+		if id, err := d.runWithIP(t, "carve", tt.ip); err == nil || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("docker run --ip %s (%s): %v, want an error saying %q", tt.ip, tt.name, err, tt.msg)
+			if err == nil {
+				d.remove(t, id)
+			}
+		}
+	}
+	d.remove(t, fixed)
+	testutil.Eventually(t, waitLimit, "the --ip container's addresses released", testutil.True(func() bool { return len(dockerAllocs(ipam, "carve")) == 0 }))
+
 	// A Docker network removed by hand comes back, on carve's bridge.
 	d.call(t, http.MethodDelete, "/networks/blue", nil, nil)
 	b4, _, _ := ipam.BridgeSubnets("blue", api.BridgeDocker)
@@ -400,6 +432,30 @@ func (d *engine) run(t *testing.T, network string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	return d.Run(ctx, network)
+}
+
+// runWithIP runs a container on a network with a fixed IPv4 address, as
+// docker run --net NETWORK --ip IP does; a failed start is removed.
+func (d *engine) runWithIP(t *testing.T, network string, ip netip.Addr) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	var created struct {
+		ID string `json:"Id"`
+	}
+	body := map[string]any{
+		"Image": dockerlab.Image, "Cmd": []string{"/bin/sleep", "3600"},
+		"HostConfig":       map[string]any{"NetworkMode": network},
+		"NetworkingConfig": map[string]any{"EndpointsConfig": map[string]any{network: map[string]any{"IPAMConfig": map[string]any{"IPv4Address": ip.String()}}}},
+	}
+	if err := d.CallJSON(ctx, http.MethodPost, "/containers/create", body, &created); err != nil {
+		return "", err
+	}
+	if err := d.Call(ctx, http.MethodPost, "/containers/"+created.ID+"/start", nil, nil); err != nil {
+		_ = d.Call(ctx, http.MethodDelete, "/containers/"+created.ID+"?force=1", nil, nil)
+		return "", err
+	}
+	return created.ID, nil
 }
 
 func (d *engine) remove(t *testing.T, id string) {

@@ -725,7 +725,10 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 type dockerEndpoint struct {
 	overlay    string
 	endpointID string
-	addr       netip.Addr
+	// containerID and name are the engine's container (name may be empty).
+	containerID string
+	name        string
+	addr        netip.Addr
 }
 
 // usedAddresses lists the addresses of every endpoint on the networks whose
@@ -763,7 +766,7 @@ func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[strin
 					if epID == "" {
 						epID = id
 					}
-					eps = append(eps, dockerEndpoint{overlay: overlay, endpointID: epID, addr: addr})
+					eps = append(eps, dockerEndpoint{overlay: overlay, endpointID: epID, containerID: id, name: ep.Name, addr: addr})
 				}
 			}
 		}
@@ -799,7 +802,8 @@ func (d *driver) reclaim(eps []dockerEndpoint) {
 			id = id[:16]
 		}
 		req := api.IPAMRequest{Network: ep.overlay, ContainerID: attachmentPrefix + "ep-" + id, IfName: "eth0",
-			Bridge: api.BridgeDocker, Address: ep.addr.String(), Family: "4"}
+			Bridge: api.BridgeDocker, Address: ep.addr.String(), Family: "4",
+			Owner: &api.Owner{Runtime: api.RuntimeDocker, EndpointID: ep.endpointID, ContainerID: ep.containerID, ContainerName: ep.name}}
 		if ep.addr.Is6() {
 			req.IfName, req.Family = "eth0-v6", "6"
 		}

@@ -41,6 +41,12 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		if rec.Bridge != req.Bridge {
 			return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds addresses on the %s bridge", at.ContainerID, at.Interface, rec.Bridge)
 		}
+		claims, _ := requestedAddrs(req) // validated
+		for fam, c := range claims {
+			if c.IsValid() && rec.addr(fam) != c {
+				return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds %s, not the requested %s (release it first)", at.ContainerID, at.Interface, rec.addr(fam), c)
+			}
+		}
 		return s.render(o, at, rec), nil, nil
 	}
 	if _, ok := o.bridges[req.Bridge]; !ok {
@@ -57,21 +63,24 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 
 // take allocates (or claims) the attachment's address in each family the
 // request and the bridge have, from the bridge's blocks in order (its first
-// sub-subnet, then those it grew); on failure nothing stays taken.
+// sub-subnet, then those it grew); a requested address is given exactly or
+// not at all; on failure nothing stays taken.
 func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, error) {
-	var claim netip.Addr
-	if req.Address != "" {
-		claim, _ = netip.ParseAddr(req.Address) // validated
-	}
-	rec := allocRecord{Bridge: req.Bridge}
+	claims, _ := requestedAddrs(req) // validated
+	rec := allocRecord{Bridge: req.Bridge, Owner: req.Owner}
 	for fam := range families {
 		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
+		claim := claims[fam]
+		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam))) {
+			forget(o, at)
+			return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "requested address %s: the %s bridge of %q has no IPv%d range", claim, req.Bridge, req.Network, 4+2*fam)
+		}
 		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam)) {
 			continue
 		}
 		var addr netip.Addr
 		var err error
-		if claim.IsValid() && claim.Is4() == (fam == 0) {
+		if claim.IsValid() {
 			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
 				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
 			} else if p, edge := bridgeAddressOf(blocks, claim); edge {
@@ -84,7 +93,7 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 		}
 		if err != nil {
 			forget(o, at)
-			return allocRecord{}, allocError(err, req.Bridge, describeBlocks(blocks), claim)
+			return allocRecord{}, claimError(o, fam, err, req, describeBlocks(blocks), claim)
 		}
 		rec.setAddr(fam, addr)
 	}
@@ -92,6 +101,40 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 		return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "no address family to allocate from on %q (family %q)", req.Network, req.Family)
 	}
 	return rec, nil
+}
+
+// claimError is allocError with, for a requested address, who has it: the
+// container that holds it, or the agent whose space it is.
+func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet string, claim netip.Addr) error {
+	if !claim.IsValid() {
+		return allocError(err, req.Bridge, subnet, claim)
+	}
+	switch {
+	case errors.Is(err, ring.ErrAddressInUse):
+		holder := "a reserved address of the bridge"
+		if at, ok := o.alloc[fam].Holder(claim); ok {
+			holder = "container " + at.ContainerID + " interface " + at.Interface
+			if rec, ok := o.attached[at]; ok && !rec.Owner.Empty() {
+				holder = rec.Owner.String()
+			}
+		}
+		return failure(http.StatusConflict, api.CodeTaken, "requested address %s is taken by %s (carve ipam show --ip %s)", claim, holder, claim)
+	case errors.Is(err, errBridgeAddress):
+		return failure(http.StatusConflict, api.CodeBridgeAddress, "requested address %v: ask for a host address of the range instead", err)
+	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
+		if !o.universe[fam].Contains(claim) {
+			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is outside overlay %q (%s)", claim, o.name, o.universe[fam])
+		}
+		peer, _ := o.alloc[fam].Ring().Owner(claim)
+		switch peer {
+		case o.alloc[fam].Self():
+			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is this agent's, but not in its %s bridge's %s (another bridge's range: ask on the network of that bridge)", claim, req.Bridge, subnet)
+		case "":
+			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: no agent holds it in the ring of %q yet", claim, o.name)
+		}
+		return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: agent %s holds it in overlay %q (run the container on that host, or let carve choose; this host's %s bridge has %s)", claim, peer, o.name, req.Bridge, subnet)
+	}
+	return allocError(err, req.Bridge, subnet, claim)
 }
 
 // errBridgeAddress refuses an address the bridge itself answers for.

@@ -7,10 +7,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 )
 
 // Run gives back idle blocks, reports grants and returns to the masters,
+// releases the addresses of gone containers and warns of low space (watchHost),
 // announces ring changes when gossip asks, and writes the rings that
 // changed by other agents' entries, until ctx ends.
 func (s *Service) Run(ctx context.Context) {
@@ -34,6 +36,9 @@ func (s *Service) Run(ctx context.Context) {
 	defer persistTicker.Stop()
 	defer s.persistDirtyRings()
 	backoff := newOutboxBackoff()
+	var watch sync.WaitGroup
+	defer watch.Wait()
+	watch.Go(func() { s.watchHost(ctx) })
 	for {
 		select {
 		case <-ctx.Done():
@@ -60,6 +65,30 @@ func (s *Service) Run(ctx context.Context) {
 		backoff.Reset()
 		if err := s.sendUsage(ctx, time.Now()); err != nil {
 			s.log.Debug("usage report to the masters", "err", err)
+		}
+	}
+}
+
+// watchHost, until ctx ends, releases the addresses of containers whose
+// namespace is gone (when ReclaimConfig.After is set) and warns of
+// overlays running out of space.
+func (s *Service) watchHost(ctx context.Context) {
+	warn := time.NewTicker(time.Minute)
+	defer warn.Stop()
+	var reclaim <-chan time.Time
+	if s.reclaim.cfg.After > 0 {
+		t := time.NewTicker(s.reclaim.every())
+		defer t.Stop()
+		reclaim = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-reclaim:
+			s.ReclaimGone(now)
+		case now := <-warn.C:
+			s.warnLowSpace(now)
 		}
 	}
 }

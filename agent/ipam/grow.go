@@ -151,8 +151,12 @@ type growState struct {
 	// returned: grown blocks given back, by prefix, with their lease
 	// version: a masters' record that still lists one is stale.
 	returned map[netip.Prefix]uint64
-	kick     chan struct{}
-	usage    usageState // Run's alone
+	// fullSince: overlays whose last IPv4 growth found space nowhere, and
+	// lowWarned when their low space was last logged (capacity.go).
+	fullSince map[string]time.Time
+	lowWarned map[string]time.Time
+	kick      chan struct{}
+	usage     usageState // Run's alone
 }
 
 func newGrowState(cfg GrowthConfig) growState {
@@ -182,6 +186,7 @@ func newGrowState(cfg GrowthConfig) growState {
 		inflight: map[growKey]*growth{}, asking: map[[2]string]string{}, waiting: map[string]waiter{},
 		refused: map[[2]string]time.Time{}, granted: map[[2]string]netip.Prefix{},
 		returned: map[netip.Prefix]uint64{}, kick: make(chan struct{}, 1),
+		fullSince: map[string]time.Time{}, lowWarned: map[string]time.Time{},
 	}
 }
 
@@ -298,6 +303,7 @@ func (s *Service) runGrowth(k growKey, g *growth) {
 	}
 	s.mu.Lock()
 	delete(s.grow.inflight, k)
+	s.noteGrowth(k, err, time.Now())
 	g.err = err
 	close(g.done)
 	s.mu.Unlock()

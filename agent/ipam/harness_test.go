@@ -70,6 +70,8 @@ type harness struct {
 type harnessOptions struct {
 	cniCache string
 	view     *View // nil: testView(testSelf()); the zero View: no Sync
+	reclaim  ReclaimConfig
+	growth   GrowthConfig
 }
 
 // newHarness starts a Service on the store in dir, synced with the view.
@@ -77,7 +79,7 @@ func newHarness(t *testing.T, dir string, opts harnessOptions) *harness {
 	t.Helper()
 	db := openDB(t, dir)
 	reg := prometheus.NewRegistry()
-	svc, err := New(Config{AgentID: "self", DB: db, CNICacheDir: opts.cniCache, Registerer: reg, Logger: testLogger()})
+	svc, err := New(Config{AgentID: "self", DB: db, CNICacheDir: opts.cniCache, Registerer: reg, Logger: testLogger(), Reclaim: opts.reclaim, Growth: opts.growth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,6 +140,14 @@ func req(cid string) api.IPAMRequest {
 // counter reads a counter of the harness's registry (0 when absent).
 func (h *harness) counter(name, label, value string) float64 {
 	h.t.Helper()
+	v, _ := h.gauge(name, map[string]string{label: value})
+	return v
+}
+
+// gauge reads a counter or gauge of the harness's registry whose labels
+// include labels; false when there is none.
+func (h *harness) gauge(name string, labels map[string]string) (float64, bool) {
+	h.t.Helper()
 	mfs, err := h.reg.Gather()
 	if err != nil {
 		h.t.Fatal(err)
@@ -147,12 +157,22 @@ func (h *harness) counter(name, label, value string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
+				have[l.GetName()] = l.GetValue()
 			}
+			matches := true
+			for k, v := range labels {
+				matches = matches && have[k] == v
+			}
+			if !matches {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue(), true
+			}
+			return m.GetGauge().GetValue(), true
 		}
 	}
-	return 0
+	return 0, false
 }

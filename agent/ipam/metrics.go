@@ -29,6 +29,7 @@ type metrics struct {
 	refused        *prometheus.CounterVec
 	exhausted      prometheus.Counter
 	reports        *prometheus.CounterVec
+	netnsReclaims  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -71,9 +72,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_master_reports_total", Help: "Grants and returns reported to the masters, by kind and result.",
 		}, []string{"kind", "result"}),
+		netnsReclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_agent_ipam_netns_reclaims_total", Help: "Allocations of containers whose network namespace was gone for --reclaim-after, by result (released; dry_run: reported by --reclaim-dry-run, not released).",
+		}, []string{"result"}),
 	}
 	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
 		m.ops.WithLabelValues(op)
+	}
+	for _, r := range []string{"released", "dry_run"} {
+		m.netnsReclaims.WithLabelValues(r)
 	}
 	for _, r := range []string{gossipNews, gossipKnown, gossipBad, gossipOtherCluster, gossipRefused} {
 		m.ringGossip.WithLabelValues(r)
@@ -82,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip,
-		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports} {
+		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}

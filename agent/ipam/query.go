@@ -40,7 +40,7 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 // render is an attachment's addresses with gateways and routes. The caller
 // holds s.mu.
 func (s *Service) render(o *overlay, at ring.Attachment, rec allocRecord) *api.Allocation {
-	out := &api.Allocation{Network: o.name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, MTU: s.mtu}
+	out := &api.Allocation{Network: o.name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, MTU: s.mtu, Owner: rec.Owner}
 	for fam := range families {
 		addr := rec.addr(fam)
 		if !addr.IsValid() {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -17,11 +18,34 @@ type cniCacheEntry struct {
 	ContainerID string `json:"containerId"`
 	IfName      string `json:"ifName"`
 	NetworkName string `json:"networkName"`
-	Result      struct {
+	NetNS       string `json:"netns"`
+	// CNIArgs are the CNI_ARGS pairs of the ADD ([[key, value], ...]).
+	CNIArgs [][2]string `json:"cniArgs"`
+	Result  struct {
 		IPs []struct {
 			Address string `json:"address"`
 		} `json:"ips"`
 	} `json:"result"`
+}
+
+// owner is the entry's container as its ADD named it, so that the
+// netns reclaim (netnsreclaim.go) lets the address go once the namespace
+// is gone. Identity pairs that do not parse are left out.
+func (e cniCacheEntry) owner() *api.Owner {
+	pairs := make([]string, 0, len(e.CNIArgs))
+	for _, kv := range e.CNIArgs {
+		pairs = append(pairs, kv[0]+"="+kv[1])
+	}
+	args, err := api.ParseCNIArgs(strings.Join(pairs, ";"))
+	if err != nil {
+		args = api.CNIArgs{}
+	}
+	o := args.Owner
+	o.Runtime, o.ContainerID, o.IfName, o.NetNS = api.RuntimeCNI, e.ContainerID, e.IfName, e.NetNS
+	if o.Validate() != nil {
+		return &api.Owner{Runtime: api.RuntimeCNI, ContainerID: e.ContainerID, IfName: e.IfName}
+	}
+	return &o
 }
 
 // reclaimFromCNICache claims the addresses that a CNI runtime's cache says
@@ -65,7 +89,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		if _, known := o.attached[at]; known {
 			continue
 		}
-		rec := allocRecord{Bridge: api.BridgeMesos}
+		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.owner()}
 		for _, ip := range e.Result.IPs {
 			p, err := netip.ParsePrefix(ip.Address)
 			if err != nil {

@@ -49,6 +49,9 @@ type Config struct {
 	Logger     *slog.Logger
 	// Growth configures how a bridge whose blocks fill up gets more space.
 	Growth GrowthConfig
+	// Reclaim configures the release of the addresses of containers whose
+	// network namespace is gone (netnsreclaim.go); the zero value: none.
+	Reclaim ReclaimConfig
 	// OnSent, when set, counts the bytes of ring gossip sent, by kind
 	// (delta, digest, push).
 	OnSent func(kind string, n int)
@@ -111,6 +114,7 @@ type Service struct {
 	// savedBlocks are the persisted blocks of overlays not created yet.
 	savedBlocks map[string][]*heldBlock
 	grow        growState
+	reclaim     reclaimState
 	onSent      func(kind string, n int)
 	// gossipState is what the gossip of each served ring keeps.
 	gossipState map[ringID]*ringGossip
@@ -152,6 +156,12 @@ func New(cfg Config) (*Service, error) {
 		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{},
 	}
 	s.grow = newGrowState(cfg.Growth)
+	s.reclaim = newReclaimState(cfg.Reclaim)
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(capacityCollector{s}); err != nil {
+			return nil, fmt.Errorf("ipam: register metrics: %w", err)
+		}
+	}
 	s.grow.granted = st.granted
 	n := 0
 	for _, m := range s.persist {

@@ -43,7 +43,7 @@ func TestAllocationRules(t *testing.T) {
 		code string
 	}{
 		{"claim taken", api.IPAMRequest{Network: "carve", ContainerID: "c10", IfName: "eth0", Address: "10.128.2.77"}, api.CodeTaken},
-		{"claim outside the bridge", api.IPAMRequest{Network: "carve", ContainerID: "c11", IfName: "eth0", Address: "10.128.9.9"}, api.CodeConflict},
+		{"claim outside the bridge", api.IPAMRequest{Network: "carve", ContainerID: "c11", IfName: "eth0", Address: "10.128.9.9"}, api.CodeNotOwned},
 		{"same attachment other bridge", api.IPAMRequest{Network: "carve", ContainerID: "c1", IfName: "eth0", Bridge: api.BridgeDocker}, api.CodeConflict},
 		{"unknown network", api.IPAMRequest{Network: "nope", ContainerID: "c1", IfName: "eth0"}, api.CodeNotFound},
 		{"missing network", api.IPAMRequest{ContainerID: "c1", IfName: "eth0"}, api.CodeBadRequest},

@@ -8,6 +8,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -25,11 +26,13 @@ const (
 	keyClusterID  = "cluster_id"
 )
 
-// allocRecord is a persisted attachment.
+// allocRecord is a persisted attachment. Records written before owners
+// were kept have no owner, and load as such.
 type allocRecord struct {
 	Bridge string     `json:"bridge"`
 	V4     netip.Addr `json:"v4,omitzero"`
 	V6     netip.Addr `json:"v6,omitzero"`
+	Owner  *api.Owner `json:"owner,omitempty"`
 }
 
 // addr returns the record's address of a family (0: IPv4, 1: IPv6).
@@ -75,7 +78,7 @@ type write struct {
 }
 
 func putAlloc(network string, at ring.Attachment, rec allocRecord) write {
-	data, _ := json.Marshal(rec) // addresses and a string: cannot fail
+	data, _ := json.Marshal(rec) // addresses and strings: cannot fail
 	return write{bucket: allocBucket, key: allocKey(network, at), value: data}
 }
 

@@ -24,7 +24,7 @@ func (s *Service) Unclaimed(network string) []api.Allocation {
 		}
 		for _, at := range sortedAttachments(s.persist[name]) {
 			rec := s.persist[name][at]
-			al := api.Allocation{Network: name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge}
+			al := api.Allocation{Network: name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, Owner: rec.Owner}
 			for fam := range families {
 				if addr := rec.addr(fam); addr.IsValid() {
 					al.IPs = append(al.IPs, api.IPConfig{Address: netip.PrefixFrom(addr, addr.BitLen()).String()})

@@ -32,6 +32,12 @@ func validateRequest(req *api.IPAMRequest) error {
 			return fmt.Errorf("address %q is not an IP address", req.Address)
 		}
 	}
+	if _, err := requestedAddrs(*req); err != nil {
+		return err
+	}
+	if err := req.Owner.Validate(); err != nil {
+		return err
+	}
 	if req.Family != "" && req.Family != "4" && req.Family != "6" {
 		return fmt.Errorf("family %q: want 4, 6 or empty", req.Family)
 	}
@@ -67,4 +73,22 @@ func validateNetwork(name string) error {
 		return fmt.Errorf("network: %w", err)
 	}
 	return nil
+}
+
+// requestedAddrs returns the request's requested addresses (Address and
+// Addresses) by family (invalid where none is requested).
+func requestedAddrs(req api.IPAMRequest) ([families]netip.Addr, error) {
+	var out [families]netip.Addr
+	list := req.Addresses
+	if req.Address != "" {
+		list = append([]string{req.Address}, list...)
+	}
+	addrs, err := api.ParseRequestedIPs(list)
+	if err != nil {
+		return out, fmt.Errorf("addresses: %w", err)
+	}
+	for _, a := range addrs {
+		out[familyOf(a)] = a
+	}
+	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
@@ -44,6 +45,9 @@ func runAgent(ctx context.Context, args []string) error {
 	dockerBridge := fs.Bool("docker-bridge", true, "ask for the d-<overlay> bridge (Docker)")
 	lowWater := fs.Int("grow-low-water", 0, "free addresses of a bridge below which it gets another block in the background (0: max(2, 1/8 of its first block); negative: only when it is full)")
 	idleReturn := fs.Duration("block-idle-return", 10*time.Minute, "how long a grown block stays without a container before it goes back to its donor or the masters (negative: never)")
+	reclaimAfter := fs.Duration("reclaim-after", agent.DefaultReclaimAfter, "release the addresses of a CNI container whose network namespace (CNI_NETNS, under --reclaim-netns-dirs) has been gone this long without a DEL (0: never)")
+	reclaimDryRun := fs.Bool("reclaim-dry-run", false, "with --reclaim-after: log and count the addresses that would be released, release none")
+	reclaimDirs := fs.String("reclaim-netns-dirs", strings.Join(ipam.DefaultReclaimNetNSDirs, ","), "the runtime directories, comma separated, whose network namespaces --reclaim-after watches (a namespace elsewhere is never reclaimed)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
@@ -101,6 +105,22 @@ func runAgent(ctx context.Context, args []string) error {
 	if *meshPeers < 1 || *meshPeers > 64 {
 		return fmt.Errorf("%w: --mesh-peers %d: want 1-64 (2 or more keep the mesh connected when a peer goes)", cli.ErrUsage, *meshPeers)
 	}
+	if *reclaimAfter < 0 {
+		return fmt.Errorf("%w: --reclaim-after %s: want 0 (off) or a positive duration", cli.ErrUsage, *reclaimAfter)
+	}
+	var netnsDirs []string
+	for _, d := range strings.Split(*reclaimDirs, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if !filepath.IsAbs(d) {
+			return fmt.Errorf("%w: --reclaim-netns-dirs: %q is not an absolute path", cli.ErrUsage, d)
+		}
+		netnsDirs = append(netnsDirs, d)
+	}
+	if *reclaimAfter > 0 && len(netnsDirs) == 0 {
+		return fmt.Errorf("%w: --reclaim-netns-dirs is empty: set --reclaim-after=0 to turn the reclaim off", cli.ErrUsage)
+	}
 	if *resync < time.Second {
 		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
 	}
@@ -127,6 +147,7 @@ func runAgent(ctx context.Context, args []string) error {
 		CNIVersion: *cniVersion, CNIBinDirs: filepath.SplitList(*cniBinDir), CNIConfPrefix: *cniConfPrefix,
 		DockerNetworkName:  *dockerNetworkName,
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+		Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 		SigningKey: signingKey,

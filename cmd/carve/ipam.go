@@ -26,6 +26,7 @@ import (
 const ipamUsage = `usage:
   carve ipam show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] \
                    --ca-file CA --cert-file CERT --key-file KEY | --insecure
+  carve ipam show  --ip ADDR | --owner TEXT --masters URL[,URL...] [--overlay NAME] [--json] ... (who holds an address)
   carve ipam check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] \
                    --ca-file CA --cert-file CERT --key-file KEY | --insecure
 `
@@ -209,6 +210,8 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	agentID := fs.String("agent", "", "show only this agent (its agent id)")
 	overlay := fs.String("overlay", "", "show only this overlay")
+	ip := fs.String("ip", "", "show who holds this address, on any agent (or whose range it is in when nobody does)")
+	owner := fs.String("owner", "", "show the allocations whose owner has this text in a field (pod, namespace, container name or id, Nomad alloc or job, netns), on any agent")
 	af := addAgentFlags(fs)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), ipamUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
@@ -223,6 +226,16 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 		if err := api.ValidateOverlayName(*overlay); err != nil {
 			return fmt.Errorf("%w: --overlay: %v", cli.ErrUsage, err)
 		}
+	}
+	if *ip != "" || *owner != "" {
+		q, err := parseWhoQuery(*ip, *owner)
+		if err != nil {
+			return err
+		}
+		if *agentID != "" {
+			return fmt.Errorf("%w: --agent does not go with --ip or --owner: every agent is searched", cli.ErrUsage)
+		}
+		return runIPAMWho(ctx, q, *overlay, *asJSON, af, out)
 	}
 	client, reader, err := af.cluster()
 	if err != nil {

@@ -48,14 +48,15 @@ func TestConfContent(t *testing.T) {
 				t.Fatalf("not JSON: %v\n%s", err, data)
 			}
 			want := map[string]any{
-				"cniVersion":  "0.3.1",
-				"name":        tc.overlay,
-				"type":        "bridge",
-				"bridge":      "m-" + tc.overlay,
-				"isGateway":   false,
-				"ipMasq":      false,
-				"hairpinMode": true,
-				"mtu":         float64(tc.mtu),
+				"cniVersion":   "0.3.1",
+				"name":         tc.overlay,
+				"type":         "bridge",
+				"bridge":       "m-" + tc.overlay,
+				"isGateway":    false,
+				"ipMasq":       false,
+				"hairpinMode":  true,
+				"mtu":          float64(tc.mtu),
+				"capabilities": map[string]any{"ips": true},
 				"ipam": map[string]any{
 					"type":    "carve-ipam",
 					"network": tc.overlay,

@@ -97,13 +97,17 @@ type conflistJSON struct {
 }
 
 type bridgeJSON struct {
-	Type        string   `json:"type"`
-	Bridge      string   `json:"bridge"`
-	IsGateway   bool     `json:"isGateway"`
-	IPMasq      bool     `json:"ipMasq"`
-	HairpinMode bool     `json:"hairpinMode"`
-	MTU         int      `json:"mtu"`
-	IPAM        ipamJSON `json:"ipam"`
+	Type        string `json:"type"`
+	Bridge      string `json:"bridge"`
+	IsGateway   bool   `json:"isGateway"`
+	IPMasq      bool   `json:"ipMasq"`
+	HairpinMode bool   `json:"hairpinMode"`
+	MTU         int    `json:"mtu"`
+	// Capabilities has runtimes pass requested addresses ("ips": the CRI's
+	// and nerdctl's) as runtimeConfig, which bridge hands to carve-ipam
+	// with the rest of its configuration.
+	Capabilities map[string]bool `json:"capabilities,omitempty"`
+	IPAM         ipamJSON        `json:"ipam"`
 }
 
 // confJSON is a single-plugin network configuration: the bridge plugin's
@@ -162,12 +166,13 @@ func (c Conflist) bridge() bridgeJSON {
 		sock = DefaultSocket
 	}
 	return bridgeJSON{
-		Type:        "bridge",
-		Bridge:      MesosBridge(c.Overlay),
-		IsGateway:   false,
-		IPMasq:      false,
-		HairpinMode: true,
-		MTU:         c.MTU,
+		Type:         "bridge",
+		Bridge:       MesosBridge(c.Overlay),
+		IsGateway:    false,
+		IPMasq:       false,
+		HairpinMode:  true,
+		MTU:          c.MTU,
+		Capabilities: map[string]bool{"ips": true},
 		IPAM: ipamJSON{
 			Type:    PluginType,
 			Network: c.Overlay,
@@ -178,7 +183,7 @@ func (c Conflist) bridge() bridgeJSON {
 }
 
 // Bytes renders the conflist: the bridge plugin on m-<overlay> with carve-ipam
-// as its IPAM, then portmap, in spec version CNIVersion. The output is
+// as its IPAM (and the "ips" capability), then portmap, in spec version CNIVersion. The output is
 // deterministic.
 func (c Conflist) Bytes() ([]byte, error) {
 	if err := c.Validate(); err != nil {

@@ -53,12 +53,13 @@ func TestConflistContent(t *testing.T) {
 				"name":       tc.overlay,
 				"plugins": []any{
 					map[string]any{
-						"type":        "bridge",
-						"bridge":      "m-" + tc.overlay,
-						"isGateway":   false,
-						"ipMasq":      false,
-						"hairpinMode": true,
-						"mtu":         float64(tc.mtu),
+						"type":         "bridge",
+						"bridge":       "m-" + tc.overlay,
+						"isGateway":    false,
+						"ipMasq":       false,
+						"hairpinMode":  true,
+						"mtu":          float64(tc.mtu),
+						"capabilities": map[string]any{"ips": true},
 						"ipam": map[string]any{
 							"type":    "carve-ipam",
 							"network": tc.overlay,

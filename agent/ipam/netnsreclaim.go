@@ -1,0 +1,234 @@
+package ipam
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// Reclaim of the addresses of containers that are gone. No runtime calls
+// CNI GC, so an address whose DEL never came (a runtime that crashed, a
+// node that rebooted, a container killed with its namespace) stays held.
+// The agent releases a CNI allocation whose network namespace, recorded in
+// its owner (CNI_NETNS), has been missing for ReclaimConfig.After: only for
+// a path under a runtime directory it knows (ReclaimConfig.NetNSDirs) that
+// itself exists, never for an allocation without a netns path (Docker's:
+// its plugin collects them against the engine), and never while the path
+// exists.
+//
+// It is the other half of the CNI-cache reclaim (reclaim.go): that one
+// takes back, after a lost data dir, the addresses live containers still
+// hold, and records their owner and netns from the cache; this one lets go
+// of those whose namespace is gone. Both decide from what the runtime left
+// on the host, never from a guess.
+
+// DefaultReclaimNetNSDirs are the directories where runtimes keep network
+// namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),
+// containerd's cni-* there and its CRI state's netns/.
+var DefaultReclaimNetNSDirs = []string{
+	"/run/netns",
+	"/var/run/netns",
+	"/run/containerd/io.containerd.grpc.v1.cri/netns",
+	"/var/run/containerd/io.containerd.grpc.v1.cri/netns",
+}
+
+// ReclaimConfig configures the release of allocations whose network
+// namespace is gone; the zero value turns it off.
+type ReclaimConfig struct {
+	// After is how long a namespace must stay missing; 0: never reclaim.
+	After time.Duration
+	// DryRun logs and counts what would be released, and releases nothing.
+	DryRun bool
+	// NetNSDirs are the runtime directories whose namespaces are watched
+	// (DefaultReclaimNetNSDirs when empty).
+	NetNSDirs []string
+}
+
+// reclaimState is what the reclaim remembers between scans, under s.mu.
+type reclaimState struct {
+	cfg ReclaimConfig
+	// missingSince: when the namespace of an allocation (allocKey) was
+	// first seen missing, with the path seen.
+	missingSince map[string]missing
+	// reported: dry-run findings already logged (once each).
+	reported map[string]bool
+	// scans counts the scans made (tests wait on it).
+	scans uint64
+}
+
+type missing struct {
+	netns string
+	since time.Time
+}
+
+func newReclaimState(cfg ReclaimConfig) reclaimState {
+	if len(cfg.NetNSDirs) == 0 {
+		cfg.NetNSDirs = DefaultReclaimNetNSDirs
+	}
+	dirs := make([]string, 0, len(cfg.NetNSDirs))
+	for _, d := range cfg.NetNSDirs {
+		dirs = append(dirs, filepath.Clean(d))
+	}
+	cfg.NetNSDirs = dirs
+	return reclaimState{cfg: cfg, missingSince: map[string]missing{}, reported: map[string]bool{}}
+}
+
+// watchedNetNS tells whether path is a namespace in one of the runtime
+// directories (directly inside it: runtimes keep them flat).
+func (r *reclaimState) watchedNetNS(path string) bool {
+	if path == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	dir := filepath.Dir(path)
+	for _, d := range r.cfg.NetNSDirs {
+		if dir == d {
+			return true
+		}
+	}
+	return false
+}
+
+// netnsGone tells whether a namespace path is gone for sure: the path does
+// not exist while its directory does (a directory the agent cannot see,
+// as from another mount namespace, proves nothing).
+func netnsGone(path string) bool {
+	if _, err := os.Stat(filepath.Dir(path)); err != nil {
+		return false
+	}
+	_, err := os.Lstat(path)
+	return errors.Is(err, fs.ErrNotExist)
+}
+
+// reclaimCandidate is an allocation whose namespace the scan checks.
+type reclaimCandidate struct {
+	overlay string
+	at      ring.Attachment
+	netns   string
+}
+
+// ReclaimGone is one scan: it checks the namespace of every CNI allocation
+// under a watched directory, and releases (or, in dry run, reports) those
+// missing for ReclaimConfig.After. It returns what it released or would
+// release.
+func (s *Service) ReclaimGone(now time.Time) []api.Allocation {
+	if s.reclaim.cfg.After <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	var cands []reclaimCandidate
+	for _, name := range sortedKeys(s.overlays) {
+		o := s.overlays[name]
+		for _, at := range sortedAttachments(o.attached) {
+			if rec := o.attached[at]; rec.Owner != nil && s.reclaim.watchedNetNS(rec.Owner.NetNS) {
+				cands = append(cands, reclaimCandidate{overlay: name, at: at, netns: rec.Owner.NetNS})
+			}
+		}
+	}
+	s.mu.Unlock()
+	gone := map[string]bool{}
+	for _, c := range cands {
+		if netnsGone(c.netns) {
+			gone[allocKey(c.overlay, c.at)] = true
+		}
+	}
+	out, released, b := s.decideReclaim(cands, gone, now)
+	if b != nil {
+		if err := s.flush(b); err != nil {
+			s.log.Error("release the allocations of gone containers", "err", err)
+			return nil
+		}
+		s.metrics.netnsReclaims.WithLabelValues("released").Add(float64(released))
+	}
+	return out
+}
+
+// decideReclaim updates what is missing since when and releases what is
+// due, under s.mu, checking again that each allocation still has the
+// namespace that was seen missing.
+func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, now time.Time) ([]api.Allocation, int, *batch) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := &s.reclaim
+	r.scans++
+	seen := map[string]bool{}
+	var out []api.Allocation
+	var b *batch
+	released := 0
+	for _, c := range cands {
+		key := allocKey(c.overlay, c.at)
+		seen[key] = true
+		m, was := r.missingSince[key]
+		if !gone[key] || (was && m.netns != c.netns) {
+			delete(r.missingSince, key)
+			delete(r.reported, key)
+			if !gone[key] {
+				continue
+			}
+			was = false
+		}
+		if !was {
+			r.missingSince[key] = missing{netns: c.netns, since: now}
+			continue
+		}
+		if now.Sub(m.since) < r.cfg.After {
+			continue
+		}
+		o := s.overlays[c.overlay]
+		rec, ok := o.attached[c.at]
+		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.pending[key] != nil {
+			continue
+		}
+		al := *s.render(o, c.at, rec)
+		if r.cfg.DryRun {
+			if !r.reported[key] {
+				r.reported[key] = true
+				s.metrics.netnsReclaims.WithLabelValues("dry_run").Inc()
+				s.log.Warn("dry run: would release the addresses of a container whose network namespace is gone",
+					"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", m.since)
+			}
+			out = append(out, al)
+			continue
+		}
+		s.log.Warn("released the addresses of a container whose network namespace is gone (no DEL came)",
+			"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", m.since)
+		b = s.release(o, c.at)
+		released++
+		delete(r.missingSince, key)
+		out = append(out, al)
+	}
+	for key := range r.missingSince {
+		if !seen[key] {
+			delete(r.missingSince, key)
+			delete(r.reported, key)
+		}
+	}
+	return out, released, b
+}
+
+// ipList is an allocation's addresses for a log line.
+func ipList(al api.Allocation) string {
+	var out []string
+	for _, ip := range al.IPs {
+		out = append(out, ip.Address)
+	}
+	return strings.Join(out, ",")
+}
+
+// reclaimEvery is the period of the namespace scan: a quarter of the
+// grace, between 10ms and 30s.
+func (r *reclaimState) every() time.Duration {
+	return min(max(r.cfg.After/4, 10*time.Millisecond), 30*time.Second)
+}
+
+// reclaimScans is how many scans ReclaimGone made.
+func (s *Service) reclaimScans() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reclaim.scans
+}
