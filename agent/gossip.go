@@ -1,7 +1,7 @@
 package agent
 
 // Membership gossip: what the agent sends, and what it does with what it
-// hears (deltas, digests and the anti-entropy answers of package membership).
+// hears (package membership's handler, with the agent's trust checks).
 
 import (
 	"context"
@@ -19,11 +19,37 @@ func (a *Agent) gossipData(st membership.State) gossip.Data {
 }
 
 // digestData is this agent's anti-entropy digest as gossip data.
-func (a *Agent) digestData() gossip.Data {
-	a.mu.RLock()
-	cid := a.clusterID
-	a.mu.RUnlock()
-	return membership.DigestData(cid, a.id, a.members.Digest(0), a.sentCounter(GossipChannel))
+func (a *Agent) digestData() gossip.Data { return a.membershipHandler().DigestData() }
+
+// membershipHandler is package membership's gossip handler run with this
+// agent's trust checks, metrics and channel.
+func (a *Agent) membershipHandler() *membership.Handler {
+	return membership.NewHandler(membership.HandlerConfig{
+		Self:    a.id,
+		Members: a.members,
+		ClusterID: func() string {
+			a.mu.RLock()
+			defer a.mu.RUnlock()
+			return a.clusterID
+		},
+		Merge: func(m membership.Message) gossip.Data {
+			news, tr, current := a.mergeGossip(m)
+			if !current || len(news.Records)+len(news.Tombstones) == 0 {
+				return nil
+			}
+			return membership.DeltaData(tr.ClusterID, news, a.sentCounter(GossipChannel))
+		},
+		Unicast: func(dst string, msg []byte) error { return a.channel.Unicast(dst, msg) },
+		Sent:    a.sentCounter(GossipChannel),
+		Count: func(event string) {
+			if event == membership.EventBad {
+				a.metrics.gossip.WithLabelValues("bad").Inc()
+				return
+			}
+			a.metrics.antiEntropy.WithLabelValues(event).Inc()
+		},
+		Debug: a.log.Debug,
+	})
 }
 
 // sentCounter counts the bytes sent on a channel, by kind.
@@ -49,31 +75,23 @@ func (a *Agent) gossipLoop(ctx context.Context) {
 	}
 }
 
-// gossipHandler receives membership gossip: deltas (broadcast and relayed
-// gossip), digests (periodic gossip), and the unicast answers of
-// anti-entropy (see package membership).
+// gossipHandler receives membership gossip: package membership's handler
+// (deltas, digests, the unicast messages of anti-entropy) with this
+// agent's trust checks (mergeGossip).
 type gossipHandler Agent
 
 func (h *gossipHandler) Gossip() gossip.Data { return (*Agent)(h).digestData() }
 
-// receive handles one message; src is the sender of a unicast ("" for
-// broadcast and gossip, where a digest names its sender).
-func (h *gossipHandler) receive(src string, msg []byte) (gossip.Data, error) {
-	a := (*Agent)(h)
-	m, err := membership.Decode(msg)
-	if err != nil {
-		a.metrics.gossip.WithLabelValues("bad").Inc()
-		return nil, err
-	}
-	a.answer(src, &m)
-	if len(m.Records)+len(m.Tombstones) == 0 {
-		return nil, nil
-	}
-	news, tr, current := a.mergeGossip(m)
-	if !current || len(news.Records)+len(news.Tombstones) == 0 {
-		return nil, nil
-	}
-	return membership.DeltaData(tr.ClusterID, news, a.sentCounter(GossipChannel)), nil
+func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) {
+	return (*Agent)(h).membershipHandler().OnGossip(msg)
+}
+
+func (h *gossipHandler) OnBroadcast(src string, msg []byte) (gossip.Data, error) {
+	return (*Agent)(h).membershipHandler().OnBroadcast(src, msg)
+}
+
+func (h *gossipHandler) OnUnicast(src string, msg []byte) error {
+	return (*Agent)(h).membershipHandler().OnUnicast(src, msg)
 }
 
 // mergeGossip checks and merges the records and tombstones of a message and
@@ -123,71 +141,4 @@ func (a *Agent) mergeGossip(m membership.Message) (news membership.State, tr mem
 	a.trigger(a.reconcileCh)
 	a.trigger(a.connectCh)
 	return news, tr, true
-}
-
-// answer handles the anti-entropy parts of a message: a digest is answered
-// with a summary of the buckets that differ, a summary with a push of what
-// the other lacks and a want list, a want list with a push. Only messages
-// of this agent's cluster are answered.
-func (a *Agent) answer(src string, m *membership.Message) {
-	if m.Digest == nil && m.Summary == nil && len(m.Want) == 0 {
-		return
-	}
-	a.mu.RLock()
-	cid := a.clusterID
-	a.mu.RUnlock()
-	if m.ClusterID != cid {
-		a.metrics.antiEntropy.WithLabelValues("other_cluster").Inc()
-		return
-	}
-	if m.Digest != nil && m.From != a.id {
-		a.metrics.antiEntropy.WithLabelValues("digest").Inc()
-		if sum := a.members.AnswerDigest(m.Digest); sum != nil {
-			a.unicast(m.From, "summary", membership.Message{ClusterID: cid, Summary: sum})
-		}
-	}
-	if src == "" {
-		return // summaries and want lists come by unicast only
-	}
-	if m.Summary != nil {
-		a.metrics.antiEntropy.WithLabelValues("summary").Inc()
-		push, want := a.members.AnswerSummary(m.Summary)
-		a.push(src, cid, push)
-		if len(want) > 0 {
-			a.unicast(src, "want", membership.Message{ClusterID: cid, Want: want})
-		}
-	}
-	if len(m.Want) > 0 {
-		a.metrics.antiEntropy.WithLabelValues("want").Inc()
-		a.push(src, cid, a.members.Lookup(m.Want))
-	}
-}
-
-// push unicasts records and tombstones, in bounded messages.
-func (a *Agent) push(dst, cid string, st membership.State) {
-	for _, c := range membership.Chunks(st) {
-		a.unicast(dst, "push", membership.Message{ClusterID: cid, State: c})
-	}
-}
-
-func (a *Agent) unicast(dst, kind string, msg membership.Message) {
-	b := membership.Encode(msg)
-	if err := a.channel.Unicast(dst, b); err != nil {
-		a.log.Debug("anti-entropy unicast", "to", dst, "kind", kind, "err", err)
-		return
-	}
-	a.metrics.gossipSent.WithLabelValues(GossipChannel, kind).Add(float64(len(b)))
-}
-
-func (h *gossipHandler) OnGossip(msg []byte) (gossip.Data, error) { return h.receive("", msg) }
-
-func (h *gossipHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) {
-	return h.receive("", msg)
-}
-
-// OnUnicast receives anti-entropy answers; what a push brings is merged
-// and not relayed (every peer runs its own anti-entropy).
-func (h *gossipHandler) OnUnicast(src string, msg []byte) error {
-	_, err := h.receive(src, msg)
-	return err
 }

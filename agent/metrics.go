@@ -98,19 +98,19 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	m.gossipSent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "carve_agent_gossip_sent_bytes_total",
-		Help: "Bytes of gossip sent, by channel and kind: delta (changed records or rings, broadcast and relayed), digest (periodic anti-entropy), summary, want, push (anti-entropy answers, unicast).",
+		Help: "Bytes of gossip sent, by channel and kind: delta (changed records or rings, broadcast and relayed), digest (periodic anti-entropy), buckets, push (anti-entropy answers, unicast).",
 	}, []string{"channel", "kind"})
 	m.antiEntropy = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "carve_agent_gossip_antientropy_received_total",
-		Help: "Membership anti-entropy messages received, by kind: digest, summary, want; other_cluster (of another cluster, not answered).",
+		Help: "Membership anti-entropy messages received, by kind: digest, buckets, push (naming buckets); other_cluster (of another cluster, not answered); legacy (of the protocol before, from an agent not upgraded yet: ignored).",
 	}, []string{"kind"})
 	m.meshTargets = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "carve_agent_mesh_targets", Help: "Peers the agent keeps mesh connections to (bounded by --mesh-peers).",
 	})
-	for _, k := range []string{"delta", "digest", "summary", "want", "push"} {
+	for _, k := range []string{"delta", "digest", "buckets", "push"} {
 		m.gossipSent.WithLabelValues("carve-agents", k)
 	}
-	for _, k := range []string{"digest", "summary", "want", "other_cluster"} {
+	for _, k := range []string{membership.EventDigest, membership.EventBuckets, membership.EventPush, membership.EventOtherCluster, membership.EventLegacy} {
 		m.antiEntropy.WithLabelValues(k)
 	}
 	for _, k := range vxlan.Kinds {

@@ -236,3 +236,14 @@ func StillDiffer(mine, pushed Entries, n int, buckets []int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// Digest is the set's digest (step 1) from its bucket hashes: their XOR,
+// so that a peer holding its bucket hashes has the digest without hashing
+// its entries again.
+func (b Buckets) Digest() uint64 {
+	var d uint64
+	for _, v := range b {
+		d ^= v
+	}
+	return d
+}

@@ -179,21 +179,25 @@ func TestDigestIsTheXOROfBuckets(t *testing.T) {
 		for _, h := range bh {
 			x ^= h
 		}
-		if x != Digest(r.entries()) {
-			t.Errorf("n=%d: XOR of bucket hashes %x, digest %x", n, x, Digest(r.entries()))
+		if x != Digest(r.entries()) || bh.Digest() != x {
+			t.Errorf("n=%d: XOR of bucket hashes %x (Buckets.Digest %x), digest %x", n, x, bh.Digest(), Digest(r.entries()))
 		}
 	}
 }
 
-// Similar agent ids spread over the buckets: plain FNV put 5,000 of them
-// into only 64 of 256.
+// Similar agent ids (as generated ids are) spread over every bucket, so
+// that a push of one bucket stays a small part of the set: plain FNV put
+// 5,000 of them into only 64 of 256.
 func TestBucketSpread(t *testing.T) {
-	used := map[int]bool{}
-	for i := range 5000 {
-		used[BucketOf(fmt.Sprintf("agent-%04d", i), 256)] = true
-	}
-	if len(used) < 250 {
-		t.Errorf("5,000 similar ids fill %d of 256 buckets", len(used))
+	for _, format := range []string{"%08x-5c1e-4f7a-9d2b-%012x", "agent-%06d%.0d", "agent-%04d%.0d"} {
+		const ids, n = 5000, 256
+		count := make([]int, n)
+		for i := range ids {
+			count[BucketOf(fmt.Sprintf(format, i, i), n)]++
+		}
+		if m := slices.Max(count); slices.Min(count) == 0 || m > 3*ids/n {
+			t.Errorf("%q: buckets hold %d to %d ids, want all used and none above %d", format, slices.Min(count), m, 3*ids/n)
+		}
 	}
 }
 

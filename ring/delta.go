@@ -2,11 +2,11 @@ package ring
 
 import (
 	"encoding/binary"
-	"fmt"
 	"slices"
 )
 
-// Parts of a ring for gossip in proportion to change.
+// Parts of a ring for gossip in proportion to change (package antientropy
+// runs the protocol over EachEntry and Select).
 //
 // Every part of the replicated state joins entry by entry (raw tokens by
 // position, leases by prefix and owner, lease sets and tombstones by
@@ -81,119 +81,63 @@ func (r *Ring) subset(raw []rawToken, leases []leaseEntry, sets, tombs []Tombsto
 }
 
 // Owners counts the agents r names (in tokens, leases, lease sets or
-// tombstones): what sizes its buckets.
+// tombstones): what sizes its anti-entropy buckets.
 func (r *Ring) Owners() int { return len(r.owners()) }
 
-// bucketOf is the bucket (of n, a power of two) of an owner's entries; raw
-// tokens of nobody are in the bucket of "".
-func bucketOf(owner string, n int) int {
-	return int(mix64(fnv64([]byte(owner))) & uint64(n-1))
-}
-
-// mix64 is MurmurHash3's 64-bit finalizer: FNV's low bits depend only on
-// the low bits of the input bytes, and agent ids that differ in a few
-// characters would crowd into a few buckets.
-func mix64(h uint64) uint64 {
-	h ^= h >> 33
-	h *= 0xff51afd7ed558ccd
-	h ^= h >> 33
-	h *= 0xc4ceb9fe1a85ec53
-	h ^= h >> 33
-	return h
-}
-
-// BucketHashes hashes r's entries into n buckets (n a power of two, at
-// least 1) by owner: per bucket, the XOR of a 64-bit hash of each entry.
-// Two rings hold the same entries of a bucket's owners exactly when (but
-// for hash collisions) the bucket's hashes are equal.
-func (r *Ring) BucketHashes(n int) ([]uint64, error) {
-	if n < 1 || n&(n-1) != 0 {
-		return nil, fmt.Errorf("%w: %d buckets: want a power of two", ErrInvalid, n)
-	}
-	out := make([]uint64, n)
-	r.eachEntry(func(owner string, h uint64) { out[bucketOf(owner, n)] ^= h })
-	return out, nil
-}
-
-// InBuckets returns the entries of r in the given buckets of n (with r's
-// first token): what one peer sends another whose buckets differ.
-func (r *Ring) InBuckets(n int, buckets []int) (*Ring, error) {
-	if n < 1 || n&(n-1) != 0 {
-		return nil, fmt.Errorf("%w: %d buckets: want a power of two", ErrInvalid, n)
-	}
-	want := make([]bool, n)
-	for _, b := range buckets {
-		if b < 0 || b >= n {
-			return nil, fmt.Errorf("%w: bucket %d of %d", ErrInvalid, b, n)
-		}
-		want[b] = true
-	}
-	cache := map[string]bool{}
-	in := func(owner string) bool {
-		v, ok := cache[owner]
-		if !ok {
-			v = want[bucketOf(owner, n)]
-			cache[owner] = v
-		}
-		return v
-	}
+// Select returns the entries of r whose owner keep keeps (with r's first
+// token; raw tokens of nobody have the owner ""): the part of a ring one
+// peer sends another whose entries of those owners differ.
+func (r *Ring) Select(keep func(owner string) bool) *Ring {
 	var raw []rawToken
 	for _, t := range r.st.raw {
-		if in(t.owner) {
+		if keep(t.owner) {
 			raw = append(raw, t)
 		}
 	}
 	var leases []leaseEntry
 	for _, l := range r.st.leases {
-		if in(l.owner) {
+		if keep(l.owner) {
 			leases = append(leases, l)
 		}
 	}
 	pick := func(ts []Tombstone) []Tombstone {
 		var out []Tombstone
 		for _, t := range ts {
-			if in(t.Owner) {
+			if keep(t.Owner) {
 				out = append(out, t)
 			}
 		}
 		return out
 	}
-	return r.subset(raw, leases, pick(r.st.sets), pick(r.st.tombs)), nil
+	return r.subset(raw, leases, pick(r.st.sets), pick(r.st.tombs))
 }
 
-// eachEntry calls f with the owner and the hash of every entry of the
-// replicated state. The hash covers the entry's kind and every field, so
-// that the same entry hashes alike on every peer.
-func (r *Ring) eachEntry(f func(owner string, h uint64)) {
+// EachEntry calls f with the owner and a canonical encoding of every entry
+// of the replicated state: its kind and every field, so that the same
+// entry encodes alike on every peer (anti-entropy hashes it). entry is
+// valid only during the call.
+func (r *Ring) EachEntry(f func(owner string, entry []byte)) {
 	var b []byte
 	for _, t := range r.st.raw {
 		b = appendU128(append(b[:0], 't'), t.start)
 		b = binary.AppendUvarint(b, t.version)
 		b = appendU128(b, t.free)
-		f(t.owner, fnv64(append(b, t.owner...)))
+		b = append(b, t.owner...)
+		f(t.owner, b)
 	}
 	for _, l := range r.st.leases {
 		b = appendU128(append(b[:0], 'l'), l.start)
 		b = binary.AppendUvarint(append(b, byte(l.bits)), l.index)
-		f(l.owner, fnv64(append(b, l.owner...)))
+		b = append(b, l.owner...)
+		f(l.owner, b)
 	}
 	owned := func(kind byte, ts []Tombstone) {
 		for _, t := range ts {
 			b = binary.AppendUvarint(append(b[:0], kind), t.Version)
-			f(t.Owner, fnv64(append(b, t.Owner...)))
+			b = append(b, t.Owner...)
+			f(t.Owner, b)
 		}
 	}
 	owned('s', r.st.sets)
 	owned('d', r.st.tombs)
-}
-
-// fnv64 is 64-bit FNV-1a: the same on every peer and cheap enough to hash
-// every entry of a ring of thousands of agents each anti-entropy round.
-func fnv64(b []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range b {
-		h ^= uint64(c)
-		h *= 1099511628211
-	}
-	return h
 }

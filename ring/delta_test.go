@@ -2,8 +2,9 @@ package ring
 
 import (
 	"bytes"
-	"fmt"
 	"math/rand/v2"
+	"net/netip"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -65,80 +66,68 @@ func TestDeltaOfOneWrite(t *testing.T) {
 	}
 }
 
-// TestBucketsReconcile: two arbitrary states exchanging only the entries of
-// the buckets whose hashes differ end equal, at every bucket count; the
-// buckets of all owners together are the whole ring.
-func TestBucketsReconcile(t *testing.T) {
+// entriesByOwner is each owner's entries of r, as EachEntry encodes them.
+func entriesByOwner(r *Ring) map[string][]string {
+	out := map[string][]string{}
+	r.EachEntry(func(owner string, entry []byte) { out[owner] = append(out[owner], string(entry)) })
+	return out
+}
+
+// TestSelectReconciles: two arbitrary states exchanging only the entries
+// of the owners whose entries differ (what anti-entropy's buckets narrow
+// down to) end equal, whatever else each selection holds; the selection
+// of every owner is the whole ring, and equal rings encode their entries
+// alike.
+func TestSelectReconciles(t *testing.T) {
 	for seed := uint64(1); seed <= 300; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 11))
 		a, b := randomRing(t, rng), randomRing(t, rng)
-		for _, n := range []int{1, 2, 4, 16} {
-			ha, err := a.BucketHashes(n)
-			if err != nil {
-				t.Fatal(err)
+		ea, eb := entriesByOwner(a), entriesByOwner(b)
+		extra := map[string]bool{} // owners selected although equal
+		differ := func(owner string) bool {
+			return extra[owner] || !slices.Equal(ea[owner], eb[owner])
+		}
+		for o := range ea {
+			if rng.IntN(3) == 0 {
+				extra[o] = true
 			}
-			hb, _ := b.BucketHashes(n)
-			var differ, all []int
-			for i := range n {
-				all = append(all, i)
-				if ha[i] != hb[i] {
-					differ = append(differ, i)
-				}
-			}
-			fromA, err := a.InBuckets(n, differ)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fromB, _ := b.InBuckets(n, differ)
-			checkValid(t, fromA)
-			a2, b2 := merged(t, a, fromB), merged(t, b, fromA)
-			if !bytes.Equal(a2.Encode(), b2.Encode()) {
-				t.Fatalf("seed %d, %d buckets (differing %v): not reconciled:\n%v\n%v", seed, n, differ, a2, b2)
-			}
-			h2a, _ := a2.BucketHashes(n)
-			h2b, _ := b2.BucketHashes(n)
-			for i := range n {
-				if h2a[i] != h2b[i] {
-					t.Fatalf("seed %d: equal rings, bucket %d hashes differ", seed, i)
-				}
-			}
-			whole, _ := a.InBuckets(n, all)
-			if !whole.Equal(a) {
-				t.Fatalf("seed %d: every bucket is not the ring:\n%v\n%v", seed, whole, a)
-			}
+		}
+		fromA, fromB := a.Select(differ), b.Select(differ)
+		checkValid(t, fromA)
+		a2, b2 := merged(t, a, fromB), merged(t, b, fromA)
+		if !bytes.Equal(a2.Encode(), b2.Encode()) {
+			t.Fatalf("seed %d: not reconciled:\n%v\n%v", seed, a2, b2)
+		}
+		if e2a, e2b := entriesByOwner(a2), entriesByOwner(b2); !reflect.DeepEqual(e2a, e2b) {
+			t.Fatalf("seed %d: equal rings, entries differ:\n%v\n%v", seed, e2a, e2b)
+		}
+		if whole := a.Select(func(string) bool { return true }); !whole.Equal(a) {
+			t.Fatalf("seed %d: every owner is not the ring:\n%v\n%v", seed, whole, a)
 		}
 	}
 }
 
-func TestBucketArguments(t *testing.T) {
-	r := newRing(t, "10.0.0.0/24")
-	for _, n := range []int{0, -1, 3, 12} {
-		if _, err := r.BucketHashes(n); err == nil {
-			t.Errorf("BucketHashes(%d) accepted", n)
-		}
-		if _, err := r.InBuckets(n, nil); err == nil {
-			t.Errorf("InBuckets(%d) accepted", n)
+// TestEachEntryCoversEveryPart: an entry of each part of the state (raw
+// tokens, leases, lease sets, tombstones) is named, and a change of any
+// field changes its encoding.
+func TestEachEntryCoversEveryPart(t *testing.T) {
+	r := newRing(t, "10.0.0.0/16")
+	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, []Tombstone{{"c", 3}})
+	if _, err := r.SeedSets([]LeaseSet{{Owner: "b", Version: 7, Prefixes: []netip.Prefix{pfx(t, "10.0.2.0/24")}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[byte]int{}
+	r.EachEntry(func(_ string, e []byte) { kinds[e[0]]++ })
+	for _, k := range []byte("tlsd") {
+		if kinds[k] == 0 {
+			t.Errorf("no entry of kind %q in %v", k, kinds)
 		}
 	}
-	for _, b := range []int{-1, 4} {
-		if _, err := r.InBuckets(4, []int{b}); err == nil {
-			t.Errorf("InBuckets(4, [%d]) accepted", b)
-		}
+	before := entriesByOwner(r)
+	if _, err := r.ReportFree("a", map[netip.Addr]Uint128{netip.MustParseAddr("10.0.1.0"): U128(7)}); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// TestBucketsSpreadSimilarIDs: agent ids that differ in a few characters
-// (as generated ids do) spread over every bucket, so that a push of one
-// bucket stays a small part of the ring.
-func TestBucketsSpreadSimilarIDs(t *testing.T) {
-	for _, format := range []string{"%08x-5c1e-4f7a-9d2b-%012x", "agent-%06d%.0d"} {
-		const ids, n = 5000, 256
-		count := make([]int, n)
-		for i := range ids {
-			count[bucketOf(fmt.Sprintf(format, i, i), n)]++
-		}
-		if m := slices.Max(count); slices.Min(count) == 0 || m > 3*ids/n {
-			t.Errorf("%q: buckets hold %d to %d ids, want all used and none above %d", format, slices.Min(count), m, 3*ids/n)
-		}
+	if after := entriesByOwner(r); slices.Equal(before["a"], after["a"]) {
+		t.Error("a free count changed and a's entries encode alike")
 	}
 }

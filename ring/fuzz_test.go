@@ -122,16 +122,25 @@ func FuzzMerge(f *testing.F) {
 			t.Fatalf("merge not idempotent: %v, %v", changed, err)
 		}
 		// b's delta since a, merged into a, is b merged into a; the
-		// buckets of b's owners, all of them, are b.
+		// entries of b's owners, all of them, are b, and b merged in
+		// parts is b merged whole.
 		if d, ok := b.Delta(a); ok {
 			z := a.Clone()
 			if _, err := z.Merge(d); err != nil || !bytes.Equal(z.Encode(), x.Encode()) {
 				t.Fatalf("merging the delta (%v) differs from merging the whole:\n%v\n%v", err, z, x)
 			}
 		}
-		all, err := b.InBuckets(4, []int{0, 1, 2, 3})
-		if err != nil || !all.Equal(b) {
-			t.Fatalf("every bucket of b is not b (%v)", err)
+		if all := b.Select(func(string) bool { return true }); !all.Equal(b) {
+			t.Fatalf("every owner of b is not b")
+		}
+		// The entries of any owners of b, merged into a, then the rest:
+		// what merging b gives.
+		half := func(o string) bool { return len(o)%2 == 0 }
+		w := a.Clone()
+		_, err1 = w.Merge(b.Select(half))
+		_, err2 = w.Merge(b.Select(func(o string) bool { return !half(o) }))
+		if err1 != nil || err2 != nil || !bytes.Equal(w.Encode(), x.Encode()) {
+			t.Fatalf("merging b by parts (%v, %v) differs from merging the whole:\n%v\n%v", err1, err2, w, x)
 		}
 		// The guarded merge of a peer with allocations either refuses
 		// with the state unchanged, or keeps ring and space equal.

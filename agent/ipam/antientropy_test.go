@@ -224,44 +224,78 @@ func TestRingGossipInProportionToChange(t *testing.T) {
 	}
 }
 
-// TestRingAntiEntropyRoundReconciles: the in-process round the scale bench
-// measures reconciles two rings in either direction, and costs the digest
-// alone between equal rings.
+// TestRingAntiEntropyRoundReconciles: one round of the real handlers
+// (one agent's digest, answered through the fake network) reconciles two
+// rings of 1,000 agents in either direction, with a push of a fraction of
+// the ring, and costs the digest alone between equal rings.
 func TestRingAntiEntropyRoundReconciles(t *testing.T) {
-	base, err := ring.NewRing(netip.MustParsePrefix("10.128.0.0/14"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var leases []ring.Lease
+	var peers []Peer
 	for i := range 1000 {
-		leases = append(leases, ring.Lease{Owner: fmt.Sprintf("agent-%03d", i), Prefix: netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256)), Version: uint64(10 + i)})
+		peers = append(peers, Peer{ID: fmt.Sprintf("agent-%03d", i), Version: uint64(10 + i),
+			Subnets: []string{fmt.Sprintf("10.%d.%d.0/24", 129+i/256, i%256)}})
 	}
-	if _, err := base.Seed(leases, nil); err != nil {
-		t.Fatal(err)
-	}
-	ahead := base.Clone()
-	if _, err := ahead.ReportFree("agent-007", map[netip.Addr]ring.Uint128{netip.MustParseAddr("10.128.7.0"): ring.U128(100)}); err != nil {
-		t.Fatal(err)
-	}
-	whole := len(base.Encode())
-	for _, tt := range []struct {
-		name string
-		a, b *ring.Ring
-	}{{"digest sender ahead", ahead.Clone(), base.Clone()}, {"digest sender behind", base.Clone(), ahead.Clone()}} {
+	for _, tt := range []struct{ name, ahead, sender string }{
+		{"digest sender ahead", "self", "self"},
+		{"digest sender behind", "self", "other"},
+	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := RingAntiEntropyRound("c1", "carve", "a", "b", tt.a, tt.b)
-			if err != nil {
+			gnet, svcs, sent := ringGossipPair(t, 12, peers)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			equal := func() bool {
+				a, b := svcs["self"].Rings(), svcs["other"].Rings()
+				return bytes.Equal(a["carve/4"], b["carve/4"]) && bytes.Equal(a["carve/6"], b["carve/6"])
+			}
+			// One round: the sender's digest alone starts it.
+			round := func() {
+				t.Helper()
+				svc := svcs[tt.sender]
+				svc.mu.Lock()
+				ch := svc.channel
+				svc.mu.Unlock()
+				ch.Gossip(svc.RingGossip().Gossip())
+				if err := gnet.WaitIdle(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gnet.GossipRound() // what each agent wrote of its own at the sync
+			if err := gnet.WaitIdle(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if !tt.a.Equal(ahead) || !tt.b.Equal(ahead) {
-				t.Fatalf("not reconciled after a round (%+v)", got)
+			if !equal() {
+				t.Fatalf("the rings differ before the change (seed %d)", gnet.Seed())
 			}
-			if got.Push == 0 || got.Total() > whole/4 {
-				t.Errorf("round of %+v bytes for a %d-byte ring", got, whole)
+			whole := len(svcs["self"].Rings()["carve/4"])
+			if _, err := svcs[tt.ahead].Allocate(req("c1")); err != nil {
+				t.Fatal(err)
 			}
-			again, err := RingAntiEntropyRound("c1", "carve", "a", "b", tt.a, tt.b)
-			if err != nil || again.Messages != 1 {
-				t.Errorf("round between equal rings: %+v, %v; want the digest alone", again, err)
+			writeFreeCounts(svcs[tt.ahead])
+			if equal() {
+				t.Fatal("the rings agree after an unannounced allocation: the test proves nothing")
+			}
+			for _, s := range sent {
+				s.reset()
+			}
+			round()
+			if !equal() {
+				t.Fatalf("not reconciled after a round (seed %d)", gnet.Seed())
+			}
+			total, push := 0, 0
+			for id, s := range sent {
+				b, n := s.reset()
+				t.Logf("%s sent %v bytes in %v messages; the ring is %d bytes", id, b, n, whole)
+				total += b["digest"] + b["buckets"] + b["push"]
+				push += b["push"]
+			}
+			if push == 0 || total > whole/4 {
+				t.Errorf("round of %d bytes (push %d) for a %d-byte ring", total, push, whole)
+			}
+			round()
+			for id, s := range sent {
+				b, n := s.reset()
+				if b["buckets"]+b["push"] != 0 || (id == tt.sender) != (n["digest"] == 1) {
+					t.Errorf("round between equal rings: %s sent %v in %v; want the sender's digest alone", id, b, n)
+				}
 			}
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
 )
@@ -28,11 +29,10 @@ type ringGossip struct {
 	known *ring.Ring
 	// announced is the ring's change count at the last announcement.
 	announced uint64
-	// changes, hash and buckets cache the digest hash and the bucket
-	// hashes (of len(buckets) buckets), valid at that change count.
+	// changes and buckets cache the ring's bucket hashes at its default
+	// count (its digest is their XOR), valid at that change count.
 	changes uint64
-	hash    uint64
-	buckets []uint64
+	buckets antientropy.Buckets
 }
 
 // allocatorOf returns a served overlay's allocator of a family ("4", "6");

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -250,7 +251,8 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	// Bucket hashes (answered by a push of the differing buckets) and a
 	// push of named buckets (merged, answered by a push back).
 	f.Add([]byte(`{"cluster_id":"fuzz-cluster","buckets":[{"overlay":"carve","family":"4","hashes":"AAAAAAAAAAEAAAAAAAAAAg=="}]}`))
-	if part, err := thief.Ring().InBuckets(2, []int{1}); err == nil {
+	if in, err := antientropy.Selector(2, []int{1}); err == nil {
+		part := thief.Ring().Select(in)
 		push, _ := json.Marshal(ringMessage{ClusterID: "fuzz-cluster", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: part.Encode(), N: 2, Buckets: []int{1}}}})
 		f.Add(push)
 	}

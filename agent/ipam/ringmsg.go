@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
@@ -45,7 +46,7 @@ type ringEntry struct {
 	Buckets []int `json:"buckets,omitempty"`
 }
 
-// ringBuckets is one ring's bucket hashes (ring.Ring.BucketHashes): 8
+// ringBuckets is one ring's bucket hashes (antientropy.Buckets.Encode): 8
 // bytes a bucket, big-endian, a power of two of buckets.
 type ringBuckets struct {
 	Overlay string `json:"overlay"`
@@ -61,16 +62,16 @@ type ringBuckets struct {
 // it. What the masters' leases change is never broadcast: every agent
 // seeds it into its rings from its own view of the masters.
 //
-// Anti-entropy, for what a broadcast missed, never sends a whole ring:
+// Anti-entropy, for what a broadcast missed, never sends a whole ring: it
+// is package antientropy's protocol over each ring's entries, keyed by
+// owner (antientropy.go):
 //
-//  1. Periodic gossip carries a digest: a hash of every ring the sender
-//     serves.
-//  2. A receiver whose ring hashes differently unicasts back that ring's
-//     bucket hashes: its entries hashed into n buckets by owner (a power
-//     of two, about ringBucketLoad agents a bucket, at most
-//     maxRingBuckets).
+//  1. Periodic gossip carries a digest: the digest of every ring the
+//     sender serves (antientropy.Digest).
+//  2. A receiver whose ring's digest differs unicasts back that ring's
+//     bucket hashes (Buckets).
 //  3. The digest's sender unicasts its entries of the buckets that differ,
-//     naming them.
+//     naming them (ringEntry.N and Buckets).
 //  4. The receiver merges them and, where its entries of those buckets
 //     still differ from what it received, unicasts its own back.
 //
@@ -209,16 +210,11 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 		if e.N == 0 && e.Buckets == nil {
 			continue
 		}
-		if err := validBucketCount(e.N); err != nil {
+		if len(e.Buckets) == 0 {
+			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: a push naming no bucket of %d", errBadRingMessage, e.Overlay, e.Family, e.N)
+		}
+		if err := antientropy.ValidBuckets(e.N, e.Buckets); err != nil {
 			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %v", errBadRingMessage, e.Overlay, e.Family, err)
-		}
-		if len(e.Buckets) == 0 || len(e.Buckets) > e.N {
-			return ringMessage{}, fmt.Errorf("%w: ring %s/%s: %d buckets of %d", errBadRingMessage, e.Overlay, e.Family, len(e.Buckets), e.N)
-		}
-		for _, b := range e.Buckets {
-			if b < 0 || b >= e.N {
-				return ringMessage{}, fmt.Errorf("%w: ring %s/%s: bucket %d of %d", errBadRingMessage, e.Overlay, e.Family, b, e.N)
-			}
 		}
 	}
 	if len(m.Buckets) > maxDigestRings {
@@ -228,22 +224,11 @@ func decodeRingMessage(b []byte) (ringMessage, error) {
 		if err := validRingKey(e.Overlay, e.Family); err != nil {
 			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", errBadRingMessage, err)
 		}
-		if len(e.Hashes)%8 != 0 {
-			return ringMessage{}, fmt.Errorf("%w: bucket hashes of %d bytes: want 8 a bucket", errBadRingMessage, len(e.Hashes))
-		}
-		if err := validBucketCount(len(e.Hashes) / 8); err != nil {
+		if _, err := antientropy.DecodeBuckets(e.Hashes); err != nil {
 			return ringMessage{}, fmt.Errorf("%w: bucket hashes: %v", errBadRingMessage, err)
 		}
 	}
 	return m, nil
-}
-
-// validBucketCount checks a bucket count from the network.
-func validBucketCount(n int) error {
-	if n < 1 || n > maxRingBuckets || n&(n-1) != 0 {
-		return fmt.Errorf("%d buckets: want a power of two up to %d", n, maxRingBuckets)
-	}
-	return nil
 }
 
 // validRingKey checks the overlay and family that name a ring.

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 )
 
@@ -17,78 +18,90 @@ import (
 // tombstones that changed, and each receiver relays only what was news to
 // it. Peers that missed a broadcast (a partition, a restart, a dropped
 // message) catch up by anti-entropy, which never sends the whole
-// membership:
+// membership. It is package antientropy's protocol over the membership's
+// entries: one per agent id, keyed by the id, hashing the id's record and
+// tombstone (signatures included):
 //
-//  1. Periodically each agent gossips a digest to a few neighbours: its
-//     agent ids hashed into n buckets (n a power of two growing with the
-//     membership, at most maxDigestBuckets), per bucket the XOR of a hash
-//     of each id's record and tombstone. 8 bytes a bucket: 2 KiB at 5,000
-//     agents.
-//  2. A receiver whose buckets differ unicasts back a summary of its own
-//     entries in those buckets only: per agent id, the record version, the
-//     tombstone version and the hash.
-//  3. The digest's sender compares the summary with its own entries of
-//     those buckets: it unicasts the records and tombstones the other lacks
-//     or has older, and a want list of the ids the other has newer.
-//  4. The other answers a want list with those records and tombstones.
+//  1. Periodically each agent gossips its digest to a few neighbours (8
+//     bytes).
+//  2. A receiver whose digest differs unicasts back its bucket hashes (8
+//     bytes a bucket: 2 KiB at 5,000 agents).
+//  3. The digest's sender unicasts its records and tombstones of the
+//     buckets that differ, in messages of at most maxPushRecords, each
+//     naming the buckets it holds whole.
+//  4. The receiver merges them and, where its entries of those buckets
+//     still differ from what it received, unicasts its own back.
 //
 // Everything merged from a push is checked as any gossip is (signatures,
 // ranges, cluster), so anti-entropy adds no trust. Equal memberships cost
-// one digest per round; a difference costs about its own size.
+// one digest per round; a difference costs the bucket hashes and about the
+// size of the buckets that differ.
 
-// Bounds of anti-entropy messages (checked when decoded).
-const (
-	// maxDigestBuckets bounds a digest (8 bytes per bucket).
-	maxDigestBuckets = 4096
-	// digestBucketLoad is the number of agent ids a bucket is sized for.
-	digestBucketLoad = 32
-	// defaultDigestBuckets is the most buckets this agent sends.
-	defaultDigestBuckets = 256
-	// maxSummaryEntries bounds the entries of one summary, and
-	// maxWant the ids of one want list; what is beyond is caught up in
-	// later rounds.
-	maxSummaryEntries = 8192
-	maxWant           = 8192
-	// maxPushRecords bounds the records and tombstones of one push message.
-	maxPushRecords = 256
-)
+// maxPushRecords bounds the records and tombstones of one push message.
+const maxPushRecords = 256
 
-// DigestEntry summarises what a membership holds of one agent id.
-type DigestEntry struct {
-	ID string `json:"id"`
-	// V is the record's version, T the tombstone's; 0 for none.
-	V uint64 `json:"v,omitempty"`
-	T uint64 `json:"t,omitempty"`
-	// H hashes the record and the tombstone, signatures included.
-	H uint64 `json:"h"`
+// AntiEntropy is the anti-entropy part of a message (see above): at most
+// one of a digest (periodic gossip), bucket hashes (the unicast answer to
+// a digest) and the buckets a push holds (with the message's records and
+// tombstones, by unicast).
+type AntiEntropy struct {
+	// Digest is the sender's digest (step 1); the message's From names
+	// the sender.
+	Digest *uint64 `json:"digest,omitempty"`
+	// Buckets are the sender's bucket hashes (step 2,
+	// antientropy.Buckets.Encode).
+	Buckets []byte `json:"buckets,omitempty"`
+	// N and Push name the buckets (of N) whose records and tombstones the
+	// message holds whole (step 3): the receiver pushes back its own of
+	// those where they still differ.
+	N    int   `json:"n,omitempty"`
+	Push []int `json:"push,omitempty"`
 }
 
-// DigestSummary answers a digest: the entries of the buckets that differ.
-type DigestSummary struct {
-	// N is the digest's bucket count, Buckets the buckets that differ.
-	N       int           `json:"n"`
-	Buckets []int         `json:"buckets"`
-	Entries []DigestEntry `json:"entries,omitempty"`
+// Push is one push message's content: records and tombstones, and the
+// buckets (of N) it holds whole (none: a push back, or a bucket too large
+// for one message).
+type Push struct {
+	State
+	N       int
+	Buckets []int
 }
 
-// idSum caches the digest entry of one agent id, with the record and
+// idSum caches the entry hash of one agent id, with the record and
 // tombstone it was computed from (to notice changes without hashing).
 type idSum struct {
 	rec     PeerRecord
 	hasRec  bool
 	tomb    api.Tombstone
 	hasTomb bool
-	key     uint64 // hash of the id: its bucket
-	entry   DigestEntry
+	h       uint64
 }
 
 func (s *idSum) matches(r PeerRecord, hasRec bool, t api.Tombstone, hasTomb bool) bool {
 	return s.hasRec == hasRec && s.hasTomb == hasTomb && s.tomb == t && (!hasRec || s.rec.Equal(&r))
 }
 
+// entryHash is the anti-entropy hash of an agent id's entry: its record
+// and tombstone (nil for none), each length-prefixed in their wire form.
+func entryHash(id string, r *PeerRecord, t *api.Tombstone) uint64 {
+	var rj, tj []byte
+	if r != nil {
+		rj, _ = json.Marshal(r)
+	}
+	if t != nil {
+		tj, _ = json.Marshal(t)
+	}
+	b := make([]byte, 0, len(id)+len(rj)+len(tj)+12)
+	for _, p := range [][]byte{[]byte(id), rj, tj} {
+		b = binary.AppendUvarint(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	return antientropy.Hash(b)
+}
+
 // Hash64 hashes its parts, each length-prefixed, with SHA-256 and keeps
-// the first 8 bytes: the hash of the digests' buckets and entries. The
-// agent ranks its mesh peers with it as well (rendezvous hashing).
+// the first 8 bytes: the agent ranks its mesh peers with it (rendezvous
+// hashing), the same on every peer.
 func Hash64(parts ...[]byte) uint64 {
 	h := sha256.New()
 	for _, p := range parts {
@@ -98,7 +111,7 @@ func Hash64(parts ...[]byte) uint64 {
 	return binary.BigEndian.Uint64(h.Sum(nil))
 }
 
-// refreshSumsLocked brings the cached per-id entries up to date with the
+// refreshSumsLocked brings the cached per-id hashes up to date with the
 // records and tombstones, whatever changed them (merges, resets, the
 // compaction of tombstones): an entry is hashed again only when its record
 // or tombstone differs from the one it was computed from. Nothing is done
@@ -109,7 +122,7 @@ func (m *Membership) refreshSumsLocked() {
 	if m.sums != nil && m.sumsGen == m.gen {
 		return
 	}
-	m.sumsGen, m.digest, m.digestN = m.gen, nil, 0
+	m.sumsGen, m.buckets = m.gen, nil
 	if m.sums == nil {
 		m.sums = map[string]*idSum{}
 	}
@@ -121,21 +134,18 @@ func (m *Membership) refreshSumsLocked() {
 			return
 		}
 		if s == nil {
-			s = &idSum{key: Hash64([]byte(id))}
+			s = &idSum{}
 			m.sums[id] = s
 		}
 		s.rec, s.hasRec, s.tomb, s.hasTomb = r, hasRec, t, hasTomb
-		s.entry = DigestEntry{ID: id}
-		var rj, tj []byte
-		if hasRec {
-			s.entry.V = r.Version
-			rj, _ = json.Marshal(r)
+		rp, tp := &r, &t
+		if !hasRec {
+			rp = nil
 		}
-		if hasTomb {
-			s.entry.T = t.Version
-			tj, _ = json.Marshal(t)
+		if !hasTomb {
+			tp = nil
 		}
-		s.entry.H = Hash64([]byte(id), rj, tj)
+		s.h = entryHash(id, rp, tp)
 	}
 	for id := range m.records {
 		update(id)
@@ -158,6 +168,15 @@ func (m *Membership) refreshSumsLocked() {
 	}
 }
 
+// sumEntries is the cached entries as anti-entropy reads them.
+func sumEntries(sums map[string]*idSum) antientropy.Entries {
+	return func(yield func(string, uint64)) {
+		for id, s := range sums {
+			yield(id, s.h)
+		}
+	}
+}
+
 // withSums runs f with the cached entries up to date (and m.sumMu held).
 func (m *Membership) withSums(f func(sums map[string]*idSum)) {
 	m.mu.RLock()
@@ -168,159 +187,176 @@ func (m *Membership) withSums(f func(sums map[string]*idSum)) {
 	f(m.sums)
 }
 
-// bucketsLocked is bucketHashes(m.sums, n), cached until the next change
-// (m.sumMu held, the sums refreshed): the read-only result is shared.
-func (m *Membership) bucketsLocked(n int) []byte {
-	if m.digestN != n {
-		m.digest, m.digestN = bucketHashes(m.sums, n), n
+// bucketsLocked returns the bucket hashes at n buckets (0: the count the
+// membership's size calls for); those at that count are cached until the
+// next change (m.sumMu held, the sums refreshed) and shared read-only.
+func (m *Membership) bucketsLocked(n int) antientropy.Buckets {
+	if m.buckets == nil {
+		m.buckets, _ = antientropy.BucketHashes(sumEntries(m.sums), antientropy.BucketCount(len(m.sums)))
 	}
-	return m.digest
-}
-
-// digestBuckets is the bucket count this agent uses for a membership of
-// size entries: a power of two, about digestBucketLoad ids a bucket.
-func digestBuckets(size int) int {
-	n := 1
-	for n*digestBucketLoad < size && n < defaultDigestBuckets {
-		n *= 2
+	if n == 0 || n == len(m.buckets) {
+		return m.buckets
 	}
-	return n
-}
-
-// Digest returns the membership's digest: n buckets (0: chosen from the
-// membership's size) of 8 bytes each.
-func (m *Membership) Digest(n int) []byte {
-	var out []byte
-	m.withSums(func(sums map[string]*idSum) {
-		if n <= 0 {
-			n = digestBuckets(len(sums))
-		}
-		out = slices.Clone(m.bucketsLocked(n))
-	})
-	return out
-}
-
-func bucketHashes(sums map[string]*idSum, n int) []byte {
-	b := make([]uint64, n)
-	for _, s := range sums {
-		b[s.key&uint64(n-1)] ^= s.entry.H
-	}
-	out := make([]byte, 0, 8*n)
-	for _, v := range b {
-		out = binary.BigEndian.AppendUint64(out, v)
-	}
-	return out
-}
-
-// validDigest checks a digest from the network: a power of two of buckets.
-func validDigest(d []byte) error {
-	n := len(d) / 8
-	if len(d)%8 != 0 || n == 0 || n > maxDigestBuckets || n&(n-1) != 0 {
-		return fmt.Errorf("digest of %d bytes: want 8 bytes times a power of two up to %d", len(d), maxDigestBuckets)
-	}
-	return nil
-}
-
-// AnswerDigest compares a digest with the membership and returns the
-// summary of the buckets that differ (nil when none does). Entries are
-// bounded by maxSummaryEntries: the buckets beyond are left to later rounds.
-func (m *Membership) AnswerDigest(digest []byte) *DigestSummary {
-	if validDigest(digest) != nil {
+	b, err := antientropy.BucketHashes(sumEntries(m.sums), n)
+	if err != nil {
 		return nil
 	}
-	n := len(digest) / 8
-	var sum *DigestSummary
-	m.withSums(func(sums map[string]*idSum) {
-		mine := m.bucketsLocked(n)
-		var differ []int
-		for i := range n {
-			if binary.BigEndian.Uint64(mine[8*i:]) != binary.BigEndian.Uint64(digest[8*i:]) {
-				differ = append(differ, i)
-			}
-		}
-		if len(differ) == 0 {
-			return
-		}
-		by := entriesByBucket(sums, n, differ)
-		sum = &DigestSummary{N: n}
-		for _, b := range differ {
-			if len(sum.Entries)+len(by[b]) > maxSummaryEntries && len(sum.Buckets) > 0 {
-				break
-			}
-			sum.Buckets = append(sum.Buckets, b)
-			sum.Entries = append(sum.Entries, by[b]...)
+	return b
+}
+
+// Digest returns the membership's digest (step 1): cached, an idle round
+// hashes nothing.
+func (m *Membership) Digest() uint64 {
+	var d uint64
+	m.withSums(func(map[string]*idSum) { d = m.bucketsLocked(0).Digest() })
+	return d
+}
+
+// Buckets returns the membership's bucket hashes at n buckets (0: the
+// count its size calls for; else a valid count).
+func (m *Membership) Buckets(n int) antientropy.Buckets {
+	var out antientropy.Buckets
+	m.withSums(func(map[string]*idSum) { out = slices.Clone(m.bucketsLocked(n)) })
+	return out
+}
+
+// AnswerDigest returns the bucket hashes to answer a peer's digest with
+// (step 2), nil when the digest is this membership's.
+func (m *Membership) AnswerDigest(digest uint64) antientropy.Buckets {
+	var out antientropy.Buckets
+	m.withSums(func(map[string]*idSum) {
+		if b := m.bucketsLocked(0); b.Digest() != digest {
+			out = slices.Clone(b)
 		}
 	})
-	return sum
+	return out
 }
 
-// entriesByBucket returns the entries of the given buckets, sorted by id.
-func entriesByBucket(sums map[string]*idSum, n int, buckets []int) map[int][]DigestEntry {
-	want := map[int]bool{}
-	for _, b := range buckets {
-		want[b] = true
-	}
-	by := map[int][]DigestEntry{}
-	for _, id := range slices.Sorted(maps.Keys(sums)) {
-		s := sums[id]
-		if b := int(s.key & uint64(n-1)); want[b] {
-			by[b] = append(by[b], s.entry)
-		}
-	}
-	return by
-}
-
-// AnswerSummary compares another membership's summary with this one: it
-// returns what to push to the other (the records and tombstones it lacks
-// or has older) and the ids to ask it for (those it has newer). At an equal
-// version with a different content both are sent: the merge rule decides.
-func (m *Membership) AnswerSummary(s *DigestSummary) (push State, want []string) {
-	if s == nil || s.N <= 0 || s.N > maxDigestBuckets || s.N&(s.N-1) != 0 {
-		return push, nil
-	}
-	theirs := map[string]DigestEntry{}
-	for _, e := range s.Entries {
-		theirs[e.ID] = e
-	}
-	var pushIDs []string
-	m.withSums(func(sums map[string]*idSum) {
-		by := entriesByBucket(sums, s.N, s.Buckets)
-		mine := map[string]DigestEntry{}
-		for _, es := range by {
-			for _, e := range es {
-				mine[e.ID] = e
-			}
-		}
-		for _, id := range slices.Sorted(maps.Keys(mine)) {
-			me, they := mine[id], theirs[id]
-			if me.H == they.H {
-				continue
-			}
-			// Sent unless the other has both newer or equal.
-			if me.V > they.V || me.T > they.T || (me.V == they.V && me.T == they.T) {
-				pushIDs = append(pushIDs, id)
-			}
-		}
-		for _, id := range slices.Sorted(maps.Keys(theirs)) {
-			me, they := mine[id], theirs[id]
-			if me.H == they.H || api.ValidateAgentID(id) != nil {
-				continue
-			}
-			if they.V > me.V || they.T > me.T || (me.V == they.V && me.T == they.T) {
-				want = append(want, id)
-			}
-		}
+// AnswerBuckets returns the pushes that answer a peer's bucket hashes
+// (step 3): this membership's records and tombstones of the buckets that
+// differ, in messages of at most maxPushRecords, each naming the buckets
+// it holds whole; a bucket larger than one message is pushed unnamed (the
+// peer's own rounds repair what it holds newer there).
+func (m *Membership) AnswerBuckets(theirs antientropy.Buckets) []Push {
+	var differ []int
+	m.withSums(func(map[string]*idSum) {
+		differ, _ = antientropy.Differ(m.bucketsLocked(len(theirs)), theirs)
 	})
-	if len(want) > maxWant {
-		want = want[:maxWant]
+	if len(differ) == 0 {
+		return nil
 	}
-	return m.Lookup(pushIDs), want
+	return m.pushes(len(theirs), differ, true)
 }
 
-// Lookup returns the records and tombstones of the given agent ids.
-func (m *Membership) Lookup(ids []string) State {
+// PushBack returns, of the buckets (of n) a push held whole, this
+// membership's records and tombstones where its entries, after merging
+// the push, still differ from the pushed ones (step 4), in messages of
+// at most maxPushRecords, naming nothing (there is no push back of a push
+// back).
+func (m *Membership) PushBack(pushed State, n int, buckets []int) []Push {
+	theirs := pushedEntries(pushed)
+	var differ []int
+	m.withSums(func(sums map[string]*idSum) {
+		differ, _ = antientropy.StillDiffer(sumEntries(sums), theirs, n, buckets)
+	})
+	if len(differ) == 0 {
+		return nil
+	}
+	return m.pushes(n, differ, false)
+}
+
+// pushedEntries is the entries of a pushed state, hashed as the
+// membership hashes its own.
+func pushedEntries(st State) antientropy.Entries {
+	recs := map[string]*PeerRecord{}
+	tombs := map[string]*api.Tombstone{}
+	for i := range st.Records {
+		recs[st.Records[i].ID] = &st.Records[i]
+	}
+	for i := range st.Tombstones {
+		tombs[st.Tombstones[i].AgentID] = &st.Tombstones[i]
+	}
+	return func(yield func(string, uint64)) {
+		for id, r := range recs {
+			yield(id, entryHash(id, r, tombs[id]))
+		}
+		for id, t := range tombs {
+			if recs[id] == nil {
+				yield(id, entryHash(id, nil, t))
+			}
+		}
+	}
+}
+
+// pushes is the records and tombstones of the given buckets (of n), by
+// bucket, in messages of at most maxPushRecords; name says whether each
+// names the buckets it holds whole.
+func (m *Membership) pushes(n int, buckets []int, name bool) []Push {
+	in, err := antientropy.Selector(n, buckets)
+	if err != nil {
+		return nil
+	}
+	byBucket := map[int][]string{}
 	m.mu.RLock()
 	defer m.mu.RUnlock()
+	ids := slices.Collect(maps.Keys(m.records))
+	for id := range m.tombstones {
+		if _, ok := m.records[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if in(id) {
+			b := antientropy.BucketOf(id, n)
+			byBucket[b] = append(byBucket[b], id)
+		}
+	}
+	var out []Push
+	cur := Push{N: n}
+	size := func(p Push) int { return len(p.Records) + len(p.Tombstones) }
+	flush := func() {
+		if size(cur) > 0 {
+			if !name || len(cur.Buckets) == 0 {
+				cur.N, cur.Buckets = 0, nil
+			}
+			out = append(out, cur)
+		}
+		cur = Push{N: n}
+	}
+	for _, b := range buckets {
+		st := m.lookupLocked(byBucket[b])
+		k := len(st.Records) + len(st.Tombstones)
+		if k == 0 {
+			// The peer holds entries here that this one lacks: an
+			// empty bucket, named, asks for them back.
+			cur.Buckets = append(cur.Buckets, b)
+			continue
+		}
+		if size(cur)+k > maxPushRecords {
+			flush()
+		}
+		if k > maxPushRecords {
+			for _, c := range Chunks(st) {
+				out = append(out, Push{State: c})
+			}
+			continue
+		}
+		cur.Records = append(cur.Records, st.Records...)
+		cur.Tombstones = append(cur.Tombstones, st.Tombstones...)
+		cur.Buckets = append(cur.Buckets, b)
+	}
+	if size(cur) == 0 && len(cur.Buckets) > 0 && name {
+		out = append(out, cur) // empty buckets alone: named, nothing pushed
+		return out
+	}
+	flush()
+	return out
+}
+
+// lookupLocked returns the records and tombstones of the given agent ids;
+// m.mu is held.
+func (m *Membership) lookupLocked(ids []string) State {
 	var st State
 	for _, id := range ids {
 		if r, ok := m.records[id]; ok {
@@ -331,6 +367,13 @@ func (m *Membership) Lookup(ids []string) State {
 		}
 	}
 	return st
+}
+
+// Lookup returns the records and tombstones of the given agent ids.
+func (m *Membership) Lookup(ids []string) State {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.lookupLocked(ids)
 }
 
 // Chunks splits a state into states of at most maxPushRecords records and
@@ -357,84 +400,29 @@ func Encode(msg Message) []byte {
 	return b
 }
 
-// AntiEntropyBytes is what one anti-entropy round between two agents sends,
-// by message, as the gossip handler exchanges them.
-type AntiEntropyBytes struct {
-	Digest, Summary, Want, Push int
-	// Messages is the number of messages (the digest included).
-	Messages int
-}
-
-// Total is the bytes of the whole round.
-func (b AntiEntropyBytes) Total() int { return b.Digest + b.Summary + b.Want + b.Push }
-
-// AntiEntropyRound runs one anti-entropy round from a (which sends its
-// digest) to b, in process, merging what each receives without checks, and
-// returns the bytes of every message as the agents encode them. It is the
-// handler's exchange without the network: for tests and benches that
-// measure message sizes deterministically.
-func AntiEntropyRound(clusterID, aID string, a, b *Membership) AntiEntropyBytes {
-	var out AntiEntropyBytes
-	send := func(msg Message) int {
-		out.Messages++
-		return len(Encode(msg))
-	}
-	out.Digest = send(Message{ClusterID: clusterID, From: aID, Digest: a.Digest(0)})
-	sum := b.AnswerDigest(a.Digest(0))
-	if sum == nil {
-		return out
-	}
-	out.Summary = send(Message{ClusterID: clusterID, Summary: sum})
-	push, want := a.AnswerSummary(sum)
-	for _, c := range Chunks(push) {
-		out.Push += send(Message{ClusterID: clusterID, State: c})
-		b.Merge(c)
-	}
-	if len(want) > 0 {
-		out.Want = send(Message{ClusterID: clusterID, Want: want})
-		for _, c := range Chunks(b.Lookup(want)) {
-			out.Push += send(Message{ClusterID: clusterID, State: c})
-			a.Merge(c)
-		}
-	}
-	return out
-}
-
-// validateAntiEntropy checks the anti-entropy fields of a message from the
+// validateAntiEntropy checks the anti-entropy part of a message from the
 // network.
 func validateAntiEntropy(msg *Message) error {
-	if msg.Digest != nil {
-		if err := validDigest(msg.Digest); err != nil {
-			return err
-		}
+	ae := msg.AE
+	if ae == nil {
+		return nil
+	}
+	if ae.Digest != nil {
 		if err := api.ValidateAgentID(msg.From); err != nil {
 			return fmt.Errorf("digest sender: %w", err)
 		}
 	}
-	if s := msg.Summary; s != nil {
-		if s.N <= 0 || s.N > maxDigestBuckets || s.N&(s.N-1) != 0 {
-			return fmt.Errorf("summary of %d buckets", s.N)
-		}
-		if len(s.Entries) > maxSummaryEntries || len(s.Buckets) > s.N {
-			return fmt.Errorf("summary of %d entries in %d buckets", len(s.Entries), len(s.Buckets))
-		}
-		for _, b := range s.Buckets {
-			if b < 0 || b >= s.N {
-				return fmt.Errorf("summary bucket %d of %d", b, s.N)
-			}
-		}
-		for _, e := range s.Entries {
-			if err := api.ValidateAgentID(e.ID); err != nil {
-				return fmt.Errorf("summary entry: %w", err)
-			}
+	if ae.Buckets != nil {
+		if _, err := antientropy.DecodeBuckets(ae.Buckets); err != nil {
+			return err
 		}
 	}
-	if len(msg.Want) > maxWant {
-		return fmt.Errorf("want list of %d ids", len(msg.Want))
-	}
-	for _, id := range msg.Want {
-		if err := api.ValidateAgentID(id); err != nil {
-			return fmt.Errorf("want: %w", err)
+	if ae.N != 0 || ae.Push != nil {
+		if len(ae.Push) == 0 {
+			return fmt.Errorf("a push naming no bucket of %d", ae.N)
+		}
+		if err := antientropy.ValidBuckets(ae.N, ae.Push); err != nil {
+			return err
 		}
 	}
 	return nil

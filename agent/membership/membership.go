@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/carve-net/carve/antientropy"
+
 	"github.com/carve-net/carve/api"
 )
 
@@ -49,15 +51,14 @@ type Membership struct {
 	// wherever they change): the anti-entropy caches below are of one gen.
 	gen uint64
 
-	// sums caches the anti-entropy digest entry of every agent id (see
+	// sums caches the anti-entropy hash of every agent id's entry (see
 	// antientropy.go), under sumMu, refreshed from the maps above when gen
-	// moved past sumsGen; digest caches the digest of digestN buckets of
-	// those sums (digestN 0: none).
+	// moved past sumsGen; buckets caches their bucket hashes at the count
+	// the membership's size calls for (nil: none yet).
 	sumMu   sync.Mutex
 	sums    map[string]*idSum
 	sumsGen uint64
-	digest  []byte
-	digestN int
+	buckets antientropy.Buckets
 }
 
 // New returns an empty membership.

@@ -10,7 +10,9 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/agent/membership/membershiptest"
+	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip"
 )
 
 // rec is membershiptest.Agent's record, as gossip carries it.
@@ -117,15 +119,14 @@ func TestDecodeMembershipRejects(t *testing.T) {
 		{"huge tombstone signature", `{"tombstones":[{"agent_id":"a","version":3,"signature":"` + strings.Repeat("A", 200) + `"}]}`},
 		{"bad tombstone", `{"tombstones":[{"agent_id":"","version":3}]}`},
 		{"oversized", `{"records":[` + strings.Repeat(" ", MaxMessageBytes) + `]}`},
-		{"digest not 8-byte buckets", `{"from":"p","digest":"AAAA"}`},
-		{"digest of 3 buckets", `{"from":"p","digest":"` + base64.StdEncoding.EncodeToString(make([]byte, 24)) + `"}`},
-		{"digest too long", `{"from":"p","digest":"` + base64.StdEncoding.EncodeToString(make([]byte, 8*2*maxDigestBuckets)) + `"}`},
-		{"digest without sender", `{"digest":"AAAAAAAAAAA="}`},
-		{"summary not a power of two", `{"summary":{"n":3,"buckets":[0]}}`},
-		{"summary bucket out of range", `{"summary":{"n":2,"buckets":[2]}}`},
-		{"summary bad id", `{"summary":{"n":2,"buckets":[0],"entries":[{"id":"a b","h":1}]}}`},
-		{"want bad id", `{"want":["a b"]}`},
-		{"want too long", `{"want":[` + strings.TrimSuffix(strings.Repeat(`"a",`, maxWant+1), ",") + `]}`},
+		{"digest without sender", `{"ae":{"digest":7}}`},
+		{"buckets not 8-byte", `{"ae":{"buckets":"AAAA"}}`},
+		{"buckets of 3", `{"ae":{"buckets":"` + base64.StdEncoding.EncodeToString(make([]byte, 24)) + `"}}`},
+		{"buckets too many", `{"ae":{"buckets":"` + base64.StdEncoding.EncodeToString(make([]byte, 8*2*antientropy.MaxBuckets)) + `"}}`},
+		{"push of 3 buckets", `{"ae":{"n":3,"push":[0]}}`},
+		{"push bucket out of range", `{"ae":{"n":2,"push":[2]}}`},
+		{"push bucket twice", `{"ae":{"n":2,"push":[1,1]}}`},
+		{"push naming nothing", `{"ae":{"n":2}}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,5 +134,35 @@ func TestDecodeMembershipRejects(t *testing.T) {
 				t.Errorf("accepted %.80s", tt.msg)
 			}
 		})
+	}
+}
+
+// TestLegacyAntiEntropyIgnored: a message of the anti-entropy protocol
+// before (an agent not upgraded yet) decodes, marked Legacy, with its
+// records kept (deltas still flow), and the handler counts it and answers
+// nothing.
+func TestLegacyAntiEntropyIgnored(t *testing.T) {
+	r, _ := json.Marshal(rec("a", 3, "198.18.0.1"))
+	for _, msg := range []string{
+		`{"cluster_id":"c","from":"p","digest":"AAAAAAAAAAA=","records":[` + string(r) + `]}`,
+		`{"cluster_id":"c","summary":{"n":2,"buckets":[0],"entries":[{"id":"a","v":9,"h":1}]},"records":[` + string(r) + `]}`,
+		`{"cluster_id":"c","want":["a"],"records":[` + string(r) + `]}`,
+	} {
+		m, err := Decode([]byte(msg))
+		if err != nil || !m.Legacy || len(m.Records) != 1 || m.AE != nil {
+			t.Fatalf("%.60s: decoded %+v, %v; want legacy with its record", msg, m, err)
+		}
+		counted := map[string]int{}
+		merged := 0
+		h := NewHandler(HandlerConfig{Self: "self", Members: New(), ClusterID: func() string { return "c" },
+			Merge:   func(m Message) gossip.Data { merged += len(m.Records); return nil },
+			Unicast: func(string, []byte) error { t.Fatal("answered a legacy message"); return nil },
+			Count:   func(e string) { counted[e]++ }})
+		if err := h.OnUnicast("p", []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if counted[EventLegacy] != 1 || merged != 1 {
+			t.Errorf("%.60s: counted %v, merged %d records; want legacy counted and the record merged", msg, counted, merged)
+		}
 	}
 }

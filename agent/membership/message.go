@@ -20,13 +20,27 @@ type Message struct {
 	// State is a delta: the records and tombstones that changed
 	// (a broadcast, a relay), or those a peer lacks (an anti-entropy push).
 	State
-	// From and Digest are an anti-entropy digest (see antientropy.go) and
-	// its sender, who is answered by unicast.
-	From   string `json:"from,omitempty"`
-	Digest []byte `json:"digest,omitempty"`
-	// Summary answers a digest (unicast), Want a summary (unicast).
-	Summary *DigestSummary `json:"summary,omitempty"`
-	Want    []string       `json:"want,omitempty"`
+	// From is the sender of an anti-entropy digest, who is answered by
+	// unicast.
+	From string `json:"from,omitempty"`
+	// AE is the anti-entropy part (see antientropy.go), under a key of
+	// its own: an agent of the protocol before ignores it (and merges the
+	// message's records and tombstones), and this one knows that
+	// protocol's messages by their keys (Legacy).
+	AE *AntiEntropy `json:"ae,omitempty"`
+	// Legacy is set by Decode when the message carries anti-entropy of
+	// the protocol before (digest, summary, want): that part is ignored,
+	// its records and tombstones are not.
+	Legacy bool `json:"-"`
+}
+
+// wireMessage is a message as decoded: with the keys of the anti-entropy
+// protocol before, to know (and ignore) them.
+type wireMessage struct {
+	Message
+	OldDigest  json.RawMessage `json:"digest,omitempty"`
+	OldSummary json.RawMessage `json:"summary,omitempty"`
+	OldWant    json.RawMessage `json:"want,omitempty"`
 }
 
 // MaxMessageBytes bounds a decoded membership message (mesh's own limit is 10 MiB).
@@ -51,10 +65,12 @@ func Decode(data []byte) (Message, error) {
 // bound on a message from the network. Overlays are put in the order
 // NewPeerRecord gives them (the signature does not depend on it).
 func DecodeStored(data []byte) (Message, error) {
-	var msg Message
-	if err := json.Unmarshal(data, &msg); err != nil {
+	var w wireMessage
+	if err := json.Unmarshal(data, &w); err != nil {
 		return Message{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
 	}
+	msg := w.Message
+	msg.Legacy = w.OldDigest != nil || w.OldSummary != nil || w.OldWant != nil
 	for i := range msg.Records {
 		if err := msg.Records[i].Validate(); err != nil {
 			return Message{}, fmt.Errorf("%w: %v", ErrBadGossip, err)
@@ -82,8 +98,8 @@ func DeltaData(clusterID string, st State, sent func(kind string, n int)) gossip
 // DigestData is agent from's anti-entropy digest (Membership.Digest) of
 // cluster clusterID as gossip data, for periodic gossip; sent as in
 // DeltaData.
-func DigestData(clusterID, from string, digest []byte, sent func(kind string, n int)) gossip.Data {
-	return membershipData{clusterID: clusterID, from: from, digest: digest, sent: sent}
+func DigestData(clusterID, from string, digest uint64, sent func(kind string, n int)) gossip.Data {
+	return membershipData{clusterID: clusterID, from: from, digest: &digest, sent: sent}
 }
 
 // membershipData is gossip data of one cluster: a delta (a State of what
@@ -93,14 +109,18 @@ type membershipData struct {
 	st        State
 	// from and digest: this agent's anti-entropy digest; nil for a delta alone.
 	from   string
-	digest []byte
+	digest *uint64
 	// sent, when set, counts the bytes of every encoding (each is sent once).
 	sent func(kind string, n int)
 }
 
 // Encode implements gossip.Data.
 func (d membershipData) Encode() [][]byte {
-	b := Encode(Message{ClusterID: d.clusterID, State: d.st, From: d.from, Digest: d.digest})
+	msg := Message{ClusterID: d.clusterID, State: d.st}
+	if d.digest != nil {
+		msg.From, msg.AE = d.from, &AntiEntropy{Digest: d.digest}
+	}
+	b := Encode(msg)
 	if b == nil {
 		return nil
 	}

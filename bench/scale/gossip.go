@@ -7,26 +7,32 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/benchtable"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/ring"
+	bolt "go.etcd.io/bbolt"
 )
 
 // gossipBytesRows measures, in process and deterministically, the
-// membership and ring messages an agent sends at n agents, encoded exactly
-// as the agent encodes them (membership.AntiEntropyRound), beside the whole
-// state that periodic gossip carried before deltas and digests, built from
-// the same memberships.
-func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
+// membership and ring messages agents send at n agents: two real gossip
+// handlers of each channel (membership.Handler, ipam.Service's ring
+// handler) exchange them over the fake network (gossip/fakegossip), and
+// their own sent-bytes counters measure them, beside the whole state that
+// periodic gossip carried before deltas and digests.
+func gossipBytesRows(ctx context.Context, n int) (rows []benchtable.Row, err error) {
 	tbl := &benchtable.Table{}
 	defer func() { rows = tbl.Rows }()
 	_, priv, err := ed25519.GenerateKey(rand.Reader)
@@ -36,7 +42,7 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 	const cluster = "bench-cluster"
 	record := func(i int, v uint64) membership.PeerRecord {
 		ip := netip.AddrFrom4([4]byte{198, 19, byte(i / 250), byte(i%250 + 1)})
-		info := &api.AgentInfo{AgentID: fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i), IP: ip.String(), MeshAddr: ip.String() + ":6783", Version: v,
+		info := &api.AgentInfo{AgentID: owner(i), IP: ip.String(), MeshAddr: ip.String() + ":6783", Version: v,
 			Overlays: []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"},
 				Subnet:      fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256),
 				MesosBridge: &api.BridgeInfo{IP: fmt.Sprintf("10.%d.%d.0/25", 128+i/256, i%256)},
@@ -59,26 +65,68 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 	if err != nil {
 		return nil, err
 	}
-	changed := record(n/2, uint64(100+n+1))
-	delta, err := json.Marshal(membership.Message{ClusterID: cluster, State: membership.State{Records: []membership.PeerRecord{changed}}})
+	gnet := fakegossip.New(fakegossip.Config{Seed: 1})
+	defer gnet.Close()
+	sent := &sentBytes{}
+	hs := map[string]*membership.Handler{}
+	chs := map[string]gossip.Channel{}
+	for id, m := range map[string]*membership.Membership{"a": a, "b": b} {
+		r, err := gnet.Join(id)
+		if err != nil {
+			return nil, err
+		}
+		hs[id] = membership.NewHandler(membership.HandlerConfig{Self: id, Members: m, ClusterID: func() string { return cluster },
+			Merge: func(msg membership.Message) gossip.Data {
+				if news := m.Merge(msg.State); len(news.Records)+len(news.Tombstones) > 0 {
+					return membership.DeltaData(cluster, news, sent.add)
+				}
+				return nil
+			},
+			Unicast: func(dst string, msg []byte) error { return chs[id].Unicast(dst, msg) },
+			Sent:    sent.add})
+		if chs[id], err = r.Channel("carve-agents", hs[id]); err != nil {
+			return nil, err
+		}
+	}
+	idle := func() error { return gnet.WaitIdle(ctx) }
+	round := func() (map[string]int, map[string]int, error) {
+		sent.reset()
+		chs["a"].Gossip(hs["a"].Gossip())
+		err := idle()
+		b, m := sent.reset()
+		return b, m, err
+	}
+	// One change, broadcast: both then hold it.
+	announced := record(n/3, uint64(100+n+1))
+	a.MergeFromMasters(membership.State{Records: []membership.PeerRecord{announced}})
+	sent.reset()
+	chs["a"].Broadcast(membership.DeltaData(cluster, membership.State{Records: []membership.PeerRecord{announced}}, sent.add))
+	if err := idle(); err != nil {
+		return nil, err
+	}
+	delta, _ := sent.reset()
+	equal, _, err := round()
 	if err != nil {
 		return nil, err
 	}
-	equal := membership.AntiEntropyRound(cluster, "a", a, b)
-	a.MergeFromMasters(membership.State{Records: []membership.PeerRecord{changed}})
-	oneOff := membership.AntiEntropyRound(cluster, "a", a, b)
-	if again := membership.AntiEntropyRound(cluster, "a", a, b); again.Messages != 1 {
-		return nil, fmt.Errorf("%d agents: one round did not reconcile the memberships (%+v)", n, again)
+	changed := record(n/2, uint64(100+n+2))
+	a.MergeFromMasters(membership.State{Records: []membership.PeerRecord{changed}}) // no broadcast: b is behind
+	oneOff, oneOffN, err := round()
+	if err != nil {
+		return nil, err
+	}
+	if _, again, err := round(); err != nil || again["digest"] != 1 || len(again) != 1 {
+		return nil, fmt.Errorf("%d agents: one round did not reconcile the memberships (%v, %v)", n, again, err)
 	}
 	base := "whole membership (periodic gossip before)"
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: one change, broadcast delta (%d agents)", n), Value: float64(len(delta)), Unit: "B/msg",
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: one change, broadcast delta (%d agents)", n), Value: float64(delta["delta"]), Unit: "B/msg",
 		Baseline: base, BaseVal: float64(len(whole))})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, in sync (%d agents)", n), Value: float64(equal.Total()), Unit: "B/round",
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, in sync (%d agents)", n), Value: float64(sum(equal)), Unit: "B/round",
 		Baseline: base, BaseVal: float64(len(whole)), Note: "the digest alone"})
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, one record behind (%d agents)", n), Value: float64(oneOff.Total()), Unit: "B/round",
-		Baseline: base, BaseVal: float64(len(whole)), Note: fmt.Sprintf("digest %d + summary %d + push %d", oneOff.Digest, oneOff.Summary, oneOff.Push)})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, one record behind (%d agents)", n), Value: float64(sum(oneOff)), Unit: "B/round",
+		Baseline: base, BaseVal: float64(len(whole)), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d (%d messages)", oneOff["digest"], oneOff["buckets"], oneOff["push"], sum(oneOffN))})
 
-	ringRows, err := ringGossipRows(cluster, n)
+	ringRows, err := ringGossipRows(ctx, cluster, n)
 	if err != nil {
 		return nil, err
 	}
@@ -88,84 +136,169 @@ func gossipBytesRows(n int) (rows []benchtable.Row, err error) {
 	return nil, nil
 }
 
-// ringGossipRows measures the ring channel's messages at n agents, as the
-// agents encode them (agent/ipam's RingDeltaBytes and
-// RingAntiEntropyRound), beside the whole ring that was broadcast and
-// pushed before deltas and bucketed digests: one overlay ring with a lease
-// per agent and each agent's free count written, as every agent holds it.
-func ringGossipRows(cluster string, n int) ([]benchtable.Row, error) {
-	owner := func(i int) string { return fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i) }
-	subnet := func(i int) netip.Prefix {
-		return netip.MustParsePrefix(fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256))
+// owner is synthetic agent i's id.
+func owner(i int) string { return fmt.Sprintf("%08x-5c1e-4f7a-9d2b-%012x", i, i) }
+
+// sentBytes counts what handlers send, by kind.
+type sentBytes struct {
+	mu          sync.Mutex
+	bytes, msgs map[string]int
+}
+
+func (s *sentBytes) add(kind string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.bytes == nil {
+		s.bytes, s.msgs = map[string]int{}, map[string]int{}
 	}
-	r, err := ring.NewRing(netip.MustParsePrefix("10.128.0.0/9"))
+	s.bytes[kind] += n
+	s.msgs[kind]++
+}
+
+// reset returns the counts so far and starts over.
+func (s *sentBytes) reset() (bytes, msgs map[string]int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	bytes, msgs = s.bytes, s.msgs
+	s.bytes, s.msgs = map[string]int{}, map[string]int{}
+	return bytes, msgs
+}
+
+func sum(m map[string]int) int {
+	t := 0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// ringGossipRows measures the ring channel's messages at n agents with two
+// real ipam.Services (agents 0 and 1) whose views lease one /24 of one
+// overlay to each of the n agents, on the fake network: what their own
+// counters (Config.OnSent) count, beside the whole ring that was broadcast
+// and pushed before deltas and bucketed digests.
+func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtable.Row, err error) {
+	dir, err := os.MkdirTemp("", "carve-bench-rings-")
 	if err != nil {
 		return nil, err
 	}
-	var leases []ring.Lease
+	defer os.RemoveAll(dir)
+	subnet := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256) }
+	var peers []ipam.Peer
 	for i := range n {
-		leases = append(leases, ring.Lease{Owner: owner(i), Prefix: subnet(i), Version: uint64(100 + i)})
+		peers = append(peers, ipam.Peer{ID: owner(i), Version: uint64(100 + i), Subnets: []string{subnet(i)}})
 	}
-	if _, err := r.Seed(leases, nil); err != nil {
-		return nil, err
+	gnet := fakegossip.New(fakegossip.Config{Seed: 2})
+	defer gnet.Close()
+	sent := &sentBytes{}
+	svcs := make([]*ipam.Service, 2)
+	views := make([]ipam.View, 2)
+	chs := make([]gossip.Channel, 2)
+	join := func(i int) error {
+		r, err := gnet.Join(owner(i))
+		if err != nil {
+			return err
+		}
+		ch, err := r.Channel(ipam.RingChannel, svcs[i].RingGossip())
+		if err != nil {
+			return err
+		}
+		svcs[i].UseChannel(ch)
+		chs[i] = ch
+		return nil
 	}
-	for i := range n {
-		if _, err := r.ReportFree(owner(i), map[netip.Addr]ring.Uint128{subnet(i).Addr(): ring.U128(200)}); err != nil {
+	for i := range svcs {
+		db, err := bolt.Open(filepath.Join(dir, fmt.Sprintf("agent-%d.db", i)), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			return nil, err
+		}
+		defer db.Close()
+		svc, err := ipam.New(ipam.Config{AgentID: owner(i), DB: db, Logger: slog.New(slog.DiscardHandler), OnSent: sent.add})
+		if err != nil {
+			return nil, err
+		}
+		self := &api.AgentInfo{AgentID: owner(i), IP: fmt.Sprintf("198.19.0.%d", i+1), Version: uint64(100 + i), Overlays: []api.AgentOverlay{{
+			Info:        api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+			Subnet:      subnet(i),
+			MesosBridge: &api.BridgeInfo{Name: "m-carve", IP: subnet(i)},
+			State:       api.OverlayState{Status: api.StatusOK}}}}
+		views[i] = ipam.View{ClusterID: cluster, Self: self, Network: &api.NetworkConfig{OverlayMTU: 1400}, Peers: peers}
+		svc.Sync(views[i])
+		svcs[i] = svc
+		if err := join(i); err != nil {
 			return nil, err
 		}
 	}
-	whole, err := ipam.RingDeltaBytes(cluster, "carve", nil, r)
-	if err != nil {
+	idle := func() error { return gnet.WaitIdle(ctx) }
+	// announce has agent 0 announce what it wrote: a sync (of the same
+	// view) ends with the announcement Run makes when gossip asks.
+	announce := func() error {
+		svcs[0].Sync(views[0])
+		return idle()
+	}
+	round := func() (map[string]int, map[string]int, error) {
+		if err := idle(); err != nil {
+			return nil, nil, err
+		}
+		sent.reset()
+		chs[0].Gossip(svcs[0].RingGossip().Gossip()) // agent 0's digest, as mesh gossips it
+		err := idle()
+		b, m := sent.reset()
+		return b, m, err
+	}
+	// Each agent's own free counts, announced, then in sync.
+	for i := range svcs {
+		svcs[i].Sync(views[i])
+	}
+	if _, _, err := round(); err != nil {
 		return nil, err
 	}
+	whole := len(svcs[0].Rings()["carve/4"])
 	base := "the whole ring (broadcast and pushed before)"
-	var rows []benchtable.Row
 
 	// One allocation: the agent's free count, announced.
-	after := r.Clone()
-	if _, err := after.ReportFree(owner(n/2), map[netip.Addr]ring.Uint128{subnet(n / 2).Addr(): ring.U128(199)}); err != nil {
+	if _, err := svcs[0].Allocate(api.IPAMRequest{Network: "carve", ContainerID: "bench-1", IfName: "eth0"}); err != nil {
 		return nil, err
 	}
-	alloc, err := ipam.RingDeltaBytes(cluster, "carve", r, after)
-	if err != nil {
+	sent.reset()
+	if err := announce(); err != nil {
 		return nil, err
 	}
-	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, broadcast delta (%d agents)", n), Value: float64(alloc), Unit: "B/msg",
-		Baseline: base, BaseVal: float64(whole)})
-
-	// A grant through the ring: a /26 of one agent's subnet to another.
-	granted := r.Clone()
-	if err := granted.Grant(owner(n/3), owner(n/3+1), netip.PrefixFrom(subnet(n/3).Addr(), 26)); err != nil {
-		return nil, err
-	}
-	grant, err := ipam.RingDeltaBytes(cluster, "carve", r, granted)
-	if err != nil {
-		return nil, err
-	}
-	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: a grant through the ring, broadcast delta (%d agents)", n), Value: float64(grant), Unit: "B/msg",
+	alloc, allocN := sent.reset()
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, broadcast delta (%d agents)", n), Value: float64(alloc["delta"]) / float64(max(1, allocN["delta"])), Unit: "B/msg",
 		Baseline: base, BaseVal: float64(whole)})
 	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: a registration, per agent (%d agents)", n), Value: 0, Unit: "B/agent",
 		Baseline: "each agent broadcast its changed ring before", BaseVal: float64(whole),
 		Note: "every agent seeds the new lease from its own view"})
 
-	// Anti-entropy: in sync, then one allocation behind.
-	idA, idB := owner(0), owner(1)
-	inSync, err := ipam.RingAntiEntropyRound(cluster, "carve", idA, idB, after, after.Clone())
+	// Anti-entropy: in sync, then one allocation behind (agent 1 away
+	// while agent 0 announced it).
+	inSync, _, err := round()
 	if err != nil {
 		return nil, err
 	}
-	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync (%d agents)", n), Value: float64(inSync.Total()), Unit: "B/round",
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync (%d agents)", n), Value: float64(sum(inSync)), Unit: "B/round",
 		Baseline: base, BaseVal: float64(whole), Note: "the digest alone"})
-	behind := r.Clone()
-	oneOff, err := ipam.RingAntiEntropyRound(cluster, "carve", idA, idB, after.Clone(), behind)
+	gnet.Leave(owner(1))
+	if _, err := svcs[0].Allocate(api.IPAMRequest{Network: "carve", ContainerID: "bench-2", IfName: "eth0"}); err != nil {
+		return nil, err
+	}
+	sent.reset()
+	if err := announce(); err != nil {
+		return nil, err
+	}
+	if err := join(1); err != nil {
+		return nil, err
+	}
+	oneOff, oneOffN, err := round()
 	if err != nil {
 		return nil, err
 	}
-	if !behind.Equal(after) {
+	if a, b := svcs[0].Rings()["carve/4"], svcs[1].Rings()["carve/4"]; string(a) != string(b) {
 		return nil, fmt.Errorf("%d agents: one ring anti-entropy round did not reconcile the rings", n)
 	}
-	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, one allocation behind (%d agents)", n), Value: float64(oneOff.Total()), Unit: "B/round",
-		Baseline: base, BaseVal: float64(whole), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d", oneOff.Digest, oneOff.Buckets, oneOff.Push)})
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, one allocation behind (%d agents)", n), Value: float64(sum(oneOff)), Unit: "B/round",
+		Baseline: base, BaseVal: float64(whole), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d (%d messages)", oneOff["digest"], oneOff["buckets"], oneOff["push"], sum(oneOffN))})
 	return rows, nil
 }
 

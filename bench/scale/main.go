@@ -54,7 +54,7 @@ func main() {
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of the real agent over the idle window to DIR/agent-idle-N.pprof (the agent runs with --debug-addr)")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
-	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them")
+	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them; \"gossip\": only the gossip bytes rows (in process, no cluster)")
 	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -97,8 +97,10 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 	case "":
 	case "state":
 		o.binary = "none"
+	case "gossip":
+		return gossipOnly(ctx, sizes)
 	default:
-		return fmt.Errorf("-only %q: want \"state\" or nothing", o.only)
+		return fmt.Errorf("-only %q: want \"state\", \"gossip\" or nothing", o.only)
 	}
 	if o.stateRounds < 1 {
 		return fmt.Errorf("-state-rounds %d: want at least 1", o.stateRounds)
@@ -153,6 +155,28 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 			}
 		default:
 			idle.Baseline, idle.BaseNA = baseNA, true
+		}
+		if err := tbl.Print(os.Stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// gossipOnly prints the gossip bytes rows alone, for each size.
+func gossipOnly(ctx context.Context, sizes []int) error {
+	for _, n := range sizes {
+		tbl := benchtable.Table{Title: fmt.Sprintf("scale: gossip bytes at %d agents (real handlers on the fake network, in process)", n)}
+		rows, err := gossipBytesRows(ctx, n)
+		if err != nil {
+			return fmt.Errorf("%d agents: %w", n, err)
+		}
+		topo, err := topologyBytesRows(n)
+		if err != nil {
+			return fmt.Errorf("%d agents: %w", n, err)
+		}
+		for _, r := range append(rows, topo...) {
+			tbl.Add(r)
 		}
 		if err := tbl.Print(os.Stdout); err != nil {
 			return err
@@ -282,7 +306,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("agent restart -> serving, %d peers", n), Value: ms(restart), Unit: "ms",
 		Baseline: "first start, no peers", BaseVal: ms(emptyStart), Note: "overlays STATUS_OK on /overlay-agent/overlay; goal < 2 s at 5,000"})
 
-	rows, err := gossipBytesRows(n)
+	rows, err := gossipBytesRows(ctx, n)
 	if err != nil {
 		return tbl, err
 	}

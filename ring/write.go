@@ -1,0 +1,172 @@
+package ring
+
+// Owner writes: grants, releases and free counts.
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+)
+
+// upsert writes tokens into a copy of raw, then clamps free counts.
+func upsert(u universe, raw []rawToken, writes ...rawToken) []rawToken {
+	out := slices.Clone(raw)
+	for _, w := range writes {
+		i := sort.Search(len(out), func(i int) bool { return !out[i].start.Less(w.start) })
+		if i < len(out) && out[i].start == w.start {
+			out[i] = w
+		} else {
+			out = slices.Insert(out, i, w)
+		}
+	}
+	clampRaw(u, out)
+	return out
+}
+
+// bump returns the version one owner write after v.
+func bump(v, step uint64) (uint64, error) {
+	if v&counterMask > counterMask-step {
+		return 0, fmt.Errorf("%w: version %d.%d", ErrVersionExhausted, v>>epochShift, v&counterMask)
+	}
+	return v + step, nil
+}
+
+// Grant gives the CIDR-aligned part p of a range owned by self to peer to:
+// the whole range, its start, its end or a hole in the middle. It inserts at
+// most two tokens, and rewrites the range's own token so that its free count
+// stays possible. The free counts of self's remaining parts are estimates
+// (the ring does not know where the allocations are): Allocator corrects them.
+func (r *Ring) Grant(self, to string, p netip.Prefix) error {
+	next, err := r.tryGrant(self, to, p)
+	if err != nil {
+		return err
+	}
+	r.commit(next)
+	return nil
+}
+
+// Release gives the CIDR-aligned part p of a range owned by self back to
+// nobody (a grown block returned to the masters): a lease of a later index
+// may then fill it, whatever free counts self wrote there before.
+func (r *Ring) Release(self string, p netip.Prefix) error {
+	next, err := r.tryGive(self, "", p)
+	if err != nil {
+		return err
+	}
+	r.commit(next)
+	return nil
+}
+
+func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
+	if to == "" {
+		return state{}, fmt.Errorf("%w: grant from %q to nobody", ErrInvalid, self)
+	}
+	return r.tryGive(self, to, p)
+}
+
+// tryGive moves p from self to to ("" for nobody).
+func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
+	if self == "" || self == to {
+		return state{}, fmt.Errorf("%w: grant from %q to %q", ErrInvalid, self, to)
+	}
+	a, b, err := r.u.prefixSpan(p)
+	if err != nil {
+		return state{}, err
+	}
+	view := r.st.view
+	i := find(view, a)
+	t := view[i]
+	s, e := t.start, rangeEnd(r.u, view, i)
+	if t.owner != self || e.Less(b) {
+		return state{}, fmt.Errorf("%w: %v is not inside one range of %s", ErrNotOwner, p, self)
+	}
+	w, err := bump(t.version, 1)
+	if err != nil {
+		return state{}, err
+	}
+	if d := tombIndex(r.st.tombs, to); to != "" && voids(d, w) {
+		return state{}, fmt.Errorf("%w: %s at %d", ErrDeparted, to, d)
+	}
+	size := b.Sub(a)
+	if to == "" {
+		size = Uint128{} // nobody's ranges count nothing free
+	}
+	left := Uint128{}
+	if size.Less(t.free) {
+		left = t.free.Sub(size)
+	}
+	var writes []rawToken
+	if a == s {
+		writes = append(writes, rawToken{start: s, owner: to, version: w, free: size})
+	} else {
+		f1 := minU(left, a.Sub(s))
+		left = left.Sub(f1)
+		writes = append(writes,
+			rawToken{start: s, owner: self, version: w, free: f1},
+			rawToken{start: a, owner: to, version: w, free: size})
+	}
+	if b != e {
+		writes = append(writes, rawToken{start: b, owner: self, version: w, free: minU(left, e.Sub(b))})
+	}
+	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), nil
+}
+
+// ReportFree records the free count of ranges self owns, keyed by the
+// range's first address; ranges not owned by self are ignored. Each changed
+// count bumps its token's version, so that the news spreads.
+func (r *Ring) ReportFree(self string, free map[netip.Addr]Uint128) (changed bool, err error) {
+	next, changed, err := r.tryReportFree(self, free)
+	if err != nil || !changed {
+		return false, err
+	}
+	r.commit(next)
+	return true, nil
+}
+
+func (r *Ring) tryReportFree(self string, free map[netip.Addr]Uint128) (state, bool, error) {
+	var writes []rawToken
+	for i, t := range r.st.view {
+		if t.owner != self || self == "" {
+			continue
+		}
+		f, ok := free[r.u.addr(t.start)]
+		if !ok {
+			continue
+		}
+		f = minU(f, rangeEnd(r.u, r.st.view, i).Sub(t.start))
+		if f == t.free {
+			continue
+		}
+		w, err := bump(t.version, 1)
+		if err != nil {
+			return state{}, false, err
+		}
+		writes = append(writes, rawToken{start: t.start, owner: self, version: w, free: f})
+	}
+	if len(writes) == 0 {
+		return state{}, false, nil
+	}
+	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), true, nil
+}
+
+// takeover finds the first part of self's ranges in cur that next gives to
+// someone else while inUse reports allocations in it.
+func takeover(u universe, cur, next []viewToken, self string, inUse func(Range) bool) error {
+	if self == "" || inUse == nil {
+		return nil
+	}
+	lost := subtract(coalesce(ownedIvals(u, cur, self)), coalesce(ownedIvals(u, next, self)))
+	for _, l := range lost {
+		// Split at next's tokens so that each part names its new owner.
+		for i := find(next, l.lo); i < len(next) && !l.hi.Less(next[i].start); i++ {
+			lo := maxU(l.lo, next[i].start)
+			hi := minU(l.hi, rangeEnd(u, next, i).dec())
+			rg := u.rangeOf(lo, hi)
+			if inUse(rg) {
+				return &TakeoverError{Peer: self, Range: rg, NewOwner: next[i].owner}
+			}
+		}
+	}
+	return nil
+}
