@@ -18,11 +18,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/agent/membership"
-	"github.com/carve-net/carve/agent/membership/membershiptest"
 	"github.com/carve-net/carve/api"
 	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/mastertest"
+	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"

@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/agent/membership/membershiptest"
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/lab/membershiptest"
 )
 
 // rec is membershiptest.Agent's record, as gossip carries it.

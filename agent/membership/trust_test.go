@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/agent/membership/membershiptest"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/master/state"
 )
 
