@@ -1,0 +1,177 @@
+package ring
+
+import (
+	"errors"
+	"net/netip"
+	"testing"
+)
+
+func TestGrantSplitCases(t *testing.T) {
+	type probe struct{ addr, owner string }
+	tests := []struct {
+		name      string
+		universe  string
+		lease     string // leased to "a"
+		grant     string // from "a" to "b"
+		newTokens int
+		probes    []probe
+	}{
+		{"whole range", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.0/24", 0,
+			[]probe{{"10.0.0.255", ""}, {"10.0.1.0", "b"}, {"10.0.1.255", "b"}, {"10.0.2.0", ""}}},
+		{"start", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.0/26", 1,
+			[]probe{{"10.0.1.0", "b"}, {"10.0.1.63", "b"}, {"10.0.1.64", "a"}, {"10.0.1.255", "a"}, {"10.0.2.0", ""}}},
+		{"end", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.128/25", 1,
+			[]probe{{"10.0.1.0", "a"}, {"10.0.1.127", "a"}, {"10.0.1.128", "b"}, {"10.0.1.255", "b"}, {"10.0.2.0", ""}}},
+		{"hole", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.64/27", 2,
+			[]probe{{"10.0.1.63", "a"}, {"10.0.1.64", "b"}, {"10.0.1.95", "b"}, {"10.0.1.96", "a"}, {"10.0.1.255", "a"}}},
+		{"single address hole", "10.0.0.0/16", "10.0.1.0/24", "10.0.1.7/32", 2,
+			[]probe{{"10.0.1.6", "a"}, {"10.0.1.7", "b"}, {"10.0.1.8", "a"}}},
+		{"end of universe", "10.0.0.0/16", "10.0.255.0/24", "10.0.255.128/25", 1,
+			[]probe{{"10.0.255.127", "a"}, {"10.0.255.255", "b"}, {"10.0.0.0", ""}}},
+		{"ipv6 hole in a /64", "fd00::/48", "fd00:0:0:1::/64", "fd00:0:0:1:8000::/66", 2,
+			[]probe{{"fd00:0:0:1::", "a"}, {"fd00:0:0:1:7fff:ffff:ffff:ffff", "a"}, {"fd00:0:0:1:8000::", "b"},
+				{"fd00:0:0:1:bfff:ffff:ffff:ffff", "b"}, {"fd00:0:0:1:c000::", "a"}, {"fd00:0:0:2::", ""}}},
+		{"ipv6 whole /64", "fd00::/48", "fd00:0:0:1::/64", "fd00:0:0:1::/64", 0,
+			[]probe{{"fd00:0:0:1::", "b"}, {"fd00:0:0:1:ffff:ffff:ffff:ffff", "b"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRing(t, tt.universe)
+			mustSeed(t, r, []Lease{{"a", pfx(t, tt.lease), 5}}, nil)
+			before := len(r.Tokens())
+			if err := r.Grant("a", "b", pfx(t, tt.grant)); err != nil {
+				t.Fatalf("Grant: %v", err)
+			}
+			if got := len(r.Tokens()) - before; got != tt.newTokens {
+				t.Errorf("grant inserted %d tokens, want %d\n%v", got, tt.newTokens, r)
+			}
+			for _, p := range tt.probes {
+				if got := ownerOf(t, r, p.addr); got != p.owner {
+					t.Errorf("owner(%s) = %q, want %q\n%v", p.addr, got, p.owner, r)
+				}
+			}
+			// Every token the grant wrote dominates the lease.
+			for _, tk := range r.Tokens() {
+				if tk.Owner != "" && tk.Version <= 5<<32 {
+					t.Errorf("token %+v does not dominate the lease version", tk)
+				}
+			}
+			if got := r.RangesOf("b"); len(got) != 1 || got[0].Prefixes()[0] != pfx(t, tt.grant) {
+				t.Errorf("ranges of b = %v, want %s", got, tt.grant)
+			}
+			checkValid(t, r)
+		})
+	}
+}
+
+func TestGrantErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		self, to string
+		grant    string
+		want     error
+	}{
+		{"not the owner", "b", "c", "10.0.1.0/26", ErrNotOwner},
+		{"unowned range", "a", "b", "10.0.7.0/24", ErrNotOwner},
+		{"crosses the range end", "a", "b", "10.0.0.0/23", ErrNotOwner},
+		{"to self", "a", "a", "10.0.1.0/26", ErrInvalid},
+		{"to nobody", "a", "", "10.0.1.0/26", ErrInvalid},
+		{"to a departed peer", "a", "gone", "10.0.1.0/26", ErrDeparted},
+		{"outside", "a", "b", "10.1.1.0/26", ErrOutside},
+		{"host bits", "a", "b", "10.0.1.1/26", ErrNotAligned},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRing(t, "10.0.0.0/16")
+			mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, []Tombstone{{"gone", 9}})
+			before := r.Encode()
+			err := r.Grant(tt.self, tt.to, pfx(t, tt.grant))
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Grant = %v, want %v", err, tt.want)
+			}
+			if string(before) != string(r.Encode()) {
+				t.Fatalf("failed grant changed the ring")
+			}
+		})
+	}
+}
+
+func TestTransfer(t *testing.T) {
+	r := newRing(t, "10.0.0.0/16")
+	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}, {"d", pfx(t, "10.0.2.0/24"), 6}, {"gone", pfx(t, "10.0.3.0/24"), 7}}, nil)
+	if err := r.Grant("a", "d", pfx(t, "10.0.1.128/25")); err != nil {
+		t.Fatal(err)
+	}
+	mustSeed(t, r, nil, []Tombstone{{"gone", 10}})
+	// The departed peer d bumped its token concurrently, several times.
+	concurrent := r.Clone()
+	for i := range 5 {
+		if _, err := concurrent.ReportFree("d", map[netip.Addr]Uint128{ip(t, "10.0.2.0"): U128(uint64(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	n, err := r.transfer("d", "c")
+	if err != nil || n != 2 {
+		t.Fatalf("Transfer(d) = %d, %v; want 2 ranges", n, err)
+	}
+	if _, err := r.Merge(concurrent); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"10.0.1.200", "10.0.2.5"} {
+		if got := ownerOf(t, r, a); got != "c" {
+			t.Errorf("owner(%s) = %q after transfer, want c\n%v", a, got, r)
+		}
+	}
+	// A range emptied by a tombstone can be taken over too.
+	if n, err := r.transfer("gone", "c"); err != nil || n != 1 || ownerOf(t, r, "10.0.3.1") != "c" {
+		t.Fatalf("Transfer(gone) = %d, %v, owner %q", n, err, ownerOf(t, r, "10.0.3.1"))
+	}
+	if n, err := r.transfer("nobody", "c"); err != nil || n != 0 {
+		t.Fatalf("Transfer(nobody) = %d, %v; want 0, nil", n, err)
+	}
+	if _, err := r.transfer("a", "gone"); !errors.Is(err, ErrDeparted) {
+		t.Fatalf("Transfer to a departed peer = %v, want ErrDeparted", err)
+	}
+	if _, err := r.transfer("a", "a"); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Transfer to itself = %v, want ErrInvalid", err)
+	}
+	checkValid(t, r)
+}
+
+func TestVersionExhausted(t *testing.T) {
+	r := rawRing(t, "10.0.0.0/24", tok{"10.0.0.0", "a", 1, counterMask, 10})
+	if err := r.Grant("a", "b", pfx(t, "10.0.0.0/26")); !errors.Is(err, ErrVersionExhausted) {
+		t.Fatalf("Grant at a full counter = %v, want ErrVersionExhausted", err)
+	}
+	if _, err := r.transfer("a", "b"); !errors.Is(err, ErrVersionExhausted) {
+		t.Fatalf("Transfer at a full counter = %v, want ErrVersionExhausted", err)
+	}
+}
+
+func TestReportFree(t *testing.T) {
+	r := newRing(t, "10.0.0.0/16")
+	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, nil)
+	start := ip(t, "10.0.1.0")
+	changed, err := r.ReportFree("a", map[netip.Addr]Uint128{start: U128(100)})
+	if err != nil || !changed {
+		t.Fatalf("ReportFree = %v, %v", changed, err)
+	}
+	if tk := r.Tokens()[1]; tk.Free != U128(100) || tk.Version != 5<<32|1 {
+		t.Fatalf("token after ReportFree = %+v", tk)
+	}
+	if changed, _ := r.ReportFree("a", map[netip.Addr]Uint128{start: U128(100)}); changed {
+		t.Fatalf("reporting the same count changed the ring")
+	}
+	if changed, _ := r.ReportFree("b", map[netip.Addr]Uint128{start: U128(1)}); changed {
+		t.Fatalf("a peer reported free space in a range it does not own")
+	}
+	// An impossible count is capped at the range size.
+	if _, err := r.ReportFree("a", map[netip.Addr]Uint128{start: U128(1000)}); err != nil {
+		t.Fatal(err)
+	}
+	if tk := r.Tokens()[1]; tk.Free != U128(256) {
+		t.Fatalf("free = %v, want capped at 256", tk.Free)
+	}
+	checkValid(t, r)
+}
