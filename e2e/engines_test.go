@@ -297,12 +297,49 @@ func podmanContainer(t *testing.T, c *labcluster.Cluster, work, plugins, overlay
 		return nil
 	})
 	t.Logf("Podman container %.12s on %s: %s, reaches %s on %s", id, h.Name, ip, target.Addr.Addr(), other.Name)
+
+	// podman run --ip: the address asked for (IP= in CNI_ARGS), exactly;
+	// asked again while held, a refusal that names the holder.
+	held := allocations(ctx, t, c, h, overlay)
+	want := ip
+	for {
+		want = want.Next()
+		if !onBridgeFree(want, held) {
+			continue
+		}
+		break
+	}
+	pinned, err := pm.Run(ctx, "pinned", overlay, want.String())
+	if err != nil {
+		t.Fatalf("podman run --ip %s: %v", want, err)
+	}
+	if got, err := pm.IP(ctx, pinned); err != nil || got != want {
+		t.Errorf("podman run --ip %s: the container has %v (%v)", want, got, err)
+	}
+	if _, err := pm.Run(ctx, "second", overlay, want.String()); err == nil {
+		t.Errorf("a second podman run --ip %s succeeded while the address is held", want)
+	} else if msg := err.Error(); !strings.Contains(msg, "taken") || !strings.Contains(msg, "pinned") {
+		t.Errorf("a second podman run --ip %s: %v; want a refusal saying it is taken by the container pinned", want, err)
+	}
+	if err := pm.Remove(ctx, pinned); err != nil {
+		t.Fatal(err)
+	}
 	if err := pm.Remove(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	if a, held := allocations(ctx, t, c, h, overlay)[types.GCAttachment{ContainerID: id, IfName: "eth0"}]; held {
 		t.Errorf("after podman rm, %s's agent still holds %s", h.Name, a)
 	}
+}
+
+// onBridgeFree reports whether no attachment holds a.
+func onBridgeFree(a netip.Addr, held map[types.GCAttachment]netip.Prefix) bool {
+	for _, p := range held {
+		if p.Addr() == a {
+			return false
+		}
+	}
+	return true
 }
 
 // onBridge checks that an engine's container got an address of its host's
