@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -28,7 +29,9 @@ type cniCacheEntry struct {
 // live containers hold on this overlay and that the agent does not know:
 // an agent that lost its disk takes them back before handing out any new
 // address. libcni keeps a result until the container's DEL succeeds, so a
-// stale entry means a DEL still to come (or a GC), never a reused address.
+// stale entry means a DEL still to come (or a GC), never a reused address,
+// unless this agent released the attachment lately: then the DEL may be
+// done but for libcni's cleanup, and the entry is skipped (s.released).
 // The claims are queued with add; the caller holds s.mu.
 func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	dir := s.cniCacheDir
@@ -51,6 +54,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		return false
 	}
 	claimed := 0
+	now := time.Now()
 	for _, f := range files {
 		data, err := os.ReadFile(filepath.Join(dir, "results", f.Name()))
 		if err != nil {
@@ -62,7 +66,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 			continue
 		}
 		at := ring.Attachment{ContainerID: e.ContainerID, Interface: e.IfName}
-		if _, known := o.attached[at]; known {
+		if _, known := o.attached[at]; known || s.released.released(allocKey(o.name, at), now) {
 			continue
 		}
 		rec := allocRecord{Bridge: api.BridgeMesos}
