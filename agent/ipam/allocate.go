@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -57,6 +58,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		return nil, nil, err
 	}
 	o.attached[at] = rec
+	s.released.forget(key)
 	b := s.enqueue(change{key: key, writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) }})
 	return s.render(o, at, rec), b, nil
 }
@@ -204,6 +206,7 @@ func forget(o *overlay, at ring.Attachment) {
 // addresses stay reserved until the deletion is durable (see commit.go).
 // The caller holds s.mu and flushes the batch.
 func (s *Service) release(o *overlay, at ring.Attachment) *batch {
+	s.released.mark(allocKey(o.name, at), time.Now())
 	rec := o.attached[at]
 	delete(o.attached, at)
 	var held [families]netip.Addr
@@ -268,6 +271,9 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	defer s.mu.Unlock()
 	for s.waitPending(key) {
 	}
+	// Whatever it releases (maybe nothing, after a lost data dir), a DEL
+	// answered OK is one the runtime will not send again.
+	s.released.mark(key, time.Now())
 	out := &api.Released{Released: []api.Allocation{}}
 	if o := s.overlays[req.Network]; o != nil {
 		if rec, ok := o.attached[at]; ok {

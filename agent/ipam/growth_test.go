@@ -359,9 +359,6 @@ func TestGrowthSurvivesRestarts(t *testing.T) {
 	c := newCluster(t, 3, GrowthConfig{IdleReturn: -1})
 	dirs := map[string]string{"a": t.TempDir(), "b": t.TempDir()}
 	cache := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(cache, "results"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	c.start("a", dirs["a"], cache)
 	c.start("b", dirs["b"], "")
 	c.gossipRounds()
@@ -371,11 +368,7 @@ func TestGrowthSurvivesRestarts(t *testing.T) {
 		cid := fmt.Sprint("c", i)
 		al := a.alloc(t, cid)
 		held[cid] = al.IPs[0].Address
-		// The runtime's cache, as libcni writes it.
-		entry := fmt.Sprintf(`{"kind":"cniCacheV1","containerId":%q,"ifName":"eth0","networkName":"carve","result":{"ips":[{"address":%q}]}}`, cid, al.IPs[0].Address)
-		if err := os.WriteFile(filepath.Join(cache, "results", "carve-"+cid+"-eth0"), []byte(entry), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		writeCacheEntry(t, cache, cid, al.IPs[0].Address) // the runtime's cache, as libcni writes it
 	}
 	c.gossipRounds()
 	check := func(what string) {

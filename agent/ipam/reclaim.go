@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -52,7 +53,9 @@ func (e cniCacheEntry) owner() *api.Owner {
 // live containers hold on this overlay and that the agent does not know:
 // an agent that lost its disk takes them back before handing out any new
 // address. libcni keeps a result until the container's DEL succeeds, so a
-// stale entry means a DEL still to come (or a GC), never a reused address.
+// stale entry means a DEL still to come (or a GC), never a reused address,
+// unless this agent released the attachment lately: then the DEL may be
+// done but for libcni's cleanup, and the entry is skipped (s.released).
 // The claims are queued with add; the caller holds s.mu.
 func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	dir := s.cniCacheDir
@@ -75,6 +78,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		return false
 	}
 	claimed := 0
+	now := time.Now()
 	for _, f := range files {
 		data, err := os.ReadFile(filepath.Join(dir, "results", f.Name()))
 		if err != nil {
@@ -86,7 +90,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 			continue
 		}
 		at := ring.Attachment{ContainerID: e.ContainerID, Interface: e.IfName}
-		if _, known := o.attached[at]; known {
+		if _, known := o.attached[at]; known || s.released.released(allocKey(o.name, at), now) {
 			continue
 		}
 		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.owner()}

@@ -123,6 +123,9 @@ type Service struct {
 	// dirtyRings changed by other agents' entries only since they were
 	// written; Run writes them every ringPersistEvery.
 	dirtyRings map[ringID]bool
+	// released are the attachments whose cached CNI result must not be
+	// reclaimed: their DEL may still be finishing (see released.go).
+	released recentReleases
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
