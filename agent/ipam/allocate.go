@@ -58,8 +58,11 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		return nil, nil, err
 	}
 	o.attached[at] = rec
-	s.released.forget(key)
-	b := s.enqueue(change{key: key, writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) }})
+	writes := []write{putAlloc(o.name, at, rec)}
+	if s.released.forget(key) {
+		writes = append(writes, deleteReleased(key))
+	}
+	b := s.enqueue(change{key: key, writes: writes, undo: func() { forget(o, at) }})
 	return s.render(o, at, rec), b, nil
 }
 
@@ -206,7 +209,13 @@ func forget(o *overlay, at ring.Attachment) {
 // addresses stay reserved until the deletion is durable (see commit.go).
 // The caller holds s.mu and flushes the batch.
 func (s *Service) release(o *overlay, at ring.Attachment) *batch {
-	s.released.mark(allocKey(o.name, at), time.Now())
+	key, now := allocKey(o.name, at), time.Now()
+	writes := []write{deleteAlloc(o.name, at)}
+	for _, k := range s.released.prune(now) {
+		writes = append(writes, deleteReleased(k))
+	}
+	writes = append(writes, putReleased(key, now))
+	s.released.mark(key, now)
 	rec := o.attached[at]
 	delete(o.attached, at)
 	var held [families]netip.Addr
@@ -225,8 +234,8 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 		}
 	}
 	return s.enqueue(change{
-		key:    allocKey(o.name, at),
-		writes: []write{deleteAlloc(o.name, at)},
+		key:    key,
+		writes: writes,
 		durable: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -35,9 +36,13 @@ func TestReclaimSkipsReleasedAttachments(t *testing.T) {
 		// persisted: the attachment was allocated before the restart (else
 		// the agent lost its data dir and never heard of it).
 		persisted bool
+		// delBefore: the agent before the restart answered the DEL (and
+		// was killed before libcni removed its cache entry).
+		delBefore bool
 	}{
 		{name: "DEL of a persisted allocation before the first sync", persisted: true},
 		{name: "DEL of an attachment a lost data dir forgot", persisted: false},
+		{name: "DEL answered by the agent before the restart", persisted: true, delBefore: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, cache := t.TempDir(), t.TempDir()
@@ -45,6 +50,11 @@ func TestReclaimSkipsReleasedAttachments(t *testing.T) {
 			if tc.persisted {
 				h := newHarness(t, dir, harnessOptions{})
 				addr = h.alloc("gone", "eth0", "").IPs[0].Address
+				if tc.delBefore {
+					if _, err := h.client.Release(context.Background(), req("gone")); err != nil {
+						t.Fatalf("DEL before the restart: %v", err)
+					}
+				}
 				h.close()
 			}
 			writeCacheEntry(t, cache, "gone", addr)
@@ -52,8 +62,10 @@ func TestReclaimSkipsReleasedAttachments(t *testing.T) {
 
 			// Restarted, not synced yet: the runtime's DEL is answered.
 			h := newHarness(t, dir, harnessOptions{cniCache: cache, view: &View{}})
-			if _, err := h.client.Release(context.Background(), req("gone")); err != nil {
-				t.Fatalf("DEL before the first sync: %v", err)
+			if !tc.delBefore {
+				if _, err := h.client.Release(context.Background(), req("gone")); err != nil {
+					t.Fatalf("DEL before the first sync: %v", err)
+				}
 			}
 			// The first sync runs before libcni deletes the cache entry.
 			h.svc.Sync(testView(testSelf()))
@@ -73,8 +85,8 @@ func TestReclaimSkipsReleasedAttachments(t *testing.T) {
 }
 
 // TestRecentReleasesExpire: a release is remembered for releaseMemory, a
-// later release of the same attachment restarts it, and an allocation
-// forgets it.
+// later release of the same attachment restarts it, an allocation forgets
+// it, and prune returns what it forgot (to delete from disk) once.
 func TestRecentReleasesExpire(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	var r recentReleases
@@ -82,9 +94,14 @@ func TestRecentReleasesExpire(t *testing.T) {
 	r.mark("b", t0)
 	r.mark("a", t0.Add(releaseMemory/2)) // released again
 	r.mark("c", t0.Add(releaseMemory/2))
-	r.forget("c") // allocated again
+	if !r.forget("c") || r.forget("c") { // allocated again
+		t.Error("forget of c did not report its release once")
+	}
 	later := t0.Add(releaseMemory + time.Second)
-	r.mark("d", later) // forgets b's release (a's first one is superseded)
+	if got := r.prune(later); !slices.Equal(got, []string{"b"}) {
+		t.Errorf("prune forgot %v, want [b] (a's first release is superseded, c was allocated again)", got)
+	}
+	r.mark("d", later)
 	for _, tc := range []struct {
 		key  string
 		at   time.Time
@@ -101,7 +118,7 @@ func TestRecentReleasesExpire(t *testing.T) {
 			t.Errorf("released(%s, t0+%s) = %v, want %v", tc.key, tc.at.Sub(t0), got, tc.want)
 		}
 	}
-	if _, ok := r.when["b"]; ok || len(r.order) != 3 {
-		t.Errorf("expired releases kept: %v, %d in order", r.when, len(r.order))
+	if got := r.prune(later); len(got) != 0 {
+		t.Errorf("a second prune forgot %v", got)
 	}
 }

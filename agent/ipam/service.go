@@ -159,6 +159,7 @@ func New(cfg Config) (*Service, error) {
 		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{},
 	}
 	s.grow = newGrowState(cfg.Growth)
+	s.released.load(st.released)
 	s.reclaim = newReclaimState(cfg.Reclaim)
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(capacityCollector{s}); err != nil {

@@ -1,10 +1,12 @@
 package ipam
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -23,7 +25,12 @@ const (
 	grantedBucket = "ipam-granted"
 	ringBucket    = "ipam-rings" // "<overlay>/<family>" -> ring encoding
 	metaBucket    = "ipam-meta"  // keyClusterID -> the cluster the rings belong to
-	keyClusterID  = "cluster_id"
+	// releasedBucket holds the attachments released within releaseMemory
+	// (allocKey -> the release's time, unix nanoseconds): written with the
+	// allocation's deletion, so that a restarted agent knows what the one
+	// before it released (recentReleases).
+	releasedBucket = "ipam-released"
+	keyClusterID   = "cluster_id"
 )
 
 // allocRecord is a persisted attachment. Records written before owners
@@ -86,6 +93,14 @@ func deleteAlloc(network string, at ring.Attachment) write {
 	return write{bucket: allocBucket, key: allocKey(network, at)}
 }
 
+func putReleased(key string, when time.Time) write {
+	return write{bucket: releasedBucket, key: key, value: binary.BigEndian.AppendUint64(nil, uint64(when.UnixNano()))}
+}
+
+func deleteReleased(key string) write {
+	return write{bucket: releasedBucket, key: key}
+}
+
 func putGranted(from, id string, p netip.Prefix) write {
 	return write{bucket: grantedBucket, key: from + "\x00" + id, value: []byte(p.String())}
 }
@@ -121,20 +136,39 @@ type loaded struct {
 	blocks      map[string][]*heldBlock                    // by overlay
 	granted     map[[2]string]netip.Prefix                 // (from, request id) -> block
 	clusterID   string
+	released    map[string]time.Time // allocKey -> release, releasedBucket
 }
 
 // load creates the IPAM's buckets and reads the allocations and the
 // cluster id of the rings. The rings themselves are read when their overlay
 // is seeded.
 func load(db *bolt.DB) (loaded, error) {
-	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, granted: map[[2]string]netip.Prefix{}}
+	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, granted: map[[2]string]netip.Prefix{},
+		released: map[string]time.Time{}}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket, grantedBucket} {
+		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket, grantedBucket, releasedBucket} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
 		}
 		out.clusterID = string(tx.Bucket([]byte(metaBucket)).Get([]byte(keyClusterID)))
+		if err := tx.Bucket([]byte(releasedBucket)).ForEach(func(k, v []byte) error {
+			if len(v) != 8 {
+				return fmt.Errorf("corrupt release record %q", k)
+			}
+			out.released[string(k)] = time.Unix(0, int64(binary.BigEndian.Uint64(v)))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for k, when := range out.released {
+			if time.Since(when) > releaseMemory {
+				delete(out.released, k)
+				if err := tx.Bucket([]byte(releasedBucket)).Delete([]byte(k)); err != nil {
+					return err
+				}
+			}
+		}
 		var err error
 		if out.blocks, err = loadBlocks(tx); err != nil {
 			return err
