@@ -178,11 +178,14 @@ type cluster struct {
 	joined int // number of nodes created, for IDs
 }
 
-// fastTimeouts keeps elections quick but stable under -race on 2 cores.
+// fastTimeouts are the tests' Raft timeouts: raftlog's defaults. Shorter
+// ones (400 ms elections, a 200 ms lease) flapped on a 2-core machine under
+// -race beside other packages: a new voter catching up by snapshot saw no
+// stable leader for 20 s (TestAddVoterCatchesUpViaSnapshotAndRemove).
 func fastTimeouts(c *Config) {
-	c.HeartbeatTimeout = 400 * time.Millisecond
-	c.ElectionTimeout = 400 * time.Millisecond
-	c.LeaderLeaseTimeout = 200 * time.Millisecond
+	c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	c.ElectionTimeout = DefaultElectionTimeout
+	c.LeaderLeaseTimeout = DefaultLeaderLeaseTimeout
 }
 
 func listenLocal(t testing.TB) net.Listener {
@@ -291,7 +294,7 @@ func (c *cluster) waitLeader(nodes ...*testNode) *testNode {
 		nodes = c.running()
 	}
 	var leader *testNode
-	testutil.Eventually(c.t, 20*time.Second, "a leader", func() error {
+	testutil.Eventually(c.t, 0, "a leader", func() error {
 		leader = nil
 		for _, tn := range nodes {
 			if tn.node.IsLeader() {
