@@ -233,12 +233,17 @@ func TestRealDockerEngine(t *testing.T) {
 
 	// The network an older carve created as d-carve (same bridge, same
 	// IPAM): kept while a container uses it, replaced by carve once not.
-	d.call(t, http.MethodDelete, "/networks/carve", nil, nil)
-	d.call(t, http.MethodPost, "/networks/create", map[string]any{
+	// The running service recreates a network removed by hand (above):
+	// removed again until the legacy one takes the bridge first.
+	legacy := map[string]any{
 		"Name": "d-carve", "Driver": "bridge", "EnableIPv6": true, "CheckDuplicate": true,
 		"IPAM":    map[string]any{"Driver": driverName, "Options": map[string]string{"network": "carve"}, "Config": net1.IPAM.Config},
 		"Options": net1.Options, "Labels": map[string]string{dockeripam.LabelOverlay: "carve"},
-	}, nil)
+	}
+	testutil.Eventually(t, waitLimit, "the legacy network d-carve in place of carve", func() error {
+		_ = d.try(http.MethodDelete, "/networks/carve", nil, nil)
+		return d.try(http.MethodPost, "/networks/create", legacy, nil)
+	})
 	old, err := d.run(t, "d-carve")
 	if err != nil {
 		t.Fatalf("container on the legacy network d-carve: %v", err)
