@@ -40,7 +40,7 @@ lint: $(STATICCHECK)
 # then the tests that run real weaveworks/mesh routers over TCP, which mesh's
 # known data races keep out of -race (they carry a !race build tag), and the
 # vet and tests of carve's fork of mesh (third_party/mesh, its own module).
-test: build $(STATICCHECK)
+test: build cni-plugins $(STATICCHECK)
 	@# /run/netns a shared mount point before any test makes a namespace (see
 	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise
 	@# bind it onto itself over another package's namespaces.
