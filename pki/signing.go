@@ -16,6 +16,11 @@ func writeSigningKey(dir string) error {
 	if err != nil {
 		return fmt.Errorf("pki: signing key: %w", err)
 	}
+	return writeSigningKeyPair(dir, pub, priv)
+}
+
+// writeSigningKeyPair writes signing.key and signing.pub into dir.
+func writeSigningKeyPair(dir string, pub ed25519.PublicKey, priv ed25519.PrivateKey) error {
 	if err := writeKey(filepath.Join(dir, SignKey), priv); err != nil {
 		return err
 	}

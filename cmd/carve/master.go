@@ -28,7 +28,8 @@ func runMaster(ctx context.Context, args []string) error {
 	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
 	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
-	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS")
+	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")
+	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
@@ -70,11 +71,12 @@ func runMaster(ctx context.Context, args []string) error {
 	if !*insecure && *signingKey == "" {
 		return fmt.Errorf("%w: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside ca.pem)", cli.ErrUsage)
 	}
-	var key ed25519.PrivateKey
-	if *signingKey != "" {
-		if key, err = pki.LoadSigningKey(*signingKey); err != nil {
-			return fmt.Errorf("--signing-key-file: %w", err)
-		}
+	if *signingChain != "" && *signingKey == "" {
+		return fmt.Errorf("%w: --signing-chain-file needs --signing-key-file (the new key it endorses)", cli.ErrUsage)
+	}
+	key, chain, err := loadSigning(*signingKey, *signingChain)
+	if err != nil {
+		return err
 	}
 	netCfg := state.DefaultConfig()
 	if *config != "" {
@@ -90,15 +92,41 @@ func runMaster(ctx context.Context, args []string) error {
 	m, err := master.Start(ctx, master.Options{
 		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
 		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
-		TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
+		TLS: *tlsFiles, SigningKey: key, SigningChain: chain, Insecure: *insecure,
 		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
 	})
 	if err != nil {
 		return err
 	}
+	reloadOnSIGHUP(ctx, logger, "the signing key and chain", func() error {
+		key, chain, err := loadSigning(*signingKey, *signingChain)
+		if err != nil {
+			return err
+		}
+		return m.SetSigning(key, chain)
+	})
 	<-ctx.Done()
 	logger.Info("signal received, stopping")
 	return m.Close()
+}
+
+// loadSigning reads --signing-key-file and --signing-chain-file (either
+// may be empty: none).
+func loadSigning(keyFile, chainFile string) (ed25519.PrivateKey, *api.SigningChain, error) {
+	var key ed25519.PrivateKey
+	var chain *api.SigningChain
+	var err error
+	if keyFile != "" {
+		if key, err = pki.LoadSigningKey(keyFile); err != nil {
+			return nil, nil, fmt.Errorf("--signing-key-file: %w", err)
+		}
+	}
+	if chainFile != "" {
+		if chain, err = pki.LoadSigningChain(chainFile); err != nil {
+			return nil, nil, fmt.Errorf("--signing-chain-file: %w", err)
+		}
+	}
+	return key, chain, nil
 }
 
 // parsePeers parses "m1=HOST:PORT,m2=HOST:PORT".
