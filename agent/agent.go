@@ -267,7 +267,7 @@ func (a *Agent) newRouter() (Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log,
+	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, AcceptedPasswords: a.cfg.MeshAcceptedPasswords, Logger: a.log,
 		NoDiscovery:       true,
 		OnPasswordRefused: a.metrics.meshRefused.Inc})
 	if err != nil {

@@ -32,3 +32,19 @@ func (m *Master) SetSigning(key ed25519.PrivateKey, chain *api.SigningChain) err
 	}
 	return nil
 }
+
+// ReloadTLS reads the CA bundle, the certificate and the key again: new
+// connections (API, forwarding, Raft) use them; those open stay until they
+// close. Without TLS there is nothing to reload. A file that fails to load,
+// a certificate that does not verify against the bundle or names another
+// master, is refused and what was loaded stays.
+func (m *Master) ReloadTLS() error {
+	if m.security == nil {
+		return nil
+	}
+	if err := m.security.files.Reload(); err != nil {
+		return fmt.Errorf("master: %w", err)
+	}
+	m.log.Info("reloaded the TLS files", "cert_not_after", m.security.files.NotAfter())
+	return nil
+}

@@ -98,7 +98,10 @@ func runMaster(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	reloadOnSIGHUP(ctx, logger, "the signing key and chain", func() error {
+	reloadOnSIGHUP(ctx, logger, "the TLS files, the signing key and chain", func() error {
+		if err := m.ReloadTLS(); err != nil {
+			return err
+		}
 		key, chain, err := loadSigning(*signingKey, *signingChain)
 		if err != nil {
 			return err
