@@ -133,7 +133,7 @@ func (sec *security) httpClient(cfg Config) *http.Client {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = sec.client
 		// Each new connection with the TLS files as last loaded.
-		tr.DialTLSContext = sec.files.DialTLS(sec.client, tr.TLSHandshakeTimeout)
+		tr.DialTLSContext = sec.files.DialTLS(sec.client, tr.TLSHandshakeTimeout, nil)
 		hc.Transport = tr
 	}
 	return hc

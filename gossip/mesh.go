@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -165,10 +166,14 @@ func ReadPasswordFile(path string) ([]byte, error) {
 }
 
 // ReadAcceptedPasswordFile reads a password accepted besides the mesh
-// password during a change of it, as ReadPasswordFile; an empty file means
-// none (nil), outside a change.
+// password during a change of it, as ReadPasswordFile; an empty or absent
+// file means none (nil): the flag stays set, the file holds a password
+// during a change only.
 func ReadAcceptedPasswordFile(path string) ([]byte, error) {
 	b, err := readPassword(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil || len(b) == 0 {
 		return nil, err
 	}

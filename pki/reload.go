@@ -143,18 +143,24 @@ func (r *Reloader) Refresh(cfg *tls.Config) *tls.Config {
 	return cfg
 }
 
-// DialTLS is an http.Transport's DialTLSContext: it dials addr and
-// handshakes with a clone of template refreshed (its ServerName, when
-// empty, is addr's host), so that every new connection uses the files as
-// last loaded.
-func (r *Reloader) DialTLS(template *tls.Config, handshakeTimeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// DialFunc dials a connection (net.Dialer.DialContext).
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// DialTLS is an http.Transport's DialTLSContext: it dials addr with dial
+// (nil: a net.Dialer) and handshakes with a clone of template refreshed
+// (its ServerName, when empty, is addr's host), so that every new
+// connection uses the files as last loaded.
+func (r *Reloader) DialTLS(template *tls.Config, handshakeTimeout time.Duration, dial DialFunc) DialFunc {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, fmt.Errorf("pki: dial %q: %w", addr, err)
 		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
+		c, err := dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}

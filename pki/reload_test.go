@@ -102,7 +102,7 @@ func TestReloaderRotatesTheCA(t *testing.T) {
 			}()
 		}
 	}()
-	dial := cli.DialTLS(&tls.Config{MinVersion: tls.VersionTLS12, VerifyConnection: RequireRole(RoleMaster)}, 5*time.Second)
+	dial := cli.DialTLS(&tls.Config{MinVersion: tls.VersionTLS12, VerifyConnection: RequireRole(RoleMaster)}, 5*time.Second, nil)
 	handshake := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -155,7 +155,7 @@ func TestReloaderRotatesTheCA(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if c, err := staleR.DialTLS(&tls.Config{MinVersion: tls.VersionTLS12}, 5*time.Second)(ctx, "tcp", ln.Addr().String()); err == nil {
+	if c, err := staleR.DialTLS(&tls.Config{MinVersion: tls.VersionTLS12}, 5*time.Second, nil)(ctx, "tcp", ln.Addr().String()); err == nil {
 		buf := make([]byte, 2)
 		if _, err := c.Read(buf); err == nil {
 			t.Error("a certificate of the removed CA was accepted")

@@ -52,7 +52,7 @@ func runAgent(ctx context.Context, args []string) error {
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it; read again on SIGHUP")
-	meshAcceptedFile := fs.String("mesh-accepted-password-file", "", "during a change of the mesh password, a file holding a second password accepted from peers (never sent); empty: none; read again on SIGHUP (docs/security.md, \"Rotation\")")
+	meshAcceptedFile := fs.String("mesh-accepted-password-file", "", "during a change of the mesh password, a file holding a second password accepted from peers (never sent); an empty or absent file: none (set the flag for good); read again on SIGHUP (docs/security.md, \"Rotation\")")
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")

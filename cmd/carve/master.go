@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -29,7 +30,7 @@ func runMaster(ctx context.Context, args []string) error {
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
 	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")
-	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP")
+	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP; an absent file: no chain (set the flag for good, the file exists during a rotation only)")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
@@ -124,7 +125,8 @@ func loadSigning(keyFile, chainFile string) (ed25519.PrivateKey, *api.SigningCha
 			return nil, nil, fmt.Errorf("--signing-key-file: %w", err)
 		}
 	}
-	if chainFile != "" {
+	// The flag stays set; the file is there only during a rotation.
+	if _, statErr := os.Stat(chainFile); chainFile != "" && !errors.Is(statErr, os.ErrNotExist) {
 		if chain, err = pki.LoadSigningChain(chainFile); err != nil {
 			return nil, nil, fmt.Errorf("--signing-chain-file: %w", err)
 		}
