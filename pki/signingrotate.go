@@ -7,6 +7,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -19,66 +20,90 @@ const (
 	// SignChain holds the chain the masters serve during the rotation
 	// (their --signing-chain-file).
 	SignChain = "signing-chain.json"
-	// SignPreviousKey and SignPreviousPub keep the replaced key pair until
-	// the rotation is finished.
+	// SignNextKey and SignNextPub are the new key pair until the switch.
+	SignNextKey = "signing-next.key"
+	SignNextPub = "signing-next.pub"
+	// SignPreviousKey and SignPreviousPub keep the replaced key pair from
+	// the switch until the rotation is finished.
 	SignPreviousKey = "signing-previous.key"
 	SignPreviousPub = "signing-previous.pub"
 )
 
-// RotateSigningKey replaces the record-signing key pair in dir: the old
-// one is kept as signing-previous.key and .pub, a new one is written as
-// signing.key and .pub, and signing-chain.json gets the link that
-// endorses the new key with the old one. One rotation at a time: while
-// signing-previous.key is there, it refuses with an error wrapping
-// ErrExists.
-func RotateSigningKey(dir string) (api.SigningLink, error) {
-	prevKey, prevPub := filepath.Join(dir, SignPreviousKey), filepath.Join(dir, SignPreviousPub)
-	for _, f := range []string{prevKey, prevPub} {
-		if _, err := os.Stat(f); err == nil {
-			return api.SigningLink{}, fmt.Errorf("pki: %s: %w (a rotation is under way: finish it first, removing %s, %s and %s once every master signs with the new key and every agent follows it)",
-				f, ErrExists, SignPreviousKey, SignPreviousPub, SignChain)
+// ErrRotation: a step of a signing key rotation out of turn.
+var ErrRotation = errors.New("signing key rotation")
+
+// BeginSigningRotation starts a rotation of the record-signing key in dir:
+// a new key pair as signing-next.key and .pub, and signing-chain.json with
+// the link that endorses it with the current key (signing.key). The
+// masters serve the chain first, still signing with the current key; then
+// SwitchSigningKey. One rotation at a time.
+func BeginSigningRotation(dir string) (api.SigningLink, error) {
+	for _, f := range []string{SignNextKey, SignPreviousKey} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
+			return api.SigningLink{}, fmt.Errorf("pki: %w: %s is there: a rotation is under way (finish it first: carve certs rotate-signing --finish)", ErrRotation, filepath.Join(dir, f))
 		}
 	}
-	old, err := LoadSigningKey(filepath.Join(dir, SignKey))
+	cur, err := LoadSigningKey(filepath.Join(dir, SignKey))
 	if err != nil {
 		return api.SigningLink{}, err
-	}
-	chainPath := filepath.Join(dir, SignChain)
-	chain := &api.SigningChain{}
-	if _, err := os.Stat(chainPath); err == nil {
-		if chain, err = LoadSigningChain(chainPath); err != nil {
-			return api.SigningLink{}, err
-		}
 	}
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return api.SigningLink{}, fmt.Errorf("pki: signing key: %w", err)
 	}
-	link := api.NewSigningLink(old, pub)
-	chain.Links = append(chain.Links, link)
-	// The old pair moves aside first: a failure after it leaves no
-	// signing.key, which the next attempt names, rather than a mix.
-	if err := os.Rename(filepath.Join(dir, SignKey), prevKey); err != nil {
-		return api.SigningLink{}, fmt.Errorf("pki: %w", err)
-	}
-	if err := os.Rename(filepath.Join(dir, SignPub), prevPub); err != nil {
-		return api.SigningLink{}, fmt.Errorf("pki: %w", err)
-	}
-	if err := writeSigningKeyPair(dir, pub, priv); err != nil {
+	link := api.NewSigningLink(cur, pub)
+	if err := writeSigningKeyPairAs(dir, SignNextKey, SignNextPub, pub, priv); err != nil {
 		return api.SigningLink{}, err
 	}
-	b, err := json.MarshalIndent(chain, "", "  ")
+	b, err := json.MarshalIndent(&api.SigningChain{Links: []api.SigningLink{link}}, "", "  ")
 	if err != nil {
 		return api.SigningLink{}, fmt.Errorf("pki: signing chain: %w", err)
 	}
-	tmp := chainPath + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return api.SigningLink{}, fmt.Errorf("pki: %w", err)
-	}
-	if err := os.Rename(tmp, chainPath); err != nil {
-		return api.SigningLink{}, fmt.Errorf("pki: %w", err)
+	if err := replaceFile(filepath.Join(dir, SignChain), append(b, '\n'), 0o644); err != nil {
+		return api.SigningLink{}, err
 	}
 	return link, nil
+}
+
+// SwitchSigningKey makes the new key of BeginSigningRotation the signing
+// key: signing.key and .pub move to signing-previous.*, signing-next.* to
+// signing.*. The masters then sign with it, the chain still served.
+func SwitchSigningKey(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, SignNextKey)); err != nil {
+		return fmt.Errorf("pki: %w: no %s: begin a rotation first (carve certs rotate-signing)", ErrRotation, filepath.Join(dir, SignNextKey))
+	}
+	for _, mv := range [][2]string{{SignKey, SignPreviousKey}, {SignPub, SignPreviousPub}, {SignNextKey, SignKey}, {SignNextPub, SignPub}} {
+		if err := os.Rename(filepath.Join(dir, mv[0]), filepath.Join(dir, mv[1])); err != nil {
+			return fmt.Errorf("pki: %w", err)
+		}
+	}
+	return nil
+}
+
+// FinishSigningRotation removes the chain and the previous key pair: the
+// masters, reloaded, serve the new key alone.
+func FinishSigningRotation(dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, SignNextKey)); err == nil {
+		return fmt.Errorf("pki: %w: %s is there: switch to it first (carve certs rotate-signing --switch)", ErrRotation, filepath.Join(dir, SignNextKey))
+	}
+	for _, f := range []string{SignChain, SignPreviousKey, SignPreviousPub} {
+		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("pki: %w", err)
+		}
+	}
+	return nil
+}
+
+// replaceFile writes path through a temporary file and a rename.
+func replaceFile(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	return nil
 }
 
 // LoadSigningChain reads a chain file (signing-chain.json) and checks

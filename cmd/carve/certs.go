@@ -17,7 +17,7 @@ import (
 const certsUsage = `usage:
   carve certs ca    --dir DIR [--days N]
   carve certs issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
-  carve certs rotate-signing --dir DIR
+  carve certs rotate-signing --dir DIR [--switch | --finish]
 `
 
 // runCerts creates the cluster CA and issues certificates (thin over pki).

@@ -72,7 +72,7 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca or issue"},
+		{"no subcommand", nil, 2, "ca, issue or rotate-signing"},
 		{"unknown subcommand", []string{"revoke"}, 2, `"revoke"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
