@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"math/big"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
 )
@@ -148,6 +150,11 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	}
 	reloadAll("CA: the bundle")
 	l.works(ctx, t, "CA: the bundle", h1)
+	// The operator's certificate of the old CA, to try once it is dropped.
+	oldOperator, err := tls.LoadX509KeyPair(c.OperatorFiles().Cert, c.OperatorFiles().Key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.ReissueCertificates(); err != nil {
 		t.Fatal(err)
 	}
@@ -159,6 +166,22 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	reloadAll("CA: the old CA dropped")
 	l.restartAgent(ctx, t, h3)
 	l.works(ctx, t, "CA: the old CA dropped", h3)
+	pool, err := c.OperatorFiles().Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := c.HTTPClientWith(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{oldOperator}})
+	staleClient, err := api.NewClient([]string{c.Masters()[0].URL()}, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := staleClient.State(sctx, api.StateOptions{}); err == nil {
+		t.Error("CA: a certificate of the dropped CA is still accepted by the masters")
+	} else {
+		t.Logf("CA: a certificate of the dropped CA is refused: %v", err)
+	}
 
 	// 2. Certificate renewal: new serials served after a reload.
 	before := map[string]*big.Int{}

@@ -8,10 +8,12 @@ package labcluster
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -295,4 +297,11 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return fmt.Errorf("labcluster: %w", err)
 	}
 	return nil
+}
+
+// HTTPClientWith is an HTTP client like HTTPClient's, whose connections
+// start in the lab's underlay, with another TLS configuration (a test's
+// stale or foreign certificate).
+func (c *Cluster) HTTPClientWith(tlsCfg *tls.Config) *http.Client {
+	return newHTTPClient(c.Lab.Underlay, tlsCfg)
 }
