@@ -59,8 +59,8 @@ func BeginSigningRotation(dir string) (api.SigningLink, error) {
 	if err != nil {
 		return api.SigningLink{}, fmt.Errorf("pki: signing chain: %w", err)
 	}
-	if err := replaceFile(filepath.Join(dir, SignChain), append(b, '\n'), 0o644); err != nil {
-		return api.SigningLink{}, err
+	if err := writeNew(filepath.Join(dir, SignChain), append(b, '\n'), 0o644); err != nil {
+		return api.SigningLink{}, fmt.Errorf("%w (is a rotation unfinished? carve certs rotate-signing --finish)", err)
 	}
 	return link, nil
 }
@@ -90,18 +90,6 @@ func FinishSigningRotation(dir string) error {
 		if err := os.Remove(filepath.Join(dir, f)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("pki: %w", err)
 		}
-	}
-	return nil
-}
-
-// replaceFile writes path through a temporary file and a rename.
-func replaceFile(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("pki: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("pki: %w", err)
 	}
 	return nil
 }
