@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -41,6 +42,32 @@ func (in *installed) put(certDir, name string, caDirs ...string) {
 			in.t.Fatal(err)
 		}
 	}
+}
+
+// serveOK listens on loopback with cfg and writes "ok" on every connection
+// whose handshake succeeds, until the test ends.
+func serveOK(t *testing.T, cfg *tls.Config) net.Listener {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if tc, ok := c.(*tls.Conn); ok && tc.Handshake() == nil {
+					_, _ = c.Write([]byte("ok"))
+				}
+			}()
+		}
+	}()
+	return ln
 }
 
 func mustRead(t *testing.T, path string) []byte {
@@ -84,24 +111,7 @@ func TestReloaderRotatesTheCA(t *testing.T) {
 	}
 	serverCfg := srv.ServerConfig(true)
 	serverCfg.VerifyConnection = RequireRole(RoleAgent)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", serverCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.(*tls.Conn).HandshakeContext(context.Background())
-				_, _ = c.Write([]byte("ok"))
-			}()
-		}
-	}()
+	ln := serveOK(t, serverCfg)
 	dial := cli.DialTLS(&tls.Config{MinVersion: tls.VersionTLS12, VerifyConnection: RequireRole(RoleMaster)}, 5*time.Second, nil)
 	handshake := func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
