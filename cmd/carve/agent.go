@@ -22,6 +22,7 @@ import (
 )
 
 func runAgent(ctx context.Context, args []string) error {
+	ignoreSIGHUP()
 	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
 	masters := fs.String("masters", "", "master URLs, comma separated")

@@ -20,6 +20,7 @@ import (
 )
 
 func runMaster(ctx context.Context, args []string) error {
+	ignoreSIGHUP()
 	fs := cli.NewFlagSet("carve master")
 	id := fs.String("id", "", "this master's Raft server id (e.g. m1)")
 	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots")

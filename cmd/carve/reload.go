@@ -8,6 +8,11 @@ import (
 	"syscall"
 )
 
+// ignoreSIGHUP ignores SIGHUP until reloadOnSIGHUP takes it: a reload
+// asked while the process starts (systemctl reload too early) must not stop
+// it, SIGHUP's default.
+func ignoreSIGHUP() { signal.Ignore(syscall.SIGHUP) }
+
 // reloadOnSIGHUP calls reload at every SIGHUP until ctx ends: masters and
 // agents read their rotated files again without a restart
 // (docs/security.md, "Rotation"). A failed reload keeps what was loaded
