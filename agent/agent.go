@@ -83,8 +83,15 @@ type Agent struct {
 	// the IPAM's usage reports acknowledge.
 	mergedIndex uint64
 	// signingKey verifies records and tombstones: Config.SigningKey, or
-	// the key pinned from the masters' state; nil while none is known.
-	signingKey       ed25519.PublicKey
+	// the key pinned from the masters' state or followed through their
+	// signing key chain; nil while none is known.
+	signingKey ed25519.PublicKey
+	// previousKeys still verify while the masters serve a chain that leads
+	// from them to signingKey; stateKey is the signing key of the last
+	// master state applied (a new one there: the whole state is read again,
+	// re-signed).
+	previousKeys     []ed25519.PublicKey
+	stateKey         string
 	staleWarned      bool // a stale master was logged at warning level since the last good state
 	keyWarned        bool // a state refused for its key was logged as an error since the last good state
 	unsignedWarned   bool // masters that sign nothing were logged once
@@ -180,7 +187,7 @@ func New(cfg Config) (*Agent, error) {
 	a.signingKey = p.SigningKey
 	if cfg.SigningKey != nil {
 		if p.SigningKey != nil && !p.SigningKey.Equal(cfg.SigningKey) {
-			a.log.Warn("--signing-pub-file replaces the signing key pinned in --data-dir", "pinned", keyFingerprint(p.SigningKey), "key", keyFingerprint(cfg.SigningKey))
+			a.log.Warn("--signing-pub-file replaces the signing key pinned in --data-dir", "pinned", api.SigningKeyFingerprint(p.SigningKey), "key", api.SigningKeyFingerprint(cfg.SigningKey))
 		}
 		a.signingKey = cfg.SigningKey
 	}
@@ -260,7 +267,7 @@ func (a *Agent) newRouter() (Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: --mesh-addr %q: bad port", a.cfg.MeshAddr)
 	}
-	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, Logger: a.log,
+	r, err := gossip.NewMeshRouter(gossip.MeshConfig{ID: a.id, Host: host, Port: p, Password: a.cfg.MeshPassword, AcceptedPasswords: a.cfg.MeshAcceptedPasswords, Logger: a.log,
 		NoDiscovery:       true,
 		OnPasswordRefused: a.metrics.meshRefused.Inc})
 	if err != nil {

@@ -135,6 +135,9 @@ type Config struct {
 	// rides the same router. nil means none (an empty non-nil password would
 	// encrypt with an empty secret).
 	MeshPassword []byte
+	// MeshAcceptedPasswords are accepted from peers besides MeshPassword
+	// during a change of the mesh password (SetMeshPasswords).
+	MeshAcceptedPasswords [][]byte
 	// Insecure allows running without TLS files, without MeshPassword and
 	// with plain http masters: for a throwaway lab only. New refuses each of
 	// them otherwise (ErrInsecure).

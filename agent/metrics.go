@@ -30,6 +30,9 @@ type metrics struct {
 	gossipSent       *prometheus.CounterVec
 	antiEntropy      *prometheus.CounterVec
 	meshTargets      prometheus.Gauge
+	// signingKeyFollowed counts new signing keys taken through the
+	// masters' chain (rotations).
+	signingKeyFollowed prometheus.Counter
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
@@ -77,7 +80,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}, []string{"reason"}),
 		statesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_master_states_refused_total",
-			Help: "Master states refused whole, by reason: signing_key (signed with another key than the pinned one or --signing-pub-file's), unsigned (the masters sign nothing, and TLS or a key requires it).",
+			Help: "Master states refused whole, by reason: signing_key (signed with another key than the trusted one, pinned or --signing-pub-file's, and no chain of the masters' leads to it), unsigned (the masters sign nothing, and TLS or a key requires it).",
 		}, []string{"reason"}),
 		meshRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_mesh_handshakes_refused_total",
@@ -88,6 +91,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}),
 		staleStates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_stale_master_states_total", Help: "Master states ignored because they were behind what the agent had seen (same cluster, lower index).",
+		}),
+		signingKeyFollowed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_signing_keys_followed_total", Help: "New record-signing keys of the masters taken through their signing key chain (a rotation), with no restart.",
 		}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_cluster_rebuilds_total", Help: "Rebuilds of the masters' cluster seen (a new cluster id): the membership was reset.",
@@ -139,7 +145,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
-		m.gossipSent, m.antiEntropy, m.meshTargets,
+		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

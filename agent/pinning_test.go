@@ -34,8 +34,9 @@ func (a *Agent) verifyKey() ed25519.PublicKey {
 // of the first master state it reads (and persists it). A master of the
 // same cluster that signs with another key is refused: an error is logged,
 // and nothing of its state is taken, not even an agent registered there.
-// A rebuilt cluster (a new cluster id) with a new key is taken. An agent
-// given --signing-pub-file refuses masters with another key from the start.
+// A rebuilt cluster (a new cluster id) with a new key is refused too, until
+// it serves a chain from the pinned key. An agent given --signing-pub-file
+// refuses masters with another key from the start.
 func TestSigningKeyPinning(t *testing.T) {
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	k1pub, k1 := testKey(t)
@@ -94,14 +95,30 @@ func TestSigningKeyPinning(t *testing.T) {
 		t.Error("the pinned key was replaced by a refused state's")
 	}
 
-	// A rebuilt cluster signs with its own key: taken.
+	// A rebuilt cluster with its own key and no chain from the pinned one
+	// (issue 19, item 7): refused, like any other master with another key.
 	m1b.Close()
 	m2 := mastertest.StartSigning(t, filepath.Join(dir, "signing-m2"), state.DefaultConfig(), quietLogger(), k2)
 	if _, err := masterClient(t, m2).Register(ctx, api.RegisterRequest{AgentID: "peer2", IP: "198.18.5.3", MeshAddr: "198.18.5.3:6783"}); err != nil {
 		t.Fatal(err)
 	}
+	refusedBefore := statesRefused(t, a.Agent, stateRefusedKey)
 	p.switchTo(m2)
-	testutil.Eventually(t, 0, "the agent takes the rebuilt cluster and its key", func() error {
+	testutil.Eventually(t, 0, "the agent refuses the rebuilt cluster's new key", testutil.True(func() bool {
+		return statesRefused(t, a.Agent, stateRefusedKey) >= refusedBefore+2
+	}))
+	if !a.verifyKey().Equal(k1pub) {
+		t.Error("the pinned key was replaced by a rebuilt cluster's without a chain")
+	}
+	if pp := programmedPeers(a.Agent); pp["peer2"] {
+		t.Errorf("programmed peers %v: peer2 of the refused cluster among them", pp)
+	}
+
+	// The rebuilt cluster serves a chain from the pinned key: followed.
+	if err := m2.SetSigning(k2, &api.SigningChain{Links: []api.SigningLink{api.NewSigningLink(k1, k2pub)}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 0, "the agent follows the chain to the rebuilt cluster's key", func() error {
 		if !a.verifyKey().Equal(k2pub) {
 			return fmt.Errorf("still verifying with the old key")
 		}
@@ -110,11 +127,15 @@ func TestSigningKeyPinning(t *testing.T) {
 		}
 		return nil
 	})
-	if !logs.Has(slog.LevelWarn, "the rebuilt cluster signs with a new key") {
-		t.Error("the new key of the rebuilt cluster was not logged")
+	if !logs.Has(slog.LevelWarn, "signing key chain leads from the trusted key to a new one") {
+		t.Error("the new key taken through the chain was not logged")
 	}
 
-	// --signing-pub-file with the old key: the new cluster's state is refused.
+	// --signing-pub-file with the old key, the chain dropped: the new
+	// cluster's state is refused. The agent that followed keeps its key.
+	if err := m2.SetSigning(k2, nil); err != nil {
+		t.Fatal(err)
+	}
 	p2 := newMasterProxy(t, m2)
 	b := runAgent(t, newTestAgent(t, hosts[1], p2.URL(), filepath.Join(dir, "a1"), gnet, func(c *Config) { c.SigningKey = k1pub }))
 	testutil.Eventually(t, 0, "the agent with --signing-pub-file refuses a master with another key", testutil.True(func() bool {

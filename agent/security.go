@@ -35,6 +35,9 @@ type security struct {
 	id, idFrom string
 	// insecure lists what runs without protection (--insecure allowed it).
 	insecure []string
+	// files are the TLS files as last loaded (SIGHUP reloads them); nil
+	// without TLS.
+	files *pki.Reloader
 }
 
 // checkSecurity reads the TLS files and checks the configuration: TLS and a
@@ -53,10 +56,12 @@ func checkSecurity(cfg Config) (*security, error) {
 		if err := cfg.TLS.Check(true); err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
-		id, err := cfg.TLS.Identity()
+		files, err := pki.NewReloader(cfg.TLS)
 		if err != nil {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
+		sec.files = files
+		id := files.Identity()
 		if id.Role != pki.RoleAgent {
 			return nil, fmt.Errorf("agent: --cert-file %s is the certificate of %s (role %s), not an agent's: issue one with carve certs issue --role agent --name AGENT_ID", cfg.TLS.Cert, id, id.Role)
 		}
@@ -64,12 +69,7 @@ func checkSecurity(cfg Config) (*security, error) {
 			return nil, fmt.Errorf("agent: --id %q differs from the agent id %q that --cert-file %s names: drop --id, or use the certificate issued for %q", cfg.ID, id.Name, cfg.TLS.Cert, cfg.ID)
 		}
 		sec.id, sec.idFrom = id.Name, fmt.Sprintf("the agent id of --cert-file %s", cfg.TLS.Cert)
-		if sec.server, err = cfg.TLS.ServerConfig(false); err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
-		if sec.client, err = cfg.TLS.ClientConfig(); err != nil {
-			return nil, fmt.Errorf("agent: %w", err)
-		}
+		sec.server, sec.client = files.ServerConfig(false), files.ClientConfig()
 		// Any certificate of the CA verifies; only a master's may answer as
 		// one (an agent's certificate names its own IP, but still).
 		masterOnly := pki.RequireRole(pki.RoleMaster)
@@ -132,6 +132,8 @@ func (sec *security) httpClient(cfg Config) *http.Client {
 	if sec.client != nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = sec.client
+		// Each new connection with the TLS files as last loaded.
+		tr.DialTLSContext = sec.files.DialTLS(sec.client, tr.TLSHandshakeTimeout, nil)
 		hc.Transport = tr
 	}
 	return hc

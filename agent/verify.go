@@ -7,11 +7,10 @@ package agent
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -25,7 +24,8 @@ import (
 // TLS to the masters, or once a key is known, signatures are required;
 // only --insecure with plain http masters that sign nothing goes without.
 func (a *Agent) trustLocked() membership.Trust {
-	return membership.Trust{ClusterID: a.clusterID, Key: a.signingKey, Required: a.signingKey != nil || a.sec.client != nil, Network: a.network}
+	return membership.Trust{ClusterID: a.clusterID, Key: a.signingKey, Previous: a.previousKeys,
+		Required: a.signingKey != nil || a.sec.client != nil, Network: a.network}
 }
 
 // countRefused counts refused records and tombstones and logs them, at
@@ -43,11 +43,14 @@ func (a *Agent) countRefused(counter *prometheus.CounterVec, source string, refu
 
 // The masters' signing key comes from --signing-pub-file, or else from
 // the first master state read (over TLS, whose certificate was verified
-// against the cluster CA), and is then pinned in the agent's store: a state
-// carrying another key is refused, unless it is of a rebuilt cluster
-// (another cluster id). Only an agent that runs --insecure against plain
-// http masters that sign nothing goes without: it logs a warning and checks
-// the ranges alone.
+// against the cluster CA), and is then pinned in the agent's store. A state
+// carrying another key is refused, whatever its cluster id, unless the
+// masters' signing key chain (api.SigningChain) leads to it from the key
+// the agent trusts: then the agent follows it, with no restart, and pins
+// the new key. A state signed with a key the chain leads from (a master
+// that has not switched yet) is taken, and the agent keeps the newer key.
+// Only an agent that runs --insecure against plain http masters that sign
+// nothing goes without: it logs a warning and checks the ranges alone.
 
 // Reasons a whole master state is refused (carve_agent_master_states_refused_total).
 const (
@@ -62,19 +65,20 @@ var (
 )
 
 // keyAfter is the verification key that holds after a master state st,
-// given the key of --signing-pub-file (configured), the pinned one, whether
-// st is of a rebuilt cluster (another cluster id), and whether unsigned
-// states are allowed (--insecure with plain http masters). An error
-// (errStateKey, errStateUnsigned) refuses the state.
-func keyAfter(configured, pinned ed25519.PublicKey, st *api.State, rebuilt, unsignedAllowed bool) (ed25519.PublicKey, error) {
+// given the key of --signing-pub-file (configured), the one the agent
+// verifies with now (trusted: pinned, configured, or followed through a
+// chain), whether st is of a rebuilt cluster (another cluster id), and
+// whether unsigned states are allowed (--insecure with plain http masters).
+// An error (errStateKey, errStateUnsigned) refuses the state.
+func keyAfter(configured, trusted ed25519.PublicKey, st *api.State, rebuilt, unsignedAllowed bool) (ed25519.PublicKey, error) {
 	if st.SigningKey == "" {
 		switch {
 		case configured != nil:
-			return nil, fmt.Errorf("%w: --signing-pub-file is given (key %s), but the masters sign nothing (start them with --signing-key-file)", errStateUnsigned, keyFingerprint(configured))
+			return nil, fmt.Errorf("%w: --signing-pub-file is given (key %s), but the masters sign nothing (start them with --signing-key-file)", errStateUnsigned, api.SigningKeyFingerprint(configured))
 		case !unsignedAllowed:
 			return nil, fmt.Errorf("%w: the masters sign nothing, and an agent that talks TLS to them requires signed records (start the masters with --signing-key-file)", errStateUnsigned)
-		case pinned != nil && !rebuilt:
-			return nil, fmt.Errorf("%w: the masters signed with key %s before and sign nothing now (cluster %s)", errStateUnsigned, keyFingerprint(pinned), st.ClusterID)
+		case trusted != nil && !rebuilt:
+			return nil, fmt.Errorf("%w: the masters signed with key %s before and sign nothing now (cluster %s)", errStateUnsigned, api.SigningKeyFingerprint(trusted), st.ClusterID)
 		}
 		return nil, nil
 	}
@@ -82,22 +86,23 @@ func keyAfter(configured, pinned ed25519.PublicKey, st *api.State, rebuilt, unsi
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errStateKey, err)
 	}
-	switch {
-	case configured != nil && !key.Equal(configured):
-		return nil, fmt.Errorf("%w: the masters sign with key %s, --signing-pub-file holds %s", errStateKey, keyFingerprint(key), keyFingerprint(configured))
-	case configured != nil:
-		return configured, nil
-	case pinned != nil && !key.Equal(pinned) && !rebuilt:
-		return nil, fmt.Errorf("%w: the masters sign with key %s, this agent pinned %s from the first state of cluster %s it read; "+
-			"if the masters' key was replaced on purpose, give this agent --signing-pub-file with the new signing.pub", errStateKey, keyFingerprint(key), keyFingerprint(pinned), st.ClusterID)
+	if trusted == nil {
+		trusted = configured
 	}
-	return key, nil
-}
-
-// keyFingerprint names a public key in logs: the first bytes of its SHA-256.
-func keyFingerprint(k ed25519.PublicKey) string {
-	sum := sha256.Sum256(k)
-	return "sha256:" + hex.EncodeToString(sum[:8])
+	switch {
+	case trusted == nil, key.Equal(trusted):
+		return key, nil
+	case st.SigningChain.Reaches(trusted, key):
+		return key, nil
+	case slices.ContainsFunc(st.SigningChain.Previous(trusted), func(k ed25519.PublicKey) bool { return k.Equal(key) }):
+		return trusted, nil
+	case configured != nil && trusted.Equal(configured):
+		return nil, fmt.Errorf("%w: the masters sign with key %s, --signing-pub-file holds %s, and no signing key chain of theirs leads from it to theirs; "+
+			"if the masters' key was replaced on purpose, give this agent the new signing.pub", errStateKey, api.SigningKeyFingerprint(key), api.SigningKeyFingerprint(configured))
+	}
+	return nil, fmt.Errorf("%w: the masters sign with key %s, this agent trusts %s (pinned from the masters' state of cluster %s or followed through their chain) "+
+		"and no signing key chain of theirs leads from it to theirs; if the masters' key was replaced on purpose (a rebuilt cluster, a lost key), "+
+		"give this agent --signing-pub-file with the new signing.pub", errStateKey, api.SigningKeyFingerprint(key), api.SigningKeyFingerprint(trusted), st.ClusterID)
 }
 
 // logLimiter lets a kind of message through once per interval, so that

@@ -9,15 +9,23 @@ import (
 )
 
 func TestKeyAfter(t *testing.T) {
-	k1, _ := testKey(t)
-	k2, _ := testKey(t)
-	state := func(k ed25519.PublicKey) *api.State {
+	k1, k1priv := testKey(t)
+	k2, k2priv := testKey(t)
+	k3, _ := testKey(t)
+	_, otherPriv := testKey(t)
+	state := func(k ed25519.PublicKey, links ...api.SigningLink) *api.State {
 		st := &api.State{ClusterID: "c1", Index: 7}
 		if k != nil {
 			st.SigningKey = api.EncodeSigningKey(k)
 		}
+		if len(links) > 0 {
+			st.SigningChain = &api.SigningChain{Links: links}
+		}
 		return st
 	}
+	link12, link23 := api.NewSigningLink(k1priv, k2), api.NewSigningLink(k2priv, k3)
+	forged := api.NewSigningLink(otherPriv, k2) // signed by another key, naming k1 as previous
+	forged.Previous = api.EncodeSigningKey(k1)
 	tests := []struct {
 		name                string
 		configured, pinned  ed25519.PublicKey
@@ -29,7 +37,17 @@ func TestKeyAfter(t *testing.T) {
 		{"first state: pinned", nil, nil, state(k1), false, false, k1, nil},
 		{"same key", nil, k1, state(k1), false, false, k1, nil},
 		{"another key in the same cluster", nil, k1, state(k2), false, false, nil, errStateKey},
-		{"another key in a rebuilt cluster", nil, k1, state(k2), true, false, k2, nil},
+		// Issue 19, item 7: a new cluster id is no licence for a new key.
+		{"another key in a rebuilt cluster", nil, k1, state(k2), true, false, nil, errStateKey},
+		{"a new key through the chain", nil, k1, state(k2, link12), false, false, k2, nil},
+		{"a new key through two links", nil, k1, state(k3, link23, link12), false, false, k3, nil},
+		{"a new key through the chain, rebuilt cluster", nil, k1, state(k2, link12), true, false, k2, nil},
+		{"a master not switched yet: the newer key stays", nil, k2, state(k1, link12), false, false, k2, nil},
+		{"a chain that does not lead from the trusted key", nil, k3, state(k2, link12), false, false, nil, errStateKey},
+		{"a forged link", nil, k1, state(k2, forged), false, false, nil, errStateKey},
+		{"a chain backwards is no licence", nil, k2, state(k3, link12), false, false, nil, errStateKey},
+		{"configured key, a new key through the chain", k1, k1, state(k2, link12), false, false, k2, nil},
+		{"configured key, followed before", k1, k2, state(k2), false, false, k2, nil},
 		{"configured key", k1, nil, state(k1), false, false, k1, nil},
 		{"configured key, masters sign with another", k1, nil, state(k2), false, false, nil, errStateKey},
 		{"configured key, rebuilt cluster with another", k1, k1, state(k2), true, false, nil, errStateKey},

@@ -26,7 +26,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	full := true
 	for ctx.Err() == nil {
 		a.mu.RLock()
-		index, cluster := a.masterIndex, a.clusterID
+		index, cluster, stateKey := a.masterIndex, a.clusterID, a.stateKey
 		a.mu.RUnlock()
 		var err error
 		applied := false
@@ -49,6 +49,10 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				continue
 			case err == nil && ch.ClusterID != cluster:
 				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
+				full = true
+				continue
+			case err == nil && ch.SigningKey != stateKey:
+				a.log.Info("the masters sign with another key: reading the whole state, re-signed", "key", ch.SigningKey, "was", stateKey)
 				full = true
 				continue
 			case err == nil:
@@ -78,7 +82,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 // known one).
 func changesState(ch *api.Changes) *api.State {
 	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
-		Agents: ch.Agents, Tombstones: ch.Tombstones}
+		Agents: ch.Agents, Tombstones: ch.Tombstones, SigningChain: ch.SigningChain}
 	if ch.Network != nil {
 		st.Network = *ch.Network
 	}
@@ -183,7 +187,11 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		a.unsignedWarned = true
 	}
 	oldCluster, oldKey := a.clusterID, a.signingKey
-	a.signingKey = key
+	a.signingKey, a.stateKey = key, st.SigningKey
+	a.previousKeys = nil
+	if key != nil {
+		a.previousKeys = st.SigningChain.Previous(key)
+	}
 	if verdict == stateRebuilt {
 		// Records, tombstones and versions of the old cluster mean nothing
 		// in the new one; its state is the truth now.
@@ -212,9 +220,10 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	}
 	switch {
 	case pinned && oldKey != nil:
-		a.log.Warn("the rebuilt cluster signs with a new key: verifying with it", "key", keyFingerprint(key), "old_key", keyFingerprint(oldKey), "cluster_id", st.ClusterID)
+		a.metrics.signingKeyFollowed.Inc()
+		a.log.Warn("the masters' signing key chain leads from the trusted key to a new one: verifying with it", "key", api.SigningKeyFingerprint(key), "old_key", api.SigningKeyFingerprint(oldKey), "cluster_id", st.ClusterID)
 	case pinned:
-		a.log.Info("verifying records with the masters' signing key, pinned from their state", "key", keyFingerprint(key), "cluster_id", st.ClusterID)
+		a.log.Info("verifying records with the masters' signing key, pinned from their state", "key", api.SigningKeyFingerprint(key), "cluster_id", st.ClusterID)
 	case warnUnsigned:
 		a.log.Warn("--insecure: the masters sign nothing; gossip is accepted without signature verification (range checks only)", "cluster_id", st.ClusterID)
 	}

@@ -407,6 +407,9 @@ type State struct {
 	// lease yet (a carve extension; see docs/design.md, "Growth and the
 	// one-owner invariant").
 	Quarantine []QuarantinedBlock `json:"quarantine,omitempty"`
+	// SigningChain endorses SigningKey with the keys before it during a
+	// rotation of the record-signing key (signingchain.go); nil outside one.
+	SigningChain *SigningChain `json:"signing_chain,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -425,6 +428,9 @@ type Changes struct {
 	Network    *NetworkConfig `json:"network,omitempty"`
 	Agents     []AgentInfo    `json:"agents,omitempty"`
 	Tombstones []Tombstone    `json:"tombstones,omitempty"`
+
+	// SigningChain is State.SigningChain, always set during a rotation.
+	SigningChain *SigningChain `json:"signing_chain,omitempty"`
 }
 
 // QuarantinedBlock is a block of a deleted agent's space that is not

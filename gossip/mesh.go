@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -43,6 +44,10 @@ type MeshConfig struct {
 	NoDiscovery bool
 	// Logger receives the router's and mesh's messages; nil discards them.
 	Logger *slog.Logger
+	// AcceptedPasswords are accepted from peers besides Password during a
+	// change of the mesh password; Password is what this peer sends with
+	// (see third_party/mesh/passwords.go and SetPasswords).
+	AcceptedPasswords [][]byte
 	// OnPasswordRefused, when set, is called for every handshake refused
 	// because the peer's password differs (or one side has none), so that
 	// the caller can count them.
@@ -86,10 +91,11 @@ func NewMeshRouter(cfg MeshConfig) (*MeshRouter, error) {
 		connLimit = 64
 	}
 	mc := mesh.Config{
-		Host:      cfg.Host,
-		Port:      cfg.Port,
-		Password:  cfg.Password,
-		ConnLimit: connLimit,
+		Host:              cfg.Host,
+		Port:              cfg.Port,
+		Password:          cfg.Password,
+		AcceptedPasswords: cfg.AcceptedPasswords,
+		ConnLimit:         connLimit,
 		// Version 2 only: version 1 sends the handshake's features (peer
 		// name, nickname, uid) in clear even with a password.
 		ProtocolMinVersion: mesh.ProtocolMaxVersion,
@@ -149,16 +155,50 @@ func passwordMismatch(msg string) bool {
 // trailing newline. An empty password is refused: mesh would encrypt with an
 // empty secret, which anyone knows.
 func ReadPasswordFile(path string) ([]byte, error) {
+	b, err := readPassword(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) == 0 {
+		return nil, fmt.Errorf("mesh password file %s is empty: write a secret into it (the same on every agent)", path)
+	}
+	return b, nil
+}
+
+// ReadAcceptedPasswordFile reads a password accepted besides the mesh
+// password during a change of it, as ReadPasswordFile; an empty or absent
+// file means none (nil): the flag stays set, the file holds a password
+// during a change only.
+func ReadAcceptedPasswordFile(path string) ([]byte, error) {
+	b, err := readPassword(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil || len(b) == 0 {
+		return nil, err
+	}
+	return b, nil
+}
+
+// readPassword is a password file's content without its trailing newline.
+func readPassword(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("mesh password: %w", err)
 	}
 	b = bytes.TrimSuffix(b, []byte("\n"))
-	b = bytes.TrimSuffix(b, []byte("\r"))
-	if len(b) == 0 {
-		return nil, fmt.Errorf("mesh password file %s is empty: write a secret into it (the same on every agent)", path)
+	return bytes.TrimSuffix(b, []byte("\r")), nil
+}
+
+// SetPasswords replaces the mesh password this peer sends with, and those
+// it accepts besides, for the connections made from now on: those up stay
+// up, so a change made peer by peer never splits gossip. Encryption cannot
+// be turned on or off this way.
+func (r *MeshRouter) SetPasswords(password []byte, accepted [][]byte) error {
+	if err := r.router.SetPasswords(password, accepted); err != nil {
+		return fmt.Errorf("gossip: %w", err)
 	}
-	return b, nil
+	return nil
 }
 
 // Self is this peer's id.

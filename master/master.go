@@ -54,6 +54,9 @@ type Options struct {
 	// (signing.key of carve certs ca). Required with TLS; optional with
 	// Insecure.
 	SigningKey ed25519.PrivateKey
+	// SigningChain endorses SigningKey with the keys before it while the
+	// key is rotated (carve certs rotate-signing); nil outside a rotation.
+	SigningChain *api.SigningChain
 	// Insecure runs the API and Raft without TLS or authentication, and
 	// logs InsecureWarning: for a throwaway lab only.
 	Insecure bool
@@ -126,7 +129,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if opts.Insecure {
 		m.log.Warn(InsecureWarning)
 	}
-	m.table.SetSigningKey(opts.SigningKey)
+	if err := m.table.SetSigning(opts.SigningKey, opts.SigningChain); err != nil {
+		return nil, fmt.Errorf("master: %w", err)
+	}
 	if opts.Join != "" {
 		copts := api.ClientOptions{}
 		if sec != nil {

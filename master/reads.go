@@ -175,14 +175,17 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 	s.writeStateFor(w, r)
 }
 
-// waitPast waits until the state's index passes index, or wait passed, or
-// the master closes; false when the client went away.
+// waitPast waits until the state's index passes index, or the signing key
+// changes, or wait passed, or the master closes; false when the client
+// went away.
 func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) bool {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
+	// A new signing key or chain (SIGHUP) is news too: the agents follow it at once.
+	signing := s.m.table.SigningGeneration()
 	for {
 		ch, idx := s.m.table.Changed()
-		if idx > index {
+		if idx > index || s.m.table.SigningGeneration() != signing {
 			return true
 		}
 		select {

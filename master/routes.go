@@ -38,6 +38,7 @@ func (m *Master) routes() http.Handler {
 	transport := &http.Transport{MaxIdleConnsPerHost: 1024, TLSHandshakeTimeout: 10 * time.Second}
 	if m.security != nil {
 		transport.TLSClientConfig = m.security.client
+		transport.DialTLSContext = m.security.files.DialTLS(m.security.client, transport.TLSHandshakeTimeout, nil)
 	}
 	s := &server{m: m, log: m.log, client: &http.Client{Transport: transport}}
 	r := httpapi.NewRouter()

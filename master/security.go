@@ -25,6 +25,9 @@ type security struct {
 	client *tls.Config
 	// raft is the mutual TLS of the Raft transport: masters only, both ways.
 	raft *raftlog.TransportTLS
+	// files are the TLS files as last loaded: every handshake uses them,
+	// and Reload (SIGHUP) reads them again.
+	files *pki.Reloader
 }
 
 // newSecurity checks the security options and loads the TLS configurations;
@@ -39,10 +42,11 @@ func newSecurity(opts Options, log *slog.Logger) (*security, error) {
 	if err := opts.TLS.Check(true); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
-	id, err := opts.TLS.Identity()
+	files, err := pki.NewReloader(opts.TLS)
 	if err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
+	id := files.Identity()
 	if id.Role != pki.RoleMaster {
 		return nil, fmt.Errorf("master: --cert-file %s is a certificate of role %s; a master needs role master (carve certs issue --role master)", opts.TLS.Cert, id.Role)
 	}
@@ -52,18 +56,12 @@ func newSecurity(opts Options, log *slog.Logger) (*security, error) {
 	if opts.SigningKey == nil {
 		return nil, errors.New("master: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside the CA)")
 	}
-	sec := &security{identity: id, raft: &raftlog.TransportTLS{}}
-	if sec.http, err = opts.TLS.ServerConfig(false); err != nil {
-		return nil, fmt.Errorf("master: %w", err)
-	}
+	sec := &security{identity: id, raft: &raftlog.TransportTLS{Refresh: files.Refresh}, files: files}
+	sec.http = files.ServerConfig(false)
 	mastersOnly := pki.RequireRole(pki.RoleMaster)
-	if sec.client, err = opts.TLS.ClientConfig(); err != nil {
-		return nil, fmt.Errorf("master: %w", err)
-	}
+	sec.client = files.ClientConfig()
 	sec.client.VerifyConnection = mastersOnly
-	if sec.raft.Server, err = opts.TLS.ServerConfig(true); err != nil {
-		return nil, fmt.Errorf("master: %w", err)
-	}
+	sec.raft.Server = files.ServerConfig(true)
 	sec.raft.Server.VerifyConnection = mastersOnly
 	sec.raft.Client = sec.client.Clone()
 	return sec, nil

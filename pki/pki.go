@@ -410,11 +410,16 @@ func readPrivateKey(path string) (crypto.Signer, error) {
 // writePEM writes a file atomically with the given mode, refusing to
 // replace one.
 func writePEM(path, typ string, der []byte, mode os.FileMode) error {
+	return writeNew(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
+}
+
+// writeNew writes a file with the given mode, refusing to replace one.
+func writeNew(path string, data []byte, mode os.FileMode) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
 	if err != nil {
 		return fmt.Errorf("pki: %w", err)
 	}
-	if err := pem.Encode(f, &pem.Block{Type: typ, Bytes: der}); err != nil {
+	if _, err := f.Write(data); err != nil {
 		f.Close()
 		os.Remove(path)
 		return fmt.Errorf("pki: write %s: %w", path, err)

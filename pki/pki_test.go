@@ -100,25 +100,7 @@ func TestRequireRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	srvCfg.VerifyConnection = RequireRole(RoleMaster)
-	ln, err := tls.Listen("tcp", "127.0.0.1:0", srvCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if tc, ok := c.(*tls.Conn); ok && tc.Handshake() == nil {
-					c.Write([]byte("ok"))
-				}
-			}()
-		}
-	}()
+	ln := serveOK(t, srvCfg)
 	for _, tc := range []struct {
 		name string
 		ok   bool

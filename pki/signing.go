@@ -16,14 +16,25 @@ func writeSigningKey(dir string) error {
 	if err != nil {
 		return fmt.Errorf("pki: signing key: %w", err)
 	}
-	if err := writeKey(filepath.Join(dir, SignKey), priv); err != nil {
+	return writeSigningKeyPair(dir, pub, priv)
+}
+
+// writeSigningKeyPair writes signing.key and signing.pub into dir.
+func writeSigningKeyPair(dir string, pub ed25519.PublicKey, priv ed25519.PrivateKey) error {
+	return writeSigningKeyPairAs(dir, SignKey, SignPub, pub, priv)
+}
+
+// writeSigningKeyPairAs writes a record-signing key pair into dir under
+// the names given.
+func writeSigningKeyPairAs(dir, keyName, pubName string, pub ed25519.PublicKey, priv ed25519.PrivateKey) error {
+	if err := writeKey(filepath.Join(dir, keyName), priv); err != nil {
 		return err
 	}
 	der, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		return fmt.Errorf("pki: signing key: %w", err)
 	}
-	return writePEM(filepath.Join(dir, SignPub), "PUBLIC KEY", der, 0o644)
+	return writePEM(filepath.Join(dir, pubName), "PUBLIC KEY", der, 0o644)
 }
 
 // LoadSigningKey reads the masters' ed25519 record-signing key.

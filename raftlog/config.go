@@ -107,6 +107,9 @@ type TransportTLS struct {
 	// Client dials the peers; its ServerName is set to each peer's host,
 	// so a peer's certificate must name the address it advertises.
 	Client *tls.Config
+	// Refresh, if set, updates a clone of Client before each dial (the
+	// CA and certificate files as last loaded: pki.Reloader.Refresh).
+	Refresh func(*tls.Config) *tls.Config
 }
 
 // withDefaults validates cfg and fills in defaults.

@@ -61,6 +61,9 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		return nil, fmt.Errorf("raft TLS: peer address %q: %w", address, err)
 	}
 	cfg := s.tls.Client.Clone()
+	if s.tls.Refresh != nil {
+		cfg = s.tls.Refresh(cfg)
+	}
 	cfg.ServerName = host
 	tc := tls.Client(c, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

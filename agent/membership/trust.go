@@ -19,8 +19,8 @@ import (
 // configuration: its subnets inside the configured overlays, its VTEP IP in
 // vtep_subnet, its MAC derived from its VTEP IP (api.VTEPMAC). What fails is
 // refused and counted by reason; it changes nothing. Which key holds (given,
-// or pinned from the masters' state) is the agent's to decide: Trust is
-// handed it.
+// or pinned from the masters' state, or followed through their signing key
+// chain) is the agent's to decide: Trust is handed it.
 
 // Reasons a record or tombstone is refused (the reason label of
 // carve_agent_gossip_refused_total and carve_agent_master_records_refused_total).
@@ -37,7 +37,11 @@ type Trust struct {
 	ClusterID string
 	// Key verifies signatures; nil with Required false: nothing is
 	// verified (--insecure with masters that sign nothing).
-	Key      ed25519.PublicKey
+	Key ed25519.PublicKey
+	// Previous are the keys the masters' signing key chain leads from to
+	// Key, while they serve it (a rotation): what they signed still
+	// verifies, so that masters switch keys one by one.
+	Previous []ed25519.PublicKey
 	Required bool
 	// Network is the configuration the ranges are checked against; nil
 	// when none is known yet.
@@ -52,8 +56,9 @@ type Refusal struct {
 }
 
 // checkSignature checks a signature (of a record or a tombstone) with
-// verify, which calls the api's verifier.
-func (tr *Trust) checkSignature(sig string, verify func() error) (string, error) {
+// verify, which calls the api's verifier, with Key, then with the
+// previous keys.
+func (tr *Trust) checkSignature(sig string, verify func(ed25519.PublicKey) error) (string, error) {
 	switch {
 	case !tr.Required:
 		return "", nil
@@ -62,7 +67,16 @@ func (tr *Trust) checkSignature(sig string, verify func() error) (string, error)
 	case tr.Key == nil:
 		return RefusedBadSignature, fmt.Errorf("%w: no verification key yet (no master state read, no --signing-pub-file)", api.ErrBadSignature)
 	}
-	if err := verify(); err != nil {
+	err := verify(tr.Key)
+	for _, k := range tr.Previous {
+		if err == nil {
+			break
+		}
+		if verify(k) == nil {
+			err = nil
+		}
+	}
+	if err != nil {
 		return RefusedBadSignature, err
 	}
 	return "", nil
@@ -70,7 +84,7 @@ func (tr *Trust) checkSignature(sig string, verify func() error) (string, error)
 
 // checkRecord returns why a record must be refused, or "" when it is good.
 func (tr *Trust) checkRecord(r *PeerRecord) Refusal {
-	reason, err := tr.checkSignature(r.Signature, func() error { return api.VerifyRecord(tr.Key, r.signedInfo(), tr.ClusterID) })
+	reason, err := tr.checkSignature(r.Signature, func(k ed25519.PublicKey) error { return api.VerifyRecord(k, r.signedInfo(), tr.ClusterID) })
 	if err != nil {
 		return Refusal{reason, fmt.Errorf("record of %s version %d: %w", r.ID, r.Version, err)}
 	}
@@ -82,7 +96,7 @@ func (tr *Trust) checkRecord(r *PeerRecord) Refusal {
 
 // checkTombstone returns why a tombstone must be refused, or "" when it is good.
 func (tr *Trust) checkTombstone(t api.Tombstone) Refusal {
-	reason, err := tr.checkSignature(t.Signature, func() error { return api.VerifyTombstone(tr.Key, t, tr.ClusterID) })
+	reason, err := tr.checkSignature(t.Signature, func(k ed25519.PublicKey) error { return api.VerifyTombstone(k, t, tr.ClusterID) })
 	if err != nil {
 		return Refusal{reason, fmt.Errorf("tombstone of %s version %d: %w", t.AgentID, t.Version, err)}
 	}

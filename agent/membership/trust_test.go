@@ -164,6 +164,10 @@ func TestTrustAdmit(t *testing.T) {
 	_, other := testKey(t)
 	network := state.DefaultConfig()
 	signed := Trust{ClusterID: "c1", Key: pub, Required: true, Network: &network}
+	// During a rotation of the signing key, to next from pub.
+	nextPub, nextPriv := testKey(t)
+	rotating := Trust{ClusterID: "c1", Key: nextPub, Previous: []ed25519.PublicKey{pub}, Required: true, Network: &network}
+	rotated := Trust{ClusterID: "c1", Key: nextPub, Required: true, Network: &network}
 	good := signedPeer(priv, "c1")
 	changedSubnet := good
 	changedSubnet.Overlays = slices.Clone(good.Overlays)
@@ -190,6 +194,12 @@ func TestTrustAdmit(t *testing.T) {
 		{"signed, out of range", signed, "c1", State{Records: []PeerRecord{signedPeer(priv, "c1", func(a *api.AgentInfo) { a.Overlays[0].Subnet = "128.0.0.0/1" })}}, []string{RefusedOutOfRange}},
 		{"a mix", signed, "c1", State{Records: []PeerRecord{good, signedPeer(nil, "")},
 			Tombstones: []api.Tombstone{{AgentID: "x", Version: 3}, signedTombstone(priv, "c1", "y", 4)}}, []string{RefusedUnsigned, RefusedUnsigned}},
+		{"rotating: signed by the new key", rotating, "c1", State{Records: []PeerRecord{signedPeer(nextPriv, "c1")}}, nil},
+		{"rotating: signed by the previous key", rotating, "c1", State{Records: []PeerRecord{good},
+			Tombstones: []api.Tombstone{signedTombstone(priv, "c1", "b", 10)}}, nil},
+		{"rotating: signed by another key", rotating, "c1", State{Records: []PeerRecord{signedPeer(other, "c1")}}, []string{RefusedBadSignature}},
+		{"rotated, chain dropped: the previous key no more", rotated, "c1", State{Records: []PeerRecord{good},
+			Tombstones: []api.Tombstone{signedTombstone(priv, "c1", "b", 10)}}, []string{RefusedBadSignature, RefusedBadSignature}},
 		{"no key yet, TLS masters", Trust{ClusterID: "c1", Required: true, Network: &network}, "c1", State{Records: []PeerRecord{good}}, []string{RefusedBadSignature}},
 		{"no cluster yet", Trust{Key: pub, Required: true, Network: &network}, "c1", State{Records: []PeerRecord{good}}, []string{RefusedOtherCluster}},
 		{"--insecure, unsigned masters: unsigned taken", Trust{ClusterID: "c1", Network: &network}, "c1", State{Records: []PeerRecord{signedPeer(nil, "")},

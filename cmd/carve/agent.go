@@ -22,6 +22,7 @@ import (
 )
 
 func runAgent(ctx context.Context, args []string) error {
+	ignoreSIGHUP()
 	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
 	masters := fs.String("masters", "", "master URLs, comma separated")
@@ -51,8 +52,9 @@ func runAgent(ctx context.Context, args []string) error {
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
-	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it")
-	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused (default: the key of the first master state read, pinned in --data-dir)")
+	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it; read again on SIGHUP")
+	meshAcceptedFile := fs.String("mesh-accepted-password-file", "", "during a change of the mesh password, a file holding a second password accepted from peers (never sent); an empty or absent file: none (set the flag for good); read again on SIGHUP (docs/security.md, \"Rotation\")")
+	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused, unless the masters' signing key chain leads to it from this one (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	if err := cli.Parse(fs, args); err != nil {
@@ -128,11 +130,12 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: --socket-group: %v", cli.ErrUsage, err)
 	}
-	var meshPassword []byte
-	if *meshPasswordFile != "" {
-		if meshPassword, err = gossip.ReadPasswordFile(*meshPasswordFile); err != nil {
-			return fmt.Errorf("--mesh-password-file: %w", err)
-		}
+	if *meshAcceptedFile != "" && *meshPasswordFile == "" {
+		return fmt.Errorf("%w: --mesh-accepted-password-file needs --mesh-password-file (the password sent)", cli.ErrUsage)
+	}
+	meshPassword, meshAccepted, err := readMeshPasswords(*meshPasswordFile, *meshAcceptedFile)
+	if err != nil {
+		return err
 	}
 	var signingKey ed25519.PublicKey
 	if *signingPubFile != "" {
@@ -149,11 +152,47 @@ func runAgent(ctx context.Context, args []string) error {
 		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 		Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
-		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
+		TLS: *tlsFiles, MeshPassword: meshPassword, MeshAcceptedPasswords: meshAccepted, Insecure: *insecure,
 		SigningKey: signingKey,
 	})
 	if err != nil {
 		return err
 	}
+	reloadOnSIGHUP(ctx, logger, "the TLS files and the mesh passwords", func() error {
+		if err := a.ReloadTLS(); err != nil {
+			return err
+		}
+		if *meshPasswordFile == "" {
+			return nil
+		}
+		password, accepted, err := readMeshPasswords(*meshPasswordFile, *meshAcceptedFile)
+		if err != nil {
+			return err
+		}
+		return a.SetMeshPasswords(password, accepted)
+	})
 	return a.Run(ctx)
+}
+
+// readMeshPasswords reads --mesh-password-file and
+// --mesh-accepted-password-file (either may be empty: none).
+func readMeshPasswords(passwordFile, acceptedFile string) ([]byte, [][]byte, error) {
+	var password []byte
+	var accepted [][]byte
+	var err error
+	if passwordFile != "" {
+		if password, err = gossip.ReadPasswordFile(passwordFile); err != nil {
+			return nil, nil, fmt.Errorf("--mesh-password-file: %w", err)
+		}
+	}
+	if acceptedFile != "" {
+		next, err := gossip.ReadAcceptedPasswordFile(acceptedFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--mesh-accepted-password-file: %w", err)
+		}
+		if next != nil {
+			accepted = append(accepted, next)
+		}
+	}
+	return password, accepted, nil
 }

@@ -17,23 +17,26 @@ import (
 const certsUsage = `usage:
   carve certs ca    --dir DIR [--days N]
   carve certs issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
+  carve certs rotate-signing --dir DIR [--switch | --finish]
 `
 
 // runCerts creates the cluster CA and issues certificates (thin over pki).
 func runCerts(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: carve certs needs ca or issue\n%s", cli.ErrUsage, certsUsage)
+		return fmt.Errorf("%w: carve certs needs ca, issue or rotate-signing\n%s", cli.ErrUsage, certsUsage)
 	}
 	switch args[0] {
 	case "ca":
 		return runCertsCA(args[1:], out)
 	case "issue":
 		return runCertsIssue(args[1:], out)
+	case "rotate-signing":
+		return runCertsRotateSigning(args[1:], out)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, certsUsage)
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w: carve certs %q: want ca or issue\n%s", cli.ErrUsage, args[0], certsUsage)
+	return fmt.Errorf("%w: carve certs %q: want ca, issue or rotate-signing\n%s", cli.ErrUsage, args[0], certsUsage)
 }
 
 func runCertsCA(args []string, out io.Writer) error {

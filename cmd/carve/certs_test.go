@@ -72,7 +72,7 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca or issue"},
+		{"no subcommand", nil, 2, "ca, issue or rotate-signing"},
 		{"unknown subcommand", []string{"revoke"}, 2, `"revoke"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
@@ -86,6 +86,10 @@ func TestCertsCommand(t *testing.T) {
 		{"missing CA", []string{"issue", "--dir", t.TempDir(), "--role", "agent", "--name", "a"}, 1, "carve certs ca"},
 		{"existing files", []string{"issue", "--dir", dir, "--role", "agent", "--name", "alice"}, 1, `"alice" is already issued`},
 		{"stray argument", []string{"issue", "--dir", dir, "extra"}, 2, `unexpected argument "extra"`},
+		{"rotate-signing without dir", []string{"rotate-signing"}, 2, "--dir is required"},
+		{"switch before a rotation", []string{"rotate-signing", "--dir", dir, "--switch"}, 2, "begin a rotation first"},
+		{"switch and finish at once", []string{"rotate-signing", "--dir", dir, "--switch", "--finish"}, 2, "two steps"},
+		{"rotate-signing without a CA", []string{"rotate-signing", "--dir", t.TempDir()}, 1, "signing.key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -35,6 +35,7 @@ usage:
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
+  carve certs  rotate-signing --dir DIR [--switch | --finish]
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
 CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -19,6 +20,7 @@ import (
 )
 
 func runMaster(ctx context.Context, args []string) error {
+	ignoreSIGHUP()
 	fs := cli.NewFlagSet("carve master")
 	id := fs.String("id", "", "this master's Raft server id (e.g. m1)")
 	dataDir := fs.String("data-dir", "", "directory for the Raft log, stable store and snapshots")
@@ -28,7 +30,8 @@ func runMaster(ctx context.Context, args []string) error {
 	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
 	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
-	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS")
+	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")
+	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP; an absent file: no chain (set the flag for good, the file exists during a rotation only)")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
@@ -70,11 +73,12 @@ func runMaster(ctx context.Context, args []string) error {
 	if !*insecure && *signingKey == "" {
 		return fmt.Errorf("%w: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside ca.pem)", cli.ErrUsage)
 	}
-	var key ed25519.PrivateKey
-	if *signingKey != "" {
-		if key, err = pki.LoadSigningKey(*signingKey); err != nil {
-			return fmt.Errorf("--signing-key-file: %w", err)
-		}
+	if *signingChain != "" && *signingKey == "" {
+		return fmt.Errorf("%w: --signing-chain-file needs --signing-key-file (the new key it endorses)", cli.ErrUsage)
+	}
+	key, chain, err := loadSigning(*signingKey, *signingChain)
+	if err != nil {
+		return err
 	}
 	netCfg := state.DefaultConfig()
 	if *config != "" {
@@ -90,15 +94,45 @@ func runMaster(ctx context.Context, args []string) error {
 	m, err := master.Start(ctx, master.Options{
 		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
 		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
-		TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
+		TLS: *tlsFiles, SigningKey: key, SigningChain: chain, Insecure: *insecure,
 		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
 	})
 	if err != nil {
 		return err
 	}
+	reloadOnSIGHUP(ctx, logger, "the TLS files, the signing key and chain", func() error {
+		if err := m.ReloadTLS(); err != nil {
+			return err
+		}
+		key, chain, err := loadSigning(*signingKey, *signingChain)
+		if err != nil {
+			return err
+		}
+		return m.SetSigning(key, chain)
+	})
 	<-ctx.Done()
 	logger.Info("signal received, stopping")
 	return m.Close()
+}
+
+// loadSigning reads --signing-key-file and --signing-chain-file (either
+// may be empty: none).
+func loadSigning(keyFile, chainFile string) (ed25519.PrivateKey, *api.SigningChain, error) {
+	var key ed25519.PrivateKey
+	var chain *api.SigningChain
+	var err error
+	if keyFile != "" {
+		if key, err = pki.LoadSigningKey(keyFile); err != nil {
+			return nil, nil, fmt.Errorf("--signing-key-file: %w", err)
+		}
+	}
+	// The flag stays set; the file is there only during a rotation.
+	if _, statErr := os.Stat(chainFile); chainFile != "" && !errors.Is(statErr, os.ErrNotExist) {
+		if chain, err = pki.LoadSigningChain(chainFile); err != nil {
+			return nil, nil, fmt.Errorf("--signing-chain-file: %w", err)
+		}
+	}
+	return key, chain, nil
 }
 
 // parsePeers parses "m1=HOST:PORT,m2=HOST:PORT".

@@ -225,6 +225,7 @@ func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 	out.WriteString(strconv.FormatUint(since, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
 	writeJSONField(&out, "signing_key", t.signer.publicKey())
+	t.signer.writeSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))

@@ -3,6 +3,8 @@ package state
 import (
 	"bytes"
 	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -19,6 +21,10 @@ import (
 type recordSigner struct {
 	key ed25519.PrivateKey
 	pub string // api.EncodeSigningKey of the public half
+	// chain endorses key during a rotation (nil outside one); chainJSON
+	// is its encoding in the state and the changes.
+	chain     *api.SigningChain
+	chainJSON []byte
 
 	mu         sync.Mutex
 	agents     map[string]signedMessage
@@ -99,19 +105,70 @@ func (s *recordSigner) publicKey() string {
 	return s.pub
 }
 
+// signingChain is the chain the state carries; nil when none.
+func (s *recordSigner) signingChain() *api.SigningChain {
+	if s == nil {
+		return nil
+	}
+	return s.chain
+}
+
+// writeSigningChain appends `,"signing_chain":{...}` during a rotation.
+func (s *recordSigner) writeSigningChain(out *bytes.Buffer) {
+	if s == nil || s.chainJSON == nil {
+		return
+	}
+	out.WriteString(`,"signing_chain":`)
+	out.Write(s.chainJSON)
+}
+
 // SetSigningKey makes the table sign every record and tombstone it renders
 // for the API with key (nil: sign nothing). Call it before serving.
 func (t *LeaseTable) SetSigningKey(key ed25519.PrivateKey) {
+	// Without a chain nothing can fail.
+	_ = t.SetSigning(key, nil)
+}
+
+// SetSigning makes the table sign with key and serve chain, which endorses
+// key with the keys before it during a rotation (nil outside one). It may
+// be called while serving (a master reloads its key on SIGHUP): the
+// watchers wake, so agents learn the new key at once. A chain with a link
+// that does not verify is refused, and nothing changes.
+func (t *LeaseTable) SetSigning(key ed25519.PrivateKey, chain *api.SigningChain) error {
+	var signer *recordSigner
+	if key != nil {
+		signer = newRecordSigner(key)
+		if chain != nil && len(chain.Links) > 0 {
+			if err := chain.Verify(); err != nil {
+				return fmt.Errorf("signing key chain: %w", err)
+			}
+			b, err := json.Marshal(chain)
+			if err != nil {
+				return fmt.Errorf("signing key chain: %w", err)
+			}
+			signer.chain, signer.chainJSON = chain, b
+		}
+	} else if chain != nil && len(chain.Links) > 0 {
+		return fmt.Errorf("signing key chain: given without a signing key")
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.signer = nil
-	if key != nil {
-		t.signer = newRecordSigner(key)
-	}
+	t.signer = signer
+	t.signingGen++
 	// Cached encodings carry the signatures of the previous key.
 	t.cache.mu.Lock()
 	t.cache.invalidate()
 	t.cache.mu.Unlock()
+	t.notifyChanged()
+	return nil
+}
+
+// SigningGeneration counts the calls of SetSigning: a watcher waiting for
+// the next change also returns when the signing key or chain changed.
+func (t *LeaseTable) SigningGeneration() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.signingGen
 }
 
 // SignAgent signs a record rendered for an answer (a registration, GET

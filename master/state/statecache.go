@@ -173,6 +173,7 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 	writeJSONField(&out, "cluster_id", t.clusterID)
 	writeJSONField(&out, "leader", leader)
 	writeJSONField(&out, "signing_key", t.signer.publicKey())
+	t.signer.writeSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))

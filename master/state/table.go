@@ -81,6 +81,8 @@ type LeaseTable struct {
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
 	signer *recordSigner
+	// signingGen counts SetSigning calls (SigningGeneration).
+	signingGen uint64
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
@@ -263,7 +265,8 @@ func (t *LeaseTable) AgentCount() int {
 func (t *LeaseTable) State() api.State {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon}
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon,
+		SigningChain: t.signer.signingChain()}
 	if t.net != nil {
 		st.Network = t.net.api
 	}

@@ -173,12 +173,14 @@ func (conn *LocalConnection) run(errorChan <-chan error, finished chan<- struct{
 		return
 	}
 
+	password, accepted := conn.router.passwords()
 	intro, err := protocolIntroParams{
 		MinVersion: conn.router.ProtocolMinVersion,
 		MaxVersion: ProtocolMaxVersion,
 		Features:   conn.makeFeatures(),
 		Conn:       conn.tcpConn,
-		Password:   conn.router.Password,
+		Password:   password,
+		Accepted:   accepted,
 		Outbound:   conn.outbound,
 	}.doIntro()
 	if err != nil {

@@ -58,6 +58,8 @@ type protocolIntroParams struct {
 	Features   map[string]string
 	Conn       protocolIntroConn
 	Password   []byte
+	// Accepted are further passwords the peer may seal with (passwords.go).
+	Accepted [][]byte
 }
 
 // The results from a successful protocol intro.
@@ -328,7 +330,15 @@ func (res *protocolIntroResults) setupCrypto(params protocolIntroParams, remoteP
 	copy(remotePubKeyArr[:], remotePubKey)
 	res.SessionKey = formSessionKey(&remotePubKeyArr, privKey, params.Password)
 	res.Sender = newEncryptedTCPSender(res.Sender, res.SessionKey, params.Outbound)
-	res.Receiver = newEncryptedTCPReceiver(res.Receiver, res.SessionKey, params.Outbound)
+	if len(params.Accepted) == 0 {
+		res.Receiver = newEncryptedTCPReceiver(res.Receiver, res.SessionKey, params.Outbound)
+		return
+	}
+	keys := []*[32]byte{res.SessionKey}
+	for _, p := range params.Accepted {
+		keys = append(keys, formSessionKey(&remotePubKeyArr, privKey, p))
+	}
+	res.Receiver = newCandidateReceiver(res.Receiver, keys, params.Outbound)
 }
 
 // ProtocolTag identifies the type of msg encoded in a ProtocolMsg.

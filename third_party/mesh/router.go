@@ -32,9 +32,12 @@ const (
 // Config defines dimensions of configuration for the router.
 // TODO(pb): provide usable defaults in NewRouter
 type Config struct {
-	Host               string
-	Port               int
-	Password           []byte
+	Host     string
+	Port     int
+	Password []byte
+	// AcceptedPasswords are accepted from peers besides Password during a
+	// change of the password (passwords.go); Password is what is sent.
+	AcceptedPasswords  [][]byte
 	ConnLimit          int
 	ProtocolMinVersion byte
 	PeerDiscovery      bool
@@ -61,7 +64,8 @@ type Router struct {
 	stopLock        sync.Mutex
 	listener        *net.TCPListener // nil until Start and after Stop
 	stopped         bool
-	noTopologySync  bool // for tests: behave as upstream mesh (no digests)
+	noTopologySync  bool         // for tests: behave as upstream mesh (no digests)
+	passwordLock    sync.RWMutex // Password and AcceptedPasswords (SetPasswords)
 }
 
 // NewRouter returns a new router. It must be started.
@@ -127,7 +131,8 @@ func (router *Router) Stop() error {
 var errRouterStopped = errors.New("router stopped")
 
 func (router *Router) usingPassword() bool {
-	return router.Password != nil
+	password, _ := router.passwords()
+	return password != nil
 }
 
 func (router *Router) listenTCP() {

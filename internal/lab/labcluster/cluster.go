@@ -212,6 +212,8 @@ func New(opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.http = newHTTPClient(lab.Underlay, tlsCfg)
+	// Every new connection with the operator's files as last loaded.
+	c.http.Transport.(*http.Transport).DialTLSContext = c.sec.operator.DialTLS(tlsCfg, 10*time.Second, nsDialer(lab.Underlay))
 
 	for _, nh := range lab.Hosts() {
 		name := "h" + strconv.Itoa(nh.Index)

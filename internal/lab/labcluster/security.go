@@ -28,6 +28,9 @@ const MeshPasswordFile = "mesh-password"
 type labSecurity struct {
 	dir          string // the CA and every certificate
 	meshPassword string // path of the mesh password file
+	// operator is the harness's own TLS files as last loaded (see
+	// rotation.go: the harness follows a CA rotation too).
+	operator *pki.Reloader
 }
 
 // newLabSecurity creates the CA and the operator certificate in dir, and
@@ -73,13 +76,15 @@ func (s *labSecurity) issue(role pki.Role, name string, ips ...netip.Addr) error
 // masterArgs are a master's security flags: TLS with its certificate and
 // the record-signing key.
 func (s *labSecurity) masterArgs(id string) []string {
-	return append(tlsArgs(s.files(id)), "--signing-key-file", filepath.Join(s.dir, pki.SignKey))
+	return append(tlsArgs(s.files(id)), "--signing-key-file", filepath.Join(s.dir, pki.SignKey),
+		"--signing-chain-file", filepath.Join(s.dir, pki.SignChain))
 }
 
 // agentArgs are an agent's security flags: its certificate, the mesh
 // password, and the masters' record-signing key to verify records with.
 func (s *labSecurity) agentArgs(id string) []string {
-	return append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword, "--signing-pub-file", s.signingPub())
+	return append(tlsArgs(s.files(id)), "--mesh-password-file", s.meshPassword, "--mesh-accepted-password-file", s.meshPassword+AcceptedSuffix,
+		"--signing-pub-file", s.signingPub())
 }
 
 // signingPub is the public half of the masters' record-signing key.
@@ -92,11 +97,12 @@ func tlsArgs(f pki.Files) []string {
 // clientConfig is the TLS configuration of the harness's clients: the
 // operator certificate, servers verified against the CA.
 func (s *labSecurity) clientConfig() (*tls.Config, error) {
-	cfg, err := s.files(OperatorName).ClientConfig()
+	r, err := pki.NewReloader(s.files(OperatorName))
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
-	return cfg, nil
+	s.operator = r
+	return r.ClientConfig(), nil
 }
 
 // OperatorFiles are the CA, certificate and key of the harness's operator

@@ -1,0 +1,47 @@
+package agent
+
+// Rotation of what an agent holds without a restart: its TLS files (the CA
+// bundle, its certificate and key) and its mesh passwords.
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ReloadTLS reads the CA bundle, the certificate and the key again
+// (SIGHUP): new connections to the masters and to the agent's API use
+// them; those open stay until they close. A file that fails to load, or a
+// certificate that does not verify against the bundle or names another
+// agent, is refused and what was loaded stays. Without TLS it does nothing.
+func (a *Agent) ReloadTLS() error {
+	if a.sec.files == nil {
+		return nil
+	}
+	if err := a.sec.files.Reload(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("reloaded the TLS files", "cert_not_after", a.sec.files.NotAfter())
+	return nil
+}
+
+// errNoPasswordChange: the agent's router cannot change its mesh password
+// (a test's in-process gossip).
+var errNoPasswordChange = errors.New("agent: this gossip router has no mesh password to change")
+
+// SetMeshPasswords replaces the mesh password the agent sends with, and
+// those it accepts besides, for mesh connections made from now on; those
+// up stay up (docs/security.md, "Rotation": three rounds over every agent,
+// so gossip never splits).
+func (a *Agent) SetMeshPasswords(password []byte, accepted [][]byte) error {
+	r, ok := a.router.(interface {
+		SetPasswords([]byte, [][]byte) error
+	})
+	if !ok {
+		return errNoPasswordChange
+	}
+	if err := r.SetPasswords(password, accepted); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("mesh passwords replaced for new connections", "accepted_besides", len(accepted))
+	return nil
+}
