@@ -32,6 +32,7 @@ usage:
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
+  carve ipam   release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
