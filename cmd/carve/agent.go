@@ -60,7 +60,7 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	logger, err := newLogger(os.Stderr, *logLevel)
+	logger, level, err := newLogger(os.Stderr, *logLevel)
 	if err != nil {
 		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
 	}
@@ -155,7 +155,7 @@ func runAgent(ctx context.Context, args []string) error {
 			DockerNetworkName:  *dockerNetworkName,
 			DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 			Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
-			ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
+			ResyncInterval: *resync, Logger: logger, LogLevel: level, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 			TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
 			SigningKey: signingKey,
 		}, nil

@@ -38,7 +38,7 @@ func runMaster(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	logger, err := newLogger(os.Stderr, *logLevel)
+	logger, level, err := newLogger(os.Stderr, *logLevel)
 	if err != nil {
 		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
 	}
@@ -90,7 +90,7 @@ func runMaster(ctx context.Context, args []string) error {
 		}
 		return master.Options{
 			ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
-			Peers: servers, Network: netCfg, Join: *join, Logger: logger,
+			Peers: servers, Network: netCfg, Join: *join, Logger: logger, LogLevel: level,
 			TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
 			HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
 		}, nil
