@@ -56,15 +56,11 @@ func runAgent(ctx context.Context, args []string) error {
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
-	fromEnv, unknownEnv, err := cli.ParseEnv(fs, args, os.Environ(), envFlagsExcluded...)
+	d, err := parseDaemon("carve agent", fs, args, logLevel)
 	if err != nil {
 		return err
 	}
-	logger, level, err := newLogger(os.Stderr, *logLevel)
-	if err != nil {
-		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
-	}
-	warnUnknownEnv(logger, "carve agent", unknownEnv)
+	logger, level := d.logger, d.level
 	cfg, err := func() (agent.Config, error) {
 		if *socket == "" {
 			return agent.Config{}, fmt.Errorf("%w: --socket is empty: carve-ipam and the Docker plugin reach the agent only through its IPAM socket (default /run/carve/agent.sock)", cli.ErrUsage)
@@ -161,13 +157,10 @@ func runAgent(ctx context.Context, args []string) error {
 		}, nil
 	}()
 	if err != nil {
-		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
+		return d.explain(err)
 	}
 	if *checkConfig {
-		if err := agent.CheckConfig(cfg); err != nil {
-			return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
-		}
-		return printCheckedConfig(os.Stdout, "carve agent", fs, fromEnv)
+		return d.checked(agent.CheckConfig(cfg))
 	}
 	a, err := agent.New(cfg)
 	if err != nil {

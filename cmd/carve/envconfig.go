@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"text/tabwriter"
+
+	"github.com/carve-net/carve/internal/cli"
 )
 
 // warnUnknownEnv logs the CARVE_ variables of the environment that are no
@@ -41,3 +44,42 @@ func printCheckedConfig(w io.Writer, command string, fs *flag.FlagSet, fromEnv m
 
 // envFlagsExcluded are the daemons' flags without a CARVE_ variable.
 var envFlagsExcluded = []string{"check-config"}
+
+// daemonFlags is a daemon's (carve master, carve agent) parsed command
+// line and environment, and the logger its --log-level asked for.
+type daemonFlags struct {
+	command string
+	fs      *flag.FlagSet
+	fromEnv map[string]string
+	logger  *slog.Logger
+	level   *slog.LevelVar
+}
+
+// parseDaemon parses a daemon's flags and their CARVE_ variables, builds
+// its logger at *logLevel and warns about CARVE_ variables of no flag.
+func parseDaemon(command string, fs *flag.FlagSet, args []string, logLevel *string) (*daemonFlags, error) {
+	fromEnv, unknown, err := cli.ParseEnv(fs, args, os.Environ(), envFlagsExcluded...)
+	if err != nil {
+		return nil, err
+	}
+	d := &daemonFlags{command: command, fs: fs, fromEnv: fromEnv}
+	if d.logger, d.level, err = newLogger(os.Stderr, *logLevel); err != nil {
+		return nil, d.explain(err)
+	}
+	warnUnknownEnv(d.logger, command, unknown)
+	return d, nil
+}
+
+// explain names, in an error about flags, the variables behind them.
+func (d *daemonFlags) explain(err error) error {
+	return cli.NameSource(err, d.fs, d.fromEnv, envFlagsExcluded...)
+}
+
+// checked ends --check-config: the refusal of the last checks, or the
+// configuration printed.
+func (d *daemonFlags) checked(check error) error {
+	if check != nil {
+		return d.explain(check)
+	}
+	return printCheckedConfig(os.Stdout, d.command, d.fs, d.fromEnv)
+}

@@ -34,15 +34,11 @@ func runMaster(ctx context.Context, args []string) error {
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
-	fromEnv, unknownEnv, err := cli.ParseEnv(fs, args, os.Environ(), envFlagsExcluded...)
+	d, err := parseDaemon("carve master", fs, args, logLevel)
 	if err != nil {
 		return err
 	}
-	logger, level, err := newLogger(os.Stderr, *logLevel)
-	if err != nil {
-		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
-	}
-	warnUnknownEnv(logger, "carve master", unknownEnv)
+	logger, level := d.logger, d.level
 	opts, err := func() (master.Options, error) {
 		if *id == "" {
 			return master.Options{}, fmt.Errorf("%w: --id is required", cli.ErrUsage)
@@ -96,13 +92,10 @@ func runMaster(ctx context.Context, args []string) error {
 		}, nil
 	}()
 	if err != nil {
-		return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
+		return d.explain(err)
 	}
 	if *checkConfig {
-		if err := master.CheckOptions(opts); err != nil {
-			return cli.NameSource(err, fs, fromEnv, envFlagsExcluded...)
-		}
-		return printCheckedConfig(os.Stdout, "carve master", fs, fromEnv)
+		return d.checked(master.CheckOptions(opts))
 	}
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create --data-dir: %w", err)
