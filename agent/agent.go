@@ -149,7 +149,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: membership.New(), registry: prometheus.NewRegistry(),
 		programmed: map[string]uint64{}, connected: map[string]string{}, dialing: map[string]time.Time{}, refusals: newLogLimiter(time.Minute),
-		reports:     newReporter(), drainState: map[string]string{},
+		reports: newReporter(), drainState: map[string]string{},
 		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}

@@ -237,4 +237,3 @@ func waitGone(t *testing.T, c *labcluster.Cluster, h *labcluster.Host, overlay s
 		return nil
 	})
 }
-
