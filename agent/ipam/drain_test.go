@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/carve-net/carve/api"
@@ -16,7 +17,8 @@ import (
 // "try again"), saying why; enabled again, it is served.
 func TestDisabledOverlayDrains(t *testing.T) {
 	ctx := context.Background()
-	h := newHarness(t, t.TempDir(), harnessOptions{})
+	var changes atomic.Int32
+	h := newHarness(t, t.TempDir(), harnessOptions{growth: GrowthConfig{OnChange: func() { changes.Add(1) }}})
 	first := h.alloc("c1", "eth0", api.BridgeMesos)
 	h.alloc("c2", "eth0", api.BridgeMesos)
 
@@ -40,12 +42,21 @@ func TestDisabledOverlayDrains(t *testing.T) {
 	if err != nil || len(rel.Released) != 1 {
 		t.Fatalf("release on a disabled overlay: %+v, %v", rel, err)
 	}
+	// The last attachment gone, the agent hears at once: it removes the
+	// overlay's bridges, routes and conflist.
+	before := changes.Load()
+	if _, err := h.client.Release(ctx, req("c2")); err != nil {
+		t.Fatal(err)
+	}
+	if changes.Load() == before {
+		t.Error("the release that drained the overlay told the agent nothing")
+	}
 
 	h.svc.Sync(testView(testSelf()))
 	if _, err := h.client.Allocate(ctx, req("c3")); err != nil {
 		t.Fatalf("allocate once the overlay is enabled again: %v", err)
 	}
-	if n := len(h.svc.List("carve").Allocations); n != 2 {
-		t.Errorf("%d attachments after re-enabling, want c2 and c3", n)
+	if n := len(h.svc.List("carve").Allocations); n != 1 {
+		t.Errorf("%d attachments after re-enabling, want c3", n)
 	}
 }

@@ -136,6 +136,19 @@ func statusMessage(ov *api.AgentOverlay) string {
 	return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
 }
 
+// drainedNow tells the agent (Growth.OnChange) when a release left a
+// disabled overlay without attachments: it removes the overlay's bridges,
+// routes and conflist at once rather than at its next resync.
+func (s *Service) drainedNow(network string) {
+	s.mu.Lock()
+	o := s.overlays[network]
+	drained := o != nil && o.disabled && len(o.attached) == 0
+	s.mu.Unlock()
+	if drained {
+		s.changed()
+	}
+}
+
 // disabledMessage says why a disabled overlay takes no allocation.
 func disabledMessage(name string) string {
 	return fmt.Sprintf("overlay %q is disabled (\"enabled\": false in the masters' network configuration): the containers attached to it keep their addresses until they leave, and no new one is attached; use an enabled overlay", name)
