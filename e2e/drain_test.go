@@ -146,23 +146,6 @@ func TestOverlayDrain(t *testing.T) {
 	})
 }
 
-// deleteLink deletes a device of h, as an operator's mistake would.
-func deleteLink(t *testing.T, h *labcluster.Host, name string) {
-	t.Helper()
-	nh, err := netlink.NewHandleAt(h.NS.NsHandle())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nh.Close()
-	l, err := nh.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nh.LinkDel(l); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // setEnabled rewrites the masters' network configuration with overlay
 // enabled or not and restarts the masters, as an operator does.
 func setEnabled(ctx context.Context, t *testing.T, c *labcluster.Cluster, overlay string, enabled bool) {
