@@ -111,6 +111,10 @@ type Agent struct {
 	// reports is the configuration result reportLoop sends the masters.
 	reports *reporter
 
+	// drainState is, per disabled overlay, "draining" or "drained" as last
+	// logged (drain.go); the reconcile loop's own.
+	drainState map[string]string
+
 	// cniVersion is the spec version of the conflists, fixed once by the
 	// reconcile loop before its first reconcile, and used by it only
 	// (cniconf.go).
@@ -152,7 +156,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: membership.New(), registry: prometheus.NewRegistry(),
 		programmed: map[string]uint64{}, connected: map[string]string{}, dialing: map[string]time.Time{}, refusals: newLogLimiter(time.Minute),
-		reports:     newReporter(),
+		reports: newReporter(), drainState: map[string]string{},
 		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}

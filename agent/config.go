@@ -124,6 +124,9 @@ type Config struct {
 	// mesh router on MeshAddr.
 	NewRouter func(id string) (Router, error)
 	Logger    *slog.Logger
+	// LogLevel is the level behind Logger, which an operator may change at
+	// run time (GET|PUT /log-level); nil: no such route.
+	LogLevel *slog.LevelVar
 
 	// TLS names the CA, the agent's certificate (role agent, named after the
 	// agent id) and its key: the HTTP API serves TLS with them and requires

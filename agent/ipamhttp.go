@@ -144,6 +144,9 @@ func (a *Agent) IPAMAllocations(network string) *api.AgentAllocations {
 			aa.ContainerDetail = cacheErr.Error()
 		default:
 			aa.Container, aa.ContainerDetail = cache.container(al)
+			if aa.Container == api.ContainerLive && !aa.Unclaimed {
+				aa.Detached = a.detached(al, cache[cniAttachment{al.Network, al.ContainerID, al.IfName}])
+			}
 		}
 		out.Allocations = append(out.Allocations, aa)
 	}
@@ -153,9 +156,17 @@ func (a *Agent) IPAMAllocations(network string) *api.AgentAllocations {
 // cniAttachment names an attachment as libcni's cache does.
 type cniAttachment struct{ network, containerID, ifName string }
 
-// cniCache maps the attachments a CNI runtime holds to their network
-// namespace path ("" when the cache names none).
-type cniCache map[cniAttachment]string
+// cniCache maps the attachments a CNI runtime holds to what the cache
+// says of them.
+type cniCache map[cniAttachment]cniEntry
+
+// cniEntry is an attachment of libcni's cache: its network namespace path
+// ("" when the cache names none) and the host-side interfaces of its
+// result (the bridge and the host veth, for the bridge plugin).
+type cniEntry struct {
+	netns string
+	host  []string
+}
 
 // readCNICache reads libcni's cache of ADD results (dir/results/*): libcni
 // writes an entry when an ADD succeeds and removes it when the DEL does.
@@ -182,18 +193,60 @@ func readCNICache(dir string) (cniCache, error) {
 			IfName      string `json:"ifName"`
 			NetworkName string `json:"networkName"`
 			NetNS       string `json:"netns"`
+			Result      struct {
+				Interfaces []struct {
+					Name    string `json:"name"`
+					Sandbox string `json:"sandbox"`
+				} `json:"interfaces"`
+			} `json:"result"`
 		}
 		if json.Unmarshal(data, &e) != nil || e.ContainerID == "" {
 			continue
 		}
-		out[cniAttachment{e.NetworkName, e.ContainerID, e.IfName}] = e.NetNS
+		entry := cniEntry{netns: e.NetNS}
+		for _, i := range e.Result.Interfaces {
+			if i.Sandbox == "" && i.Name != "" {
+				entry.host = append(entry.host, i.Name)
+			}
+		}
+		out[cniAttachment{e.NetworkName, e.ContainerID, e.IfName}] = entry
 	}
 	return out, nil
 }
 
+// detached says why a live CNI container holding al is not on its
+// overlay's mesos bridge: its host veth (in the runtime's cache entry) is
+// gone, on no bridge or on another; "" when it is on it, or when the cache
+// names no host veth or the kernel cannot be read.
+func (a *Agent) detached(al api.Allocation, entry cniEntry) string {
+	if a.dp == nil {
+		return ""
+	}
+	bridge := "m-" + al.Network
+	for _, name := range entry.host {
+		if name == bridge {
+			continue
+		}
+		master, exists, err := a.dp.LinkMaster(name)
+		switch {
+		case err != nil:
+			return ""
+		case !exists:
+			return fmt.Sprintf("its host veth %s no longer exists", name)
+		case master == "":
+			return fmt.Sprintf("its host veth %s is on no bridge (%s was removed under it)", name, bridge)
+		case master != bridge:
+			return fmt.Sprintf("its host veth %s is on %s, not %s", name, master, bridge)
+		}
+		return ""
+	}
+	return ""
+}
+
 // container tells whether a CNI runtime still holds the allocation.
 func (c cniCache) container(al api.Allocation) (state, detail string) {
-	netns, ok := c[cniAttachment{al.Network, al.ContainerID, al.IfName}]
+	entry, ok := c[cniAttachment{al.Network, al.ContainerID, al.IfName}]
+	netns := entry.netns
 	switch {
 	case !ok:
 		return api.ContainerGone, "no CNI runtime holds it (no entry in the CNI cache)"

@@ -59,13 +59,23 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	}
 	members := a.members.State()
 	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
-	a.writeConflists(self, network)
+	// The kernel and the conflists leave out the disabled overlays no
+	// container of this host is attached to any more (drain.go).
+	drained := drainedOverlays(self, network, a.attachedHere)
+	a.noteDrained(self, network, drained)
+	selfHere := withoutOverlays(self, drained)
+	a.writeConflists(selfHere, network)
 	if a.docker != nil {
 		a.docker.Sync()
 	}
-	want, peers, err := desiredState(self, network, a.ip, members)
+	if len(selfHere.Overlays) == 0 && len(self.Overlays) > 0 {
+		// Every overlay of this agent is disabled and drained: the VTEP
+		// and bridges stay as they are (docs/operations.md, section 7b).
+		return nil
+	}
+	want, peers, err := desiredState(selfHere, network, a.ip, members, drained)
 	if err == nil {
-		addGrowth(&want, self, a.ipam, nil)
+		addGrowth(&want, selfHere, a.ipam, nil)
 	}
 	if err != nil {
 		a.setReport(self.Version, nil, nil, err)
@@ -179,8 +189,9 @@ func (a *Agent) setReport(selfVersion uint64, rep *vxlan.Report, peers map[strin
 
 // desiredState computes the dataplane this agent wants: its VTEP, its
 // bridges, and an entry set for every other agent with an underlay IP. It
-// also returns the peers included, with their versions.
-func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr, members membership.State) (vxlan.Desired, map[string]uint64, error) {
+// also returns the peers included, with their versions. No route goes to
+// the peers' subnets of the overlays in drained.
+func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr, members membership.State, drained map[string]bool) (vxlan.Desired, map[string]uint64, error) {
 	var want vxlan.Desired
 	var vx *api.VXLANInfo
 	for _, ov := range self.Overlays {
@@ -240,7 +251,7 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 		if vtep, _ := r.VTEP(); r.ID == self.AgentID || !r.HasIP() || vtep == "" {
 			continue
 		}
-		p, err := peerOf(r)
+		p, err := peerOf(peerWithout(r, drained))
 		if err != nil {
 			continue // validated on the way in; a record we cannot use is skipped
 		}

@@ -29,7 +29,7 @@ func FuzzDecodeMembership(f *testing.F) {
 		}
 		m := membership.New()
 		m.Merge(st.State)
-		_, _, _ = desiredState(selfInfo(), nil, netip.MustParseAddr("198.18.0.10"), m.State())
+		_, _, _ = desiredState(selfInfo(), nil, netip.MustParseAddr("198.18.0.10"), m.State(), nil)
 	})
 }
 
@@ -51,7 +51,7 @@ func TestDesiredState(t *testing.T) {
 		rec("b", 4, "198.18.0.11"),
 		{ID: "no-ip", Version: 5, Overlays: []membership.PeerOverlay{{Name: "carve", VTEPIP: "100.64.0.9/16", VTEPMAC: "70:b3:d5:40:00:09"}}}, // lost its IP: skipped
 	}}
-	want, peers, err := desiredState(selfInfo(), &api.NetworkConfig{OverlayMTU: 1400}, netip.MustParseAddr("198.18.0.10"), members)
+	want, peers, err := desiredState(selfInfo(), &api.NetworkConfig{OverlayMTU: 1400}, netip.MustParseAddr("198.18.0.10"), members, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func TestDesiredState(t *testing.T) {
 		want.Peers[0].Subnets[0].String() != "10.128.2.0/24" || peers["b"] != 4 || len(peers) != 1 {
 		t.Errorf("peers %+v %v", want.Peers, peers)
 	}
-	if _, _, err := desiredState(&api.AgentInfo{AgentID: "x"}, nil, netip.MustParseAddr("198.18.0.10"), members); err == nil {
+	if _, _, err := desiredState(&api.AgentInfo{AgentID: "x"}, nil, netip.MustParseAddr("198.18.0.10"), members, nil); err == nil {
 		t.Error("a record without VTEP should be an error")
 	}
 }

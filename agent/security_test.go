@@ -131,6 +131,7 @@ func TestAgentOverTLS(t *testing.T) {
 	a := runAgent(t, newTestAgent(t, hosts[0], tm.srv.URL, filepath.Join(dir, "a0"), gnet, func(c *Config) {
 		c.ID, c.TLS, c.MeshPassword, c.Insecure = "", agentFiles, []byte("s3cret"), false
 		c.SocketGID = socketGID
+		c.LogLevel = new(slog.LevelVar)
 		c.DockerPluginSocket, c.DockerHost = pluginSocket, "unix://"+filepath.Join(dir, "no-docker-engine.sock")
 	}))
 	if a.ID() != "h1-agent" {
@@ -178,6 +179,8 @@ func TestAgentOverTLS(t *testing.T) {
 		{"operator", "/metrics", http.StatusOK},
 		{"operator", "/healthz", http.StatusOK},
 		{"agent", "/overlay-agent/overlay", http.StatusOK},
+		{"operator", "/log-level", http.StatusOK},
+		{"agent", "/log-level", http.StatusForbidden}, // an operator's only
 		{"other CA", "/overlay-agent/peers", 0},
 		{"other CA", "/healthz", 0},
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/internal/loglevel"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -29,6 +30,9 @@ func (a *Agent) routes() http.Handler {
 		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "agent_id": a.id})
 	}).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	if a.cfg.LogLevel != nil {
+		r.HandleFunc(loglevel.Path, loglevel.Handler(a.cfg.LogLevel, a.cfg.Logger)).Methods(http.MethodGet, http.MethodPut)
+	}
 	if a.sec.server == nil {
 		return r // --insecure without TLS files: plain http, open
 	}

@@ -37,6 +37,11 @@ type AgentAllocation struct {
 	// is not served. Its container may still use the address, which
 	// another agent may hand out too. Its addresses are single hosts.
 	Unclaimed bool `json:"unclaimed,omitempty"`
+	// Detached says why a live CNI container has no network although it
+	// holds its address: its host veth is on no bridge, or on another than
+	// its overlay's (the bridge was removed under it); empty when attached
+	// or when the agent cannot tell.
+	Detached string `json:"detached,omitempty"`
 }
 
 // AgentAllocations is GET /overlay-agent/ipam/allocations: every allocation

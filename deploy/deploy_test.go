@@ -20,6 +20,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 )
@@ -113,8 +114,8 @@ func TestUnitsVerify(t *testing.T) {
 	for _, u := range units {
 		t.Run(u.file, func(t *testing.T) {
 			text := readUnit(t, u.file)
-			if !strings.Contains(text, "ExecStart="+installedBinary+" "+u.command+" ") {
-				t.Fatalf("ExecStart does not run %s %s", installedBinary, u.command)
+			if got := execStart(t, text); !slices.Equal(got, []string{installedBinary, u.command}) {
+				t.Fatalf("ExecStart is %q, want %s %s (the flags come from the env file)", got, installedBinary, u.command)
 			}
 			if problems := checkUnit(t, analyze, u.file, text, bin, u.caps, u.exposure); problems != "" {
 				t.Fatalf("%s:\n%s", u.file, problems)
@@ -155,59 +156,53 @@ func TestUnitsVerifyCatchesBrokenUnits(t *testing.T) {
 	}
 }
 
-var (
-	execFlag = regexp.MustCompile(`--([a-z0-9-]+)=\$\{([A-Z0-9_]+)\}`)
-	envLine  = regexp.MustCompile(`^([A-Z0-9_]+)=(.*)$`)
-)
+var envLine = regexp.MustCompile(`^([A-Z0-9_]+)=(.*)$`)
 
-// TestUnitsMatchBinaryAndEnv checks that every flag the units pass exists in
-// the carve command, that the example env file defines exactly the
-// variables the unit uses (systemd passes an undefined one as ""), and that
-// docs/configuration.md names, beside each flag of the command, the
-// variable the unit passes to it (none when it passes none).
+// flagsWithoutExample are the flags whose variable the examples leave out:
+// --check-config has none, and --insecure is for a throwaway lab only.
+var flagsWithoutExample = []string{"check-config", "insecure"}
+
+// TestUnitsMatchBinaryAndEnv checks that each example env file defines
+// exactly the variables of the command's flags (CARVE_X_Y for --x-y; a
+// misspelt one would be ignored), every one but flagsWithoutExample, and
+// that docs/configuration.md names, beside each flag of the command, its
+// variable (none for --check-config).
 func TestUnitsMatchBinaryAndEnv(t *testing.T) {
 	dir := buildBinaries(t, "carve")
 	for _, u := range units {
 		t.Run(u.file, func(t *testing.T) {
-			text := readUnit(t, u.file)
 			command := "carve " + u.command
 			flags := commandFlags(t, dir, command)
-			used := map[string]bool{}
-			passed := map[string]string{}
-			for _, m := range execFlag.FindAllStringSubmatch(text, -1) {
-				if _, ok := flags[m[1]]; !ok {
-					t.Errorf("ExecStart passes --%s, which %s does not have", m[1], command)
+			variables := map[string]string{}
+			for f := range flags {
+				if f != "check-config" {
+					variables[cli.EnvName(f)] = f
 				}
-				used[m[2]] = true
-				passed[m[1]] = m[2]
-			}
-			if len(used) == 0 {
-				t.Fatal("ExecStart passes no --flag=${VAR}")
 			}
 			defined := readEnv(t, u.env)
-			for v := range used {
-				if _, ok := defined[v]; !ok {
-					t.Errorf("%s does not define %s, which %s uses", u.env, v, u.file)
+			for v := range defined {
+				if _, ok := variables[v]; !ok {
+					t.Errorf("%s defines %s, which is no variable of %s (the flags: %s -h)", u.env, v, command, command)
 				}
 			}
-			for v := range defined {
-				if !used[v] {
-					t.Errorf("%s defines %s, which %s does not use", u.env, v, u.file)
+			for v, f := range variables {
+				if _, ok := defined[v]; !ok && !slices.Contains(flagsWithoutExample, f) {
+					t.Errorf("%s does not define %s, the variable of --%s", u.env, v, f)
 				}
 			}
 			documented := readDocumentedFlags(t, command)
 			for _, row := range documented[command] {
 				var want []string
 				for _, f := range row.flags {
-					if v, ok := passed[f]; ok {
-						want = append(want, "`"+v+"`")
+					if f != "check-config" {
+						want = append(want, "`"+cli.EnvName(f)+"`")
 					}
 				}
 				if len(row.cells) < 3 || row.cells[1] != strings.Join(want, ", ") {
 					t.Errorf("%s: the row of %s names %q as its %s variables, want %q", configurationDoc, row.cells[0], row.cells[1:min(2, len(row.cells))], filepath.Base(u.env), strings.Join(want, ", "))
 				}
 			}
-			t.Logf("%s: %s", u.file, strings.Join(slices.Sorted(maps.Keys(used)), " "))
+			t.Logf("%s: %s", u.env, strings.Join(slices.Sorted(maps.Keys(defined)), " "))
 		})
 	}
 }
@@ -295,12 +290,11 @@ func withoutEnabled(cfg api.NetworkConfig) api.NetworkConfig {
 
 // TestExampleDockerNetworkName: the example names the Docker networks as
 // docs/configuration.md documents and as the binary defaults to (the
-// overlay's name, as DC/OS), and the unit passes that variable to
-// --docker-network-name; the Mesos CNI isolator's directory is passed the
+// overlay's name, as DC/OS), and that variable is the one of
+// --docker-network-name; the Mesos CNI isolator's directory is set the
 // same way, off in the example as by default.
 func TestExampleDockerNetworkName(t *testing.T) {
 	env := readEnv(t, "examples/agent.env")
-	unit := readUnit(t, "carve-agent.service")
 	const command = "carve agent"
 	flags := commandFlags(t, buildBinaries(t, "carve"), command)
 	documented := readDocumentedFlags(t, command)
@@ -323,8 +317,8 @@ func TestExampleDockerNetworkName(t *testing.T) {
 		if got, ok := env[f.variable]; !ok || got != f.want || documentedDefault != f.want {
 			t.Errorf("--%s: examples/agent.env sets %s=%q, %s documents %q; want both %q", f.flag, f.variable, got, configurationDoc, documentedDefault, f.want)
 		}
-		if !strings.Contains(unit, "--"+f.flag+"=${"+f.variable+"}") {
-			t.Errorf("carve-agent.service does not pass --%s=${%s}", f.flag, f.variable)
+		if cli.EnvName(f.flag) != f.variable {
+			t.Errorf("--%s has the variable %s, not %s", f.flag, cli.EnvName(f.flag), f.variable)
 		}
 		// Go's flag package prints a non-empty default as (default "...").
 		wantHelp := fmt.Sprintf("(default %q)", f.want)

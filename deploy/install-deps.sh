@@ -32,6 +32,10 @@ fi
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
+# deploy's tests check the alert rules of deploy/prometheus with promtool
+# (check rules, test rules), which Debian ships in its prometheus package
+# (its service is not started: the policy-rc.d guard below).
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)

@@ -254,22 +254,28 @@ func TestOverlay(t *testing.T) {
 	})
 }
 
-// deleteVTEP deletes h's VTEP device, which takes carve's neighbours, FDB
-// entries and routes on it along.
-func deleteVTEP(t *testing.T, c *labcluster.Cluster, h *labcluster.Host) {
+// deleteLink deletes a device of h, as an operator's mistake or a crash would.
+func deleteLink(t *testing.T, h *labcluster.Host, name string) {
 	t.Helper()
 	nh, err := netlink.NewHandleAt(h.NS.NsHandle())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	l, err := nh.LinkByName(c.Network().VTEPName)
+	l, err := nh.LinkByName(name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := nh.LinkDel(l); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// deleteVTEP deletes h's VTEP device, which takes carve's neighbours, FDB
+// entries and routes on it along.
+func deleteVTEP(t *testing.T, c *labcluster.Cluster, h *labcluster.Host) {
+	t.Helper()
+	deleteLink(t, h, c.Network().VTEPName)
 	ks, err := c.Kernel(h)
 	if err != nil {
 		t.Fatal(err)

@@ -104,7 +104,7 @@ func (c *testCluster) get(t *testing.T, i int, path string) []byte {
 func TestLiveStateDecodesWithDCOSSchema(t *testing.T) {
 	cfg := dcosDefaultConfig(t)
 	cfg.Overlays = append(cfg.Overlays,
-		api.OverlayNetwork{Name: "small", Subnet: "10.1.0.0/29", Prefix: 30}, // two agents' worth
+		api.OverlayNetwork{Name: "small", Subnet: "10.1.0.0/28", Prefix: 29}, // two agents' worth
 		api.OverlayNetwork{Name: "off", Subnet: "10.2.0.0/16", Prefix: 24, Enabled: new(bool)})
 	c := newTestClusterWith(t, 3, cfg, newTestPKI(t))
 	c.waitLeader()

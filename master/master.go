@@ -42,6 +42,9 @@ type Options struct {
 	// Join is the URL of a running master to join as a voter (a master not in Peers).
 	Join   string
 	Logger *slog.Logger
+	// LogLevel is the level behind Logger, which an operator may change at
+	// run time (GET|PUT /log-level); nil: no such route.
+	LogLevel *slog.LevelVar
 	// TuneRaft may adjust the Raft configuration (tests shorten timeouts).
 	TuneRaft func(*raftlog.Config)
 

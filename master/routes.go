@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/internal/loglevel"
 )
 
 // MaxBodyBytes is the largest request body a master reads.
@@ -58,6 +59,9 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/join", s.join()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
+	if m.opts.LogLevel != nil {
+		r.HandleFunc(loglevel.Path, loglevel.Handler(m.opts.LogLevel, m.log)).Methods(http.MethodGet, http.MethodPut)
+	}
 	r.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
 	return s.instrument(s.authenticate(r))
 }

@@ -270,6 +270,7 @@ func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
 	s.metrics.ops.WithLabelValues("release").Inc()
+	s.drainedNow(req.Network)
 	return out, nil
 }
 
@@ -318,6 +319,7 @@ func (s *Service) ReleaseAddress(network string, addr netip.Addr) (*api.Released
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
 	s.metrics.ops.WithLabelValues("release").Add(float64(len(out.Released)))
+	s.drainedNow(network)
 	return out, nil
 }
 
@@ -378,6 +380,7 @@ func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist gc: %v", err)
 	}
 	s.log.Info("gc released stale allocations", "network", req.Network, "count", len(out.Released))
+	s.drainedNow(req.Network)
 	s.metrics.ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
 	return out, nil
 }

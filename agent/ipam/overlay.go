@@ -50,6 +50,9 @@ type overlay struct {
 	// is no longer OK on this agent). Its allocations stay: runtimes look
 	// them up and release them while they clean up.
 	unserved string
+	// disabled: unserved because the overlay is disabled (drained): a
+	// refusal no retry cures.
+	disabled bool
 }
 
 func sortedAttachments(m map[ring.Attachment]allocRecord) []ring.Attachment {

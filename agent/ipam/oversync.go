@@ -36,6 +36,7 @@ func (s *Service) syncOverlays(v View, b *batch) {
 			if v.Self == nil {
 				why = "this agent has no lease (not registered with a master)"
 			}
+			o.disabled = false
 			s.stopServing(o, why)
 		}
 	}
@@ -82,10 +83,17 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		}
 		delete(s.savedBlocks, name)
 		s.overlays[name] = o
-	} else if o.unserved != "" {
+	} else if o.unserved != "" && ov.Info.IsEnabled() {
 		s.log.Info("overlay served again", "overlay", name)
 	}
-	o.unserved = ""
+	o.disabled = !ov.Info.IsEnabled()
+	if !o.disabled {
+		o.unserved = ""
+	} else {
+		// Disabled: drained, not dropped. Its attachments stay, are looked
+		// up and released; no new one is made.
+		s.stopServing(o, disabledMessage(name))
+	}
 	o.bridges = map[string][families]netip.Prefix{}
 	for kind, br := range map[string]*api.BridgeInfo{api.BridgeMesos: ov.MesosBridge, api.BridgeDocker: ov.DockerBridge} {
 		if br == nil {
@@ -126,6 +134,24 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 // statusMessage says why an overlay of the record takes no allocation.
 func statusMessage(ov *api.AgentOverlay) string {
 	return fmt.Sprintf("overlay %q has no subnet leased to this agent yet", ov.Info.Name)
+}
+
+// drainedNow tells the agent (Growth.OnChange) when a release left a
+// disabled overlay without attachments: it removes the overlay's bridges,
+// routes and conflist at once rather than at its next resync.
+func (s *Service) drainedNow(network string) {
+	s.mu.Lock()
+	o := s.overlays[network]
+	drained := o != nil && o.disabled && len(o.attached) == 0
+	s.mu.Unlock()
+	if drained {
+		s.changed()
+	}
+}
+
+// disabledMessage says why a disabled overlay takes no allocation.
+func disabledMessage(name string) string {
+	return fmt.Sprintf("overlay %q is disabled (\"enabled\": false in the masters' network configuration): the containers attached to it keep their addresses until they leave, and no new one is attached; use an enabled overlay", name)
 }
 
 // stopServing refuses new allocations on an overlay, keeping what it holds.

@@ -17,6 +17,8 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 	if o := s.overlays[name]; o != nil {
 		switch {
 		case !allocating:
+		case o.disabled:
+			return nil, failure(http.StatusConflict, api.CodeConflict, "%s", o.unserved)
 		case o.unserved != "":
 			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s", o.unserved)
 		case o.seedErr != nil:

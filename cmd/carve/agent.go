@@ -57,108 +57,119 @@ func runAgent(ctx context.Context, args []string) error {
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused, unless the masters' signing key chain leads to it from this one (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
-	if err := cli.Parse(fs, args); err != nil {
-		return err
-	}
-	logger, err := newLogger(os.Stderr, *logLevel)
+	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
+	d, err := parseDaemon("carve agent", fs, args, logLevel)
 	if err != nil {
 		return err
 	}
-	if *dataDir == "" {
-		return fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
+	logger, level := d.logger, d.level
+	cfg, err := func() (agent.Config, error) {
+		if *socket == "" {
+			return agent.Config{}, fmt.Errorf("%w: --socket is empty: carve-ipam and the Docker plugin reach the agent only through its IPAM socket (default /run/carve/agent.sock)", cli.ErrUsage)
+		}
+		if *dataDir == "" {
+			return agent.Config{}, fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
+		}
+		urls, err := splitMasters(*masters)
+		if err != nil {
+			return agent.Config{}, err
+		}
+		var underlay netip.Addr
+		if *ip != "" {
+			if underlay, err = netip.ParseAddr(*ip); err != nil || underlay.Zone() != "" {
+				return agent.Config{}, fmt.Errorf("%w: --ip %q is not an IP address", cli.ErrUsage, *ip)
+			}
+		}
+		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
+			return agent.Config{}, fmt.Errorf("%w: --http-addr %q: want HOST:PORT", cli.ErrUsage, *httpAddr)
+		}
+		if *debugAddr != "" {
+			if _, _, err := net.SplitHostPort(*debugAddr); err != nil {
+				return agent.Config{}, fmt.Errorf("%w: --debug-addr %q: want HOST:PORT", cli.ErrUsage, *debugAddr)
+			}
+		}
+		if *meshAddr != "" {
+			if _, err := netip.ParseAddrPort(*meshAddr); err != nil {
+				return agent.Config{}, fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
+			}
+		}
+		if *mesosCNIConfDir != "" && filepath.Clean(*mesosCNIConfDir) == filepath.Clean(*cniConfDir) {
+			return agent.Config{}, fmt.Errorf("%w: --mesos-cni-conf-dir %s is --cni-conf-dir: a runtime would find two configurations of each network there", cli.ErrUsage, *mesosCNIConfDir)
+		}
+		if *cniVersion != "auto" {
+			if err := netconf.ValidVersion(*cniVersion); err != nil {
+				return agent.Config{}, fmt.Errorf("%w: --cni-version: %v (or auto)", cli.ErrUsage, err)
+			}
+		}
+		if strings.ContainsAny(*cniConfPrefix, "/\\") || strings.HasPrefix(*cniConfPrefix, ".") {
+			return agent.Config{}, fmt.Errorf("%w: --cni-conf-prefix %q: want the start of a file name (no slash, no leading dot)", cli.ErrUsage, *cniConfPrefix)
+		}
+		if err := dockeripam.ValidateNetworkName(*dockerNetworkName); err != nil {
+			return agent.Config{}, fmt.Errorf("%w: --docker-network-name: %v", cli.ErrUsage, err)
+		}
+		if *meshPeers < 1 || *meshPeers > 64 {
+			return agent.Config{}, fmt.Errorf("%w: --mesh-peers %d: want 1-64 (2 or more keep the mesh connected when a peer goes)", cli.ErrUsage, *meshPeers)
+		}
+		if *reclaimAfter < 0 {
+			return agent.Config{}, fmt.Errorf("%w: --reclaim-after %s: want 0 (off) or a positive duration", cli.ErrUsage, *reclaimAfter)
+		}
+		var netnsDirs []string
+		for _, d := range strings.Split(*reclaimDirs, ",") {
+			if d = strings.TrimSpace(d); d == "" {
+				continue
+			}
+			if !filepath.IsAbs(d) {
+				return agent.Config{}, fmt.Errorf("%w: --reclaim-netns-dirs: %q is not an absolute path", cli.ErrUsage, d)
+			}
+			netnsDirs = append(netnsDirs, d)
+		}
+		if *reclaimAfter > 0 && len(netnsDirs) == 0 {
+			return agent.Config{}, fmt.Errorf("%w: --reclaim-netns-dirs is empty: set --reclaim-after=0 to turn the reclaim off", cli.ErrUsage)
+		}
+		if *resync < time.Second {
+			return agent.Config{}, fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
+		}
+		gid, err := unixsock.LookupGroup(*socketGroup)
+		if err != nil {
+			return agent.Config{}, fmt.Errorf("%w: --socket-group: %v", cli.ErrUsage, err)
+		}
+		if *meshAcceptedFile != "" && *meshPasswordFile == "" {
+			return agent.Config{}, fmt.Errorf("%w: --mesh-accepted-password-file needs --mesh-password-file (the password sent)", cli.ErrUsage)
+		}
+		meshPassword, meshAccepted, err := readMeshPasswords(*meshPasswordFile, *meshAcceptedFile)
+		if err != nil {
+			return agent.Config{}, err
+		}
+		var signingKey ed25519.PublicKey
+		if *signingPubFile != "" {
+			if signingKey, err = pki.LoadVerifyKey(*signingPubFile); err != nil {
+				return agent.Config{}, fmt.Errorf("--signing-pub-file %s: %w", *signingPubFile, err)
+			}
+		}
+		hostname, _ := os.Hostname()
+		return agent.Config{
+			DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
+			HTTPAddr: *httpAddr, DebugAddr: *debugAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
+			CNIVersion: *cniVersion, CNIBinDirs: filepath.SplitList(*cniBinDir), CNIConfPrefix: *cniConfPrefix,
+			DockerNetworkName:  *dockerNetworkName,
+			DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
+			Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
+			ResyncInterval: *resync, Logger: logger, LogLevel: level, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
+			TLS: *tlsFiles, MeshPassword: meshPassword, MeshAcceptedPasswords: meshAccepted, Insecure: *insecure,
+			SigningKey: signingKey,
+		}, nil
+	}()
+	if err != nil {
+		return d.explain(err)
 	}
-	urls, err := splitMasters(*masters)
+	if *checkConfig {
+		return d.checked(agent.CheckConfig(cfg))
+	}
+	a, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}
-	var underlay netip.Addr
-	if *ip != "" {
-		if underlay, err = netip.ParseAddr(*ip); err != nil || underlay.Zone() != "" {
-			return fmt.Errorf("%w: --ip %q is not an IP address", cli.ErrUsage, *ip)
-		}
-	}
-	if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
-		return fmt.Errorf("%w: --http-addr %q: want HOST:PORT", cli.ErrUsage, *httpAddr)
-	}
-	if *debugAddr != "" {
-		if _, _, err := net.SplitHostPort(*debugAddr); err != nil {
-			return fmt.Errorf("%w: --debug-addr %q: want HOST:PORT", cli.ErrUsage, *debugAddr)
-		}
-	}
-	if *meshAddr != "" {
-		if _, err := netip.ParseAddrPort(*meshAddr); err != nil {
-			return fmt.Errorf("%w: --mesh-addr %q: want IP:PORT", cli.ErrUsage, *meshAddr)
-		}
-	}
-	if *mesosCNIConfDir != "" && filepath.Clean(*mesosCNIConfDir) == filepath.Clean(*cniConfDir) {
-		return fmt.Errorf("%w: --mesos-cni-conf-dir %s is --cni-conf-dir: a runtime would find two configurations of each network there", cli.ErrUsage, *mesosCNIConfDir)
-	}
-	if *cniVersion != "auto" {
-		if err := netconf.ValidVersion(*cniVersion); err != nil {
-			return fmt.Errorf("%w: --cni-version: %v (or auto)", cli.ErrUsage, err)
-		}
-	}
-	if strings.ContainsAny(*cniConfPrefix, "/\\") || strings.HasPrefix(*cniConfPrefix, ".") {
-		return fmt.Errorf("%w: --cni-conf-prefix %q: want the start of a file name (no slash, no leading dot)", cli.ErrUsage, *cniConfPrefix)
-	}
-	if err := dockeripam.ValidateNetworkName(*dockerNetworkName); err != nil {
-		return fmt.Errorf("%w: --docker-network-name: %v", cli.ErrUsage, err)
-	}
-	if *meshPeers < 1 || *meshPeers > 64 {
-		return fmt.Errorf("%w: --mesh-peers %d: want 1-64 (2 or more keep the mesh connected when a peer goes)", cli.ErrUsage, *meshPeers)
-	}
-	if *reclaimAfter < 0 {
-		return fmt.Errorf("%w: --reclaim-after %s: want 0 (off) or a positive duration", cli.ErrUsage, *reclaimAfter)
-	}
-	var netnsDirs []string
-	for _, d := range strings.Split(*reclaimDirs, ",") {
-		if d = strings.TrimSpace(d); d == "" {
-			continue
-		}
-		if !filepath.IsAbs(d) {
-			return fmt.Errorf("%w: --reclaim-netns-dirs: %q is not an absolute path", cli.ErrUsage, d)
-		}
-		netnsDirs = append(netnsDirs, d)
-	}
-	if *reclaimAfter > 0 && len(netnsDirs) == 0 {
-		return fmt.Errorf("%w: --reclaim-netns-dirs is empty: set --reclaim-after=0 to turn the reclaim off", cli.ErrUsage)
-	}
-	if *resync < time.Second {
-		return fmt.Errorf("%w: --resync-interval %s: at least 1s", cli.ErrUsage, *resync)
-	}
-	gid, err := unixsock.LookupGroup(*socketGroup)
-	if err != nil {
-		return fmt.Errorf("%w: --socket-group: %v", cli.ErrUsage, err)
-	}
-	if *meshAcceptedFile != "" && *meshPasswordFile == "" {
-		return fmt.Errorf("%w: --mesh-accepted-password-file needs --mesh-password-file (the password sent)", cli.ErrUsage)
-	}
-	meshPassword, meshAccepted, err := readMeshPasswords(*meshPasswordFile, *meshAcceptedFile)
-	if err != nil {
-		return err
-	}
-	var signingKey ed25519.PublicKey
-	if *signingPubFile != "" {
-		if signingKey, err = pki.LoadVerifyKey(*signingPubFile); err != nil {
-			return fmt.Errorf("--signing-pub-file %s: %w", *signingPubFile, err)
-		}
-	}
-	hostname, _ := os.Hostname()
-	a, err := agent.New(agent.Config{
-		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
-		HTTPAddr: *httpAddr, DebugAddr: *debugAddr, Socket: *socket, CNIConfDir: *cniConfDir, MesosCNIConfDir: *mesosCNIConfDir, CNICacheDir: *cniCacheDir,
-		CNIVersion: *cniVersion, CNIBinDirs: filepath.SplitList(*cniBinDir), CNIConfPrefix: *cniConfPrefix,
-		DockerNetworkName:  *dockerNetworkName,
-		DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
-		Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
-		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
-		TLS: *tlsFiles, MeshPassword: meshPassword, MeshAcceptedPasswords: meshAccepted, Insecure: *insecure,
-		SigningKey: signingKey,
-	})
-	if err != nil {
-		return err
-	}
-	reloadOnSIGHUP(ctx, logger, "the TLS files and the mesh passwords", func() error {
+	reloadOnSIGHUP(ctx, cfg.Logger, "the TLS files and the mesh passwords", func() error {
 		if err := a.ReloadTLS(); err != nil {
 			return err
 		}

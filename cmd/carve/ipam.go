@@ -29,6 +29,8 @@ const ipamUsage = `usage:
   carve ipam show  --ip ADDR | --owner TEXT --masters URL[,URL...] [--overlay NAME] [--json] ... (who holds an address)
   carve ipam check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] \
                    --ca-file CA --cert-file CERT --key-file KEY | --insecure
+  carve ipam release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]
+                   (on the agent's host, through its IPAM socket)
 `
 
 // DefaultAgentPort is the port of the agents' HTTP API that carve ipam
@@ -40,8 +42,9 @@ const maxAgentReads = 16
 
 func runIPAM(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand("carve ipam", ipamUsage, args, out, map[string]func([]string) error{
-		"show":  func(args []string) error { return runIPAMShow(ctx, args, out) },
-		"check": func(args []string) error { return runIPAMCheck(ctx, args, out) },
+		"show":    func(args []string) error { return runIPAMShow(ctx, args, out) },
+		"check":   func(args []string) error { return runIPAMCheck(ctx, args, out) },
+		"release": func(args []string) error { return runIPAMRelease(ctx, args, out) },
 	})
 }
 

@@ -16,6 +16,7 @@ const (
 	problemOutside     = "outside"     // an address outside its agent's leased range
 	problemLeak        = "leak"        // an address whose container is gone
 	problemUnreachable = "unreachable" // an agent whose allocations could not be read
+	problemDetached    = "detached"    // a live container whose bridge no longer exists
 )
 
 // holder is an attachment holding an address.
@@ -86,6 +87,10 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 			if al.Container == api.ContainerGone {
 				problems = append(problems, ipamProblem{Kind: problemLeak, Network: al.Network, Address: joinAddresses(al.IPs),
 					Holders: []holder{h}, Detail: "the container is gone: " + al.ContainerDetail})
+			}
+			if al.Detached != "" {
+				problems = append(problems, ipamProblem{Kind: problemDetached, Network: al.Network, Address: joinAddresses(al.IPs),
+					Holders: []holder{h}, Detail: "the container has no network: " + al.Detached + "; restart it (its runtime's DEL and ADD attach it again)"})
 			}
 			for _, ip := range al.IPs {
 				p, err := netip.ParsePrefix(ip.Address)

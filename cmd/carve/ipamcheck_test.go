@@ -59,6 +59,17 @@ func TestCheckIPAM(t *testing.T) {
 			},
 		},
 		{
+			name: "a live container detached from its bridge",
+			allocs: map[string][]api.AgentAllocation{
+				"h2": {func() api.AgentAllocation {
+					a := alloc("c3", api.BridgeMesos, api.ContainerLive, "10.128.1.2/25")
+					a.Detached = "its host veth veth1234 is on no bridge (m-carve was removed under it)"
+					return a
+				}()},
+			},
+			want: []string{"detached carve 10.128.1.2 h2/c3/eth0"},
+		},
+		{
 			name:   "no allocations",
 			allocs: map[string][]api.AgentAllocation{"h1": nil, "h2": nil},
 		},

@@ -10,10 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/loglevel"
 )
 
 const usage = `carve: a VXLAN overlay control plane
@@ -32,6 +32,8 @@ usage:
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
+  carve ipam   release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]
+  carve log-level --url URL [--level debug|info|warn|error] OPERATOR_TLS
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
@@ -67,6 +69,8 @@ func main() {
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
 		err = runCerts(args, os.Stdout)
+	case "log-level":
+		err = runLogLevel(ctx, args, os.Stdout)
 	case "install-cni":
 		err = runInstallCNI(args, os.Stdout)
 	case "demo":
@@ -84,11 +88,14 @@ func main() {
 	}
 }
 
-// newLogger builds the process logger at the given level.
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
-		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", cli.ErrUsage, level)
+// newLogger builds the process logger at the given level, and the level
+// variable behind it (PUT /log-level changes it at run time).
+func newLogger(w io.Writer, level string) (*slog.Logger, *slog.LevelVar, error) {
+	l, err := loglevel.Parse(level)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: --log-level: %v", cli.ErrUsage, err)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	v := new(slog.LevelVar)
+	v.Set(l)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: v})), v, nil
 }

@@ -36,67 +36,75 @@ func runMaster(ctx context.Context, args []string) error {
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	if err := cli.Parse(fs, args); err != nil {
-		return err
-	}
-	logger, err := newLogger(os.Stderr, *logLevel)
+	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
+	d, err := parseDaemon("carve master", fs, args, logLevel)
 	if err != nil {
 		return err
 	}
-	if *id == "" {
-		return fmt.Errorf("%w: --id is required", cli.ErrUsage)
-	}
-	if *dataDir == "" {
-		return fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
-	}
-	for flagName, addr := range map[string]string{"--http-addr": *httpAddr, "--raft-addr": *raftAddr} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return fmt.Errorf("%w: %s %q: want HOST:PORT", cli.ErrUsage, flagName, addr)
+	logger, level := d.logger, d.level
+	opts, err := func() (master.Options, error) {
+		if *id == "" {
+			return master.Options{}, fmt.Errorf("%w: --id is required", cli.ErrUsage)
 		}
-	}
-	servers, err := parsePeers(*peers)
-	if err != nil {
-		return err
-	}
-	if len(servers) == 0 && *join == "" {
-		return fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
-	}
-	if *tombstoneAge <= 0 {
-		return fmt.Errorf("%w: --tombstone-max-age %s: want a positive duration", cli.ErrUsage, *tombstoneAge)
-	}
-	if *maxConns < 1 {
-		return fmt.Errorf("%w: --max-connections %d: want at least 1", cli.ErrUsage, *maxConns)
-	}
-	if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
-		return err
-	}
-	if !*insecure && *signingKey == "" {
-		return fmt.Errorf("%w: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside ca.pem)", cli.ErrUsage)
-	}
-	if *signingChain != "" && *signingKey == "" {
-		return fmt.Errorf("%w: --signing-chain-file needs --signing-key-file (the new key it endorses)", cli.ErrUsage)
-	}
-	key, chain, err := loadSigning(*signingKey, *signingChain)
-	if err != nil {
-		return err
-	}
-	netCfg := state.DefaultConfig()
-	if *config != "" {
-		if netCfg, err = state.LoadConfig(*config); err != nil {
-			return err
+		if *dataDir == "" {
+			return master.Options{}, fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
 		}
-	} else {
-		logger.Info("no --config: using the default network configuration")
+		for flagName, addr := range map[string]string{"--http-addr": *httpAddr, "--raft-addr": *raftAddr} {
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return master.Options{}, fmt.Errorf("%w: %s %q: want HOST:PORT", cli.ErrUsage, flagName, addr)
+			}
+		}
+		servers, err := parsePeers(*peers)
+		if err != nil {
+			return master.Options{}, err
+		}
+		if len(servers) == 0 && *join == "" {
+			return master.Options{}, fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
+		}
+		if *tombstoneAge <= 0 {
+			return master.Options{}, fmt.Errorf("%w: --tombstone-max-age %s: want a positive duration", cli.ErrUsage, *tombstoneAge)
+		}
+		if *maxConns < 1 {
+			return master.Options{}, fmt.Errorf("%w: --max-connections %d: want at least 1", cli.ErrUsage, *maxConns)
+		}
+		if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
+			return master.Options{}, err
+		}
+		if !*insecure && *signingKey == "" {
+			return master.Options{}, fmt.Errorf("%w: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside ca.pem)", cli.ErrUsage)
+		}
+		if *signingChain != "" && *signingKey == "" {
+			return master.Options{}, fmt.Errorf("%w: --signing-chain-file needs --signing-key-file (the new key it endorses)", cli.ErrUsage)
+		}
+		key, chain, err := loadSigning(*signingKey, *signingChain)
+		if err != nil {
+			return master.Options{}, err
+		}
+		netCfg := state.DefaultConfig()
+		if *config != "" {
+			if netCfg, err = state.LoadConfig(*config); err != nil {
+				return master.Options{}, err
+			}
+		} else {
+			logger.Info("no --config: using the default network configuration")
+		}
+		return master.Options{
+			ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
+			Peers: servers, Network: netCfg, Join: *join, Logger: logger, LogLevel: level,
+			TLS: *tlsFiles, SigningKey: key, SigningChain: chain, Insecure: *insecure,
+			HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
+		}, nil
+	}()
+	if err != nil {
+		return d.explain(err)
 	}
-	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+	if *checkConfig {
+		return d.checked(master.CheckOptions(opts))
+	}
+	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return fmt.Errorf("create --data-dir: %w", err)
 	}
-	m, err := master.Start(ctx, master.Options{
-		ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
-		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
-		TLS: *tlsFiles, SigningKey: key, SigningChain: chain, Insecure: *insecure,
-		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
-	})
+	m, err := master.Start(ctx, opts)
 	if err != nil {
 		return err
 	}

@@ -70,8 +70,11 @@ func ParseConfig(data []byte) (api.NetworkConfig, error) {
 // fields, against every rule of DESIGN.md; the error wraps
 // ErrInvalidConfig and names the field.
 func ValidateConfig(cfg api.NetworkConfig) error {
-	_, err := parseNetwork(WithDefaults(cfg))
-	return err
+	cfg = WithDefaults(cfg)
+	if _, err := parseNetwork(cfg); err != nil {
+		return err
+	}
+	return checkUsable(cfg)
 }
 
 // WithDefaults fills the absent fields of cfg with DefaultConfig's.

@@ -205,3 +205,37 @@ func FuzzRegistrationDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestUnusableConfigs: issue 20, finding 6. Configurations that parse but
+// cannot work are refused, the error naming the field and the fix.
+func TestUnusableConfigs(t *testing.T) {
+	tests := []struct {
+		name, json, field, fix string
+	}{
+		{"empty overlays", `{"overlays":[]}`, "overlays: the list is empty", `"enabled": false`},
+		{"overlay mtu above vtep mtu", `{"vtep_mtu":1450,"overlay_mtu":1500}`, "overlay_mtu: 1500 is above vtep_mtu 1450", "set overlay_mtu to at most 1450"},
+		{"prefix 30", `{"overlays":[{"name":"a","subnet":"10.0.0.0/16","prefix":30}]}`, "overlays[0].prefix: 30 leaves overlay \"a\" no container address", "use at most 29"},
+		{"prefix6 126", `{"overlays":[{"name":"a","subnet6":"fd00::/64","prefix6":126}]}`, "overlays[0].prefix6: 126 leaves", "use at most 125"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tt.json))
+			if err == nil {
+				t.Fatalf("accepted %s", tt.json)
+			}
+			if !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.field) || !strings.Contains(err.Error(), tt.fix) {
+				t.Errorf("error %q: want ErrInvalidConfig naming %q and the fix %q", err, tt.field, tt.fix)
+			}
+		})
+	}
+	for _, ok := range []string{
+		`{"vtep_mtu":1450,"overlay_mtu":1450}`,
+		`{"overlays":[{"name":"a","subnet":"10.0.0.0/16","prefix":29}]}`,
+		`{"overlays":[{"name":"a","subnet6":"fd00::/64","prefix6":125}]}`,
+		`{"overlays":[{"name":"a","subnet":"10.0.0.0/16","prefix":24,"enabled":false}]}`,
+	} {
+		if _, err := ParseConfig([]byte(ok)); err != nil {
+			t.Errorf("refused %s: %v", ok, err)
+		}
+	}
+}

@@ -54,11 +54,18 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 	for _, def := range n.overlays {
 		l, ok := rec.Leases[def.api.Name]
 		switch {
-		case !def.enabled:
+		case !def.enabled && (!ok || !l.Subnet.IsValid() && !l.Subnet6.IsValid()):
 			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name,
 				Reason: "disabled (enabled: false in the network configuration)"})
 			continue
 		case !ok:
+			continue
+		case !def.enabled:
+			// Draining: the agent keeps its bridges, routes and conflist
+			// while containers are attached, and takes no new one.
+			ov := renderOverlay(def, l, rec.Bridges, vxlan)
+			ov.Info.Enabled = new(bool)
+			info.Overlays = append(info.Overlays, ov)
 			continue
 		}
 		if l.Failed != "" {
@@ -76,7 +83,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfig, vxlan *api.VXLANInfo) api.AgentOverlay {
 	ov := api.AgentOverlay{Info: def.api, Backend: &api.BackendInfo{VXLAN: vxlan},
 		State: api.OverlayState{Status: api.StatusConfiguring}}
-	ov.Info.Enabled = nil // enabled: only enabled overlays are rendered
+	ov.Info.Enabled = nil // enabled; a draining overlay says "enabled": false
 	if l.Subnet.IsValid() {
 		ov.Subnet = l.Subnet.String()
 	}

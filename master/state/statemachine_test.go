@@ -322,17 +322,19 @@ func TestDisabledAndAddedOverlays(t *testing.T) {
 	if overlaySubnet(t, a1, "two") != "10.2.0.0/24" {
 		t.Fatalf("existing agent did not get the added overlay")
 	}
-	// Disabling keeps the leases; new agents get none.
+	// Disabling keeps the leases, rendered "enabled": false so that the
+	// agent drains the overlay (issue 20, finding 4); new agents get none,
+	// and are told why.
 	twoOff := two
 	twoOff.Enabled = boolp(false)
 	h.apply(command{Op: opSetConfig, SetConfig: ptr(cfgWith(one, twoOff))})
 	a1, _ = h.table.Agent("a1")
-	if ov := a1.Overlay("two"); ov != nil || len(a1.NotLeased) != 1 || a1.NotLeased[0].Name != "two" {
-		t.Fatalf("disabled overlay: %+v, not leased %+v (want it left out of the record and named)", ov, a1.NotLeased)
+	if ov := a1.Overlay("two"); ov == nil || ov.Info.IsEnabled() || ov.Subnet != "10.2.0.0/24" || len(a1.NotLeased) != 0 {
+		t.Fatalf("disabled overlay: %+v, not leased %+v (want it kept with its lease, enabled: false)", ov, a1.NotLeased)
 	}
 	a2 := h.mustRegister("a2", "198.18.0.2")
-	if a2.Overlay("two") != nil {
-		t.Errorf("new agent got a lease in a disabled overlay")
+	if a2.Overlay("two") != nil || len(a2.NotLeased) != 1 || a2.NotLeased[0].Name != "two" {
+		t.Errorf("new agent: %+v, not leased %+v (want no lease in a disabled overlay, named)", a2.Overlay("two"), a2.NotLeased)
 	}
 	// A config that drops "two" keeps its leases, disabled; never an error.
 	res := h.apply(command{Op: opSetConfig, SetConfig: ptr(cfgWith(one))})
