@@ -64,6 +64,7 @@ type Agent struct {
 	ipam     ipamService
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
+	wg       *wgAgent // encryption between hosts (wireguard.go)
 
 	// onRebuild is the IPAM's rebuild hook: called with the new cluster id
 	// once a rebuild of the masters' cluster has reset the membership
@@ -206,6 +207,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.ipam = svc
+	if a.wg, err = newWireGuard(a.cfg, a.registry, a.log); err != nil {
+		return nil, err
+	}
 	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
 		a.docker, err = dockeripam.New(svc, dockeripam.Options{
@@ -364,6 +368,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.ipam.Run)
 	run(a.reportLoop)
 	run(a.connectLoop)
+	run(a.rotateLoop)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}
@@ -408,6 +413,9 @@ func (a *Agent) closeResources() {
 	}
 	if a.dp != nil {
 		a.dp.Close()
+	}
+	if a.wg != nil {
+		a.wg.close()
 	}
 	if a.store != nil {
 		a.store.Close()

@@ -22,6 +22,9 @@ import (
 )
 
 func runAgent(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "rotate-wireguard-key" {
+		return runRotateWireGuardKey(ctx, args[1:], os.Stdout)
+	}
 	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
 	masters := fs.String("masters", "", "master URLs, comma separated")
@@ -54,6 +57,7 @@ func runAgent(ctx context.Context, args []string) error {
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it")
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
+	wg := wireGuardFlags(fs)
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -140,6 +144,10 @@ func runAgent(ctx context.Context, args []string) error {
 			return fmt.Errorf("--signing-pub-file %s: %w", *signingPubFile, err)
 		}
 	}
+	wgConfig, err := wg.config()
+	if err != nil {
+		return err
+	}
 	hostname, _ := os.Hostname()
 	a, err := agent.New(agent.Config{
 		DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
@@ -150,7 +158,7 @@ func runAgent(ctx context.Context, args []string) error {
 		Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
 		ResyncInterval: *resync, Logger: logger, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 		TLS: *tlsFiles, MeshPassword: meshPassword, Insecure: *insecure,
-		SigningKey: signingKey,
+		SigningKey: signingKey, WireGuard: wgConfig,
 	})
 	if err != nil {
 		return err
