@@ -267,11 +267,19 @@ func (w *wgAgent) applyLocked(ctx context.Context, p *encPlan) error {
 		return nil
 	}
 	if w.cfg.Disabled {
-		if p.mode != api.EncryptionWireGuardStrict {
-			return nil
+		if p.mode == api.EncryptionWireGuardStrict {
+			w.cleaned = false
+			_, err := wireguard.ApplyUnreachable(ctx, p.desired.Unreachable)
+			return err
 		}
-		_, err := wireguard.ApplyUnreachable(ctx, p.desired.Unreachable)
-		return err
+		// No key, all in the clear: nothing of an earlier run's may stay.
+		if !w.cleaned {
+			if err := wireguard.Remove(ctx, w.cfg.Device); err != nil {
+				return err
+			}
+			w.cleaned = true
+		}
+		return nil
 	}
 	if w.dev == nil {
 		dev, err := wireguard.Open(ctx, wireguard.Options{Name: w.cfg.Device, MTU: p.desired.MTU, Userspace: w.cfg.Userspace, Logger: w.log})
