@@ -3,8 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -370,4 +373,65 @@ func (p *pinger) stop() (time.Duration, int, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return max(p.gap, time.Since(p.lastReply)), p.sent, p.replies
+}
+
+// TestEncryptionEnable turns encryption on and off again on a running
+// two-host cluster, as operations.md tells: the masters' configuration
+// file changes and the master restarts; the agents follow, the pings
+// pass at every stage, and turning it off leaves no WireGuard device or
+// route of carve's behind.
+func TestEncryptionEnable(t *testing.T) {
+	ctx := within(t, 4*converge)
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix})
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cts := containerPerHost(ctx, t, c)
+	pingAll(ctx, t, cts)
+	for _, stage := range []struct {
+		mode  string
+		keyed int
+	}{{api.EncryptionWireGuard, 1}, {"", 0}} {
+		netCfg := c.Network()
+		netCfg.Encryption = stage.mode
+		data, err := json.Marshal(netCfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(c.ConfigPath(), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m := c.Masters()[0]
+		if err := c.StopMaster(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.StartMaster(m); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range c.Hosts() {
+			testutil.Eventually(t, converge, fmt.Sprintf("%s follows encryption %q", h.Name, stage.mode), func() error {
+				st, err := c.AgentClient(h).WireGuard(ctx)
+				if err != nil {
+					return err
+				}
+				if st.Mode != stage.mode || st.Peers[api.PeerKeyed] != stage.keyed || st.Error != "" {
+					return fmt.Errorf("status %+v, want mode %q with %d keyed peers", st, stage.mode, stage.keyed)
+				}
+				dev := labcluster.WireGuardDevice(h)
+				out, err := exec.CommandContext(ctx, "ip", "-n", h.NS.Name, "route", "show", "proto", "203").CombinedOutput()
+				if err != nil {
+					return fmt.Errorf("ip route: %v: %s", err, out)
+				}
+				routes := string(out)
+				if stage.mode == "" && routes != "" {
+					return fmt.Errorf("routes of carve's WireGuard stay after it was turned off:\n%s", routes)
+				}
+				if stage.mode != "" && (!strings.Contains(routes, "dev "+dev) || !strings.Contains(routes, "unreachable 10.128.0.0/9")) {
+					return fmt.Errorf("want routes through %s and the overlay's unreachable route, have:\n%s", dev, routes)
+				}
+				return nil
+			})
+		}
+		pingAll(ctx, t, cts)
+	}
 }
