@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
-	"slices"
 	"strings"
 	"time"
 
@@ -56,16 +54,11 @@ func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) er
 	failed := 0
 	for _, n := range names {
 		r := rotatedAgent{Name: n}
-		i := slices.IndexFunc(st.Agents, func(a api.AgentInfo) bool {
-			ip, err := netip.ParseAddr(n)
-			return a.AgentID == n || (err == nil && a.HasIP() && a.IP == ip.String())
-		})
-		if i < 0 {
+		if a := findAgent(st, n); a == nil {
 			r.Error = "no such agent in the masters' state"
 		} else {
-			a := st.Agents[i]
 			r.AgentID = a.AgentID
-			errs := reader.readAgents(ctx, []api.AgentInfo{a}, func(ctx context.Context, c *api.AgentClient, _ api.AgentInfo) error {
+			errs := reader.readAgents(ctx, []api.AgentInfo{*a}, func(ctx context.Context, c *api.AgentClient, _ api.AgentInfo) error {
 				ws, err := c.RotateWireGuardKey(ctx)
 				if err == nil {
 					r.PublicKey = ws.RegisteredKey
@@ -79,21 +72,26 @@ func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) er
 		}
 		rep = append(rep, r)
 	}
-	if *asJSON {
-		err = writeJSON(out, rep)
-	} else {
-		for _, r := range rep {
-			if r.Error != "" {
-				fmt.Fprintf(out, "%s: not rotated: %s\n", r.Name, r.Error)
-			} else {
-				fmt.Fprintf(out, "%s: rotated, public key %s\n", r.AgentID, r.PublicKey)
-			}
+	if err := printReport(out, *asJSON, rep, printRotations); err != nil {
+		return err
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d agents not rotated", failed, len(rep))
+	}
+	return nil
+}
+
+// printRotations prints one line per named agent: its new public key, or
+// why it was not rotated.
+func printRotations(out io.Writer, rep []rotatedAgent) error {
+	for _, r := range rep {
+		if r.Error != "" {
+			fmt.Fprintf(out, "%s: not rotated: %s\n", r.Name, r.Error)
+		} else {
+			fmt.Fprintf(out, "%s: rotated, public key %s\n", r.AgentID, r.PublicKey)
 		}
 	}
-	if err == nil && failed > 0 {
-		err = fmt.Errorf("%d of %d agents not rotated", failed, len(rep))
-	}
-	return err
+	return nil
 }
 
 // printEncryption says, when the network encrypts, which agents have no
