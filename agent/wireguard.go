@@ -284,7 +284,11 @@ func (w *wgAgent) applyLocked(ctx context.Context, p *encPlan) error {
 	if w.dev == nil {
 		dev, err := wireguard.Open(ctx, wireguard.Options{Name: w.cfg.Device, MTU: p.desired.MTU, Userspace: w.cfg.Userspace, Logger: w.log})
 		if err != nil {
-			return err
+			// Fail closed: the keyed peers are out of VXLAN already, and
+			// without a route their packets would take the default route,
+			// in the clear. Retried with the next reconcile.
+			_, uerr := wireguard.ApplyUnreachable(ctx, p.desired.Unreachable)
+			return errors.Join(err, uerr)
 		}
 		w.dev = dev
 		w.status.Device, w.status.Implementation = dev.Name(), string(dev.Implementation())
