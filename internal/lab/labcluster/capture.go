@@ -25,7 +25,7 @@ import (
 type Capture struct {
 	cmd    *exec.Cmd
 	out    lockedBuffer // the pcap stream
-	stderr *bytes.Buffer
+	stderr lockedBuffer // what tcpdump said
 	done   chan struct{} // closed when tcpdump exited
 }
 
@@ -38,7 +38,7 @@ func (c *Cluster) StartCapture(ctx context.Context) (*Capture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: capture needs tcpdump (deploy/install-deps.sh installs it): %w", err)
 	}
-	cp := &Capture{stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	cp := &Capture{done: make(chan struct{})}
 	cp.cmd = exec.Command(path, "--immediate-mode", "-i", netnslab.UnderlayBridge, "-n", "-U", "-s", "0", "-w", "-")
 	cp.cmd.Stdout = &cp.out
 	pr, pw := io.Pipe()
@@ -51,7 +51,7 @@ func (c *Cluster) StartCapture(ctx context.Context) (*Capture, error) {
 		sc := bufio.NewScanner(pr)
 		once := false
 		for sc.Scan() {
-			cp.stderr.WriteString(sc.Text() + "\n")
+			_, _ = cp.stderr.Write([]byte(sc.Text() + "\n"))
 			if !once && strings.Contains(sc.Text(), "listening on") {
 				once = true
 				close(listening)
@@ -85,7 +85,7 @@ func (cp *Capture) Stop() ([]Packet, error) {
 	case <-time.After(10 * time.Second):
 		_ = cp.cmd.Process.Kill()
 		<-cp.done
-		return nil, fmt.Errorf("labcluster: tcpdump did not stop on SIGINT: %s", cp.stderr)
+		return nil, fmt.Errorf("labcluster: tcpdump did not stop on SIGINT: %s", cp.stderr.bytes())
 	}
 }
 
