@@ -66,6 +66,8 @@ func (c *Cluster) StartCapture(ctx context.Context) (*Capture, error) {
 	select {
 	case <-listening:
 		return cp, nil
+	case <-cp.done:
+		return nil, fmt.Errorf("labcluster: tcpdump exited: %s", cp.stderr.bytes())
 	case <-ctx.Done():
 		_ = cp.cmd.Process.Kill()
 		return nil, fmt.Errorf("labcluster: tcpdump did not start listening: %w", ctx.Err())
