@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -24,6 +26,7 @@ import (
 	"golang.zx2c4.com/wireguard/ipc"
 	"golang.zx2c4.com/wireguard/tun"
 	"golang.zx2c4.com/wireguard/wgctrl"
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 )
 
 // Implementation says which WireGuard carries the traffic.
@@ -67,12 +70,29 @@ type Device struct {
 	name   string
 	impl   Implementation
 	log    *slog.Logger
-	client *wgctrl.Client
+	client configurator
 	nl     *netlink.Handle
 	// userspace and uapi are wireguard-go's device and its UAPI socket
 	// (nil for the kernel's device).
 	userspace *device.Device
 	uapi      net.Listener
+
+	// mu serializes the device's configuration (Apply, the handshake
+	// check, Close).
+	mu     sync.Mutex
+	closed bool
+	// putIn are the peers put in and waiting for their first handshake,
+	// with when (rehandshake.go); rehandshake checks them.
+	putIn       map[wgtypes.Key]time.Time
+	rehandshake *time.Timer
+}
+
+// configurator is what the device needs of wgctrl's client (a fake in
+// tests).
+type configurator interface {
+	Device(name string) (*wgtypes.Device, error)
+	ConfigureDevice(name string, cfg wgtypes.Config) error
+	Close() error
 }
 
 // ErrDeviceBusy is returned by Open when an interface of that name exists
@@ -89,7 +109,7 @@ func Open(ctx context.Context, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: netlink: %w", err)
 	}
-	d := &Device{name: opts.Name, log: opts.Logger.With("device", opts.Name), nl: nl}
+	d := &Device{name: opts.Name, log: opts.Logger.With("device", opts.Name), nl: nl, putIn: map[wgtypes.Key]time.Time{}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -99,9 +119,11 @@ func Open(ctx context.Context, opts Options) (*Device, error) {
 	if err := d.create(opts); err != nil {
 		return nil, err
 	}
-	if d.client, err = wgctrl.New(); err != nil {
+	client, err := wgctrl.New()
+	if err != nil {
 		return nil, fmt.Errorf("wireguard: wgctrl: %w", err)
 	}
+	d.client = client
 	link, err := nl.LinkByName(opts.Name)
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: %s: %w", opts.Name, err)
@@ -183,6 +205,12 @@ func (d *Device) Implementation() Implementation { return d.impl }
 // and routes, so that traffic flows while the agent restarts; the
 // userspace one goes with its process (its routes with it).
 func (d *Device) Close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	if d.rehandshake != nil {
+		d.rehandshake.Stop()
+	}
 	if d.uapi != nil {
 		d.uapi.Close()
 	}

@@ -71,6 +71,8 @@ func (r *Report) Changes() int {
 func (d *Device) Apply(ctx context.Context, want *Desired) (Report, error) {
 	start := time.Now()
 	var rep Report
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	cur, err := d.client.Device(d.name)
 	if err != nil {
 		return rep, fmt.Errorf("wireguard: read %s: %w", d.name, err)
@@ -80,6 +82,7 @@ func (d *Device) Apply(ctx context.Context, want *Desired) (Report, error) {
 		if err := d.client.ConfigureDevice(d.name, cfg); err != nil {
 			return rep, fmt.Errorf("wireguard: configure %s: %w", d.name, err)
 		}
+		d.notePutIn(&cfg)
 	}
 	link, err := d.nl.LinkByName(d.name)
 	if err != nil {
