@@ -24,8 +24,8 @@ import (
 // Capture is a running tcpdump on the underlay bridge.
 type Capture struct {
 	cmd    *exec.Cmd
-	out    lockedBuffer // the pcap stream
-	stderr lockedBuffer // what tcpdump said
+	out    lockedBuffer  // the pcap stream
+	stderr lockedBuffer  // what tcpdump said
 	done   chan struct{} // closed when tcpdump exited
 }
 
