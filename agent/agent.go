@@ -11,8 +11,10 @@
 // mesh connections), verify.go (the signing key and refusals), persist.go
 // and store.go (the disk), reconcile.go and report.go (the kernel and what
 // the masters are told of it), ipam*.go and growth.go (the address
-// service's side), server.go, security.go, debug.go and metrics.go (the
-// HTTP API, TLS, profiles and metrics).
+// service's side), wireguard.go and wireguardrotate.go (encryption between
+// hosts: the key, which peers go through WireGuard, rotation; package
+// wireguard programs the device), server.go, security.go, debug.go and
+// metrics.go (the HTTP API, TLS, profiles and metrics).
 package agent
 
 import (
