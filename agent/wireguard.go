@@ -256,6 +256,7 @@ func (w *wgAgent) applyLocked(ctx context.Context, p *encPlan) error {
 			w.dev.Close()
 			w.dev = nil
 			w.cleaned = false
+			w.status.Device, w.status.Implementation = "", ""
 		}
 		if w.cleaned {
 			return nil
