@@ -414,7 +414,7 @@ func TestEncryptionEnable(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if st.Mode != stage.mode || st.Peers[api.PeerKeyed] != stage.keyed || st.Error != "" {
+				if st.Mode != stage.mode || st.Peers[api.PeerKeyed] != stage.keyed || st.Error != "" || (st.Device == "") != (stage.mode == "") {
 					return fmt.Errorf("status %+v, want mode %q with %d keyed peers", st, stage.mode, stage.keyed)
 				}
 				dev := labcluster.WireGuardDevice(h)
