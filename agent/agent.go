@@ -11,8 +11,10 @@
 // mesh connections), verify.go (the signing key and refusals), persist.go
 // and store.go (the disk), reconcile.go and report.go (the kernel and what
 // the masters are told of it), ipam*.go and growth.go (the address
-// service's side), server.go, security.go, debug.go and metrics.go (the
-// HTTP API, TLS, profiles and metrics).
+// service's side), wireguard.go and wireguardrotate.go (encryption between
+// hosts: the key, which peers go through WireGuard, rotation; package
+// wireguard programs the device), server.go, security.go, debug.go and
+// metrics.go (the HTTP API, TLS, profiles and metrics).
 package agent
 
 import (
@@ -64,6 +66,7 @@ type Agent struct {
 	ipam     ipamService
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
+	wg       *wgAgent // encryption between hosts (wireguard.go)
 
 	// onRebuild is the IPAM's rebuild hook: called with the new cluster id
 	// once a rebuild of the masters' cluster has reset the membership
@@ -217,6 +220,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.ipam = svc
+	if a.wg, err = newWireGuard(a.cfg, a.registry, a.log); err != nil {
+		return nil, err
+	}
 	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
 		a.docker, err = dockeripam.New(svc, dockeripam.Options{
@@ -375,6 +381,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.ipam.Run)
 	run(a.reportLoop)
 	run(a.connectLoop)
+	run(a.rotateLoop)
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}
@@ -419,6 +426,9 @@ func (a *Agent) closeResources() {
 	}
 	if a.dp != nil {
 		a.dp.Close()
+	}
+	if a.wg != nil {
+		a.wg.close()
 	}
 	if a.store != nil {
 		a.store.Close()

@@ -150,4 +150,7 @@ type Config struct {
 	// master state carrying another key is refused. nil: the key of the
 	// first master state read, pinned in the store (see verify.go).
 	SigningKey ed25519.PublicKey
+	// WireGuard configures the key and device of encryption between hosts
+	// (wireguard.go); the network configuration turns encryption on.
+	WireGuard WireGuardConfig
 }

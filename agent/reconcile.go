@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -82,6 +83,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		a.noteReconciled(self)
 		return err
 	}
+	enc := a.wg.planEncryption(self, network, members, &want) // takes the encrypted peers out of VXLAN
 	var rep vxlan.Report
 	mode := "apply"
 	if full {
@@ -93,7 +95,8 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.metrics.observe(mode, &rep)
 	a.setReport(self.Version, &rep, peers, err)
 	a.noteReconciled(self)
-	return err // the dataplane logs what it changed
+	// After VXLAN: the routes through WireGuard use the VTEP's address.
+	return errors.Join(err, a.applyEncryption(ctx, enc)) // the dataplane logs what it changed
 }
 
 // writeConflists keeps one CNI network config per overlay that has a mesos

@@ -37,6 +37,7 @@ func (a *Agent) register(ctx context.Context) {
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
 	}
+	req.Keys.WireGuard = a.wg.registerKey()
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}
 	explained := false // a TLS mismatch was logged as an error
 	for ctx.Err() == nil {

@@ -19,6 +19,7 @@ func (a *Agent) routes() http.Handler {
 	r.HandleFunc("/overlay-agent/overlays", a.handleOverlay).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-agent/peers", a.handlePeers).Methods(http.MethodGet)
 	a.ipamRoutes(r)
+	a.wireGuardRoutes(r)
 	r.HandleFunc("/overlay-agent/docker", func(w http.ResponseWriter, _ *http.Request) {
 		if a.docker == nil {
 			httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, "the Docker plugin is off (--docker-bridge=false or no --docker-plugin-socket)")

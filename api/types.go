@@ -70,6 +70,12 @@ type NetworkConfig struct {
 	VTEPPort    uint16 `json:"vtep_port,omitempty"`
 	VTEPMTU     int    `json:"vtep_mtu,omitempty"`
 	OverlayMTU  int    `json:"overlay_mtu,omitempty"`
+	// Encryption (carve extension) encrypts container traffic between
+	// hosts: "" (off), EncryptionWireGuard or EncryptionWireGuardStrict.
+	Encryption string `json:"encryption,omitempty"`
+	// WireGuardPort is the UDP port of every agent's WireGuard device (0:
+	// DefaultWireGuardPort).
+	WireGuardPort uint16 `json:"wireguard_port,omitempty"`
 	// Overlays are the virtual networks; each agent gets a subnet of each enabled one.
 	Overlays []OverlayNetwork `json:"overlays,omitempty"`
 }

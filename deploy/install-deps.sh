@@ -14,6 +14,9 @@ command -v git >/dev/null 2>&1 || need+=(git)
 # system users; the policy-rc.d guard below covers any service start. It
 # does not replace /sbin/init (that is systemd-sysv, not installed).
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# The encryption e2e test captures the underlay with tcpdump (in the lab's
+# underlay namespace only) to show that nothing but WireGuard crosses it.
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
 # The container engines' labs run a real engine only inside a lab network
 # namespace (the policy-rc.d guard below keeps any package's service from
 # starting in the root namespace), on tiny images made from a static

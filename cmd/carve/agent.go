@@ -22,6 +22,9 @@ import (
 )
 
 func runAgent(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "rotate-wireguard-key" {
+		return runRotateWireGuardKey(ctx, args[1:], os.Stdout)
+	}
 	ignoreSIGHUP()
 	fs := cli.NewFlagSet("carve agent")
 	dataDir := fs.String("data-dir", "", "directory for the agent's state (id, last known leases and peers)")
@@ -56,6 +59,7 @@ func runAgent(ctx context.Context, args []string) error {
 	meshAcceptedFile := fs.String("mesh-accepted-password-file", "", "during a change of the mesh password, a file holding a second password accepted from peers (never sent); an empty or absent file: none (set the flag for good); read again on SIGHUP (docs/security.md, \"Rotation\")")
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused, unless the masters' signing key chain leads to it from this one (default: the key of the first master state read, pinned in --data-dir)")
 	socketGroup := fs.String("socket-group", "0", "group (name or numeric id) of the IPAM socket and the Docker plugin socket, both mode 0660 owned by root")
+	wg := wireGuardFlags(fs)
 	insecure := fs.Bool("insecure", false, "allow running without TLS files, without --mesh-password-file and with plain http masters: for a throwaway lab only")
 	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
 	d, err := parseDaemon("carve agent", fs, args, logLevel)
@@ -146,6 +150,10 @@ func runAgent(ctx context.Context, args []string) error {
 				return agent.Config{}, fmt.Errorf("--signing-pub-file %s: %w", *signingPubFile, err)
 			}
 		}
+		wgConfig, err := wg.config()
+		if err != nil {
+			return agent.Config{}, err
+		}
 		hostname, _ := os.Hostname()
 		return agent.Config{
 			DataDir: *dataDir, Masters: urls, ID: *id, IP: underlay, Hostname: hostname,
@@ -156,7 +164,7 @@ func runAgent(ctx context.Context, args []string) error {
 			Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
 			ResyncInterval: *resync, Logger: logger, LogLevel: level, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 			TLS: *tlsFiles, MeshPassword: meshPassword, MeshAcceptedPasswords: meshAccepted, Insecure: *insecure,
-			SigningKey: signingKey,
+			SigningKey: signingKey, WireGuard: wgConfig,
 		}, nil
 	}()
 	if err != nil {

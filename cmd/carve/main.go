@@ -1,6 +1,6 @@
 // Command carve runs a carve master or agent, reads the masters' state,
 // gives operators their commands (cluster status, agents delete, ipam show
-// and check), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
+// and check, agent rotate-wireguard-key), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
 package main
 
 import (
@@ -30,6 +30,7 @@ usage:
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
+  carve agent rotate-wireguard-key ID|IP... --masters URL[,URL...] [--json] [--agent-port 9797] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
   carve ipam   release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]

@@ -40,6 +40,7 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 // printStateTable prints one row per agent: agent, ip, subnets, VTEP IP, MAC, version.
 func printStateTable(out io.Writer, st *api.State) error {
 	fmt.Fprintf(out, "index %d, leader %s, %d agents\n", st.Index, orDash(st.Leader), len(st.Agents))
+	printEncryption(out, st)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AGENT\tIP\tSUBNETS\tVTEP IP\tVTEP MAC\tVERSION")
 	for _, a := range st.Agents {

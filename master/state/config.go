@@ -195,6 +195,9 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 	if cfg.OverlayMTU < minMTU || cfg.OverlayMTU > 65535 {
 		return nil, configErr("overlay_mtu", "%d is outside %d-65535", cfg.OverlayMTU, minMTU)
 	}
+	if err := validateEncryption(cfg); err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for i, o := range cfg.Overlays {
 		field := fmt.Sprintf("overlays[%d]", i)

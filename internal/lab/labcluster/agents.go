@@ -45,6 +45,7 @@ func (c *Cluster) agentArgs(h *Host, extra []string) []string {
 		"--mesos-bridge=true",
 		"--docker-bridge=" + strconv.FormatBool(c.opts.DockerBridge),
 		"--log-level", c.opts.LogLevel,
+		"--wireguard-device", WireGuardDevice(h),
 	}
 	args = append(args, c.sec.agentArgs(h.CertName())...)
 	args = append(args, c.opts.AgentArgs...)
