@@ -90,6 +90,9 @@ func CreateCA(dir string, validity time.Duration) error {
 	if validity <= 0 {
 		validity = 10 * 365 * 24 * time.Hour
 	}
+	if err := checkValidity("CA", validity, MaxCADays); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("pki: %w", err)
 	}
@@ -154,6 +157,9 @@ func Issue(dir string, req IssueRequest) error {
 		if _, err := os.Stat(f); err == nil {
 			return fmt.Errorf("pki: %s: %w", f, ErrExists)
 		}
+	}
+	if err := checkIssueRequest(req); err != nil {
+		return err
 	}
 	caCert, caKey, err := loadCA(dir)
 	if err != nil {

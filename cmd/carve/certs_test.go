@@ -80,11 +80,14 @@ func TestCertsCommand(t *testing.T) {
 		{"bad name", []string{"issue", "--dir", dir, "--role", "agent", "--name", "no spaces"}, 2, "--name: agent id"},
 		{"no name", []string{"issue", "--dir", dir, "--role", "agent"}, 2, "--name"},
 		{"bad ip", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.300"}, 2, `--ip "198.18.0.300"`},
-		{"bad dns", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--dns", "a b"}, 2, `--dns "a b"`},
-		{"zero days", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--days", "0"}, 2, "--days 0"},
+		{"bad dns", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.9", "--dns", "a b"}, 2, `--dns "a b"`},
+		{"zero days", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.9", "--days", "0"}, 2, "--days 0"},
+		{"days beyond the maximum", []string{"issue", "--dir", dir, "--role", "operator", "--name", "bob", "--days", "100000"}, 2, "want 1 to 825"},
+		{"CA days beyond the maximum", []string{"ca", "--dir", t.TempDir(), "--days", "100000"}, 2, "want 1 to 7300"},
+		{"agent without ip", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a"}, 2, "needs --ip naming its underlay IP"},
 		{"master without address", []string{"issue", "--dir", dir, "--role", "master", "--name", "m2"}, 2, "needs --ip"},
-		{"missing CA", []string{"issue", "--dir", t.TempDir(), "--role", "agent", "--name", "a"}, 1, "carve certs ca"},
-		{"existing files", []string{"issue", "--dir", dir, "--role", "agent", "--name", "alice"}, 1, `"alice" is already issued`},
+		{"missing CA", []string{"issue", "--dir", t.TempDir(), "--role", "agent", "--name", "a", "--ip", "198.18.0.9"}, 1, "carve certs ca"},
+		{"existing files", []string{"issue", "--dir", dir, "--role", "agent", "--name", "alice", "--ip", "198.18.0.9"}, 1, `"alice" is already issued`},
 		{"stray argument", []string{"issue", "--dir", dir, "extra"}, 2, `unexpected argument "extra"`},
 	}
 	for _, tt := range tests {
