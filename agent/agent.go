@@ -91,6 +91,7 @@ type Agent struct {
 	refusals         *logLimiter
 	mastersReachable bool
 	registered       bool
+	lostIPAt         time.Time // when the agent last registered again for a record without its IP
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64               // self.Version covered by the last successful reconcile

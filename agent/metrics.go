@@ -15,6 +15,7 @@ type metrics struct {
 	peersKnown       prometheus.Gauge
 	peersProgrammed  prometheus.Gauge
 	registrations    *prometheus.CounterVec
+	lostIP           prometheus.Counter
 	reports          *prometheus.CounterVec
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
@@ -57,6 +58,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_registrations_total", Help: "Registration attempts, by result.",
 		}, []string{"result"}),
+		lostIP: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_lost_ip_registrations_total", Help: "Registrations again because the masters' record of this agent had lost its underlay IP to another registration.",
+		}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_reports_total", Help: "Configuration results sent to the masters (PUT /overlay-master/agents/{id}/report), by result.",
 		}, []string{"result"}),
@@ -137,7 +141,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
-	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
+	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
 		m.gossipSent, m.antiEntropy, m.meshTargets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

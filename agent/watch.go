@@ -243,6 +243,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	}
 	if mine != nil {
 		a.updateSelf(mine)
+		a.reclaimIP(mine)
 	} else if tv, gone := a.members.Tombstone(a.id); gone && registered {
 		a.mu.RLock()
 		stale := a.self != nil && a.self.Version <= tv

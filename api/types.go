@@ -56,6 +56,9 @@ const (
 	// since an index older than the masters keep (Error.Oldest is the
 	// oldest they can serve): read the whole state instead.
 	CodeGone = "gone"
+	// CodeQuota (HTTP 409): the write would give an agent more grown and
+	// granted space in an overlay than its quota (quota_prefix).
+	CodeQuota = "quota"
 )
 
 // NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
@@ -88,6 +91,12 @@ type OverlayNetwork struct {
 	// of a bridge's first sub-subnet (prefix+1: a /25 with the default /24).
 	GrowPrefix  int `json:"grow_prefix,omitempty"`
 	GrowPrefix6 int `json:"grow_prefix6,omitempty"`
+	// QuotaPrefix and QuotaPrefix6 cap what one agent may hold of grown and
+	// granted blocks in the overlay: at most the addresses of one prefix of
+	// that length (a carve extension). 0 means the default: 16 times an
+	// agent's subnet (prefix-4), but never more than the whole subnet.
+	QuotaPrefix  int `json:"quota_prefix,omitempty"`
+	QuotaPrefix6 int `json:"quota_prefix6,omitempty"`
 }
 
 // IsEnabled reports whether the overlay is enabled (absent means enabled).
