@@ -328,7 +328,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
 	srv := httpapi.NewServer(a.routes(), httpapi.ServerOptions{TLS: a.sec.server,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)})
+		ErrorLog: httpapi.NewErrorLog(a.log, a.metrics.tlsFailures.Inc)})
 	var wg sync.WaitGroup
 	run := func(f func(context.Context)) {
 		wg.Add(1)

@@ -16,6 +16,7 @@ type metrics struct {
 	peersProgrammed  prometheus.Gauge
 	registrations    *prometheus.CounterVec
 	lostIP           prometheus.Counter
+	tlsFailures      prometheus.Counter
 	reports          *prometheus.CounterVec
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
@@ -60,6 +61,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		}, []string{"result"}),
 		lostIP: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_lost_ip_registrations_total", Help: "Registrations again because the masters' record of this agent had lost its underlay IP to another registration.",
+		}),
+		tlsFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_tls_handshake_failures_total", Help: "Connections to the agent's HTTP API whose TLS handshake failed: logged at most once per 10s, counted every time.",
 		}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_reports_total", Help: "Configuration results sent to the masters (PUT /overlay-master/agents/{id}/report), by result.",
@@ -141,7 +145,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
-	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.reports,
+	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
 		m.gossipSent, m.antiEntropy, m.meshTargets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

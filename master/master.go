@@ -137,7 +137,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		}
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.metrics = newMetrics(m.registry, m.table)
+	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
 
 	ln := opts.HTTPListener
 	if ln == nil {
@@ -183,7 +183,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if sec != nil {
 		srvOpts.TLS = sec.http
 	}
-	srvOpts.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
+	srvOpts.ErrorLog = httpapi.NewErrorLog(opts.Logger, m.metrics.trust.handshakeFailures.Inc)
 	m.httpSrv = httpapi.NewServer(m.routes(), srvOpts)
 	m.wg.Add(2)
 	go func() {

@@ -21,7 +21,7 @@ type metrics struct {
 	trust         *trustMetrics
 }
 
-func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
+func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() uint64) *metrics {
 	m := &metrics{
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
 		}, []string{"reason"}),
 	}
-	m.trust = newTrustMetrics(reg)
+	m.trust = newTrustMetrics(reg, evicted)
 	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
 	})

@@ -17,6 +17,9 @@ type trustMetrics struct {
 	// quotaRefusals: writes refused for an agent's quota, by write (grow,
 	// grant).
 	quotaRefusals *prometheus.CounterVec
+	// handshakeFailures: failed TLS handshakes on the API (logged at most
+	// every few seconds).
+	handshakeFailures prometheus.Counter
 }
 
 // Labels of carve_master_quota_refusals_total.
@@ -25,8 +28,12 @@ const (
 	quotaWriteGrant = "grant"
 )
 
-func newTrustMetrics(reg prometheus.Registerer) *trustMetrics {
+func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64) *trustMetrics {
 	m := &trustMetrics{
+		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_master_tls_handshake_failures_total",
+			Help: "API connections whose TLS handshake failed (another CA, an expired or revoked certificate, plain http, a client that never finished): logged at most once per 10s, counted every time.",
+		}),
 		quotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_quota_refusals_total",
 			Help: "Grows and grant reports refused (409 quota) because the agent would hold more grown and granted space than the overlay's quota_prefix, by write: grow, grant.",
@@ -35,7 +42,11 @@ func newTrustMetrics(reg prometheus.Registerer) *trustMetrics {
 	for _, w := range []string{quotaWriteGrow, quotaWriteGrant} {
 		m.quotaRefusals.WithLabelValues(w)
 	}
-	reg.MustRegister(m.quotaRefusals)
+	conns := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "carve_master_unauthenticated_conns_evicted_total",
+		Help: "API connections without a client certificate closed to make room for others (their share of --max-connections was full, or every slot was taken).",
+	}, func() float64 { return float64(evicted()) })
+	reg.MustRegister(m.quotaRefusals, m.handshakeFailures, conns)
 	return m
 }
 
@@ -48,4 +59,13 @@ func (s *server) refuseQuota(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	s.m.metrics.trust.quotaRefusals.WithLabelValues(write).Inc()
 	httpapi.WriteError(w, http.StatusConflict, api.CodeQuota, err.Error())
+}
+
+// evictedConns is the number of unauthenticated API connections closed to
+// make room (0 before the server starts).
+func (m *Master) evictedConns() uint64 {
+	if m.httpSrv == nil {
+		return 0
+	}
+	return m.httpSrv.Evicted()
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/internal/ratelog"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,6 +22,10 @@ const (
 	// transportMaxPool is the number of pooled connections per peer.
 	transportMaxPool = 3
 )
+
+// refusedLogInterval is how often a refused incoming handshake is logged
+// as a warning (every one is counted).
+const refusedLogInterval = 10 * time.Second
 
 // Directions of carve_raft_tls_handshake_failures_total.
 const (
@@ -36,6 +41,9 @@ type streamLayer struct {
 	tls    *TransportTLS
 	logger *slog.Logger
 	failed *prometheus.CounterVec // TLS handshake failures by direction
+	// refusedLog bounds the warnings of refused incoming handshakes: anyone
+	// who reaches the port can fail one, as fast as they like.
+	refusedLog *ratelog.Limiter
 }
 
 // Accept returns the next connection. A TLS connection does its handshake
@@ -87,7 +95,12 @@ func (c *serverTLSConn) handshake() error {
 		_ = c.Conn.SetDeadline(time.Now().Add(transportTimeout))
 		if err := c.Conn.Handshake(); err != nil {
 			c.layer.failed.WithLabelValues(directionIncoming).Inc()
-			c.layer.logger.Warn("raft transport refused a connection in the TLS handshake", "remote", c.RemoteAddr().String(), "err", err)
+			level, suppressed := slog.LevelDebug, 0
+			if ok, n := c.layer.refusedLog.Allow(); ok {
+				level, suppressed = slog.LevelWarn, n
+			}
+			c.layer.logger.Log(context.Background(), level, "raft transport refused a connection in the TLS handshake",
+				"remote", c.RemoteAddr().String(), "err", err, "not_logged_since", suppressed)
 			// Logged here; raft would log any error but EOF once more as
 			// an undecodable command.
 			c.err = io.EOF
@@ -148,7 +161,7 @@ func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.Count
 	}
 	t := &commitObservingTransport{
 		NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream:  &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures},
+			Stream:  &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval)},
 			MaxPool: transportMaxPool,
 			Timeout: transportTimeout,
 			Logger:  newHCLogger(logger, "raft-net"),
