@@ -390,6 +390,9 @@ type State struct {
 	// lease yet (a carve extension; see docs/design.md, "Growth and the
 	// one-owner invariant").
 	Quarantine []QuarantinedBlock `json:"quarantine,omitempty"`
+	// Revoked is the masters' deny list of certificates (a carve
+	// extension; see Revocation).
+	Revoked []Revocation `json:"revoked,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -408,6 +411,8 @@ type Changes struct {
 	Network    *NetworkConfig `json:"network,omitempty"`
 	Agents     []AgentInfo    `json:"agents,omitempty"`
 	Tombstones []Tombstone    `json:"tombstones,omitempty"`
+	// Revoked is the whole deny list, in every answer (it is small).
+	Revoked []Revocation `json:"revoked,omitempty"`
 }
 
 // QuarantinedBlock is a block of a deleted agent's space that is not

@@ -75,6 +75,10 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			s.refuse(w, r, http.StatusUnauthorized, api.CodeUnauthenticated, refusedNoCertificate, err.Error())
 			return
 		}
+		if why := s.revokedClient(r); why != "" {
+			s.refuse(w, r, http.StatusUnauthorized, api.CodeUnauthenticated, refusedRevoked, why)
+			return
+		}
 		if fwd := r.Header.Get(identityHeader); fwd != "" && id.Role == pki.RoleMaster {
 			orig, err := parseIdentity(fwd)
 			if err != nil {

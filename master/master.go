@@ -138,6 +138,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	if sec != nil {
+		m.refuseRevokedPeers(sec)
+	}
 
 	ln := opts.HTTPListener
 	if ln == nil {

@@ -41,10 +41,10 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 		}),
 		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_auth_refusals_total",
-			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
+			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, wrong_ip, revoked.",
 		}, []string{"reason"}),
 	}
-	m.trust = newTrustMetrics(reg, evicted)
+	m.trust = newTrustMetrics(reg, evicted, func() int { return len(t.Revoked()) })
 	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
 	})
@@ -75,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent} {
+	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent, refusedWrongIP, refusedRevoked} {
 		m.authRefusals.WithLabelValues(r)
 	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -20,6 +20,9 @@ type trustMetrics struct {
 	// handshakeFailures: failed TLS handshakes on the API (logged at most
 	// every few seconds).
 	handshakeFailures prometheus.Counter
+	// revokedRefusals: revoked certificates refused, by where: api (401),
+	// raft and forward (the handshake).
+	revokedRefusals *prometheus.CounterVec
 }
 
 // Labels of carve_master_quota_refusals_total.
@@ -28,8 +31,12 @@ const (
 	quotaWriteGrant = "grant"
 )
 
-func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64) *trustMetrics {
+func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64, revokedCount func() int) *trustMetrics {
 	m := &trustMetrics{
+		revokedRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_master_revoked_refusals_total",
+			Help: "Certificates on the deny list refused, by where: api (401 on a request), raft (the Raft transport's handshake, both ways), forward (a follower's connection to the leader).",
+		}, []string{"where"}),
 		handshakeFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_master_tls_handshake_failures_total",
 			Help: "API connections whose TLS handshake failed (another CA, an expired or revoked certificate, plain http, a client that never finished): logged at most once per 10s, counted every time.",
@@ -42,11 +49,17 @@ func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64) *trustMet
 	for _, w := range []string{quotaWriteGrow, quotaWriteGrant} {
 		m.quotaRefusals.WithLabelValues(w)
 	}
+	for _, w := range []string{revokedOnAPI, revokedOnRaft, revokedOnForward} {
+		m.revokedRefusals.WithLabelValues(w)
+	}
+	revoked := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "carve_master_revoked_certificates", Help: "Certificates on the deny list (carve certs revoke).",
+	}, func() float64 { return float64(revokedCount()) })
 	conns := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "carve_master_unauthenticated_conns_evicted_total",
 		Help: "API connections without a client certificate closed to make room for others (their share of --max-connections was full, or every slot was taken).",
 	}, func() float64 { return float64(evicted()) })
-	reg.MustRegister(m.quotaRefusals, m.handshakeFailures, conns)
+	reg.MustRegister(m.quotaRefusals, m.handshakeFailures, m.revokedRefusals, conns, revoked)
 	return m
 }
 

@@ -154,6 +154,13 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		res.Agent = t.render(rec)
 	case opRelease:
 		res.Released = t.applyRelease(index, c.Release)
+	case opRevoke:
+		deleted, err := t.applyRevoke(index, c.Revoke)
+		if err != nil {
+			return Result{Err: err}
+		}
+		outcome.Deleted = deleted
+		res.Deleted = deleted
 	case opSetConfig:
 		res = t.applySetConfig(index, *c.SetConfig)
 	case opSetClusterID:
@@ -199,6 +206,8 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 		if legacy {
 			return Result{Deleted: c.Delete.Agents}
 		}
+		return Result{Deleted: o.Deleted}
+	case opRevoke:
 		return Result{Deleted: o.Deleted}
 	}
 	return Result{}

@@ -1,0 +1,92 @@
+package master
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/pki"
+)
+
+// revokedRefusals sums carve_master_revoked_refusals_total{where} over the
+// running masters.
+func revokedRefusals(c *testCluster, where string) float64 {
+	var sum float64
+	for _, m := range c.running() {
+		var mt dto.Metric
+		_ = m.metrics.trust.revokedRefusals.WithLabelValues(where).Write(&mt)
+		sum += mt.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// TestRevokedAgentIsRefused: an operator revokes an agent's certificate
+// through a follower; the revocation deletes the agent's record, and
+// every master then refuses the certificate (401 naming it, counted), so
+// the agent cannot register again, while another agent is unaffected.
+// Agents may neither revoke nor read the list.
+func TestRevokedAgentIsRefused(t *testing.T) {
+	p := newTestPKI(t)
+	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	leader := c.waitLeader()
+	follower := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p.IssueAgent("a1", netip.MustParseAddr("198.18.6.1"))
+	p.IssueAgent("a2", netip.MustParseAddr("198.18.6.2"))
+	for i, id := range []string{"a1", "a2"} {
+		if _, err := registerRetrying(ctx, c.clientAs(leader, id, pki.RoleAgent), api.RegisterRequest{AgentID: id, IP: fmt.Sprintf("198.18.6.%d", i+1)}); err != nil {
+			t.Fatalf("register %s: %v", id, err)
+		}
+	}
+	cert, err := pki.ReadCertificate(p.Files("a1", pki.RoleAgent).Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.clientAs(follower, "a2", pki.RoleAgent).Revoke(ctx, api.RevokeRequest{Serial: pki.Serial(cert)}); !api.IsCode(err, api.CodeForbidden) {
+		t.Errorf("an agent revokes a certificate: %v, want 403", err)
+	}
+	ans, err := retrying(ctx, func() (*api.Revocations, error) {
+		return c.client(follower).Revoke(ctx, api.RevokeRequest{Serial: pki.Serial(cert), Identity: "agent/a1", NotAfter: cert.NotAfter.Unix()})
+	})
+	if err != nil || len(ans.Revoked) != 1 || ans.Revoked[0].Serial != pki.Serial(cert) || strings.Join(ans.Deleted, ",") != "a1" {
+		t.Fatalf("revoke a1's certificate: %+v %v", ans, err)
+	}
+	for i := range 3 {
+		testutil.Eventually(t, 0, "master "+c.ids[i]+" refuses the revoked certificate", func() error {
+			_, err := c.clientAs(i, "a1", pki.RoleAgent).Register(ctx, api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"})
+			if !api.IsCode(err, api.CodeUnauthenticated) || !strings.Contains(err.Error(), "is revoked") {
+				return err
+			}
+			return nil
+		})
+	}
+	if _, err := c.client(leader).Agent(ctx, "a1"); !api.IsCode(err, api.CodeNotFound) {
+		t.Errorf("the revoked agent's record: %v, want not found", err)
+	}
+	if _, err := c.clientAs(leader, "a2", pki.RoleAgent).Agent(ctx, "a2"); err != nil {
+		t.Errorf("another agent after the revocation: %v", err)
+	}
+	if got := revokedRefusals(c, revokedOnAPI); got < 3 {
+		t.Errorf("carve_master_revoked_refusals_total{where=api} = %v, want at least 3", got)
+	}
+	if got := refusals(c, refusedRevoked); got < 3 {
+		t.Errorf("carve_master_auth_refusals_total{reason=revoked} = %v, want at least 3", got)
+	}
+	list, err := c.client(leader).Revocations(ctx)
+	if err != nil || len(list.Revoked) != 1 || list.Revoked[0].Identity != "agent/a1" {
+		t.Errorf("GET /cluster/revocations: %+v %v", list, err)
+	}
+	st, err := c.client(leader).State(ctx, api.StateOptions{})
+	if err != nil || len(st.Revoked) != 1 {
+		t.Errorf("the state's revoked list: %+v %v", st.Revoked, err)
+	}
+}
