@@ -36,6 +36,7 @@ import (
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/vxlan"
@@ -152,6 +153,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
 	a.metrics = newMetrics(a.registry)
+	if cfg.TLS.Enabled() {
+		a.registry.MustRegister(certmetrics.New(cfg.TLS))
+	}
 	if a.ip = cfg.IP; !a.ip.IsValid() {
 		if a.ip, err = underlayIP(client.Masters()[0]); err != nil {
 			return nil, err

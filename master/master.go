@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
@@ -138,6 +139,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	if opts.TLS.Enabled() {
+		m.registry.MustRegister(certmetrics.New(opts.TLS))
+	}
 	if sec != nil {
 		m.refuseRevokedPeers(sec)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,23 +18,26 @@ import (
 const certsUsage = `usage:
   carve certs ca    --dir DIR [--days N]
   carve certs issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
+  carve certs revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
 `
 
 // runCerts creates the cluster CA and issues certificates (thin over pki).
-func runCerts(args []string, out io.Writer) error {
+func runCerts(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: carve certs needs ca or issue\n%s", cli.ErrUsage, certsUsage)
+		return fmt.Errorf("%w: carve certs needs ca, issue or revoke\n%s", cli.ErrUsage, certsUsage)
 	}
 	switch args[0] {
 	case "ca":
 		return runCertsCA(args[1:], out)
 	case "issue":
 		return runCertsIssue(args[1:], out)
+	case "revoke":
+		return runCertsRevoke(ctx, args[1:], out)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, certsUsage)
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w: carve certs %q: want ca or issue\n%s", cli.ErrUsage, args[0], certsUsage)
+	return fmt.Errorf("%w: carve certs %q: want ca, issue or revoke\n%s", cli.ErrUsage, args[0], certsUsage)
 }
 
 func runCertsCA(args []string, out io.Writer) error {
@@ -110,7 +114,11 @@ func runCertsIssue(args []string, out io.Writer) error {
 		}
 		return err
 	}
-	fmt.Fprintf(out, "issued %s/%s, valid %d days: %s and %s\n", r, *name, *days,
+	cert, err := pki.ReadCertificate(pki.CertFile(*dir, *name))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "issued %s/%s, serial %s, valid %d days: %s and %s\n", r, *name, pki.Serial(cert), *days,
 		pki.CertFile(*dir, *name), pki.KeyFile(*dir, *name))
 	return nil
 }

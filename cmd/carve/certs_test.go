@@ -25,7 +25,7 @@ import (
 // (what main would print on stdout and stderr).
 func certs(args ...string) (int, string) {
 	var out bytes.Buffer
-	code := cli.Report(&out, "carve certs", runCerts(args, &out))
+	code := cli.Report(&out, "carve certs", runCerts(context.Background(), args, &out))
 	return code, out.String()
 }
 
@@ -72,8 +72,8 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca or issue"},
-		{"unknown subcommand", []string{"revoke"}, 2, `"revoke"`},
+		{"no subcommand", nil, 2, "ca, issue or revoke"},
+		{"unknown subcommand", []string{"renew"}, 2, `"renew"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
 		{"unknown role", []string{"issue", "--dir", dir, "--role", "admin", "--name", "x"}, 2, `--role: role "admin": want master, agent or operator`},

@@ -35,6 +35,7 @@ usage:
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
+  carve certs  revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
 CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator
@@ -65,7 +66,7 @@ func main() {
 	case "ipam":
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
-		err = runCerts(args, os.Stdout)
+		err = runCerts(ctx, args, os.Stdout)
 	case "install-cni":
 		err = runInstallCNI(args, os.Stdout)
 	case "demo":

@@ -30,7 +30,7 @@ func runMaster(ctx context.Context, args []string) error {
 	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
-	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
+	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); clients without a certificate get an eighth, the oldest closed beyond it; more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := cli.Parse(fs, args); err != nil {
