@@ -92,7 +92,8 @@ type Agent struct {
 	refusals         *logLimiter
 	mastersReachable bool
 	registered       bool
-	lostIPAt         time.Time // when the agent last registered again for a record without its IP
+	lostIPAt         time.Time         // when the agent last registered again for a record without its IP
+	revoked          map[string]uint64 // agents the masters revoked, from their state (membership.RevokedAgents)
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64               // self.Version covered by the last successful reconcile

@@ -132,7 +132,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"news", "known", "refused", "bad"} {
 		m.gossip.WithLabelValues(r)
 	}
-	for _, r := range []string{membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOutOfRange, membership.RefusedOtherCluster} {
+	for _, r := range []string{membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOutOfRange, membership.RefusedOtherCluster, membership.RefusedRevoked} {
 		m.gossipRefused.WithLabelValues(r)
 		if r != membership.RefusedOtherCluster {
 			m.masterRefused.WithLabelValues(r)

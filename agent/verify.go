@@ -25,7 +25,7 @@ import (
 // TLS to the masters, or once a key is known, signatures are required;
 // only --insecure with plain http masters that sign nothing goes without.
 func (a *Agent) trustLocked() membership.Trust {
-	return membership.Trust{ClusterID: a.clusterID, Key: a.signingKey, Required: a.signingKey != nil || a.sec.client != nil, Network: a.network}
+	return membership.Trust{ClusterID: a.clusterID, Key: a.signingKey, Required: a.signingKey != nil || a.sec.client != nil, Network: a.network, Revoked: a.revoked}
 }
 
 // countRefused counts refused records and tombstones and logs them, at

@@ -78,7 +78,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 // known one).
 func changesState(ch *api.Changes) *api.State {
 	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
-		Agents: ch.Agents, Tombstones: ch.Tombstones}
+		Agents: ch.Agents, Tombstones: ch.Tombstones, Revoked: ch.Revoked}
 	if ch.Network != nil {
 		st.Network = *ch.Network
 	}
@@ -198,6 +198,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
+	a.revoked = membership.RevokedAgents(st.Revoked) // every state and changes answer carries the whole list
 	registered := a.registered
 	tr := a.trustLocked()
 	a.mu.Unlock()

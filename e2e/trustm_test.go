@@ -2,15 +2,19 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/labcluster"
 	"github.com/carve-net/carve/internal/retry"
@@ -253,6 +257,15 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		before, err := c.Client().Agent(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := c.State(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clusterID := st.ClusterID
 		args := append([]string{"certs", "revoke", "--dir", c.PKIDir(), "--name", h3.CertName(), "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
 		out, err := c.RunCarve(ctx, h1, args...)
 		if err != nil || !strings.Contains(string(out), "deleted agent "+id) {
@@ -265,7 +278,7 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		if _, err := c.Client().Agent(ctx, id); !api.IsCode(err, api.CodeNotFound) {
 			t.Errorf("the revoked agent's record: %v, want not found", err)
 		}
-		st, err := c.State(ctx)
+		st, err = c.State(ctx)
 		if err != nil || len(st.Revoked) != 1 || st.Revoked[0].Identity != "agent/"+h3.CertName() {
 			t.Fatalf("the state's deny list: %+v %v", st.Revoked, err)
 		}
@@ -286,6 +299,44 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		if err := c.StopAgent(ctx, h3); err != nil {
 			t.Fatal(err)
 		}
+		// The host still holds the mesh password: it gossips its last
+		// record, signed by the masters before the revocation. Every agent
+		// refuses it (counted) and keeps h3 out.
+		msg, err := json.Marshal(membership.Message{ClusterID: clusterID, State: membership.State{Records: []membership.PeerRecord{membership.NewPeerRecord(before)}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "revoked-record.json")
+		if err := os.WriteFile(file, msg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		const revokedGossip = `carve_agent_gossip_refused_total{reason="revoked"}`
+		floors := map[string]float64{}
+		for _, h := range []*labcluster.Host{h1, h2} {
+			if floors[h.Name], err = agentMetric(ctx, c, h, revokedGossip); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rogue, err := c.StartRogue(h3, "revoked-h3", true, file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range []*labcluster.Host{h1, h2} {
+			waitMetricAbove(ctx, t, h.Name+" "+revokedGossip, floors[h.Name], 1, func() (float64, error) { return agentMetric(ctx, c, h, revokedGossip) })
+			peers, err := c.AgentClient(h).Peers(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range peers.Peers {
+				if p.AgentID == id {
+					t.Errorf("%s's membership took the revoked agent's record back", h.Name)
+				}
+			}
+		}
+		if err := rogue.Stop(ctx, 0); err != nil {
+			t.Error(err)
+		}
+		waitKernelMatchesMasters(ctx, t, c)
 	})
 	step("attack 4: h1 grows beyond its quota", func(t *testing.T) {
 		ctx := within(t, converge)
