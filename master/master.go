@@ -182,6 +182,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		return nil, fmt.Errorf("open raft: %w", err)
 	}
 	m.node = node
+	if sec != nil {
+		m.table.OnRevoked(m.closeRevokedConns)
+	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCtx, m.cancel = runCtx, cancel

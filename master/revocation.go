@@ -1,6 +1,7 @@
 package master
 
 import (
+	"crypto/x509"
 	"fmt"
 	"net/http"
 
@@ -70,4 +71,14 @@ func (m *Master) refuseRevokedPeers(sec *security) {
 	sec.raft.Server.VerifyConnection = pki.RefuseRevoked(sec.raft.Server.VerifyConnection, m.table.IsRevoked, counted(revokedOnRaft))
 	sec.raft.Client.VerifyConnection = pki.RefuseRevoked(sec.raft.Client.VerifyConnection, m.table.IsRevoked, counted(revokedOnRaft))
 	sec.client.VerifyConnection = pki.RefuseRevoked(sec.client.VerifyConnection, m.table.IsRevoked, counted(revokedOnForward))
+}
+
+// closeRevokedConns closes the Raft connections a revoked master
+// certificate still holds open: the handshake refuses it from then on.
+func (m *Master) closeRevokedConns() {
+	n := m.node.CloseConnsWhere(func(c *x509.Certificate) bool { return m.table.IsRevoked(pki.Serial(c)) })
+	if n > 0 {
+		m.log.Warn("closed the Raft connections of revoked certificates", "connections", n)
+		m.metrics.trust.revokedRefusals.WithLabelValues(revokedOnRaft).Add(float64(n))
+	}
 }

@@ -90,3 +90,60 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 		t.Errorf("the state's revoked list: %+v %v", st.Revoked, err)
 	}
 }
+
+// TestRevokedMasterIsCutOffRaft: revoking a follower's master certificate
+// closes the Raft connections the leader holds to it and its handshakes
+// are refused from then on (counted): the other two masters keep
+// committing, and the revoked one gets nothing new.
+func TestRevokedMasterIsCutOffRaft(t *testing.T) {
+	p := newTestPKI(t)
+	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	leader := c.waitLeader()
+	victim := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	op := c.client(leader)
+	if _, err := registerRetrying(ctx, op, api.RegisterRequest{AgentID: "before", IP: "198.18.6.1"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 0, "every master applies the first registration", func() error {
+		for i, m := range c.masters {
+			if _, ok := m.table.Agent("before"); !ok {
+				return fmt.Errorf("%s lacks it", c.ids[i])
+			}
+		}
+		return nil
+	})
+	cert, err := pki.ReadCertificate(p.Files(c.ids[victim], pki.RoleMaster).Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := retrying(ctx, func() (*api.Revocations, error) {
+		return op.Revoke(ctx, api.RevokeRequest{Serial: pki.Serial(cert), Identity: "master/" + c.ids[victim]})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lead := c.masters[leader]
+	raftRefusals := func() float64 {
+		var mt dto.Metric
+		_ = lead.metrics.trust.revokedRefusals.WithLabelValues(revokedOnRaft).Write(&mt)
+		return mt.GetCounter().GetValue()
+	}
+	testutil.Eventually(t, 0, "the leader cuts the revoked master off", testutil.True(func() bool { return raftRefusals() >= 1 }))
+	if _, err := registerRetrying(ctx, op, api.RegisterRequest{AgentID: "after", IP: "198.18.6.2"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 0, "the two other masters apply the next registration", func() error {
+		for i, m := range c.masters {
+			if _, ok := m.table.Agent("after"); !ok && i != victim {
+				return fmt.Errorf("%s lacks it", c.ids[i])
+			}
+		}
+		return nil
+	})
+	floor := raftRefusals()
+	testutil.Eventually(t, 0, "the leader keeps refusing the revoked master's handshakes", testutil.True(func() bool { return raftRefusals() > floor }))
+	if _, ok := c.masters[victim].table.Agent("after"); ok {
+		t.Errorf("the revoked master %s applied an entry committed after its revocation", c.ids[victim])
+	}
+}

@@ -44,6 +44,7 @@ type streamLayer struct {
 	// refusedLog bounds the warnings of refused incoming handshakes: anyone
 	// who reaches the port can fail one, as fast as they like.
 	refusedLog *ratelog.Limiter
+	live       liveConns // the TLS connections, both ways (peerconns.go)
 }
 
 // Accept returns the next connection. A TLS connection does its handshake
@@ -54,7 +55,9 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 	if err != nil || s.tls == nil {
 		return c, err
 	}
-	return &serverTLSConn{Conn: tls.Server(c, s.tls.Server), layer: s}, nil
+	tc := tls.Server(c, s.tls.Server)
+	s.live.add(tc)
+	return &serverTLSConn{Conn: tc, layer: s}, nil
 }
 
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
@@ -78,7 +81,8 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		s.failed.WithLabelValues(directionOutgoing).Inc()
 		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
 	}
-	return tc, nil
+	s.live.add(tc)
+	return &clientTLSConn{Conn: tc, live: &s.live}, nil
 }
 
 // serverTLSConn is an accepted TLS connection whose handshake runs, under
@@ -112,6 +116,12 @@ func (c *serverTLSConn) handshake() error {
 	return c.err
 }
 
+// Close closes the connection and forgets it.
+func (c *serverTLSConn) Close() error {
+	c.layer.live.remove(c.Conn)
+	return c.Conn.Close()
+}
+
 func (c *serverTLSConn) Read(b []byte) (int, error) {
 	if err := c.handshake(); err != nil {
 		return 0, err
@@ -133,6 +143,7 @@ func (c *serverTLSConn) Write(b []byte) (int, error) {
 // committed; catching up after a restart needs exactly that (see CaughtUp).
 type commitObservingTransport struct {
 	*raft.NetworkTransport
+	stream   *streamLayer
 	rpcs     chan raft.RPC
 	onCommit func(index uint64)
 	stop     chan struct{}
@@ -159,9 +170,11 @@ func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.Count
 		_ = ln.Close()
 		return nil, fmt.Errorf("raftlog: listener address %s is not an advertisable TCP address", ln.Addr())
 	}
+	stream := &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval)}
 	t := &commitObservingTransport{
+		stream: stream,
 		NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream:  &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval)},
+			Stream:  stream,
 			MaxPool: transportMaxPool,
 			Timeout: transportTimeout,
 			Logger:  newHCLogger(logger, "raft-net"),

@@ -64,6 +64,9 @@ func (t *LeaseTable) applyRevoke(index uint64, c *revokeCmd) ([]string, error) {
 	}
 	t.revoked[c.Serial] = api.Revocation{Serial: c.Serial, Identity: c.Identity, NotAfter: c.NotAfter, Index: index}
 	t.revokedChanged()
+	if t.onRevoked != nil {
+		go t.onRevoked() // outside the apply: it closes connections
+	}
 	t.stateIndex = index
 	if id := revokedAgent(c.Identity); id != "" {
 		return t.applyDelete(index, &deleteCmd{Agents: []string{id}})
@@ -116,6 +119,15 @@ func (t *LeaseTable) revokedList() []api.Revocation {
 // writeRevoked appends the state's "revoked" field, when the list is not
 // empty; the caller holds t.mu.
 func (t *LeaseTable) writeRevoked(out *bytes.Buffer) { out.Write(t.revokedJSON) }
+
+// OnRevoked has f called (in a goroutine of its own) whenever a
+// certificate is revoked or a snapshot is restored, so that the caller can
+// close connections its certificate still holds open.
+func (t *LeaseTable) OnRevoked(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onRevoked = f
+}
 
 // IsRevoked tells whether the certificate of serial (api.CanonicalSerial)
 // is on the deny list. It takes no lock: every TLS handshake and request

@@ -251,6 +251,9 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 		t.revoked[r.Serial] = r
 	}
 	t.revokedChanged()
+	if t.onRevoked != nil && len(t.revoked) > 0 {
+		go t.onRevoked()
+	}
 	if t.net != nil {
 		t.rebuildSpaces()
 	}

@@ -84,6 +84,7 @@ type LeaseTable struct {
 	revoked     map[string]api.Revocation
 	revokedSet  atomic.Pointer[map[string]struct{}]
 	revokedJSON []byte
+	onRevoked   func() // see OnRevoked; not replicated, so reset leaves it
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
