@@ -338,6 +338,7 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		}
 		waitKernelMatchesMasters(ctx, t, c)
 	})
+
 	step("attack 4: h1 grows beyond its quota", func(t *testing.T) {
 		ctx := within(t, converge)
 		before := viewCluster(ctx, t, c)

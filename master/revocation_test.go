@@ -21,18 +21,23 @@ import (
 func revokedRefusals(c *testCluster, where string) float64 {
 	var sum float64
 	for _, m := range c.running() {
-		var mt dto.Metric
-		_ = m.metrics.trust.revokedRefusals.WithLabelValues(where).Write(&mt)
-		sum += mt.GetCounter().GetValue()
+		sum += revokedRefusalsOf(m, where)
 	}
 	return sum
+}
+
+// revokedRefusalsOf is m's carve_master_revoked_refusals_total{where}.
+func revokedRefusalsOf(m *Master, where string) float64 {
+	var mt dto.Metric
+	_ = m.metrics.trust.revokedRefusals.WithLabelValues(where).Write(&mt)
+	return mt.GetCounter().GetValue()
 }
 
 // TestRevokedAgentIsRefused: an operator revokes an agent's certificate
 // through a follower; the revocation deletes the agent's record, and
 // every master then refuses the certificate (401 naming it, counted), so
 // the agent cannot register again, while another agent is unaffected.
-// Agents may neither revoke nor read the list.
+// An agent may not revoke.
 func TestRevokedAgentIsRefused(t *testing.T) {
 	p := newTestPKI(t)
 	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
@@ -124,11 +129,7 @@ func TestRevokedMasterIsCutOffRaft(t *testing.T) {
 		t.Fatal(err)
 	}
 	lead := c.masters[leader]
-	raftRefusals := func() float64 {
-		var mt dto.Metric
-		_ = lead.metrics.trust.revokedRefusals.WithLabelValues(revokedOnRaft).Write(&mt)
-		return mt.GetCounter().GetValue()
-	}
+	raftRefusals := func() float64 { return revokedRefusalsOf(lead, revokedOnRaft) }
 	testutil.Eventually(t, 0, "the leader cuts the revoked master off", testutil.True(func() bool { return raftRefusals() >= 1 }))
 	if _, err := registerRetrying(ctx, op, api.RegisterRequest{AgentID: "after", IP: "198.18.6.2"}); err != nil {
 		t.Fatal(err)

@@ -104,21 +104,7 @@ func TestRequireRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if tc, ok := c.(*tls.Conn); ok && tc.Handshake() == nil {
-					c.Write([]byte("ok"))
-				}
-			}()
-		}
-	}()
+	serveHandshakes(t, ln)
 	for _, tc := range []struct {
 		name string
 		ok   bool

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -29,24 +30,7 @@ func TestRefuseRevoked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	serverErrs := make(chan error, 4)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				err := c.(*tls.Conn).Handshake()
-				serverErrs <- err
-				if err == nil {
-					_, _ = c.Write([]byte("ok"))
-				}
-			}()
-		}
-	}()
+	serverErrs := serveHandshakes(t, ln)
 	for _, tc := range []struct {
 		name string
 		want error // of the server's handshake
@@ -76,4 +60,33 @@ func TestRefuseRevoked(t *testing.T) {
 	if got := refused.Load(); got != 1 {
 		t.Errorf("refusals counted %d, want 1", got)
 	}
+}
+
+// serveHandshakes accepts TLS connections on ln until the test ends: each
+// does its handshake, writes "ok" when it passed, and the handshake's
+// error is sent on the returned channel when there is room.
+func serveHandshakes(t *testing.T, ln net.Listener) <-chan error {
+	t.Helper()
+	t.Cleanup(func() { ln.Close() })
+	errs := make(chan error, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				err := c.(*tls.Conn).Handshake()
+				select {
+				case errs <- err:
+				default:
+				}
+				if err == nil {
+					_, _ = c.Write([]byte("ok"))
+				}
+			}()
+		}
+	}()
+	return errs
 }

@@ -123,8 +123,14 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
-	case opDelete:
-		deleted, err := t.applyDelete(index, c.Delete)
+	case opDelete, opRevoke:
+		var deleted []string
+		var err error
+		if c.Op == opDelete {
+			deleted, err = t.applyDelete(index, c.Delete)
+		} else {
+			deleted, err = t.applyRevoke(index, c.Revoke)
+		}
 		if err != nil {
 			return Result{Err: err}
 		}
@@ -154,13 +160,6 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		res.Agent = t.render(rec)
 	case opRelease:
 		res.Released = t.applyRelease(index, c.Release)
-	case opRevoke:
-		deleted, err := t.applyRevoke(index, c.Revoke)
-		if err != nil {
-			return Result{Err: err}
-		}
-		outcome.Deleted = deleted
-		res.Deleted = deleted
 	case opSetConfig:
 		res = t.applySetConfig(index, *c.SetConfig)
 	case opSetClusterID:
