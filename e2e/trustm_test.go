@@ -111,7 +111,8 @@ func waitMetricAbove(ctx context.Context, t *testing.T, what string, floor, min 
 
 // TestCompromisedAgentCertificate replays attacks 3 to 6 of issue 19 with a
 // real cluster in network namespaces: a compromised host holds h1's agent
-// certificate (and, for attack 5, anyone reaches the masters' port).
+// certificate (and, for attack 5, anyone reaches the masters' port). Every
+// master and agent first shows carve_cert_expiry_seconds.
 //
 //  3. h1's certificate registers h1 with h2's underlay IP: 403 naming both
 //     IPs, nothing changes, counted (wrong_ip). A record that did lose its
@@ -149,6 +150,17 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		var err error
 		if evil, err = c.ClientAs(c.AgentFiles(h1)); err != nil {
 			t.Fatal(err)
+		}
+		// Every component shows how long its certificate and the CA last.
+		for _, m := range c.Masters() {
+			for _, sample := range []string{`carve_cert_expiry_seconds{cert="ca"}`, `carve_cert_expiry_seconds{cert="master/` + m.ID + `"}`} {
+				if v, err := metricSample(ctx, c.HTTPClient(), m.URL(), sample); err != nil || v <= 0 {
+					t.Errorf("%s: %s = %v (%v), want the seconds left", m.ID, sample, v, err)
+				}
+			}
+		}
+		if v, err := agentMetric(ctx, c, h1, `carve_cert_expiry_seconds{cert="agent/`+h1.CertName()+`"}`); err != nil || v <= 0 {
+			t.Errorf("h1: carve_cert_expiry_seconds = %v (%v), want the seconds left", v, err)
 		}
 	})
 
