@@ -38,6 +38,7 @@ import (
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/vxlan"
@@ -101,6 +102,8 @@ type Agent struct {
 	refusals         *logLimiter
 	mastersReachable bool
 	registered       bool
+	lostIPAt         time.Time         // when the agent last registered again for a record without its IP
+	revoked          map[string]uint64 // agents the masters revoked, from their state (membership.RevokedAgents)
 	lastReport       *vxlan.Report
 	lastErr          error
 	reconciledSelf   uint64               // self.Version covered by the last successful reconcile
@@ -165,6 +168,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	// Gossip may arrive as soon as the router exists: metrics come first.
 	a.metrics = newMetrics(a.registry)
+	if cfg.TLS.Enabled() {
+		a.registry.MustRegister(certmetrics.New(cfg.TLS))
+	}
 	if a.ip = cfg.IP; !a.ip.IsValid() {
 		if a.ip, err = underlayIP(client.Masters()[0]); err != nil {
 			return nil, err
@@ -344,7 +350,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return fmt.Errorf("agent: start gossip on %s: %w", a.cfg.MeshAddr, err)
 	}
 	srv := httpapi.NewServer(a.routes(), httpapi.ServerOptions{TLS: a.sec.server,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)})
+		ErrorLog: httpapi.NewErrorLog(a.log, a.metrics.tlsFailures.Inc)})
 	var wg sync.WaitGroup
 	run := func(f func(context.Context)) {
 		wg.Add(1)

@@ -75,6 +75,7 @@ func copyInfo(t *testing.T, info *api.AgentInfo) api.AgentInfo {
 // (the fake network ignores it), not --insecure.
 func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, dataDir string, gnet *fakegossip.Network) *runningAgent {
 	t.Helper()
+	ms.CA.IssueAgent(fmt.Sprintf("host-%d", host.Index), host.IP.Addr())
 	return runAgent(t, newTestAgent(t, host, ms.URL(), dataDir, gnet, func(c *Config) {
 		c.TLS, c.MeshPassword, c.Insecure = ms.CA.Files(fmt.Sprintf("host-%d", host.Index), pki.RoleAgent), []byte("s3cret"), false
 	}))

@@ -15,6 +15,8 @@ type metrics struct {
 	peersKnown       prometheus.Gauge
 	peersProgrammed  prometheus.Gauge
 	registrations    *prometheus.CounterVec
+	lostIP           prometheus.Counter
+	tlsFailures      prometheus.Counter
 	reports          *prometheus.CounterVec
 	mastersReachable prometheus.Gauge
 	gossip           *prometheus.CounterVec
@@ -60,6 +62,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_registrations_total", Help: "Registration attempts, by result.",
 		}, []string{"result"}),
+		lostIP: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_lost_ip_registrations_total", Help: "Registrations again because the masters' record of this agent had lost its underlay IP to another registration.",
+		}),
+		tlsFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_tls_handshake_failures_total", Help: "Connections to the agent's HTTP API whose TLS handshake failed: logged at most once per 10s, counted every time.",
+		}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_reports_total", Help: "Configuration results sent to the masters (PUT /overlay-master/agents/{id}/report), by result.",
 		}, []string{"result"}),
@@ -130,7 +138,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, r := range []string{"news", "known", "refused", "bad"} {
 		m.gossip.WithLabelValues(r)
 	}
-	for _, r := range []string{membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOutOfRange, membership.RefusedOtherCluster} {
+	for _, r := range []string{membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOutOfRange, membership.RefusedOtherCluster, membership.RefusedRevoked} {
 		m.gossipRefused.WithLabelValues(r)
 		if r != membership.RefusedOtherCluster {
 			m.masterRefused.WithLabelValues(r)
@@ -143,7 +151,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
-	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
+	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
 		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

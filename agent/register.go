@@ -89,6 +89,30 @@ func (a *Agent) register(ctx context.Context) {
 	}
 }
 
+// reclaimIP registers again when the masters' record of this agent lost its
+// underlay IP (another registration took it: the masters accept only an IP
+// the registering agent's certificate names, so an operator's or a
+// misissued certificate's): without it, every host drops this one's FDB
+// entries and routes. At most once per maxRetry, so that two agents whose
+// certificates both name the IP do not take it from each other in a loop.
+func (a *Agent) reclaimIP(mine *api.AgentInfo) {
+	if mine.HasIP() || !a.ip.IsValid() {
+		return
+	}
+	a.mu.Lock()
+	due := a.registered && time.Since(a.lostIPAt) >= maxRetry
+	if due {
+		a.lostIPAt = time.Now()
+	}
+	a.mu.Unlock()
+	if !due {
+		return
+	}
+	a.metrics.lostIP.Inc()
+	a.log.Warn("the masters' record of this agent has no underlay IP (another registration took it): registering again with its own", "ip", a.ip, "version", mine.Version)
+	a.trigger(a.reregisterCh)
+}
+
 // updateSelf records a newer own record, from the masters. The agent
 // programs itself from it (the masters are authenticated by TLS); it joins
 // the membership, and is gossiped, only when it verifies as any other

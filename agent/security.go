@@ -45,11 +45,11 @@ type security struct {
 func checkSecurity(cfg Config) (*security, error) {
 	sec := &security{id: cfg.ID, idFrom: "--id"}
 	if secure := httpsMasters(cfg.Masters); len(secure) > 0 && !cfg.TLS.Enabled() {
-		return nil, fmt.Errorf("agent: --masters %s is https, but no TLS credentials are given: give --ca-file (the cluster CA), --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID)", strings.Join(secure, ","))
+		return nil, fmt.Errorf("agent: --masters %s is https, but no TLS credentials are given: give --ca-file (the cluster CA), --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP)", strings.Join(secure, ","))
 	}
 	if !cfg.TLS.Enabled() {
 		if !cfg.Insecure {
-			return nil, fmt.Errorf("%w: no TLS credentials: give --ca-file, --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID), or --insecure for a throwaway lab", ErrInsecure)
+			return nil, fmt.Errorf("%w: no TLS credentials: give --ca-file, --cert-file and --key-file (an agent certificate: carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP), or --insecure for a throwaway lab", ErrInsecure)
 		}
 		sec.insecure = append(sec.insecure, "TLS (its HTTP API is plain http and open to anyone who reaches it)")
 	} else {
@@ -63,7 +63,7 @@ func checkSecurity(cfg Config) (*security, error) {
 		sec.files = files
 		id := files.Identity()
 		if id.Role != pki.RoleAgent {
-			return nil, fmt.Errorf("agent: --cert-file %s is the certificate of %s (role %s), not an agent's: issue one with carve certs issue --role agent --name AGENT_ID", cfg.TLS.Cert, id, id.Role)
+			return nil, fmt.Errorf("agent: --cert-file %s is the certificate of %s (role %s), not an agent's: issue one with carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP", cfg.TLS.Cert, id, id.Role)
 		}
 		if cfg.ID != "" && cfg.ID != id.Name {
 			return nil, fmt.Errorf("agent: --id %q differs from the agent id %q that --cert-file %s names: drop --id, or use the certificate issued for %q", cfg.ID, id.Name, cfg.TLS.Cert, cfg.ID)

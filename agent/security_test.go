@@ -163,7 +163,7 @@ func TestAgentOverTLS(t *testing.T) {
 	clients := map[string]*http.Client{
 		"none":     httpsClient(t, pki.Files{CA: agentFiles.CA}),
 		"operator": httpsClient(t, ca.files(pki.RoleOperator, "op")),
-		"agent":    httpsClient(t, ca.files(pki.RoleAgent, "h2-agent")),
+		"agent":    httpsClient(t, ca.files(pki.RoleAgent, "h2-agent", "127.0.0.1")),
 		"other CA": httpsClient(t, pki.Files{CA: agentFiles.CA, Cert: other.files(pki.RoleOperator, "op").Cert, Key: pki.KeyFile(other.dir, "op")}),
 	}
 	base := "https://" + a.HTTPAddr()
@@ -324,7 +324,7 @@ func TestRegistrationLogsTLSMismatch(t *testing.T) {
 	logs := &testutil.Logs{}
 	gnet := fakegossip.New(fakegossip.Config{Seed: 22})
 	t.Cleanup(gnet.Close)
-	agentFiles := ca.files(pki.RoleAgent, "h1")
+	agentFiles := ca.files(pki.RoleAgent, "h1", "127.0.0.1")
 	runAgent(t, newTestAgent(t, hosts[0], srv.URL, filepath.Join(dir, "a0"), gnet, func(c *Config) {
 		c.ID, c.TLS, c.MeshPassword, c.Insecure, c.Logger = "", agentFiles, []byte("s3cret"), false, logs.Logger()
 	}))

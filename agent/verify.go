@@ -25,7 +25,7 @@ import (
 // only --insecure with plain http masters that sign nothing goes without.
 func (a *Agent) trustLocked() membership.Trust {
 	return membership.Trust{ClusterID: a.clusterID, Key: a.signingKey, Previous: a.previousKeys,
-		Required: a.signingKey != nil || a.sec.client != nil, Network: a.network}
+		Required: a.signingKey != nil || a.sec.client != nil, Network: a.network, Revoked: a.revoked}
 }
 
 // countRefused counts refused records and tombstones and logs them, at

@@ -82,7 +82,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 // known one).
 func changesState(ch *api.Changes) *api.State {
 	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
-		Agents: ch.Agents, Tombstones: ch.Tombstones, SigningChain: ch.SigningChain}
+		Agents: ch.Agents, Tombstones: ch.Tombstones, SigningChain: ch.SigningChain, Revoked: ch.Revoked}
 	if ch.Network != nil {
 		st.Network = *ch.Network
 	}
@@ -206,6 +206,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
+	a.revoked = membership.RevokedAgents(st.Revoked) // every state and changes answer carries the whole list
 	registered := a.registered
 	tr := a.trustLocked()
 	a.mu.Unlock()
@@ -252,6 +253,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	}
 	if mine != nil {
 		a.updateSelf(mine)
+		a.reclaimIP(mine)
 	} else if tv, gone := a.members.Tombstone(a.id); gone && registered {
 		a.mu.RLock()
 		stale := a.self != nil && a.self.Version <= tv

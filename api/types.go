@@ -56,6 +56,9 @@ const (
 	// since an index older than the masters keep (Error.Oldest is the
 	// oldest they can serve): read the whole state instead.
 	CodeGone = "gone"
+	// CodeQuota (HTTP 409): the write would give an agent more grown and
+	// granted space in an overlay than its quota (quota_prefix).
+	CodeQuota = "quota"
 )
 
 // NetworkConfig is the masters' network configuration file (DC/OS NetworkConfig).
@@ -94,6 +97,12 @@ type OverlayNetwork struct {
 	// of a bridge's first sub-subnet (prefix+1: a /25 with the default /24).
 	GrowPrefix  int `json:"grow_prefix,omitempty"`
 	GrowPrefix6 int `json:"grow_prefix6,omitempty"`
+	// QuotaPrefix and QuotaPrefix6 cap what one agent may hold of grown and
+	// granted blocks in the overlay: at most the addresses of one prefix of
+	// that length (a carve extension). 0 means the default: 16 times an
+	// agent's subnet (prefix-4), but never more than the whole subnet.
+	QuotaPrefix  int `json:"quota_prefix,omitempty"`
+	QuotaPrefix6 int `json:"quota_prefix6,omitempty"`
 }
 
 // IsEnabled reports whether the overlay is enabled (absent means enabled).
@@ -416,6 +425,9 @@ type State struct {
 	// SigningChain endorses SigningKey with the keys before it during a
 	// rotation of the record-signing key (signingchain.go); nil outside one.
 	SigningChain *SigningChain `json:"signing_chain,omitempty"`
+	// Revoked is the masters' deny list of certificates (a carve
+	// extension; see Revocation).
+	Revoked []Revocation `json:"revoked,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -437,6 +449,8 @@ type Changes struct {
 
 	// SigningChain is State.SigningChain, always set during a rotation.
 	SigningChain *SigningChain `json:"signing_chain,omitempty"`
+	// Revoked is the whole deny list, in every answer (it is small).
+	Revoked []Revocation `json:"revoked,omitempty"`
 }
 
 // QuarantinedBlock is a block of a deleted agent's space that is not

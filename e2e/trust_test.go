@@ -189,17 +189,23 @@ func TestRogueMeshPeer(t *testing.T) {
 // agentMetric reads one sample of h's agent's /metrics: name with its
 // labels as the text format writes them (`x_total{reason="unsigned"}`).
 func agentMetric(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host, sample string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.AgentURL()+"/metrics", nil)
+	return metricSample(ctx, c.HTTPClient(), h.AgentURL(), sample)
+}
+
+// metricSample reads one sample of the /metrics of the server at base (an
+// agent's or a master's URL).
+func metricSample(ctx context.Context, hc *http.Client, base, sample string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := c.HTTPClient().Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %s", h.AgentURL(), resp.Status)
+		return 0, fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -210,5 +216,5 @@ func agentMetric(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host,
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, retry.Permanent(fmt.Errorf("%s has no sample %s", h.Name, sample))
+	return 0, retry.Permanent(fmt.Errorf("%s has no sample %s", base, sample))
 }

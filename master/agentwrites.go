@@ -24,6 +24,7 @@ const (
 	growRefusedExhausted = "exhausted"
 	growRefusedInvalid   = "invalid"
 	growRefusedUnknown   = "unknown_agent"
+	growRefusedQuota     = "quota"
 	growRefusedOther     = "other"
 )
 
@@ -111,6 +112,8 @@ func (s *server) grow() http.HandlerFunc {
 			case err == nil: // not refused by the table: no quorum, forwarded
 			case errors.Is(err, state.ErrOverlayExhausted):
 				s.m.metrics.growRefused.WithLabelValues(growRefusedExhausted).Inc()
+			case errors.Is(err, state.ErrQuota):
+				s.m.metrics.growRefused.WithLabelValues(growRefusedQuota).Inc()
 			case errors.Is(err, state.ErrInvalidBlock):
 				s.m.metrics.growRefused.WithLabelValues(growRefusedInvalid).Inc()
 			case errors.Is(err, state.ErrUnknownAgent):

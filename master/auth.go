@@ -21,7 +21,7 @@ import (
 //
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
-//     the certificate's name); report its own configuration result
+//     the certificate's name, ip one of its IP SANs: ipbinding.go); report its own configuration result
 //     (PUT /overlay-master/agents/{id}/report with its own id); grow,
 //     return, report grants for and report the usage of its own agent id
 //     only (the {id} of the path; a grant report also needs the agent to
@@ -73,6 +73,10 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 		id, err := clientIdentity(r)
 		if err != nil {
 			s.refuse(w, r, http.StatusUnauthorized, api.CodeUnauthenticated, refusedNoCertificate, err.Error())
+			return
+		}
+		if why := s.revokedClient(r); why != "" {
+			s.refuse(w, r, http.StatusUnauthorized, api.CodeUnauthenticated, refusedRevoked, why)
 			return
 		}
 		if fwd := r.Header.Get(identityHeader); fwd != "" && id.Role == pki.RoleMaster {
@@ -179,7 +183,7 @@ func (s *server) ownRegistration(w http.ResponseWriter, r *http.Request, id pki.
 			fmt.Sprintf("role agent may not register agent_id %q: the certificate of agent %q registers only agent_id %q", req.AgentID, id.Name, id.Name))
 		return false
 	}
-	return true
+	return s.registeredIPAllowed(w, r, id, req)
 }
 
 // refuse answers a refusal and counts it.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -81,7 +82,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	clients := map[string]*http.Client{
 		"none":     p.httpClient("", ""),
 		"no-role":  tlsHTTPClient(t, p.withoutRole()),
-		"agent":    p.httpClient("a1", pki.RoleAgent),
+		"agent":    agentClient(p, "a1", "198.18.1.1"),
 		"operator": p.httpClient("operator", pki.RoleOperator),
 		"master":   p.httpClient(c.ids[0], pki.RoleMaster),
 	}
@@ -106,6 +107,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 			{name: "certificate without a carve role", who: "no-role", method: "GET", path: "/overlay-master/state", status: 401, code: api.CodeUnauthenticated, mention: `"no-role" carries no carve role`},
 
 			{name: "agent registers itself", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.1.1"}`, status: 200},
+			{name: "agent registers another host's IP", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.2.1"}`,
+				status: 403, code: api.CodeForbidden, mention: "may not register ip 198.18.2.1: its certificate names only 127.0.0.1, 198.18.1.1"},
 			{name: "agent reads the state", who: "agent", method: "GET", path: "/overlay-master/state", status: 200},
 			{name: "agent watches the state", who: "agent", method: "GET", path: "/overlay-master/state?index=1&wait=50ms", status: 200},
 			{name: "agent reads another record", who: "agent", method: "GET", path: "/overlay-master/agents/victim", status: 200},
@@ -167,7 +170,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 	// Each refusal is counted once, by the master that refused it (a
 	// follower refuses before forwarding).
-	for reason, want := range map[string]float64{refusedNoCertificate: 10, refusedRole: 16, refusedWrongAgent: 4} {
+	for reason, want := range map[string]float64{refusedNoCertificate: 10, refusedRole: 16, refusedWrongAgent: 4, refusedWrongIP: 2} {
 		if got := refusals(c, reason); got != want {
 			t.Errorf("carve_master_auth_refusals_total{reason=%q} = %v over the masters, want %v", reason, got, want)
 		}
@@ -341,6 +344,7 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 	opts.HTTPServer.ReadTimeout, opts.HTTPServer.WriteTimeout = 300*time.Millisecond, 300*time.Millisecond
 	c.startWith(0, opts)
 	c.waitLeader()
+	p.IssueAgent("a1", netip.MustParseAddr("198.18.0.1"))
 	cl := c.clientAs(0, "a1", pki.RoleAgent)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,7 @@ func TestLiveStateDecodesWithDCOSSchema(t *testing.T) {
 		if id == "a4" {
 			ip = "198.18.0.1" // takes a1's IP
 		}
+		c.pki.IssueAgent(id, netip.MustParseAddr(ip))
 		if _, err := registerRetrying(ctx, c.clientAs(i, id, pki.RoleAgent), api.RegisterRequest{AgentID: id, IP: ip,
 			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: i%2 == 0}}); err != nil {
 			t.Fatalf("register %s: %v", id, err)
@@ -203,6 +205,7 @@ func TestAgentReports(t *testing.T) {
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	p.IssueAgent("a1", netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.11")) // it moves below
 	self := c.clientAs(leader+1, "a1", pki.RoleAgent)
 	rec, err := registerRetrying(ctx, self, api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1", NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -81,6 +82,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	defer cancel()
 	agent := map[string]*api.Client{}
 	for i, id := range []string{"a1", "a2", "a3"} {
+		p.IssueAgent(id, netip.MustParseAddr(fmt.Sprintf("198.18.4.%d", i+1)))
 		agent[id] = c.clientAs(leader+i, id, pki.RoleAgent)
 		if _, err := registerRetrying(ctx, agent[id], api.RegisterRequest{AgentID: id, IP: fmt.Sprintf("198.18.4.%d", i+1),
 			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}); err != nil {
@@ -160,6 +162,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("late grant report: %v", err)
 	}
+	p.IssueAgent("a4", netip.MustParseAddr("198.18.4.4"))
 	agent["a4"] = c.clientAs(leader, "a4", pki.RoleAgent)
 	a4, err := registerRetrying(ctx, agent["a4"], api.RegisterRequest{AgentID: "a4", IP: "198.18.4.4"})
 	if err != nil || a4.Overlay("g") != nil || !slices.ContainsFunc(a4.NotLeased, func(n api.NotLeased) bool { return n.Name == "g" }) {

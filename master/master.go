@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
@@ -145,7 +146,13 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		}
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.metrics = newMetrics(m.registry, m.table)
+	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	if opts.TLS.Enabled() {
+		m.registry.MustRegister(certmetrics.New(opts.TLS))
+	}
+	if sec != nil {
+		m.refuseRevokedPeers(sec)
+	}
 
 	ln := opts.HTTPListener
 	if ln == nil {
@@ -183,6 +190,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		return nil, fmt.Errorf("open raft: %w", err)
 	}
 	m.node = node
+	if sec != nil {
+		m.table.OnRevoked(m.closeRevokedConns)
+	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCtx, m.cancel = runCtx, cancel
@@ -191,7 +201,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if sec != nil {
 		srvOpts.TLS = sec.http
 	}
-	srvOpts.ErrorLog = slog.NewLogLogger(opts.Logger.Handler(), slog.LevelWarn)
+	srvOpts.ErrorLog = httpapi.NewErrorLog(opts.Logger, m.metrics.trust.handshakeFailures.Inc)
 	m.httpSrv = httpapi.NewServer(m.routes(), srvOpts)
 	m.wg.Add(2)
 	go func() {

@@ -18,9 +18,10 @@ type metrics struct {
 	grantsLearned prometheus.Counter
 	growRefused   *prometheus.CounterVec
 	released      prometheus.Counter
+	trust         *trustMetrics
 }
 
-func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
+func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() uint64) *metrics {
 	m := &metrics{
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
@@ -40,9 +41,10 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 		}),
 		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_auth_refusals_total",
-			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
+			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, wrong_ip, revoked.",
 		}, []string{"reason"}),
 	}
+	m.trust = newTrustMetrics(reg, evicted, func() int { return len(t.Revoked()) })
 	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
 	})
@@ -53,12 +55,12 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 		Name: "carve_master_grants_learned_total", Help: "Ring grant reports committed (answered by this master as leader), repeats included.",
 	})
 	m.growRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "carve_master_grow_refused_total", Help: "Grow requests refused, by reason: exhausted, invalid, unknown_agent, other.",
+		Name: "carve_master_grow_refused_total", Help: "Grow requests refused, by reason: exhausted, invalid, unknown_agent, quota, other.",
 	}, []string{"reason"})
 	m.released = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "carve_master_quarantine_released_total", Help: "Quarantined blocks of deleted agents freed by releases this master proposed.",
 	})
-	for _, r := range []string{growRefusedExhausted, growRefusedInvalid, growRefusedUnknown, growRefusedOther} {
+	for _, r := range []string{growRefusedExhausted, growRefusedInvalid, growRefusedUnknown, growRefusedQuota, growRefusedOther} {
 		m.growRefused.WithLabelValues(r)
 	}
 	quarantined := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -73,7 +75,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent} {
+	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent, refusedWrongIP, refusedRevoked} {
 		m.authRefusals.WithLabelValues(r)
 	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

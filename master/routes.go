@@ -58,6 +58,8 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/status", s.clusterStatus).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/join", s.join()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)
+	r.HandleFunc("/cluster/revocations", s.revoke()).Methods(http.MethodPost)
+	r.HandleFunc("/cluster/revocations", s.revocations).Methods(http.MethodGet)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	if m.opts.LogLevel != nil {
 		r.HandleFunc(loglevel.Path, loglevel.Handler(m.opts.LogLevel, m.log)).Methods(http.MethodGet, http.MethodPut)

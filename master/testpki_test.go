@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync"
@@ -77,6 +78,14 @@ func tlsHTTPClient(t *testing.T, cfg *tls.Config) *http.Client {
 	tr := &http.Transport{TLSClientConfig: cfg}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// agentClient is an HTTP client with the certificate of agent name, which
+// names the underlay ip it registers.
+func agentClient(p *testPKI, name, ip string) *http.Client {
+	p.t.Helper()
+	p.IssueAgent(name, netip.MustParseAddr(ip))
+	return p.httpClient(name, pki.RoleAgent)
 }
 
 // withoutRole is a client configuration holding a certificate that the CA

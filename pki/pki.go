@@ -90,6 +90,9 @@ func CreateCA(dir string, validity time.Duration) error {
 	if validity <= 0 {
 		validity = 10 * 365 * 24 * time.Hour
 	}
+	if err := checkValidity("CA", validity, MaxCADays); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("pki: %w", err)
 	}
@@ -154,6 +157,9 @@ func Issue(dir string, req IssueRequest) error {
 		if _, err := os.Stat(f); err == nil {
 			return fmt.Errorf("pki: %s: %w", f, ErrExists)
 		}
+	}
+	if err := checkIssueRequest(req); err != nil {
+		return err
 	}
 	caCert, caKey, err := loadCA(dir)
 	if err != nil {
@@ -351,17 +357,12 @@ func RequireRole(roles ...Role) func(tls.ConnectionState) error {
 }
 
 func loadCA(dir string) (*x509.Certificate, crypto.Signer, error) {
-	certPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, CAFile)); err != nil {
 		return nil, nil, fmt.Errorf("pki: no CA in %s (create one with carve certs ca): %w", dir, err)
 	}
-	block, _ := pem.Decode(certPEM)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, nil, fmt.Errorf("pki: %s: not a PEM certificate", filepath.Join(dir, CAFile))
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
+	cert, err := ReadCertificate(filepath.Join(dir, CAFile))
 	if err != nil {
-		return nil, nil, fmt.Errorf("pki: %s: %w", filepath.Join(dir, CAFile), err)
+		return nil, nil, err
 	}
 	key, err := readPrivateKey(filepath.Join(dir, CAKey))
 	if err != nil {

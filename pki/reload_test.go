@@ -52,21 +52,7 @@ func serveOK(t *testing.T, cfg *tls.Config) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if tc, ok := c.(*tls.Conn); ok && tc.Handshake() == nil {
-					_, _ = c.Write([]byte("ok"))
-				}
-			}()
-		}
-	}()
+	serveHandshakes(t, ln)
 	return ln
 }
 

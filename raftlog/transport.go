@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/internal/ratelog"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -21,6 +22,10 @@ const (
 	// transportMaxPool is the number of pooled connections per peer.
 	transportMaxPool = 3
 )
+
+// refusedLogInterval is how often a refused incoming handshake is logged
+// as a warning (every one is counted).
+const refusedLogInterval = 10 * time.Second
 
 // Directions of carve_raft_tls_handshake_failures_total.
 const (
@@ -36,6 +41,10 @@ type streamLayer struct {
 	tls    *TransportTLS
 	logger *slog.Logger
 	failed *prometheus.CounterVec // TLS handshake failures by direction
+	// refusedLog bounds the warnings of refused incoming handshakes: anyone
+	// who reaches the port can fail one, as fast as they like.
+	refusedLog *ratelog.Limiter
+	live       liveConns // the TLS connections, both ways (peerconns.go)
 }
 
 // Accept returns the next connection. A TLS connection does its handshake
@@ -46,7 +55,9 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 	if err != nil || s.tls == nil {
 		return c, err
 	}
-	return &serverTLSConn{Conn: tls.Server(c, s.tls.Server), layer: s}, nil
+	tc := tls.Server(c, s.tls.Server)
+	s.live.add(tc)
+	return &serverTLSConn{Conn: tc, layer: s}, nil
 }
 
 func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
@@ -73,7 +84,8 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		s.failed.WithLabelValues(directionOutgoing).Inc()
 		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
 	}
-	return tc, nil
+	s.live.add(tc)
+	return &clientTLSConn{Conn: tc, live: &s.live}, nil
 }
 
 // serverTLSConn is an accepted TLS connection whose handshake runs, under
@@ -90,7 +102,12 @@ func (c *serverTLSConn) handshake() error {
 		_ = c.Conn.SetDeadline(time.Now().Add(transportTimeout))
 		if err := c.Conn.Handshake(); err != nil {
 			c.layer.failed.WithLabelValues(directionIncoming).Inc()
-			c.layer.logger.Warn("raft transport refused a connection in the TLS handshake", "remote", c.RemoteAddr().String(), "err", err)
+			level, suppressed := slog.LevelDebug, 0
+			if ok, n := c.layer.refusedLog.Allow(); ok {
+				level, suppressed = slog.LevelWarn, n
+			}
+			c.layer.logger.Log(context.Background(), level, "raft transport refused a connection in the TLS handshake",
+				"remote", c.RemoteAddr().String(), "err", err, "not_logged_since", suppressed)
 			// Logged here; raft would log any error but EOF once more as
 			// an undecodable command.
 			c.err = io.EOF
@@ -100,6 +117,12 @@ func (c *serverTLSConn) handshake() error {
 		c.err = c.Conn.SetDeadline(time.Time{})
 	})
 	return c.err
+}
+
+// Close closes the connection and forgets it.
+func (c *serverTLSConn) Close() error {
+	c.layer.live.remove(c.Conn)
+	return c.Conn.Close()
 }
 
 func (c *serverTLSConn) Read(b []byte) (int, error) {
@@ -123,6 +146,7 @@ func (c *serverTLSConn) Write(b []byte) (int, error) {
 // committed; catching up after a restart needs exactly that (see CaughtUp).
 type commitObservingTransport struct {
 	*raft.NetworkTransport
+	stream   *streamLayer
 	rpcs     chan raft.RPC
 	onCommit func(index uint64)
 	stop     chan struct{}
@@ -149,9 +173,11 @@ func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.Count
 		_ = ln.Close()
 		return nil, fmt.Errorf("raftlog: listener address %s is not an advertisable TCP address", ln.Addr())
 	}
+	stream := &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval)}
 	t := &commitObservingTransport{
+		stream: stream,
 		NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream:  &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures},
+			Stream:  stream,
 			MaxPool: transportMaxPool,
 			Timeout: transportTimeout,
 			Logger:  newHCLogger(logger, "raft-net"),

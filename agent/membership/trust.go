@@ -46,6 +46,9 @@ type Trust struct {
 	// Network is the configuration the ranges are checked against; nil
 	// when none is known yet.
 	Network *api.NetworkConfig
+	// Revoked maps the agents whose certificate the masters revoked to the
+	// index of the revocation (RevokedAgents; revoked.go).
+	Revoked map[string]uint64
 }
 
 // Refusal is one record or tombstone refused: why (one of the Refused
@@ -129,7 +132,9 @@ func (tr *Trust) Admit(clusterID string, st State, members *Membership) (State, 
 	}
 	for i := range st.Records {
 		rec := &st.Records[i]
-		if members.Holds(rec) {
+		if r := tr.checkRevoked(rec); r.Err != nil {
+			refused = append(refused, r)
+		} else if members.Holds(rec) {
 			ok.Records = append(ok.Records, *rec)
 		} else if r := tr.checkRecord(rec); r.Err != nil {
 			refused = append(refused, r)

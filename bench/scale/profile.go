@@ -14,16 +14,17 @@ import (
 )
 
 // debugPort is where the real agent serves its runtime profiles with
-// -profile-dir (--debug-addr on the host's IP).
+// -profile-dir (--debug-addr on the host's loopback, which is all it
+// accepts).
 const debugPort = labcluster.AgentHTTPPort + 1
 
 // profileArgs are the agent flags -profile-dir needs: its profiles served
-// on the host's IP (the lab's underlay, reached only from the lab).
+// on the loopback of the host's namespace (fetchProfile dials from there).
 func profileArgs(o idleOptions, h *labcluster.Host) []string {
 	if o.profileDir == "" {
 		return nil
 	}
-	return []string{"--debug-addr", fmt.Sprintf("%s:%d", h.IP().Addr(), debugPort)}
+	return []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debugPort)}
 }
 
 // startProfile, with -profile-dir, captures a CPU profile of h's agent
@@ -42,15 +43,15 @@ func startProfile(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host
 			return
 		}
 		path := filepath.Join(o.profileDir, fmt.Sprintf("agent-idle-%d.pprof", n))
-		done <- fetchProfile(ctx, c.HTTPClient(), h, o.window, path)
+		done <- fetchProfile(ctx, h.LoopbackClient(), o.window, path)
 	}()
 	return func() error { return <-done }
 }
 
-// fetchProfile reads a CPU profile of the given length from h's agent and
-// writes it to path.
-func fetchProfile(ctx context.Context, hc *http.Client, h *labcluster.Host, window time.Duration, path string) error {
-	url := fmt.Sprintf("http://%s:%d/debug/pprof/profile?seconds=%d", h.IP().Addr(), debugPort, int(window.Seconds()))
+// fetchProfile reads a CPU profile of the given length from the agent that
+// hc reaches on its host's loopback and writes it to path.
+func fetchProfile(ctx context.Context, hc *http.Client, window time.Duration, path string) error {
+	url := fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", debugPort, int(window.Seconds()))
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err

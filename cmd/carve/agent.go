@@ -32,7 +32,7 @@ func runAgent(ctx context.Context, args []string) error {
 	id := fs.String("id", "", "agent id (default: the name in --cert-file; with --insecure and no certificate, created on first start and kept in --data-dir)")
 	ip := fs.String("ip", "", "underlay IP (default: the source address of the route towards the first master)")
 	httpAddr := fs.String("http-addr", "127.0.0.1:9797", "HOST:PORT of the agent's HTTP API (https with --cert-file: every route but /healthz needs a client certificate of the cluster CA)")
-	debugAddr := fs.String("debug-addr", "", "HOST:PORT serving Go's runtime profiles (/debug/pprof/; plain http, no authentication: keep it on loopback); empty: off")
+	debugAddr := fs.String("debug-addr", "", "LOOPBACK_IP:PORT serving Go's runtime profiles (/debug/pprof/; plain http, no authentication, so loopback only: 127.0.0.1 or ::1); empty: off")
 	socket := fs.String("socket", "/run/carve/agent.sock", "unix socket of the IPAM service (carve-ipam and the Docker plugin use it)")
 	meshAddr := fs.String("mesh-addr", "", "HOST:PORT for mesh gossip, advertised to other agents (default: UNDERLAY_IP:6783)")
 	meshPeers := fs.Int("mesh-peers", agent.DefaultMeshPeers, "how many peers the agent keeps mesh connections to (chosen by hashing agent ids; gossip reaches the others through them)")
@@ -88,8 +88,8 @@ func runAgent(ctx context.Context, args []string) error {
 			return agent.Config{}, fmt.Errorf("%w: --http-addr %q: want HOST:PORT", cli.ErrUsage, *httpAddr)
 		}
 		if *debugAddr != "" {
-			if _, _, err := net.SplitHostPort(*debugAddr); err != nil {
-				return agent.Config{}, fmt.Errorf("%w: --debug-addr %q: want HOST:PORT", cli.ErrUsage, *debugAddr)
+			if err := checkDebugAddr(*debugAddr); err != nil {
+				return agent.Config{}, fmt.Errorf("%w: %v", cli.ErrUsage, err)
 			}
 		}
 		if *meshAddr != "" {

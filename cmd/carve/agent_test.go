@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,7 +23,7 @@ func TestAgentRefusesToStartInsecure(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, req := range []pki.IssueRequest{
-		{Role: pki.RoleAgent, Name: "h1"},
+		{Role: pki.RoleAgent, Name: "h1", IPs: []netip.Addr{netip.MustParseAddr("198.18.0.11")}},
 		{Role: pki.RoleOperator, Name: "op"},
 		{Role: pki.RoleMaster, Name: "m1"},
 	} {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -18,12 +19,13 @@ const certsUsage = `usage:
   carve certs ca    --dir DIR [--days N]
   carve certs issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve certs rotate-signing --dir DIR [--switch | --finish]
+  carve certs revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
 `
 
 // runCerts creates the cluster CA and issues certificates (thin over pki).
-func runCerts(args []string, out io.Writer) error {
+func runCerts(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: carve certs needs ca, issue or rotate-signing\n%s", cli.ErrUsage, certsUsage)
+		return fmt.Errorf("%w: carve certs needs ca, issue, rotate-signing or revoke\n%s", cli.ErrUsage, certsUsage)
 	}
 	switch args[0] {
 	case "ca":
@@ -32,25 +34,27 @@ func runCerts(args []string, out io.Writer) error {
 		return runCertsIssue(args[1:], out)
 	case "rotate-signing":
 		return runCertsRotateSigning(args[1:], out)
+	case "revoke":
+		return runCertsRevoke(ctx, args[1:], out)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, certsUsage)
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w: carve certs %q: want ca, issue or rotate-signing\n%s", cli.ErrUsage, args[0], certsUsage)
+	return fmt.Errorf("%w: carve certs %q: want ca, issue, rotate-signing or revoke\n%s", cli.ErrUsage, args[0], certsUsage)
 }
 
 func runCertsCA(args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve certs ca")
 	dir := fs.String("dir", "", "directory for the cluster CA (ca.pem, ca-key.pem) and the masters' record-signing key pair (signing.key, signing.pub); created if absent, never overwritten")
-	days := fs.Int("days", 3650, "validity of the CA certificate, in days")
+	days := fs.Int("days", 3650, fmt.Sprintf("validity of the CA certificate, in days (at most %d)", pki.MaxCADays))
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *dir == "" {
 		return fmt.Errorf("%w: --dir is required", cli.ErrUsage)
 	}
-	if *days <= 0 {
-		return fmt.Errorf("%w: --days %d: want at least 1", cli.ErrUsage, *days)
+	if *days <= 0 || *days > pki.MaxCADays {
+		return fmt.Errorf("%w: --days %d: want 1 to %d (the longest a CA may be valid)", cli.ErrUsage, *days, pki.MaxCADays)
 	}
 	if err := pki.CreateCA(*dir, time.Duration(*days)*24*time.Hour); err != nil {
 		return err
@@ -69,9 +73,9 @@ func runCertsIssue(args []string, out io.Writer) error {
 	role := fs.String("role", "", "master, agent or operator: what the holder may do")
 	name := fs.String("name", "", "the holder: a master's --id, an agent's agent id (it may register only that id), an operator's name")
 	var ips, dnsNames listFlag
-	fs.Var(&ips, "ip", "an IP address the holder serves on (repeat, or comma separate); a master needs those of its --http-addr and --raft-addr")
+	fs.Var(&ips, "ip", "an IP address the holder serves on (repeat, or comma separate); a master needs those of its --http-addr and --raft-addr, an agent its underlay IP (the only IP it may register)")
 	fs.Var(&dnsNames, "dns", "a DNS name the holder serves on (repeat, or comma separate)")
-	days := fs.Int("days", 365, "validity of the certificate, in days")
+	days := fs.Int("days", 365, fmt.Sprintf("validity of the certificate, in days (at most %d)", pki.MaxCertDays))
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -85,8 +89,8 @@ func runCertsIssue(args []string, out io.Writer) error {
 	if err := api.ValidateAgentID(*name); err != nil {
 		return fmt.Errorf("%w: --name: %v", cli.ErrUsage, err)
 	}
-	if *days <= 0 {
-		return fmt.Errorf("%w: --days %d: want at least 1", cli.ErrUsage, *days)
+	if *days <= 0 || *days > pki.MaxCertDays {
+		return fmt.Errorf("%w: --days %d: want 1 to %d (the longest a certificate may be valid; renew it before it expires)", cli.ErrUsage, *days, pki.MaxCertDays)
 	}
 	req := pki.IssueRequest{Role: r, Name: *name, DNSNames: dnsNames, Validity: time.Duration(*days) * 24 * time.Hour}
 	for _, s := range ips {
@@ -104,13 +108,20 @@ func runCertsIssue(args []string, out io.Writer) error {
 	if r == pki.RoleMaster && len(req.IPs) == 0 && len(req.DNSNames) == 0 {
 		return fmt.Errorf("%w: a master's certificate needs --ip (or --dns) naming the addresses of its --http-addr and --raft-addr: clients and the other masters verify them", cli.ErrUsage)
 	}
+	if r == pki.RoleAgent && len(req.IPs) == 0 {
+		return fmt.Errorf("%w: an agent's certificate needs --ip naming its underlay IP: the masters refuse a registration with an IP its certificate does not name", cli.ErrUsage)
+	}
 	if err := pki.Issue(*dir, req); err != nil {
 		if errors.Is(err, pki.ErrExists) {
 			return fmt.Errorf("%w: a certificate named %q is already issued (remove both files to issue it again)", err, *name)
 		}
 		return err
 	}
-	fmt.Fprintf(out, "issued %s/%s, valid %d days: %s and %s\n", r, *name, *days,
+	cert, err := pki.ReadCertificate(pki.CertFile(*dir, *name))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "issued %s/%s, serial %s, valid %d days: %s and %s\n", r, *name, pki.Serial(cert), *days,
 		pki.CertFile(*dir, *name), pki.KeyFile(*dir, *name))
 	return nil
 }

@@ -25,7 +25,7 @@ import (
 // (what main would print on stdout and stderr).
 func certs(args ...string) (int, string) {
 	var out bytes.Buffer
-	code := cli.Report(&out, "carve certs", runCerts(args, &out))
+	code := cli.Report(&out, "carve certs", runCerts(context.Background(), args, &out))
 	return code, out.String()
 }
 
@@ -72,19 +72,22 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca, issue or rotate-signing"},
-		{"unknown subcommand", []string{"revoke"}, 2, `"revoke"`},
+		{"no subcommand", nil, 2, "ca, issue, rotate-signing or revoke"},
+		{"unknown subcommand", []string{"renew"}, 2, `"renew"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
 		{"unknown role", []string{"issue", "--dir", dir, "--role", "admin", "--name", "x"}, 2, `--role: role "admin": want master, agent or operator`},
 		{"bad name", []string{"issue", "--dir", dir, "--role", "agent", "--name", "no spaces"}, 2, "--name: agent id"},
 		{"no name", []string{"issue", "--dir", dir, "--role", "agent"}, 2, "--name"},
 		{"bad ip", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.300"}, 2, `--ip "198.18.0.300"`},
-		{"bad dns", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--dns", "a b"}, 2, `--dns "a b"`},
-		{"zero days", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--days", "0"}, 2, "--days 0"},
+		{"bad dns", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.9", "--dns", "a b"}, 2, `--dns "a b"`},
+		{"zero days", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a", "--ip", "198.18.0.9", "--days", "0"}, 2, "--days 0"},
+		{"days beyond the maximum", []string{"issue", "--dir", dir, "--role", "operator", "--name", "bob", "--days", "100000"}, 2, "want 1 to 825"},
+		{"CA days beyond the maximum", []string{"ca", "--dir", t.TempDir(), "--days", "100000"}, 2, "want 1 to 7300"},
+		{"agent without ip", []string{"issue", "--dir", dir, "--role", "agent", "--name", "a"}, 2, "needs --ip naming its underlay IP"},
 		{"master without address", []string{"issue", "--dir", dir, "--role", "master", "--name", "m2"}, 2, "needs --ip"},
-		{"missing CA", []string{"issue", "--dir", t.TempDir(), "--role", "agent", "--name", "a"}, 1, "carve certs ca"},
-		{"existing files", []string{"issue", "--dir", dir, "--role", "agent", "--name", "alice"}, 1, `"alice" is already issued`},
+		{"missing CA", []string{"issue", "--dir", t.TempDir(), "--role", "agent", "--name", "a", "--ip", "198.18.0.9"}, 1, "carve certs ca"},
+		{"existing files", []string{"issue", "--dir", dir, "--role", "agent", "--name", "alice", "--ip", "198.18.0.9"}, 1, `"alice" is already issued`},
 		{"stray argument", []string{"issue", "--dir", dir, "extra"}, 2, `unexpected argument "extra"`},
 		{"rotate-signing without dir", []string{"rotate-signing"}, 2, "--dir is required"},
 		{"switch before a rotation", []string{"rotate-signing", "--dir", dir, "--switch"}, 2, "begin a rotation first"},

@@ -45,6 +45,7 @@ func (f *masterFlags) client() (*api.Client, api.ClientOptions, error) {
 		if opts.TLS, err = f.tls.ClientConfig(); err != nil {
 			return nil, opts, err
 		}
+		opts.TLS.VerifyConnection = requireMaster
 	}
 	c, err := api.NewClientWith(urls, opts)
 	if err != nil {

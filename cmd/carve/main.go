@@ -39,6 +39,7 @@ usage:
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve certs  rotate-signing --dir DIR [--switch | --finish]
+  carve certs  revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve demo   [--hosts 3] [--containers 2] [--keep]
 
 CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator
@@ -69,7 +70,7 @@ func main() {
 	case "ipam":
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
-		err = runCerts(args, os.Stdout)
+		err = runCerts(ctx, args, os.Stdout)
 	case "log-level":
 		err = runLogLevel(ctx, args, os.Stdout)
 	case "install-cni":

@@ -33,7 +33,7 @@ func runMaster(ctx context.Context, args []string) error {
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")
 	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP; an absent file: no chain (set the flag for good, the file exists during a rotation only)")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
-	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
+	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); clients without a certificate get an eighth, the oldest closed beyond it; more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")

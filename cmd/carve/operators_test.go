@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ func clientFlags(m *mastertest.Secure, name string, role pki.Role) []string {
 func registerAgents(t *testing.T, m *mastertest.Secure, agents map[string]string) {
 	t.Helper()
 	for id, ip := range agents {
+		m.CA.IssueAgent(id, netip.MustParseAddr(ip))
 		c, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS(id, pki.RoleAgent)})
 		if err != nil {
 			t.Fatal(err)

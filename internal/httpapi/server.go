@@ -21,6 +21,10 @@ const (
 	// DefaultMaxConns leaves room for 10,000 agents' watches on one master
 	// plus operators and the other masters.
 	DefaultMaxConns = 16384
+	// DefaultUnauthenticatedTimeout bounds the handshake, requests and idle
+	// time of a connection without a client certificate (a load
+	// balancer's /healthz, a scraper's /metrics).
+	DefaultUnauthenticatedTimeout = 5 * time.Second
 )
 
 // ServerOptions bound what a client can hold of a carve HTTP server. Zero
@@ -44,6 +48,16 @@ type ServerOptions struct {
 	MaxConns int
 	// TLS, when set, serves HTTPS (HTTP/1.1) with this configuration.
 	TLS *tls.Config
+	// UnauthenticatedConns caps, under TLS with client certificates, the
+	// connections held by clients that have not (yet) presented a
+	// certificate of the CA: beyond it the oldest of them is closed. They
+	// are also the first closed when MaxConns is reached, so that
+	// authenticated clients are always served. Default MaxConns/8.
+	UnauthenticatedConns int
+	// UnauthenticatedTimeout bounds, on such a connection, the TLS
+	// handshake, each request's reading and the idle time between
+	// requests. Default DefaultUnauthenticatedTimeout.
+	UnauthenticatedTimeout time.Duration
 	// ErrorLog receives the server's own errors (TLS handshakes that fail,
 	// say); nil means the log package's standard logger.
 	ErrorLog *log.Logger
@@ -67,6 +81,12 @@ func (o ServerOptions) withDefaults() ServerOptions {
 	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = DefaultMaxConns
+	}
+	if o.UnauthenticatedConns <= 0 {
+		o.UnauthenticatedConns = max(o.MaxConns/8, 1)
+	}
+	if o.UnauthenticatedTimeout <= 0 {
+		o.UnauthenticatedTimeout = DefaultUnauthenticatedTimeout
 	}
 	return o
 }
@@ -92,13 +112,14 @@ func NewServer(handler http.Handler, opts ServerOptions) *Server {
 		MaxHeaderBytes:    opts.MaxHeaderBytes,
 		ErrorLog:          opts.ErrorLog,
 		ConnContext:       withBatchConn,
+		ConnState:         markAuthenticated,
 	}}
 }
 
 // Serve accepts connections on ln until Shutdown or Close; it returns
 // http.ErrServerClosed then. Call it once.
 func (s *Server) Serve(ln net.Listener) error {
-	limited := newLimitListener(ln, s.opts.MaxConns)
+	limited := newLimitListener(ln, s.opts.MaxConns, s.unauthLimits())
 	s.mu.Lock()
 	s.limit = limited
 	s.mu.Unlock()
@@ -111,6 +132,27 @@ func (s *Server) Serve(ln net.Listener) error {
 		serveLn = tls.NewListener(newBatchListener(limited), cfg)
 	}
 	return s.http.Serve(serveLn)
+}
+
+// unauthLimits is what Serve bounds unauthenticated connections with:
+// only under TLS that asks for client certificates can a connection prove
+// who it is; otherwise every connection counts as authenticated.
+func (s *Server) unauthLimits() unauthLimits {
+	if s.opts.TLS == nil || s.opts.TLS.ClientAuth == tls.NoClientCert {
+		return unauthLimits{}
+	}
+	return unauthLimits{conns: s.opts.UnauthenticatedConns, timeout: s.opts.UnauthenticatedTimeout}
+}
+
+// Evicted is the number of unauthenticated connections closed to make room
+// (see ServerOptions.UnauthenticatedConns).
+func (s *Server) Evicted() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.limit == nil {
+		return 0
+	}
+	return s.limit.evicted.Load()
 }
 
 // Conns is the number of connections the server holds now.
@@ -144,52 +186,4 @@ func ExtendDeadlines(w http.ResponseWriter, d time.Duration) error {
 		return err
 	}
 	return nil
-}
-
-// limitListener holds at most cap(sem) connections: Accept waits for one to
-// close before taking the next from the backlog.
-type limitListener struct {
-	net.Listener
-	sem       chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-}
-
-func newLimitListener(ln net.Listener, n int) *limitListener {
-	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
-}
-
-func (l *limitListener) Close() error {
-	err := l.Listener.Close()
-	l.closeOnce.Do(func() { close(l.done) })
-	return err
-}
-
-func (l *limitListener) open() int { return len(l.sem) }
-
-// limitConn gives its slot back once, on the first Close.
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
 }

@@ -156,6 +156,7 @@ type clockMark struct {
 // command.
 func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
 	t.marks = append(t.marks, clockMark{Index: index, Time: c.Now})
+	t.pruneRevoked(index, c.Now/1000)
 	limit := c.Now - c.MaxAge
 	cut := -1
 	for i, m := range t.marks {
@@ -230,6 +231,7 @@ func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
+	t.writeRevoked(&out)
 	if all && t.net != nil {
 		netJSON, err := json.Marshal(t.net.api)
 		if err != nil {

@@ -45,6 +45,7 @@ type command struct {
 	Return     *returnCmd         `json:"return,omitempty"`
 	Grant      *grantCmd          `json:"grant,omitempty"`
 	Release    *releaseCmd        `json:"release,omitempty"`
+	Revoke     *revokeCmd         `json:"revoke,omitempty"`
 }
 
 // reportCmd is an agent's configuration report (PUT .../report).
@@ -147,6 +148,8 @@ func (c command) validate() error {
 		missing = c.Grant == nil
 	case opRelease:
 		missing = c.Release == nil
+	case opRevoke:
+		missing = c.Revoke == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)

@@ -116,7 +116,10 @@ type overlayDef struct {
 	prefix6 int
 	// growPrefix and growPrefix6 are the lengths of grown blocks.
 	growPrefix, growPrefix6 int
-	enabled                 bool
+	// quotaPrefix and quotaPrefix6 cap an agent's grown and granted space
+	// (quota.go).
+	quotaPrefix, quotaPrefix6 int
+	enabled                   bool
 }
 
 // network is a validated network configuration in parsed form.
@@ -227,6 +230,11 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 			if def.growPrefix, err = growPrefix(field+".grow_prefix", o.GrowPrefix, o.Prefix, 30); err != nil {
 				return nil, err
 			}
+			if def.quotaPrefix, err = quotaPrefix(field+".quota_prefix", o.QuotaPrefix, def.subnet, o.Prefix, def.growPrefix); err != nil {
+				return nil, err
+			}
+		} else if o.QuotaPrefix != 0 {
+			return nil, configErr(field+".quota_prefix", "set without subnet")
 		} else if o.Prefix != 0 {
 			return nil, configErr(field+".prefix", "set without subnet")
 		} else if o.GrowPrefix != 0 {
@@ -247,6 +255,11 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 			if def.growPrefix6, err = growPrefix(field+".grow_prefix6", o.GrowPrefix6, o.Prefix6, 126); err != nil {
 				return nil, err
 			}
+			if def.quotaPrefix6, err = quotaPrefix(field+".quota_prefix6", o.QuotaPrefix6, def.subnet6, o.Prefix6, def.growPrefix6); err != nil {
+				return nil, err
+			}
+		} else if o.QuotaPrefix6 != 0 {
+			return nil, configErr(field+".quota_prefix6", "set without subnet6")
 		} else if o.Prefix6 != 0 {
 			return nil, configErr(field+".prefix6", "set without subnet6")
 		} else if o.GrowPrefix6 != 0 {

@@ -293,6 +293,9 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w: no free /%d left in overlay %q (%s)", ErrOverlayExhausted, bits, c.Overlay, space.universe)
 	}
+	if err := checkQuota(def, c.AgentID, old.Leases[c.Overlay].Blocks, p); err != nil {
+		return nil, err
+	}
 	rec := old.clone()
 	blocks := append(slices.Clone(rec.Leases[c.Overlay].Blocks),
 		leaseBlock{Bridge: c.Bridge, Prefix: p, Origin: api.BlockGrown, Home: p, Version: index})
@@ -434,6 +437,9 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 	}
 	if !covered {
 		return nil, fmt.Errorf("%w: grant of %s from %q to %q: it is not inside the donor's holdings at the masters (part of it is free space)", ErrBlockConflict, c.Prefix, c.Donor, c.Recipient)
+	}
+	if err := t.grantWithinQuota(c, recip); err != nil {
+		return nil, err
 	}
 	// The donor lets go of the prefix.
 	if donor != nil {

@@ -40,6 +40,8 @@ type snapshotData struct {
 	// Horizon and Marks are the tombstone compaction's (changes.go).
 	Horizon uint64      `json:"horizon,omitempty"`
 	Marks   []clockMark `json:"marks,omitempty"`
+	// Revoked is the deny list of certificates (revocation.go).
+	Revoked []api.Revocation `json:"revoked,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -98,6 +100,7 @@ type tableSnapshot struct {
 	horizon           uint64
 	marks             []clockMark
 	reports           map[string]agentReport
+	revoked           []api.Revocation
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
 	replaced map[int]*agentRecord
@@ -119,6 +122,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		replaced:   map[int]*agentRecord{},
 		horizon:    t.horizon,
 		marks:      slices.Clone(t.marks),
+		revoked:    t.revokedList(),
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		s.agents = append(s.agents, t.agents[id])
@@ -142,7 +146,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
 		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
-		Horizon: s.horizon, Marks: s.marks}
+		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -244,6 +248,13 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	}
 	if d.Quarantine != nil {
 		t.quarantine = d.Quarantine
+	}
+	for _, r := range d.Revoked {
+		t.revoked[r.Serial] = r
+	}
+	t.revokedChanged()
+	if t.onRevoked != nil && len(t.revoked) > 0 {
+		go t.onRevoked()
 	}
 	if t.net != nil {
 		t.rebuildSpaces()

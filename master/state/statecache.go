@@ -178,6 +178,7 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
+	t.writeRevoked(&out)
 	out.Write(t.cache.full)
 	out.WriteString("}\n")
 	return out.Bytes(), nil

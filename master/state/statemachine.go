@@ -127,8 +127,14 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
-	case opDelete:
-		deleted, err := t.applyDelete(index, c.Delete)
+	case opDelete, opRevoke:
+		var deleted []string
+		var err error
+		if c.Op == opDelete {
+			deleted, err = t.applyDelete(index, c.Delete)
+		} else {
+			deleted, err = t.applyRevoke(index, c.Revoke)
+		}
 		if err != nil {
 			return Result{Err: err}
 		}
@@ -203,6 +209,8 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 		if legacy {
 			return Result{Deleted: c.Delete.Agents}
 		}
+		return Result{Deleted: o.Deleted}
+	case opRevoke:
 		return Result{Deleted: o.Deleted}
 	}
 	return Result{}

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/raftlog"
@@ -78,6 +79,13 @@ type LeaseTable struct {
 	// changed is closed and replaced whenever stateIndex moves (watchers).
 	changed chan struct{}
 	cache   stateCache
+	// revoked is the deny list of certificates, by serial (revocation.go);
+	// revokedSet and revokedJSON are what readers see of it.
+	revoked     map[string]api.Revocation
+	revokedSet  atomic.Pointer[map[string]struct{}]
+	revokedJSON []byte
+	onRevoked   func() // see OnRevoked; not replicated, so reset leaves it
+
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
 	signer *recordSigner
@@ -108,6 +116,8 @@ func (t *LeaseTable) reset() {
 	t.cache = newStateCache()
 	t.changes = changeLog{max: t.changeLogIDs}
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
+	t.revoked = map[string]api.Revocation{}
+	t.revokedChanged()
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
@@ -282,6 +292,7 @@ func (t *LeaseTable) State() api.State {
 		st.Tombstones = append(st.Tombstones, tb)
 	}
 	st.Quarantine = t.quarantineAPI()
+	st.Revoked = t.revokedList()
 	return st
 }
 

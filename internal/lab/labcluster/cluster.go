@@ -88,6 +88,8 @@ type Options struct {
 	DockerBridge bool
 	// AgentArgs are appended to every agent's command line.
 	AgentArgs []string
+	// MasterArgs are appended to every master's command line.
+	MasterArgs []string
 	// CNIVersion is the agents' --cni-version (default
 	// netconf.LatestCNIVersion, which the lab's own runtime, libcni 1.3 with
 	// the plugins of CNIPath, reads; "auto" has the agents detect it).

@@ -50,3 +50,8 @@ func newHTTPClient(ns *netnslab.Namespace, tlsCfg *tls.Config) *http.Client {
 		IdleConnTimeout:     30 * time.Second,
 	}}
 }
+
+// LoopbackClient is a plain HTTP client whose connections start in the
+// host's namespace, for what an agent serves on its loopback only
+// (--debug-addr).
+func (h *Host) LoopbackClient() *http.Client { return newHTTPClient(h.NS.Namespace, nil) }

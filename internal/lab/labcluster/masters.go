@@ -79,6 +79,7 @@ func (c *Cluster) StartMaster(m *Master) error {
 		"--http-addr", m.HTTPAddr, "--raft-addr", m.RaftAddr, "--peers", c.peersFlag(),
 		"--config", c.configPath, "--log-level", c.opts.LogLevel}
 	args = append(args, c.sec.masterArgs(m.ID)...)
+	args = append(args, c.opts.MasterArgs...)
 	if err := m.start(c.opts.Binary, args); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 // A secure master serves its signed state to an agent's certificate.
 func TestStartSecure(t *testing.T) {
 	m := StartSecure(t, t.TempDir(), state.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m.CA.IssueAgent("a1", netip.MustParseAddr("198.18.0.1"))
 	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
 	if err != nil {
 		t.Fatal(err)

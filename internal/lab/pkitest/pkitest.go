@@ -61,6 +61,24 @@ func (ca *CA) Files(name string, role pki.Role) pki.Files {
 	return pki.Files{CA: ca.CAFile(), Cert: pki.CertFile(ca.Dir, name), Key: pki.KeyFile(ca.Dir, name)}
 }
 
+// IssueAgent issues the agent certificate of name for 127.0.0.1 and the
+// underlay IPs it registers (the masters accept only an IP the certificate
+// names); later Files, ClientTLS and ServerTLS calls for name use it. Call
+// it before any of them for name.
+func (ca *CA) IssueAgent(name string, underlay ...netip.Addr) {
+	ca.t.Helper()
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	if _, ok := ca.issued[name]; ok {
+		ca.t.Fatalf("pkitest: %s is already issued", name)
+	}
+	ips := append([]netip.Addr{netip.MustParseAddr("127.0.0.1")}, underlay...)
+	if err := pki.Issue(ca.Dir, pki.IssueRequest{Role: pki.RoleAgent, Name: name, IPs: ips}); err != nil {
+		ca.t.Fatal(err)
+	}
+	ca.issued[name] = pki.RoleAgent
+}
+
 // ClientTLS is the client configuration with the certificate of name and
 // role; an empty name gives the CA alone (no client certificate).
 func (ca *CA) ClientTLS(name string, role pki.Role) *tls.Config {

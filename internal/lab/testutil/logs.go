@@ -42,3 +42,16 @@ func (l *Logs) Has(level slog.Level, sub string) bool {
 	defer l.mu.Unlock()
 	return slices.ContainsFunc(l.recs, func(r slog.Record) bool { return r.Level == level && strings.Contains(r.Message, sub) })
 }
+
+// Count is the number of records at level whose message contains sub.
+func (l *Logs) Count(level slog.Level, sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, r := range l.recs {
+		if r.Level == level && strings.Contains(r.Message, sub) {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,201 @@
+package httpapi
+
+import (
+	"container/list"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// unauthLimits bound the connections of clients without a certificate;
+// zero: no such bound (every connection counts as authenticated).
+type unauthLimits struct {
+	conns   int
+	timeout time.Duration
+}
+
+// limitListener holds at most cap(sem) connections. Under unauthLimits it
+// keeps the connections that have not presented a client certificate in
+// accept order, holds at most limits.conns of them (a new one closes the
+// oldest), and when every slot is taken closes the oldest of them rather
+// than wait: a flood of idle connections without a certificate can never
+// keep agents, operators or masters out. Otherwise Accept waits for a
+// connection to close before taking the next from the backlog.
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	limits    unauthLimits
+	evicted   atomic.Uint64
+
+	mu     sync.Mutex
+	unauth list.List // of *limitConn not authenticated yet, oldest first
+}
+
+func newLimitListener(ln net.Listener, n int, limits unauthLimits) *limitListener {
+	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{}), limits: limits}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		l.evictOldest() // every slot taken: an unauthenticated one makes room, if any
+		select {
+		case l.sem <- struct{}{}:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	lc := &limitConn{Conn: c, l: l}
+	if l.limits.conns == 0 {
+		lc.authenticated.Store(true)
+		return lc, nil
+	}
+	l.mu.Lock()
+	var oldest *limitConn
+	if l.unauth.Len() >= l.limits.conns {
+		oldest = l.unauth.Front().Value.(*limitConn)
+		l.removeLocked(oldest)
+	}
+	lc.elem = l.unauth.PushBack(lc)
+	l.mu.Unlock()
+	if oldest != nil {
+		l.evict(oldest)
+	}
+	return lc, nil
+}
+
+// evictOldest closes the oldest unauthenticated connection, if any.
+func (l *limitListener) evictOldest() {
+	l.mu.Lock()
+	front := l.unauth.Front()
+	if front == nil {
+		l.mu.Unlock()
+		return
+	}
+	c := front.Value.(*limitConn)
+	l.removeLocked(c)
+	l.mu.Unlock()
+	l.evict(c)
+}
+
+// evict closes c (removed from unauth) and gives its slot back now: the
+// server's goroutine that serves it fails on its next read or write.
+func (l *limitListener) evict(c *limitConn) {
+	l.evicted.Add(1)
+	_ = c.Conn.Close()
+	c.once.Do(c.release)
+}
+
+func (l *limitListener) removeLocked(c *limitConn) {
+	if c.elem != nil {
+		l.unauth.Remove(c.elem)
+		c.elem = nil
+	}
+}
+
+func (l *limitListener) Close() error {
+	err := l.Listener.Close()
+	l.closeOnce.Do(func() { close(l.done) })
+	return err
+}
+
+func (l *limitListener) open() int { return len(l.sem) }
+
+// limitConn gives its slot back once, on the first Close or eviction.
+// While not authenticated its read deadlines are at most
+// unauthLimits.timeout away.
+type limitConn struct {
+	net.Conn
+	l             *limitListener
+	once          sync.Once
+	authenticated atomic.Bool
+	elem          *list.Element // in l.unauth; guarded by l.mu
+}
+
+func (c *limitConn) release() { <-c.l.sem }
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	if !c.authenticated.Load() {
+		c.l.mu.Lock()
+		c.l.removeLocked(c)
+		c.l.mu.Unlock()
+	}
+	c.once.Do(c.release)
+	return err
+}
+
+// authenticate takes c out of the unauthenticated connections: its
+// deadlines are the server's own from now on.
+func (c *limitConn) authenticate() {
+	if c.authenticated.Swap(true) {
+		return
+	}
+	c.l.mu.Lock()
+	c.l.removeLocked(c)
+	c.l.mu.Unlock()
+}
+
+// bound shortens a read deadline of an unauthenticated connection to
+// unauthLimits.timeout from now (no deadline counts as the farthest).
+func (c *limitConn) bound(t time.Time) time.Time {
+	if c.authenticated.Load() {
+		return t
+	}
+	limit := time.Now().Add(c.l.limits.timeout)
+	if t.IsZero() || t.After(limit) {
+		return limit
+	}
+	return t
+}
+
+func (c *limitConn) SetReadDeadline(t time.Time) error { return c.Conn.SetReadDeadline(c.bound(t)) }
+
+func (c *limitConn) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetWriteDeadline(t); err != nil {
+		return err
+	}
+	return c.Conn.SetReadDeadline(c.bound(t))
+}
+
+// markAuthenticated is the server's ConnState hook: a TLS connection whose
+// client presented a certificate that verified against the CA is
+// authenticated once its first request is read (the handshake is done by
+// then).
+func markAuthenticated(c net.Conn, s http.ConnState) {
+	if s != http.StateActive {
+		return
+	}
+	tc, ok := c.(*tls.Conn)
+	if !ok || len(tc.ConnectionState().VerifiedChains) == 0 {
+		return
+	}
+	if lc := limitConnOf(tc.NetConn()); lc != nil {
+		lc.authenticate()
+	}
+}
+
+// limitConnOf finds the limitConn under the server's wrappers.
+func limitConnOf(c net.Conn) *limitConn {
+	for {
+		switch v := c.(type) {
+		case *limitConn:
+			return v
+		case *batchConn:
+			c = v.Conn
+		default:
+			return nil
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/carve-net/carve/api"
+)
+
+// opRevoke puts a certificate on the deny list (revokeCmd).
+const opRevoke = "revoke"
+
+// revokeCmd revokes the certificate of Serial (api.CanonicalSerial); with
+// an agent Identity, that agent's record is deleted in the same entry.
+type revokeCmd struct {
+	Serial   string `json:"serial"`
+	Identity string `json:"identity,omitempty"`
+	NotAfter int64  `json:"not_after,omitempty"`
+}
+
+// RevokeCommand puts a certificate on the deny list, after checking the
+// request: a hex serial, an identity of the form role/name when given.
+func RevokeCommand(req api.RevokeRequest) (Command, error) {
+	serial, err := api.CanonicalSerial(req.Serial)
+	if err != nil {
+		return Command{}, err
+	}
+	if req.Identity != "" {
+		role, name, ok := strings.Cut(req.Identity, "/")
+		if !ok || (role != "master" && role != "agent" && role != "operator") {
+			return Command{}, fmt.Errorf("identity %q: want role/name with role master, agent or operator", req.Identity)
+		}
+		if err := api.ValidateAgentID(name); err != nil {
+			return Command{}, fmt.Errorf("identity %q: %w", req.Identity, err)
+		}
+	}
+	if req.NotAfter < 0 {
+		return Command{}, fmt.Errorf("not_after %d: want Unix seconds", req.NotAfter)
+	}
+	if err := validateRequestID(req.RequestID); err != nil {
+		return Command{}, err
+	}
+	return Command{command{Op: opRevoke, RequestID: req.RequestID, Revoke: &revokeCmd{Serial: serial, Identity: req.Identity, NotAfter: req.NotAfter}}}, nil
+}
+
+// revokedAgent is the agent id a revocation names, or "".
+func revokedAgent(identity string) string {
+	if id, ok := strings.CutPrefix(identity, "agent/"); ok {
+		return id
+	}
+	return ""
+}
+
+// applyRevoke adds the certificate to the deny list (once: a repeat
+// changes nothing) and deletes the agent it names, so that the agent's
+// routes go and, its certificate refused, it cannot register again.
+func (t *LeaseTable) applyRevoke(index uint64, c *revokeCmd) ([]string, error) {
+	if _, ok := t.revoked[c.Serial]; ok {
+		return nil, nil
+	}
+	t.revoked[c.Serial] = api.Revocation{Serial: c.Serial, Identity: c.Identity, NotAfter: c.NotAfter, Index: index}
+	t.revokedChanged()
+	if t.onRevoked != nil {
+		go t.onRevoked() // outside the apply: it closes connections
+	}
+	t.stateIndex = index
+	if id := revokedAgent(c.Identity); id != "" {
+		return t.applyDelete(index, &deleteCmd{Agents: []string{id}})
+	}
+	return nil, nil
+}
+
+// pruneRevoked drops the revocations of certificates expired by now (Unix
+// seconds, the leader's clock in a compaction command); the caller holds
+// t.mu. An expired certificate fails verification anyway.
+func (t *LeaseTable) pruneRevoked(index uint64, now int64) {
+	changed := false
+	for serial, r := range t.revoked {
+		if r.NotAfter > 0 && r.NotAfter < now {
+			delete(t.revoked, serial)
+			changed = true
+		}
+	}
+	if changed {
+		t.revokedChanged()
+		t.stateIndex = index
+	}
+}
+
+// revokedChanged renews what readers of the deny list see: the set of
+// serials (read without t.mu on every handshake and request) and the
+// state's "revoked" JSON; the caller holds t.mu for writing.
+func (t *LeaseTable) revokedChanged() {
+	set := make(map[string]struct{}, len(t.revoked))
+	for s := range t.revoked {
+		set[s] = struct{}{}
+	}
+	t.revokedSet.Store(&set)
+	t.revokedJSON = nil
+	if list := t.revokedList(); len(list) > 0 {
+		data, _ := json.Marshal(list) // plain strings and numbers
+		t.revokedJSON = append([]byte(`,"revoked":`), data...)
+	}
+}
+
+// revokedList is the deny list sorted by serial; the caller holds t.mu.
+func (t *LeaseTable) revokedList() []api.Revocation {
+	var out []api.Revocation
+	for _, s := range slices.Sorted(maps.Keys(t.revoked)) {
+		out = append(out, t.revoked[s])
+	}
+	return out
+}
+
+// writeRevoked appends the state's "revoked" field, when the list is not
+// empty; the caller holds t.mu.
+func (t *LeaseTable) writeRevoked(out *bytes.Buffer) { out.Write(t.revokedJSON) }
+
+// OnRevoked has f called (in a goroutine of its own) whenever a
+// certificate is revoked or a snapshot is restored, so that the caller can
+// close connections its certificate still holds open.
+func (t *LeaseTable) OnRevoked(f func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.onRevoked = f
+}
+
+// IsRevoked tells whether the certificate of serial (api.CanonicalSerial)
+// is on the deny list. It takes no lock: every TLS handshake and request
+// of the masters asks.
+func (t *LeaseTable) IsRevoked(serial string) bool {
+	set := t.revokedSet.Load()
+	if set == nil {
+		return false
+	}
+	_, ok := (*set)[serial]
+	return ok
+}
+
+// Revoked is the deny list, sorted by serial.
+func (t *LeaseTable) Revoked() []api.Revocation {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.revokedList()
+}
