@@ -58,6 +58,7 @@ const (
 //     containers still ping, new ADDs get fresh addresses, and the real
 //     `carve ipam check` reports the cluster clean.
 func TestGrowth(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	netCfg := state.DefaultConfig()
 	netCfg.Overlays = []api.OverlayNetwork{
 		{Name: roomy, Subnet: "10.128.0.0/22", Prefix: 27},
