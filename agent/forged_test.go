@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -73,12 +74,12 @@ func copyInfo(t *testing.T, info *api.AgentInfo) api.AgentInfo {
 // startSecureAgent runs host's agent against a master that serves TLS and
 // signs records: an agent certificate of the master's CA, a mesh password
 // (the fake network ignores it), not --insecure.
-func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, dataDir string, gnet *fakegossip.Network) *runningAgent {
+func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, dataDir string, gnet *fakegossip.Network, opts ...func(*Config)) *runningAgent {
 	t.Helper()
 	ms.CA.IssueAgent(fmt.Sprintf("host-%d", host.Index), host.IP.Addr())
-	return runAgent(t, newTestAgent(t, host, ms.URL(), dataDir, gnet, func(c *Config) {
+	return runAgent(t, newTestAgent(t, host, ms.URL(), dataDir, gnet, append([]func(*Config){func(c *Config) {
 		c.TLS, c.MeshPassword, c.Insecure = ms.CA.Files(fmt.Sprintf("host-%d", host.Index), pki.RoleAgent), []byte("s3cret"), false
-	}))
+	}}, opts...)...))
 }
 
 // TestForgedGossipChangesNothing: two agents follow a master that serves
@@ -110,8 +111,11 @@ func TestForgedGossipChangesNothing(t *testing.T) {
 	t.Cleanup(gnet.Close)
 	t.Logf("fake gossip seed %d", gnet.Seed())
 	agents := make([]*runningAgent, len(hosts))
+	// Each forgery waits for two full resyncs: a short period keeps the
+	// fourteen of them quick (the default of the tests is a second).
+	fastResync := func(c *Config) { c.ResyncInterval = 200 * time.Millisecond }
 	for i, h := range hosts {
-		agents[i] = startSecureAgent(t, h, ms, filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
+		agents[i] = startSecureAgent(t, h, ms, filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet, fastResync)
 	}
 	for i, a := range agents {
 		other := fmt.Sprintf("host-%d", hosts[1-i].Index)

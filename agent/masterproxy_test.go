@@ -30,6 +30,12 @@ type masterProxy struct {
 	// register, when set, may answer a registration itself (true) instead
 	// of passing it through.
 	register func(w http.ResponseWriter, body []byte) bool
+	// down answers every request 503 no_leader, as a master without a
+	// quorum does.
+	down bool
+	// inflight cancels the requests being passed on (setDown(true) ends
+	// them, as a master going away ends its long polls).
+	inflight map[*http.Request]context.CancelFunc
 }
 
 func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
@@ -42,6 +48,28 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 		p.mu.Unlock()
 	}}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		down := p.down
+		p.mu.Unlock()
+		if down {
+			httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, "masterProxy: down")
+			return
+		}
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		orig := r
+		r = r.WithContext(ctx)
+		p.mu.Lock()
+		if p.inflight == nil {
+			p.inflight = map[*http.Request]context.CancelFunc{}
+		}
+		p.inflight[orig] = cancel
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			delete(p.inflight, orig)
+			p.mu.Unlock()
+		}()
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/state":
 			p.serveState(w, r)
@@ -100,6 +128,19 @@ func (p *masterProxy) switchTo(m *master.Master) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.backend, p.states = u, 0
+}
+
+// setDown has the proxy answer every request 503 no_leader (true) or
+// pass them on again (false).
+func (p *masterProxy) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
+	if down {
+		for _, cancel := range p.inflight {
+			cancel()
+		}
+	}
 }
 
 // statesServed counts the state and changes answers given since the last switch.

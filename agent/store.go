@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -350,7 +351,11 @@ func saveMembers(tx *bolt.Tx, saved, entries map[string]*memberEntry) error {
 			}
 		}
 	}
-	for id, e := range entries {
+	// In key order: bbolt inserts into a node's sorted slice, and keys in
+	// random (map) order make a first save of n members cost n² moves
+	// (seconds at 80k members, minutes under the race detector).
+	for _, id := range slices.Sorted(maps.Keys(entries)) {
+		e := entries[id]
 		if old, ok := saved[id]; ok && old.equal(e) {
 			continue
 		}

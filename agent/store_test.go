@@ -63,14 +63,20 @@ func TestStoreLoadsLargeMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	// Enough records to pass the limit by 1 MiB: counted from one record's
+	// encoding (every record is about as long), checked once below, rather
+	// than by encoding the growing state again and again.
+	const want = membership.MaxMessageBytes + (1 << 20)
+	one, err := json.Marshal(rec("agent-000000", 1, "198.18.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var st membership.State
-	for i := 0; ; i++ {
+	for i := range want/len(one) + 1000 {
 		st.Records = append(st.Records, rec(fmt.Sprintf("agent-%06d", i), uint64(i+1), fmt.Sprintf("198.18.%d.%d", i/250, i%250+1)))
-		if i%1000 == 0 {
-			if b, _ := json.Marshal(st); len(b) > membership.MaxMessageBytes+(1<<20) {
-				break
-			}
-		}
+	}
+	if b, err := json.Marshal(st); err != nil || len(b) <= want {
+		t.Fatalf("%d records encode to %d bytes (err %v), want over %d", len(st.Records), len(b), err, want)
 	}
 	slices.SortFunc(st.Records, func(a, b membership.PeerRecord) int { return strings.Compare(a.ID, b.ID) })
 	if err := s.Save(persisted{Membership: st, MasterIndex: 9}); err != nil {

@@ -21,18 +21,27 @@ import (
 // longer than the change log or the tombstone horizon reach), when the
 // cluster id changes (a rebuild), or when a master has no changes route
 // (an older version).
+//
+// After a read that failed or was not applied, the next read does not wait
+// (a probe): masters that come back at the index the agent already has
+// would otherwise hold a long poll for WatchWait before the agent learns
+// that they answer again, and it would report them unreachable meanwhile.
 func (a *Agent) watchLoop(ctx context.Context) {
 	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
-	full := true
+	full, probe := true, false
 	for ctx.Err() == nil {
 		a.mu.RLock()
 		index, cluster, stateKey := a.masterIndex, a.clusterID, a.stateKey
 		a.mu.RUnlock()
+		wait := a.cfg.WatchWait
+		if probe {
+			wait = 0
+		}
 		var err error
 		applied := false
 		if full {
 			var st *api.State
-			st, err = a.client.State(ctx, api.StateOptions{Index: index, Wait: a.cfg.WatchWait})
+			st, err = a.client.State(ctx, api.StateOptions{Index: index, Wait: wait})
 			if err == nil {
 				a.metrics.masterReads.WithLabelValues("state").Inc()
 				applied = a.applyMasterState(st, true)
@@ -40,7 +49,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			}
 		} else {
 			var ch *api.Changes
-			ch, err = a.client.Changes(ctx, index, a.cfg.WatchWait)
+			ch, err = a.client.Changes(ctx, index, wait)
 			switch {
 			case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
 				a.metrics.masterReads.WithLabelValues("gone").Inc()
@@ -63,15 +72,17 @@ func (a *Agent) watchLoop(ctx context.Context) {
 		if applied {
 			b.Reset()
 			a.setReachable(true)
+			probe = false
 			continue
 		}
 		// A stale master counts as none: gossip and the disk are better.
 		a.setReachable(false)
-		wait := b.Next()
+		probe = true
+		retryIn := b.Next()
 		if err != nil {
-			a.log.Debug("state watch failed", "err", err, "retry_in", wait)
+			a.log.Debug("state watch failed", "err", err, "retry_in", retryIn)
 		}
-		if !retry.Sleep(ctx, wait) {
+		if !retry.Sleep(ctx, retryIn) {
 			return
 		}
 	}

@@ -42,6 +42,7 @@ import (
 //     then reports an injected leak and an injected duplicate (see
 //     checkIPAMAfterChurn).
 func TestCNI(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	netCfg := state.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix, Network: &netCfg})

@@ -3,6 +3,12 @@
 // containers attached to the agents' bridges through CNI (the agent's
 // conflist, the reference bridge plugin, carve-ipam), and pings through the
 // VXLAN overlay. They need root and skip without it.
+//
+// Every test runs its own lab cluster (its namespaces named apart by
+// netnslab), so the tests of carve alone run in parallel (t.Parallel; at
+// most -parallel, GOMAXPROCS by default, at once): most of their time is
+// spent waiting on the cluster. The tests that run real engines
+// (TestEngines, TestMixedContainers) stay serial.
 package e2e
 
 import (
@@ -65,6 +71,7 @@ func within(t *testing.T, d time.Duration) context.Context {
 //     then deleted, and started again programs everything back from its
 //     persisted state, its peers keep it programmed, and the pings still pass.
 func TestOverlay(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 4, Masters: 3, Prefix: prefix})
 	step := func(name string, fn func(t *testing.T)) {
 		t.Helper()

@@ -22,6 +22,7 @@ import (
 // processes, can tell it to program "late" and to remove host 3 (the
 // tombstone wins over its older record).
 func TestGossipWithoutMasters(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 4, Masters: 3, Prefix: prefix})
 	ctx := within(t, 2*converge)
 	if err := c.Start(ctx); err != nil {

@@ -29,6 +29,7 @@ import (
 //  3. once the other masters are back, everything converges with the
 //     masters' state, in the same cluster (the same cluster_id).
 func TestLoneMasterAfterOutage(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 4, Masters: 3, Prefix: prefix})
 	ctx := within(t, 5*converge)
 	if err := c.Start(ctx); err != nil {

@@ -40,6 +40,7 @@ import (
 // After each, every agent's /overlay-agent/peers and kernel are as before,
 // and the agents' /metrics count the refusals under their reason.
 func TestRogueMeshPeer(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 4*converge)
 	if err := c.Start(ctx); err != nil {

@@ -102,16 +102,16 @@ type result struct {
 // agents, one after the other, on host n.
 func measure(ctx context.Context, binary string, n, reps int) (res result, err error) {
 	fmt.Fprintf(os.Stderr, "== %d agents: starting the cluster\n", n)
-	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: n, Prefix: prefix, LogLevel: "warn"})
-	if err != nil {
-		return res, err
-	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: n, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+		var ferr error
+		res, ferr = measureOn(ctx, c, n, reps)
+		return ferr
+	})
+	return res, err
+}
+
+// measureOn is measure on the cluster c, created but not started.
+func measureOn(ctx context.Context, c *labcluster.Cluster, n, reps int) (res result, err error) {
 	if err := c.StartMasters(ctx); err != nil {
 		return res, err
 	}

@@ -7,7 +7,9 @@
 //     bbolt transaction in the agent) beside the same bridge plugin with
 //     host-local (a conflist written here: same plugins, same bridge MTU, a
 //     bridge of its own in the same host namespace), sequentially and with
-//     several runtimes in parallel;
+//     several runtimes in parallel, in rounds that alternate the two (each
+//     goes first in every other round); the figure to judge is the median
+//     of the rounds' ratios, printed with its quartiles and range;
 //   - allocations and releases per second of the agent's IPAM through its
 //     unix socket, from one client and from several at once (group commit
 //     lets concurrent changes share one transaction), beside raw sequential
@@ -58,7 +60,8 @@ const overlay = "carve"
 const hostLocalSubnet = "172.30.0.0/22"
 
 func main() {
-	cycles := flag.Int("cycles", 200, "ADD+DEL cycles per CNI measurement")
+	cycles := flag.Int("cycles", 600, "ADD+DEL cycles per CNI measurement, per side, spread over the rounds")
+	rounds := flag.Int("rounds", 12, "rounds of each CNI measurement: carve and host-local alternate (each goes first in every other round), and the ratio reported is the median of the rounds' ratios")
 	parallel := flag.Int("parallel", 8, "runtimes attaching at once in the parallel measurements")
 	allocs := flag.Int("allocs", 400, "allocations (then releases) per IPAM measurement (at most 500)")
 	binary := flag.String("carve", "", "carve binary (default: build ./cmd/carve of this module)")
@@ -66,18 +69,18 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *cycles, *parallel, *allocs, *binary, *cniPath); err != nil {
+	if err := run(ctx, *cycles, *rounds, *parallel, *allocs, *binary, *cniPath); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/cni:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath string) (err error) {
+func run(ctx context.Context, cycles, rounds, parallel, allocs int, binary, cniPath string) (err error) {
 	if !netnslab.IsRoot() {
 		return errors.New("needs root to create network namespaces")
 	}
-	if cycles < 1 || parallel < 1 || allocs < parallel || allocs > 500 {
-		return fmt.Errorf("-cycles %d -parallel %d -allocs %d: want cycles, parallel >= 1 and parallel <= allocs <= 500", cycles, parallel, allocs)
+	if rounds < 2 || cycles < rounds || parallel < 1 || allocs < parallel || allocs > 500 {
+		return fmt.Errorf("-cycles %d -rounds %d -parallel %d -allocs %d: want rounds >= 2, cycles >= rounds, parallel >= 1 and parallel <= allocs <= 500", cycles, rounds, parallel, allocs)
 	}
 	br, err := labcluster.NewBenchRun(ctx, prefix, "cni", binary, cniPath, true)
 	if err != nil {
@@ -87,20 +90,18 @@ func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath stri
 	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
 	netCfg := state.DefaultConfig()
 	netCfg.Overlays[0].Prefix = 22
-	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",
-		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab")})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	opts := labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",
+		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab")}
+	return labcluster.With(ctx, opts, os.Stderr, func(c *labcluster.Cluster) error {
+		return measure(ctx, c, dir, cniPath, cycles, rounds, parallel, allocs)
+	})
+}
+
+// measure starts the cluster and prints both tables.
+func measure(ctx context.Context, c *labcluster.Cluster, dir, cniPath string, cycles, rounds, parallel, allocs int) error {
 	fmt.Fprintln(os.Stderr, "== starting a master and an agent")
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = c.Start(wctx)
+	err := c.Start(wctx)
 	cancel()
 	if err != nil {
 		return err
@@ -113,28 +114,20 @@ func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath stri
 	}
 	cniTbl := benchtable.Table{Title: fmt.Sprintf("CNI ADD+DEL through the bridge plugin: carve-ipam (real agent) vs host-local, same host namespace, MTU %d", c.Network().OverlayMTU)}
 	for _, workers := range []int{1, parallel} {
-		// Alternate the two, so that drift on a noisy machine hits both.
-		var carve, local measurement
-		for round := range 2 {
-			for _, side := range []struct {
-				list *libcni.NetworkConfigList
-				acc  *measurement
-			}{{b.carveList, &carve}, {b.localList, &local}} {
-				fmt.Fprintf(os.Stderr, "== %s: %d ADD+DEL cycles, %d at once (round %d)\n", side.list.Name, cycles/2, workers, round+1)
-				m, err := b.cycles(ctx, side.list, workers, cycles/2)
-				if err != nil {
-					return fmt.Errorf("%s: %w", side.list.Name, err)
-				}
-				side.acc.merge(m)
-			}
+		carve, local, ratios, err := b.rounds(ctx, workers, cycles, rounds)
+		if err != nil {
+			return err
 		}
 		what := "sequential"
 		if workers > 1 {
 			what = strconv.Itoa(workers) + " in parallel"
 		}
 		base := "bridge + host-local, same run"
+		r := spreadOf(ratios)
+		cniTbl.Add(benchtable.Row{Name: "ADD+DEL latency ratio, " + what, Value: r.median, Unit: "x", Baseline: "parity with host-local",
+			BaseVal: 1, Note: fmt.Sprintf("median of %d per-round ratios of medians; quartiles %.3f-%.3f, range %.3f-%.3f", len(ratios), r.q1, r.q3, r.min, r.max)})
 		cniTbl.Add(benchtable.Row{Name: "ADD+DEL latency, " + what, Value: ms(median(carve.cycle)), Unit: "ms", Baseline: base,
-			BaseVal: ms(median(local.cycle)), Note: fmt.Sprintf("median of %d", len(carve.cycle))})
+			BaseVal: ms(median(local.cycle)), Note: fmt.Sprintf("median of %d, all rounds", len(carve.cycle))})
 		cniTbl.Add(benchtable.Row{Name: "ADD latency, " + what, Value: ms(median(carve.add)), Unit: "ms", Baseline: base,
 			BaseVal: ms(median(local.add)), Note: "median"})
 		cniTbl.Add(benchtable.Row{Name: "DEL latency, " + what, Value: ms(median(carve.del)), Unit: "ms", Baseline: base,
@@ -245,6 +238,56 @@ func newBench(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host, di
 		}
 	}
 	return b, nil
+}
+
+// rounds measures both lists in interleaved rounds of cycles/rounds
+// ADD+DEL cycles each, carve first in even rounds and host-local first in
+// odd ones, so that a machine's drift (other load, a disk flushing) hits
+// both alike, and returns every cycle of each side and each round's ratio
+// of the median cycle times (carve / host-local).
+func (b *bench) rounds(ctx context.Context, workers, cycles, rounds int) (carve, local measurement, ratios []float64, err error) {
+	per := cycles / rounds
+	for round := range rounds {
+		sides := []struct {
+			list *libcni.NetworkConfigList
+			acc  *measurement
+			got  measurement
+		}{{list: b.carveList, acc: &carve}, {list: b.localList, acc: &local}}
+		if round%2 == 1 {
+			sides[0], sides[1] = sides[1], sides[0]
+		}
+		for i := range sides {
+			sd := &sides[i]
+			fmt.Fprintf(os.Stderr, "== %s: %d ADD+DEL cycles, %d at once (round %d of %d)\n", sd.list.Name, per, workers, round+1, rounds)
+			if sd.got, err = b.cycles(ctx, sd.list, workers, per); err != nil {
+				return carve, local, nil, fmt.Errorf("%s: %w", sd.list.Name, err)
+			}
+			sd.acc.merge(sd.got)
+		}
+		c, l := sides[0].got, sides[1].got
+		if sides[0].list != b.carveList {
+			c, l = l, c
+		}
+		ratios = append(ratios, float64(median(c.cycle))/float64(median(l.cycle)))
+	}
+	return carve, local, ratios, nil
+}
+
+// spread is a sample's median, quartiles and range.
+type spread struct{ min, q1, median, q3, max float64 }
+
+func spreadOf(vs []float64) spread {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	at := func(q float64) float64 { // linear interpolation between ranks
+		pos := q * float64(len(s)-1)
+		i := int(pos)
+		if i+1 >= len(s) {
+			return s[i]
+		}
+		return s[i] + (pos-float64(i))*(s[i+1]-s[i])
+	}
+	return spread{min: s[0], q1: at(0.25), median: at(0.5), q3: at(0.75), max: s[len(s)-1]}
 }
 
 // measurement is what a series of ADD+DEL cycles took.

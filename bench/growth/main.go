@@ -82,21 +82,19 @@ func run(ctx context.Context, leaseAdds, ringAdds int, binary, cniPath string) (
 		// donor grants up to half of its /25's free addresses at a time.
 		{Name: ringOverlay, Subnet: "10.129.0.0/23", Prefix: 24},
 	}
-	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 2, Masters: 1, Prefix: prefix, LogLevel: "warn",
+	opts := labcluster.Options{Binary: binary, Hosts: 2, Masters: 1, Prefix: prefix, LogLevel: "warn",
 		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab"),
-		AgentArgs: []string{"--grow-low-water=-1", "--block-idle-return=-1s"}})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+		AgentArgs: []string{"--grow-low-water=-1", "--block-idle-return=-1s"}}
+	return labcluster.With(ctx, opts, os.Stderr, func(c *labcluster.Cluster) error {
+		return measure(ctx, c, leaseAdds, ringAdds)
+	})
+}
+
+// measure starts the cluster and prints the table.
+func measure(ctx context.Context, c *labcluster.Cluster, leaseAdds, ringAdds int) error {
 	fmt.Fprintln(os.Stderr, "== starting a master and two agents")
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = c.Start(wctx)
+	err := c.Start(wctx)
 	cancel()
 	if err != nil {
 		return err

@@ -102,16 +102,16 @@ exec %q "$@"
 // until the agent programmed them all and returns its idle CPU seconds
 // per minute, measured as the current agent's.
 func baselineIdle(ctx context.Context, binary string, n int, o idleOptions) (cpu float64, err error) {
-	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"})
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+		var ferr error
+		cpu, ferr = baselineIdleOn(ctx, c, n, o)
+		return ferr
+	})
+	return cpu, err
+}
+
+// baselineIdleOn is baselineIdle on the cluster c, created but not started.
+func baselineIdleOn(ctx context.Context, c *labcluster.Cluster, n int, o idleOptions) (cpu float64, err error) {
 	if err := c.StartMasters(ctx); err != nil {
 		return 0, err
 	}

@@ -207,16 +207,16 @@ func synthetic(i int, mesh bool) api.RegisterRequest {
 func measure(ctx context.Context, binary string, n, readers int, o idleOptions) (tbl benchtable.Table, err error) {
 	tbl.Title = fmt.Sprintf("scale: %d synthetic agents, 3 secure masters, one real agent (real processes, network namespaces)", n)
 	progress("%d agents: starting the cluster", n)
-	c, err := labcluster.New(labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"})
-	if err != nil {
-		return tbl, err
-	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+		var ferr error
+		tbl, ferr = measureOn(ctx, c, n, readers, o)
+		return ferr
+	})
+	return tbl, err
+}
+
+// measureOn is measure on the cluster c, created but not started.
+func measureOn(ctx context.Context, c *labcluster.Cluster, n, readers int, o idleOptions) (tbl benchtable.Table, err error) {
 	if err := c.StartMasters(ctx); err != nil {
 		return tbl, err
 	}

@@ -78,7 +78,8 @@ func CNIPlugins() []string {
 	return []string{"carve-ipam", "bridge", "loopback", "portmap", "host-local"}
 }
 
-// cniPackages are the packages of CNIPlugins, in the same order. The
+// cniPackages are the packages of CNIPlugins, in the same order (carve-ipam
+// first: BuildCNIPlugins builds it apart, static). The
 // reference plugins come from the github.com/containernetworking/plugins
 // version pinned in go.mod, as deploy/build-cni-plugins.sh builds them.
 func cniPackages() []string {
@@ -86,9 +87,10 @@ func cniPackages() []string {
 	return []string{"./cmd/carve-ipam", ref + "main/bridge", ref + "main/loopback", ref + "meta/portmap", ref + "ipam/host-local"}
 }
 
-// BuildCNIPlugins builds CNIPlugins into dir with one go build (the build
-// cache makes it cheap after the first run) and returns dir, ready to be a
-// cluster's Options.CNIPath.
+// BuildCNIPlugins builds CNIPlugins into dir (the build cache makes it
+// cheap after the first run) and returns dir, ready to be a cluster's
+// Options.CNIPath. carve-ipam is built static (CGO_ENABLED=0), as `make
+// build` builds it; the reference plugins as their own build does.
 func BuildCNIPlugins(ctx context.Context, dir string) (string, error) {
 	root, err := ModuleRoot(ctx)
 	if err != nil {
@@ -101,13 +103,20 @@ func BuildCNIPlugins(ctx context.Context, dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("labcluster: %w", err)
 	}
-	args := append([]string{"build", "-o", dir + string(os.PathSeparator)}, cniPackages()...)
-	cmd := exec.CommandContext(ctx, goCmd, args...)
-	cmd.Dir = root
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stderr, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("labcluster: go %s: %w\n%s", strings.Join(args, " "), err, stderr.String())
+	pkgs := cniPackages()
+	for _, b := range []struct {
+		env  []string
+		pkgs []string
+	}{{[]string{"CGO_ENABLED=0"}, pkgs[:1]}, {nil, pkgs[1:]}} {
+		args := append([]string{"build", "-o", dir + string(os.PathSeparator)}, b.pkgs...)
+		cmd := exec.CommandContext(ctx, goCmd, args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), b.env...)
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		if err := cmd.Run(); err != nil {
+			return "", fmt.Errorf("labcluster: %s go %s: %w\n%s", strings.Join(b.env, " "), strings.Join(args, " "), err, stderr.String())
+		}
 	}
 	return dir, nil
 }
