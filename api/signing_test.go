@@ -13,7 +13,7 @@ import (
 func sampleRecord() *AgentInfo {
 	return &AgentInfo{
 		AgentID: "a1", Hostname: "h1", IP: "198.18.0.1", MeshAddr: "198.18.0.1:6783", Version: 42,
-		Keys: AgentKeys{Claim: "Y2xhaW0ta2V5LW9mLWExLXRoaXJ0eS10d28tYnl0ZXM=", WireGuard: "d2lyZWd1YXJkLWtleS1vZi1hMS0zMi1ieXRlcy0hISE="},
+		Keys:        AgentKeys{Claim: "Y2xhaW0ta2V5LW9mLWExLXRoaXJ0eS10d28tYnl0ZXM=", WireGuard: "d2lyZWd1YXJkLWtleS1vZi1hMS0zMi1ieXRlcy0hISE="},
 		UnderlayMTU: 9000,
 		Overlays: []AgentOverlay{
 			{Info: OverlayNetwork{Name: "six"}, Subnet6: "fd00::/64", State: OverlayState{Status: StatusOK},

@@ -3,17 +3,49 @@ package api
 import (
 	"encoding/base64"
 	"fmt"
-	"regexp"
 	"strings"
 )
 
 // The naming rules, written once: the masters, the agents' gossip and the
 // IPAM service all check names with these.
-var (
-	agentIDPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$`)
-	overlayNamePattern = regexp.MustCompile(`^[a-z0-9-]{1,13}$`)
-	containerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@/+=-]{0,254}$`)
-)
+//
+// They are loops, not regular expressions: `[...]{0,254}` compiles to a
+// program of hundreds of states, which every process paid for at start
+// (carve-ipam, run twice per container, spent 1.6 ms and 6,800 allocations
+// on it before doing anything).
+
+// alnum tells whether c is an ASCII letter or digit.
+func alnum(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+
+// nameOf tells whether s is 1 to max bytes, the first a letter or digit and
+// every other one a letter, a digit or one of extra.
+func nameOf(s string, max int, extra string) bool {
+	if s == "" || len(s) > max || !alnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && strings.IndexByte(extra, c) < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func agentIDValid(id string) bool { return nameOf(id, 253, "._:@-") }
+
+func containerIDValid(id string) bool { return nameOf(id, 255, "._:@/+=-") }
+
+func overlayNameValid(name string) bool {
+	if name == "" || len(name) > 13 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // reservedOverlayNames are Docker's and the CNI world's own network names.
 var reservedOverlayNames = map[string]bool{"host": true, "bridge": true, "default": true, "none": true}
@@ -21,7 +53,7 @@ var reservedOverlayNames = map[string]bool{"host": true, "bridge": true, "defaul
 // ValidateAgentID checks an agent id: 1-253 characters of [A-Za-z0-9._:@-],
 // starting with a letter or digit.
 func ValidateAgentID(id string) error {
-	if !agentIDPattern.MatchString(id) {
+	if !agentIDValid(id) {
 		return fmt.Errorf("agent id %q: want 1-253 characters of [A-Za-z0-9._:@-], starting with a letter or digit", id)
 	}
 	return nil
@@ -31,7 +63,7 @@ func ValidateAgentID(id string) error {
 // (the bridge names m-<name> and d-<name> must fit IFNAMSIZ), not a name
 // Docker or CNI reserve.
 func ValidateOverlayName(name string) error {
-	if !overlayNamePattern.MatchString(name) {
+	if !overlayNameValid(name) {
 		return fmt.Errorf("overlay name %q: want 1-13 characters of [a-z0-9-]", name)
 	}
 	if reservedOverlayNames[name] {
@@ -54,7 +86,7 @@ func badIfNameRune(r rune) bool { return r <= ' ' || r == '/' || r == ':' || r >
 // ValidateContainerID checks a container id: 1-255 printable characters of
 // [A-Za-z0-9._:@/+=-], starting with a letter or digit.
 func ValidateContainerID(id string) error {
-	if !containerIDPattern.MatchString(id) {
+	if !containerIDValid(id) {
 		return fmt.Errorf("container id %q: want 1-255 characters of [A-Za-z0-9._:@/+=-], starting with a letter or digit", id)
 	}
 	return nil

@@ -39,3 +39,40 @@ func TestValidateUnderlayMTU(t *testing.T) {
 		}
 	}
 }
+
+// The naming rules keep the alphabet and lengths they had as regular
+// expressions: written as loops since, so pin them.
+func TestNamingRules(t *testing.T) {
+	long := strings.Repeat("a", 253)
+	for _, tt := range []struct {
+		name string
+		fn   func(string) error
+		in   string
+		ok   bool
+	}{
+		{"agent", ValidateAgentID, "h1", true},
+		{"agent", ValidateAgentID, "a.b_c:d@e-f", true},
+		{"agent", ValidateAgentID, long, true},
+		{"agent", ValidateAgentID, long + "a", false},
+		{"agent", ValidateAgentID, "", false},
+		{"agent", ValidateAgentID, "-h1", false},
+		{"agent", ValidateAgentID, "h/1", false},
+		{"agent", ValidateAgentID, "h1\n", false},
+		{"overlay", ValidateOverlayName, "carve-2", true},
+		{"overlay", ValidateOverlayName, "abcdefghijklm", true},
+		{"overlay", ValidateOverlayName, "abcdefghijklmn", false},
+		{"overlay", ValidateOverlayName, "Carve", false},
+		{"overlay", ValidateOverlayName, "", false},
+		{"overlay", ValidateOverlayName, "bridge", false},
+		{"container", ValidateContainerID, "0123abc/x+y=z", true},
+		{"container", ValidateContainerID, strings.Repeat("c", 255), true},
+		{"container", ValidateContainerID, strings.Repeat("c", 256), false},
+		{"container", ValidateContainerID, "/abc", false},
+		{"container", ValidateContainerID, "ab c", false},
+		{"container", ValidateContainerID, "abcé", false},
+	} {
+		if err := tt.fn(tt.in); (err == nil) != tt.ok {
+			t.Errorf("%s %q: %v, want ok=%v", tt.name, tt.in, err, tt.ok)
+		}
+	}
+}

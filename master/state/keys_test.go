@@ -9,7 +9,9 @@ import (
 	"github.com/carve-net/carve/api"
 )
 
-func testKey(seed byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{seed}, 32)) }
+func testKey(seed byte) string {
+	return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{seed}, 32))
+}
 
 // An agent's keys and underlay MTU (record format v3) are stored as
 // registered, rendered into its record, survive a snapshot, and a change of
