@@ -76,8 +76,8 @@ func TestReloaderRotatesTheCA(t *testing.T) {
 		}
 		for _, r := range []IssueRequest{
 			{Role: RoleMaster, Name: "m1", IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}},
-			{Role: RoleAgent, Name: "h1"},
-			{Role: RoleAgent, Name: "h2"},
+			{Role: RoleAgent, Name: "h1", IPs: []netip.Addr{netip.MustParseAddr("198.18.0.1")}},
+			{Role: RoleAgent, Name: "h2", IPs: []netip.Addr{netip.MustParseAddr("198.18.0.2")}},
 		} {
 			if err := Issue(d, r); err != nil {
 				t.Fatal(err)
