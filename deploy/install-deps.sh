@@ -32,6 +32,8 @@ fi
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
+# bench/dataplane measures throughput with iperf3.
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)

@@ -101,6 +101,9 @@ type Options struct {
 	CNIPath []string
 	// Logger receives the harness's progress (default: discarded).
 	Logger *slog.Logger
+	// UnderlayMTU is the MTU of the underlay's veths and bridge (default
+	// 1500; see netnslab.Options and Cluster.SetHostUnderlayMTU).
+	UnderlayMTU int
 }
 
 // Cluster is a running lab cluster. Its methods are safe for concurrent use;
@@ -203,7 +206,7 @@ func New(opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix})
+	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix, UnderlayMTU: opts.UnderlayMTU})
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
