@@ -70,6 +70,9 @@ type Agent struct {
 	// (nil: nothing to tell).
 	onRebuild func(clusterID string)
 
+	// mtu is what the MTUs were last computed from (see withMTUs).
+	mtu mtuState
+
 	mu      sync.RWMutex
 	self    *api.AgentInfo
 	network *api.NetworkConfig
@@ -288,14 +291,12 @@ func underlayIP(masterURL string) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
-// overlayMTU is the overlay MTU of the committed network configuration.
+// overlayMTU is the overlay MTU the agent programs (see withMTUs).
 func (a *Agent) overlayMTU() int {
 	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.network != nil && a.network.OverlayMTU > 0 {
-		return a.network.OverlayMTU
-	}
-	return defaultOverlayMTU
+	network := a.network
+	a.mu.RUnlock()
+	return a.withMTUs(network, a.members.State()).OverlayMTU
 }
 
 // ID is the agent's id.

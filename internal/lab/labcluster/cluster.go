@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,6 +39,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/vxlan"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
@@ -102,7 +104,7 @@ type Options struct {
 	// Logger receives the harness's progress (default: discarded).
 	Logger *slog.Logger
 	// UnderlayMTU is the MTU of the underlay's veths and bridge (default
-	// 1500; see netnslab.Options and Cluster.SetHostUnderlayMTU).
+	// 1500; see netnslab.Options and netnslab.Lab.SetUnderlayMTU).
 	UnderlayMTU int
 }
 
@@ -297,6 +299,20 @@ func (c *Cluster) Masters() []*Master {
 
 // Network is the masters' network configuration, defaults filled in.
 func (c *Cluster) Network() api.NetworkConfig { return c.network }
+
+// OverlayMTU is the overlay MTU the agents program: overlay_mtu when the
+// network configuration sets it, else what the lab's underlay leaves after
+// VXLAN over IPv4 (the agents follow the smallest underlay MTU; see
+// netnslab.Lab.SetUnderlayMTU for a host with another).
+func (c *Cluster) OverlayMTU() int {
+	if c.network.OverlayMTU > 0 {
+		return c.network.OverlayMTU
+	}
+	if c.network.VTEPMTU > 0 {
+		return c.network.VTEPMTU
+	}
+	return vxlan.VTEPMTUFor(c.Lab.UnderlayMTU(), netip.IPv4Unspecified(), 0)
+}
 
 // ConfigPath is the masters' --config file.
 func (c *Cluster) ConfigPath() string { return c.configPath }
