@@ -49,6 +49,7 @@ type options struct {
 	rounds      int    // alternations of overlay and underlay per figure
 	pings       int    // echoes per path and round
 	underlayMTU int    // MTU of the lab's underlay
+	tweaks      bool   // also measure the settings carve does not make
 	binary      string // carve binary (built when empty)
 	cniPath     string // carve-ipam and the reference plugins (built when empty)
 }
@@ -59,6 +60,7 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds per figure: each measures the overlay and the underlay in turn; the table shows medians")
 	flag.IntVar(&o.pings, "pings", 100, "echoes per path and round for the round-trip latency")
 	flag.IntVar(&o.underlayMTU, "underlay-mtu", 1500, "MTU of the lab's underlay veths and bridge")
+	flag.BoolVar(&o.tweaks, "tweaks", true, "also measure, on the first overlay configuration, each data path setting carve does not make (GRO, bridge netfilter hooks) beside carve's")
 	flag.StringVar(&o.binary, "carve", "", "carve binary (default: build ./cmd/carve of this module)")
 	flag.StringVar(&o.cniPath, "cni-path", "", "directory with carve-ipam and the reference plugins (default: build them)")
 	flag.Parse()
@@ -109,11 +111,12 @@ func run(ctx context.Context, o options) error {
 	defer br.Close()
 	var tables []benchtable.Table
 	for i, v := range variants() {
-		t, err := measureVariant(ctx, br, filepath.Join(br.Dir, fmt.Sprintf("lab%d", i)), iperf, v, o)
+		ts, err := measureVariant(ctx, br, filepath.Join(br.Dir, fmt.Sprintf("lab%d", i)), iperf, v, o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
-		tables = append(tables, t)
+		tables = append(tables, ts...)
+		o.tweaks = false // once is enough: they are about the data path, not the variant
 	}
 	for _, t := range tables {
 		if err := t.Print(os.Stdout); err != nil {
@@ -124,8 +127,9 @@ func run(ctx context.Context, o options) error {
 }
 
 // measureVariant starts a lab with v's network configuration, attaches a
-// container on each of its two hosts, and measures both paths.
-func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf string, v variant, o options) (_ benchtable.Table, err error) {
+// container on each of its two hosts, and measures both paths (and with
+// o.tweaks, the tweaks).
+func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf string, v variant, o options) (_ []benchtable.Table, err error) {
 	netCfg := state.DefaultConfig()
 	if v.configure != nil {
 		v.configure(&netCfg)
@@ -133,7 +137,7 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	c, err := labcluster.New(labcluster.Options{Binary: br.Binary, Hosts: 2, Masters: 1, Prefix: prefix, LogLevel: "warn",
 		Network: &netCfg, CNIPath: []string{br.CNIPath}, Dir: dir, UnderlayMTU: o.underlayMTU})
 	if err != nil {
-		return benchtable.Table{}, err
+		return nil, err
 	}
 	defer func() {
 		if err != nil && ctx.Err() == nil {
@@ -146,13 +150,13 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	err = c.Start(wctx)
 	cancel()
 	if err != nil {
-		return benchtable.Table{}, err
+		return nil, err
 	}
 	h1, h2 := c.Host(1), c.Host(2)
 	var cts [2]*labcluster.Container
 	for i, h := range []*labcluster.Host{h1, h2} {
 		if cts[i], err = c.AddCNIContainer(ctx, h, overlay, labcluster.CNIOptions{}); err != nil {
-			return benchtable.Table{}, fmt.Errorf("attach a container on %s: %w", h.Name, err)
+			return nil, fmt.Errorf("attach a container on %s: %w", h.Name, err)
 		}
 	}
 	underlay := path{name: "underlay", from: h1.NS.Namespace, to: h2.NS.Namespace, addr: h2.IP().Addr()}
@@ -160,7 +164,7 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	m := &meter{iperf: iperf, seconds: o.seconds, pings: o.pings}
 	for _, p := range []*path{&underlay, &over} {
 		if err := m.startServer(ctx, p); err != nil {
-			return benchtable.Table{}, err
+			return nil, err
 		}
 	}
 	defer func() {
@@ -170,11 +174,11 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	}()
 	figures, err := m.compare(ctx, &over, &underlay, o.rounds)
 	if err != nil {
-		return benchtable.Table{}, err
+		return nil, err
 	}
 	mtus, err := linkMTUs(cts[0].NS.Namespace, h1.NS.Namespace, c.Network().VTEPName)
 	if err != nil {
-		return benchtable.Table{}, err
+		return nil, err
 	}
 	t := benchtable.Table{Title: fmt.Sprintf("data path, %s vs underlay: container -> container across 2 hosts vs host -> host on the same veth underlay (%s)", v.name, mtus)}
 	base := "host -> host, underlay, same run"
@@ -183,5 +187,12 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 		t.Add(benchtable.Row{Name: f.name + ", " + v.name, Value: f.value, Unit: f.unit, Baseline: base, BaseVal: f.base,
 			HigherIsBetter: f.higherIsBetter, Note: note})
 	}
-	return t, nil
+	if !o.tweaks {
+		return []benchtable.Table{t}, nil
+	}
+	tt, err := m.measureTweaks(ctx, &over, labTweaks(h1, h2, cts[0], cts[1], c.Network().VTEPName), o.rounds, v.name)
+	if err != nil {
+		return nil, err
+	}
+	return []benchtable.Table{t, tt}, nil
 }

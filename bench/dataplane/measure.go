@@ -82,47 +82,65 @@ type figure struct {
 	higherIsBetter bool
 }
 
-// measurement is one kind of figure taken on a path.
+// measurement is one kind of test run on a path, yielding one or more
+// figures (in the order of figures).
 type measurement struct {
-	name           string
-	unit           string
-	higherIsBetter bool
-	take           func(ctx context.Context, p *path) (float64, error)
+	figures []figure // name, unit and direction; values filled by compare
+	take    func(ctx context.Context, p *path) ([]float64, error)
 }
 
 func (m *meter) measurements() []measurement {
+	tcp := func(streams int) measurement {
+		name := fmt.Sprintf("TCP, %d stream", streams)
+		if streams > 1 {
+			name += "s"
+		}
+		return measurement{
+			figures: []figure{
+				{name: name, unit: "Gbit/s", higherIsBetter: true},
+				// Throughput per CPU-second of the iperf3 client and
+				// server (their processes' time, which includes the
+				// softirq work the veths run in their context): the cost
+				// of a byte, steadier than throughput on a shared machine.
+				{name: name + ", per CPU-second of sender + receiver", unit: "Gbit/CPU-s", higherIsBetter: true},
+			},
+			take: func(ctx context.Context, p *path) ([]float64, error) { return m.tcp(ctx, p, streams) },
+		}
+	}
 	return []measurement{
-		{name: "TCP, 1 stream", unit: "Gbit/s", higherIsBetter: true, take: func(ctx context.Context, p *path) (float64, error) {
-			return m.tcp(ctx, p, 1)
-		}},
-		{name: "TCP, 4 streams", unit: "Gbit/s", higherIsBetter: true, take: func(ctx context.Context, p *path) (float64, error) {
-			return m.tcp(ctx, p, 4)
-		}},
-		{name: fmt.Sprintf("UDP, %d-byte datagrams", udpPayload), unit: "kpps", higherIsBetter: true, take: m.udp},
-		{name: "round trip (ICMP echo)", unit: "ms", take: m.rtt},
+		tcp(1),
+		tcp(4),
+		{figures: []figure{{name: fmt.Sprintf("UDP, %d-byte datagrams", udpPayload), unit: "kpps", higherIsBetter: true}}, take: m.udp},
+		{figures: []figure{{name: "round trip (ICMP echo)", unit: "ms"}}, take: m.rtt},
 	}
 }
 
-// compare takes every measurement rounds times on each path, alternating
+// compare runs every measurement rounds times on each path, alternating
 // the two, and returns the medians.
 func (m *meter) compare(ctx context.Context, over, under *path, rounds int) ([]figure, error) {
 	var out []figure
 	for _, ms := range m.measurements() {
-		var vals, bases []float64
+		vals := make([][]float64, len(ms.figures))
+		bases := make([][]float64, len(ms.figures))
 		for round := range rounds {
 			for _, side := range []struct {
 				p   *path
-				acc *[]float64
-			}{{under, &bases}, {over, &vals}} {
-				fmt.Fprintf(os.Stderr, "== %s over the %s (round %d of %d)\n", ms.name, side.p.name, round+1, rounds)
+				acc [][]float64
+			}{{under, bases}, {over, vals}} {
+				fmt.Fprintf(os.Stderr, "== %s over the %s (round %d of %d)\n", ms.figures[0].name, side.p.name, round+1, rounds)
 				v, err := ms.take(ctx, side.p)
 				if err != nil {
-					return nil, fmt.Errorf("%s over the %s: %w", ms.name, side.p.name, err)
+					return nil, fmt.Errorf("%s over the %s: %w", ms.figures[0].name, side.p.name, err)
 				}
-				*side.acc = append(*side.acc, v)
+				for i := range side.acc {
+					side.acc[i] = append(side.acc[i], v[i])
+				}
 			}
 		}
-		out = append(out, figure{name: ms.name, unit: ms.unit, value: median(vals), base: median(bases), higherIsBetter: ms.higherIsBetter})
+		for i, f := range ms.figures {
+			f.value, f.base = median(vals[i]), median(bases[i])
+			out = append(out, f)
+		}
 	}
 	return out, nil
 }
@@ -139,6 +157,12 @@ type iperfReport struct {
 			Packets     int64   `json:"packets"`
 			LostPackets int64   `json:"lost_packets"`
 		} `json:"sum"`
+		// CPU is the share of one CPU the client (Host) and the server
+		// (Remote) processes used over the test, in percent.
+		CPU struct {
+			Host   float64 `json:"host_total"`
+			Remote float64 `json:"remote_total"`
+		} `json:"cpu_utilization_percent"`
 	} `json:"end"`
 	Error string `json:"error"`
 }
@@ -162,42 +186,48 @@ func (m *meter) iperfRun(ctx context.Context, p *path, args ...string) (*iperfRe
 	return &rep, nil
 }
 
-// tcp is the TCP throughput of streams parallel streams, in Gbit/s, as
-// the receiver counted it.
-func (m *meter) tcp(ctx context.Context, p *path, streams int) (float64, error) {
+// tcp is the TCP throughput of streams parallel streams in Gbit/s, as the
+// receiver counted it, and that throughput per CPU-second the iperf3
+// client and server used.
+func (m *meter) tcp(ctx context.Context, p *path, streams int) ([]float64, error) {
 	rep, err := m.iperfRun(ctx, p, "-t", strconv.Itoa(m.seconds), "-P", strconv.Itoa(streams))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return rep.End.SumReceived.BitsPerSecond / 1e9, nil
+	gbps := rep.End.SumReceived.BitsPerSecond / 1e9
+	cpu := (rep.End.CPU.Host + rep.End.CPU.Remote) / 100
+	if cpu <= 0 {
+		return nil, errors.New("iperf3 reported no CPU utilisation")
+	}
+	return []float64{gbps, gbps / cpu}, nil
 }
 
 // udp is the rate of small UDP datagrams that arrived, in thousands per
 // second, sent as fast as the client can.
-func (m *meter) udp(ctx context.Context, p *path) (float64, error) {
+func (m *meter) udp(ctx context.Context, p *path) ([]float64, error) {
 	rep, err := m.iperfRun(ctx, p, "-u", "-b", "0", "-l", strconv.Itoa(udpPayload), "-t", strconv.Itoa(m.seconds))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	s := rep.End.Sum
 	if s.Seconds <= 0 {
-		return 0, errors.New("iperf3 reported no UDP summary")
+		return nil, errors.New("iperf3 reported no UDP summary")
 	}
-	return float64(s.Packets-s.LostPackets) / s.Seconds / 1e3, nil
+	return []float64{float64(s.Packets-s.LostPackets) / s.Seconds / 1e3}, nil
 }
 
 // rtt is the median round trip of m.pings echoes, one after the other, in
 // milliseconds.
-func (m *meter) rtt(ctx context.Context, p *path) (float64, error) {
+func (m *meter) rtt(ctx context.Context, p *path) ([]float64, error) {
 	var rtts []float64
 	for range m.pings {
 		_, d, err := p.from.PingEchoes(ctx, p.addr, 3)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		rtts = append(rtts, float64(d)/float64(time.Millisecond))
 	}
-	return median(rtts), nil
+	return []float64{median(rtts)}, nil
 }
 
 // median of a non-empty list.
