@@ -112,7 +112,7 @@ func waitMTUs(ctx context.Context, t *testing.T, c *labcluster.Cluster, mtu int,
 	for _, h := range hs {
 		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			for _, link := range []string{c.Network().VTEPName, "m-carve"} {
-				got, err := linkMTU(h.NS.Namespace, link)
+				got, err := h.NS.LinkMTU(link)
 				if err != nil {
 					return err
 				}
@@ -174,24 +174,11 @@ func pingDFRetry(ctx context.Context, a, b *labcluster.Container, payload int) e
 
 func checkLinkMTU(t *testing.T, n *netnslab.Namespace, link string, want int) {
 	t.Helper()
-	got, err := linkMTU(n, link)
+	got, err := n.LinkMTU(link)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != want {
 		t.Fatalf("%s in %s: MTU %d, want %d", link, n.Name, got, want)
 	}
-}
-
-func linkMTU(n *netnslab.Namespace, link string) (int, error) {
-	h, err := n.Netlink()
-	if err != nil {
-		return 0, err
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		return 0, fmt.Errorf("%s in %s: %w", link, n.Name, err)
-	}
-	return l.Attrs().MTU, nil
 }

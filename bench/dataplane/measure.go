@@ -243,24 +243,12 @@ func median(v []float64) float64 {
 // linkMTUs describes the MTUs on the way: the container's interface, the
 // VTEP's and the underlay's, for the table's title.
 func linkMTUs(container, host *netnslab.Namespace, vtep string) (string, error) {
-	mtu := func(n *netnslab.Namespace, link string) (int, error) {
-		h, err := n.Netlink()
-		if err != nil {
-			return 0, err
-		}
-		defer h.Close()
-		l, err := h.LinkByName(link)
-		if err != nil {
-			return 0, fmt.Errorf("%s in %s: %w", link, n.Name, err)
-		}
-		return l.Attrs().MTU, nil
-	}
 	var out [3]int
 	for i, q := range []struct {
 		n    *netnslab.Namespace
 		link string
 	}{{container, netnslab.ContainerLink}, {host, vtep}, {host, netnslab.HostLink}} {
-		v, err := mtu(q.n, q.link)
+		v, err := q.n.LinkMTU(q.link)
 		if err != nil {
 			return "", err
 		}

@@ -38,3 +38,20 @@ func (l *Lab) SetUnderlayMTU(h *Host, mtu int) error {
 	}
 	return nil
 }
+
+// LinkMTU returns the MTU of the link named link inside the namespace.
+func (n *Namespace) LinkMTU(link string) (int, error) {
+	mtu := 0
+	err := n.withNetlink(func(h netlinksafe.Handle) error {
+		l, err := h.LinkByName(link)
+		if err != nil {
+			return err
+		}
+		mtu = l.Attrs().MTU
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("netnslab: %s in %s: %w", link, n.Name, err)
+	}
+	return mtu, nil
+}
