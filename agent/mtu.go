@@ -20,8 +20,9 @@ import (
 // record arrives; running containers keep their interface's MTU (see
 // docs/operations.md).
 
-// mtuState remembers what was last logged about the MTUs, so that the
-// agreed MTU and a conflicting configuration are said once per change.
+// mtuState is the agent's own underlay MTU as last read, and what was last
+// logged about the MTUs, so that the agreed MTUs and a conflicting
+// configuration are said once per change.
 type mtuState struct {
 	mu     sync.Mutex
 	own    int // this agent's underlay MTU, as last read (0: unknown)
