@@ -106,12 +106,7 @@ func measure(ctx context.Context, binary string, n, reps int) (res result, err e
 	if err != nil {
 		return res, err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	if err := c.StartMasters(ctx); err != nil {
 		return res, err
 	}

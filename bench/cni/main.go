@@ -92,12 +92,7 @@ func run(ctx context.Context, cycles, parallel, allocs int, binary, cniPath stri
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	fmt.Fprintln(os.Stderr, "== starting a master and an agent")
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	err = c.Start(wctx)

@@ -139,12 +139,7 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	fmt.Fprintf(os.Stderr, "== %s: starting a master and two agents\n", v.name)
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	err = c.Start(wctx)

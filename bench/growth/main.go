@@ -88,12 +88,7 @@ func run(ctx context.Context, leaseAdds, ringAdds int, binary, cniPath string) (
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	fmt.Fprintln(os.Stderr, "== starting a master and two agents")
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	err = c.Start(wctx)

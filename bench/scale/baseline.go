@@ -106,12 +106,7 @@ func baselineIdle(ctx context.Context, binary string, n int, o idleOptions) (cpu
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	if err := c.StartMasters(ctx); err != nil {
 		return 0, err
 	}

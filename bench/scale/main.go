@@ -211,12 +211,7 @@ func measure(ctx context.Context, binary string, n, readers int, o idleOptions) 
 	if err != nil {
 		return tbl, err
 	}
-	defer func() {
-		if err != nil && ctx.Err() == nil {
-			c.DumpLogs(os.Stderr, 20)
-		}
-		err = errors.Join(err, c.Close())
-	}()
+	defer c.CloseBench(ctx, &err)
 	if err := c.StartMasters(ctx); err != nil {
 		return tbl, err
 	}

@@ -175,3 +175,13 @@ func NewBenchRun(ctx context.Context, prefix, name, binary, cniPath string, with
 
 // Close removes the run's temporary directory.
 func (r *BenchRun) Close() { _ = os.RemoveAll(r.Dir) }
+
+// CloseBench closes a benchmark's cluster, as `defer c.CloseBench(ctx, &err)`:
+// after a failure that is not the run's cancellation it first prints the
+// tail of every process log to stderr, and the close's error joins *err.
+func (c *Cluster) CloseBench(ctx context.Context, err *error) {
+	if *err != nil && ctx.Err() == nil {
+		c.DumpLogs(os.Stderr, 20)
+	}
+	*err = errors.Join(*err, c.Close())
+}
