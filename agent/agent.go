@@ -291,8 +291,15 @@ func underlayIP(masterURL string) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
-// overlayMTU is the overlay MTU the agent programs (see withMTUs).
+// overlayMTU is the overlay MTU the agent programs: the one the last
+// reconcile computed (see withMTUs), or computed now before the first.
 func (a *Agent) overlayMTU() int {
+	a.mtu.mu.Lock()
+	mtu := a.mtu.overlay
+	a.mtu.mu.Unlock()
+	if mtu > 0 {
+		return mtu
+	}
 	a.mu.RLock()
 	network := a.network
 	a.mu.RUnlock()

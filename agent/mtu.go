@@ -24,10 +24,11 @@ import (
 // logged about the MTUs, so that the agreed MTUs and a conflicting
 // configuration are said once per change.
 type mtuState struct {
-	mu     sync.Mutex
-	own    int // this agent's underlay MTU, as last read (0: unknown)
-	logged string
-	warned string
+	mu      sync.Mutex
+	own     int // this agent's underlay MTU, as last read (0: unknown)
+	overlay int // the overlay MTU last computed (0: none yet)
+	logged  string
+	warned  string
 }
 
 // linkMTUs are the MTUs the agent programs.
@@ -133,6 +134,7 @@ func (a *Agent) withMTUs(network *api.NetworkConfig, members membership.State) *
 	out.VTEPMTU, out.OverlayMTU = p.VTEP, p.Overlay
 	a.mtu.mu.Lock()
 	defer a.mtu.mu.Unlock()
+	a.mtu.overlay = p.Overlay
 	if s := fmt.Sprint(p.VTEP, p.Overlay, p.Underlay, p.From); s != a.mtu.logged {
 		a.mtu.logged = s
 		a.log.Info("MTUs", "vtep", p.VTEP, "overlay", p.Overlay, "smallest_underlay", p.Underlay, "of_agent", p.From)
