@@ -87,6 +87,7 @@ bench: build
 	$(GO) run ./bench/cni
 	$(GO) run ./bench/growth
 	$(GO) run ./bench/scale
+	$(GO) run ./bench/dataplane
 
 clean:
 	rm -rf bin

@@ -74,6 +74,9 @@ type Agent struct {
 	// (nil: nothing to tell).
 	onRebuild func(clusterID string)
 
+	// mtu is what the MTUs were last computed from (see withMTUs).
+	mtu mtuState
+
 	mu      sync.RWMutex
 	self    *api.AgentInfo
 	network *api.NetworkConfig
@@ -311,14 +314,19 @@ func underlayIP(masterURL string) (netip.Addr, error) {
 	return ap.Addr().Unmap(), nil
 }
 
-// overlayMTU is the overlay MTU of the committed network configuration.
+// overlayMTU is the overlay MTU the agent programs: the one the last
+// reconcile computed (see withMTUs), or computed now before the first.
 func (a *Agent) overlayMTU() int {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if a.network != nil && a.network.OverlayMTU > 0 {
-		return a.network.OverlayMTU
+	a.mtu.mu.Lock()
+	mtu := a.mtu.overlay
+	a.mtu.mu.Unlock()
+	if mtu > 0 {
+		return mtu
 	}
-	return defaultOverlayMTU
+	a.mu.RLock()
+	network := a.network
+	a.mu.RUnlock()
+	return a.withMTUs(network, a.members.State()).OverlayMTU
 }
 
 // ID is the agent's id.

@@ -18,8 +18,12 @@ import (
 	"github.com/carve-net/carve/vxlan"
 )
 
-// defaultOverlayMTU is used until the network configuration is known.
-const defaultOverlayMTU = 1420
+// defaultOverlayMTU and defaultVTEPMTU are used while neither the network
+// configuration nor any underlay MTU says (see planMTUs).
+const (
+	defaultOverlayMTU = 1420
+	defaultVTEPMTU    = 1450
+)
 
 // reconcileLoop programs the kernel: the difference on every change, and a
 // full read-back resync every ResyncInterval (which repairs changes made by
@@ -59,6 +63,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
 	members := a.members.State()
+	network = a.withMTUs(network, members)
 	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
 	// The kernel and the conflists leave out the disabled overlays no
 	// container of this host is attached to any more (drain.go).
@@ -215,6 +220,9 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 		return want, nil, fmt.Errorf("own vtep_mac %q: %w", vx.VTEPMAC, err)
 	}
 	want.VTEP = vxlan.VTEP{Name: vx.VTEPName, VNI: vx.VNI, Port: vx.VTEPPort, Local: ip, MAC: mac, MTU: vx.VTEPMTU, Address: addr}
+	if network != nil && network.VTEPMTU > 0 {
+		want.VTEP.MTU = network.VTEPMTU // the agent's own choice (withMTUs)
+	}
 	if vx.VTEPIP6 != "" {
 		if want.VTEP.Address6, err = netip.ParsePrefix(vx.VTEPIP6); err != nil {
 			return want, nil, fmt.Errorf("own vtep_ip6 %q: %w", vx.VTEPIP6, err)

@@ -36,6 +36,7 @@ func (a *Agent) register(ctx context.Context) {
 		AgentID: a.id, Hostname: hostname, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
+		UnderlayMTU:   a.refreshUnderlayMTU(),
 	}
 	req.Keys.WireGuard = a.wg.registerKey()
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}

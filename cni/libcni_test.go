@@ -49,7 +49,7 @@ type cniHost struct {
 func newCNIHost(t *testing.T, ready bool) *cniHost {
 	t.Helper()
 	a := startAgent(t, ready)
-	h := &cniHost{lab: a.c.Lab, host: a.h.NS.Namespace, agent: a, overlay: "ov", mesos: ovMesos, mtu: a.c.Network().OverlayMTU}
+	h := &cniHost{lab: a.c.Lab, host: a.h.NS.Namespace, agent: a, overlay: "ov", mesos: ovMesos, mtu: a.c.OverlayMTU()}
 	confDir := a.h.CNIConfDir()
 	if !ready {
 		confDir = t.TempDir()

@@ -39,6 +39,8 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 # (check rules, test rules), which Debian ships in its prometheus package
 # (its service is not started: the policy-rc.d guard below).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+# bench/dataplane measures throughput with iperf3.
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)
 [[ $static == *"not a dynamic"* ]] || need+=(busybox-static)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,9 @@ func TestRealDockerEngine(t *testing.T) {
 	testutil.Eventually(t, waitLimit, "the agent's d-carve bridge with its gateways", testutil.True(func() bool {
 		return bridgeHas(t, host, "d-carve", netip.PrefixFrom(gw4, v4.Bits()), netip.PrefixFrom(gw6, v6.Bits()))
 	}))
+	// The overlay MTU the agent chose (it follows the lab's underlay), which
+	// the agent hands its Docker plugin as the networks' MTU.
+	carveMTU := linkMTU(t, host, "d-carve")
 
 	// The plugin, on a socket in the directory the engine sees as
 	// /run/docker/plugins, under a name unique to this run.
@@ -71,7 +75,7 @@ func TestRealDockerEngine(t *testing.T) {
 	s := runService(t, ipam, dockeripam.Options{
 		PluginSocket: filepath.Join(pluginDir, driverName+".sock"),
 		DockerHost:   "unix://" + filepath.Join(engineDir, "docker.sock"),
-		MTU:          func(string) int { return 1420 },
+		MTU:          func(string) int { return carveMTU },
 		EngineRetry:  200 * time.Millisecond, GCInterval: time.Hour, GCGrace: time.Minute, Now: clk.Now,
 	})
 
@@ -106,8 +110,8 @@ func TestRealDockerEngine(t *testing.T) {
 	if !bridgeHas(t, host, "d-carve", netip.PrefixFrom(gw4, v4.Bits()), netip.PrefixFrom(gw6, v6.Bits())) {
 		t.Error("d-carve lost its gateway addresses to Docker")
 	}
-	if mtu := linkMTU(t, host, "d-carve"); mtu != 1420 {
-		t.Errorf("d-carve MTU %d, want 1420", mtu)
+	if mtu := linkMTU(t, host, "d-carve"); mtu != carveMTU || net1.Options["com.docker.network.driver.mtu"] != strconv.Itoa(carveMTU) {
+		t.Errorf("d-carve MTU %d, Docker's network MTU %s; want both the agent's %d", mtu, net1.Options["com.docker.network.driver.mtu"], carveMTU)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)

@@ -112,7 +112,7 @@ func measure(ctx context.Context, c *labcluster.Cluster, dir, cniPath string, cy
 	if err != nil {
 		return err
 	}
-	cniTbl := benchtable.Table{Title: fmt.Sprintf("CNI ADD+DEL through the bridge plugin: carve-ipam (real agent) vs host-local, same host namespace, MTU %d", c.Network().OverlayMTU)}
+	cniTbl := benchtable.Table{Title: fmt.Sprintf("CNI ADD+DEL through the bridge plugin: carve-ipam (real agent) vs host-local, same host namespace, MTU %d", c.OverlayMTU())}
 	for _, workers := range []int{1, parallel} {
 		carve, local, ratios, err := b.rounds(ctx, workers, cycles, rounds)
 		if err != nil {
@@ -216,7 +216,7 @@ func newBench(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host, di
   {"type": "bridge", "bridge": "b-hostlocal", "isGateway": true, "ipMasq": false, "hairpinMode": true, "mtu": %d,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}`,
-		carveList.CNIVersion, c.Network().OverlayMTU, hostLocalSubnet, filepath.Join(dir, "host-local"))
+		carveList.CNIVersion, c.OverlayMTU(), hostLocalSubnet, filepath.Join(dir, "host-local"))
 	localList, err := libcni.NetworkConfFromBytes([]byte(doc))
 	if err != nil {
 		return nil, fmt.Errorf("host-local list: %w", err)

@@ -18,8 +18,6 @@ const (
 	DefaultVTEPName   = "vtep1024"
 	DefaultVNI        = 1024
 	DefaultVTEPPort   = 4789
-	DefaultVTEPMTU    = 1450
-	DefaultOverlayMTU = 1420
 )
 
 // ErrInvalidConfig is wrapped by every network configuration error.
@@ -33,9 +31,9 @@ func DefaultConfig() api.NetworkConfig {
 		VTEPName:   DefaultVTEPName,
 		VNI:        DefaultVNI,
 		VTEPPort:   DefaultVTEPPort,
-		VTEPMTU:    DefaultVTEPMTU,
-		OverlayMTU: DefaultOverlayMTU,
-		Overlays:   []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24}},
+		// vtep_mtu and overlay_mtu stay 0: every agent follows the
+		// smallest underlay MTU the agents registered (agent.planMTUs).
+		Overlays: []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24}},
 	}
 }
 
@@ -94,12 +92,6 @@ func WithDefaults(cfg api.NetworkConfig) api.NetworkConfig {
 	}
 	if cfg.VTEPPort == 0 {
 		cfg.VTEPPort = d.VTEPPort
-	}
-	if cfg.VTEPMTU == 0 {
-		cfg.VTEPMTU = d.VTEPMTU
-	}
-	if cfg.OverlayMTU == 0 {
-		cfg.OverlayMTU = d.OverlayMTU
 	}
 	if cfg.Overlays == nil {
 		cfg.Overlays = d.Overlays
@@ -192,11 +184,12 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 	if cfg.VTEPSubnet6 != "" {
 		minMTU = 1280
 	}
-	if cfg.VTEPMTU < minMTU || cfg.VTEPMTU > 65535 {
-		return nil, configErr("vtep_mtu", "%d is outside %d-65535", cfg.VTEPMTU, minMTU)
+	// 0 (absent): the agents follow the underlay.
+	if cfg.VTEPMTU != 0 && (cfg.VTEPMTU < minMTU || cfg.VTEPMTU > 65535) {
+		return nil, configErr("vtep_mtu", "%d is outside %d-65535 (or leave it out to follow the underlay)", cfg.VTEPMTU, minMTU)
 	}
-	if cfg.OverlayMTU < minMTU || cfg.OverlayMTU > 65535 {
-		return nil, configErr("overlay_mtu", "%d is outside %d-65535", cfg.OverlayMTU, minMTU)
+	if cfg.OverlayMTU != 0 && (cfg.OverlayMTU < minMTU || cfg.OverlayMTU > 65535) {
+		return nil, configErr("overlay_mtu", "%d is outside %d-65535 (or leave it out to follow the underlay)", cfg.OverlayMTU, minMTU)
 	}
 	if err := validateEncryption(cfg); err != nil {
 		return nil, err

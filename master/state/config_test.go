@@ -27,6 +27,28 @@ func TestParseConfigDefaults(t *testing.T) {
 	}
 }
 
+// TestMTUsFollowTheUnderlayUnlessSet: absent MTUs stay 0 (the agents follow
+// the smallest registered underlay), set ones are kept as they are.
+func TestMTUsFollowTheUnderlayUnlessSet(t *testing.T) {
+	tests := []struct {
+		json          string
+		vtep, overlay int
+	}{
+		{`{}`, 0, 0},
+		{`{"overlay_mtu": 8900}`, 0, 8900},
+		{`{"vtep_mtu": 1450, "overlay_mtu": 1420}`, 1450, 1420},
+	}
+	for _, tt := range tests {
+		cfg, err := ParseConfig([]byte(tt.json))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.json, err)
+		}
+		if cfg.VTEPMTU != tt.vtep || cfg.OverlayMTU != tt.overlay {
+			t.Errorf("%s: vtep_mtu %d overlay_mtu %d, want %d %d", tt.json, cfg.VTEPMTU, cfg.OverlayMTU, tt.vtep, tt.overlay)
+		}
+	}
+}
+
 // TestInvalidConfigs has one case per validation rule of DESIGN.md; each
 // error must name the offending field.
 func TestInvalidConfigs(t *testing.T) {

@@ -25,7 +25,7 @@ func checkUsable(cfg api.NetworkConfig) error {
 	if len(cfg.Overlays) == 0 {
 		return configErr("overlays", "the list is empty: give at least one overlay (deploy/examples/network.json has one; leave \"overlays\" out for the default), or set \"enabled\": false on an overlay to stop using it")
 	}
-	if cfg.OverlayMTU > cfg.VTEPMTU {
+	if cfg.VTEPMTU != 0 && cfg.OverlayMTU > cfg.VTEPMTU {
 		return configErr("overlay_mtu", "%d is above vtep_mtu %d: containers' packets go through the VTEP, which carries at most %d bytes; set overlay_mtu to at most %d, or raise vtep_mtu (to at most the underlay MTU minus VXLAN's 50 bytes)", cfg.OverlayMTU, cfg.VTEPMTU, cfg.VTEPMTU, cfg.VTEPMTU)
 	}
 	for i, o := range cfg.Overlays {

@@ -26,6 +26,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,6 +39,7 @@ import (
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/vxlan"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
@@ -103,6 +105,9 @@ type Options struct {
 	CNIPath []string
 	// Logger receives the harness's progress (default: discarded).
 	Logger *slog.Logger
+	// UnderlayMTU is the MTU of the underlay's veths and bridge (default
+	// 1500; see netnslab.Options and netnslab.Lab.SetUnderlayMTU).
+	UnderlayMTU int
 }
 
 // Cluster is a running lab cluster. Its methods are safe for concurrent use;
@@ -205,7 +210,7 @@ func New(opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix})
+	lab, err := netnslab.New(netnslab.Options{Hosts: opts.Hosts, Prefix: opts.Prefix, UnderlayMTU: opts.UnderlayMTU})
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
@@ -298,6 +303,20 @@ func (c *Cluster) Masters() []*Master {
 
 // Network is the masters' network configuration, defaults filled in.
 func (c *Cluster) Network() api.NetworkConfig { return c.network }
+
+// OverlayMTU is the overlay MTU the agents program: overlay_mtu when the
+// network configuration sets it, else what the lab's underlay leaves after
+// VXLAN over IPv4 (the agents follow the smallest underlay MTU; see
+// netnslab.Lab.SetUnderlayMTU for a host with another).
+func (c *Cluster) OverlayMTU() int {
+	if c.network.OverlayMTU > 0 {
+		return c.network.OverlayMTU
+	}
+	if c.network.VTEPMTU > 0 {
+		return c.network.VTEPMTU
+	}
+	return vxlan.VTEPMTUFor(c.Lab.UnderlayMTU(), netip.IPv4Unspecified(), 0)
+}
 
 // ConfigPath is the masters' --config file.
 func (c *Cluster) ConfigPath() string { return c.configPath }

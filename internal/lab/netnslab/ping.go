@@ -27,6 +27,22 @@ var pingSeq atomic.Uint32
 // socket stays bound to the namespace it was created in), so it needs no
 // ping binary and never sends anything from the caller's namespace.
 func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
+	return n.ping(ctx, dst, 32, false)
+}
+
+// PingDF is Ping with payload bytes of echo data (the ICMP header's 8 and
+// the IP header come on top) and fragmentation forbidden: the kernel
+// refuses a packet bigger than the path MTU it knows with an error wrapping
+// unix.EMSGSIZE ("message too long"), as `ping -M do -s payload` reports it,
+// and a packet the path drops on the way gets no reply.
+func (n *Namespace) PingDF(ctx context.Context, dst netip.Addr, payload int) error {
+	if payload < 0 || payload > 65507 {
+		return fmt.Errorf("netnslab: ping payload %d: want 0-65507", payload)
+	}
+	return n.ping(ctx, dst, payload, true)
+}
+
+func (n *Namespace) ping(ctx context.Context, dst netip.Addr, payload int, df bool) error {
 	dst = dst.Unmap()
 	if !dst.IsValid() {
 		return errors.New("netnslab: ping: invalid address")
@@ -45,6 +61,18 @@ func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
 	err := n.Do(func() error {
 		var err error
 		fd, err = unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, proto)
+		if err != nil || !df {
+			return err
+		}
+		if af == unix.AF_INET {
+			err = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		} else {
+			err = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+		}
+		if err != nil {
+			unix.Close(fd)
+			fd = -1
+		}
 		return err
 	})
 	if err != nil {
@@ -58,7 +86,7 @@ func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
 
 	id := uint16(rand.Uint32())
 	seq := uint16(pingSeq.Add(1))
-	pkt := make([]byte, 8+32)
+	pkt := make([]byte, 8+payload)
 	pkt[0] = reqType
 	binary.BigEndian.PutUint16(pkt[4:], id)
 	binary.BigEndian.PutUint16(pkt[6:], seq)
@@ -72,7 +100,7 @@ func (n *Namespace) Ping(ctx context.Context, dst netip.Addr) error {
 		return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
 	}
 
-	buf := make([]byte, 1500)
+	buf := make([]byte, max(1500, len(pkt)+60))
 	for {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
