@@ -41,6 +41,14 @@ func fuzzSeeds(f *testing.F) [][]byte {
 	v6 := newRing(f, "fd00::/48")
 	mustSeed(f, v6, []Lease{{"a", pfx(f, "fd00:0:0:1::/64"), 1}}, nil)
 	out = append(out, v6.Encode())
+	// Signed claims: a grant and free counts with their writer's signatures.
+	signed := mustAllocator(f, "a", "10.0.0.0/16")
+	signed.SetSigner(signerOf(claimKeys("a")["a"]))
+	mustSeedAllocator(f, signed, []Lease{{"a", pfx(f, "10.0.1.0/24"), 5}})
+	if err := signed.Grant("b", pfx(f, "10.0.1.64/26")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, signed.EncodeRing())
 	return out
 }
 
