@@ -146,3 +146,49 @@ func (r *Ring) holdsRaw(t rawToken) bool {
 	i := sort.Search(len(r.st.raw), func(i int) bool { return !r.st.raw[i].start.Less(t.start) })
 	return i < len(r.st.raw) && r.st.raw[i].start == t.start && (r.st.raw[i] == t || r.st.raw[i].beats(t))
 }
+
+// Sweep writes, over every token in this peer's effective leases that
+// another peer wrote (which the view ignores), a token of its own with the
+// view's owner there, so that it supersedes the other's everywhere: a
+// grantee's return token once the masters gave the block back, or a grant
+// of its own, older than that return, which a peer that missed the return
+// still holds (it would count again now that this peer leases the space).
+// The view does not change. A token it cannot outbid (a version at the
+// counter's end) is left. changed reports whether anything was written.
+func (a *Allocator) Sweep() (changed bool, err error) {
+	r := a.ring
+	self := a.self
+	var writes []rawToken
+	li := 0
+	for _, t := range r.st.raw {
+		if t == (rawToken{}) || t.signer == self {
+			continue
+		}
+		for li < len(r.st.eff) && !t.start.Less(r.st.eff[li].end) {
+			li++
+		}
+		if li == len(r.st.eff) || t.start.Less(r.st.eff[li].start) || r.st.eff[li].owner != self ||
+			t.version>>epochShift > r.st.eff[li].index {
+			continue // not in its lease; or no valid version of its own outbids it
+		}
+		i := find(r.st.view, t.start)
+		v := r.st.view[i]
+		w, err := bump(max(t.version, r.st.eff[li].index<<epochShift, v.version), 1)
+		if err != nil {
+			continue
+		}
+		free := minU(v.free, rangeEnd(r.u, r.st.view, i).Sub(t.start))
+		if v.owner == "" {
+			free = Uint128{}
+		}
+		writes = append(writes, rawToken{start: t.start, owner: v.owner, version: w, free: free})
+	}
+	if len(writes) == 0 {
+		return false, nil
+	}
+	next := r.derive(upsert(r.u, r.st.raw, r.signAll(self, writes)...), r.st.leases, r.st.sets, r.st.tombs)
+	if err := a.apply(next); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -250,3 +250,76 @@ func TestAdmit(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepAfterReturn: a grantee gives a recorded grant back and the
+// masters record the return; a peer that missed the return still holds
+// the donor's old grant token, which counts again now that the donor
+// leases the space. The donor's sweep outbids it everywhere, and the
+// peers converge on the donor's ownership.
+func TestSweepAfterReturn(t *testing.T) {
+	keys := claimKeys("d", "r", "l")
+	u := "10.0.0.0/16"
+	set := func(owner string, v uint64, ps ...string) LeaseSet {
+		s := LeaseSet{Owner: owner, Version: v}
+		for _, p := range ps {
+			s.Prefixes = append(s.Prefixes, pfx(t, p))
+		}
+		return s
+	}
+	peer := func(self string) *Allocator {
+		a := mustAllocator(t, self, u)
+		a.SetSigner(signerOf(keys[self]))
+		if _, err := a.SeedSets([]LeaseSet{set("d", 5, "10.0.1.0/24")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	d, r, l := peer("d"), peer("r"), peer("l")
+	if err := d.Grant("r", pfx(t, "10.0.1.128/25")); err != nil {
+		t.Fatal(err)
+	}
+	join := func(to *Allocator, from *Allocator) {
+		t.Helper()
+		admitted, _ := to.Ring().Admit(from.Ring(), checkWith(keys))
+		if _, err := to.Merge(admitted); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join(r, d)
+	join(l, d)
+	recorded := []LeaseSet{set("d", 7, "10.0.1.0/25"), set("r", 7, "10.0.1.128/25")}
+	returned := []LeaseSet{set("d", 9, "10.0.1.0/24"), set("r", 9)}
+	for _, a := range []*Allocator{d, r, l} {
+		if _, err := a.SeedSets(recorded, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Grant("d", pfx(t, "10.0.1.128/25")); err != nil {
+		t.Fatalf("return of a recorded grant: %v", err)
+	}
+	join(d, r) // l misses it
+	for _, a := range []*Allocator{d, r, l} {
+		if _, err := a.SeedSets(returned, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := l.Ring().Owner(ip(t, "10.0.1.200")); got != "r" {
+		t.Fatalf("the lagging peer sees %q: the test no longer shows the stale grant", got)
+	}
+	if changed, err := d.Sweep(); err != nil || !changed {
+		t.Fatalf("Sweep = %v, %v; want a change", changed, err)
+	}
+	if changed, _ := d.Sweep(); changed {
+		t.Fatal("a second sweep changed the ring")
+	}
+	join(l, d)
+	join(r, d)
+	for _, a := range []*Allocator{d, r, l} {
+		if got, _ := a.Ring().Owner(ip(t, "10.0.1.200")); got != "d" {
+			t.Errorf("%s sees 10.0.1.200 as %q's, want d's\n%v", a.Self(), got, a.Ring())
+		}
+	}
+	if !l.Ring().Claims().Equal(d.Ring().Claims()) || !r.Ring().Claims().Equal(d.Ring().Claims()) {
+		t.Fatalf("claims differ after the sweep:\n%v\n%v\n%v", d.Ring(), r.Ring(), l.Ring())
+	}
+}

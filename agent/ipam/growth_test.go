@@ -420,6 +420,13 @@ func TestGrowthIdleReturn(t *testing.T) {
 	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
 		t.Fatalf("%d blocks, want a grant", n)
 	}
+	// The masters record the grant (a's report): only then does a lease
+	// the block, and only the lessee's word gives it back.
+	reports := c.masters.reported()
+	if len(reports) != 1 {
+		t.Fatalf("grants reported %+v, want one", reports)
+	}
+	recordGrant(t, c, reports[0])
 	for i := range 32 {
 		if _, err := a.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
 			t.Fatal(err)
@@ -442,6 +449,54 @@ func TestGrowthIdleReturn(t *testing.T) {
 	if got := counterValue(t, a.reg, "carve_agent_ipam_blocks_returned_total"); got < 1 {
 		t.Errorf("blocks returned %v", got)
 	}
+}
+
+// recordGrant syncs every node with the masters' records after they
+// recorded a grant: the recipient's record lists the block (a newer
+// version), the donor's no more.
+func recordGrant(t *testing.T, c *cluster, g GrantReport) {
+	t.Helper()
+	for id, nd := range c.nodes {
+		v := growthView(id)
+		for i, p := range v.Peers {
+			switch p.ID {
+			case g.Recipient:
+				v.Peers[i].Version += 100
+				v.Peers[i].Subnets = append(v.Peers[i].Subnets, g.Prefix.String())
+			case g.Donor:
+				v.Peers[i].Version += 100
+				var rest []string
+				for _, sub := range p.Subnets {
+					for _, q := range cutOut(netip.MustParsePrefix(sub), g.Prefix) {
+						rest = append(rest, q.String())
+					}
+				}
+				v.Peers[i].Subnets = rest
+			}
+		}
+		if id == g.Recipient {
+			v.Blocks = []MasterBlock{{Overlay: g.Overlay, Bridge: api.BridgeMesos, Prefix: g.Prefix, Version: v.Self.Version + 100, Donor: g.Donor}}
+		}
+		nd.svc.Sync(v)
+	}
+	c.gossipRounds()
+}
+
+// cutOut is p without q: p itself when they do not overlap, nothing when
+// q covers p, else the halves of p cut again.
+func cutOut(p, q netip.Prefix) []netip.Prefix {
+	switch {
+	case !p.Overlaps(q):
+		return []netip.Prefix{p}
+	case q.Bits() <= p.Bits():
+		return nil
+	}
+	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
+	hiAddr := p.Addr().As4()
+	bit := p.Bits()
+	hiAddr[bit/8] |= 0x80 >> (bit % 8)
+	hi := netip.PrefixFrom(netip.AddrFrom4(hiAddr), p.Bits()+1)
+	return append(cutOut(lo, q), cutOut(hi, q)...)
 }
 
 // TestGrowthFromMasters: a block the masters lease (the stand-in's Grow

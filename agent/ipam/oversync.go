@@ -171,6 +171,9 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 		if alloc, err = ring.NewAllocator(sy.self, u); err != nil {
 			return nil, false, err
 		}
+		if sy.sign != nil {
+			alloc.SetSigner(sy.sign)
+		}
 		o.alloc[fam] = alloc
 	}
 	ownedBefore := alloc.Owned()
@@ -231,6 +234,15 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 			}
 			changed = changed || merged
 		}
+	}
+	// Tokens others wrote in this agent's leases (a grantee's return the
+	// masters recorded since) are outbid by its own, so that no stale
+	// grant of its own counts again anywhere (ring.Allocator.Sweep);
+	// announced with the sync.
+	if swept, err := alloc.Sweep(); err != nil {
+		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", familyName(fam), "err", err)
+	} else {
+		changed = changed || swept
 	}
 	switch {
 	case fresh || !slices.Equal(ownedBefore, alloc.Owned()):
@@ -393,7 +405,9 @@ type ringKnowledge interface {
 
 // overlaySync is what a sync of an overlay reaches beneath it.
 type overlaySync struct {
-	self  string
+	self string
+	// sign signs the claims of the allocators it makes (nil: unsigned).
+	sign  func(msg []byte) []byte
 	disk  ringDisk // nil: the rings on disk are another cluster's, never read
 	known ringKnowledge
 	// asking is the bridge a family asks space for now (a range the ring
@@ -405,7 +419,7 @@ type overlaySync struct {
 // overlaySync is the layers beneath a sync of an overlay; the caller holds
 // s.mu.
 func (s *Service) overlaySync(name string) overlaySync {
-	sy := overlaySync{self: s.id, known: s, log: s.log, asking: func(fam int) string { return s.askingBridge(name, fam) }}
+	sy := overlaySync{self: s.id, sign: s.signClaim(), known: s, log: s.log, asking: func(fam int) string { return s.askingBridge(name, fam) }}
 	if !s.staleRings {
 		sy.disk = ringStore{s.db}
 	}
