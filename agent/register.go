@@ -4,6 +4,8 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
 	"log/slog"
 	"os"
 	"time"
@@ -36,6 +38,7 @@ func (a *Agent) register(ctx context.Context) {
 		AgentID: a.id, Hostname: hostname, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
+		Keys:          api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(a.claimKey.Public().(ed25519.PublicKey))},
 	}
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}
 	explained := false // a TLS mismatch was logged as an error

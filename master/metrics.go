@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 		}),
 		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_auth_refusals_total",
-			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent.",
+			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, grant_unsigned, grant_bad_signature, grant_expired (a recipient's grant report without its donor's valid signed word).",
 		}, []string{"reason"}),
 	}
 	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable) *metrics {
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, r := range []string{refusedNoCertificate, refusedRole, refusedWrongAgent} {
+	for _, r := range append([]string{refusedNoCertificate, refusedRole, refusedWrongAgent}, grantRefusalReasons...) {
 		m.authRefusals.WithLabelValues(r)
 	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
