@@ -202,3 +202,31 @@ func (a *Allocator) Sweep() (changed bool, err error) {
 	}
 	return true, nil
 }
+
+// Resign writes again, signed with the current signer and one version
+// up, every token this peer wrote in its own leases whose signature
+// valid rejects (signed with a claim key it replaced): peers verify
+// claims under the key of its current record only. changed reports
+// whether anything was written.
+func (a *Allocator) Resign(valid func(Claim) bool) (changed bool, err error) {
+	r := a.ring
+	var writes []rawToken
+	for _, t := range r.st.raw {
+		if t.signer != a.self || lesseeAt(r.st.eff, t.start) != a.self || valid(r.claimOf(t)) {
+			continue
+		}
+		w, err := bump(t.version, 1)
+		if err != nil {
+			continue // cannot be outbid: it stays as signed
+		}
+		writes = append(writes, rawToken{start: t.start, owner: t.owner, version: w, free: t.free})
+	}
+	if len(writes) == 0 {
+		return false, nil
+	}
+	next := r.derive(upsert(r.u, r.st.raw, r.signAll(a.self, writes)...), r.st.leases, r.st.sets, r.st.tombs)
+	if err := a.apply(next); err != nil {
+		return false, err
+	}
+	return true, nil
+}

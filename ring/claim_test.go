@@ -323,3 +323,36 @@ func TestSweepAfterReturn(t *testing.T) {
 		t.Fatalf("claims differ after the sweep:\n%v\n%v\n%v", d.Ring(), r.Ring(), l.Ring())
 	}
 }
+
+// TestResign: after its claim key changed, a peer signs its own tokens
+// again with the new key, one version up; their view does not change.
+func TestResign(t *testing.T) {
+	keys := claimKeys("a", "a2")
+	a := mustAllocator(t, "a", "10.0.0.0/16")
+	a.SetSigner(signerOf(keys["a"]))
+	mustSeedAllocator(t, a, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}})
+	if err := a.Grant("b", pfx(t, "10.0.1.64/26")); err != nil {
+		t.Fatal(err)
+	}
+	before := a.Ring().Tokens()
+	newKey := map[string]ed25519.PrivateKey{"a": keys["a2"]}
+	valid := func(c Claim) bool { _, ok := checkWith(newKey)(c); return ok }
+	a.SetSigner(signerOf(keys["a2"]))
+	if changed, err := a.Resign(valid); err != nil || !changed {
+		t.Fatalf("Resign = %v, %v; want a change", changed, err)
+	}
+	if changed, _ := a.Resign(valid); changed {
+		t.Fatal("a second Resign changed the ring")
+	}
+	after := a.Ring().Tokens()
+	for i := range after {
+		if before[i].Owner != after[i].Owner || before[i].Start != after[i].Start {
+			t.Fatalf("the view changed:\n%v\n%v", before, after)
+		}
+	}
+	for _, tk := range a.ring.st.raw {
+		if tk != (rawToken{}) && !valid(a.ring.claimOf(tk)) {
+			t.Fatalf("token %+v not signed with the new key", tk)
+		}
+	}
+}

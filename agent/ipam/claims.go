@@ -66,6 +66,16 @@ func (s *Service) signClaim() func(msg []byte) []byte {
 	return func(msg []byte) []byte { return ed25519.Sign(key, msg) }
 }
 
+// ownClaimValid tells whether a claim of this agent verifies under its
+// current claim key; nil when it has none.
+func (s *Service) ownClaimValid() func(ring.Claim) bool {
+	if s.claimKey == nil {
+		return nil
+	}
+	pub := s.claimKey.Public().(ed25519.PublicKey)
+	return func(c ring.Claim) bool { return ed25519.Verify(pub, c.Msg, c.Sig) }
+}
+
 // checkClaim verifies a received token's signature under its signer's
 // claim key from the view's records; s.mu is held. An agent without a
 // claim key of its own (Config.ClaimKey nil: --insecure labs, tests)

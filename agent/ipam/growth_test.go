@@ -2,6 +2,8 @@ package ipam
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"fmt"
 	"net/netip"
 	"os"
@@ -41,12 +43,22 @@ func growthSelf(id string) *api.AgentInfo {
 	}}}
 }
 
+// growthView is agent id's view: every agent's record, with its claim
+// key (attributed claims on: each node signs with claimKeyOf).
 func growthView(id string) View {
 	v := View{ClusterID: "c1", Self: growthSelf(id), Network: &api.NetworkConfig{OverlayMTU: 1400}}
 	for _, p := range []string{"a", "b", "c"} {
-		v.Peers = append(v.Peers, peerOf(growthSelf(p)))
+		peer := peerOf(growthSelf(p))
+		peer.ClaimKey = claimKeyOf(p).Public().(ed25519.PublicKey)
+		v.Peers = append(v.Peers, peer)
 	}
 	return v
+}
+
+// claimKeyOf is agent id's claim key, derived from its id.
+func claimKeyOf(id string) ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("claim key of " + id))
+	return ed25519.NewKeyFromSeed(seed[:])
 }
 
 // mastersStandIn is a TEST DOUBLE standing in for the masters (whose grow,
@@ -147,7 +159,7 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 		default:
 		}
 	}
-	nd.svc, err = New(Config{AgentID: id, DB: db, CNICacheDir: cniCache, Registerer: nd.reg, Logger: testLogger(), Growth: cfg})
+	nd.svc, err = New(Config{AgentID: id, DB: db, CNICacheDir: cniCache, Registerer: nd.reg, Logger: testLogger(), Growth: cfg, ClaimKey: claimKeyOf(id)})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -545,7 +557,7 @@ func (c *cluster) startSource(id, dir string, src BlockSource) *node {
 	t.Cleanup(func() { db.Close() })
 	cfg := c.growth
 	cfg.Source = src
-	svc, err := New(Config{AgentID: id, DB: db, Registerer: prometheus.NewRegistry(), Logger: testLogger(), Growth: cfg})
+	svc, err := New(Config{AgentID: id, DB: db, Registerer: prometheus.NewRegistry(), Logger: testLogger(), Growth: cfg, ClaimKey: claimKeyOf(id)})
 	if err != nil {
 		t.Fatal(err)
 	}
