@@ -106,38 +106,7 @@ func TestForgedClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type view struct {
-		peers  *api.AgentPeers
-		kernel *labcluster.KernelState
-	}
-	snapshot := func() map[string]view {
-		out := map[string]view{}
-		for _, h := range c.Hosts() {
-			peers, err := c.AgentClient(h).Peers(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ks, err := c.Kernel(h)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out[h.Name] = view{peers, ks}
-		}
-		return out
-	}
-	before := snapshot()
-	unchanged := func(t *testing.T) {
-		t.Helper()
-		for name, now := range snapshot() {
-			want := before[name]
-			if !reflect.DeepEqual(now.peers.Peers, want.peers.Peers) || !reflect.DeepEqual(now.peers.Tombstones, want.peers.Tombstones) {
-				t.Errorf("%s's membership changed:\n got %+v\nwant %+v", name, now.peers.Peers, want.peers.Peers)
-			}
-			if !reflect.DeepEqual(now.kernel, want.kernel) {
-				t.Errorf("%s's kernel changed:\n got %s\nwant %s", name, now.kernel, want.kernel)
-			}
-		}
-	}
+	before := hostViews(ctx, t, c)
 
 	leaseRing := func() []byte {
 		r, err := ring.NewRing(universe)
@@ -207,7 +176,7 @@ func TestForgedClaims(t *testing.T) {
 			if err := rogue.Stop(ctx, 0); err != nil {
 				t.Error(err)
 			}
-			unchanged(t)
+			checkUnchanged(ctx, t, c, before)
 		})
 		if !ok {
 			t.FailNow()
@@ -235,7 +204,7 @@ func TestForgedClaims(t *testing.T) {
 		if slices.ContainsFunc(record(after, h1.AgentID()).Overlay("carve").Blocks, func(b api.Block) bool { return b.Prefix == half }) {
 			t.Errorf("%s holds %s", h1.Name, half)
 		}
-		unchanged(t)
+		checkUnchanged(ctx, t, c, before)
 	})
 
 	// Nothing moved: every container still reaches every other, and no

@@ -3,7 +3,6 @@ package master
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
@@ -21,10 +21,7 @@ import (
 // claimKey makes an agent's claim key and the keys it registers.
 func claimKey(t testing.TB) (ed25519.PrivateKey, api.AgentKeys) {
 	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, priv := membershiptest.Key(t)
 	return priv, api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(pub)}
 }
 

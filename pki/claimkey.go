@@ -36,13 +36,9 @@ func LoadOrCreateClaimKey(path string) (ed25519.PrivateKey, error) {
 	if st.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("pki: claim key %s has mode %v: want 0600 (chmod 600 %s)", path, st.Mode().Perm(), path)
 	}
-	k, err := readPrivateKey(path)
+	priv, err := LoadSigningKey(path) // the same form: PKCS#8 PEM of an ed25519 key
 	if err != nil {
-		return nil, err
-	}
-	priv, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("pki: claim key %s: not an ed25519 key (remove it: the agent makes a new one)", path)
+		return nil, fmt.Errorf("%w (remove it: the agent makes a new claim key)", err)
 	}
 	return priv, nil
 }

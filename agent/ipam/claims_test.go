@@ -15,23 +15,8 @@ import (
 // claimsRefused reads carve_agent_ring_claims_refused_total{reason}.
 func claimsRefused(t *testing.T, nd *node, reason string) float64 {
 	t.Helper()
-	mfs, err := nd.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "carve_agent_ring_claims_refused_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	v, _ := gaugeIn(t, nd.reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": reason})
+	return v
 }
 
 // forgedClaims is a ring message giving half of b's first /27 to c, as a
@@ -153,14 +138,7 @@ func TestSpaceRequestSigned(t *testing.T) {
 // the masters recording them and the blocks given back cost no refusal
 // but record_ahead (a peer's record not seen yet).
 func TestHonestGrowthRefusesNothing(t *testing.T) {
-	c := newCluster(t, 23, GrowthConfig{IdleReturn: 50 * time.Millisecond})
-	c.start("a", t.TempDir(), "")
-	c.start("b", t.TempDir(), "")
-	c.gossipRounds()
-	a := c.nodes["a"]
-	for i := range 32 {
-		a.alloc(t, fmt.Sprint("c", i))
-	}
+	c, _ := grantedCluster(t, 23, GrowthConfig{IdleReturn: 50 * time.Millisecond})
 	reports := c.masters.reported()
 	if len(reports) != 1 || reports[0].DonorSignature == "" {
 		t.Fatalf("grant reports %+v, want one with its donor's signature", reports)
@@ -187,17 +165,7 @@ func TestHonestGrowthRefusesNothing(t *testing.T) {
 // own ring claims again with it, the grant it persisted included (peers
 // verify under the key of its current record only).
 func TestClaimKeyReplaced(t *testing.T) {
-	c := newCluster(t, 24, GrowthConfig{IdleReturn: -1})
-	dirB := t.TempDir()
-	c.start("a", t.TempDir(), "")
-	c.start("b", dirB, "")
-	c.gossipRounds()
-	for i := range 32 {
-		c.nodes["a"].alloc(t, fmt.Sprint("c", i))
-	}
-	if n := len(c.nodes["a"].svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
-		t.Fatalf("%d blocks, want a grant", n)
-	}
+	c, dirB := grantedCluster(t, 24, GrowthConfig{IdleReturn: -1})
 	c.stop("b")
 	old, newKey := claimKeyOf("b"), claimKeyOf("b-rotated")
 	svc, err := New(Config{AgentID: "b", DB: openDB(t, dirB), Logger: testLogger(), ClaimKey: newKey})

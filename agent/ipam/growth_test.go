@@ -421,17 +421,8 @@ func TestGrowthSurvivesRestarts(t *testing.T) {
 // TestGrowthIdleReturn: a granted block that holds no allocation for the
 // idle time goes back to its donor through the ring; the first block never.
 func TestGrowthIdleReturn(t *testing.T) {
-	c := newCluster(t, 4, GrowthConfig{IdleReturn: 50 * time.Millisecond})
-	c.start("a", t.TempDir(), "")
-	c.start("b", t.TempDir(), "")
-	c.gossipRounds()
+	c, _ := grantedCluster(t, 4, GrowthConfig{IdleReturn: 50 * time.Millisecond})
 	a := c.nodes["a"]
-	for i := range 32 {
-		a.alloc(t, fmt.Sprint("c", i))
-	}
-	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
-		t.Fatalf("%d blocks, want a grant", n)
-	}
 	// The masters record the grant (a's report): only then does a lease
 	// the block, and only the lessee's word gives it back.
 	reports := c.masters.reported()
@@ -461,6 +452,26 @@ func TestGrowthIdleReturn(t *testing.T) {
 	if got := counterValue(t, a.reg, "carve_agent_ipam_blocks_returned_total"); got < 1 {
 		t.Errorf("blocks returned %v", got)
 	}
+}
+
+// grantedCluster is agents a and b, a holding 32 containers: more than
+// its mesos bridge's first block, so b granted it a block through the
+// ring. It returns b's data dir too.
+func grantedCluster(t *testing.T, seed uint64, growth GrowthConfig) (*cluster, string) {
+	t.Helper()
+	c := newCluster(t, seed, growth)
+	dirB := t.TempDir()
+	c.start("a", t.TempDir(), "")
+	c.start("b", dirB, "")
+	c.gossipRounds()
+	a := c.nodes["a"]
+	for i := range 32 {
+		a.alloc(t, fmt.Sprint("c", i))
+	}
+	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
+		t.Fatalf("%d blocks, want a grant", n)
+	}
+	return c, dirB
 }
 
 // recordGrant syncs every node with the masters' records after they
