@@ -11,7 +11,6 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"time"
 
@@ -109,7 +108,7 @@ func (s *Service) admit(a *ring.Allocator, e ringEntry, remote *ring.Ring) *ring
 	}
 	if len(refused) > 0 {
 		first := refused[0]
-		s.log.Log(nil, slog.LevelDebug, "refused ring claims", "overlay", e.Overlay, "family", e.Family, "count", len(refused),
+		s.log.Debug("refused ring claims", "overlay", e.Overlay, "family", e.Family, "count", len(refused),
 			"reason", first.Reason, "signer", first.Claim.Signer, "start", first.Claim.Start, "owner", first.Claim.Owner)
 	}
 	return admitted
