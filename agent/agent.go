@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,7 @@ import (
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
+	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -61,6 +63,9 @@ type Agent struct {
 	dp       *vxlan.Dataplane
 	members  *membership.Membership
 	registry *prometheus.Registry
+	// claimKey signs this agent's claims on address space (ring entries,
+	// grants); its public half is registered (pki.ClaimKeyFile).
+	claimKey ed25519.PrivateKey
 	metrics  *metrics
 	httpLn   net.Listener
 	debugLn  net.Listener // nil without Config.DebugAddr
@@ -191,6 +196,11 @@ func New(cfg Config) (*Agent, error) {
 	if a.id, err = a.store.LoadOrCreateID(sec.id, sec.idFrom); err != nil {
 		return nil, err
 	}
+	// The claim key signs this agent's claims on address space; its
+	// public half goes into the registration (and the signed record).
+	if a.claimKey, err = pki.LoadOrCreateClaimKey(filepath.Join(cfg.DataDir, pki.ClaimKeyFile)); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	a.log = cfg.Logger.With("agent", a.id)
 	if len(sec.insecure) > 0 {
 		a.log.Warn("--insecure: the agent runs without " + strings.Join(sec.insecure, ", without ") + "; for a throwaway lab only")
@@ -224,7 +234,7 @@ func New(cfg Config) (*Agent, error) {
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
 		Growth: ipam.GrowthConfig{Source: source, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
 			UsageInterval: cfg.UsageInterval, OnChange: func() { a.trigger(a.reconcileCh) }},
-		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel)})
+		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel), ClaimKey: a.claimKey})
 	if err != nil {
 		return nil, err
 	}

@@ -76,7 +76,7 @@ func (m *masterBlocks) Return(ctx context.Context, overlay string, prefix netip.
 // ReportGrant implements ipam.BlockSource.
 func (m *masterBlocks) ReportGrant(ctx context.Context, g ipam.GrantReport) error {
 	_, err := m.client.ReportGrant(ctx, m.id, api.GrantReport{Overlay: g.Overlay, Prefix: g.Prefix.String(), Donor: g.Donor,
-		Recipient: g.Recipient, Bridge: g.Bridge, RequestID: g.RequestID})
+		Recipient: g.Recipient, Bridge: g.Bridge, RequestID: g.RequestID, Expires: g.Expires, DonorSignature: g.DonorSignature})
 	return refusedForGood(err)
 }
 

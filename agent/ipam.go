@@ -69,11 +69,11 @@ func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig,
 		if self != nil && r.ID == self.AgentID && r.Version < self.Version {
 			continue
 		}
-		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.LeasePrefixes()})
+		v.Peers = append(v.Peers, ipam.Peer{ID: r.ID, Version: r.Version, Subnets: r.LeasePrefixes(), ClaimKey: ipam.ParseClaimKey(r.Keys.Claim)})
 	}
 	if self != nil && !slices.ContainsFunc(v.Peers, func(p ipam.Peer) bool { return p.ID == self.AgentID }) {
 		own := membership.NewPeerRecord(self)
-		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.LeasePrefixes()})
+		v.Peers = append(v.Peers, ipam.Peer{ID: own.ID, Version: own.Version, Subnets: own.LeasePrefixes(), ClaimKey: ipam.ParseClaimKey(own.Keys.Claim)})
 	}
 	if self != nil {
 		for _, ov := range self.Overlays {

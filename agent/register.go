@@ -4,6 +4,8 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
 	"log/slog"
 	"os"
 	"time"
@@ -37,6 +39,7 @@ func (a *Agent) register(ctx context.Context) {
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
 		UnderlayMTU:   a.refreshUnderlayMTU(),
+		Keys:          api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(a.claimKey.Public().(ed25519.PublicKey))},
 	}
 	req.Keys.WireGuard = a.wg.registerKey()
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}

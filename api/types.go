@@ -294,6 +294,10 @@ type GrantReport struct {
 	// empty.
 	Bridge    string `json:"bridge,omitempty"`
 	RequestID string `json:"request_id,omitempty"`
+	// Expires and DonorSignature are the donor's signed grant (grant.go):
+	// required when the recipient reports it.
+	Expires        int64  `json:"expires,omitempty"`
+	DonorSignature string `json:"donor_signature,omitempty"`
 }
 
 // UsageReport is the body of PUT /overlay-master/agents/{agent_id}/usage:

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,22 +60,7 @@ func TestRogueMeshPeer(t *testing.T) {
 	if h2 == nil || h2.Signature == "" || st.ClusterID == "" {
 		t.Fatalf("the masters' state lacks %s's signed record or a cluster id", h2ID)
 	}
-	type view struct {
-		peers  *api.AgentPeers
-		kernel *labcluster.KernelState
-	}
-	before := map[string]view{}
-	for _, h := range c.Hosts() {
-		peers, err := c.AgentClient(h).Peers(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ks, err := c.Kernel(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		before[h.Name] = view{peers, ks}
-	}
+	before := hostViews(ctx, t, c)
 
 	_, otherKey, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -158,23 +142,7 @@ func TestRogueMeshPeer(t *testing.T) {
 			if !tc.password && strings.Contains(rogue.Tail(200), "msg=\"mesh peers\"") {
 				t.Errorf("the rogue without the password saw mesh peers:\n%s", rogue.Tail(20))
 			}
-			for _, h := range c.Hosts() {
-				peers, err := c.AgentClient(h).Peers(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want := before[h.Name]
-				if !reflect.DeepEqual(peers.Peers, want.peers.Peers) || !reflect.DeepEqual(peers.Tombstones, want.peers.Tombstones) || peers.ClusterID != want.peers.ClusterID {
-					t.Errorf("%s's membership changed:\n got %+v %+v\nwant %+v %+v", h.Name, peers.Peers, peers.Tombstones, want.peers.Peers, want.peers.Tombstones)
-				}
-				ks, err := c.Kernel(h)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !reflect.DeepEqual(ks, want.kernel) {
-					t.Errorf("%s's kernel changed:\n got %s\nwant %s", h.Name, ks, want.kernel)
-				}
-			}
+			checkUnchanged(ctx, t, c, before)
 		})
 		if !ok {
 			t.FailNow()

@@ -3,7 +3,6 @@ package master
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 
@@ -13,7 +12,6 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
-	"github.com/carve-net/carve/pki"
 )
 
 // The API's writes of agent records, each a write (write.go): the request
@@ -139,18 +137,12 @@ func (s *server) returnBlock() http.HandlerFunc {
 // reportGrant records a ring grant that its donor or its recipient reports.
 func (s *server) reportGrant() http.HandlerFunc {
 	return handleWrite(s, write[api.GrantReport, state.Result]{
-		body:    true,
-		prepare: proposeForAgent(s, state.GrantCommand),
-		authorize: func(r *http.Request, req *api.GrantReport) error {
-			if who, ok := requestIdentity(r); ok && who.Role == pki.RoleAgent && who.Name != req.Donor && who.Name != req.Recipient {
-				return &refusal{reason: refusedWrongAgent,
-					msg: fmt.Sprintf("agent %q may report only grants it gave or received, not one from %q to %q", who.Name, req.Donor, req.Recipient)}
-			}
-			return nil
-		},
-		servable: true,
-		answer:   s.answerAgent,
-		count:    countDone(s.m.metrics.grantsLearned),
+		body:      true,
+		prepare:   proposeForAgent(s, state.GrantCommand),
+		authorize: s.authorizeGrant,
+		servable:  true,
+		answer:    s.answerAgent,
+		count:     countDone(s.m.metrics.grantsLearned),
 	})
 }
 

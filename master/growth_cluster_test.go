@@ -81,11 +81,14 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	agent := map[string]*api.Client{}
+	claim := map[string]ed25519.PrivateKey{}
 	for i, id := range []string{"a1", "a2", "a3"} {
 		p.IssueAgent(id, netip.MustParseAddr(fmt.Sprintf("198.18.4.%d", i+1)))
 		agent[id] = c.clientAs(leader+i, id, pki.RoleAgent)
+		var keys api.AgentKeys
+		claim[id], keys = claimKey(t)
 		if _, err := registerRetrying(ctx, agent[id], api.RegisterRequest{AgentID: id, IP: fmt.Sprintf("198.18.4.%d", i+1),
-			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}); err != nil {
+			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}, Keys: keys}); err != nil {
 			t.Fatalf("register %s: %v", id, err)
 		}
 	}
@@ -124,16 +127,17 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 		t.Errorf("a3 reports a grant between a1 and a2: %v", err)
 	}
 
-	// a1 granted part of its lease to a2 through the ring; a2 reports it.
+	// a1 granted part of its lease to a2 through the ring; a2 reports it
+	// with a1's signed word.
 	info, err = retrying(ctx, func() (*api.AgentInfo, error) {
-		return agent["a2"].ReportGrant(ctx, "a2", api.GrantReport{Overlay: "g", Prefix: "10.9.0.64/26", Donor: "a1", Recipient: "a2"})
+		return agent["a2"].ReportGrant(ctx, "a2", signedGrant(claim["a1"], api.GrantReport{Overlay: "g", Prefix: "10.9.0.64/26", Donor: "a1", Recipient: "a2"}, clusterID))
 	})
 	if err != nil || info.AgentID != "a2" {
 		t.Fatalf("grant report: %v %+v", err, info)
 	}
 	c.checkMasters()
 	// A grant of someone else's space is refused, naming both.
-	_, err = agent["a2"].ReportGrant(ctx, "a2", api.GrantReport{Overlay: "g", Prefix: "10.9.2.0/26", Donor: "a1", Recipient: "a2"})
+	_, err = agent["a2"].ReportGrant(ctx, "a2", signedGrant(claim["a1"], api.GrantReport{Overlay: "g", Prefix: "10.9.2.0/26", Donor: "a1", Recipient: "a2"}, clusterID))
 	if !api.IsCode(err, api.CodeConflict) {
 		t.Errorf("a grant of a3's space: %v", err)
 	}

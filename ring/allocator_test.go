@@ -233,10 +233,11 @@ func TestAllocatorMergeGuard(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			// A remote peer that (wrongly) believes a gave it the top half.
+			// A remote peer that holds a grant of the top half a wrote
+			// and lost (its data dir): a's own word, so it counts.
 			remote := a.Ring()
 			remote.st = remote.derive(upsert(remote.u, remote.st.raw,
-				rawToken{start: U128(256 + 128), owner: "x", version: 5<<32 | 7, free: U128(128)}),
+				rawToken{start: U128(256 + 128), owner: "x", version: 5<<32 | 7, free: U128(128), signer: "a"}),
 				remote.st.leases, remote.st.sets, remote.st.tombs)
 			before := a.State()
 			changed, err := a.Merge(remote)

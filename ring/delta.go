@@ -117,14 +117,7 @@ func (r *Ring) Select(keep func(owner string) bool) *Ring {
 // entry encodes alike on every peer (anti-entropy hashes it). entry is
 // valid only during the call.
 func (r *Ring) EachEntry(f func(owner string, entry []byte)) {
-	var b []byte
-	for _, t := range r.st.raw {
-		b = appendU128(append(b[:0], 't'), t.start)
-		b = binary.AppendUvarint(b, t.version)
-		b = appendU128(b, t.free)
-		b = append(b, t.owner...)
-		f(t.owner, b)
-	}
+	b := r.eachClaimEntry(f)
 	for _, l := range r.st.leases {
 		b = appendU128(append(b[:0], 'l'), l.start)
 		b = binary.AppendUvarint(append(b, byte(l.bits)), l.index)
@@ -141,3 +134,27 @@ func (r *Ring) EachEntry(f func(owner string, entry []byte)) {
 	owned('s', r.st.sets)
 	owned('d', r.st.tombs)
 }
+
+// EachClaimEntry is EachEntry of the raw tokens only: the claims peers
+// gossip (leases come from the masters' records, never from a peer).
+func (r *Ring) EachClaimEntry(f func(owner string, entry []byte)) { r.eachClaimEntry(f) }
+
+// eachClaimEntry calls f for every raw token (its start, version, free
+// count, owner and signer) and returns its buffer for reuse.
+func (r *Ring) eachClaimEntry(f func(owner string, entry []byte)) []byte {
+	var b []byte
+	for _, t := range r.st.raw {
+		b = appendU128(append(b[:0], 't'), t.start)
+		b = binary.AppendUvarint(b, t.version)
+		b = appendU128(b, t.free)
+		b = binary.AppendUvarint(b, uint64(len(t.owner)))
+		b = append(b, t.owner...)
+		b = append(b, t.signer...)
+		f(t.owner, b)
+	}
+	return b
+}
+
+// Claims returns the raw tokens of r alone: what a peer gossips of its
+// ring (Admit refuses leases, lease sets and tombstones from a peer).
+func (r *Ring) Claims() *Ring { return r.subset(slices.Clone(r.st.raw), nil, nil, nil) }

@@ -7,10 +7,15 @@ import (
 	"sort"
 )
 
-// formatV2 is the first byte of every encoded ring of this layout. Format 1
-// (leases disjoint, without lease-set versions) is no longer read: a ring
-// persisted in it is seeded again from the masters' records.
-const formatV2 = 2
+// formatV3 is the first byte of every encoded ring of this layout. Formats
+// 1 (leases disjoint, without lease-set versions) and 2 (tokens without
+// their writer and signature) are no longer read: a ring persisted in one
+// is seeded again from the masters' records, and what peers wrote in it
+// (unattributed) is dropped.
+const formatV3 = 3
+
+// maxSigLen bounds a token's signature (ed25519's is 64 bytes).
+const maxSigLen = 128
 
 // maxOwnerLen bounds an agent id in the encoding.
 const maxOwnerLen = 255
@@ -18,12 +23,13 @@ const maxOwnerLen = 255
 // Encode writes the replicated state in a compact, canonical form, the same
 // for gossip and for disk:
 //
-//	format byte (formatV2)
+//	format byte (formatV3)
 //	family byte (4 or 6), universe address (4 or 16 bytes), prefix length byte
 //	owners:     count, then each as length + bytes, sorted, each used below
 //	tokens:     count, then each: start as a delta from the previous one
 //	            (the first is 0), owner index (0 = nobody, else 1-based),
-//	            version epoch, version counter, free count
+//	            version epoch, version counter, free count, signer index
+//	            (0 = none), signature length and bytes
 //	leases:     count, then each: start as a delta from the previous lease's
 //	            start, prefix length byte, owner index, Raft index; sorted
 //	            by (start, prefix length, owner), none below its owner's
@@ -50,7 +56,7 @@ func (r *Ring) appendEncode(b []byte) []byte {
 		}
 		return index[o]
 	}
-	b = append(b, formatV2)
+	b = append(b, formatV3)
 	a := r.u.prefix.Addr()
 	if a.Is4() {
 		b = append(b, 4)
@@ -74,6 +80,9 @@ func (r *Ring) appendEncode(b []byte) []byte {
 		b = binary.AppendUvarint(b, t.version>>epochShift)
 		b = binary.AppendUvarint(b, t.version&counterMask)
 		b = appendU128(b, t.free)
+		b = binary.AppendUvarint(b, ownerIdx(t.signer))
+		b = binary.AppendUvarint(b, uint64(len(t.sig)))
+		b = append(b, t.sig...)
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.st.leases)))
 	prev = Uint128{}
@@ -108,6 +117,7 @@ func (r *Ring) owners() []string {
 	}
 	for _, t := range r.st.raw {
 		add(t.owner)
+		add(t.signer)
 	}
 	for _, l := range r.st.leases {
 		add(l.owner)
@@ -204,7 +214,7 @@ func (d *decoder) count(what string, minBytes int) int {
 // below its owner's lease-set version, lease sets and tombstones sorted. It never panics on any input.
 func Decode(b []byte) (*Ring, error) {
 	d := &decoder{b: b}
-	if f := d.byte1("format"); d.err == nil && f != formatV2 {
+	if f := d.byte1("format"); d.err == nil && f != formatV3 {
 		return nil, fmt.Errorf("%w: unknown format %d", ErrInvalid, f)
 	}
 	var addr netip.Addr
@@ -265,7 +275,7 @@ func Decode(b []byte) (*Ring, error) {
 		return owners[idx-1]
 	}
 
-	nTokens := d.count("tokens", 7)
+	nTokens := d.count("tokens", 9)
 	if d.err == nil && nTokens == 0 {
 		d.fail("no token")
 	}
@@ -287,11 +297,17 @@ func Decode(b []byte) (*Ring, error) {
 		}
 		t.version = epoch<<epochShift | counter
 		t.free = d.u128("free")
+		t.signer = owner(d.uvarint("token signer"), true)
+		n := d.uvarint("signature length")
+		if d.err == nil && (n > maxSigLen || (n > 0 && t.signer == "")) {
+			d.fail("token %d: signature of %d bytes by %q", i, n, t.signer)
+		}
+		t.sig = string(d.bytes(int(n), "signature"))
 		raw = append(raw, t)
 	}
 	for i := 0; i < len(raw) && d.err == nil; i++ {
-		if size := rangeEnd(u, raw, i).Sub(raw[i].start); size.Less(raw[i].free) {
-			d.fail("token %d: free count %v exceeds range size %v", i, raw[i].free, size)
+		if size := u.size.Sub(raw[i].start); size.Less(raw[i].free) {
+			d.fail("token %d: free count %v exceeds the %v addresses from its start to the universe's end", i, raw[i].free, size)
 		}
 	}
 

@@ -27,6 +27,8 @@ type encTok struct {
 	delta                 Uint128
 	owner, epoch, counter uint64
 	free                  Uint128
+	signer                uint64
+	sig                   []byte
 }
 
 type encLease struct {
@@ -57,6 +59,9 @@ func (e enc) bytes() []byte {
 		b = binary.AppendUvarint(b, t.epoch)
 		b = binary.AppendUvarint(b, t.counter)
 		b = appendU128(b, t.free)
+		b = binary.AppendUvarint(b, t.signer)
+		b = binary.AppendUvarint(b, uint64(len(t.sig)))
+		b = append(b, t.sig...)
 	}
 	b = binary.AppendUvarint(b, uint64(len(e.leases)))
 	for _, l := range e.leases {
@@ -79,16 +84,16 @@ func (e enc) bytes() []byte {
 }
 
 // validEnc is 10.0.0.0/16 with a owning 10.0.1.0/24 (lease 5, then a free
-// count report) and a /26 of it in a lease of c at 6 (its lease set), and b
-// deleted at 7.
+// count report it signed) and a /26 of it in a lease of c at 6 (its lease
+// set), and b deleted at 7.
 func validEnc() enc {
 	return enc{
-		format: formatV2, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
+		format: formatV3, family: 4, addr: []byte{10, 0, 0, 0}, bits: 16,
 		owners: []string{"a", "b", "c"},
 		toks: []encTok{
-			{U128(0), 0, 0, 0, U128(0)},
-			{U128(256), 1, 5, 1, U128(100)},
-			{U128(256), 0, 0, 0, U128(0)},
+			{U128(0), 0, 0, 0, U128(0), 0, nil},
+			{U128(256), 1, 5, 1, U128(100), 1, bytes.Repeat([]byte{7}, 64)},
+			{U128(256), 0, 0, 0, U128(0), 0, nil},
 		},
 		leases: []encLease{{U128(256), 24, 1, 5}, {U128(64), 26, 3, 6}},
 		sets:   []encTomb{{3, 6}},
@@ -115,8 +120,13 @@ func TestDecodeRejects(t *testing.T) {
 		name   string
 		mutate func(*enc)
 	}{
-		{"unknown format", func(e *enc) { e.format = 3 }},
+		{"unknown format", func(e *enc) { e.format = 4 }},
 		{"format 1", func(e *enc) { e.format = 1 }},
+		{"format 2 (tokens without writer)", func(e *enc) { e.format = 2 }},
+		{"signer index out of range", func(e *enc) { e.toks[1].signer = 4 }},
+		{"signature without signer", func(e *enc) { e.toks[2].sig = []byte{1} }},
+		{"signature too long", func(e *enc) { e.toks[1].sig = make([]byte, maxSigLen+1) }},
+		{"signature truncated", func(e *enc) { e.toks[2].signer, e.toks[2].sig, e.trailing = 1, nil, []byte{9} }},
 		{"unknown family", func(e *enc) { e.family = 5 }},
 		{"universe length too long", func(e *enc) { e.bits = 33 }},
 		{"universe host bits", func(e *enc) { e.addr = []byte{10, 0, 0, 1} }},
@@ -134,7 +144,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"owner index out of range", func(e *enc) { e.toks[1].owner = 4 }},
 		{"epoch too big", func(e *enc) { e.toks[1].epoch = 1 << 32 }},
 		{"counter too big", func(e *enc) { e.toks[1].counter = 1 << 32 }},
-		{"free count above range size", func(e *enc) { e.toks[1].free = U128(257) }},
+		{"free count above the universe's end", func(e *enc) { e.toks[1].free = U128(1<<16 - 256 + 1) }},
 		{"free count above last range size", func(e *enc) { e.toks[2].owner, e.toks[2].free = 2, U128(1<<16-512+1) }},
 		{"lease misaligned", func(e *enc) { e.leases[0].delta = U128(257) }},
 		{"lease larger than universe", func(e *enc) { e.leases[0].delta, e.leases[0].bits = U128(0), 15 }},
@@ -219,7 +229,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 			if !d.Equal(tt.r) || !bytes.Equal(d.Encode(), b) {
 				t.Fatalf("round trip differs:\n%v\n%v", tt.r, d)
 			}
-			if b[0] != formatV2 {
+			if b[0] != formatV3 {
 				t.Fatalf("format byte %d", b[0])
 			}
 			var u Ring

@@ -18,6 +18,10 @@ var (
 	ErrNotAligned = errors.New("ring: prefix not aligned")
 	// ErrNotOwner marks an operation on a range the acting peer does not own.
 	ErrNotOwner = errors.New("ring: range not owned")
+	// ErrNotLessee marks a write where the acting peer owns the range but
+	// does not lease it (a grant the masters have not recorded yet): only
+	// the lessee's tokens count.
+	ErrNotLessee = errors.New("ring: range not leased by the writer")
 	// ErrDeparted marks a grant or transfer to a peer the ring has a tombstone for.
 	ErrDeparted = errors.New("ring: peer departed")
 	// ErrVersionExhausted marks a token whose local counter cannot grow

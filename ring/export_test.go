@@ -1,65 +1,16 @@
 package ring
 
 // What only the tests use: the allocator's whole state and its restore, a
-// peer's ranges one by one, the release of many attachments at once, and a
-// takeover of a departed peer's ranges (no agent transfers ranges: a
-// deleted agent's ranges go back through its tombstone and the leases).
+// peer's ranges one by one, the release of many attachments at once. (No
+// peer takes over another's ranges: a deleted agent's ranges go back
+// through its tombstone and the leases, and a token written in another's
+// lease counts for nothing.)
 
 import (
 	"fmt"
 	"net/netip"
 	"sort"
 )
-
-// transferStep is added to a token's version when a peer takes over the
-// ranges of a departed one: it dominates the small increments the departed
-// peer may have made concurrently.
-const transferStep = 1 << 20
-
-// Transfer hands every range of a departed peer (those it still owns, and
-// those its tombstone emptied) to peer to, with versions that dominate any
-// concurrent small increment of the departed peer. It returns how many
-// ranges moved. Only one peer should transfer a given departed peer, and
-// only once its ring has converged with the others': a grant to the departed
-// peer that it has not heard of yet would stay with the departed peer (two
-// concurrent transfers are resolved by the tie-break, and the loser loses the
-// ranges again).
-func (r *Ring) transfer(from, to string) (int, error) {
-	next, n, err := r.tryTransfer(from, to)
-	if err != nil || n == 0 {
-		return 0, err
-	}
-	r.commit(next)
-	return n, nil
-}
-
-func (r *Ring) tryTransfer(from, to string) (state, int, error) {
-	if from == "" || to == "" || from == to {
-		return state{}, 0, fmt.Errorf("%w: transfer from %q to %q", ErrInvalid, from, to)
-	}
-	var writes []rawToken
-	for i, t := range r.st.view {
-		if t.owner != from && (t.owner != "" || t.voided != from) {
-			continue
-		}
-		w, err := bump(t.version, transferStep)
-		if err != nil {
-			return state{}, 0, err
-		}
-		if d := tombIndex(r.st.tombs, to); voids(d, w) {
-			return state{}, 0, fmt.Errorf("%w: %s at %d", ErrDeparted, to, d)
-		}
-		free := t.free
-		if t.owner == "" {
-			free = rangeEnd(r.u, r.st.view, i).Sub(t.start)
-		}
-		writes = append(writes, rawToken{start: t.start, owner: to, version: w, free: free})
-	}
-	if len(writes) == 0 {
-		return state{}, 0, nil
-	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), len(writes), nil
-}
 
 // RangesOf returns the ranges peer owns, one per token, in address order.
 func (r *Ring) RangesOf(peer string) []Range {
@@ -68,18 +19,6 @@ func (r *Ring) RangesOf(peer string) []Range {
 		out = append(out, r.u.rangeOf(v.lo, v.hi))
 	}
 	return out
-}
-
-// Transfer takes over every range of a departed peer (see Ring.Transfer).
-func (a *Allocator) transfer(from string) (int, error) {
-	next, n, err := a.ring.tryTransfer(from, a.self)
-	if err != nil || n == 0 {
-		return 0, err
-	}
-	if err := a.apply(next); err != nil {
-		return 0, err
-	}
-	return n, nil
 }
 
 // Lookup returns the address held by an attachment.

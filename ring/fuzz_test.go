@@ -41,6 +41,14 @@ func fuzzSeeds(f *testing.F) [][]byte {
 	v6 := newRing(f, "fd00::/48")
 	mustSeed(f, v6, []Lease{{"a", pfx(f, "fd00:0:0:1::/64"), 1}}, nil)
 	out = append(out, v6.Encode())
+	// Signed claims: a grant and free counts with their writer's signatures.
+	signed := mustAllocator(f, "a", "10.0.0.0/16")
+	signed.SetSigner(signerOf(claimKeys("a")["a"]))
+	mustSeedAllocator(f, signed, []Lease{{"a", pfx(f, "10.0.1.0/24"), 5}})
+	if err := signed.Grant("b", pfx(f, "10.0.1.64/26")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, signed.EncodeRing())
 	return out
 }
 
@@ -120,6 +128,20 @@ func FuzzMerge(f *testing.F) {
 		}
 		if changed, err := x.Merge(b); err != nil || changed {
 			t.Fatalf("merge not idempotent: %v, %v", changed, err)
+		}
+		// What a admits of b is tokens a holds already (a no-op: the
+		// first one included) and b's tokens whose writer a's leases name.
+		admitted, _ := a.Admit(b, func(Claim) (string, bool) { return "", true })
+		if len(admitted.st.leases)+len(admitted.st.sets)+len(admitted.st.tombs) != 0 {
+			t.Fatalf("admitted leases from a peer: %v", admitted)
+		}
+		for _, tk := range admitted.st.raw {
+			if tk != (rawToken{}) && !a.holdsExactly(tk) && (!b.holdsExactly(tk) || lesseeAt(a.st.eff, tk.start) != tk.signer) {
+				t.Fatalf("admitted %+v: not b's, or not its writer's lease", tk)
+			}
+		}
+		if _, err := Decode(admitted.Encode()); err != nil {
+			t.Fatalf("admitted an invalid ring: %v", err)
 		}
 		// b's delta since a, merged into a, is b merged into a; the
 		// entries of b's owners, all of them, are b, and b merged in

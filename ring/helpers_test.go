@@ -43,7 +43,8 @@ type tok struct {
 }
 
 // rawRing builds a ring straight from raw tokens, as a remote peer might have
-// it, and checks that it is a valid state.
+// it, and checks that it is a valid state. Each token names its owner as
+// its writer; the view uses it only where that owner leases its start.
 func rawRing(t testing.TB, universe string, toks ...tok) *Ring {
 	t.Helper()
 	r := newRing(t, universe)
@@ -53,7 +54,7 @@ func rawRing(t testing.TB, universe string, toks ...tok) *Ring {
 		if !ok {
 			t.Fatalf("token %s outside %s", k.start, universe)
 		}
-		raw = append(raw, rawToken{start: x, owner: k.owner, version: k.epoch<<epochShift | k.counter, free: U128(k.free)})
+		raw = append(raw, rawToken{start: x, owner: k.owner, version: k.epoch<<epochShift | k.counter, free: U128(k.free), signer: k.owner})
 	}
 	r.st = r.derive(raw, nil, nil, nil)
 	if _, err := Decode(r.Encode()); err != nil {

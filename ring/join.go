@@ -202,7 +202,6 @@ func joinRaw(u universe, a, b []rawToken) []rawToken {
 			j++
 		}
 	}
-	clampRaw(u, out)
 	return out
 }
 

@@ -44,7 +44,7 @@ func checkOwnerQueries(t testing.TB, r *Ring, what string) {
 
 // TestOwnerIndexMatchesScan checks Blocks and RangesOf through the owner
 // index against a scan of the view: on arbitrary states, and along
-// histories of seeds, grants, transfers and merges, where each change
+// histories of seeds, grants and merges, where each change
 // makes a new state whose index must not be the previous one's.
 func TestOwnerIndexMatchesScan(t *testing.T) {
 	for seed := uint64(1); seed <= 300; seed++ {

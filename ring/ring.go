@@ -100,6 +100,12 @@ type rawToken struct {
 	owner   string
 	version uint64
 	free    Uint128
+	// signer is the peer that wrote the token, sig its signature of the
+	// token's claim bytes (claim.go; empty when the writer signs nothing).
+	// The view uses a token only while its signer is the lessee of its
+	// start.
+	signer string
+	sig    string
 }
 
 // beats reports whether a wins over b at the same position: a total order,
@@ -112,8 +118,15 @@ func (a rawToken) beats(b rawToken) bool {
 		return a.owner > b.owner
 	}
 	// Lower free count wins: the conservative guess when two writes
-	// disagree, and it commutes with clamping to the range size.
-	return a.free.Less(b.free)
+	// disagree. (Raw counts are never clamped, which would void their
+	// writer's signature: the view caps them at their range's size.)
+	if a.free != b.free {
+		return a.free.Less(b.free)
+	}
+	if a.signer != b.signer {
+		return a.signer > b.signer
+	}
+	return a.sig > b.sig
 }
 
 type leaseEntry struct {
@@ -159,7 +172,10 @@ type state struct {
 	// a lower index than its set's (normalize drops them).
 	sets  []Tombstone
 	tombs []Tombstone
-	view  []viewToken
+	// eff are the effective leases (effectiveLeases): who leases each
+	// address, what decides which raw tokens the view uses.
+	eff  []leaseEntry
+	view []viewToken
 	// owners indexes view by owner, built on first use (see ownerIndex).
 	owners *ownerIndex
 }
@@ -169,6 +185,9 @@ type Ring struct {
 	u       universe
 	st      state
 	changes uint64
+	// sign, when set, signs the claim bytes of the tokens this ring's
+	// owner writes (SetSigner); not replicated.
+	sign func(msg []byte) []byte
 }
 
 // NewRing returns a ring of the universe in which nobody owns anything.
@@ -183,7 +202,8 @@ func NewRing(universe netip.Prefix) (*Ring, error) {
 }
 
 func (r *Ring) derive(raw []rawToken, leases []leaseEntry, sets, tombs []Tombstone) state {
-	return state{raw: raw, leases: leases, sets: sets, tombs: tombs, view: computeView(r.u, raw, effectiveLeases(leases), tombs),
+	eff := effectiveLeases(leases)
+	return state{raw: raw, leases: leases, sets: sets, tombs: tombs, eff: eff, view: computeView(r.u, raw, eff, tombs),
 		owners: &ownerIndex{}}
 }
 

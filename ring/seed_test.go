@@ -86,19 +86,43 @@ func TestSeed(t *testing.T) {
 }
 
 // TestLeaseKeepsGrantee: a range the previous lessee granted to a live peer
-// stays with that peer when the subnet is leased again; the rest, emptied by
-// the tombstone, goes to the new lessee.
+// stays with that peer when the subnet is leased again once the masters
+// recorded the grant (their quarantine of a deleted agent's space waits
+// for every grant to be reported); the rest, emptied by the tombstone,
+// goes to the new lessee. A grant they never recorded counts no more once
+// its donor leases the space no more: its token is the donor's word only.
 func TestLeaseKeepsGrantee(t *testing.T) {
-	r := newRing(t, "10.0.0.0/16")
-	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, nil)
-	if err := r.Grant("a", "b", pfx(t, "10.0.1.64/26")); err != nil {
-		t.Fatal(err)
-	}
-	mustSeed(t, r, []Lease{{"c", pfx(t, "10.0.1.0/24"), 12}}, []Tombstone{{"a", 8}})
-	for addr, want := range map[string]string{"10.0.1.0": "c", "10.0.1.64": "b", "10.0.1.127": "b", "10.0.1.128": "c", "10.0.1.255": "c"} {
-		if got := ownerOf(t, r, addr); got != want {
-			t.Errorf("owner(%s) = %q, want %q\n%v", addr, got, want, r)
-		}
+	for _, tt := range []struct {
+		name     string
+		recorded bool
+		want     map[string]string
+	}{
+		{"recorded", true, map[string]string{"10.0.1.0": "c", "10.0.1.64": "b", "10.0.1.127": "b", "10.0.1.128": "c", "10.0.1.255": "c"}},
+		{"never recorded", false, map[string]string{"10.0.1.0": "c", "10.0.1.64": "c", "10.0.1.127": "c", "10.0.1.128": "c", "10.0.1.255": "c"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRing(t, "10.0.0.0/16")
+			mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}}, nil)
+			if err := r.Grant("a", "b", pfx(t, "10.0.1.64/26")); err != nil {
+				t.Fatal(err)
+			}
+			if got := ownerOf(t, r, "10.0.1.64"); got != "b" {
+				t.Fatalf("owner(10.0.1.64) after the grant = %q, want b\n%v", got, r)
+			}
+			if tt.recorded {
+				// The masters recorded the grant, then leased the rest
+				// of a's space to c.
+				mustSeed(t, r, []Lease{{"b", pfx(t, "10.0.1.64/26"), 10}}, nil)
+				mustSeed(t, r, []Lease{{"c", pfx(t, "10.0.1.0/26"), 12}, {"c", pfx(t, "10.0.1.128/25"), 12}}, []Tombstone{{"a", 8}})
+			} else {
+				mustSeed(t, r, []Lease{{"c", pfx(t, "10.0.1.0/24"), 12}}, []Tombstone{{"a", 8}})
+			}
+			for addr, want := range tt.want {
+				if got := ownerOf(t, r, addr); got != want {
+					t.Errorf("owner(%s) = %q, want %q\n%v", addr, got, want, r)
+				}
+			}
+		})
 	}
 }
 

@@ -124,8 +124,50 @@ func tombIndex(tombs []Tombstone, owner string) uint64 {
 // voids reports whether a tombstone of index d voids a version.
 func voids(d, version uint64) bool { return d != 0 && d > version>>epochShift }
 
-// computeView derives the ring queries see from the replicated state.
+// attributed keeps the raw tokens the view uses: each written by the
+// lessee of its start (leases: the effective ones, sorted and disjoint),
+// and the empty token at the universe's start, which claims nothing. A
+// deleted lessee's grants still count until its space is leased again
+// (the masters' quarantine waits for them to be reported); its own
+// ranges are voided by its tombstone as before. A token of any other writer (a
+// peer that lost the space since, or never held it) changes nothing,
+// whatever its version. The result starts at offset 0.
+func attributed(raw []rawToken, leases []leaseEntry) []rawToken {
+	out := raw[:0:0]
+	li := 0
+	for _, t := range raw {
+		if t == (rawToken{}) {
+			out = append(out, t)
+			continue
+		}
+		for li < len(leases) && !t.start.Less(leases[li].end) {
+			li++
+		}
+		if t.signer == "" || li == len(leases) || t.start.Less(leases[li].start) || leases[li].owner != t.signer {
+			continue
+		}
+		out = append(out, t)
+	}
+	if len(out) == 0 || !out[0].start.IsZero() {
+		out = slices.Insert(out, 0, rawToken{})
+	}
+	return out
+}
+
+// lesseeAt returns the lessee of offset x in leases (effective: sorted and
+// disjoint), "" when none.
+func lesseeAt(leases []leaseEntry, x Uint128) string {
+	i := sort.Search(len(leases), func(i int) bool { return x.Less(leases[i].end) })
+	if i < len(leases) && !x.Less(leases[i].start) {
+		return leases[i].owner
+	}
+	return ""
+}
+
+// computeView derives the ring queries see from the replicated state: the
+// attributed raw tokens, the leases and the tombstones.
 func computeView(u universe, raw []rawToken, leases []leaseEntry, tombs []Tombstone) []viewToken {
+	raw = attributed(raw, leases)
 	// Lease boundaries: non-decreasing because leases are sorted and
 	// disjoint.
 	bounds := make([]Uint128, 0, 2*len(leases))
@@ -206,12 +248,3 @@ func rangeEnd[T interface{ pos() Uint128 }](u universe, toks []T, i int) Uint128
 
 func (t rawToken) pos() Uint128  { return t.start }
 func (t viewToken) pos() Uint128 { return t.start }
-
-// clampRaw caps every free count at its raw range size. Applied after every
-// change of the token set, it keeps the state valid, and it commutes with the
-// join because the join prefers the lower count on ties.
-func clampRaw(u universe, raw []rawToken) {
-	for i := range raw {
-		raw[i].free = minU(raw[i].free, rangeEnd(u, raw, i).Sub(raw[i].start))
-	}
-}

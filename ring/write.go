@@ -3,13 +3,15 @@ package ring
 // Owner writes: grants, releases and free counts.
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
 )
 
-// upsert writes tokens into a copy of raw, then clamps free counts.
+// upsert writes tokens into a copy of raw. Free counts are left as their
+// writers signed them: the view caps each at its range's size.
 func upsert(u universe, raw []rawToken, writes ...rawToken) []rawToken {
 	out := slices.Clone(raw)
 	for _, w := range writes {
@@ -20,7 +22,6 @@ func upsert(u universe, raw []rawToken, writes ...rawToken) []rawToken {
 			out = slices.Insert(out, i, w)
 		}
 	}
-	clampRaw(u, out)
 	return out
 }
 
@@ -81,6 +82,12 @@ func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 	if t.owner != self || e.Less(b) {
 		return state{}, fmt.Errorf("%w: %v is not inside one range of %s", ErrNotOwner, p, self)
 	}
+	if l := lesseeAt(r.st.eff, s); l != self {
+		// A token of anyone but the lessee changes nothing (attributed):
+		// a grant not recorded by the masters yet stays as its donor
+		// wrote it.
+		return state{}, fmt.Errorf("%w: %v is %s's lease, not %s's (a grant the masters have not recorded yet)", ErrNotLessee, p, cmp.Or(l, "nobody"), self)
+	}
 	w, err := bump(t.version, 1)
 	if err != nil {
 		return state{}, err
@@ -109,7 +116,7 @@ func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 	if b != e {
 		writes = append(writes, rawToken{start: b, owner: self, version: w, free: minU(left, e.Sub(b))})
 	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), nil
+	return r.derive(upsert(r.u, r.st.raw, r.signAll(self, writes)...), r.st.leases, r.st.sets, r.st.tombs), nil
 }
 
 // ReportFree records the free count of ranges self owns, keyed by the
@@ -127,8 +134,8 @@ func (r *Ring) ReportFree(self string, free map[netip.Addr]Uint128) (changed boo
 func (r *Ring) tryReportFree(self string, free map[netip.Addr]Uint128) (state, bool, error) {
 	var writes []rawToken
 	for i, t := range r.st.view {
-		if t.owner != self || self == "" {
-			continue
+		if t.owner != self || self == "" || lesseeAt(r.st.eff, t.start) != self {
+			continue // only the lessee's tokens count (attributed)
 		}
 		f, ok := free[r.u.addr(t.start)]
 		if !ok {
@@ -147,7 +154,7 @@ func (r *Ring) tryReportFree(self string, free map[netip.Addr]Uint128) (state, b
 	if len(writes) == 0 {
 		return state{}, false, nil
 	}
-	return r.derive(upsert(r.u, r.st.raw, writes...), r.st.leases, r.st.sets, r.st.tombs), true, nil
+	return r.derive(upsert(r.u, r.st.raw, r.signAll(self, writes)...), r.st.leases, r.st.sets, r.st.tombs), true, nil
 }
 
 // takeover finds the first part of self's ranges in cur that next gives to

@@ -96,56 +96,11 @@ func TestGrantErrors(t *testing.T) {
 	}
 }
 
-func TestTransfer(t *testing.T) {
-	r := newRing(t, "10.0.0.0/16")
-	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.1.0/24"), 5}, {"d", pfx(t, "10.0.2.0/24"), 6}, {"gone", pfx(t, "10.0.3.0/24"), 7}}, nil)
-	if err := r.Grant("a", "d", pfx(t, "10.0.1.128/25")); err != nil {
-		t.Fatal(err)
-	}
-	mustSeed(t, r, nil, []Tombstone{{"gone", 10}})
-	// The departed peer d bumped its token concurrently, several times.
-	concurrent := r.Clone()
-	for i := range 5 {
-		if _, err := concurrent.ReportFree("d", map[netip.Addr]Uint128{ip(t, "10.0.2.0"): U128(uint64(i))}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	n, err := r.transfer("d", "c")
-	if err != nil || n != 2 {
-		t.Fatalf("Transfer(d) = %d, %v; want 2 ranges", n, err)
-	}
-	if _, err := r.Merge(concurrent); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []string{"10.0.1.200", "10.0.2.5"} {
-		if got := ownerOf(t, r, a); got != "c" {
-			t.Errorf("owner(%s) = %q after transfer, want c\n%v", a, got, r)
-		}
-	}
-	// A range emptied by a tombstone can be taken over too.
-	if n, err := r.transfer("gone", "c"); err != nil || n != 1 || ownerOf(t, r, "10.0.3.1") != "c" {
-		t.Fatalf("Transfer(gone) = %d, %v, owner %q", n, err, ownerOf(t, r, "10.0.3.1"))
-	}
-	if n, err := r.transfer("nobody", "c"); err != nil || n != 0 {
-		t.Fatalf("Transfer(nobody) = %d, %v; want 0, nil", n, err)
-	}
-	if _, err := r.transfer("a", "gone"); !errors.Is(err, ErrDeparted) {
-		t.Fatalf("Transfer to a departed peer = %v, want ErrDeparted", err)
-	}
-	if _, err := r.transfer("a", "a"); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("Transfer to itself = %v, want ErrInvalid", err)
-	}
-	checkValid(t, r)
-}
-
 func TestVersionExhausted(t *testing.T) {
 	r := rawRing(t, "10.0.0.0/24", tok{"10.0.0.0", "a", 1, counterMask, 10})
+	mustSeed(t, r, []Lease{{"a", pfx(t, "10.0.0.0/24"), 1}}, nil)
 	if err := r.Grant("a", "b", pfx(t, "10.0.0.0/26")); !errors.Is(err, ErrVersionExhausted) {
 		t.Fatalf("Grant at a full counter = %v, want ErrVersionExhausted", err)
-	}
-	if _, err := r.transfer("a", "b"); !errors.Is(err, ErrVersionExhausted) {
-		t.Fatalf("Transfer at a full counter = %v, want ErrVersionExhausted", err)
 	}
 }
 

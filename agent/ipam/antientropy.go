@@ -10,11 +10,13 @@ import (
 	"github.com/carve-net/carve/ring"
 )
 
-// ringEntries is a ring's entries as anti-entropy hashes them: each
-// entry's canonical encoding, keyed by its owner.
+// ringEntries is a ring's claims (its raw tokens) as anti-entropy hashes
+// them: each one's canonical encoding, keyed by its owner. Leases are left
+// out: every agent seeds them from the masters' records, and a peer's are
+// never taken (claims.go).
 func ringEntries(r *ring.Ring) antientropy.Entries {
 	return func(yield func(key string, h uint64)) {
-		r.EachEntry(func(owner string, entry []byte) { yield(owner, antientropy.Hash(entry)) })
+		r.EachClaimEntry(func(owner string, entry []byte) { yield(owner, antientropy.Hash(entry)) })
 	}
 }
 
@@ -108,7 +110,7 @@ func bucketPush(r *ring.Ring, mine, theirs antientropy.Buckets) (ringEntry, bool
 	if err != nil {
 		return ringEntry{}, false
 	}
-	return ringEntry{Ring: r.Select(in).Encode(), N: len(theirs), Buckets: differ}, true
+	return ringEntry{Ring: r.Select(in).Claims().Encode(), N: len(theirs), Buckets: differ}, true
 }
 
 // pushBack returns, of the buckets a peer pushed (and named), this agent's
@@ -146,5 +148,5 @@ func pushBackEntry(r *ring.Ring, pushed ringEntry) (ringEntry, bool) {
 	if err != nil {
 		return ringEntry{}, false
 	}
-	return ringEntry{Overlay: pushed.Overlay, Family: pushed.Family, Ring: r.Select(in).Encode()}, true
+	return ringEntry{Overlay: pushed.Overlay, Family: pushed.Family, Ring: r.Select(in).Claims().Encode()}, true
 }

@@ -5,10 +5,14 @@ package ipam
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/carve-net/carve/ring"
 )
 
 // Run gives back idle blocks, reports grants and returns to the masters,
@@ -163,7 +167,13 @@ func (s *Service) giveBack(hb *heldBlock) {
 		if err != nil {
 			o.reserveGateways()
 			s.mu.Unlock()
-			s.log.Warn("an idle block could not go back to its donor", "overlay", hb.Overlay, "block", hb.Prefix, "donor", to, "err", err)
+			level := slog.LevelWarn
+			if errors.Is(err, ring.ErrNotLessee) {
+				// Only the lessee's tokens count: it goes back once the
+				// masters recorded the grant (the next tick tries again).
+				level = slog.LevelDebug
+			}
+			s.log.Log(context.Background(), level, "an idle block could not go back to its donor", "overlay", hb.Overlay, "block", hb.Prefix, "donor", to, "err", err)
 			return
 		}
 		// A return, not a grant: the masters give the block back to its

@@ -141,7 +141,7 @@ func (s *Service) announce() {
 		}
 		g.announced = a.RingChanges()
 		if d, ok := a.Ring().Delta(g.known); ok {
-			m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: d.Encode()})
+			m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: d.Claims().Encode()})
 			if _, err := g.known.Merge(d); err != nil {
 				s.log.Debug("known ring", "overlay", k.overlay, "family", k.family, "err", err)
 			}
@@ -218,6 +218,9 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 			errs = append(errs, fmt.Errorf("ring %s/%s: %w", e.Overlay, e.Family, err))
 			continue
 		}
+		// Only attributed claims join: the claims the writer signed
+		// where it leases, never a lease (claims.go).
+		remote = s.admit(a, e, remote)
 		before, ownedBefore := a.Ring(), a.Owned()
 		changed, err := a.Merge(remote)
 		if err != nil {
@@ -258,7 +261,7 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
 		}
 		if d, ok := a.Ring().Delta(before); ok {
-			news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Encode()})
+			news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Claims().Encode()})
 		}
 	}
 	return news, b, errors.Join(errs...)

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -175,12 +176,17 @@ func fuzzService(f *testing.F) *Service {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { db.Close() })
-	s, err := New(Config{AgentID: "self", DB: db, Logger: testLogger()})
+	// Attributed claims on: what the fuzzer sends goes through the
+	// signature checks (other's key is in its record).
+	s, err := New(Config{AgentID: "self", DB: db, Logger: testLogger(), ClaimKey: claimKeyOf("self")})
 	if err != nil {
 		f.Fatal(err)
 	}
 	v := testView(testSelf())
 	v.ClusterID = "fuzz-cluster"
+	for i := range v.Peers {
+		v.Peers[i].ClaimKey = claimKeyOf(v.Peers[i].ID).Public().(ed25519.PublicKey)
+	}
 	s.Sync(v)
 	for i := range 20 {
 		if _, err := s.Allocate(req(fmt.Sprintf("c%d", i))); err != nil {

@@ -62,6 +62,10 @@ type GrantReport struct {
 	// Bridge is the recipient's bridge the block serves ("": mesos).
 	Bridge    string
 	RequestID string
+	// Expires and DonorSignature are the donor's signed statement of the
+	// grant (api.GrantSigningBytes), reported with it.
+	Expires        int64
+	DonorSignature string
 }
 
 // MasterBlock is a grown or granted block the masters' record of this

@@ -96,8 +96,10 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 		delete(s.grow.asking, [2]string{k.overlay, familyName(k.fam)})
 		s.mu.Unlock()
 	}()
-	msg := encodeSpaceMessage(spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: clusterID, From: s.id, ID: id,
-		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits})
+	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: clusterID, From: s.id, ID: id,
+		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits}
+	s.signSpaceRequest(&req)
+	msg := encodeSpaceMessage(req)
 	for range 3 {
 		if err := channel.Unicast(peer, msg); err != nil {
 			return fmt.Errorf("ask %s: %w", peer, err)
@@ -125,10 +127,17 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
 	s.mu.Lock()
 	deleted := s.tombstoned(peer)
+	stmtErr := s.checkGrantStatement(k.overlay, peer, p, ans.ID, ans, time.Now())
 	s.mu.Unlock()
 	if deleted {
 		// Obligation 2 (docs/design.md): no grant from a deleted donor.
 		return &refusedError{peer: peer, reason: "donor_deleted"}
+	}
+	if stmtErr != nil {
+		// Without the donor's word the masters would refuse the report:
+		// the block could never be recorded as this agent's.
+		s.log.Warn("refused a grant without its donor's valid statement", "donor", peer, "block", p, "err", stmtErr)
+		return &refusedError{peer: peer, reason: "bad_grant_statement"}
 	}
 	if _, err := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}}); err != nil {
 		return &refusedError{peer: peer, reason: "bad_ring: " + err.Error()}
@@ -144,7 +153,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 		return &refusedError{peer: peer, reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
 	}
 	b := s.enqueue(change{writes: []write{putOutbox(outboxEntry{Kind: outboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
-		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID})}})
+		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID, Expires: ans.Expires, DonorSignature: ans.GrantSig})}})
 	s.mu.Unlock()
 	s.metrics.grantsReceived.Inc()
 	if err := s.flush(b); err != nil {

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"maps"
@@ -117,7 +118,7 @@ func (m *recordingMasters) view(id string) View {
 	v.Self.Version = m.records[id].version
 	for _, pid := range slices.Sorted(maps.Keys(m.records)) {
 		r := m.records[pid]
-		p := Peer{ID: pid, Version: r.version}
+		p := Peer{ID: pid, Version: r.version, ClaimKey: claimKeyOf(pid).Public().(ed25519.PublicKey)}
 		for _, l := range r.leases {
 			p.Subnets = append(p.Subnets, l.String())
 		}

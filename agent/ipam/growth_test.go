@@ -2,6 +2,8 @@ package ipam
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"fmt"
 	"net/netip"
 	"os"
@@ -41,12 +43,22 @@ func growthSelf(id string) *api.AgentInfo {
 	}}}
 }
 
+// growthView is agent id's view: every agent's record, with its claim
+// key (attributed claims on: each node signs with claimKeyOf).
 func growthView(id string) View {
 	v := View{ClusterID: "c1", Self: growthSelf(id), Network: &api.NetworkConfig{OverlayMTU: 1400}}
 	for _, p := range []string{"a", "b", "c"} {
-		v.Peers = append(v.Peers, peerOf(growthSelf(p)))
+		peer := peerOf(growthSelf(p))
+		peer.ClaimKey = claimKeyOf(p).Public().(ed25519.PublicKey)
+		v.Peers = append(v.Peers, peer)
 	}
 	return v
+}
+
+// claimKeyOf is agent id's claim key, derived from its id.
+func claimKeyOf(id string) ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("claim key of " + id))
+	return ed25519.NewKeyFromSeed(seed[:])
 }
 
 // mastersStandIn is a TEST DOUBLE standing in for the masters (whose grow,
@@ -147,7 +159,7 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 		default:
 		}
 	}
-	nd.svc, err = New(Config{AgentID: id, DB: db, CNICacheDir: cniCache, Registerer: nd.reg, Logger: testLogger(), Growth: cfg})
+	nd.svc, err = New(Config{AgentID: id, DB: db, CNICacheDir: cniCache, Registerer: nd.reg, Logger: testLogger(), Growth: cfg, ClaimKey: claimKeyOf(id)})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -409,17 +421,15 @@ func TestGrowthSurvivesRestarts(t *testing.T) {
 // TestGrowthIdleReturn: a granted block that holds no allocation for the
 // idle time goes back to its donor through the ring; the first block never.
 func TestGrowthIdleReturn(t *testing.T) {
-	c := newCluster(t, 4, GrowthConfig{IdleReturn: 50 * time.Millisecond})
-	c.start("a", t.TempDir(), "")
-	c.start("b", t.TempDir(), "")
-	c.gossipRounds()
+	c, _ := grantedCluster(t, 4, GrowthConfig{IdleReturn: 50 * time.Millisecond})
 	a := c.nodes["a"]
-	for i := range 32 {
-		a.alloc(t, fmt.Sprint("c", i))
+	// The masters record the grant (a's report): only then does a lease
+	// the block, and only the lessee's word gives it back.
+	reports := c.masters.reported()
+	if len(reports) != 1 {
+		t.Fatalf("grants reported %+v, want one", reports)
 	}
-	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
-		t.Fatalf("%d blocks, want a grant", n)
-	}
+	recordGrant(t, c, reports[0])
 	for i := range 32 {
 		if _, err := a.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
 			t.Fatal(err)
@@ -490,7 +500,7 @@ func (c *cluster) startSource(id, dir string, src BlockSource) *node {
 	t.Cleanup(func() { db.Close() })
 	cfg := c.growth
 	cfg.Source = src
-	svc, err := New(Config{AgentID: id, DB: db, Registerer: prometheus.NewRegistry(), Logger: testLogger(), Growth: cfg})
+	svc, err := New(Config{AgentID: id, DB: db, Registerer: prometheus.NewRegistry(), Logger: testLogger(), Growth: cfg, ClaimKey: claimKeyOf(id)})
 	if err != nil {
 		t.Fatal(err)
 	}

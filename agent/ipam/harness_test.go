@@ -148,9 +148,16 @@ func (h *harness) counter(name, label, value string) float64 {
 // include labels; false when there is none.
 func (h *harness) gauge(name string, labels map[string]string) (float64, bool) {
 	h.t.Helper()
-	mfs, err := h.reg.Gather()
+	return gaugeIn(h.t, h.reg, name, labels)
+}
+
+// gaugeIn reads a counter or gauge of reg whose labels include labels;
+// false when there is none.
+func gaugeIn(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) (float64, bool) {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
-		h.t.Fatal(err)
+		t.Fatal(err)
 	}
 	for _, mf := range mfs {
 		if mf.GetName() != name {

@@ -30,6 +30,7 @@ type metrics struct {
 	exhausted      prometheus.Counter
 	reports        *prometheus.CounterVec
 	netnsReclaims  *prometheus.CounterVec
+	claimsRefused  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -76,6 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "carve_agent_ipam_netns_reclaims_total", Help: "Allocations of containers whose network namespace was gone for --reclaim-after, by result (released; dry_run: reported by --reclaim-dry-run, not released).",
 		}, []string{"result"}),
 	}
+	m.claimsRefused = newClaimsRefused()
 	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
 		m.ops.WithLabelValues(op)
 	}
@@ -89,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip,
-		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims} {
+		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims, m.claimsRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}

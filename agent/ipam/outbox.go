@@ -34,6 +34,10 @@ type outboxEntry struct {
 	Recipient string       `json:"recipient,omitempty"`
 	Bridge    string       `json:"bridge,omitempty"`
 	RequestID string       `json:"request_id"`
+	// Expires and DonorSignature are a grant's signed statement (see
+	// api.GrantSigningBytes), which the masters require of a recipient.
+	Expires        int64  `json:"expires,omitempty"`
+	DonorSignature string `json:"donor_signature,omitempty"`
 }
 
 // outboxCallTimeout bounds one report to the masters.
@@ -89,7 +93,8 @@ func (s *Service) flushOutbox(ctx context.Context) error {
 		case outboxReturn:
 			err = src.Return(cctx, e.Overlay, e.Prefix, e.RequestID)
 		default:
-			err = src.ReportGrant(cctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, Bridge: e.Bridge, RequestID: e.RequestID})
+			err = src.ReportGrant(cctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, Bridge: e.Bridge,
+				RequestID: e.RequestID, Expires: e.Expires, DonorSignature: e.DonorSignature})
 		}
 		cancel()
 		switch {

@@ -197,6 +197,9 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 		if alloc, err = ring.NewAllocator(sy.self, u); err != nil {
 			return nil, false, err
 		}
+		if sy.sign != nil {
+			alloc.SetSigner(sy.sign)
+		}
 		o.alloc[fam] = alloc
 	}
 	ownedBefore := alloc.Owned()
@@ -257,6 +260,26 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 			}
 			changed = changed || merged
 		}
+	}
+	// Its own tokens signed with a claim key it replaced (a new claim.key)
+	// are signed again, once per start: peers verify under its record's
+	// key only.
+	if fresh && sy.ownClaim != nil {
+		if resigned, err := alloc.Resign(sy.ownClaim); err != nil {
+			sy.log.Warn("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam), "err", err)
+		} else if resigned {
+			sy.log.Info("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam))
+			changed = true
+		}
+	}
+	// Tokens others wrote in this agent's leases (a grantee's return the
+	// masters recorded since) are outbid by its own, so that no stale
+	// grant of its own counts again anywhere (ring.Allocator.Sweep);
+	// announced with the sync.
+	if swept, err := alloc.Sweep(); err != nil {
+		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", familyName(fam), "err", err)
+	} else {
+		changed = changed || swept
 	}
 	switch {
 	case fresh || !slices.Equal(ownedBefore, alloc.Owned()):
@@ -419,9 +442,14 @@ type ringKnowledge interface {
 
 // overlaySync is what a sync of an overlay reaches beneath it.
 type overlaySync struct {
-	self  string
-	disk  ringDisk // nil: the rings on disk are another cluster's, never read
-	known ringKnowledge
+	self string
+	// sign signs the claims of the allocators it makes (nil: unsigned);
+	// ownClaim tells whether one of its claims verifies under its
+	// current claim key (nil: no key).
+	sign     func(msg []byte) []byte
+	ownClaim func(ring.Claim) bool
+	disk     ringDisk // nil: the rings on disk are another cluster's, never read
+	known    ringKnowledge
 	// asking is the bridge a family asks space for now (a range the ring
 	// gives this agent beyond what it holds becomes that bridge's).
 	asking func(fam int) string
@@ -431,7 +459,8 @@ type overlaySync struct {
 // overlaySync is the layers beneath a sync of an overlay; the caller holds
 // s.mu.
 func (s *Service) overlaySync(name string) overlaySync {
-	sy := overlaySync{self: s.id, known: s, log: s.log, asking: func(fam int) string { return s.askingBridge(name, fam) }}
+	sy := overlaySync{self: s.id, sign: s.signClaim(), ownClaim: s.ownClaimValid(), known: s, log: s.log,
+		asking: func(fam int) string { return s.askingBridge(name, fam) }}
 	if !s.staleRings {
 		sy.disk = ringStore{s.db}
 	}

@@ -11,6 +11,7 @@
 package ipam
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -55,6 +56,12 @@ type Config struct {
 	// OnSent, when set, counts the bytes of ring gossip sent, by kind
 	// (delta, digest, push).
 	OnSent func(kind string, n int)
+	// ClaimKey is the agent's claim key (the private half of the
+	// AgentKeys.Claim its record carries): it signs every ring token and
+	// grant this agent writes, and with it the agent verifies every
+	// received claim under its writer's key (claims.go). nil: nothing is
+	// signed or verified, only who leases what (--insecure labs, tests).
+	ClaimKey ed25519.PrivateKey
 }
 
 // Peer is one agent's leases, of every overlay: the blocks of its masters'
@@ -65,6 +72,9 @@ type Peer struct {
 	// Subnets are every block the record lists: each overlay family's
 	// are the agent's complete lease set at Version in that ring.
 	Subnets []string
+	// ClaimKey is the claim key of the agent's record (nil: none): its
+	// ring claims verify under it only.
+	ClaimKey ed25519.PublicKey
 }
 
 // View is all the IPAM learns from the agent.
@@ -126,6 +136,10 @@ type Service struct {
 	// released are the attachments whose cached CNI result must not be
 	// reclaimed: their DEL may still be finishing (see released.go).
 	released recentReleases
+	// claimKey signs this agent's claims (nil: none); claimKeys are the
+	// peers' claim keys, from the view's records (claims.go).
+	claimKey  ed25519.PrivateKey
+	claimKeys map[string]ed25519.PublicKey
 
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
@@ -140,6 +154,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.DB == nil {
 		return nil, errors.New("ipam: no store (Config.DB)")
+	}
+	if err := validClaimKey(cfg.ClaimKey); err != nil {
+		return nil, err
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -156,7 +173,7 @@ func New(cfg Config) (*Service, error) {
 		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
 		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
-		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{},
+		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey,
 	}
 	s.grow = newGrowState(cfg.Growth)
 	s.released.load(st.released)
@@ -215,6 +232,7 @@ func (s *Service) sync(v View) {
 		s.rebuildLocked(v.ClusterID)
 	}
 	s.synced, s.view = true, v
+	s.learnClaimKeys(v)
 	s.mtu = defaultMTU
 	if v.Network != nil && v.Network.OverlayMTU > 0 {
 		s.mtu = v.Network.OverlayMTU

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 	"unicode"
 
 	"github.com/carve-net/carve/api"
@@ -37,6 +38,8 @@ const (
 	maxSpaceRequestBytes = 4 << 10
 	maxRequestIDLen      = 128
 	maxReasonLen         = 512
+	// maxSigLen bounds a signature in standard base64 (ed25519: 88).
+	maxSigLen = 128
 )
 
 // errBadSpaceMessage marks a space request or answer that is refused.
@@ -58,6 +61,14 @@ type spaceMessage struct {
 	Ring   []byte `json:"ring,omitempty"`
 	// Reason says why a refusal refused.
 	Reason string `json:"reason,omitempty"`
+	// Expires and GrantSig are a grant's signed statement (the donor's
+	// signature by its claim key of api.GrantSigningBytes), which the
+	// recipient reports to the masters with the grant.
+	Expires  int64  `json:"expires,omitempty"`
+	GrantSig string `json:"grant_sig,omitempty"`
+	// Sig is a request's signature by its sender's claim key
+	// (spaceSigningBytes): a donor grants only to the agent that asked.
+	Sig string `json:"sig,omitempty"`
 }
 
 func encodeSpaceMessage(m spaceMessage) []byte {
@@ -96,6 +107,9 @@ func (m *spaceMessage) check(size int) error {
 	if err := api.ValidateOverlayName(m.Overlay); err != nil {
 		return err
 	}
+	if len(m.Sig) > maxSigLen {
+		return fmt.Errorf("signature of %d bytes", len(m.Sig))
+	}
 	width := 32
 	switch m.Family {
 	case "4":
@@ -109,7 +123,7 @@ func (m *spaceMessage) check(size int) error {
 		if size > maxSpaceRequestBytes {
 			return fmt.Errorf("request of %d bytes", size)
 		}
-		if m.Bits < 1 || m.Bits > width || m.Prefix != "" || m.Ring != nil || m.Reason != "" {
+		if m.Bits < 1 || m.Bits > width || m.Prefix != "" || m.Ring != nil || m.Reason != "" || m.Expires != 0 || m.GrantSig != "" {
 			return fmt.Errorf("request of a /%d block, or with answer fields", m.Bits)
 		}
 	case kindGrant:
@@ -117,11 +131,11 @@ func (m *spaceMessage) check(size int) error {
 		if err != nil || p.Masked() != p || p.Addr().BitLen() != width || p.Addr().Zone() != "" {
 			return fmt.Errorf("granted prefix %q", m.Prefix)
 		}
-		if len(m.Ring) == 0 || m.Bits != 0 || m.Reason != "" {
+		if len(m.Ring) == 0 || m.Bits != 0 || m.Reason != "" || m.Sig != "" || m.Expires < 0 || len(m.GrantSig) > maxSigLen {
 			return errors.New("grant without a ring, or with other fields")
 		}
 	case kindRefuse:
-		if len(m.Reason) > maxReasonLen || !printable(m.Reason) || m.Bits != 0 || m.Prefix != "" || m.Ring != nil {
+		if len(m.Reason) > maxReasonLen || !printable(m.Reason) || m.Bits != 0 || m.Prefix != "" || m.Ring != nil || m.Expires != 0 || m.GrantSig != "" || m.Sig != "" {
 			return errors.New("refusal with a bad reason, or with other fields")
 		}
 	default:
@@ -159,6 +173,13 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ErrOtherCluster, m.ClusterID, cluster)
 	}
 	if m.Kind == kindRequest {
+		s.mu.Lock()
+		reason, ok := s.checkSpaceRequest(m)
+		s.mu.Unlock()
+		if !ok {
+			s.metrics.claimsRefused.WithLabelValues(reason).Inc()
+			return fmt.Errorf("%w: request %q from %s: %s", errBadSpaceMessage, m.ID, src, reason)
+		}
 		go s.donate(m)
 		return nil
 	}
@@ -230,10 +251,13 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 	// request: the recipient may have lost what it had).
 	grant := func(p netip.Prefix, before *ring.Ring) (spaceMessage, *batch) {
 		enc := a.EncodeRing()
-		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), enc
+		ans.Kind, ans.Prefix, ans.Ring = kindGrant, p.String(), a.Ring().Claims().Encode()
 		if d, ok := a.Ring().Delta(before); ok && before != nil {
-			ans.Ring = d.Encode()
+			ans.Ring = d.Claims().Encode()
 		}
+		// The donor's word for the masters (the recipient reports the
+		// grant with it).
+		ans.Expires, ans.GrantSig = s.signGrant(m.Overlay, p, m.From, m.ID, time.Now())
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
 		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), putGranted(m.From, m.ID, p)}})

@@ -81,6 +81,9 @@ func FuzzDecodeSpaceMessage(f *testing.F) {
 	f.Add([]byte(`{"v":1,"kind":"request","cluster_id":"fuzz-cluster","from":"other","id":"x-1","overlay":"carve","family":"4","bits":27}`))
 	f.Add([]byte(`{"v":1,"kind":"grant","cluster_id":"fuzz-cluster","from":"other","id":"x-1","overlay":"carve","family":"4","prefix":"10.128.2.0/27","ring":"AAEC"}`))
 	f.Add([]byte(`{"v":1,"kind":"refuse","cluster_id":"fuzz-cluster","from":"other","id":"x-1","overlay":"carve","family":"6","reason":"no_space"}`))
+	// Signed: a request's sig, a grant's statement.
+	f.Add([]byte(`{"v":1,"kind":"request","cluster_id":"fuzz-cluster","from":"other","id":"x-1","overlay":"carve","family":"4","bits":27,"sig":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}`))
+	f.Add([]byte(`{"v":1,"kind":"grant","cluster_id":"fuzz-cluster","from":"other","id":"x-1","overlay":"carve","family":"4","prefix":"10.128.2.0/27","ring":"AAEC","expires":1800000000,"grant_sig":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=="}`))
 	f.Add([]byte(`{}`))
 	s := fuzzService(f)
 	f.Fuzz(func(t *testing.T, data []byte) {

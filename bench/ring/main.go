@@ -1,6 +1,8 @@
 // Command ring prints the ring benchmarks (make bench): allocation in a
-// nearly full range, merge of two 10,000-token rings, and encode/decode of a
-// 10,000-token ring, each beside a simple baseline measured in the same run.
+// nearly full range, merge of two 10,000-token rings, encode/decode of a
+// 10,000-token ring, and the cost of attributed claims (a signed change's
+// admission and size), each beside a simple baseline measured in the same
+// run.
 package main
 
 import (
@@ -58,6 +60,9 @@ func run() error {
 		return err
 	}
 	if err := benchCodec(t, a); err != nil {
+		return err
+	}
+	if err := benchClaims(t); err != nil {
 		return err
 	}
 	return t.Print(os.Stdout)

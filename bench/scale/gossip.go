@@ -184,9 +184,22 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 	}
 	defer os.RemoveAll(dir)
 	subnet := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256) }
+	// Attributed claims on: the two real agents sign what they write
+	// with their claim keys, and each verifies the other's under the key
+	// of its record.
+	keys := make([]ed25519.PrivateKey, 2)
+	for i := range keys {
+		if _, keys[i], err = ed25519.GenerateKey(rand.Reader); err != nil {
+			return nil, err
+		}
+	}
 	var peers []ipam.Peer
 	for i := range n {
-		peers = append(peers, ipam.Peer{ID: owner(i), Version: uint64(100 + i), Subnets: []string{subnet(i)}})
+		p := ipam.Peer{ID: owner(i), Version: uint64(100 + i), Subnets: []string{subnet(i)}}
+		if i < len(keys) {
+			p.ClaimKey = keys[i].Public().(ed25519.PublicKey)
+		}
+		peers = append(peers, p)
 	}
 	gnet := fakegossip.New(fakegossip.Config{Seed: 2})
 	defer gnet.Close()
@@ -213,7 +226,7 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 			return nil, err
 		}
 		defer db.Close()
-		svc, err := ipam.New(ipam.Config{AgentID: owner(i), DB: db, Logger: slog.New(slog.DiscardHandler), OnSent: sent.add})
+		svc, err := ipam.New(ipam.Config{AgentID: owner(i), DB: db, Logger: slog.New(slog.DiscardHandler), OnSent: sent.add, ClaimKey: keys[i]})
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
 )
@@ -19,9 +20,9 @@ import (
 const rogueCommand = "rogue-gossip"
 
 // runRogue is `carve-lab rogue-gossip`: a mesh peer that joins the agents'
-// mesh (with their password or without) and broadcasts one membership
-// message, read from a file, on the agents' channel, again and again until
-// it is stopped. It merges nothing it hears. The end-to-end tests run it in
+// mesh (with their password or without) and broadcasts one message, read
+// from a file, on one of the agents' channels (membership, or the rings
+// with --channel), again and again until it is stopped. It merges nothing it hears. The end-to-end tests run it in
 // a lab host's namespace (labcluster.StartRogue) to show that agents refuse
 // what it says; it logs the mesh peers it sees, and mesh's handshake
 // errors, to stderr.
@@ -33,6 +34,7 @@ func runRogue(ctx context.Context, args []string) error {
 	passwordFile := fs.String("mesh-password-file", "", "the agents' mesh password (default: none, an unencrypted peer)")
 	messageFile := fs.String("message", "", "file holding the membership message (JSON) to broadcast on the agents' channel")
 	interval := fs.Duration("interval", time.Second, "how often the message is broadcast, and mesh gossips")
+	channel := fs.String("channel", agent.GossipChannel, "mesh channel to broadcast on (the agents' membership channel, or "+ipam.RingChannel+" for ring claims)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -65,7 +67,7 @@ func runRogue(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ch, err := router.Channel(agent.GossipChannel, rogueHandler{msg})
+	ch, err := router.Channel(*channel, rogueHandler{msg})
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,12 @@ const RogueMeshPort = AgentMeshPort + 10
 // is stopped (Process.Stop; Close stops it too). Its log names what it
 // sees of the mesh. name tells rogues apart in logs.
 func (c *Cluster) StartRogue(h *Host, name string, withPassword bool, messageFile string) (*Process, error) {
+	return c.startRogue(h, name, withPassword, "", messageFile)
+}
+
+// startRogue is StartRogue on a mesh channel ("": the agents' membership
+// channel).
+func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, messageFile string) (*Process, error) {
 	if c.opts.LabBinary == "" {
 		return nil, fmt.Errorf("labcluster: no carve-lab binary (Options.LabBinary, $%s) to run a rogue peer", LabBinaryEnv)
 	}
@@ -31,6 +37,9 @@ func (c *Cluster) StartRogue(h *Host, name string, withPassword bool, messageFil
 		"--peers", strings.Join(peers, ","), "--message", messageFile}
 	if withPassword {
 		args = append(args, "--mesh-password-file", c.sec.meshPassword)
+	}
+	if channel != "" {
+		args = append(args, "--channel", channel)
 	}
 	p := newProcess(name, filepath.Join(c.Dir, "logs", name+".log"), h.NS.Namespace)
 	c.mu.Lock()
