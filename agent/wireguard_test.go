@@ -174,7 +174,7 @@ func TestRotateWireGuardKeyOverTLS(t *testing.T) {
 		return nil
 	})
 	base := "https://" + a.HTTPAddr()
-	agentClient := api.NewAgentClient(base, httpsClient(t, ca.files(pki.RoleAgent, "h2-agent")))
+	agentClient := api.NewAgentClient(base, httpsClient(t, ca.files(pki.RoleAgent, "h2-agent", "198.18.0.99")))
 	if _, err := agentClient.RotateWireGuardKey(context.Background()); !api.IsCode(err, api.CodeForbidden) {
 		t.Fatalf("rotation by another agent: %v, want 403 forbidden", err)
 	}
