@@ -25,6 +25,7 @@ type metrics struct {
 	gossipPeers      prometheus.Gauge
 	staleStates      prometheus.Counter
 	rebuilds         prometheus.Counter
+	restores         prometheus.Counter
 	httpRefused      *prometheus.CounterVec
 	masterReads      *prometheus.CounterVec
 	gossipSent       *prometheus.CounterVec
@@ -92,6 +93,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_cluster_rebuilds_total", Help: "Rebuilds of the masters' cluster seen (a new cluster id): the membership was reset.",
 		}),
+		restores: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_master_restores_total", Help: "Restores of the masters' table from a snapshot seen (a higher restore epoch): the membership was reset.",
+		}),
 		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_http_refused_total", Help: "Requests to the agent's HTTP API refused, by reason (no_certificate: no verified client certificate of the cluster CA).",
 		}, []string{"reason"}),
@@ -138,7 +142,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.masterReads.WithLabelValues(k)
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.reports,
-		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
+		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.restores, m.httpRefused, m.masterReads,
 		m.gossipSent, m.antiEntropy, m.meshTargets,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -322,25 +322,35 @@ func TestJudgeState(t *testing.T) {
 	tests := []struct {
 		name      string
 		clusterID string
+		epoch     uint64
 		index     uint64
 		st        api.State
 		want      stateVerdict
 	}{
-		{"first state ever", "", 0, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, further", "c1", 5, api.State{Index: 9, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, same index", "c1", 5, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, behind", "c1", 5, api.State{Index: 3, ClusterID: "c1"}, stateStale},
-		{"master without cluster id, behind", "c1", 5, api.State{Index: 0}, stateStale},
-		{"master without cluster id, further", "c1", 5, api.State{Index: 6}, stateCurrent},
-		{"agent without cluster id, behind", "", 5, api.State{Index: 3, ClusterID: "c2"}, stateStale},
-		{"agent without cluster id, further", "", 5, api.State{Index: 7, ClusterID: "c2"}, stateCurrent},
-		{"other cluster, behind", "c1", 5, api.State{Index: 2, ClusterID: "c2"}, stateRebuilt},
-		{"other cluster, further", "c1", 5, api.State{Index: 50, ClusterID: "c2"}, stateRebuilt},
+		{"first state ever", "", 0, 0, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, further", "c1", 0, 5, api.State{Index: 9, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, same index", "c1", 0, 5, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, behind", "c1", 0, 5, api.State{Index: 3, ClusterID: "c1"}, stateStale},
+		{"master without cluster id, behind", "c1", 0, 5, api.State{Index: 0}, stateStale},
+		{"master without cluster id, further", "c1", 0, 5, api.State{Index: 6}, stateCurrent},
+		{"agent without cluster id, behind", "", 0, 5, api.State{Index: 3, ClusterID: "c2"}, stateStale},
+		{"agent without cluster id, further", "", 0, 5, api.State{Index: 7, ClusterID: "c2"}, stateCurrent},
+		{"other cluster, behind", "c1", 0, 5, api.State{Index: 2, ClusterID: "c2"}, stateRebuilt},
+		{"other cluster, further", "c1", 0, 5, api.State{Index: 50, ClusterID: "c2"}, stateRebuilt},
+		{"restored, index lower", "c1", 0, 500, api.State{Index: 7, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateRestored},
+		{"restored, index higher", "c1", 0, 5, api.State{Index: 70, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateRestored},
+		{"restored again", "c1", 10, 70, api.State{Index: 8, ClusterID: "c1", Restore: &api.Restore{Epoch: 11}}, stateRestored},
+		{"same restore, further", "c1", 10, 7, api.State{Index: 9, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateCurrent},
+		{"same restore, behind", "c1", 10, 9, api.State{Index: 8, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateStale},
+		{"master that missed the restore, index higher", "c1", 10, 7, api.State{Index: 900, ClusterID: "c1"}, stateStale},
+		{"master of an older restore, index higher", "c1", 10, 7, api.State{Index: 900, ClusterID: "c1", Restore: &api.Restore{Epoch: 9}}, stateStale},
+		{"other cluster after a restore", "c1", 10, 7, api.State{Index: 3, ClusterID: "c2"}, stateRebuilt},
+		{"first state ever, restored", "", 0, 0, api.State{Index: 5, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateCurrent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := judgeState(tt.clusterID, tt.index, &tt.st); got != tt.want {
-				t.Errorf("judgeState(%q, %d, index %d cluster %q) = %v, want %v", tt.clusterID, tt.index, tt.st.Index, tt.st.ClusterID, got, tt.want)
+			if got := judgeState(tt.clusterID, tt.epoch, tt.index, &tt.st); got != tt.want {
+				t.Errorf("judgeState(%q, %d, %d, index %d cluster %q epoch %d) = %v, want %v", tt.clusterID, tt.epoch, tt.index, tt.st.Index, tt.st.ClusterID, tt.st.Restore.RestoreEpoch(), got, tt.want)
 			}
 		})
 	}

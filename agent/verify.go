@@ -94,6 +94,19 @@ func keyAfter(configured, pinned ed25519.PublicKey, st *api.State, rebuilt, unsi
 	return key, nil
 }
 
+// verifyRestore checks the signature of a restore the agent is to follow
+// (none to check when the masters sign nothing: key nil); the error
+// refuses the state, as a key it does not trust does.
+func verifyRestore(key ed25519.PublicKey, st *api.State) error {
+	if key == nil || st.Restore == nil {
+		return nil
+	}
+	if err := api.VerifyRestore(key, *st.Restore, st.ClusterID); err != nil {
+		return fmt.Errorf("%w: %w", errStateKey, err)
+	}
+	return nil
+}
+
 // keyFingerprint names a public key in logs: the first bytes of its SHA-256.
 func keyFingerprint(k ed25519.PublicKey) string {
 	sum := sha256.Sum256(k)

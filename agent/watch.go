@@ -26,7 +26,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	full := true
 	for ctx.Err() == nil {
 		a.mu.RLock()
-		index, cluster := a.masterIndex, a.clusterID
+		index, cluster, epoch := a.masterIndex, a.clusterID, a.restoreEpoch
 		a.mu.RUnlock()
 		var err error
 		applied := false
@@ -49,6 +49,10 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				continue
 			case err == nil && ch.ClusterID != cluster:
 				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
+				full = true
+				continue
+			case err == nil && ch.Restore.RestoreEpoch() != epoch:
+				a.log.Info("the changes are of another restore of the masters' table: reading the whole state", "epoch", ch.Restore.RestoreEpoch(), "was", epoch)
 				full = true
 				continue
 			case err == nil:
@@ -78,7 +82,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 // known one).
 func changesState(ch *api.Changes) *api.State {
 	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
-		Agents: ch.Agents, Tombstones: ch.Tombstones}
+		Agents: ch.Agents, Tombstones: ch.Tombstones, Restore: ch.Restore}
 	if ch.Network != nil {
 		st.Network = *ch.Network
 	}
@@ -107,17 +111,27 @@ const (
 	stateStale
 	// stateRebuilt: another cluster; the masters were rebuilt from nothing.
 	stateRebuilt
+	// stateRestored: the agent's cluster, restored from a snapshot since
+	// the agent last read it (a higher restore epoch): its index may be
+	// lower, and it replaces what the agent knew.
+	stateRestored
 )
 
 // judgeState tells what st means to an agent that last applied index of
-// cluster clusterID. Only a cluster id that differs from a known one proves
-// a rebuild. A lower index without that proof, from masters with or
-// without cluster ids, is a master that is behind: taking its state would
-// take back what the agent knows, peers and leases alike.
-func judgeState(clusterID string, index uint64, st *api.State) stateVerdict {
-	switch {
+// cluster clusterID at restore epoch epoch. Only a cluster id that differs
+// from a known one proves a rebuild. Within a cluster the restore epoch
+// comes first: a higher one is a restore to follow (whatever its index), a
+// lower one a master that missed the restore. At the same epoch, a lower
+// index is a master that is behind: taking its state would take back what
+// the agent knows, peers and leases alike.
+func judgeState(clusterID string, epoch, index uint64, st *api.State) stateVerdict {
+	switch e := st.Restore.RestoreEpoch(); {
 	case clusterID != "" && st.ClusterID != "" && st.ClusterID != clusterID:
 		return stateRebuilt
+	case e < epoch:
+		return stateStale
+	case e > epoch && clusterID != "":
+		return stateRestored
 	case st.Index < index:
 		return stateStale
 	}
@@ -143,7 +157,7 @@ func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConf
 // what changed.
 func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	a.mu.Lock()
-	verdict := judgeState(a.clusterID, a.masterIndex, st)
+	verdict := judgeState(a.clusterID, a.restoreEpoch, a.masterIndex, st)
 	if verdict == stateStale {
 		seen, warned := a.masterIndex, a.staleWarned
 		a.staleWarned = true
@@ -154,10 +168,13 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 			level = slog.LevelDebug
 		}
 		a.log.Log(context.Background(), level, "ignoring the state of a master that is behind: keeping the last known state",
-			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID)
+			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID, "restore_epoch", st.Restore.RestoreEpoch(), "seen_epoch", a.restoreEpoch)
 		return false
 	}
 	key, err := keyAfter(a.cfg.SigningKey, a.signingKey, st, verdict == stateRebuilt, a.sec.client == nil)
+	if err == nil && verdict == stateRestored {
+		err = verifyRestore(key, st)
+	}
 	if err != nil {
 		warned := a.keyWarned
 		a.keyWarned = true
@@ -184,9 +201,13 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	}
 	oldCluster, oldKey := a.clusterID, a.signingKey
 	a.signingKey = key
-	if verdict == stateRebuilt {
-		// Records, tombstones and versions of the old cluster mean nothing
-		// in the new one; its state is the truth now.
+	if verdict == stateRebuilt || verdict == stateRestored {
+		// Records, tombstones and versions of the old cluster (or of the
+		// table before the restore) mean nothing now; its state is the
+		// truth.
+		if verdict == stateRestored {
+			a.restoreFloor = max(a.restoreFloor, a.masterIndex, highestVersion(a.members.State()))
+		}
 		a.members.Reset()
 		a.self, a.network = nil, nil
 		a.trigger(a.reregisterCh)
@@ -194,7 +215,9 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	if st.ClusterID != "" {
 		a.clusterID = st.ClusterID
 	}
-	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID
+	oldEpoch := a.restoreEpoch
+	a.restoreEpoch = st.Restore.RestoreEpoch()
+	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID || oldEpoch != a.restoreEpoch
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
@@ -209,6 +232,11 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		if a.onRebuild != nil {
 			a.onRebuild(st.ClusterID)
 		}
+	}
+	if verdict == stateRestored {
+		a.metrics.restores.Inc()
+		a.log.Warn("the masters' table was restored from a snapshot: dropped the membership of before; registering again",
+			"epoch", st.Restore.Epoch, "was", oldEpoch, "snapshot_index", st.Restore.From, "index", st.Index)
 	}
 	switch {
 	case pinned && oldKey != nil:
@@ -252,12 +280,12 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		}
 	}
 	a.mu.Lock()
-	if verdict == stateRebuilt || st.Index > a.mergedIndex {
+	if verdict == stateRebuilt || verdict == stateRestored || st.Index > a.mergedIndex {
 		a.mergedIndex = st.Index
 	}
 	a.mu.Unlock()
 	changed := len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged
-	if changed || indexChanged || pinned || verdict == stateRebuilt {
+	if changed || indexChanged || pinned || verdict == stateRebuilt || verdict == stateRestored {
 		a.trigger(a.persistCh)
 	}
 	if changed {

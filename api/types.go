@@ -381,6 +381,9 @@ type State struct {
 	// lease yet (a carve extension; see docs/design.md, "Growth and the
 	// one-owner invariant").
 	Quarantine []QuarantinedBlock `json:"quarantine,omitempty"`
+	// Restore, when the table was restored from a snapshot, is that event,
+	// signed (restore.go): agents compare its epoch before the index.
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -399,6 +402,8 @@ type Changes struct {
 	Network    *NetworkConfig `json:"network,omitempty"`
 	Agents     []AgentInfo    `json:"agents,omitempty"`
 	Tombstones []Tombstone    `json:"tombstones,omitempty"`
+	// Restore is State.Restore (always set when there was one).
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // QuarantinedBlock is a block of a deleted agent's space that is not

@@ -70,6 +70,9 @@ func (m *Master) proposeCompaction(ctx context.Context) {
 func (m *Master) leaderSetup(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := m.restoreFrom(ctx); err != nil {
+		return err
+	}
 	if m.table.ClusterID() == "" {
 		id, err := newClusterID()
 		if err != nil {

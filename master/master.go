@@ -39,6 +39,11 @@ type Options struct {
 	Peers []raftlog.Server
 	// Network is the validated configuration from this master's file.
 	Network api.NetworkConfig
+	// RestoreFrom is a snapshot (carve snapshot save) that the first leader
+	// of a new cluster commits before anything else: a whole-cluster
+	// restore onto empty data directories. Ignored once the log has a
+	// cluster id.
+	RestoreFrom []byte
 	// Join is the URL of a running master to join as a voter (a master not in Peers).
 	Join   string
 	Logger *slog.Logger

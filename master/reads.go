@@ -182,7 +182,7 @@ func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) boo
 	defer timer.Stop()
 	for {
 		ch, idx := s.m.table.Changed()
-		if idx > index {
+		if idx > index || s.m.table.AheadOfRestore(index) {
 			return true
 		}
 		select {

@@ -56,6 +56,8 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/status", s.clusterStatus).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/join", s.join()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)
+	r.HandleFunc("/cluster/snapshot", s.snapshot).Methods(http.MethodGet)
+	r.HandleFunc("/cluster/restore", s.restore()).Methods(http.MethodPost)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
 	return s.instrument(s.authenticate(r))

@@ -232,7 +232,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 	case errors.Is(err, state.ErrNoConfig):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, state.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock):
+	case errors.Is(err, state.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock), errors.Is(err, state.ErrBadSnapshot):
 		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	default:
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())

@@ -45,6 +45,7 @@ type command struct {
 	Return     *returnCmd         `json:"return,omitempty"`
 	Grant      *grantCmd          `json:"grant,omitempty"`
 	Release    *releaseCmd        `json:"release,omitempty"`
+	Restore    *restoreCmd        `json:"restore,omitempty"`
 }
 
 // reportCmd is an agent's configuration report (PUT .../report).
@@ -143,6 +144,8 @@ func (c command) validate() error {
 		missing = c.Grant == nil
 	case opRelease:
 		missing = c.Release == nil
+	case opRestore:
+		missing = c.Restore == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)

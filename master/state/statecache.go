@@ -177,6 +177,9 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
+	if err := t.writeRestoreField(&out); err != nil {
+		return nil, err
+	}
 	out.Write(t.cache.full)
 	out.WriteString("}\n")
 	return out.Bytes(), nil

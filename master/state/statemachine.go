@@ -162,6 +162,10 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		t.servers[c.ServerMeta.ID] = *c.ServerMeta
 	case opCompact:
 		t.applyCompact(index, c.Compact)
+	case opRestore:
+		if err := t.applyRestore(index, c.Restore); err != nil {
+			return Result{Err: err}
+		}
 	}
 	if c.RequestID != "" && res.Err == nil {
 		t.requests.remember(c.RequestID, outcome)

@@ -81,6 +81,9 @@ type LeaseTable struct {
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
 	signer *recordSigner
+	// restore is the last restore from a snapshot (restore.go); nil when
+	// the table never was. Never changed in place.
+	restore *api.Restore
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
@@ -106,6 +109,7 @@ func (t *LeaseTable) reset() {
 	t.cache = newStateCache()
 	t.changes = changeLog{max: t.changeLogIDs}
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
+	t.restore = nil
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
