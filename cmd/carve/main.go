@@ -1,6 +1,6 @@
 // Command carve runs a carve master or agent, reads the masters' state,
-// gives operators their commands (cluster status, agents delete, ipam show
-// and check), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
+// gives operators their commands (cluster status, agents delete, snapshot
+// save and restore, ipam show and check), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
 package main
 
 import (
@@ -20,7 +20,7 @@ const usage = `carve: a VXLAN overlay control plane
 
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
-               --peers m1=HOST:PORT,... [--config network.json] [--join URL] \
+               --peers m1=HOST:PORT,... [--config network.json] [--join URL] [--restore-from FILE] \
                --ca-file CA --cert-file CERT --key-file KEY --signing-key-file signing.key | --insecure
   carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
                --mesh-password-file FILE [--signing-pub-file signing.pub] [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
@@ -30,6 +30,8 @@ usage:
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
+  carve snapshot save FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
+  carve snapshot restore FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
@@ -62,6 +64,8 @@ func main() {
 		err = runCluster(ctx, args, os.Stdout)
 	case "agents":
 		err = runAgents(ctx, args, os.Stdout)
+	case "snapshot":
+		err = runSnapshot(ctx, args, os.Stdout)
 	case "ipam":
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":

@@ -33,6 +33,7 @@ func runMaster(ctx context.Context, args []string) error {
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	restoreFrom := fs.String("restore-from", "", "a snapshot (carve snapshot save) that the first leader of a new cluster commits before anything else: a whole-cluster restore onto empty data directories (ignored once the cluster has a log); see docs/operations.md")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -84,6 +85,12 @@ func runMaster(ctx context.Context, args []string) error {
 	} else {
 		logger.Info("no --config: using the default network configuration")
 	}
+	var snapshot []byte
+	if *restoreFrom != "" {
+		if snapshot, err = readSnapshot(*restoreFrom); err != nil {
+			return fmt.Errorf("--restore-from: %w", err)
+		}
+	}
 	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
 		return fmt.Errorf("create --data-dir: %w", err)
 	}
@@ -92,6 +99,7 @@ func runMaster(ctx context.Context, args []string) error {
 		Peers: servers, Network: netCfg, Join: *join, Logger: logger,
 		TLS: *tlsFiles, SigningKey: key, Insecure: *insecure,
 		HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
+		RestoreFrom: snapshot,
 	})
 	if err != nil {
 		return err
