@@ -8,6 +8,7 @@ package api
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 )
 
 // Overlay statuses: DC/OS's overlay.proto enum Status, all four values and no
@@ -433,16 +434,29 @@ type Error struct {
 	Status int `json:"-"`
 	// cause is what made a call fail without an answer (wraps ErrUnreachable).
 	cause error
+	// also are the failures of the other masters a call tried, each
+	// naming its master (everyMasterFailed).
+	also []string
 }
 
 // Unwrap returns the transport failure behind an error without an answer.
 func (e *Error) Unwrap() error { return e.cause }
 
+// Error is the message, with the code and status of an answer (a call
+// that got none says why in its message: no code to add), then the other
+// masters' failures.
 func (e *Error) Error() string {
-	if e.Status != 0 {
-		return "carve: " + e.Message + " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+	msg := "carve: " + e.Message
+	switch {
+	case e.Status != 0:
+		msg += " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+	case e.cause == nil && e.Code != "":
+		msg += " (" + e.Code + ")"
 	}
-	return "carve: " + e.Message + " (" + e.Code + ")"
+	if len(e.also) > 0 {
+		msg += "; also " + strings.Join(e.also, "; ")
+	}
+	return msg
 }
 
 // ServerInfo is one Raft server as /cluster/status shows it.

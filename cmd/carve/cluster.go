@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
+	neturl "net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -142,14 +144,22 @@ func collectClusterStatus(ctx context.Context, urls []string, ask func(context.C
 // servers that could not be asked.
 func judgeCluster(rep *clusterReport) {
 	var problems []string
-	leaders, clusterIDs := map[string][]string{}, map[string][]string{}
+	leaders, clusterIDs, voters := map[string][]string{}, map[string][]string{}, map[string][]string{}
 	seen := map[string]bool{}
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {
+			// A URL given that did not answer: name the server it is, so
+			// that it is not also reported as not checked.
+			if id := serverAt(rep.Masters, v.URL); id != "" {
+				seen[id] = true
+				problems = append(problems, fmt.Sprintf("master %s (%s): down or unreachable: %s", id, v.URL, v.Error))
+				continue
+			}
 			problems = append(problems, fmt.Sprintf("master %s: unreachable: %s", v.URL, v.Error))
 			continue
 		}
+		voters[voterSet(st.Servers)] = append(voters[voterSet(st.Servers)], st.ID)
 		seen[st.ID] = true
 		name := fmt.Sprintf("master %s (%s)", st.ID, v.URL)
 		if st.Leader == nil || st.Leader.ID == "" {
@@ -187,6 +197,10 @@ func judgeCluster(rep *clusterReport) {
 	default:
 		problems = append(problems, "the masters disagree on the leader: "+describeGroups(leaders, "seen by"))
 	}
+	if len(voters) > 1 {
+		problems = append(problems, "the masters disagree on the voters (a master started with another --peers, or a removal it missed): "+
+			describeGroups(voters, "seen by")+"; give every master the same --peers, and join or remove masters with carve cluster join|remove")
+	}
 	switch len(clusterIDs) {
 	case 1:
 		for id := range clusterIDs {
@@ -197,6 +211,71 @@ func judgeCluster(rep *clusterReport) {
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
+}
+
+// serverAt is the id of the server that the answers place at url, a URL
+// that did not answer: the server of that URL, or else the one server that
+// did not answer either, whose URL is unknown, and whose HTTP or Raft
+// address is on url's host; "" when there is no such server.
+func serverAt(views []masterView, url string) string {
+	answered := map[string]bool{}
+	for _, v := range views {
+		if v.Status != nil {
+			answered[v.Status.ID] = true
+		}
+	}
+	host := urlHost(url)
+	byHost := map[string]bool{}
+	for _, v := range views {
+		if v.Status == nil {
+			continue
+		}
+		for _, s := range v.Status.Servers {
+			switch {
+			case answered[s.ID]:
+			case s.URL != "" && s.URL == url:
+				return s.ID
+			case s.URL == "" && host != "" && (addrHost(s.HTTPAddr) == host || addrHost(s.RaftAddr) == host):
+				byHost[s.ID] = true
+			}
+		}
+	}
+	if len(byHost) == 1 {
+		for id := range byHost {
+			return id
+		}
+	}
+	return ""
+}
+
+// urlHost is the host of a master URL ("" when it has none).
+func urlHost(u string) string {
+	parsed, err := neturl.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return parsed.Hostname()
+}
+
+// addrHost is the host of HOST:PORT ("" when it is not one).
+func addrHost(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// voterSet renders a Raft configuration's voters, sorted: "m1,m2,m3".
+func voterSet(servers []api.ServerInfo) string {
+	var ids []string
+	for _, s := range servers {
+		if s.Voter {
+			ids = append(ids, s.ID)
+		}
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, ",")
 }
 
 // describeGroups renders {"m1": ["m1", "m2"]} as "m1 seen by m1,m2".

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -145,7 +146,7 @@ func TestJudgeCluster(t *testing.T) {
 				"the masters disagree on the leader: m1 seen by m1; m2 seen by m2",
 				"the masters report different cluster ids (a rebuilt cluster?): c on m1; d on m2"}},
 		{"unreachable", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Error: "refused"}}, "m1",
-			[]string{"master https://m2: unreachable: refused"}},
+			[]string{"master m2 (https://m2): down or unreachable: refused"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,6 +160,71 @@ func TestJudgeCluster(t *testing.T) {
 					strings.Join(rep.Problems, "\n"), tc.leader, strings.Join(tc.want, "\n"))
 			}
 		})
+	}
+}
+
+// TestJudgeClusterNamesADownMaster (issue 20, finding 8): a master whose
+// URL was given but that does not answer is named as down, not reported as
+// "not checked ... give them in --masters"; several masters on one host
+// are not guessed between.
+func TestJudgeClusterNamesADownMaster(t *testing.T) {
+	servers := []api.ServerInfo{
+		{ID: "m1", URL: "https://198.18.0.11:8080", RaftAddr: "198.18.0.11:8300", Voter: true},
+		{ID: "m2", RaftAddr: "198.18.0.12:8300", Voter: true},
+		{ID: "m3", RaftAddr: "198.18.0.13:8300", Voter: true},
+	}
+	up := func(id string) *api.ClusterStatus {
+		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &servers[0], Servers: servers}
+	}
+	rep := &clusterReport{Masters: []masterView{
+		{URL: "https://198.18.0.11:8080", Status: up("m1")},
+		{URL: "https://198.18.0.12:8080", Status: up("m2")},
+		{URL: "https://198.18.0.13:8080", Error: "connection refused"},
+	}}
+	judgeCluster(rep)
+	want := "master m3 (https://198.18.0.13:8080): down or unreachable: connection refused"
+	if len(rep.Unchecked) != 0 || rep.Healthy || strings.Join(rep.Problems, "\n") != want {
+		t.Errorf("unchecked %v, healthy %t, problems %q; want none unchecked and %q", rep.Unchecked, rep.Healthy, rep.Problems, want)
+	}
+	var out bytes.Buffer
+	if err := printClusterReport(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "not checked") || !strings.Contains(out.String(), want) {
+		t.Errorf("report:\n%s", out.String())
+	}
+
+	// Two masters that did not answer on one host: which URL is which is
+	// not guessed.
+	same := []api.ServerInfo{servers[0], {ID: "m2", RaftAddr: "127.0.0.1:8301", Voter: true}, {ID: "m3", RaftAddr: "127.0.0.1:8302", Voter: true}}
+	rep = &clusterReport{Masters: []masterView{
+		{URL: "https://198.18.0.11:8080", Status: &api.ClusterStatus{ID: "m1", ClusterID: "c", CaughtUp: true, Leader: &same[0], Servers: same}},
+		{URL: "https://127.0.0.1:8081", Error: "connection refused"},
+	}}
+	judgeCluster(rep)
+	if !slices.Equal(rep.Unchecked, []string{"m2", "m3"}) || rep.Problems[0] != "master https://127.0.0.1:8081: unreachable: connection refused" {
+		t.Errorf("two on one host: unchecked %v, problems %q", rep.Unchecked, rep.Problems)
+	}
+}
+
+// TestJudgeClusterVotersDisagree (issue 20, finding 2): masters whose Raft
+// configurations differ make the cluster unhealthy, naming both sets.
+func TestJudgeClusterVotersDisagree(t *testing.T) {
+	server := func(id string) api.ServerInfo {
+		return api.ServerInfo{ID: id, URL: "https://" + id, Voter: true}
+	}
+	three := []api.ServerInfo{server("m1"), server("m2"), server("m3")}
+	two := []api.ServerInfo{server("m1"), server("m3")}
+	st := func(id string, servers []api.ServerInfo) *api.ClusterStatus {
+		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &three[0], Servers: servers}
+	}
+	rep := &clusterReport{Masters: []masterView{
+		{URL: "https://m1", Status: st("m1", three)}, {URL: "https://m2", Status: st("m2", three)}, {URL: "https://m3", Status: st("m3", two)},
+	}}
+	judgeCluster(rep)
+	want := "the masters disagree on the voters (a master started with another --peers, or a removal it missed): m1,m2,m3 seen by m1,m2; m1,m3 seen by m3; give every master the same --peers, and join or remove masters with carve cluster join|remove"
+	if rep.Healthy || len(rep.Problems) != 1 || rep.Problems[0] != want {
+		t.Errorf("healthy %t, problems %q; want %q", rep.Healthy, rep.Problems, want)
 	}
 }
 
