@@ -351,7 +351,7 @@ func TestBuildIPAMShow(t *testing.T) {
 		t.Fatalf("overlays: %+v", rep.Overlays)
 	}
 	ov := rep.Overlays[0]
-	if ov.Used != 7 || ov.Used6 != 1 || ov.Free != 120 || len(ov.Agents) != 2 {
+	if ov.Used != 7 || ov.Used6 != 1 || ov.Free != 120 || len(ov.Agents) != 2 || ov.Unread != 1 {
 		t.Fatalf("overlay carve: %+v", ov)
 	}
 	a1, a2 := ov.Agents[0], ov.Agents[1]
@@ -366,7 +366,8 @@ func TestBuildIPAMShow(t *testing.T) {
 	if err := printIPAMShow(&out, rep); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"overlay carve 10.128.0.0/9: 2 agents, 7 addresses used (IPv6: 1), 120 IPv4 free", "10.128.0.129/25", "overlay empty"} {
+	// The totals say they leave h2 out (issue 20, finding 8).
+	for _, want := range []string{"overlay carve 10.128.0.0/9: 2 agents (1 not read: the totals are of the 1 read), 7 addresses used (IPv6: 1), 120 IPv4 free", "10.128.0.129/25", "overlay empty"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
