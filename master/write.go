@@ -228,7 +228,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
 	case errors.Is(err, state.ErrBlockConflict), errors.Is(err, state.ErrRequestIDReused), errors.Is(err, state.ErrReportAhead):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
-	case errors.Is(err, state.ErrUnknownAgent):
+	case errors.Is(err, state.ErrUnknownAgent), errors.Is(err, errUnknownServer):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 	case errors.Is(err, state.ErrNoConfig):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())

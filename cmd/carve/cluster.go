@@ -21,6 +21,8 @@ import (
 const clusterUsage = `usage:
   carve cluster status --masters URL[,URL...] [--json] [--timeout 10s] \
                        --ca-file CA --cert-file CERT --key-file KEY | --insecure
+  carve cluster join --id ID --raft-addr HOST:PORT [--http-addr HOST:PORT] --masters URL[,URL...] OPERATOR_TLS
+  carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
 `
 
 // errUnhealthy is returned after a report that found problems: the command
@@ -30,6 +32,8 @@ var errUnhealthy = errors.New("problems found")
 func runCluster(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
 		"status": func(args []string) error { return runClusterStatus(ctx, args, out) },
+		"join":   func(args []string) error { return runClusterJoin(ctx, args, out) },
+		"remove": func(args []string) error { return runClusterRemove(ctx, args, out) },
 	})
 }
 

@@ -29,6 +29,8 @@ usage:
   carve state  --masters URL[,URL...] [--json] [--consistent] \
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
+  carve cluster join --id ID --raft-addr HOST:PORT [--http-addr HOST:PORT] --masters URL[,URL...] OPERATOR_TLS
+  carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve snapshot save FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
   carve snapshot restore FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS

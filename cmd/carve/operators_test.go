@@ -376,3 +376,30 @@ func TestBuildIPAMShow(t *testing.T) {
 		t.Errorf("--overlay empty: %+v", only.Overlays)
 	}
 }
+
+// TestClusterRemoveCommand (issue 20, finding 7): carve cluster remove of
+// an id the cluster never knew fails with the masters' 404 naming the
+// servers; join and remove refuse bad arguments before calling anything.
+func TestClusterRemoveCommand(t *testing.T) {
+	m := secureMaster(t)
+	op := clientFlags(m, "op", pki.RoleOperator)
+	_, code, err := run(t, clusterCmd, append([]string{"remove", "m9"}, op...)...)
+	if code != 1 || err == nil || !strings.Contains(err.Error(), `no such master "m9": the cluster's servers are m1`) || !strings.Contains(err.Error(), "HTTP 404") {
+		t.Errorf("remove m9: exit %d, %v; want 1 and a 404 naming m1", code, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{append([]string{"remove"}, op...), "name the master to remove"},
+		{append([]string{"remove", "m2", "m3"}, op...), "one master at a time"},
+		{append([]string{"remove"}, append(op, "m2", "--bogus")...), "flag provided but not defined: -bogus"},
+		{append([]string{"join", "--raft-addr", "198.18.0.4:8300"}, op...), "--id is required"},
+		{append([]string{"join", "--id", "m4", "--raft-addr", "198.18.0.4"}, op...), `--raft-addr "198.18.0.4": want HOST:PORT`},
+		{append([]string{"join", "--id", "m4", "--raft-addr", "198.18.0.4:8300", "--http-addr", "x"}, op...), `--http-addr "x"`},
+	} {
+		if _, code, err := run(t, clusterCmd, tc.args...); code != 2 || err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("cluster %q: exit %d, %v; want 2 and %q", tc.args, code, err, tc.want)
+		}
+	}
+}

@@ -31,32 +31,26 @@ func runSnapshot(ctx context.Context, args []string, out io.Writer) error {
 	})
 }
 
-// snapshotFlags parses a snapshot subcommand's FILE and flags (FILE first
-// or after the flags).
-func snapshotFlags(name string, args []string) (file string, mf *masterFlags, timeout time.Duration, err error) {
+// snapshotFlags parses a snapshot subcommand's FILE and flags, in any
+// order.
+func snapshotFlags(name string, args []string) (string, *masterFlags, time.Duration, error) {
 	fs := cli.NewFlagSet(name)
 	t := fs.Duration("timeout", time.Minute, "how long to wait for the masters")
-	mf = addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), snapshotUsage); fs.PrintDefaults() }
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		file, args = args[0], args[1:]
-	}
-	if err := cli.Parse(fs, args); err != nil {
+	files, err := cli.ParseOperands(fs, args)
+	if err != nil {
 		return "", nil, 0, err
 	}
-	rest := fs.Args()
-	if file == "" && len(rest) > 0 {
-		file, rest = rest[0], rest[1:]
-	}
 	switch {
-	case file == "":
+	case len(files) == 0:
 		return "", nil, 0, fmt.Errorf("%w: %s needs the snapshot FILE\n%s", cli.ErrUsage, name, snapshotUsage)
-	case len(rest) > 0:
-		return "", nil, 0, fmt.Errorf("%w: %s takes one FILE, not also %q", cli.ErrUsage, name, rest)
+	case len(files) > 1:
+		return "", nil, 0, fmt.Errorf("%w: %s takes one FILE, not %q", cli.ErrUsage, name, files)
 	case *t <= 0:
 		return "", nil, 0, fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *t)
 	}
-	return file, mf, *t, nil
+	return files[0], mf, *t, nil
 }
 
 func runSnapshotSave(ctx context.Context, args []string, out io.Writer) error {
