@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -36,6 +37,7 @@ func (a *Agent) register(ctx context.Context) {
 		AgentID: a.id, Hostname: hostname, IP: a.ip.String(), MeshAddr: a.cfg.MeshAddr,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: a.cfg.MesosBridge, DockerBridge: a.cfg.DockerBridge},
 		RequestID:     api.NewRequestID(),
+		CarveVersion:  buildinfo.Get().Version,
 	}
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}
 	explained := false // a TLS mismatch was logged as an error

@@ -123,6 +123,9 @@ type RegisterRequest struct {
 	// RequestID makes a retry after an unknown outcome have one effect;
 	// the client sets it once per logical request.
 	RequestID string `json:"request_id,omitempty"`
+	// CarveVersion is the agent's carve version (informational: kept in
+	// its record as AgentInfo.CarveVersion, not signed).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // AgentInfo is an agent's record: its leases per overlay, versioned by the
@@ -151,6 +154,9 @@ type AgentInfo struct {
 	// Signature is the masters' ed25519 signature of RecordSigningBytes,
 	// standard base64; absent when the masters sign nothing (--insecure).
 	Signature string `json:"signature,omitempty"`
+	// CarveVersion (carve extension) is the carve version the agent last
+	// registered with: informational, not signed (RegisterRequest).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // NotLeased is an overlay, or one address family of it, left out of an
@@ -488,6 +494,21 @@ type ClusterStatus struct {
 	// committed when it first heard from a leader after it started; until
 	// then it answers state reads with 503.
 	CaughtUp bool `json:"caught_up"`
+	// Build is this master's build (carve version); absent from masters
+	// of earlier versions.
+	Build *BuildInfo `json:"build,omitempty"`
+	// AgentVersions counts the agents of this master's table by the carve
+	// version they registered with ("unknown": agents of earlier versions,
+	// which send none).
+	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+}
+
+// BuildInfo is a build of carve (carve version).
+type BuildInfo struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit,omitempty"`
+	GoVersion string `json:"go_version"`
+	BuildDate string `json:"build_date,omitempty"`
 }
 
 // JoinRequest is POST /cluster/join: add a master as a voter.

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/master/state"
 )
 
 const clusterUsage = `usage:
@@ -58,6 +60,12 @@ type clusterReport struct {
 	// only once it led or joined with one). Give every master in --masters
 	// to check them all.
 	Unchecked []string `json:"unchecked,omitempty"`
+	// AgentVersions counts the agents by carve version, as the first
+	// master that answered has them.
+	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+	// Warnings are what does not make the cluster unhealthy but should be
+	// fixed: versions apart by more than the supported skew.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
@@ -215,6 +223,38 @@ func judgeCluster(rep *clusterReport) {
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
+	judgeVersions(rep)
+}
+
+// judgeVersions fills the agents' versions and warns of versions (of
+// masters and agents) further apart than the supported skew.
+func judgeVersions(rep *clusterReport) {
+	versions := map[string][]string{} // version -> who runs it
+	for _, v := range rep.Masters {
+		if v.Status == nil {
+			continue
+		}
+		if rep.AgentVersions == nil && v.Status.AgentVersions != nil {
+			rep.AgentVersions = v.Status.AgentVersions
+		}
+		if v.Status.Build != nil {
+			versions[v.Status.Build.Version] = append(versions[v.Status.Build.Version], "master "+v.Status.ID)
+		}
+	}
+	for ver, n := range rep.AgentVersions {
+		if ver != state.UnknownVersion {
+			versions[ver] = append(versions[ver], fmt.Sprintf("%d agents", n))
+		}
+	}
+	all := slices.Sorted(maps.Keys(versions))
+	for i, a := range all {
+		for _, b := range all[i+1:] {
+			if p := buildinfo.SkewProblem(a, b); p != "" {
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("mixed versions beyond the supported skew: %s (%s; %s): upgrade one minor version at a time, masters first (operations.md, section 8)",
+					p, a+" on "+strings.Join(versions[a], ", "), b+" on "+strings.Join(versions[b], ", ")))
+			}
+		}
+	}
 }
 
 // serverAt is the id of the server that the answers place at url, a URL
@@ -295,11 +335,11 @@ func describeGroups(groups map[string][]string, verb string) string {
 func printClusterReport(out io.Writer, rep *clusterReport) error {
 	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS")
+	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tVERSION")
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {
-			fmt.Fprintf(tw, "?\t%s\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\n", v.URL)
+			fmt.Fprintf(tw, "?\t%s\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", v.URL)
 			continue
 		}
 		leader := "-"
@@ -314,11 +354,25 @@ func printClusterReport(out io.Writer, rep *clusterReport) error {
 			}
 			servers = append(servers, id)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\n", st.ID, v.URL, st.Role, leader, st.Term,
-			st.CommitIndex, st.AppliedIndex, st.LastIndex, st.LastSnapshotIndex, st.CaughtUp, strings.Join(servers, ","))
+		version := "-"
+		if st.Build != nil {
+			version = st.Build.Version
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\t%s\n", st.ID, v.URL, st.Role, leader, st.Term,
+			st.CommitIndex, st.AppliedIndex, st.LastIndex, st.LastSnapshotIndex, st.CaughtUp, strings.Join(servers, ","), version)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(rep.AgentVersions) > 0 {
+		var parts []string
+		for _, ver := range slices.Sorted(maps.Keys(rep.AgentVersions)) {
+			parts = append(parts, fmt.Sprintf("%s: %d", ver, rep.AgentVersions[ver]))
+		}
+		fmt.Fprintf(out, "agent versions: %s\n", strings.Join(parts, ", "))
+	}
+	for _, w := range rep.Warnings {
+		fmt.Fprintln(out, "warning: "+w)
 	}
 	if len(rep.Unchecked) > 0 {
 		fmt.Fprintf(out, "not checked: %s (the masters know no URL for them: give them in --masters)\n", strings.Join(rep.Unchecked, ", "))

@@ -40,6 +40,7 @@ usage:
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve demo   [--hosts 3] [--containers 2] [--keep]
+  carve version [--json]
 
 CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator
 or agent, OPERATOR_TLS the same with one of role operator; --insecure instead for a lab without TLS.
@@ -76,6 +77,8 @@ func main() {
 		err = runInstallCNI(args, os.Stdout)
 	case "demo":
 		err = runDemo(args)
+	case "version":
+		err = runVersion(args, os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

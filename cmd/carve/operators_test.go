@@ -403,3 +403,56 @@ func TestClusterRemoveCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestJudgeClusterVersions (issue 20, finding 3): versions further apart
+// than the supported skew, of masters or agents, are a warning, not a
+// problem; the report counts the agents by version.
+func TestJudgeClusterVersions(t *testing.T) {
+	lead := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
+	servers := []api.ServerInfo{lead, {ID: "m2", URL: "https://m2", Voter: true}}
+	st := func(id, version string) *api.ClusterStatus {
+		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers,
+			Build: &api.BuildInfo{Version: version}, AgentVersions: map[string]int{"v0.3.1": 4, "v0.1.0": 1, "unknown": 2}}
+	}
+	rep := &clusterReport{Masters: []masterView{{URL: "https://m1", Status: st("m1", "v0.3.0")}, {URL: "https://m2", Status: st("m2", "v0.2.0")}}}
+	judgeCluster(rep)
+	if !rep.Healthy || len(rep.Warnings) != 2 {
+		t.Fatalf("healthy %t, warnings %q; want healthy with 2 warnings", rep.Healthy, rep.Warnings)
+	}
+	for i, want := range []string{"v0.1.0 and v0.3.0 are more than 1 minor version apart", "v0.1.0 and v0.3.1"} {
+		if !strings.Contains(rep.Warnings[i], want) {
+			t.Errorf("warning %d %q lacks %q", i, rep.Warnings[i], want)
+		}
+	}
+	if !strings.Contains(rep.Warnings[0], "v0.1.0 on 1 agents") || !strings.Contains(rep.Warnings[0], "v0.3.0 on master m1") {
+		t.Errorf("warning %q does not say who runs what", rep.Warnings[0])
+	}
+	var out bytes.Buffer
+	if err := printClusterReport(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"agent versions: unknown: 2, v0.1.0: 1, v0.3.1: 4", "warning: mixed versions", "v0.2.0", "healthy"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestVersionCommand: carve version prints the build, as text and JSON.
+func TestVersionCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := runVersion(nil, &out); err != nil || !strings.HasPrefix(out.String(), "carve ") || !strings.Contains(out.String(), "go1.") {
+		t.Errorf("carve version: %v, %q", err, out.String())
+	}
+	out.Reset()
+	var info struct {
+		Version   string `json:"version"`
+		GoVersion string `json:"go_version"`
+	}
+	if err := runVersion([]string{"--json"}, &out); err != nil || json.Unmarshal(out.Bytes(), &info) != nil || info.Version == "" || info.GoVersion == "" {
+		t.Errorf("carve version --json: %v, %q", err, out.String())
+	}
+	if err := runVersion([]string{"extra"}, &out); cli.ExitCode(err) != 2 {
+		t.Errorf("carve version extra: %v, want a usage error", err)
+	}
+}

@@ -100,6 +100,8 @@ type registerCmd struct {
 	IP       string                 `json:"ip"`
 	MeshAddr string                 `json:"mesh_addr,omitempty"`
 	Bridges  api.AgentNetworkConfig `json:"bridges"`
+	// CarveVersion is the agent's carve version (informational).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 type deleteCmd struct {

@@ -31,6 +31,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 		MeshAddr:      rec.MeshAddr,
 		Version:       rec.Version,
 		NetworkConfig: rec.Bridges,
+		CarveVersion:  rec.CarveVersion,
 	}
 	if rec.IP.IsValid() {
 		info.IP = rec.IP.String()

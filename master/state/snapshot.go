@@ -55,6 +55,8 @@ type snapshotAgent struct {
 	Leases   map[string]overlayLease `json:"leases"`
 	Version  uint64                  `json:"version"`
 	Created  uint64                  `json:"created,omitempty"`
+	// CarveVersion is the agent's carve version (informational).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // snapshotRequest is one remembered request. A registration's outcome is
@@ -72,12 +74,12 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created}
+		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created, CarveVersion: r.CarveVersion}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created}
+		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created, CarveVersion: a.CarveVersion}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}

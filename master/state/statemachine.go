@@ -28,6 +28,9 @@ type agentRecord struct {
 	// that one of a deleted and re-registered agent is not mistaken for
 	// the new record's.
 	Created uint64
+	// CarveVersion is the carve version the agent registered with
+	// (informational, not signed).
+	CarveVersion string
 }
 
 // overlayLease is an agent's share of one overlay.
@@ -59,7 +62,7 @@ func (r *agentRecord) clone() *agentRecord {
 
 func (r *agentRecord) equal(o *agentRecord) bool {
 	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
+		r.Bridges == o.Bridges && r.CarveVersion == o.CarveVersion && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
 }
 
 // overlaySpace is the address space of one overlay: a block allocator per
@@ -229,7 +232,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	} else {
 		rec = old.clone()
 	}
-	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
+	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges, rec.CarveVersion = c.Hostname, ip, c.MeshAddr, c.Bridges, c.CarveVersion
 	// The newest registration takes the IP; the older record keeps its
 	// leases without an IP until it registers again.
 	if other, ok := t.byIP[ip]; ok && other != c.AgentID {

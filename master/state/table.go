@@ -137,7 +137,7 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 	if rec == nil || err != nil {
 		return nil, true
 	}
-	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig {
+	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig || rec.CarveVersion != req.CarveVersion {
 		return nil, true
 	}
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
