@@ -181,6 +181,11 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		return nil, fmt.Errorf("open raft: %w", err)
 	}
 	m.node = node
+	if err := m.checkMembership(); err != nil {
+		_ = node.Close()
+		ln.Close()
+		return nil, err
+	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	m.runCtx, m.cancel = runCtx, cancel
