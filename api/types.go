@@ -501,6 +501,20 @@ type ClusterStatus struct {
 	// version they registered with ("unknown": agents of earlier versions,
 	// which send none).
 	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+	// SilentAgents, on the leader, are the agents not heard from (no
+	// watch, report or usage report) for longer than SilentAfter (a Go
+	// duration); followers judge none.
+	SilentAgents []SilentAgent `json:"silent_agents,omitempty"`
+	SilentAfter  string        `json:"silent_after,omitempty"`
+}
+
+// SilentAgent is an agent the leader has not heard from for longer than
+// ClusterStatus.SilentAfter.
+type SilentAgent struct {
+	AgentID string `json:"agent_id"`
+	// LastHeard is when it was last heard from (RFC 3339); absent when not
+	// since this master leads.
+	LastHeard string `json:"last_heard,omitempty"`
 }
 
 // BuildInfo is a build of carve (carve version).

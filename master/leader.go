@@ -25,6 +25,7 @@ func (m *Master) leaderDuties(ctx context.Context) {
 	defer tick.Stop()
 	compact := time.NewTicker(m.opts.CompactEvery)
 	defer compact.Stop()
+	var leadingSince time.Time // judged at the ticks only: O(agents) each
 	for {
 		if m.node.IsLeader() && m.node.IsCaughtUp() {
 			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
@@ -42,6 +43,7 @@ func (m *Master) leaderDuties(ctx context.Context) {
 		case <-caughtUp:
 			caughtUp = nil // closed for good: wait on it once
 		case <-tick.C:
+			m.judgeLiveness(&leadingSince)
 		case <-compact.C:
 			if m.node.IsLeader() && m.node.IsCaughtUp() {
 				m.proposeCompaction(ctx)

@@ -75,6 +75,9 @@ type Options struct {
 	// CompactEvery is how often the leader proposes a compaction
 	// (TombstoneMaxAge/24 when 0).
 	CompactEvery time.Duration
+	// AgentSilentAfter is how long an agent may go unheard before the
+	// leader shows it silent (state.DefaultSilentAfter when 0).
+	AgentSilentAfter time.Duration
 }
 
 // DefaultTombstoneMaxAge is Options.TombstoneMaxAge's default.
@@ -116,6 +119,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if opts.TombstoneMaxAge <= 0 {
 		opts.TombstoneMaxAge = DefaultTombstoneMaxAge
 	}
+	if opts.AgentSilentAfter <= 0 {
+		opts.AgentSilentAfter = state.DefaultSilentAfter
+	}
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
@@ -144,6 +150,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector(buildinfo.Get()))
 	m.metrics = newMetrics(m.registry, m.table)
+	m.registry.MustRegister(m.silentAgentsGauge())
 
 	ln := opts.HTTPListener
 	if ln == nil {
@@ -247,6 +254,9 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
 		Build: buildInfo(), AgentVersions: m.table.AgentVersions(),
+	}
+	if st.Role == "leader" {
+		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()
 	}
 	for _, srv := range st.Servers {
 		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}

@@ -41,7 +41,7 @@ func (m *Master) routes() http.Handler {
 	}
 	s := &server{m: m, log: m.log, client: &http.Client{Transport: transport}}
 	r := httpapi.NewRouter()
-	r.Use(recordRoute, s.authorize)
+	r.Use(recordRoute, s.authorize, s.noteHeard)
 	r.HandleFunc("/overlay-master/agents", s.register()).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/delete", s.deleteAgents()).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)

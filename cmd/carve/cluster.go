@@ -63,8 +63,12 @@ type clusterReport struct {
 	// AgentVersions counts the agents by carve version, as the first
 	// master that answered has them.
 	AgentVersions map[string]int `json:"agent_versions,omitempty"`
-	// Warnings are what does not make the cluster unhealthy but should be
-	// fixed: versions apart by more than the supported skew.
+	// SilentAgents are the agents the leader has not heard from for longer
+	// than SilentAfter (its view: followers judge none).
+	SilentAgents []api.SilentAgent `json:"silent_agents,omitempty"`
+	SilentAfter  string            `json:"silent_after,omitempty"`
+	// Warnings are what does not make the masters unhealthy but should be
+	// fixed: versions apart by more than the supported skew, silent agents.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -224,6 +228,31 @@ func judgeCluster(rep *clusterReport) {
 	}
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
 	judgeVersions(rep)
+	judgeSilence(rep)
+}
+
+// judgeSilence warns of the agents the leader has not heard from.
+func judgeSilence(rep *clusterReport) {
+	for _, v := range rep.Masters {
+		if v.Status == nil || v.Status.Role != "leader" {
+			continue
+		}
+		rep.SilentAgents, rep.SilentAfter = v.Status.SilentAgents, v.Status.SilentAfter
+		if len(rep.SilentAgents) == 0 {
+			return
+		}
+		var names []string
+		for _, a := range rep.SilentAgents {
+			name := a.AgentID
+			if a.LastHeard != "" {
+				name += " (last heard " + a.LastHeard + ")"
+			}
+			names = append(names, name)
+		}
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d agents not heard from for over %s, as leader %s sees it (their overlays show STATUS_FAILED): %s; is carve agent running there? (docs/troubleshooting.md)",
+			len(names), v.Status.SilentAfter, v.Status.ID, strings.Join(names, ", ")))
+		return
+	}
 }
 
 // judgeVersions fills the agents' versions and warns of versions (of

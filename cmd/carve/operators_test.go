@@ -438,6 +438,23 @@ func TestJudgeClusterVersions(t *testing.T) {
 	}
 }
 
+// TestJudgeClusterSilentAgents (issue 20, finding 7): the agents the
+// leader has not heard from are a warning naming them; followers' views
+// (which judge none) do not count.
+func TestJudgeClusterSilentAgents(t *testing.T) {
+	lead := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
+	servers := []api.ServerInfo{lead, {ID: "m2", URL: "https://m2", Voter: true}}
+	leader := &api.ClusterStatus{ID: "m1", Role: "leader", ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers, SilentAfter: "3m0s",
+		SilentAgents: []api.SilentAgent{{AgentID: "h4", LastHeard: "2026-11-27T10:00:00Z"}, {AgentID: "h5"}}}
+	follower := &api.ClusterStatus{ID: "m2", Role: "follower", ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers}
+	rep := &clusterReport{Masters: []masterView{{URL: "https://m2", Status: follower}, {URL: "https://m1", Status: leader}}}
+	judgeCluster(rep)
+	want := "2 agents not heard from for over 3m0s, as leader m1 sees it (their overlays show STATUS_FAILED): h4 (last heard 2026-11-27T10:00:00Z), h5"
+	if !rep.Healthy || len(rep.Warnings) != 1 || !strings.HasPrefix(rep.Warnings[0], want) || len(rep.SilentAgents) != 2 {
+		t.Errorf("healthy %t, warnings %q; want healthy and %q", rep.Healthy, rep.Warnings, want)
+	}
+}
+
 // TestVersionCommand: carve version prints the build, as text and JSON.
 func TestVersionCommand(t *testing.T) {
 	var out bytes.Buffer
