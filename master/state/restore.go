@@ -123,6 +123,11 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	t.requests = newRequestTable()
 	t.index, t.stateIndex, t.clusterID, t.servers = index, index, clusterID, servers
 	t.restore = &api.Restore{Epoch: epoch, Index: index, From: d.StateIndex}
+	// Holdings acknowledgements are of the table before: a quarantine
+	// release waits for new ones.
+	t.usage.mu.Lock()
+	clear(t.usage.acks)
+	t.usage.mu.Unlock()
 	t.changes.start = index
 	// The compaction's clock marks are of the old history's indexes.
 	t.horizon, t.marks = min(t.horizon, index), nil
