@@ -10,10 +10,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
@@ -31,17 +29,7 @@ import (
 func TestAgentsFollowAWholeClusterRestore(t *testing.T) {
 	hosts, dir, m := hostsWithMaster(t, 2)
 	ctx := context.Background()
-	gnet := fakegossip.New(fakegossip.Config{Seed: 20, GossipInterval: 300 * time.Millisecond})
-	t.Cleanup(gnet.Close)
-	t.Logf("fake gossip seed %d", gnet.Seed())
-	proxies := []*masterProxy{newMasterProxy(t, m), newMasterProxy(t, m)}
-	agents := make([]*runningAgent, 2)
-	for i, h := range hosts {
-		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
-	}
-	for i, a := range agents {
-		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the other", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == 1 }))
-	}
+	_, proxies, agents := agentsBehindProxies(t, hosts, m, dir, 20)
 	old := masterClient(t, m)
 	snapshot, err := old.Snapshot(ctx)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master"
 )
 
 // copyDir copies a stopped master's data dir.
@@ -42,17 +43,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	copyDir(t, mdir, staleDir)
 	m = startMaster(t, mdir)
 
-	gnet := fakegossip.New(fakegossip.Config{Seed: 12, GossipInterval: 300 * time.Millisecond})
-	t.Cleanup(gnet.Close)
-	t.Logf("fake gossip seed %d", gnet.Seed())
-	proxies := []*masterProxy{newMasterProxy(t, m), newMasterProxy(t, m)}
-	agents := make([]*runningAgent, 2)
-	for i, h := range hosts {
-		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
-	}
-	for i, a := range agents {
-		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the other", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == 1 }))
-	}
+	gnet, proxies, agents := agentsBehindProxies(t, hosts, m, dir, 12)
 	infos := []*api.AgentInfo{agents[0].Overlay(), agents[1].Overlay()}
 	// Quiet first: once both agents have reported their configuration on
 	// their records (a report is a commit), nothing else moves the index.
@@ -155,6 +146,26 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 			t.Errorf("agent %d cluster id %q, want %s", i, id, c1)
 		}
 	}
+}
+
+// agentsBehindProxies starts an agent per host on a fake gossip network
+// (seed), each watching m through its own proxy (that the test switches to
+// another master), and waits until each programs the others.
+func agentsBehindProxies(t *testing.T, hosts []*netnslab.Host, m *master.Master, dir string, seed uint64) (*fakegossip.Network, []*masterProxy, []*runningAgent) {
+	t.Helper()
+	gnet := fakegossip.New(fakegossip.Config{Seed: seed, GossipInterval: 300 * time.Millisecond})
+	t.Cleanup(gnet.Close)
+	t.Logf("fake gossip seed %d", gnet.Seed())
+	proxies := make([]*masterProxy, len(hosts))
+	agents := make([]*runningAgent, len(hosts))
+	for i, h := range hosts {
+		proxies[i] = newMasterProxy(t, m)
+		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
+	}
+	for i, a := range agents {
+		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the others", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == len(hosts)-1 }))
+	}
+	return gnet, proxies, agents
 }
 
 // deleteLink deletes a link in host's namespace (and with it every route

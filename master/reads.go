@@ -150,21 +150,8 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if consistent {
-		if !s.m.node.IsLeader() {
-			s.forward(w, r, nil)
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
-		defer cancel()
-		if _, err := s.m.node.ConsistentRead(ctx); err != nil {
-			if errors.Is(err, raftlog.ErrNotLeader) {
-				s.forward(w, r, nil)
-				return
-			}
-			httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("consistent read: %v", err))
-			return
-		}
+	if consistent && !s.readOnLeader(w, r, "consistent read") {
+		return
 	}
 	if !s.servable(w, consistent) {
 		return
@@ -173,6 +160,27 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeStateFor(w, r)
+}
+
+// readOnLeader makes a read linearizable: on the leader, after a read
+// barrier; elsewhere it forwards the request to the leader. false means
+// the request was answered (forwarded, or a 503 saying why).
+func (s *server) readOnLeader(w http.ResponseWriter, r *http.Request, what string) bool {
+	if !s.m.node.IsLeader() {
+		s.forward(w, r, nil)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
+	defer cancel()
+	if _, err := s.m.node.ConsistentRead(ctx); err != nil {
+		if errors.Is(err, raftlog.ErrNotLeader) {
+			s.forward(w, r, nil)
+			return false
+		}
+		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("%s: %v", what, err))
+		return false
+	}
+	return true
 }
 
 // waitPast waits until the state's index passes index, or wait passed, or

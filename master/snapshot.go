@@ -10,7 +10,6 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
-	"github.com/carve-net/carve/raftlog"
 )
 
 // The operator's snapshots of the lease table: GET /cluster/snapshot (carve
@@ -20,21 +19,7 @@ import (
 // snapshot answers the lease table as the leader holds it after a read
 // barrier: everything committed before the request is in it.
 func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
-	if !s.m.node.IsLeader() {
-		s.forward(w, r, nil)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
-	defer cancel()
-	if _, err := s.m.node.ConsistentRead(ctx); err != nil {
-		if errors.Is(err, raftlog.ErrNotLeader) {
-			s.forward(w, r, nil)
-			return
-		}
-		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("read barrier before the snapshot: %v; retry", err))
-		return
-	}
-	if !s.servable(w, true) {
+	if !s.readOnLeader(w, r, "read barrier before the snapshot (retry)") || !s.servable(w, true) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -339,6 +339,20 @@ func addrHost(addr string) string {
 	return host
 }
 
+// serverNames names the servers of a Raft configuration, a non-voter
+// marked "(nonvoter)".
+func serverNames(servers []api.ServerInfo) []string {
+	var out []string
+	for _, s := range servers {
+		id := s.ID
+		if !s.Voter {
+			id += "(nonvoter)"
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
 // voterSet renders a Raft configuration's voters, sorted: "m1,m2,m3".
 func voterSet(servers []api.ServerInfo) string {
 	var ids []string
@@ -375,14 +389,7 @@ func printClusterReport(out io.Writer, rep *clusterReport) error {
 		if st.Leader != nil {
 			leader = st.Leader.ID
 		}
-		var servers []string
-		for _, s := range st.Servers {
-			id := s.ID
-			if !s.Voter {
-				id += "(nonvoter)"
-			}
-			servers = append(servers, id)
-		}
+		servers := serverNames(st.Servers)
 		version := "-"
 		if st.Build != nil {
 			version = st.Build.Version

@@ -94,14 +94,6 @@ func printServers(ctx context.Context, client *api.Client, out io.Writer, done s
 		fmt.Fprintln(out, done)
 		return fmt.Errorf("read the cluster's status after it: %w", err)
 	}
-	var servers []string
-	for _, s := range st.Servers {
-		id := s.ID
-		if !s.Voter {
-			id += "(nonvoter)"
-		}
-		servers = append(servers, id)
-	}
-	fmt.Fprintf(out, "%s; servers: %s (check with carve cluster status)\n", done, strings.Join(servers, ", "))
+	fmt.Fprintf(out, "%s; servers: %s (check with carve cluster status)\n", done, strings.Join(serverNames(st.Servers), ", "))
 	return nil
 }

@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/atomicfile"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/master/state"
 )
@@ -32,8 +33,8 @@ func runSnapshot(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // snapshotFlags parses a snapshot subcommand's FILE and flags, in any
-// order.
-func snapshotFlags(name string, args []string) (string, *masterFlags, time.Duration, error) {
+// order, and returns FILE, a client for the masters and the timeout.
+func snapshotFlags(name string, args []string) (string, *api.Client, time.Duration, error) {
 	fs := cli.NewFlagSet(name)
 	t := fs.Duration("timeout", time.Minute, "how long to wait for the masters")
 	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
@@ -50,15 +51,15 @@ func snapshotFlags(name string, args []string) (string, *masterFlags, time.Durat
 	case *t <= 0:
 		return "", nil, 0, fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *t)
 	}
-	return files[0], mf, *t, nil
+	client, _, err := mf.client()
+	if err != nil {
+		return "", nil, 0, err
+	}
+	return files[0], client, *t, nil
 }
 
 func runSnapshotSave(ctx context.Context, args []string, out io.Writer) error {
-	file, mf, timeout, err := snapshotFlags("carve snapshot save", args)
-	if err != nil {
-		return err
-	}
-	client, _, err := mf.client()
+	file, client, timeout, err := snapshotFlags("carve snapshot save", args)
 	if err != nil {
 		return err
 	}
@@ -72,40 +73,20 @@ func runSnapshotSave(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("the masters answered a snapshot this carve cannot restore: %w", err)
 	}
-	// Written beside FILE, then renamed: FILE is whole or untouched.
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", file, err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", file, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", file, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", file, err)
-	}
-	if err := os.Rename(tmp.Name(), file); err != nil {
-		return fmt.Errorf("write %s: %w", file, err)
+	// FILE is whole or untouched.
+	if err := atomicfile.Write(file, data, 0o600); err != nil {
+		return fmt.Errorf("write the snapshot: %w", err)
 	}
 	fmt.Fprintf(out, "saved %s: cluster %s, state index %d, %d agents\n", file, orDash(info.ClusterID), info.StateIndex, info.Agents)
 	return nil
 }
 
 func runSnapshotRestore(ctx context.Context, args []string, out io.Writer) error {
-	file, mf, timeout, err := snapshotFlags("carve snapshot restore", args)
+	file, client, timeout, err := snapshotFlags("carve snapshot restore", args)
 	if err != nil {
 		return err
 	}
 	data, err := readSnapshot(file)
-	if err != nil {
-		return err
-	}
-	client, _, err := mf.client()
 	if err != nil {
 		return err
 	}
