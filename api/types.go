@@ -508,6 +508,10 @@ type ClusterStatus struct {
 	SilentAfter  string        `json:"silent_after,omitempty"`
 }
 
+// SilentPrefix starts the error of the overlays of an agent the leader
+// has not heard from (their status shows STATUS_FAILED).
+const SilentPrefix = "agent silent: "
+
 // SilentAgent is an agent the leader has not heard from for longer than
 // ClusterStatus.SilentAfter.
 type SilentAgent struct {

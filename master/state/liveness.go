@@ -129,9 +129,9 @@ func (u *usageTable) fillSilence(info *api.AgentInfo) {
 	if !ok {
 		return
 	}
-	msg := "agent silent: not heard from since this master leads"
+	msg := api.SilentPrefix + "not heard from since this master leads"
 	if !last.IsZero() {
-		msg = "agent silent: not heard from since " + last.UTC().Format(time.RFC3339)
+		msg = api.SilentPrefix + "not heard from since " + last.UTC().Format(time.RFC3339)
 	}
 	msg += " (no watch, report or usage report; is the agent running?)"
 	for i := range info.Overlays {
