@@ -52,7 +52,7 @@ func TestSnapshotRestore(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "carve.json")
 	out := operator("snapshot", "save", file)
 	_, tail, _ := strings.Cut(out, "state index ")
-	from, err := strconv.ParseUint(strings.TrimRight(strings.Fields(tail+" -")[0], ","), 10, 64)
+	from, err := strconv.ParseUint(strings.TrimRight(strings.Fields(tail + " -")[0], ","), 10, 64)
 	if err != nil {
 		t.Fatalf("carve snapshot save printed no state index: %q", out)
 	}
