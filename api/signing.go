@@ -19,10 +19,11 @@ import (
 // encoding of exactly the fields an agent acts on, plus the cluster id (a
 // record of another cluster, signed with the same key, does not verify):
 //
-// RecordSigningBytes, format version 2:
+// RecordSigningBytes, format version 3:
 //
-//	"carve-record-v2" 0x00
+//	"carve-record-v3" 0x00
 //	str(cluster_id) str(agent_id) str(ip) str(mesh_addr) u64(version)
+//	str(keys.claim) str(keys.wireguard) u32(underlay_mtu)
 //	u32(number of overlays), then per overlay, sorted by name:
 //	  str(info.name) str(subnet) str(subnet6)
 //	  str(mesos_bridge.ip) str(mesos_bridge.ip6)
@@ -39,6 +40,13 @@ import (
 // for their peers; and adds the blocks (an agent routes and allocates in
 // every block of a record it gossips, so a peer must not be able to add
 // one). Version 1 records do not verify as version 2 ones.
+//
+// Version 3 (from version 2) adds the agent's public keys and its
+// underlay MTU: a peer accepts an agent's claims on address space only
+// under its claim key, encrypts to it with its WireGuard key, and sizes
+// the overlay's MTU by the smallest underlay, so none of them may come
+// from anyone but the masters. Version 2 records do not verify as
+// version 3 ones.
 //
 // TombstoneSigningBytes, format version 1:
 //
@@ -61,7 +69,7 @@ import (
 // Domain separators of the signed encodings: a record's bytes never verify
 // as a tombstone's, and a new format gets a new separator.
 const (
-	recordSigningDomain    = "carve-record-v2\x00"
+	recordSigningDomain    = "carve-record-v3\x00"
 	tombstoneSigningDomain = "carve-tombstone-v1\x00"
 )
 
@@ -79,6 +87,9 @@ func RecordSigningBytes(info *AgentInfo, clusterID string) []byte {
 	b = appendString(b, info.IP)
 	b = appendString(b, info.MeshAddr)
 	b = binary.BigEndian.AppendUint64(b, info.Version)
+	b = appendString(b, info.Keys.Claim)
+	b = appendString(b, info.Keys.WireGuard)
+	b = binary.BigEndian.AppendUint32(b, uint32(max(info.UnderlayMTU, 0)))
 	overlays := slices.SortedFunc(slices.Values(info.Overlays), func(x, y AgentOverlay) int {
 		return strings.Compare(x.Info.Name, y.Info.Name)
 	})

@@ -13,6 +13,8 @@ import (
 func sampleRecord() *AgentInfo {
 	return &AgentInfo{
 		AgentID: "a1", Hostname: "h1", IP: "198.18.0.1", MeshAddr: "198.18.0.1:6783", Version: 42,
+		Keys: AgentKeys{Claim: "Y2xhaW0ta2V5LW9mLWExLXRoaXJ0eS10d28tYnl0ZXM=", WireGuard: "d2lyZWd1YXJkLWtleS1vZi1hMS0zMi1ieXRlcy0hISE="},
+		UnderlayMTU: 9000,
 		Overlays: []AgentOverlay{
 			{Info: OverlayNetwork{Name: "six"}, Subnet6: "fd00::/64", State: OverlayState{Status: StatusOK},
 				MesosBridge: &BridgeInfo{Name: "m-six", IP6: "fd00::/65"}},
@@ -38,7 +40,7 @@ func TestSigningBytesGolden(t *testing.T) {
 		msg  []byte
 		want string // sha256
 	}{
-		{"record", RecordSigningBytes(sampleRecord(), "c1"), "73598bffdeb6bed619e37ed908fa6d63ca3693bdcf31a23d887472c98f36f414"},
+		{"record", RecordSigningBytes(sampleRecord(), "c1"), "1239bc902b3422f73c974bfef0475fc30197d0a9fc5e3b8cde692a5998937e5d"},
 		{"tombstone", TombstoneSigningBytes(Tombstone{AgentID: "a1", Version: 43}, "c1"), "d403d7e6508575bca7bf4e94bc8a53d21d688403f229db627c0febc7547688ca"},
 	}
 	for _, tt := range tests {
@@ -70,6 +72,17 @@ func TestSigningBytesUnambiguous(t *testing.T) {
 	slices.Reverse(unsigned.Overlays[1].Blocks)
 	if !bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(unsigned, "c")) {
 		t.Error("a change outside the signed fields changed the signed bytes")
+	}
+	for name, change := range map[string]func(*AgentInfo){
+		"keys.claim":     func(a *AgentInfo) { a.Keys.Claim = "" },
+		"keys.wireguard": func(a *AgentInfo) { a.Keys.WireGuard = a.Keys.Claim },
+		"underlay_mtu":   func(a *AgentInfo) { a.UnderlayMTU = 1500 },
+	} {
+		changed := sampleRecord()
+		change(changed)
+		if bytes.Equal(RecordSigningBytes(sampleRecord(), "c"), RecordSigningBytes(changed, "c")) {
+			t.Errorf("%s is not signed", name)
+		}
 	}
 	v6 := sampleRecord()
 	v6.Overlays[1].Backend.VXLAN.VTEPIP6 = "fd01:a::2/64"

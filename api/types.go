@@ -120,6 +120,13 @@ type RegisterRequest struct {
 	IP            string             `json:"ip"`
 	MeshAddr      string             `json:"mesh_addr,omitempty"`
 	NetworkConfig AgentNetworkConfig `json:"network_config"`
+	// Keys are the public keys the agent made on its host (record format
+	// v3): the masters sign them into its record.
+	Keys AgentKeys `json:"keys,omitzero"`
+	// UnderlayMTU is the MTU of the agent's underlay device (0: not
+	// reported); the masters sign it into the record so that hosts agree
+	// on the smallest.
+	UnderlayMTU int `json:"underlay_mtu,omitempty"`
 	// RequestID makes a retry after an unknown outcome have one effect;
 	// the client sets it once per logical request.
 	RequestID string `json:"request_id,omitempty"`
@@ -140,6 +147,11 @@ type AgentInfo struct {
 	MeshAddr      string             `json:"mesh_addr,omitempty"`
 	Version       uint64             `json:"version"`
 	NetworkConfig AgentNetworkConfig `json:"network_config"`
+	// Keys (carve extension) are the public keys the agent registered.
+	Keys AgentKeys `json:"keys,omitzero"`
+	// UnderlayMTU (carve extension) is the MTU of the agent's underlay
+	// device as it registered it; 0 when it reported none.
+	UnderlayMTU int `json:"underlay_mtu,omitempty"`
 	// Overlays are the overlays leased to the agent (DC/OS leaves out an
 	// overlay it cannot lease; NotLeased says why).
 	Overlays []AgentOverlay `json:"overlays,omitempty"`
@@ -157,6 +169,20 @@ type AgentInfo struct {
 	// CarveVersion (carve extension) is the carve version the agent last
 	// registered with: informational, not signed (RegisterRequest).
 	CarveVersion string `json:"carve_version,omitempty"`
+}
+
+// AgentKeys are an agent's public keys, made on its host (the private
+// halves never leave it) and carried in its master-signed record, so that
+// gossip can carry them but never forge them. Each is standard base64 of
+// 32 bytes; empty when the agent has none.
+type AgentKeys struct {
+	// Claim is an ed25519 key: the agent signs its claims on address
+	// space (ring entries, grants) with it, and peers accept a claim only
+	// under the key in the claimer's record.
+	Claim string `json:"claim,omitempty"`
+	// WireGuard is a Curve25519 key: peers encrypt to the agent with it
+	// when the network's encryption is on.
+	WireGuard string `json:"wireguard,omitempty"`
 }
 
 // NotLeased is an overlay, or one address family of it, left out of an

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/base64"
 	"fmt"
 	"regexp"
 	"strings"
@@ -55,6 +56,35 @@ func badIfNameRune(r rune) bool { return r <= ' ' || r == '/' || r == ':' || r >
 func ValidateContainerID(id string) error {
 	if !containerIDPattern.MatchString(id) {
 		return fmt.Errorf("container id %q: want 1-255 characters of [A-Za-z0-9._:@/+=-], starting with a letter or digit", id)
+	}
+	return nil
+}
+
+// The bounds of an underlay MTU an agent may register: IPv4's minimum
+// datagram every host must accept, and the largest IP packet.
+const (
+	MinUnderlayMTU = 576
+	MaxUnderlayMTU = 65535
+)
+
+// Validate checks the keys' syntax: each empty or standard base64 of 32
+// bytes.
+func (k AgentKeys) Validate() error {
+	for _, f := range []struct{ name, value string }{{"keys.claim", k.Claim}, {"keys.wireguard", k.WireGuard}} {
+		if f.value == "" {
+			continue
+		}
+		if b, err := base64.StdEncoding.DecodeString(f.value); err != nil || len(b) != 32 {
+			return fmt.Errorf("%s: want standard base64 of a 32-byte public key", f.name)
+		}
+	}
+	return nil
+}
+
+// ValidateUnderlayMTU checks a registered underlay MTU (0: none reported).
+func ValidateUnderlayMTU(mtu int) error {
+	if mtu != 0 && (mtu < MinUnderlayMTU || mtu > MaxUnderlayMTU) {
+		return fmt.Errorf("underlay_mtu %d: want 0 (not reported) or %d-%d", mtu, MinUnderlayMTU, MaxUnderlayMTU)
 	}
 	return nil
 }

@@ -18,11 +18,14 @@ import (
 // subnets) is derived from these fields. It is versioned by the Raft index
 // of the master change that produced it.
 type PeerRecord struct {
-	ID       string        `json:"id"`
-	IP       string        `json:"ip,omitempty"`
-	MeshAddr string        `json:"mesh,omitempty"`
-	Version  uint64        `json:"v"`
-	Overlays []PeerOverlay `json:"overlays,omitempty"`
+	ID       string `json:"id"`
+	IP       string `json:"ip,omitempty"`
+	MeshAddr string `json:"mesh,omitempty"`
+	Version  uint64 `json:"v"`
+	// Keys and UnderlayMTU are the agent's (signed since record format v3).
+	Keys        api.AgentKeys `json:"keys,omitzero"`
+	UnderlayMTU int           `json:"mtu,omitempty"`
+	Overlays    []PeerOverlay `json:"overlays,omitempty"`
 	// Signature is the masters' (api.AgentInfo.Signature); empty when they
 	// sign nothing (--insecure masters without a signing key).
 	Signature string `json:"sig,omitempty"`
@@ -58,7 +61,8 @@ const maxPeerOverlays = 64
 // sorted by name, as the signature covers them, so that one signed content
 // has one encoding.
 func NewPeerRecord(a *api.AgentInfo) PeerRecord {
-	p := PeerRecord{ID: a.AgentID, IP: a.IP, MeshAddr: a.MeshAddr, Version: a.Version, Signature: a.Signature}
+	p := PeerRecord{ID: a.AgentID, IP: a.IP, MeshAddr: a.MeshAddr, Version: a.Version, Signature: a.Signature,
+		Keys: a.Keys, UnderlayMTU: a.UnderlayMTU}
 	for _, ov := range a.Overlays {
 		po := PeerOverlay{Name: ov.Info.Name, Subnet: ov.Subnet, Subnet6: ov.Subnet6}
 		if b := ov.MesosBridge; b != nil {
@@ -88,7 +92,8 @@ func (p *PeerRecord) sortOverlays() {
 // signedInfo rebuilds the master record's signed fields, to verify the
 // signature with api.VerifyRecord: its signed encoding is the masters'.
 func (p *PeerRecord) signedInfo() *api.AgentInfo {
-	info := &api.AgentInfo{AgentID: p.ID, IP: p.IP, MeshAddr: p.MeshAddr, Version: p.Version, Signature: p.Signature}
+	info := &api.AgentInfo{AgentID: p.ID, IP: p.IP, MeshAddr: p.MeshAddr, Version: p.Version, Signature: p.Signature,
+		Keys: p.Keys, UnderlayMTU: p.UnderlayMTU}
 	for _, po := range p.Overlays {
 		ov := api.AgentOverlay{Info: api.OverlayNetwork{Name: po.Name}, Subnet: po.Subnet, Subnet6: po.Subnet6}
 		if po.MesosIP != "" || po.MesosIP6 != "" {
@@ -202,6 +207,12 @@ func (p *PeerRecord) Validate() error {
 			return fmt.Errorf("record %s: mesh address %q: %w", p.ID, p.MeshAddr, err)
 		}
 	}
+	if err := p.Keys.Validate(); err != nil {
+		return fmt.Errorf("record %s: %w", p.ID, err)
+	}
+	if err := api.ValidateUnderlayMTU(p.UnderlayMTU); err != nil {
+		return fmt.Errorf("record %s: %w", p.ID, err)
+	}
 	if len(p.Signature) > 128 {
 		return fmt.Errorf("record %s: a signature of %d bytes", p.ID, len(p.Signature))
 	}
@@ -286,7 +297,7 @@ func (ov *PeerOverlay) validate() error {
 // signature included.
 func (p *PeerRecord) Equal(o *PeerRecord) bool {
 	return p.ID == o.ID && p.IP == o.IP && p.MeshAddr == o.MeshAddr && p.Version == o.Version &&
-		p.Signature == o.Signature && slices.EqualFunc(p.Overlays, o.Overlays, PeerOverlay.equal)
+		p.Keys == o.Keys && p.UnderlayMTU == o.UnderlayMTU && p.Signature == o.Signature && slices.EqualFunc(p.Overlays, o.Overlays, PeerOverlay.equal)
 }
 
 func (ov PeerOverlay) equal(o PeerOverlay) bool {

@@ -1,7 +1,9 @@
 package membership
 
 import (
+	"bytes"
 	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"math"
@@ -39,7 +41,11 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 		a.Overlays = append(a.Overlays, api.AgentOverlay{Info: api.OverlayNetwork{Name: "aaa"}, Subnet6: "fd00:1::/64",
 			MesosBridge: &api.BridgeInfo{Name: "m-aaa", IP6: "fd00:1::/65"}, State: api.OverlayState{Status: api.StatusFailed}})
 	}
-	r := signedPeer(priv, "c1", twoOverlays)
+	withKeys := func(a *api.AgentInfo) {
+		a.Keys = api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(make([]byte, 32)), WireGuard: base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))}
+		a.UnderlayMTU = 9000
+	}
+	r := signedPeer(priv, "c1", twoOverlays, withKeys)
 	if names := []string{r.Overlays[0].Name, r.Overlays[1].Name}; !slices.Equal(names, []string{"aaa", "carve"}) {
 		t.Errorf("overlays in order %v, want sorted by name", names)
 	}
@@ -84,6 +90,9 @@ func TestPeerRecordCarriesTheSignature(t *testing.T) {
 		"overlay gone":  func(p *PeerRecord) { p.Overlays = p.Overlays[1:] },
 		"overlay added": func(p *PeerRecord) { p.Overlays = append(p.Overlays, PeerOverlay{Name: "zzz"}) },
 		"signature":     func(p *PeerRecord) { p.Signature = signedPeer(priv, "c1").Signature },
+		"claim key":     func(p *PeerRecord) { p.Keys.Claim = p.Keys.WireGuard },
+		"wireguard key": func(p *PeerRecord) { p.Keys.WireGuard = "" },
+		"underlay mtu":  func(p *PeerRecord) { p.UnderlayMTU = 1500 },
 	}
 	for name, change := range changes {
 		p := got

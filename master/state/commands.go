@@ -100,6 +100,10 @@ type registerCmd struct {
 	IP       string                 `json:"ip"`
 	MeshAddr string                 `json:"mesh_addr,omitempty"`
 	Bridges  api.AgentNetworkConfig `json:"bridges"`
+	// Keys and UnderlayMTU came with record format v3; absent in entries
+	// written before.
+	Keys        api.AgentKeys `json:"keys,omitzero"`
+	UnderlayMTU int           `json:"underlay_mtu,omitempty"`
 	// CarveVersion is the agent's carve version (informational).
 	CarveVersion string `json:"carve_version,omitempty"`
 }

@@ -31,6 +31,8 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 		MeshAddr:      rec.MeshAddr,
 		Version:       rec.Version,
 		NetworkConfig: rec.Bridges,
+		Keys:          rec.Keys,
+		UnderlayMTU:   rec.UnderlayMTU,
 		CarveVersion:  rec.CarveVersion,
 	}
 	if rec.IP.IsValid() {

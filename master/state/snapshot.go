@@ -50,6 +50,8 @@ type snapshotAgent struct {
 	IP       netip.Addr              `json:"ip,omitzero"`
 	MeshAddr string                  `json:"mesh_addr,omitempty"`
 	Bridges  api.AgentNetworkConfig  `json:"bridges"`
+	Keys     api.AgentKeys           `json:"keys,omitzero"`
+	MTU      int                     `json:"underlay_mtu,omitempty"`
 	VTEP     netip.Addr              `json:"vtep"`
 	VTEP6    netip.Addr              `json:"vtep6,omitzero"`
 	Leases   map[string]overlayLease `json:"leases"`
@@ -74,12 +76,14 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created, CarveVersion: r.CarveVersion}
+		Bridges: r.Bridges, Keys: r.Keys, MTU: r.UnderlayMTU, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created,
+		CarveVersion: r.CarveVersion}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created, CarveVersion: a.CarveVersion}
+		Bridges: a.Bridges, Keys: a.Keys, UnderlayMTU: a.MTU, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created,
+		CarveVersion: a.CarveVersion}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}

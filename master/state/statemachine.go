@@ -19,10 +19,14 @@ type agentRecord struct {
 	IP       netip.Addr // invalid when another agent took the IP
 	MeshAddr string
 	Bridges  api.AgentNetworkConfig
-	VTEP     netip.Addr
-	VTEP6    netip.Addr              // invalid without vtep_subnet6
-	Leases   map[string]overlayLease // by overlay name
-	Version  uint64
+	// Keys and UnderlayMTU are what the agent registered (signed into its
+	// record).
+	Keys        api.AgentKeys
+	UnderlayMTU int
+	VTEP        netip.Addr
+	VTEP6       netip.Addr              // invalid without vtep_subnet6
+	Leases      map[string]overlayLease // by overlay name
+	Version     uint64
 	// Created is the Raft index that created the record (0 for records
 	// from before it was kept): a holdings acknowledgement names it, so
 	// that one of a deleted and re-registered agent is not mistaken for
@@ -62,7 +66,8 @@ func (r *agentRecord) clone() *agentRecord {
 
 func (r *agentRecord) equal(o *agentRecord) bool {
 	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.CarveVersion == o.CarveVersion && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
+		r.Bridges == o.Bridges && r.Keys == o.Keys && r.UnderlayMTU == o.UnderlayMTU && r.CarveVersion == o.CarveVersion &&
+		r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
 }
 
 // overlaySpace is the address space of one overlay: a block allocator per
@@ -232,7 +237,8 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	} else {
 		rec = old.clone()
 	}
-	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges, rec.CarveVersion = c.Hostname, ip, c.MeshAddr, c.Bridges, c.CarveVersion
+	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
+	rec.Keys, rec.UnderlayMTU, rec.CarveVersion = c.Keys, c.UnderlayMTU, c.CarveVersion
 	// The newest registration takes the IP; the older record keeps its
 	// leases without an IP until it registers again.
 	if other, ok := t.byIP[ip]; ok && other != c.AgentID {

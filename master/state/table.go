@@ -137,7 +137,8 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 	if rec == nil || err != nil {
 		return nil, true
 	}
-	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig || rec.CarveVersion != req.CarveVersion {
+	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig ||
+		rec.Keys != req.Keys || rec.UnderlayMTU != req.UnderlayMTU || rec.CarveVersion != req.CarveVersion {
 		return nil, true
 	}
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {

@@ -47,6 +47,12 @@ func ValidateRegistration(req *api.RegisterRequest) error {
 			return fmt.Errorf("mesh_addr %q: port must be 1-65535", req.MeshAddr)
 		}
 	}
+	if err := req.Keys.Validate(); err != nil {
+		return err
+	}
+	if err := api.ValidateUnderlayMTU(req.UnderlayMTU); err != nil {
+		return err
+	}
 	return validateRequestID(req.RequestID)
 }
 
