@@ -10,10 +10,18 @@ all: build
 deps:
 	@deploy/install-deps.sh
 
+# What carve version prints and carve_build_info shows: the release tag (git
+# describe), the commit and its time (a build of a commit is reproducible).
+VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT     ?= $(shell git rev-parse HEAD 2>/dev/null)
+BUILD_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
+BUILDINFO  := github.com/carve-net/carve/internal/buildinfo
+LDFLAGS    := -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -X $(BUILDINFO).date=$(BUILD_DATE)
+
 # bin/carve is the production binary; bin/carve-lab is the demo (`carve demo`
 # execs it), kept apart so that carve links no lab or test harness.
 build: deps
-	$(GO) build -ldflags "-s -w" -o bin/carve ./cmd/carve
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/carve ./cmd/carve
 	@# carve-ipam is exec'd twice per container (ADD, DEL): static (no cgo,
 	@# no dynamic loader) it starts in less time than host-local does.
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o bin/carve-ipam ./cmd/carve-ipam

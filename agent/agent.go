@@ -90,6 +90,14 @@ type Agent struct {
 	// below masterIndex is from a master that is behind.
 	masterIndex uint64
 	clusterID   string
+	// restoreEpoch is the restore epoch of the last master state applied
+	// (api.Restore): a state of a lower epoch is from a master that missed
+	// a restore, one of a higher epoch a restore to follow.
+	restoreEpoch uint64
+	// restoreFloor is the highest version the agent knew when it followed
+	// the last restore: gossip at or below it that the agent does not hold
+	// is of the history before the restore (restore.go).
+	restoreFloor uint64
 	// mergedIndex is the masters' state index whose records and tombstones
 	// the membership holds (set after the merge, unlike masterIndex): what
 	// the IPAM's usage reports acknowledge.
@@ -209,7 +217,8 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.self, a.network, a.masterIndex, a.clusterID = p.Self, p.Network, p.MasterIndex, p.ClusterID
+	a.self, a.network, a.masterIndex, a.clusterID, a.restoreEpoch = p.Self, p.Network, p.MasterIndex, p.ClusterID, p.RestoreEpoch
+	a.restoreFloor = p.RestoreFloor
 	a.signingKey = p.SigningKey
 	if cfg.SigningKey != nil {
 		if p.SigningKey != nil && !p.SigningKey.Equal(cfg.SigningKey) {

@@ -99,11 +99,14 @@ func (h *gossipHandler) OnUnicast(src string, msg []byte) error {
 func (a *Agent) mergeGossip(m membership.Message) (news membership.State, tr membership.Trust, current bool) {
 	a.mu.RLock()
 	tr = a.trustLocked()
+	floor := a.restoreFloor
 	a.mu.RUnlock()
+	st, before := dropBeforeRestore(m.State, floor, a.members)
 	// Signatures are checked outside the lock; the merge happens under it,
 	// only if the cluster and the key are still those checked against, so
 	// that a rebuild's reset cannot come between and let old records in.
-	in, refused := tr.Admit(m.ClusterID, m.State, a.members)
+	in, refused := tr.Admit(m.ClusterID, st, a.members)
+	refused = append(refused, before...)
 	a.mu.RLock()
 	current = a.clusterID == tr.ClusterID && a.signingKey.Equal(tr.Key)
 	if current {

@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -27,6 +28,7 @@ type metrics struct {
 	gossipPeers      prometheus.Gauge
 	staleStates      prometheus.Counter
 	rebuilds         prometheus.Counter
+	restores         prometheus.Counter
 	httpRefused      *prometheus.CounterVec
 	masterReads      *prometheus.CounterVec
 	gossipSent       *prometheus.CounterVec
@@ -106,6 +108,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_cluster_rebuilds_total", Help: "Rebuilds of the masters' cluster seen (a new cluster id): the membership was reset.",
 		}),
+		restores: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "carve_agent_master_restores_total", Help: "Restores of the masters' table from a snapshot seen (a higher restore epoch): the membership was reset.",
+		}),
 		httpRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_http_refused_total", Help: "Requests to the agent's HTTP API refused, by reason (no_certificate: no verified client certificate of the cluster CA).",
 		}, []string{"reason"}),
@@ -152,8 +157,8 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.masterReads.WithLabelValues(k)
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
-		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.httpRefused, m.masterReads,
-		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed,
+		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.restores, m.httpRefused, m.masterReads,
+		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, buildinfo.Collector(buildinfo.Get()),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

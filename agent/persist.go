@@ -27,7 +27,7 @@ func (a *Agent) snapshot() persisted {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
-		MasterIndex: a.masterIndex, ClusterID: a.clusterID, SigningKey: a.signingKey, FromMasters: a.members.FromMasters(),
+		MasterIndex: a.masterIndex, ClusterID: a.clusterID, RestoreEpoch: a.restoreEpoch, RestoreFloor: a.restoreFloor, SigningKey: a.signingKey, FromMasters: a.members.FromMasters(),
 		Horizon: a.members.Horizon()}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -40,6 +41,7 @@ func (a *Agent) register(ctx context.Context) {
 		RequestID:     api.NewRequestID(),
 		UnderlayMTU:   a.refreshUnderlayMTU(),
 		Keys:          api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(a.claimKey.Public().(ed25519.PublicKey))},
+		CarveVersion:  buildinfo.Get().Version,
 	}
 	req.Keys.WireGuard = a.wg.registerKey()
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}

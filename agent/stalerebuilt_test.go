@@ -19,6 +19,7 @@ import (
 	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/lab/netnslab"
 	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/master"
 )
 
 // copyDir copies a stopped master's data dir.
@@ -42,17 +43,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	copyDir(t, mdir, staleDir)
 	m = startMaster(t, mdir)
 
-	gnet := fakegossip.New(fakegossip.Config{Seed: 12, GossipInterval: 300 * time.Millisecond})
-	t.Cleanup(gnet.Close)
-	t.Logf("fake gossip seed %d", gnet.Seed())
-	proxies := []*masterProxy{newMasterProxy(t, m), newMasterProxy(t, m)}
-	agents := make([]*runningAgent, 2)
-	for i, h := range hosts {
-		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
-	}
-	for i, a := range agents {
-		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the other", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == 1 }))
-	}
+	gnet, proxies, agents := agentsBehindProxies(t, hosts, m, dir, 12)
 	infos := []*api.AgentInfo{agents[0].Overlay(), agents[1].Overlay()}
 	// Quiet first: once both agents have reported their configuration on
 	// their records (a report is a commit), nothing else moves the index.
@@ -155,6 +146,26 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 			t.Errorf("agent %d cluster id %q, want %s", i, id, c1)
 		}
 	}
+}
+
+// agentsBehindProxies starts an agent per host on a fake gossip network
+// (seed), each watching m through its own proxy (that the test switches to
+// another master), and waits until each programs the others.
+func agentsBehindProxies(t *testing.T, hosts []*netnslab.Host, m *master.Master, dir string, seed uint64) (*fakegossip.Network, []*masterProxy, []*runningAgent) {
+	t.Helper()
+	gnet := fakegossip.New(fakegossip.Config{Seed: seed, GossipInterval: 300 * time.Millisecond})
+	t.Cleanup(gnet.Close)
+	t.Logf("fake gossip seed %d", gnet.Seed())
+	proxies := make([]*masterProxy, len(hosts))
+	agents := make([]*runningAgent, len(hosts))
+	for i, h := range hosts {
+		proxies[i] = newMasterProxy(t, m)
+		agents[i] = startAgent(t, h, proxies[i].URL(), filepath.Join(dir, fmt.Sprintf("a%d", i)), gnet)
+	}
+	for i, a := range agents {
+		testutil.Eventually(t, 0, fmt.Sprintf("agent %d programs the others", i), testutil.True(func() bool { return len(programmedPeers(a.Agent)) == len(hosts)-1 }))
+	}
+	return gnet, proxies, agents
 }
 
 // deleteLink deletes a link in host's namespace (and with it every route
@@ -322,25 +333,35 @@ func TestJudgeState(t *testing.T) {
 	tests := []struct {
 		name      string
 		clusterID string
+		epoch     uint64
 		index     uint64
 		st        api.State
 		want      stateVerdict
 	}{
-		{"first state ever", "", 0, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, further", "c1", 5, api.State{Index: 9, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, same index", "c1", 5, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
-		{"same cluster, behind", "c1", 5, api.State{Index: 3, ClusterID: "c1"}, stateStale},
-		{"master without cluster id, behind", "c1", 5, api.State{Index: 0}, stateStale},
-		{"master without cluster id, further", "c1", 5, api.State{Index: 6}, stateCurrent},
-		{"agent without cluster id, behind", "", 5, api.State{Index: 3, ClusterID: "c2"}, stateStale},
-		{"agent without cluster id, further", "", 5, api.State{Index: 7, ClusterID: "c2"}, stateCurrent},
-		{"other cluster, behind", "c1", 5, api.State{Index: 2, ClusterID: "c2"}, stateRebuilt},
-		{"other cluster, further", "c1", 5, api.State{Index: 50, ClusterID: "c2"}, stateRebuilt},
+		{"first state ever", "", 0, 0, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, further", "c1", 0, 5, api.State{Index: 9, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, same index", "c1", 0, 5, api.State{Index: 5, ClusterID: "c1"}, stateCurrent},
+		{"same cluster, behind", "c1", 0, 5, api.State{Index: 3, ClusterID: "c1"}, stateStale},
+		{"master without cluster id, behind", "c1", 0, 5, api.State{Index: 0}, stateStale},
+		{"master without cluster id, further", "c1", 0, 5, api.State{Index: 6}, stateCurrent},
+		{"agent without cluster id, behind", "", 0, 5, api.State{Index: 3, ClusterID: "c2"}, stateStale},
+		{"agent without cluster id, further", "", 0, 5, api.State{Index: 7, ClusterID: "c2"}, stateCurrent},
+		{"other cluster, behind", "c1", 0, 5, api.State{Index: 2, ClusterID: "c2"}, stateRebuilt},
+		{"other cluster, further", "c1", 0, 5, api.State{Index: 50, ClusterID: "c2"}, stateRebuilt},
+		{"restored, index lower", "c1", 0, 500, api.State{Index: 7, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateRestored},
+		{"restored, index higher", "c1", 0, 5, api.State{Index: 70, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateRestored},
+		{"restored again", "c1", 10, 70, api.State{Index: 8, ClusterID: "c1", Restore: &api.Restore{Epoch: 11}}, stateRestored},
+		{"same restore, further", "c1", 10, 7, api.State{Index: 9, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateCurrent},
+		{"same restore, behind", "c1", 10, 9, api.State{Index: 8, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateStale},
+		{"master that missed the restore, index higher", "c1", 10, 7, api.State{Index: 900, ClusterID: "c1"}, stateStale},
+		{"master of an older restore, index higher", "c1", 10, 7, api.State{Index: 900, ClusterID: "c1", Restore: &api.Restore{Epoch: 9}}, stateStale},
+		{"other cluster after a restore", "c1", 10, 7, api.State{Index: 3, ClusterID: "c2"}, stateRebuilt},
+		{"first state ever, restored", "", 0, 0, api.State{Index: 5, ClusterID: "c1", Restore: &api.Restore{Epoch: 10}}, stateCurrent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := judgeState(tt.clusterID, tt.index, &tt.st); got != tt.want {
-				t.Errorf("judgeState(%q, %d, index %d cluster %q) = %v, want %v", tt.clusterID, tt.index, tt.st.Index, tt.st.ClusterID, got, tt.want)
+			if got := judgeState(tt.clusterID, tt.epoch, tt.index, &tt.st); got != tt.want {
+				t.Errorf("judgeState(%q, %d, %d, index %d cluster %q epoch %d) = %v, want %v", tt.clusterID, tt.epoch, tt.index, tt.st.Index, tt.st.ClusterID, tt.st.Restore.RestoreEpoch(), got, tt.want)
 			}
 		})
 	}

@@ -33,6 +33,8 @@ const (
 	keyCluster  = "cluster_id"
 	keySignKey  = "signing_key"
 	keyHorizon  = "horizon"
+	keyEpoch    = "restore_epoch"
+	keyFloor    = "restore_floor"
 	// membersBucket holds the membership, one key per agent id
 	// (memberEntry), so that a change writes what changed.
 	membersBucket = "members"
@@ -103,6 +105,10 @@ type persisted struct {
 	Network     *api.NetworkConfig
 	Membership  membership.State
 	MasterIndex uint64
+	// RestoreEpoch is the masters' restore epoch of MasterIndex (0: none).
+	RestoreEpoch uint64
+	// RestoreFloor is the agent's restoreFloor (restore.go).
+	RestoreFloor uint64
 	// ClusterID is the masters' cluster all of the above comes from.
 	ClusterID string
 	// SigningKey is the masters' record-signing key the agent verifies
@@ -214,6 +220,16 @@ func (s *Store) Load() (persisted, error) {
 			}
 			p.SigningKey = key
 		}
+		if v := b.Get([]byte(keyEpoch)); v != nil {
+			if err := json.Unmarshal(v, &p.RestoreEpoch); err != nil {
+				return fmt.Errorf("decode persisted restore epoch: %w", err)
+			}
+		}
+		if v := b.Get([]byte(keyFloor)); v != nil {
+			if err := json.Unmarshal(v, &p.RestoreFloor); err != nil {
+				return fmt.Errorf("decode persisted restore floor: %w", err)
+			}
+		}
 		if v := b.Get([]byte(keyHorizon)); v != nil {
 			if err := json.Unmarshal(v, &p.Horizon); err != nil {
 				return fmt.Errorf("decode persisted compaction horizon: %w", err)
@@ -299,7 +315,7 @@ func (s *Store) Save(p persisted) error {
 		for _, kv := range []struct {
 			key string
 			v   any
-		}{{keySelf, self}, {keyNetwork, network}, {keyIndex, p.MasterIndex}, {keyHorizon, p.Horizon}} {
+		}{{keySelf, self}, {keyNetwork, network}, {keyIndex, p.MasterIndex}, {keyEpoch, p.RestoreEpoch}, {keyFloor, p.RestoreFloor}, {keyHorizon, p.Horizon}} {
 			if err := put(kv.key, kv.v); err != nil {
 				return err
 			}

@@ -105,6 +105,19 @@ func keyAfter(configured, trusted ed25519.PublicKey, st *api.State, rebuilt, uns
 		"give this agent --signing-pub-file with the new signing.pub", errStateKey, api.SigningKeyFingerprint(key), api.SigningKeyFingerprint(trusted), st.ClusterID)
 }
 
+// verifyRestore checks the signature of a restore the agent is to follow
+// (none to check when the masters sign nothing: key nil); the error
+// refuses the state, as a key it does not trust does.
+func verifyRestore(key ed25519.PublicKey, st *api.State) error {
+	if key == nil || st.Restore == nil {
+		return nil
+	}
+	if err := api.VerifyRestore(key, *st.Restore, st.ClusterID); err != nil {
+		return fmt.Errorf("%w: %w", errStateKey, err)
+	}
+	return nil
+}
+
 // logLimiter lets a kind of message through once per interval, so that
 // what a rogue peer or a misconfigured master repeats does not flood the log.
 type logLimiter struct {

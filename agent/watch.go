@@ -31,7 +31,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	full, probe := true, false
 	for ctx.Err() == nil {
 		a.mu.RLock()
-		index, cluster, stateKey := a.masterIndex, a.clusterID, a.stateKey
+		index, cluster, stateKey, epoch := a.masterIndex, a.clusterID, a.stateKey, a.restoreEpoch
 		a.mu.RUnlock()
 		wait := a.cfg.WatchWait
 		if probe {
@@ -58,6 +58,10 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				continue
 			case err == nil && ch.ClusterID != cluster:
 				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
+				full = true
+				continue
+			case err == nil && ch.Restore.RestoreEpoch() != epoch:
+				a.log.Info("the changes are of another restore of the masters' table: reading the whole state", "epoch", ch.Restore.RestoreEpoch(), "was", epoch)
 				full = true
 				continue
 			case err == nil && ch.SigningKey != stateKey:
@@ -93,7 +97,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 // known one).
 func changesState(ch *api.Changes) *api.State {
 	st := &api.State{Index: ch.Index, ClusterID: ch.ClusterID, SigningKey: ch.SigningKey, Horizon: ch.Horizon,
-		Agents: ch.Agents, Tombstones: ch.Tombstones, SigningChain: ch.SigningChain, Revoked: ch.Revoked}
+		Agents: ch.Agents, Tombstones: ch.Tombstones, SigningChain: ch.SigningChain, Revoked: ch.Revoked, Restore: ch.Restore}
 	if ch.Network != nil {
 		st.Network = *ch.Network
 	}
@@ -122,17 +126,27 @@ const (
 	stateStale
 	// stateRebuilt: another cluster; the masters were rebuilt from nothing.
 	stateRebuilt
+	// stateRestored: the agent's cluster, restored from a snapshot since
+	// the agent last read it (a higher restore epoch): its index may be
+	// lower, and it replaces what the agent knew.
+	stateRestored
 )
 
 // judgeState tells what st means to an agent that last applied index of
-// cluster clusterID. Only a cluster id that differs from a known one proves
-// a rebuild. A lower index without that proof, from masters with or
-// without cluster ids, is a master that is behind: taking its state would
-// take back what the agent knows, peers and leases alike.
-func judgeState(clusterID string, index uint64, st *api.State) stateVerdict {
-	switch {
+// cluster clusterID at restore epoch epoch. Only a cluster id that differs
+// from a known one proves a rebuild. Within a cluster the restore epoch
+// comes first: a higher one is a restore to follow (whatever its index), a
+// lower one a master that missed the restore. At the same epoch, a lower
+// index is a master that is behind: taking its state would take back what
+// the agent knows, peers and leases alike.
+func judgeState(clusterID string, epoch, index uint64, st *api.State) stateVerdict {
+	switch e := st.Restore.RestoreEpoch(); {
 	case clusterID != "" && st.ClusterID != "" && st.ClusterID != clusterID:
 		return stateRebuilt
+	case e < epoch:
+		return stateStale
+	case e > epoch && clusterID != "":
+		return stateRestored
 	case st.Index < index:
 		return stateStale
 	}
@@ -158,7 +172,7 @@ func networkFrom(cur *api.NetworkConfig, st api.NetworkConfig) (*api.NetworkConf
 // what changed.
 func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	a.mu.Lock()
-	verdict := judgeState(a.clusterID, a.masterIndex, st)
+	verdict := judgeState(a.clusterID, a.restoreEpoch, a.masterIndex, st)
 	if verdict == stateStale {
 		seen, warned := a.masterIndex, a.staleWarned
 		a.staleWarned = true
@@ -169,10 +183,13 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 			level = slog.LevelDebug
 		}
 		a.log.Log(context.Background(), level, "ignoring the state of a master that is behind: keeping the last known state",
-			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID)
+			"index", st.Index, "seen", seen, "cluster_id", st.ClusterID, "restore_epoch", st.Restore.RestoreEpoch(), "seen_epoch", a.restoreEpoch)
 		return false
 	}
 	key, err := keyAfter(a.cfg.SigningKey, a.signingKey, st, verdict == stateRebuilt, a.sec.client == nil)
+	if err == nil && verdict == stateRestored {
+		err = verifyRestore(key, st)
+	}
 	if err != nil {
 		warned := a.keyWarned
 		a.keyWarned = true
@@ -203,9 +220,13 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	if key != nil {
 		a.previousKeys = st.SigningChain.Previous(key)
 	}
-	if verdict == stateRebuilt {
-		// Records, tombstones and versions of the old cluster mean nothing
-		// in the new one; its state is the truth now.
+	if verdict == stateRebuilt || verdict == stateRestored {
+		// Records, tombstones and versions of the old cluster (or of the
+		// table before the restore) mean nothing now; its state is the
+		// truth.
+		if verdict == stateRestored {
+			a.restoreFloor = max(a.restoreFloor, a.masterIndex, highestVersion(a.members.State()))
+		}
 		a.members.Reset()
 		a.self, a.network = nil, nil
 		a.trigger(a.reregisterCh)
@@ -213,7 +234,9 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	if st.ClusterID != "" {
 		a.clusterID = st.ClusterID
 	}
-	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID
+	oldEpoch := a.restoreEpoch
+	a.restoreEpoch = st.Restore.RestoreEpoch()
+	indexChanged := a.masterIndex != st.Index || oldCluster != a.clusterID || oldEpoch != a.restoreEpoch
 	a.masterIndex = st.Index
 	var netChanged bool
 	a.network, netChanged = networkFrom(a.network, st.Network)
@@ -229,6 +252,11 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		if a.onRebuild != nil {
 			a.onRebuild(st.ClusterID)
 		}
+	}
+	if verdict == stateRestored {
+		a.metrics.restores.Inc()
+		a.log.Warn("the masters' table was restored from a snapshot: dropped the membership of before; registering again",
+			"epoch", st.Restore.Epoch, "was", oldEpoch, "snapshot_index", st.Restore.From, "index", st.Index)
 	}
 	switch {
 	case pinned && oldKey != nil:
@@ -274,12 +302,12 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		}
 	}
 	a.mu.Lock()
-	if verdict == stateRebuilt || st.Index > a.mergedIndex {
+	if verdict == stateRebuilt || verdict == stateRestored || st.Index > a.mergedIndex {
 		a.mergedIndex = st.Index
 	}
 	a.mu.Unlock()
 	changed := len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged
-	if changed || indexChanged || pinned || verdict == stateRebuilt {
+	if changed || indexChanged || pinned || verdict == stateRebuilt || verdict == stateRestored {
 		a.trigger(a.persistCh)
 	}
 	if changed {

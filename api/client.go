@@ -314,7 +314,7 @@ func (c *Client) RemoveServer(ctx context.Context, id string) error {
 // do sends the request to the masters in turn, starting with the preferred one.
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	start := int(c.preferred.Load())
-	var lastErr error
+	var failed []masterError
 	for i := range c.masters {
 		idx := (start + i) % len(c.masters)
 		err := c.once(ctx, c.masters[idx], method, path, in, out)
@@ -329,9 +329,64 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			c.preferred.Store(int32(idx))
 			return err
 		}
-		lastErr = err
+		failed = append(failed, masterError{url: c.masters[idx], err: err})
 	}
-	return lastErr
+	return everyMasterFailed(failed)
+}
+
+// masterError is one master's failure of a call.
+type masterError struct {
+	url string
+	err error
+}
+
+// everyMasterFailed is the error of a call that every master failed: the
+// failure of a master that answered (a 503 without quorum, say) rather
+// than one that could not be reached, with every master's failure in its
+// message, so that an answer does not hide behind a refused connection.
+func everyMasterFailed(failed []masterError) error {
+	if len(failed) == 1 {
+		return failed[0].err
+	}
+	best := len(failed) - 1
+	for i, f := range failed {
+		var e *Error
+		if errors.As(f.err, &e) && e.Status != 0 {
+			best = i
+			break
+		}
+	}
+	var e *Error
+	if !errors.As(failed[best].err, &e) {
+		return failed[best].err
+	}
+	out := *e
+	if !strings.Contains(out.Message, failed[best].url) {
+		out.Message = failed[best].url + ": " + out.Message
+	}
+	out.also = nil
+	for i, f := range failed {
+		if i != best {
+			out.also = append(out.also, describeFailure(f))
+		}
+	}
+	return &out
+}
+
+// describeFailure names the master of a failure when its message does not.
+func describeFailure(f masterError) string {
+	msg := f.err.Error()
+	var e *Error
+	if errors.As(f.err, &e) {
+		msg = e.Message
+		if e.Status != 0 {
+			msg += " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+		}
+	}
+	if strings.Contains(msg, f.url) {
+		return msg
+	}
+	return f.url + ": " + msg
 }
 
 func (c *Client) once(ctx context.Context, base, method, path string, in, out any) error {

@@ -8,6 +8,7 @@ package api
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 )
 
 // Overlay statuses: DC/OS's overlay.proto enum Status, all four values and no
@@ -144,6 +145,9 @@ type RegisterRequest struct {
 	// RequestID makes a retry after an unknown outcome have one effect;
 	// the client sets it once per logical request.
 	RequestID string `json:"request_id,omitempty"`
+	// CarveVersion is the agent's carve version (informational: kept in
+	// its record as AgentInfo.CarveVersion, not signed).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // AgentInfo is an agent's record: its leases per overlay, versioned by the
@@ -177,6 +181,9 @@ type AgentInfo struct {
 	// Signature is the masters' ed25519 signature of RecordSigningBytes,
 	// standard base64; absent when the masters sign nothing (--insecure).
 	Signature string `json:"signature,omitempty"`
+	// CarveVersion (carve extension) is the carve version the agent last
+	// registered with: informational, not signed (RegisterRequest).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // AgentKeys are an agent's public keys, made on its host (the private
@@ -432,6 +439,9 @@ type State struct {
 	// Revoked is the masters' deny list of certificates (a carve
 	// extension; see Revocation).
 	Revoked []Revocation `json:"revoked,omitempty"`
+	// Restore, when the table was restored from a snapshot, is that event,
+	// signed (restore.go): agents compare its epoch before the index.
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // Changes is GET /overlay-master/changes?since=N: what changed in the
@@ -455,6 +465,8 @@ type Changes struct {
 	SigningChain *SigningChain `json:"signing_chain,omitempty"`
 	// Revoked is the whole deny list, in every answer (it is small).
 	Revoked []Revocation `json:"revoked,omitempty"`
+	// Restore is State.Restore (always set when there was one).
+	Restore *Restore `json:"restore,omitempty"`
 }
 
 // QuarantinedBlock is a block of a deleted agent's space that is not
@@ -484,16 +496,29 @@ type Error struct {
 	Status int `json:"-"`
 	// cause is what made a call fail without an answer (wraps ErrUnreachable).
 	cause error
+	// also are the failures of the other masters a call tried, each
+	// naming its master (everyMasterFailed).
+	also []string
 }
 
 // Unwrap returns the transport failure behind an error without an answer.
 func (e *Error) Unwrap() error { return e.cause }
 
+// Error is the message, with the code and status of an answer (a call
+// that got none says why in its message: no code to add), then the other
+// masters' failures.
 func (e *Error) Error() string {
-	if e.Status != 0 {
-		return "carve: " + e.Message + " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+	msg := "carve: " + e.Message
+	switch {
+	case e.Status != 0:
+		msg += " (" + e.Code + ", HTTP " + strconv.Itoa(e.Status) + ")"
+	case e.cause == nil && e.Code != "":
+		msg += " (" + e.Code + ")"
 	}
-	return "carve: " + e.Message + " (" + e.Code + ")"
+	if len(e.also) > 0 {
+		msg += "; also " + strings.Join(e.also, "; ")
+	}
+	return msg
 }
 
 // ServerInfo is one Raft server as /cluster/status shows it.
@@ -525,6 +550,39 @@ type ClusterStatus struct {
 	// committed when it first heard from a leader after it started; until
 	// then it answers state reads with 503.
 	CaughtUp bool `json:"caught_up"`
+	// Build is this master's build (carve version); absent from masters
+	// of earlier versions.
+	Build *BuildInfo `json:"build,omitempty"`
+	// AgentVersions counts the agents of this master's table by the carve
+	// version they registered with ("unknown": agents of earlier versions,
+	// which send none).
+	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+	// SilentAgents, on the leader, are the agents not heard from (no
+	// watch, report or usage report) for longer than SilentAfter (a Go
+	// duration); followers judge none.
+	SilentAgents []SilentAgent `json:"silent_agents,omitempty"`
+	SilentAfter  string        `json:"silent_after,omitempty"`
+}
+
+// SilentPrefix starts the error of the overlays of an agent the leader
+// has not heard from (their status shows STATUS_FAILED).
+const SilentPrefix = "agent silent: "
+
+// SilentAgent is an agent the leader has not heard from for longer than
+// ClusterStatus.SilentAfter.
+type SilentAgent struct {
+	AgentID string `json:"agent_id"`
+	// LastHeard is when it was last heard from (RFC 3339); absent when not
+	// since this master leads.
+	LastHeard string `json:"last_heard,omitempty"`
+}
+
+// BuildInfo is a build of carve (carve version).
+type BuildInfo struct {
+	Version   string `json:"version"`
+	Commit    string `json:"commit,omitempty"`
+	GoVersion string `json:"go_version"`
+	BuildDate string `json:"build_date,omitempty"`
 }
 
 // JoinRequest is POST /cluster/join: add a master as a voter.

@@ -241,6 +241,7 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 	opts.TLS = foreign.Files("m4", pki.RoleMaster)
 	opts.TLS.CA = p.CAFile() // it trusts the cluster; the cluster does not trust it
 	opts.SigningKey = foreign.SigningKey
+	opts.Peers = nil // it waits to be added (a --peers without it would be a typo in --id: refused)
 	c.startWith(3, opts)
 	m4 := c.masters[3]
 
@@ -310,6 +311,9 @@ func TestStartNeedsTLSOrInsecure(t *testing.T) {
 		{"insecure with TLS", func(o *Options) { o.Insecure = true; o.TLS = master }, "--insecure contradicts"},
 		{"agent certificate", func(o *Options) { o.TLS = agent; o.SigningKey = p.SigningKey }, "role agent; a master needs role master"},
 		{"no signing key", func(o *Options) { o.TLS = master }, "--signing-key-file is required"},
+		// Issue 20, finding 2: it was a WARN.
+		{"another master's certificate", func(o *Options) { o.TLS = p.Files("m2", pki.RoleMaster); o.SigningKey = p.SigningKey },
+			`is the certificate of master "m2", and this master is --id "m1"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/gorilla/mux"
 
@@ -64,6 +66,9 @@ func (s *server) removeServer() http.HandlerFunc {
 		prepare: func(r *http.Request, _ *struct{}) (action[struct{}], error) {
 			id := mux.Vars(r)["id"]
 			return func(ctx context.Context) (struct{}, uint64, error) {
+				if !s.m.knowsServer(id) {
+					return struct{}{}, 0, fmt.Errorf("%w %q: the cluster's servers are %s (carve cluster status lists them)", errUnknownServer, id, s.m.serverIDs())
+				}
 				if err := s.m.node.RemoveServer(ctx, id); err != nil {
 					return struct{}{}, 0, membershipErr(err, "remove server "+id)
 				}
@@ -73,6 +78,29 @@ func (s *server) removeServer() http.HandlerFunc {
 		},
 		answer: s.answerClusterStatus,
 	})
+}
+
+// errUnknownServer is a removal of a master the cluster never knew: a
+// typo, answered 404 rather than a removal of nothing.
+var errUnknownServer = errors.New("no such master")
+
+// knowsServer tells whether id is a server of the Raft configuration, or
+// one the log knows (it led or joined with an HTTP address, and may have
+// been removed since: removing it again changes nothing and succeeds).
+func (m *Master) knowsServer(id string) bool {
+	if _, ok := m.table.Server(id); ok {
+		return true
+	}
+	return slices.ContainsFunc(m.node.Status().Servers, func(s raftlog.Server) bool { return s.ID == id })
+}
+
+// serverIDs names the servers of the Raft configuration: "m1, m2, m3".
+func (m *Master) serverIDs() string {
+	var ids []string
+	for _, s := range m.node.Status().Servers {
+		ids = append(ids, s.ID)
+	}
+	return strings.Join(ids, ", ")
 }
 
 // membershipErr is what a refused change of the Raft configuration

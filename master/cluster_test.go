@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -399,6 +400,12 @@ func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
 	}
 	if len(cs.Servers) != 3 {
 		t.Errorf("after removal %d servers: %+v", len(cs.Servers), cs.Servers)
+	}
+	// A master the cluster never knew (a typo) is a 404 naming the
+	// servers, not a removal of nothing (issue 20, finding 7).
+	var e *api.Error
+	if err := cl.RemoveServer(ctx, "m5"); !errors.As(err, &e) || e.Status != http.StatusNotFound || !strings.Contains(e.Message, "m1, m2, m3") {
+		t.Errorf("remove of the unknown m5: %v, want a 404 naming m1, m2, m3", err)
 	}
 }
 

@@ -25,6 +25,7 @@ func (m *Master) leaderDuties(ctx context.Context) {
 	defer tick.Stop()
 	compact := time.NewTicker(m.opts.CompactEvery)
 	defer compact.Stop()
+	var leadingSince time.Time // judged at the ticks only: O(agents) each
 	for {
 		if m.node.IsLeader() && m.node.IsCaughtUp() {
 			if err := m.leaderSetup(ctx); err != nil && ctx.Err() == nil {
@@ -42,6 +43,7 @@ func (m *Master) leaderDuties(ctx context.Context) {
 		case <-caughtUp:
 			caughtUp = nil // closed for good: wait on it once
 		case <-tick.C:
+			m.judgeLiveness(&leadingSince)
 		case <-compact.C:
 			if m.node.IsLeader() && m.node.IsCaughtUp() {
 				m.proposeCompaction(ctx)
@@ -70,6 +72,9 @@ func (m *Master) proposeCompaction(ctx context.Context) {
 func (m *Master) leaderSetup(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := m.restoreFrom(ctx); err != nil {
+		return err
+	}
 	if m.table.ClusterID() == "" {
 		id, err := newClusterID()
 		if err != nil {

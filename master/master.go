@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
@@ -40,6 +41,11 @@ type Options struct {
 	Peers []raftlog.Server
 	// Network is the validated configuration from this master's file.
 	Network api.NetworkConfig
+	// RestoreFrom is a snapshot (carve snapshot save) that the first leader
+	// of a new cluster commits before anything else: a whole-cluster
+	// restore onto empty data directories. Ignored once the log has a
+	// cluster id.
+	RestoreFrom []byte
 	// Join is the URL of a running master to join as a voter (a master not in Peers).
 	Join   string
 	Logger *slog.Logger
@@ -76,6 +82,9 @@ type Options struct {
 	// CompactEvery is how often the leader proposes a compaction
 	// (TombstoneMaxAge/24 when 0).
 	CompactEvery time.Duration
+	// AgentSilentAfter is how long an agent may go unheard before the
+	// leader shows it silent (state.DefaultSilentAfter when 0).
+	AgentSilentAfter time.Duration
 }
 
 // DefaultTombstoneMaxAge is Options.TombstoneMaxAge's default.
@@ -117,6 +126,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if opts.TombstoneMaxAge <= 0 {
 		opts.TombstoneMaxAge = DefaultTombstoneMaxAge
 	}
+	if opts.AgentSilentAfter <= 0 {
+		opts.AgentSilentAfter = state.DefaultSilentAfter
+	}
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
@@ -145,8 +157,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 			return nil, fmt.Errorf("master: --join: %w", err)
 		}
 	}
-	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector(buildinfo.Get()))
 	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	m.registry.MustRegister(m.silentAgentsGauge())
 	if opts.TLS.Enabled() {
 		m.registry.MustRegister(certmetrics.New(opts.TLS))
 	}
@@ -192,6 +205,11 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	m.node = node
 	if sec != nil {
 		m.table.OnRevoked(m.closeRevokedConns)
+	}
+	if err := m.checkMembership(); err != nil {
+		_ = node.Close()
+		ln.Close()
+		return nil, err
 	}
 
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -253,6 +271,10 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		ID: m.opts.ID, Role: st.Role, Term: st.Term, CommitIndex: st.CommitIndex,
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
+		Build: buildInfo(), AgentVersions: m.table.AgentVersions(),
+	}
+	if st.Role == "leader" {
+		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()
 	}
 	for _, srv := range st.Servers {
 		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}

@@ -150,21 +150,8 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if consistent {
-		if !s.m.node.IsLeader() {
-			s.forward(w, r, nil)
-			return
-		}
-		ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
-		defer cancel()
-		if _, err := s.m.node.ConsistentRead(ctx); err != nil {
-			if errors.Is(err, raftlog.ErrNotLeader) {
-				s.forward(w, r, nil)
-				return
-			}
-			httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("consistent read: %v", err))
-			return
-		}
+	if consistent && !s.readOnLeader(w, r, "consistent read") {
+		return
 	}
 	if !s.servable(w, consistent) {
 		return
@@ -175,9 +162,30 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 	s.writeStateFor(w, r)
 }
 
+// readOnLeader makes a read linearizable: on the leader, after a read
+// barrier; elsewhere it forwards the request to the leader. false means
+// the request was answered (forwarded, or a 503 saying why).
+func (s *server) readOnLeader(w http.ResponseWriter, r *http.Request, what string) bool {
+	if !s.m.node.IsLeader() {
+		s.forward(w, r, nil)
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
+	defer cancel()
+	if _, err := s.m.node.ConsistentRead(ctx); err != nil {
+		if errors.Is(err, raftlog.ErrNotLeader) {
+			s.forward(w, r, nil)
+			return false
+		}
+		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("%s: %v", what, err))
+		return false
+	}
+	return true
+}
+
 // waitPast waits until the state's index passes index, or the signing key
-// changes, or wait passed, or the master closes; false when the client
-// went away.
+// changes, or a restore put the table behind index, or wait passed, or the
+// master closes; false when the client went away.
 func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) bool {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -185,7 +193,7 @@ func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) boo
 	signing := s.m.table.SigningGeneration()
 	for {
 		ch, idx := s.m.table.Changed()
-		if idx > index || s.m.table.SigningGeneration() != signing {
+		if idx > index || s.m.table.SigningGeneration() != signing || s.m.table.AheadOfRestore(index) {
 			return true
 		}
 		select {

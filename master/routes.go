@@ -43,7 +43,7 @@ func (m *Master) routes() http.Handler {
 	}
 	s := &server{m: m, log: m.log, client: &http.Client{Transport: transport}}
 	r := httpapi.NewRouter()
-	r.Use(recordRoute, s.authorize)
+	r.Use(recordRoute, s.authorize, s.noteHeard)
 	r.HandleFunc("/overlay-master/agents", s.register()).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/delete", s.deleteAgents()).Methods(http.MethodPost)
 	r.HandleFunc("/overlay-master/agents/{id}", s.getAgent).Methods(http.MethodGet)
@@ -60,6 +60,8 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)
 	r.HandleFunc("/cluster/revocations", s.revoke()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/revocations", s.revocations).Methods(http.MethodGet)
+	r.HandleFunc("/cluster/snapshot", s.snapshot).Methods(http.MethodGet)
+	r.HandleFunc("/cluster/restore", s.restore()).Methods(http.MethodPost)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)
 	if m.opts.LogLevel != nil {
 		r.HandleFunc(loglevel.Path, loglevel.Handler(m.opts.LogLevel, m.log)).Methods(http.MethodGet, http.MethodPut)

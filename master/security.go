@@ -51,7 +51,10 @@ func newSecurity(opts Options, log *slog.Logger) (*security, error) {
 		return nil, fmt.Errorf("master: --cert-file %s is a certificate of role %s; a master needs role master (carve certs issue --role master)", opts.TLS.Cert, id.Role)
 	}
 	if id.Name != opts.ID {
-		log.Warn("the master's certificate names another master than --id", "cert_name", id.Name, "id", opts.ID)
+		// Another master's certificate: the masters would take this one
+		// for that one (forwarded identities, the Raft peers' names).
+		return nil, fmt.Errorf("master: --cert-file %s is the certificate of master %q, and this master is --id %q: give each master its own certificate (carve certs issue --role master --name %s --ip ...), or fix --id",
+			opts.TLS.Cert, id.Name, opts.ID, opts.ID)
 	}
 	if opts.SigningKey == nil {
 		return nil, errors.New("master: --signing-key-file is required with TLS (the signing.key that carve certs ca wrote beside the CA)")

@@ -230,11 +230,11 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 		s.refuseQuota(w, r, err)
 	case errors.Is(err, state.ErrBlockConflict), errors.Is(err, state.ErrRequestIDReused), errors.Is(err, state.ErrReportAhead):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
-	case errors.Is(err, state.ErrUnknownAgent):
+	case errors.Is(err, state.ErrUnknownAgent), errors.Is(err, errUnknownServer):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 	case errors.Is(err, state.ErrNoConfig):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, state.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock):
+	case errors.Is(err, state.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock), errors.Is(err, state.ErrBadSnapshot):
 		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	default:
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
+	neturl "net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -13,12 +15,16 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/master/state"
 )
 
 const clusterUsage = `usage:
   carve cluster status --masters URL[,URL...] [--json] [--timeout 10s] \
                        --ca-file CA --cert-file CERT --key-file KEY | --insecure
+  carve cluster join --id ID --raft-addr HOST:PORT [--http-addr HOST:PORT] --masters URL[,URL...] OPERATOR_TLS
+  carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
 `
 
 // errUnhealthy is returned after a report that found problems: the command
@@ -28,6 +34,8 @@ var errUnhealthy = errors.New("problems found")
 func runCluster(ctx context.Context, args []string, out io.Writer) error {
 	return subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
 		"status": func(args []string) error { return runClusterStatus(ctx, args, out) },
+		"join":   func(args []string) error { return runClusterJoin(ctx, args, out) },
+		"remove": func(args []string) error { return runClusterRemove(ctx, args, out) },
 	})
 }
 
@@ -52,6 +60,16 @@ type clusterReport struct {
 	// only once it led or joined with one). Give every master in --masters
 	// to check them all.
 	Unchecked []string `json:"unchecked,omitempty"`
+	// AgentVersions counts the agents by carve version, as the first
+	// master that answered has them.
+	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+	// SilentAgents are the agents the leader has not heard from for longer
+	// than SilentAfter (its view: followers judge none).
+	SilentAgents []api.SilentAgent `json:"silent_agents,omitempty"`
+	SilentAfter  string            `json:"silent_after,omitempty"`
+	// Warnings are what does not make the masters unhealthy but should be
+	// fixed: versions apart by more than the supported skew, silent agents.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
@@ -142,14 +160,22 @@ func collectClusterStatus(ctx context.Context, urls []string, ask func(context.C
 // servers that could not be asked.
 func judgeCluster(rep *clusterReport) {
 	var problems []string
-	leaders, clusterIDs := map[string][]string{}, map[string][]string{}
+	leaders, clusterIDs, voters := map[string][]string{}, map[string][]string{}, map[string][]string{}
 	seen := map[string]bool{}
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {
+			// A URL given that did not answer: name the server it is, so
+			// that it is not also reported as not checked.
+			if id := serverAt(rep.Masters, v.URL); id != "" {
+				seen[id] = true
+				problems = append(problems, fmt.Sprintf("master %s (%s): down or unreachable: %s", id, v.URL, v.Error))
+				continue
+			}
 			problems = append(problems, fmt.Sprintf("master %s: unreachable: %s", v.URL, v.Error))
 			continue
 		}
+		voters[voterSet(st.Servers)] = append(voters[voterSet(st.Servers)], st.ID)
 		seen[st.ID] = true
 		name := fmt.Sprintf("master %s (%s)", st.ID, v.URL)
 		if st.Leader == nil || st.Leader.ID == "" {
@@ -187,6 +213,10 @@ func judgeCluster(rep *clusterReport) {
 	default:
 		problems = append(problems, "the masters disagree on the leader: "+describeGroups(leaders, "seen by"))
 	}
+	if len(voters) > 1 {
+		problems = append(problems, "the masters disagree on the voters (a master started with another --peers, or a removal it missed): "+
+			describeGroups(voters, "seen by")+"; give every master the same --peers, and join or remove masters with carve cluster join|remove")
+	}
 	switch len(clusterIDs) {
 	case 1:
 		for id := range clusterIDs {
@@ -197,6 +227,142 @@ func judgeCluster(rep *clusterReport) {
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
+	judgeVersions(rep)
+	judgeSilence(rep)
+}
+
+// judgeSilence warns of the agents the leader has not heard from.
+func judgeSilence(rep *clusterReport) {
+	for _, v := range rep.Masters {
+		if v.Status == nil || v.Status.Role != "leader" {
+			continue
+		}
+		rep.SilentAgents, rep.SilentAfter = v.Status.SilentAgents, v.Status.SilentAfter
+		if len(rep.SilentAgents) == 0 {
+			return
+		}
+		var names []string
+		for _, a := range rep.SilentAgents {
+			name := a.AgentID
+			if a.LastHeard != "" {
+				name += " (last heard " + a.LastHeard + ")"
+			}
+			names = append(names, name)
+		}
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%d agents not heard from for over %s, as leader %s sees it (their overlays show STATUS_FAILED): %s; is carve agent running there? (docs/troubleshooting.md)",
+			len(names), v.Status.SilentAfter, v.Status.ID, strings.Join(names, ", ")))
+		return
+	}
+}
+
+// judgeVersions fills the agents' versions and warns of versions (of
+// masters and agents) further apart than the supported skew.
+func judgeVersions(rep *clusterReport) {
+	versions := map[string][]string{} // version -> who runs it
+	for _, v := range rep.Masters {
+		if v.Status == nil {
+			continue
+		}
+		if rep.AgentVersions == nil && v.Status.AgentVersions != nil {
+			rep.AgentVersions = v.Status.AgentVersions
+		}
+		if v.Status.Build != nil {
+			versions[v.Status.Build.Version] = append(versions[v.Status.Build.Version], "master "+v.Status.ID)
+		}
+	}
+	for ver, n := range rep.AgentVersions {
+		if ver != state.UnknownVersion {
+			versions[ver] = append(versions[ver], fmt.Sprintf("%d agents", n))
+		}
+	}
+	all := slices.Sorted(maps.Keys(versions))
+	for i, a := range all {
+		for _, b := range all[i+1:] {
+			if p := buildinfo.SkewProblem(a, b); p != "" {
+				rep.Warnings = append(rep.Warnings, fmt.Sprintf("mixed versions beyond the supported skew: %s (%s; %s): upgrade one minor version at a time, masters first (operations.md, section 8)",
+					p, a+" on "+strings.Join(versions[a], ", "), b+" on "+strings.Join(versions[b], ", ")))
+			}
+		}
+	}
+}
+
+// serverAt is the id of the server that the answers place at url, a URL
+// that did not answer: the server of that URL, or else the one server that
+// did not answer either, whose URL is unknown, and whose HTTP or Raft
+// address is on url's host; "" when there is no such server.
+func serverAt(views []masterView, url string) string {
+	answered := map[string]bool{}
+	for _, v := range views {
+		if v.Status != nil {
+			answered[v.Status.ID] = true
+		}
+	}
+	host := urlHost(url)
+	byHost := map[string]bool{}
+	for _, v := range views {
+		if v.Status == nil {
+			continue
+		}
+		for _, s := range v.Status.Servers {
+			switch {
+			case answered[s.ID]:
+			case s.URL != "" && s.URL == url:
+				return s.ID
+			case s.URL == "" && host != "" && (addrHost(s.HTTPAddr) == host || addrHost(s.RaftAddr) == host):
+				byHost[s.ID] = true
+			}
+		}
+	}
+	if len(byHost) == 1 {
+		for id := range byHost {
+			return id
+		}
+	}
+	return ""
+}
+
+// urlHost is the host of a master URL ("" when it has none).
+func urlHost(u string) string {
+	parsed, err := neturl.Parse(u)
+	if err != nil {
+		return ""
+	}
+	return parsed.Hostname()
+}
+
+// addrHost is the host of HOST:PORT ("" when it is not one).
+func addrHost(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return ""
+	}
+	return host
+}
+
+// serverNames names the servers of a Raft configuration, a non-voter
+// marked "(nonvoter)".
+func serverNames(servers []api.ServerInfo) []string {
+	var out []string
+	for _, s := range servers {
+		id := s.ID
+		if !s.Voter {
+			id += "(nonvoter)"
+		}
+		out = append(out, id)
+	}
+	return out
+}
+
+// voterSet renders a Raft configuration's voters, sorted: "m1,m2,m3".
+func voterSet(servers []api.ServerInfo) string {
+	var ids []string
+	for _, s := range servers {
+		if s.Voter {
+			ids = append(ids, s.ID)
+		}
+	}
+	slices.Sort(ids)
+	return strings.Join(ids, ",")
 }
 
 // describeGroups renders {"m1": ["m1", "m2"]} as "m1 seen by m1,m2".
@@ -212,30 +378,37 @@ func describeGroups(groups map[string][]string, verb string) string {
 func printClusterReport(out io.Writer, rep *clusterReport) error {
 	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS")
+	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tVERSION")
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {
-			fmt.Fprintf(tw, "?\t%s\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\n", v.URL)
+			fmt.Fprintf(tw, "?\t%s\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\t-\n", v.URL)
 			continue
 		}
 		leader := "-"
 		if st.Leader != nil {
 			leader = st.Leader.ID
 		}
-		var servers []string
-		for _, s := range st.Servers {
-			id := s.ID
-			if !s.Voter {
-				id += "(nonvoter)"
-			}
-			servers = append(servers, id)
+		servers := serverNames(st.Servers)
+		version := "-"
+		if st.Build != nil {
+			version = st.Build.Version
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\n", st.ID, v.URL, st.Role, leader, st.Term,
-			st.CommitIndex, st.AppliedIndex, st.LastIndex, st.LastSnapshotIndex, st.CaughtUp, strings.Join(servers, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%t\t%s\t%s\n", st.ID, v.URL, st.Role, leader, st.Term,
+			st.CommitIndex, st.AppliedIndex, st.LastIndex, st.LastSnapshotIndex, st.CaughtUp, strings.Join(servers, ","), version)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(rep.AgentVersions) > 0 {
+		var parts []string
+		for _, ver := range slices.Sorted(maps.Keys(rep.AgentVersions)) {
+			parts = append(parts, fmt.Sprintf("%s: %d", ver, rep.AgentVersions[ver]))
+		}
+		fmt.Fprintf(out, "agent versions: %s\n", strings.Join(parts, ", "))
+	}
+	for _, w := range rep.Warnings {
+		fmt.Fprintln(out, "warning: "+w)
 	}
 	if len(rep.Unchecked) > 0 {
 		fmt.Fprintf(out, "not checked: %s (the masters know no URL for them: give them in --masters)\n", strings.Join(rep.Unchecked, ", "))

@@ -192,13 +192,15 @@ type agentUse struct {
 
 // overlayUse is an overlay's ranges and use on every agent.
 type overlayUse struct {
-	Name    string     `json:"name"`
-	Subnet  string     `json:"subnet,omitempty"`
-	Subnet6 string     `json:"subnet6,omitempty"`
-	Used    uint64     `json:"used"`
-	Used6   uint64     `json:"used6"`
-	Free    uint64     `json:"free"`
-	Agents  []agentUse `json:"agents"`
+	Name    string `json:"name"`
+	Subnet  string `json:"subnet,omitempty"`
+	Subnet6 string `json:"subnet6,omitempty"`
+	Used    uint64 `json:"used"`
+	Used6   uint64 `json:"used6"`
+	Free    uint64 `json:"free"`
+	// Unread counts the agents whose use is not in the totals (not read).
+	Unread int        `json:"unread,omitempty"`
+	Agents []agentUse `json:"agents"`
 }
 
 // ipamShowReport is what carve ipam show prints.
@@ -309,7 +311,9 @@ func buildIPAMShow(st *api.State, agents []api.AgentInfo, usage map[string]*api.
 			}
 			if nu != nil {
 				au.Ready, au.Error = nu.Ready, nu.Error
-			} else if usage[a.AgentID] != nil {
+			} else if usage[a.AgentID] == nil {
+				ou.Unread++
+			} else {
 				au.Error = "the agent reports nothing of this overlay"
 			}
 			for _, kind := range []string{api.BridgeMesos, api.BridgeDocker} {
@@ -352,8 +356,14 @@ func printIPAMShow(out io.Writer, rep *ipamShowReport) error {
 		return strconv.FormatUint(*p, 10)
 	}
 	for _, ou := range rep.Overlays {
-		fmt.Fprintf(out, "overlay %s %s: %d agents, %d addresses used (IPv6: %d), %d IPv4 free\n",
-			ou.Name, strings.Trim(ou.Subnet+","+ou.Subnet6, ","), len(ou.Agents), ou.Used, ou.Used6, ou.Free)
+		agents := fmt.Sprintf("%d agents", len(ou.Agents))
+		if ou.Unread > 0 {
+			// Totals of the agents read only: never a "0 free" that
+			// means "not known".
+			agents += fmt.Sprintf(" (%d not read: the totals are of the %d read)", ou.Unread, len(ou.Agents)-ou.Unread)
+		}
+		fmt.Fprintf(out, "overlay %s %s: %s, %d addresses used (IPv6: %d), %d IPv4 free\n",
+			ou.Name, strings.Trim(ou.Subnet+","+ou.Subnet6, ","), agents, ou.Used, ou.Used6, ou.Free)
 		tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  AGENT\tIP\tSUBNET\tSTATUS\tBRIDGE\tRANGE\tUSED\tUSED6\tFREE")
 		for _, au := range ou.Agents {

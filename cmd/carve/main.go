@@ -1,6 +1,8 @@
 // Command carve runs a carve master or agent, reads the masters' state,
-// gives operators their commands (cluster status, agents delete, ipam show
-// and check, agent rotate-wireguard-key), installs the CNI plugin, issues certificates, and starts the demo (bin/carve-lab).
+// gives operators their commands (cluster status, agents delete, snapshot
+// save and restore, ipam show and check, agent rotate-wireguard-key),
+// installs the CNI plugin, issues certificates, and starts the demo
+// (bin/carve-lab).
 package main
 
 import (
@@ -20,7 +22,7 @@ const usage = `carve: a VXLAN overlay control plane
 
 usage:
   carve master --id ID --data-dir DIR --http-addr HOST:PORT --raft-addr HOST:PORT \
-               --peers m1=HOST:PORT,... [--config network.json] [--join URL] \
+               --peers m1=HOST:PORT,... [--config network.json] [--join URL] [--restore-from FILE] \
                --ca-file CA --cert-file CERT --key-file KEY --signing-key-file signing.key | --insecure
   carve agent  --data-dir DIR --masters URL[,URL...] --ca-file CA --cert-file CERT --key-file KEY \
                --mesh-password-file FILE [--signing-pub-file signing.pub] [--id ID] [--ip UNDERLAY_IP] [--http-addr HOST:PORT] \
@@ -29,8 +31,12 @@ usage:
   carve state  --masters URL[,URL...] [--json] [--consistent] \
                --ca-file CA --cert-file CERT --key-file KEY | --insecure
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
+  carve cluster join --id ID --raft-addr HOST:PORT [--http-addr HOST:PORT] --masters URL[,URL...] OPERATOR_TLS
+  carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve agent rotate-wireguard-key ID|IP... --masters URL[,URL...] [--json] [--agent-port 9797] OPERATOR_TLS
+  carve snapshot save FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
+  carve snapshot restore FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
   carve ipam   show  --masters URL[,URL...] [--agent ID] [--overlay NAME] [--json] [--agent-port 9797] CLIENT_TLS
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
   carve ipam   release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]
@@ -41,6 +47,7 @@ usage:
   carve certs  rotate-signing --dir DIR [--switch | --finish]
   carve certs  revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve demo   [--hosts 3] [--containers 2] [--keep]
+  carve version [--json]
 
 CLIENT_TLS is --ca-file CA --cert-file CERT --key-file KEY with a certificate of role operator
 or agent, OPERATOR_TLS the same with one of role operator; --insecure instead for a lab without TLS.
@@ -67,6 +74,8 @@ func main() {
 		err = runCluster(ctx, args, os.Stdout)
 	case "agents":
 		err = runAgents(ctx, args, os.Stdout)
+	case "snapshot":
+		err = runSnapshot(ctx, args, os.Stdout)
 	case "ipam":
 		err = runIPAM(ctx, args, os.Stdout)
 	case "certs":
@@ -77,6 +86,8 @@ func main() {
 		err = runInstallCNI(args, os.Stdout)
 	case "demo":
 		err = runDemo(args)
+	case "version":
+		err = runVersion(args, os.Stdout)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 		return

@@ -36,6 +36,7 @@ func runMaster(ctx context.Context, args []string) error {
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch); clients without a certificate get an eighth, the oldest closed beyond it; more wait in the listen backlog")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	restoreFrom := fs.String("restore-from", "", "a snapshot (carve snapshot save) that the first leader of a new cluster commits before anything else: a whole-cluster restore onto empty data directories (ignored once the cluster has a log); see docs/operations.md")
 	checkConfig := fs.Bool("check-config", false, "check the flags, their CARVE_* variables and the files they name, print the configuration and exit (0: it would start)")
 	d, err := parseDaemon("carve master", fs, args, logLevel)
 	if err != nil {
@@ -88,11 +89,18 @@ func runMaster(ctx context.Context, args []string) error {
 		} else {
 			logger.Info("no --config: using the default network configuration")
 		}
+		var snapshot []byte
+		if *restoreFrom != "" {
+			if snapshot, err = readSnapshot(*restoreFrom); err != nil {
+				return master.Options{}, fmt.Errorf("--restore-from: %w", err)
+			}
+		}
 		return master.Options{
 			ID: *id, DataDir: *dataDir, HTTPAddr: *httpAddr, RaftAddr: *raftAddr,
 			Peers: servers, Network: netCfg, Join: *join, Logger: logger, LogLevel: level,
 			TLS: *tlsFiles, SigningKey: key, SigningChain: chain, Insecure: *insecure,
 			HTTPServer: httpapi.ServerOptions{MaxConns: *maxConns}, TombstoneMaxAge: *tombstoneAge,
+			RestoreFrom: snapshot,
 		}, nil
 	}()
 	if err != nil {

@@ -78,6 +78,9 @@ func printStateTable(out io.Writer, st *api.State) error {
 	if len(st.Tombstones) > 0 {
 		fmt.Fprintf(out, "%d deleted agents (tombstones)\n", len(st.Tombstones))
 	}
+	if silent := silentAgents(st); len(silent) > 0 {
+		fmt.Fprintf(out, "agents not heard from (the leader's view): %s\n", strings.Join(silent, ", "))
+	}
 	for _, q := range st.Quarantine {
 		fmt.Fprintf(out, "quarantined %s %s of deleted agent %s (since index %d)\n", q.Overlay, q.Prefix, q.From, q.Since)
 	}
@@ -112,6 +115,21 @@ func printBlocks(out io.Writer, st *api.State) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// silentAgents are the agents whose overlays the masters show silent
+// (the leader's state: carve state --consistent).
+func silentAgents(st *api.State) []string {
+	var out []string
+	for _, a := range st.Agents {
+		for _, ov := range a.Overlays {
+			if strings.HasPrefix(ov.State.Error, api.SilentPrefix) {
+				out = append(out, a.AgentID)
+				break
+			}
+		}
+	}
+	return out
 }
 
 func count(v *uint64) string {

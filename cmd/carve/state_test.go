@@ -34,3 +34,24 @@ func TestStateShowsBlocks(t *testing.T) {
 		}
 	}
 }
+
+// carve state names the agents the leader has not heard from (issue 20,
+// finding 7), beside their FAILED overlays.
+func TestStateShowsSilentAgents(t *testing.T) {
+	overlay := func(st api.OverlayState) []api.AgentOverlay {
+		return []api.AgentOverlay{{Info: api.OverlayNetwork{Name: "carve"}, Subnet: "10.128.0.0/24", State: st}}
+	}
+	st := &api.State{Index: 9, Agents: []api.AgentInfo{
+		{AgentID: "a1", IP: "198.18.0.1", Overlays: overlay(api.OverlayState{Status: api.StatusOK})},
+		{AgentID: "a2", IP: "198.18.0.2", Overlays: overlay(api.OverlayState{Status: api.StatusFailed, Error: api.SilentPrefix + "not heard from since 2026-11-27T10:00:00Z"})},
+	}}
+	var out bytes.Buffer
+	if err := printStateTable(&out, st); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"carve=10.128.0.0/24(FAILED: agent silent: not heard from since 2026-11-27T10:00:00Z)", "agents not heard from (the leader's view): a2\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -50,7 +50,7 @@ func InstallPlugin(src, binDir string) (Install, error) {
 	case !errors.Is(err, fs.ErrNotExist):
 		return Install{}, fmt.Errorf("cni: read %s: %w", in.Path, err)
 	}
-	if err := writeAtomic(binDir, in.Path, data, 0o755); err != nil {
+	if err := writeAtomic(in.Path, data, 0o755); err != nil {
 		return Install{}, err
 	}
 	return in, nil

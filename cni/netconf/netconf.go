@@ -24,6 +24,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/atomicfile"
 )
 
 // PluginType is the IPAM plugin's binary name, the "type" in the ipam section.
@@ -260,54 +261,25 @@ func writeIfChanged(dir, path string, data []byte) (bool, error) {
 	case err != nil && !errors.Is(err, fs.ErrNotExist):
 		return false, fmt.Errorf("cni: read %s: %w", path, err)
 	}
-	if err := writeAtomic(dir, path, data, 0o644); err != nil {
+	if err := writeAtomic(path, data, 0o644); err != nil {
 		return false, err
 	}
 	return true, nil
 }
 
-// writeAtomic writes data to path with mode through a temporary file in the
-// same directory, fsynced before the rename, and fsyncs the directory after it.
-func writeAtomic(dir, path string, data []byte, mode os.FileMode) (err error) {
-	// The temporary name starts with a dot and ends in neither .conf,
-	// .conflist nor .json, so no runtime ever loads it.
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("cni: create temporary file in %s: %w", dir, err)
+// writeAtomic writes data to path with mode, whole or not at all
+// (atomicfile.Write: its temporary name is no runtime's to load).
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	if err := atomicfile.Write(path, data, mode); err != nil {
+		return fmt.Errorf("cni: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tmp.Close()
-			_ = os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = tmp.Write(data); err != nil {
-		return fmt.Errorf("cni: write %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Chmod(mode); err != nil {
-		return fmt.Errorf("cni: chmod %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("cni: fsync %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("cni: close %s: %w", tmp.Name(), err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("cni: rename to %s: %w", path, err)
-	}
-	return syncDir(dir)
+	return nil
 }
 
 // syncDir makes a rename or removal in dir durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cni: open %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("cni: fsync %s: %w", dir, err)
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return fmt.Errorf("cni: %w", err)
 	}
 	return nil
 }

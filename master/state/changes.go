@@ -191,7 +191,9 @@ func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
 func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if oldest := max(t.changes.start, t.horizon); since < oldest {
+	if oldest := max(t.changes.start, t.horizon); since < oldest || (t.restore != nil && since > t.stateIndex) {
+		// (A watcher past a restored table's index saw the history before
+		// the restore: it reads the whole state.)
 		return nil, 0, &GoneError{Oldest: oldest}
 	}
 	t.cache.mu.Lock()
@@ -232,6 +234,9 @@ func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
 	t.writeRevoked(&out)
+	if err := t.writeRestoreField(&out); err != nil {
+		return nil, 0, err
+	}
 	if all && t.net != nil {
 		netJSON, err := json.Marshal(t.net.api)
 		if err != nil {

@@ -46,6 +46,7 @@ type command struct {
 	Grant      *grantCmd          `json:"grant,omitempty"`
 	Release    *releaseCmd        `json:"release,omitempty"`
 	Revoke     *revokeCmd         `json:"revoke,omitempty"`
+	Restore    *restoreCmd        `json:"restore,omitempty"`
 }
 
 // reportCmd is an agent's configuration report (PUT .../report).
@@ -104,6 +105,8 @@ type registerCmd struct {
 	// written before.
 	Keys        api.AgentKeys `json:"keys,omitzero"`
 	UnderlayMTU int           `json:"underlay_mtu,omitempty"`
+	// CarveVersion is the agent's carve version (informational).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 type deleteCmd struct {
@@ -150,6 +153,8 @@ func (c command) validate() error {
 		missing = c.Release == nil
 	case opRevoke:
 		missing = c.Revoke == nil
+	case opRestore:
+		missing = c.Restore == nil
 	case opSetClusterID:
 		if len(c.ClusterID) > maxClusterIDLen {
 			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)

@@ -33,6 +33,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 		NetworkConfig: rec.Bridges,
 		Keys:          rec.Keys,
 		UnderlayMTU:   rec.UnderlayMTU,
+		CarveVersion:  rec.CarveVersion,
 	}
 	if rec.IP.IsValid() {
 		info.IP = rec.IP.String()

@@ -42,6 +42,8 @@ type snapshotData struct {
 	Marks   []clockMark `json:"marks,omitempty"`
 	// Revoked is the deny list of certificates (revocation.go).
 	Revoked []api.Revocation `json:"revoked,omitempty"`
+	// Restore is the last restore from a snapshot (restore.go), unsigned.
+	Restore *api.Restore `json:"restore,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -57,6 +59,8 @@ type snapshotAgent struct {
 	Leases   map[string]overlayLease `json:"leases"`
 	Version  uint64                  `json:"version"`
 	Created  uint64                  `json:"created,omitempty"`
+	// CarveVersion is the agent's carve version (informational).
+	CarveVersion string `json:"carve_version,omitempty"`
 }
 
 // snapshotRequest is one remembered request. A registration's outcome is
@@ -74,12 +78,14 @@ type snapshotRequest struct {
 
 func snapshotAgentOf(r *agentRecord) snapshotAgent {
 	return snapshotAgent{ID: r.ID, Hostname: r.Hostname, IP: r.IP, MeshAddr: r.MeshAddr,
-		Bridges: r.Bridges, Keys: r.Keys, MTU: r.UnderlayMTU, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created}
+		Bridges: r.Bridges, Keys: r.Keys, MTU: r.UnderlayMTU, VTEP: r.VTEP, VTEP6: r.VTEP6, Leases: r.Leases, Version: r.Version, Created: r.Created,
+		CarveVersion: r.CarveVersion}
 }
 
 func (a snapshotAgent) record() *agentRecord {
 	rec := &agentRecord{ID: a.ID, Hostname: a.Hostname, IP: a.IP, MeshAddr: a.MeshAddr,
-		Bridges: a.Bridges, Keys: a.Keys, UnderlayMTU: a.MTU, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created}
+		Bridges: a.Bridges, Keys: a.Keys, UnderlayMTU: a.MTU, VTEP: a.VTEP, VTEP6: a.VTEP6, Leases: a.Leases, Version: a.Version, Created: a.Created,
+		CarveVersion: a.CarveVersion}
 	if rec.Leases == nil {
 		rec.Leases = map[string]overlayLease{}
 	}
@@ -101,6 +107,7 @@ type tableSnapshot struct {
 	marks             []clockMark
 	reports           map[string]agentReport
 	revoked           []api.Revocation
+	restore           *api.Restore
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
 	replaced map[int]*agentRecord
@@ -123,6 +130,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		horizon:    t.horizon,
 		marks:      slices.Clone(t.marks),
 		revoked:    t.revokedList(),
+		restore:    t.restore,
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		s.agents = append(s.agents, t.agents[id])
@@ -146,7 +154,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
 		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
-		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked}
+		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -186,8 +194,42 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if err := json.NewDecoder(r).Decode(&d); err != nil {
 		return fmt.Errorf("read lease table snapshot: %w", err)
 	}
+	dec, err := decodeSnapshot(d)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reset()
+	t.install(dec)
+	t.index, t.stateIndex, t.clusterID = max(index, d.Index), d.StateIndex, d.ClusterID
+	if d.Servers != nil {
+		t.servers = d.Servers
+	}
+	t.restore = d.Restore
+	// The change log starts here: what changed before the snapshot is not
+	// known one by one (a watcher further behind reads the whole state).
+	t.changes.start = d.StateIndex
+	if t.net != nil {
+		t.rebuildSpaces()
+	}
+	t.notifyChanged()
+	return nil
+}
+
+// decodedSnapshot is a snapshot checked and turned into the table's
+// structures, ready to install.
+type decodedSnapshot struct {
+	d        snapshotData
+	net      *network
+	agents   map[string]*agentRecord
+	requests requestTable
+}
+
+// decodeSnapshot checks a snapshot and builds what install puts in place.
+func decodeSnapshot(d snapshotData) (*decodedSnapshot, error) {
 	if d.Format < snapshotFormatLegacy || d.Format > snapshotFormat {
-		return fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
+		return nil, fmt.Errorf("lease table snapshot format %d, this master reads %d to %d", d.Format, snapshotFormatLegacy, snapshotFormat)
 	}
 	legacy := func(rec *agentRecord) *agentRecord {
 		if d.Format < snapshotFormatBlocks {
@@ -195,36 +237,40 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 		}
 		return rec
 	}
-	var n *network
+	dec := &decodedSnapshot{d: d}
 	if d.Network != nil {
 		var err error
-		if n, err = parseNetwork(*d.Network); err != nil {
-			return fmt.Errorf("snapshot network config: %w", err)
+		if dec.net, err = parseNetwork(*d.Network); err != nil {
+			return nil, fmt.Errorf("snapshot network config: %w", err)
 		}
 	}
-	agents := make(map[string]*agentRecord, len(d.Agents))
+	dec.agents = make(map[string]*agentRecord, len(d.Agents))
 	for _, a := range d.Agents {
-		agents[a.ID] = legacy(a.record())
+		dec.agents[a.ID] = legacy(a.record())
 	}
-	requests := newRequestTable()
+	dec.requests = newRequestTable()
 	for _, rq := range d.Requests {
 		o := requestOutcome{Index: rq.Index, Op: rq.Op, Digest: rq.Digest, Deleted: rq.Deleted}
 		switch {
 		case rq.CurrentAgent != "":
-			if o.Agent = agents[rq.CurrentAgent]; o.Agent == nil {
-				return fmt.Errorf("lease table snapshot: request %q names agent %q, which the snapshot lacks", rq.ID, rq.CurrentAgent)
+			if o.Agent = dec.agents[rq.CurrentAgent]; o.Agent == nil {
+				return nil, fmt.Errorf("lease table snapshot: request %q names agent %q, which the snapshot lacks", rq.ID, rq.CurrentAgent)
 			}
 		case rq.Agent != nil:
 			o.Agent = legacy(rq.Agent.record())
 		}
-		requests.remember(rq.ID, o)
+		dec.requests.remember(rq.ID, o)
 	}
+	return dec, nil
+}
 
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.reset()
-	t.index, t.stateIndex, t.clusterID, t.net = max(index, d.Index), d.StateIndex, d.ClusterID, n
-	t.agents = agents
+// install puts a decoded snapshot's agents, tombstones, requests, reports,
+// quarantine, compaction and network in the table, which reset emptied;
+// the caller holds t.mu and sets the indexes, the cluster id, the servers
+// and the restore, then rebuilds the spaces.
+func (t *LeaseTable) install(dec *decodedSnapshot) {
+	d := dec.d
+	t.net, t.agents, t.requests = dec.net, dec.agents, dec.requests
 	for _, a := range d.Agents {
 		if a.IP.IsValid() {
 			t.byIP[a.IP] = a.ID
@@ -233,16 +279,9 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if d.Tombstones != nil {
 		t.tombstones = d.Tombstones
 	}
-	if d.Servers != nil {
-		t.servers = d.Servers
-	}
-	t.requests = requests
-	// The change log starts here: what changed before the snapshot is not
-	// known one by one (a watcher further behind reads the whole state).
-	t.changes.start = d.StateIndex
 	t.horizon, t.marks = d.Horizon, d.Marks
 	for id, rep := range d.Reports {
-		if agents[id] != nil {
+		if dec.agents[id] != nil {
 			t.reports[id] = rep
 		}
 	}
@@ -256,9 +295,4 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if t.onRevoked != nil && len(t.revoked) > 0 {
 		go t.onRevoked()
 	}
-	if t.net != nil {
-		t.rebuildSpaces()
-	}
-	t.notifyChanged()
-	return nil
 }

@@ -179,6 +179,9 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
 	t.writeRevoked(&out)
+	if err := t.writeRestoreField(&out); err != nil {
+		return nil, err
+	}
 	out.Write(t.cache.full)
 	out.WriteString("}\n")
 	return out.Bytes(), nil

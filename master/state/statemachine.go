@@ -32,6 +32,9 @@ type agentRecord struct {
 	// that one of a deleted and re-registered agent is not mistaken for
 	// the new record's.
 	Created uint64
+	// CarveVersion is the carve version the agent registered with
+	// (informational, not signed).
+	CarveVersion string
 }
 
 // overlayLease is an agent's share of one overlay.
@@ -63,7 +66,8 @@ func (r *agentRecord) clone() *agentRecord {
 
 func (r *agentRecord) equal(o *agentRecord) bool {
 	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.Keys == o.Keys && r.UnderlayMTU == o.UnderlayMTU && r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
+		r.Bridges == o.Bridges && r.Keys == o.Keys && r.UnderlayMTU == o.UnderlayMTU && r.CarveVersion == o.CarveVersion &&
+		r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
 }
 
 // overlaySpace is the address space of one overlay: a block allocator per
@@ -172,6 +176,10 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		t.servers[c.ServerMeta.ID] = *c.ServerMeta
 	case opCompact:
 		t.applyCompact(index, c.Compact)
+	case opRestore:
+		if err := t.applyRestore(index, c.Restore); err != nil {
+			return Result{Err: err}
+		}
 	}
 	if c.RequestID != "" && res.Err == nil {
 		t.requests.remember(c.RequestID, outcome)
@@ -238,7 +246,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		rec = old.clone()
 	}
 	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
-	rec.Keys, rec.UnderlayMTU = c.Keys, c.UnderlayMTU
+	rec.Keys, rec.UnderlayMTU, rec.CarveVersion = c.Keys, c.UnderlayMTU, c.CarveVersion
 	// The newest registration takes the IP; the older record keeps its
 	// leases without an IP until it registers again.
 	if other, ok := t.byIP[ip]; ok && other != c.AgentID {

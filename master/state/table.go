@@ -91,6 +91,9 @@ type LeaseTable struct {
 	signer *recordSigner
 	// signingGen counts SetSigning calls (SigningGeneration).
 	signingGen uint64
+	// restore is the last restore from a snapshot (restore.go); nil when
+	// the table never was. Never changed in place.
+	restore *api.Restore
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
@@ -118,6 +121,7 @@ func (t *LeaseTable) reset() {
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
 	t.revoked = map[string]api.Revocation{}
 	t.revokedChanged()
+	t.restore = nil
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
@@ -146,7 +150,7 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 		return nil, true
 	}
 	if rec.Hostname != req.Hostname || rec.IP != ip || rec.MeshAddr != req.MeshAddr || rec.Bridges != req.NetworkConfig ||
-		rec.Keys != req.Keys || rec.UnderlayMTU != req.UnderlayMTU {
+		rec.Keys != req.Keys || rec.UnderlayMTU != req.UnderlayMTU || rec.CarveVersion != req.CarveVersion {
 		return nil, true
 	}
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {

@@ -26,6 +26,7 @@ type usageTable struct {
 	gen    uint64 // sum of the agents' generations: changes with any of them
 	agents map[string]agentUsage
 	acks   map[string]holdingsAck
+	live   liveness
 }
 
 type agentUsage struct {
@@ -35,7 +36,7 @@ type agentUsage struct {
 }
 
 func newUsageTable() *usageTable {
-	return &usageTable{agents: map[string]agentUsage{}, acks: map[string]holdingsAck{}}
+	return &usageTable{agents: map[string]agentUsage{}, acks: map[string]holdingsAck{}, live: newLiveness()}
 }
 
 // generation changes whenever any agent's usage does.
@@ -49,11 +50,12 @@ func (u *usageTable) generation() uint64 {
 func (u *usageTable) usageGen(id string, created uint64) uint64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	gen := u.live.gens[id] // the liveness shown changes the encoding too
 	a, ok := u.agents[id]
 	if !ok || a.created != created {
-		return 0
+		return gen
 	}
-	return a.gen
+	return gen + a.gen
 }
 
 // fill sets the used and free counts of info's blocks that the agent
@@ -61,6 +63,7 @@ func (u *usageTable) usageGen(id string, created uint64) uint64 {
 func (u *usageTable) fill(info *api.AgentInfo, created uint64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.fillSilence(info)
 	a, ok := u.agents[info.AgentID]
 	if !ok || a.created != created {
 		return

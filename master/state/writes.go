@@ -27,7 +27,7 @@ func RegisterCommand(req api.RegisterRequest) (Command, error) {
 	}
 	return Command{command{Op: opRegister, RequestID: req.RequestID, Register: &registerCmd{
 		AgentID: req.AgentID, Hostname: req.Hostname, IP: req.IP, MeshAddr: req.MeshAddr, Bridges: req.NetworkConfig,
-		Keys: req.Keys, UnderlayMTU: req.UnderlayMTU,
+		Keys: req.Keys, UnderlayMTU: req.UnderlayMTU, CarveVersion: req.CarveVersion,
 	}}}, nil
 }
 

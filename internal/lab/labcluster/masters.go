@@ -74,12 +74,17 @@ func (c *Cluster) StartMasters(ctx context.Context) error {
 }
 
 // StartMaster starts (or restarts, from its data dir) one master.
-func (c *Cluster) StartMaster(m *Master) error {
+func (c *Cluster) StartMaster(m *Master) error { return c.StartMasterWith(m) }
+
+// StartMasterWith starts one master like StartMaster, with extra flags
+// (--restore-from FILE, say).
+func (c *Cluster) StartMasterWith(m *Master, extra ...string) error {
 	args := []string{"master", "--id", m.ID, "--data-dir", m.DataDir,
 		"--http-addr", m.HTTPAddr, "--raft-addr", m.RaftAddr, "--peers", c.peersFlag(),
 		"--config", c.configPath, "--log-level", c.opts.LogLevel}
 	args = append(args, c.sec.masterArgs(m.ID)...)
 	args = append(args, c.opts.MasterArgs...)
+	args = append(args, extra...)
 	if err := m.start(c.opts.Binary, args); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}

@@ -1,0 +1,200 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+// Restoring the table from a snapshot (carve snapshot save / restore) as
+// a command of the log: every master applies it at the same index, so no
+// master is left behind with the old table, and the restore is an event
+// (api.Restore) that agents recognise.
+
+// opRestore replaces the table with a snapshot.
+const opRestore = "restore"
+
+// ErrBadSnapshot marks a snapshot that cannot be restored (undecodable,
+// of an unknown format, of another cluster, without a configuration).
+var ErrBadSnapshot = errors.New("bad snapshot")
+
+// restoreCmd is a restore: the snapshot as GET /cluster/snapshot wrote it,
+// and the epoch the leader chose (restoreEpoch).
+type restoreCmd struct {
+	Epoch    uint64          `json:"epoch"`
+	Snapshot json.RawMessage `json:"snapshot"`
+}
+
+// WriteSnapshot writes the table as a snapshot file (what a Raft snapshot
+// holds): carve snapshot save. The caller makes it consistent (a read
+// barrier on the leader first).
+func (t *LeaseTable) WriteSnapshot(w io.Writer) error {
+	s, err := t.Snapshot()
+	if err != nil {
+		return err
+	}
+	defer s.Release()
+	_, err = s.WriteTo(w)
+	return err
+}
+
+// SnapshotInfo is what a snapshot file says of itself.
+type SnapshotInfo struct {
+	ClusterID  string
+	StateIndex uint64
+	Agents     int
+}
+
+// CheckSnapshot decodes a snapshot file and tells what it holds; the error
+// (ErrBadSnapshot) says why it cannot be restored.
+func CheckSnapshot(data []byte) (SnapshotInfo, error) {
+	var d snapshotData
+	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&d); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: not a carve snapshot (the output of carve snapshot save): %v", ErrBadSnapshot, err)
+	}
+	if _, err := decodeSnapshot(d); err != nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if d.Network == nil {
+		return SnapshotInfo{}, fmt.Errorf("%w: it holds no network configuration (taken before the cluster was initialised)", ErrBadSnapshot)
+	}
+	return SnapshotInfo{ClusterID: d.ClusterID, StateIndex: d.StateIndex, Agents: len(d.Agents)}, nil
+}
+
+// RestoreCommand restores the snapshot data (CheckSnapshot it first) at
+// the epoch now gives, when that is above the table's last one.
+func RestoreCommand(data []byte, now time.Time) Command {
+	return Command{command{Op: opRestore, Restore: &restoreCmd{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data}}}
+}
+
+// applyRestore replaces the table with the snapshot, keeps the servers of
+// this cluster, and records the restore. Every record is versioned at
+// index (newer than anything an agent heard before, so the restored table
+// wins over gossip of the old one), and every agent the table knew that
+// the snapshot lacks gets a tombstone at index. The caller holds t.mu.
+func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
+	var d snapshotData
+	if err := json.Unmarshal(c.Snapshot, &d); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if d.Network == nil {
+		return fmt.Errorf("%w: it holds no network configuration", ErrBadSnapshot)
+	}
+	if t.clusterID != "" && d.ClusterID != "" && d.ClusterID != t.clusterID {
+		return fmt.Errorf("%w: it is of cluster %s, this cluster is %s (restore it into masters started with --restore-from on empty data directories)",
+			ErrBadSnapshot, d.ClusterID, t.clusterID)
+	}
+	dec, err := decodeSnapshot(d)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	epoch := max(c.Epoch, t.restore.RestoreEpoch()+1, d.Restore.RestoreEpoch()+1)
+	servers, clusterID := t.servers, orString(t.clusterID, d.ClusterID)
+	gone := slices.Collect(maps.Keys(t.agents))
+	for id := range t.tombstones {
+		gone = append(gone, id)
+	}
+	revoked := t.revoked // a restore never takes a revocation back
+	t.reset()
+	t.install(dec)
+	for serial, r := range revoked {
+		if _, ok := t.revoked[serial]; !ok {
+			t.revoked[serial] = r
+		}
+	}
+	t.revokedChanged()
+	// A snapshot from before a revocation holds the revoked agent's
+	// record: it stays deleted (tombstoned below, with the others gone).
+	for _, r := range t.revoked {
+		if id := revokedAgent(r.Identity); id != "" && t.agents[id] != nil {
+			if ip := t.agents[id].IP; ip.IsValid() && t.byIP[ip] == id {
+				delete(t.byIP, ip)
+			}
+			delete(t.agents, id)
+			delete(t.reports, id)
+			gone = append(gone, id)
+		}
+	}
+	for id, rec := range t.agents {
+		r := rec.clone()
+		r.Version = index
+		t.agents[id] = r
+	}
+	for id, v := range t.tombstones {
+		if v > index {
+			t.tombstones[id] = index
+		}
+	}
+	for _, id := range gone {
+		if t.agents[id] == nil {
+			t.tombstones[id] = index
+		}
+	}
+	// The request outcomes name records of the old versions: a retry after
+	// a restore is a new request.
+	t.requests = newRequestTable()
+	t.index, t.stateIndex, t.clusterID, t.servers = index, index, clusterID, servers
+	t.restore = &api.Restore{Epoch: epoch, Index: index, From: d.StateIndex}
+	// Holdings acknowledgements are of the table before: a quarantine
+	// release waits for new ones.
+	t.usage.mu.Lock()
+	clear(t.usage.acks)
+	t.usage.mu.Unlock()
+	t.changes.start = index
+	// The compaction's clock marks are of the old history's indexes.
+	t.horizon, t.marks = min(t.horizon, index), nil
+	if t.net != nil {
+		t.rebuildSpaces()
+	}
+	return nil
+}
+
+// orString is a, or b when a is empty.
+func orString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// LastRestore is the table's last restore (nil: none), unsigned.
+func (t *LeaseTable) LastRestore() *api.Restore {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.restore
+}
+
+// AheadOfRestore tells whether index is past the state of a restored
+// table: a watcher that saw it saw the history before the restore, and
+// must not wait for the table to reach it.
+func (t *LeaseTable) AheadOfRestore(index uint64) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.restore != nil && index > t.stateIndex
+}
+
+// writeRestoreField appends `,"restore":{...}` signed, when the table was
+// restored; the caller holds t.mu (read).
+func (t *LeaseTable) writeRestoreField(out *bytes.Buffer) error {
+	if t.restore == nil {
+		return nil
+	}
+	r := *t.restore
+	if t.signer != nil {
+		r.Signature = api.Sign(t.signer.key, api.RestoreSigningBytes(r, t.clusterID))
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("encode restore: %w", err)
+	}
+	out.WriteString(`,"restore":`)
+	out.Write(b)
+	return nil
+}

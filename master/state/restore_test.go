@@ -1,0 +1,161 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+)
+
+// TestRestoreCommand: a restore replaces the table with the snapshot,
+// versions every record at its index, tombstones the agents the snapshot
+// lacks, keeps the cluster id and the servers, moves the epoch on (also
+// when the clock is behind), survives a Raft snapshot, and the changes
+// since an index before it are gone. A snapshot of another cluster is
+// refused and changes nothing.
+func TestRestoreCommand(t *testing.T) {
+	h := newHarness(t, DefaultConfig())
+	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
+	h.apply(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m1", RaftAddr: "198.18.0.1:8300", HTTPAddr: "198.18.0.1:8080"}})
+	h.mustRegister("a1", "198.18.0.1")
+	h.mustRegister("a2", "198.18.0.2")
+	var snap bytes.Buffer
+	if err := h.table.WriteSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	info, err := CheckSnapshot(snap.Bytes())
+	if err != nil || info.Agents != 2 || info.ClusterID != "c1" {
+		t.Fatalf("CheckSnapshot: %+v, %v", info, err)
+	}
+	h.mustRegister("a3", "198.18.0.3")
+	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a1"}}})
+	before := h.index
+
+	data, _ := RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
+	h.index++
+	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	r := h.index
+	st := stateOf(t, h.table)
+	if st.Restore == nil || st.Restore.Epoch != 100 || st.Restore.Index != r || st.Restore.From != info.StateIndex || st.ClusterID != "c1" || st.Index != r {
+		t.Fatalf("after the restore: restore %+v, cluster %q, index %d", st.Restore, st.ClusterID, st.Index)
+	}
+	var ids []string
+	for _, a := range st.Agents {
+		ids = append(ids, a.AgentID)
+		if a.Version != r {
+			t.Errorf("agent %s at version %d, want %d", a.AgentID, a.Version, r)
+		}
+	}
+	if strings.Join(ids, ",") != "a1,a2" {
+		t.Errorf("agents %v, want a1,a2", ids)
+	}
+	tomb := map[string]uint64{}
+	for _, tb := range st.Tombstones {
+		tomb[tb.AgentID] = tb.Version
+	}
+	if tomb["a3"] != r || len(tomb) != 1 {
+		t.Errorf("tombstones %v, want a3 at %d", tomb, r)
+	}
+	if _, ok := h.table.Server("m1"); !ok {
+		t.Error("the restore dropped the servers")
+	}
+	if _, _, err := h.table.ChangesJSON(before); !errors.Is(err, ErrGone) {
+		t.Errorf("changes since %d, before the restore: %v, want gone", before, err)
+	}
+	if !h.table.AheadOfRestore(r+5) || h.table.AheadOfRestore(r) {
+		t.Error("AheadOfRestore")
+	}
+	// Registrations go on, and a Raft snapshot keeps the restore.
+	h.mustRegister("a4", "198.18.0.4")
+	if got := stateOf(t, restoreCopy(t, h)).Restore; got == nil || got.Epoch != 100 {
+		t.Errorf("a Raft snapshot lost the restore: %+v", got)
+	}
+
+	// Again, with a clock behind: the epoch still moves on.
+	data, _ = RestoreCommand(snap.Bytes(), time.Unix(0, 50)).Encode()
+	h.index++
+	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if e := stateOf(t, h.table).Restore.Epoch; e != 101 {
+		t.Errorf("epoch %d after a restore with the clock behind, want 101", e)
+	}
+
+	// Another cluster's snapshot.
+	other := strings.Replace(snap.String(), `"cluster_id":"c1"`, `"cluster_id":"c2"`, 1)
+	data, _ = RestoreCommand([]byte(other), time.Now()).Encode()
+	h.index++
+	idx := h.table.Index()
+	if res := h.table.Apply(h.index, data).(Result); !errors.Is(res.Err, ErrBadSnapshot) || !strings.Contains(res.Err.Error(), "of cluster c2, this cluster is c1") {
+		t.Errorf("restore of another cluster's snapshot: %v", res.Err)
+	}
+	if st := stateOf(t, h.table); st.ClusterID != "c1" || len(st.Agents) != 2 || st.Restore.Epoch != 101 || idx > h.table.Index() {
+		t.Errorf("the refused restore changed the table: %+v", st)
+	}
+	for _, bad := range []string{`{}`, `{"format":3,"agents":[]}`, `nonsense`} {
+		if _, err := CheckSnapshot([]byte(bad)); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("CheckSnapshot(%s): %v", bad, err)
+		}
+	}
+}
+
+func stateOf(t *testing.T, tbl *LeaseTable) api.State {
+	t.Helper()
+	data, _, err := tbl.StateJSON("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st api.State
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// A restore never takes a revocation back: restored from a snapshot taken
+// before h1's certificate was revoked, the deny list keeps it and h1's
+// record, which the snapshot holds, stays deleted.
+func TestRestoreKeepsRevocations(t *testing.T) {
+	h := newHarness(t, DefaultConfig())
+	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
+	h.mustRegister("h1", "198.18.0.1")
+	h.mustRegister("h2", "198.18.0.2")
+	var snap bytes.Buffer
+	if err := h.table.WriteSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	c, err := RevokeCommand(api.RevokeRequest{Serial: "0a", Identity: "agent/h1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := h.apply(c.c); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	data, _ := RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
+	h.index++
+	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if !h.table.IsRevoked("a") {
+		t.Errorf("the restore took the revocation back: %+v", h.table.Revoked())
+	}
+	st := stateOf(t, h.table)
+	for _, a := range st.Agents {
+		if a.AgentID == "h1" {
+			t.Errorf("the revoked agent's record came back with the snapshot: %+v", a)
+		}
+	}
+	tomb := map[string]bool{}
+	for _, tb := range st.Tombstones {
+		tomb[tb.AgentID] = true
+	}
+	if !tomb["h1"] || len(st.Agents) != 1 {
+		t.Errorf("agents %d, tombstones %v: want h2 alone and h1 tombstoned", len(st.Agents), tomb)
+	}
+}
