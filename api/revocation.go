@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strings"
 )
 
@@ -43,15 +42,28 @@ type Revocations struct {
 	Deleted []string     `json:"deleted,omitempty"`
 }
 
-// serialPattern is a serial number in hex: at most 20 bytes (RFC 5280).
-var serialPattern = regexp.MustCompile(`^[0-9a-f]{1,40}$`)
+// serialHex tells whether h is a serial number in lowercase hex: 1 to 40
+// digits, at most 20 bytes (RFC 5280). A loop, like the naming rules
+// (validate.go): carve-ipam links this package and starts twice per
+// container.
+func serialHex(h string) bool {
+	if h == "" || len(h) > 40 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // CanonicalSerial writes a hex serial number (any case, with or without
 // colons or a 0x prefix) as lowercase hex without leading zeros.
 func CanonicalSerial(s string) (string, error) {
 	h := strings.ToLower(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
 	h = strings.ReplaceAll(h, ":", "")
-	if !serialPattern.MatchString(h) {
+	if !serialHex(h) {
 		return "", fmt.Errorf("serial %q: want the certificate's serial number in hex (at most 40 digits; openssl x509 -serial or carve certs issue prints it)", s)
 	}
 	if h = strings.TrimLeft(h, "0"); h == "" {
