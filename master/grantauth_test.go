@@ -57,10 +57,12 @@ func TestGrantNeedsTheDonorsWord(t *testing.T) {
 	claim := map[string]ed25519.PrivateKey{}
 	lease := map[string]string{}
 	for i, id := range []string{"h1", "h2"} {
+		ip := fmt.Sprintf("198.18.5.%d", i+1)
+		p.IssueAgent(id, netip.MustParseAddr(ip)) // the IP it may register
 		agent[id] = c.clientAs(leader, id, pki.RoleAgent)
 		var keys api.AgentKeys
 		claim[id], keys = claimKey(t)
-		info, err := registerRetrying(ctx, agent[id], api.RegisterRequest{AgentID: id, IP: fmt.Sprintf("198.18.5.%d", i+1),
+		info, err := registerRetrying(ctx, agent[id], api.RegisterRequest{AgentID: id, IP: ip,
 			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}, Keys: keys})
 		if err != nil {
 			t.Fatalf("register %s: %v", id, err)
