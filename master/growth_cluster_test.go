@@ -161,6 +161,9 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	if _, err := retrying(ctx, func() (*api.State, error) { return c.client(leader).DeleteAgents(ctx, []string{"a1"}) }); err != nil {
 		t.Fatalf("delete a1: %v", err)
 	}
+	// Every master must know a1 is gone: a master that has not applied the
+	// deletion yet still asks for a1's signed word (403).
+	c.waitConverged()
 	if _, err := retrying(ctx, func() (*api.AgentInfo, error) {
 		return agent["a2"].ReportGrant(ctx, "a2", api.GrantReport{Overlay: "g", Prefix: "10.9.0.0/26", Donor: "a1", Recipient: "a2"})
 	}); err != nil {
