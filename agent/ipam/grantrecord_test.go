@@ -1,11 +1,14 @@
 package ipam
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/lab/testutil"
 )
 
 // Grants through the ring as the growth tests make them, and the masters
@@ -28,6 +31,13 @@ func grantedCluster(t *testing.T, seed uint64, growth GrowthConfig) (*cluster, s
 	if n := len(a.svc.Status("carve").Blocks[api.BridgeMesos]); n < 2 {
 		t.Fatalf("%d blocks, want a grant", n)
 	}
+	// The recipient reports the grant to the masters in the background.
+	testutil.Eventually(t, 10*time.Second, "the grant reported to the masters", func() error {
+		if n := len(c.masters.reported()); n == 0 {
+			return errors.New("none reported yet")
+		}
+		return nil
+	})
 	return c, dirB
 }
 
