@@ -26,12 +26,16 @@ var (
 )
 
 // Grow implements ipam.BlockSource: 409 exhausted is
-// ipam.ErrMastersExhausted; any other error sends the IPAM to the ring.
+// ipam.ErrMastersExhausted, 409 quota ipam.ErrQuota; any other error sends
+// the IPAM to the ring.
 func (m *masterBlocks) Grow(ctx context.Context, overlay, bridge string, family int, requestID string) (ipam.LeasedBlock, error) {
 	info, err := m.client.Grow(ctx, m.id, api.GrowRequest{Overlay: overlay, Bridge: bridge, Family: fmt.Sprint(family), RequestID: requestID})
 	if err != nil {
 		if api.IsCode(err, api.CodeExhausted) {
 			return ipam.LeasedBlock{}, fmt.Errorf("%w: %v", ipam.ErrMastersExhausted, err)
+		}
+		if api.IsCode(err, api.CodeQuota) {
+			return ipam.LeasedBlock{}, fmt.Errorf("%w: %v", ipam.ErrQuota, err)
 		}
 		return ipam.LeasedBlock{}, err
 	}

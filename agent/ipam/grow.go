@@ -84,6 +84,11 @@ var (
 	// ErrMastersExhausted is BlockSource.Grow's answer when the masters have
 	// no free block left for the overlay.
 	ErrMastersExhausted = errors.New("the masters have no free block left")
+	// ErrQuota is BlockSource.Grow's answer when the masters refused the
+	// block for the agent's quota (quota_prefix): the agent holds all the
+	// grown and granted space it may, so it asks no peer either (the
+	// masters would refuse the grant's report just the same).
+	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
 	// errOverlayFull marks a growth that found space nowhere: not at the
 	// masters, and no peer would grant any.
 	errOverlayFull = errors.New("overlay full")
@@ -231,6 +236,9 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)
 			if gerr := errors.Join(growErrs...); gerr != nil {
+				if errors.Is(gerr, ErrQuota) {
+					return nil, failure(http.StatusConflict, api.CodeQuota, "%s, and this agent holds its quota of overlay %q (%v): raise the overlay's quota_prefix, or free addresses on this agent", full.Message, req.Network, gerr)
+				}
 				if errors.Is(gerr, errOverlayFull) {
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v)", req.Network, full.Message, gerr)
 				}
@@ -338,6 +346,10 @@ func (s *Service) growOnce(ctx context.Context, k growKey) error {
 		case errors.Is(err, ErrMastersExhausted):
 			s.metrics.grows.WithLabelValues("master", "exhausted").Inc()
 			s.metrics.refused.WithLabelValues("masters_exhausted").Inc()
+		case errors.Is(err, ErrQuota):
+			s.metrics.grows.WithLabelValues("master", "quota").Inc()
+			s.metrics.refused.WithLabelValues("quota").Inc()
+			return err
 		default:
 			s.metrics.grows.WithLabelValues("master", "unreachable").Inc()
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)

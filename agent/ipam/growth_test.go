@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"errors"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -594,5 +596,50 @@ func TestGrowthAnswerAfterWatch(t *testing.T) {
 	}
 	if n := m.GetCounter().GetValue(); n != 1 {
 		t.Errorf("grows from the masters that succeeded: %v, want 1 (the answer was refused as a block the bridge holds)", n)
+	}
+}
+
+// quotaStandIn is a TEST DOUBLE standing in for the masters of an agent
+// that holds its quota: every grow is refused with ErrQuota, as the
+// agent's BlockSource maps the masters' 409 quota.
+type quotaStandIn struct{ mastersStandIn }
+
+func (m *quotaStandIn) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+	return LeasedBlock{}, fmt.Errorf("%w: 409 quota: agent a would hold more than its quota of a /23", ErrQuota)
+}
+
+// TestGrowthStopsAtQuota: an agent the masters refuse for its quota asks no
+// peer for space (a grant would be refused by the masters just the same,
+// and the donor's space would serve an agent beyond its cap): the ADD that
+// finds its bridge full fails with 409 quota naming the fix, and no peer
+// granted anything.
+func TestGrowthStopsAtQuota(t *testing.T) {
+	c := newCluster(t, 6, GrowthConfig{IdleReturn: -1})
+	c.source = &quotaStandIn{}
+	for _, id := range []string{"a", "b"} {
+		c.start(id, t.TempDir(), "")
+	}
+	c.gossipRounds()
+	a := c.nodes["a"]
+	for i := range 29 {
+		a.alloc(t, fmt.Sprint("c", i))
+	}
+	_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
+	if !api.IsCode(err, api.CodeQuota) || !strings.Contains(err.Error(), "quota_prefix") || !strings.Contains(err.Error(), "a /23") {
+		t.Fatalf("the ADD beyond the quota: %v; want 409 quota naming the cap and quota_prefix", err)
+	}
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Status != http.StatusConflict {
+		t.Fatalf("status of %v: want 409", err)
+	}
+	c.gossipRounds()
+	if got := counterValue(t, c.nodes["b"].reg, "carve_agent_ipam_grants_given_total"); got != 0 {
+		t.Errorf("b granted %v blocks to an agent at its quota", got)
+	}
+	if got, _ := gaugeIn(t, a.reg, "carve_agent_ipam_grows_total", map[string]string{"path": "ring"}); got != 0 {
+		t.Errorf("a asked peers %v times", got)
+	}
+	if got, _ := gaugeIn(t, a.reg, "carve_agent_ipam_grow_refused_total", map[string]string{"reason": "quota"}); got < 1 {
+		t.Errorf("grow_refused_total{reason=quota} %v", got)
 	}
 }
