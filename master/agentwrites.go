@@ -137,12 +137,13 @@ func (s *server) returnBlock() http.HandlerFunc {
 // reportGrant records a ring grant that its donor or its recipient reports.
 func (s *server) reportGrant() http.HandlerFunc {
 	return handleWrite(s, write[api.GrantReport, state.Result]{
-		body:      true,
-		prepare:   proposeForAgent(s, state.GrantCommand),
-		authorize: s.authorizeGrant,
-		servable:  true,
-		answer:    s.answerAgent,
-		count:     countDone(s.m.metrics.grantsLearned),
+		body:              true,
+		prepare:           proposeForAgent(s, state.GrantCommand),
+		authorize:         s.authorizeGrantCaller,
+		authorizeOnLeader: s.authorizeGrant,
+		servable:          true,
+		answer:            s.answerAgent,
+		count:             countDone(s.m.metrics.grantsLearned),
 	})
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -26,31 +27,41 @@ const (
 // grantRefusalReasons are the reasons authorizeGrant refuses with.
 var grantRefusalReasons = []string{refusedGrantUnsigned, refusedGrantBadSignature, refusedGrantExpired}
 
-// authorizeGrant lets an agent report only a grant it gave, or one it
-// received with its donor's signed word (api.VerifyGrant, under the claim
-// key the masters hold in the donor's record): a recipient alone cannot
-// move another live agent's space to itself. Operators and masters
-// (forwarding) report any; without identities (--insecure) anyone does.
-func (s *server) authorizeGrant(r *http.Request, req *api.GrantReport) error {
+// authorizeGrantCaller lets an agent report only a grant it gave or
+// received; any master checks it, before forwarding.
+func (s *server) authorizeGrantCaller(r *http.Request, req *api.GrantReport) error {
 	who, ok := requestIdentity(r)
-	if !ok || who.Role != pki.RoleAgent || who.Name == req.Donor {
-		return nil
-	}
-	if who.Name != req.Recipient {
+	if ok && who.Role == pki.RoleAgent && who.Name != req.Donor && who.Name != req.Recipient {
 		return &refusal{reason: refusedWrongAgent,
 			msg: fmt.Sprintf("agent %q may report only grants it gave or received, not one from %q to %q", who.Name, req.Donor, req.Recipient)}
 	}
-	key := ""
-	donor, found := s.m.table.Agent(req.Donor)
-	if found {
-		key = donor.Keys.Claim
-	} else if _, deleted := s.m.table.Tombstone(req.Donor); deleted {
-		// The masters keep no key of a deleted agent: a grant it made
-		// before its deletion is recorded on its recipient's word, inside
-		// its quarantined space only (state.applyGrant). A known gap
-		// (docs/security.md): keeping deleted agents' claim keys through
-		// their quarantine would close it.
+	return nil
+}
+
+// authorizeGrant lets a recipient report a grant only with its donor's
+// signed word (api.VerifyGrant, under the claim key the masters hold in
+// the donor's record): a recipient alone cannot move another live agent's
+// space to itself. It runs on the leader only (authorizeOnLeader): a
+// follower's table may not hold the donor's registration or new claim key
+// yet, and would refuse an honest report. Donors, operators and masters
+// report any grant; without identities (--insecure) anyone does.
+func (s *server) authorizeGrant(r *http.Request, req *api.GrantReport) error {
+	who, ok := requestIdentity(r)
+	if !ok || who.Role != pki.RoleAgent || who.Name != req.Recipient || who.Name == req.Donor {
 		return nil
+	}
+	key := ""
+	if donor, found := s.m.table.Agent(req.Donor); found {
+		key = donor.Keys.Claim
+	} else if prefix, err := netip.ParsePrefix(req.Prefix); err == nil {
+		// A deleted donor's claim key is kept with its quarantined space,
+		// where alone its grants are recorded (state.applyGrant).
+		var quarantined bool
+		if key, quarantined = s.m.table.DeletedClaimKey(req.Overlay, req.Donor, prefix); quarantined && key == "" {
+			// Quarantined before the masters kept keys (an upgrade):
+			// recorded on the recipient's word, inside that space only.
+			return nil
+		}
 	}
 	err := api.VerifyGrant(*req, key, s.m.table.ClusterID(), time.Now())
 	reason := refusedGrantBadSignature

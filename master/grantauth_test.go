@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/master/state"
@@ -129,5 +131,71 @@ func TestGrantNeedsTheDonorsWord(t *testing.T) {
 	own := api.GrantReport{Overlay: "g", Prefix: netip.PrefixFrom(second, sub.Bits()+2).String(), Donor: "h2", Recipient: "h1"}
 	if _, err := agent["h2"].ReportGrant(ctx, "h2", own); err != nil {
 		t.Fatalf("a grant its donor reports: %v", err)
+	}
+}
+
+// TestGrantReportsAreJudgedByTheLeader: a follower's table may lag behind
+// the donor's registration or a new claim key, so a recipient's grant
+// report is judged by the leader's table, however it arrives: a report
+// through a follower is refused (and counted) by the leader, and one
+// signed with the donor's claim key of a moment ago is recorded, never
+// refused by a follower that has not applied the key yet.
+func TestGrantReportsAreJudgedByTheLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	p := newTestPKI(t)
+	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
+	c := newTestClusterWith(t, 3, cfg, p)
+	leader := c.waitLeader()
+	follower := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ips := map[string]string{"h1": "198.18.6.1", "h2": "198.18.6.2"}
+	lease := map[string]string{}
+	for id, ip := range ips {
+		p.IssueAgent(id, netip.MustParseAddr(ip))
+		_, keys := claimKey(t)
+		info, err := registerRetrying(ctx, c.clientAs(leader, id, pki.RoleAgent), api.RegisterRequest{AgentID: id, IP: ip,
+			NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}, Keys: keys})
+		if err != nil {
+			t.Fatalf("register %s: %v", id, err)
+		}
+		lease[id] = info.Overlay("g").Subnet
+	}
+	c.waitConverged()
+	onLeader := c.clientAs(leader, "h2", pki.RoleAgent)
+	viaFollower := c.clientAs(follower, "h1", pki.RoleAgent)
+	clusterID := c.masters[leader].table.ClusterID()
+	sub := netip.MustParsePrefix(lease["h2"])
+	grant := api.GrantReport{Overlay: "g", Prefix: netip.PrefixFrom(sub.Addr(), sub.Bits()+1).String(), Donor: "h2", Recipient: "h1"}
+	countedOn := func(i int) float64 {
+		var mt dto.Metric
+		_ = c.masters[i].metrics.authRefusals.WithLabelValues(refusedGrantUnsigned).Write(&mt)
+		return mt.GetCounter().GetValue()
+	}
+	leaderBefore, followerBefore := countedOn(leader), countedOn(follower)
+	if _, err := viaFollower.ReportGrant(ctx, "h1", grant); !api.IsCode(err, api.CodeForbidden) {
+		t.Fatalf("an unsigned report through a follower: %v, want 403", err)
+	}
+	if got := countedOn(leader); got != leaderBefore+1 {
+		t.Errorf("the leader counted %v unsigned reports, want %v", got, leaderBefore+1)
+	}
+	if got := countedOn(follower); got != followerBefore {
+		t.Errorf("the follower counted %v unsigned reports, want %v (the leader judges)", got, followerBefore)
+	}
+	// h2's claim key is replaced (its agent lost claim.key and made a new
+	// one); at once, h1 reports h2's grant signed with the new key.
+	newKey, keys := claimKey(t)
+	if _, err := registerRetrying(ctx, onLeader, api.RegisterRequest{AgentID: "h2", IP: ips["h2"],
+		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}, Keys: keys}); err != nil {
+		t.Fatalf("h2 registers its new claim key: %v", err)
+	}
+	info, err := viaFollower.ReportGrant(ctx, "h1", signedGrant(newKey, grant, clusterID))
+	if err != nil {
+		t.Fatalf("a report signed with the donor's new key, through a follower: %v", err)
+	}
+	if !slices.ContainsFunc(info.Overlay("g").Blocks, func(b api.Block) bool { return b.Prefix == grant.Prefix && b.Donor == "h2" }) {
+		t.Errorf("h1's blocks after the grant: %+v", info.Overlay("g").Blocks)
 	}
 }

@@ -157,15 +157,23 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	c.checkMasters()
 	// a1 grants again, is deleted before the grant is reported, and the
 	// report arrives afterwards: a2 keeps the block, a new agent gets none
-	// of a1's space while it is quarantined.
+	// of a1's space while it is quarantined. The masters kept a1's claim
+	// key with its quarantine: the report still needs a1's word. No
+	// master waits to apply the deletion: the leader, which answered it,
+	// decides (a follower forwards).
 	if _, err := retrying(ctx, func() (*api.State, error) { return c.client(leader).DeleteAgents(ctx, []string{"a1"}) }); err != nil {
 		t.Fatalf("delete a1: %v", err)
 	}
-	// Every master must know a1 is gone: a master that has not applied the
-	// deletion yet still asks for a1's signed word (403).
-	c.waitConverged()
+	late := api.GrantReport{Overlay: "g", Prefix: "10.9.0.0/26", Donor: "a1", Recipient: "a2"}
+	before := refusals(c, refusedGrantUnsigned)
+	if _, err := agent["a2"].ReportGrant(ctx, "a2", late); !api.IsCode(err, api.CodeForbidden) {
+		t.Fatalf("late grant report without the deleted donor's word: %v, want 403", err)
+	}
+	if got := refusals(c, refusedGrantUnsigned); got != before+1 {
+		t.Errorf("refusals{reason=grant_unsigned} = %v, want %v", got, before+1)
+	}
 	if _, err := retrying(ctx, func() (*api.AgentInfo, error) {
-		return agent["a2"].ReportGrant(ctx, "a2", api.GrantReport{Overlay: "g", Prefix: "10.9.0.0/26", Donor: "a1", Recipient: "a2"})
+		return agent["a2"].ReportGrant(ctx, "a2", signedGrant(claim["a1"], late, clusterID))
 	}); err != nil {
 		t.Fatalf("late grant report: %v", err)
 	}

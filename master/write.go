@@ -31,6 +31,11 @@ type write[T, R any] struct {
 	// identity may not ask for in this body. Who may call the route at all
 	// is checked before, by the server's authorize middleware (auth.go).
 	authorize func(r *http.Request, req *T) error
+	// authorizeOnLeader, when set, refuses (403) what only the leader's
+	// table can tell: a follower's may lag behind the log (a donor's
+	// registration or claim key just committed), so a follower forwards
+	// and the leader, checking the original caller's identity, decides.
+	authorizeOnLeader func(r *http.Request, req *T) error
 	// servable: refuse (503) while this master's table is not the
 	// cluster's to serve, before forwarding.
 	servable bool
@@ -66,7 +71,8 @@ const (
 
 // handleWrite is the handler of a write: read and decode the body,
 // prepare (400), authorize (403), check that the table is servable (503),
-// forward to the leader unless this master leads, answer an unchanged
+// forward to the leader unless this master leads, authorize what only the
+// leader's table can tell (403), answer an unchanged
 // write after a read barrier, do it, answer it.
 func handleWrite[T, R any](s *server, wr write[T, R]) http.HandlerFunc {
 	counted := func(o writeOutcome, err error) {
@@ -106,6 +112,12 @@ func handleWrite[T, R any](s *server, wr write[T, R]) http.HandlerFunc {
 		if !s.m.node.IsLeader() {
 			s.forward(w, r, body)
 			return
+		}
+		if wr.authorizeOnLeader != nil {
+			if err := wr.authorizeOnLeader(r, req); err != nil {
+				s.writeError(w, r, body, err)
+				return
+			}
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), applyTimeout)
 		defer cancel()

@@ -48,6 +48,12 @@ type quarantined struct {
 	// Bridge is the bridge the block served (empty in snapshots written
 	// before it was kept: the mesos bridge).
 	Bridge string `json:"bridge,omitempty"`
+	// ClaimKey is the deleted agent's claim key (api.AgentKeys.Claim),
+	// kept with its quarantined space: a grant it made before its
+	// deletion is reported by its recipient under its signature, which
+	// the masters verify with this key (empty in snapshots written before
+	// it was kept).
+	ClaimKey string `json:"claim_key,omitempty"`
 }
 
 // sortBlocks puts blocks in api.SortBlocks order (the signed order).
@@ -464,7 +470,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 		space.remove(q.Prefix)
 		for _, r := range cutOut(leaseBlock{Prefix: q.Prefix}, c.Prefix) {
 			_ = space.add(r.Prefix, q.From, true) // the rest of what was just freed
-			qs = append(qs, quarantined{Prefix: r.Prefix, From: q.From, Since: q.Since, Bridge: q.Bridge})
+			qs = append(qs, quarantined{Prefix: r.Prefix, From: q.From, Since: q.Since, Bridge: q.Bridge, ClaimKey: q.ClaimKey})
 		}
 	}
 	t.quarantine[c.Overlay] = qs

@@ -381,7 +381,7 @@ func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool)
 			}
 			if quarantine {
 				_ = space.add(b.Prefix, rec.ID, true) // just freed: cannot overlap
-				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge})
+				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge, ClaimKey: rec.Keys.Claim})
 			}
 		}
 	}

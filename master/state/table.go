@@ -268,6 +268,21 @@ func (t *LeaseTable) Tombstone(id string) (uint64, bool) {
 	return v, ok
 }
 
+// DeletedClaimKey returns the claim key a deleted agent held, as kept with
+// its quarantined space in an overlay that contains prefix; ok is false
+// when no such space is quarantined, and the key is empty when it was
+// quarantined before keys were kept.
+func (t *LeaseTable) DeletedClaimKey(overlay, donor string, prefix netip.Prefix) (key string, ok bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, q := range t.quarantine[overlay] {
+		if q.From == donor && q.Prefix.Overlaps(prefix) {
+			return q.ClaimKey, true
+		}
+	}
+	return "", false
+}
+
 // AgentCount is the number of agents in the table.
 func (t *LeaseTable) AgentCount() int {
 	t.mu.RLock()
