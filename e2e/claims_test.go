@@ -3,7 +3,6 @@ package e2e
 import (
 	"crypto/ed25519"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -20,17 +19,6 @@ import (
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/ring"
 )
-
-// ringWire is a ring message as agents send it on the ring channel (the
-// agent's own type is internal to its IPAM).
-type ringWire struct {
-	ClusterID string `json:"cluster_id,omitempty"`
-	Rings     []struct {
-		Overlay string `json:"overlay"`
-		Family  string `json:"family"`
-		Ring    []byte `json:"ring"`
-	} `json:"rings"`
-}
 
 // forgedRing is the claims a writer would make giving half of subnet to
 // recipient, as if it leased subnet at version (signed with key; nil:
@@ -136,14 +124,7 @@ func TestForgedClaims(t *testing.T) {
 	dir := t.TempDir()
 	for i, tc := range cases {
 		ok := t.Run(tc.name, func(t *testing.T) {
-			var msg ringWire
-			msg.ClusterID = st.ClusterID
-			msg.Rings = append(msg.Rings, struct {
-				Overlay string `json:"overlay"`
-				Family  string `json:"family"`
-				Ring    []byte `json:"ring"`
-			}{"carve", "4", tc.ring})
-			data, err := json.Marshal(msg)
+			data, err := labcluster.RingMessage(st.ClusterID, "carve", "4", tc.ring)
 			if err != nil {
 				t.Fatal(err)
 			}

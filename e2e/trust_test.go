@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -164,26 +162,5 @@ func agentMetric(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host,
 // metricSample reads one sample of the /metrics of the server at base (an
 // agent's or a master's URL).
 func metricSample(ctx context.Context, hc *http.Client, base, sample string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s/metrics: %s", base, resp.Status)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
-			return strconv.ParseFloat(v, 64)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	return 0, retry.Permanent(fmt.Errorf("%s has no sample %s", base, sample))
+	return labcluster.MetricSample(ctx, hc, base, sample)
 }

@@ -158,7 +158,7 @@ func TestVTEPRename(t *testing.T) {
 			if dp, err = vxlan.New(vxlan.Options{NetNS: e.host.NsHandle(), Logger: slog.New(slog.DiscardHandler)}); err != nil {
 				t.Fatal(err)
 			}
-			defer dp.Close()
+			t.Cleanup(func() { dp.Close() })
 		}
 		rep := apply(t, dp, d)
 		if rep.VTEP.Added != 1 || rep.VTEP.Removed != 1 {

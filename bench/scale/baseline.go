@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/carve-net/carve/internal/lab/labcluster"
 )
@@ -68,7 +69,7 @@ func buildBaseline(ctx context.Context, rev, dir string) (string, error) {
 
 // droppedFlags are flags labcluster passes to agents that the baseline
 // binary predates (each takes a value).
-var droppedFlags = []string{"--mesos-cni-conf-dir"}
+var droppedFlags = []string{"--mesos-cni-conf-dir", "--signing-chain-file", "--mesh-accepted-password-file", "--wireguard-device"}
 
 // writeWrapper writes dir/carve-baseline, a shell script that execs bin
 // (same PID, so /proc measures bin) with droppedFlags removed.
@@ -96,37 +97,49 @@ exec %q "$@"
 	return path, nil
 }
 
-// baselineIdle runs the baseline binary as the measured cluster does (3
-// masters, the agent on host 1), registers the same n synthetic agents
-// before the agent starts (so that it reads them in one state), waits
-// until the agent programmed them all and returns its idle CPU seconds
-// per minute, measured as the current agent's.
-func baselineIdle(ctx context.Context, binary string, n int, o idleOptions) (cpu float64, err error) {
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
-		var ferr error
-		cpu, ferr = baselineIdleOn(ctx, c, n, o)
-		return ferr
-	})
-	return cpu, err
+// baselineFigures are the baseline binary's figures.
+type baselineFigures struct {
+	idle     float64       // idle agent CPU seconds per minute
+	register time.Duration // registration to programmed, median of 3
 }
 
-// baselineIdleOn is baselineIdle on the cluster c, created but not started.
-func baselineIdleOn(ctx context.Context, c *labcluster.Cluster, n int, o idleOptions) (cpu float64, err error) {
+// baselineRun runs the baseline binary as the measured cluster does (3
+// masters, the agent on host 1), registers the same n synthetic agents
+// (without claim keys, which it predates) before the agent starts (so
+// that it reads them in one state), waits until the agent programmed them
+// all, and measures its idle CPU seconds per minute and registration to
+// programmed as the current agent's.
+func baselineRun(ctx context.Context, binary string, n int, o idleOptions) (f baselineFigures, err error) {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+		var ferr error
+		f, ferr = baselineOn(ctx, c, n, o)
+		return ferr
+	})
+	return f, err
+}
+
+// baselineOn is baselineRun on the cluster c, created but not started.
+func baselineOn(ctx context.Context, c *labcluster.Cluster, n int, o idleOptions) (f baselineFigures, err error) {
 	if err := c.StartMasters(ctx); err != nil {
-		return 0, err
+		return f, err
 	}
 	progress("%d agents, baseline: registering", n)
-	if err := registerAll(ctx, c.Client(), n, o.mesh); err != nil {
-		return 0, err
+	if err := registerAll(ctx, c.Client(), n, o.mesh, false); err != nil {
+		return f, err
 	}
 	h := c.Host(1)
 	if err := c.StartAgent(h); err != nil {
-		return 0, err
+		return f, err
 	}
 	progress("%d agents, baseline: waiting for its agent to program them", n)
 	if err := waitProgrammed(ctx, c, h, n); err != nil {
-		return 0, err
+		return f, err
 	}
 	progress("%d agents, baseline: idle CPU (%s settle, %s window)", n, o.settle, o.window)
-	return idleCPU(ctx, h.Agent.PID(), o.settle, o.window)
+	if f.idle, err = idleCPU(ctx, h.Agent.PID(), o.settle, o.window); err != nil {
+		return f, err
+	}
+	progress("%d agents, baseline: registration to programmed", n)
+	f.register, _, err = registerToProgrammedMedian(ctx, c, c.Client(), h, n, o.mesh, false)
+	return f, err
 }

@@ -126,13 +126,20 @@ func gossipBytesRows(ctx context.Context, n int) (rows []benchtable.Row, err err
 	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, membership: anti-entropy round, one record behind (%d agents)", n), Value: float64(sum(oneOff)), Unit: "B/round",
 		Baseline: base, BaseVal: float64(len(whole)), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d (%d messages)", oneOff["digest"], oneOff["buckets"], oneOff["push"], sum(oneOffN))})
 
-	ringRows, err := ringGossipRows(ctx, cluster, n)
+	ringRows, signed, err := ringGossipRows(ctx, cluster, n, true)
 	if err != nil {
 		return nil, err
 	}
 	for _, r := range ringRows {
 		tbl.Add(r)
 	}
+	_, unsigned, err := ringGossipRows(ctx, cluster, n, false)
+	if err != nil {
+		return nil, err
+	}
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, signed claim (%d agents)", n), Value: signed, Unit: "B/msg",
+		Baseline: "the same change unsigned (no claim keys), same run", BaseVal: unsigned,
+		Note: "attributed claims: the writer's id and ed25519 signature on each entry; goal < 1 KB"})
 	return nil, nil
 }
 
@@ -176,11 +183,13 @@ func sum(m map[string]int) int {
 // real ipam.Services (agents 0 and 1) whose views lease one /24 of one
 // overlay to each of the n agents, on the fake network: what their own
 // counters (Config.OnSent) count, beside the whole ring that was broadcast
-// and pushed before deltas and bucketed digests.
-func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtable.Row, err error) {
+// and pushed before deltas and bucketed digests. With signed, the two
+// sign their claims and verify each other's (attributed claims); it
+// returns the size of one allocation's broadcast delta too.
+func ringGossipRows(ctx context.Context, cluster string, n int, signed bool) (rows []benchtable.Row, allocDelta float64, err error) {
 	dir, err := os.MkdirTemp("", "carve-bench-rings-")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer os.RemoveAll(dir)
 	subnet := func(i int) string { return fmt.Sprintf("10.%d.%d.0/24", 128+i/256, i%256) }
@@ -189,14 +198,17 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 	// of its record.
 	keys := make([]ed25519.PrivateKey, 2)
 	for i := range keys {
+		if !signed {
+			break
+		}
 		if _, keys[i], err = ed25519.GenerateKey(rand.Reader); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	var peers []ipam.Peer
 	for i := range n {
 		p := ipam.Peer{ID: owner(i), Version: uint64(100 + i), Subnets: []string{subnet(i)}}
-		if i < len(keys) {
+		if i < len(keys) && keys[i] != nil {
 			p.ClaimKey = keys[i].Public().(ed25519.PublicKey)
 		}
 		peers = append(peers, p)
@@ -223,12 +235,12 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 	for i := range svcs {
 		db, err := bolt.Open(filepath.Join(dir, fmt.Sprintf("agent-%d.db", i)), 0o600, &bolt.Options{Timeout: 5 * time.Second})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		defer db.Close()
 		svc, err := ipam.New(ipam.Config{AgentID: owner(i), DB: db, Logger: slog.New(slog.DiscardHandler), OnSent: sent.add, ClaimKey: keys[i]})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		self := &api.AgentInfo{AgentID: owner(i), IP: fmt.Sprintf("198.19.0.%d", i+1), Version: uint64(100 + i), Overlays: []api.AgentOverlay{{
 			Info:        api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
@@ -239,7 +251,7 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 		svc.Sync(views[i])
 		svcs[i] = svc
 		if err := join(i); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
 	idle := func() error { return gnet.WaitIdle(ctx) }
@@ -264,21 +276,22 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 		svcs[i].Sync(views[i])
 	}
 	if _, _, err := round(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	whole := len(svcs[0].Rings()["carve/4"])
 	base := "the whole ring (broadcast and pushed before)"
 
 	// One allocation: the agent's free count, announced.
 	if _, err := svcs[0].Allocate(api.IPAMRequest{Network: "carve", ContainerID: "bench-1", IfName: "eth0"}); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	sent.reset()
 	if err := announce(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	alloc, allocN := sent.reset()
-	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, broadcast delta (%d agents)", n), Value: float64(alloc["delta"]) / float64(max(1, allocN["delta"])), Unit: "B/msg",
+	allocDelta = float64(alloc["delta"]) / float64(max(1, allocN["delta"]))
+	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: one allocation's free count, broadcast delta (%d agents)", n), Value: allocDelta, Unit: "B/msg",
 		Baseline: base, BaseVal: float64(whole)})
 	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: a registration, per agent (%d agents)", n), Value: 0, Unit: "B/agent",
 		Baseline: "each agent broadcast its changed ring before", BaseVal: float64(whole),
@@ -288,31 +301,31 @@ func ringGossipRows(ctx context.Context, cluster string, n int) (rows []benchtab
 	// while agent 0 announced it).
 	inSync, _, err := round()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, in sync (%d agents)", n), Value: float64(sum(inSync)), Unit: "B/round",
 		Baseline: base, BaseVal: float64(whole), Note: "the digest alone"})
 	gnet.Leave(owner(1))
 	if _, err := svcs[0].Allocate(api.IPAMRequest{Network: "carve", ContainerID: "bench-2", IfName: "eth0"}); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	sent.reset()
 	if err := announce(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if err := join(1); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	oneOff, oneOffN, err := round()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if a, b := svcs[0].Rings()["carve/4"], svcs[1].Rings()["carve/4"]; string(a) != string(b) {
-		return nil, fmt.Errorf("%d agents: one ring anti-entropy round did not reconcile the rings", n)
+		return nil, 0, fmt.Errorf("%d agents: one ring anti-entropy round did not reconcile the rings", n)
 	}
 	rows = append(rows, benchtable.Row{Name: fmt.Sprintf("gossip, rings: anti-entropy round, one allocation behind (%d agents)", n), Value: float64(sum(oneOff)), Unit: "B/round",
 		Baseline: base, BaseVal: float64(whole), Note: fmt.Sprintf("digest %d + bucket hashes %d + push %d (%d messages)", oneOff["digest"], oneOff["buckets"], oneOff["push"], sum(oneOffN))})
-	return rows, nil
+	return rows, allocDelta, nil
 }
 
 // idleCPU reads the process's CPU time from /proc over window (after

@@ -12,6 +12,16 @@
 // carve built from git revision -baseline-rev (the tree before the delta
 // watch and gossip changes) running the same cluster with the same N.
 //
+// Attributed claims are on, as users run carve: the synthetic agents
+// register claim keys, and after they are programmed a mesh peer hands the
+// real agent, once, every synthetic agent's signed ring claims (claims.go),
+// which it verifies and holds through the idle window and the
+// registrations. The idle CPU and registration to programmed are printed
+// beside a carve built from -baseline-rev (default: the tree before
+// attributed claims and record format 3), run on the same cluster and N
+// (its synthetic agents register no keys, and it is handed no claims: it
+// reads none), and a signed ring change beside the same change unsigned.
+//
 // N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long). Progress
 // goes to stderr, the tables to stdout.
 package main
@@ -50,9 +60,10 @@ func main() {
 	var o idleOptions
 	flag.DurationVar(&o.window, "idle", 30*time.Second, "window over which the idle agent's CPU is read")
 	flag.DurationVar(&o.settle, "idle-settle", 15*time.Second, "wait after the agent programmed every peer before the idle window")
-	flag.StringVar(&o.rev, "baseline-rev", "946600f", "git revision whose carve is the idle-CPU baseline (built from git archive)")
+	flag.StringVar(&o.rev, "baseline-rev", "21633db", "git revision whose carve is the idle-CPU and registration baseline (built from git archive; 21633db: before attributed claims, 946600f: before the changes watch and gossip deltas)")
 	flag.StringVar(&o.binary, "baseline-carve", "", "carve binary for the idle-CPU baseline instead of building -baseline-rev (\"none\": skip it)")
 	flag.StringVar(&o.profileDir, "profile-dir", "", "save a CPU profile of the real agent over the idle window to DIR/agent-idle-N.pprof (the agent runs with --debug-addr)")
+	flag.BoolVar(&o.noClaims, "no-signed-claims", false, "hand the real agent no signed claims of the synthetic agents")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them; \"gossip\": only the gossip bytes rows (in process, no cluster)")
 	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
@@ -71,7 +82,9 @@ type idleOptions struct {
 	rev            string // baseline revision, built unless binary is set
 	binary         string // baseline binary; "none" skips the baseline
 	mesh           bool   // synthetic agents have mesh addresses
+	noClaims       bool   // the real agent is handed no signed claims
 	profileDir     string // where the idle agent's CPU profile goes ("": none)
+	lab            string // carve-lab binary (the claims feeder)
 	only           string // "state": only the state-read rows
 	stateRounds    int    // rounds of the concurrent state reads
 }
@@ -117,6 +130,12 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 	}
 	defer br.Close()
 	dir, binary := br.Dir, br.Binary
+	if !o.noClaims && o.only == "" {
+		progress("building carve-lab (the claims feeder)")
+		if o.lab, err = labcluster.BuildLab(ctx, dir); err != nil {
+			return err
+		}
+	}
 	// The baseline binary; baseNA says why there is none.
 	baseline, baseNA := o.binary, ""
 	switch baseline {
@@ -140,21 +159,32 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 		if err != nil {
 			return fmt.Errorf("%d agents: %w", n, err)
 		}
-		idle := &tbl.Rows[len(tbl.Rows)-1]
 		switch {
 		case o.only != "":
-			// no idle row
+			// no baseline rows
 		case baseline != "":
-			idle.BaseVal, err = baselineIdle(ctx, baseline, n, o)
+			var base baselineFigures
+			base, err = baselineRun(ctx, baseline, n, o)
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			if err != nil {
-				fmt.Fprintf(os.Stderr, "bench/scale: %d agents, the idle-CPU baseline: %v\n", n, err)
-				idle.Baseline, idle.BaseNA = "n/a (the baseline run failed; see stderr)", true
+				fmt.Fprintf(os.Stderr, "bench/scale: %d agents, the baseline: %v\n", n, err)
+			}
+			for _, r := range baselineRows(&tbl) {
+				switch {
+				case err != nil:
+					r.Baseline, r.BaseNA = "n/a (the baseline run failed; see stderr)", true
+				case strings.HasPrefix(r.Name, idleRow):
+					r.BaseVal = base.idle
+				default:
+					r.BaseVal = ms(base.register)
+				}
 			}
 		default:
-			idle.Baseline, idle.BaseNA = baseNA, true
+			for _, r := range baselineRows(&tbl) {
+				r.Baseline, r.BaseNA = baseNA, true
+			}
 		}
 		if err := tbl.Print(os.Stdout); err != nil {
 			return err
@@ -187,15 +217,20 @@ func gossipOnly(ctx context.Context, sizes []int) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// synthetic is the registration of synthetic agent i. Without mesh (the
+// synthetic is the registration of synthetic agent i, with its claim key
+// when keys (a baseline from before record format 3 reads none). Without
+// mesh (the
 // default) it has no mesh address: the real agent must not dial thousands
 // of absent peers. With mesh it has one (nothing listens there), so that
 // the agent's mesh side (its connections and dials) is part of the
 // figures.
-func synthetic(i int, mesh bool) api.RegisterRequest {
+func synthetic(i int, mesh, keys bool) api.RegisterRequest {
 	ip := fmt.Sprintf("198.19.%d.%d", i/250, i%250+1)
-	req := api.RegisterRequest{AgentID: fmt.Sprintf("syn-%06d", i), IP: ip,
+	req := api.RegisterRequest{AgentID: fmt.Sprintf("%s%06d", syntheticPrefix, i), IP: ip,
 		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}
+	if keys {
+		req.Keys = claimKeys(i)
+	}
 	if mesh {
 		req.MeshAddr = ip + ":6783"
 	}
@@ -205,13 +240,13 @@ func synthetic(i int, mesh bool) api.RegisterRequest {
 // measure runs the cluster at n agents and returns its table; the idle CPU
 // row comes last, its baseline for the caller to fill in.
 func measure(ctx context.Context, binary string, n, readers int, o idleOptions) (tbl benchtable.Table, err error) {
-	tbl.Title = fmt.Sprintf("scale: %d synthetic agents, 3 secure masters, one real agent (real processes, network namespaces)", n)
 	progress("%d agents: starting the cluster", n)
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, LabBinary: o.lab, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
 		var ferr error
 		tbl, ferr = measureOn(ctx, c, n, readers, o)
 		return ferr
 	})
+	tbl.Title = fmt.Sprintf("scale: %d synthetic agents, 3 secure masters, one real agent (real processes, network namespaces)", n)
 	return tbl, err
 }
 
@@ -232,12 +267,21 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, readers int, o idl
 
 	op := c.Client()
 	progress("%d agents: registering", n)
-	if err := registerAll(ctx, op, n, o.mesh); err != nil {
+	if err := registerAll(ctx, op, n, o.mesh, true); err != nil {
 		return tbl, err
 	}
 	progress("%d agents: waiting for the real agent to program them", n)
 	if err := waitProgrammed(ctx, c, h, n); err != nil {
 		return tbl, err
+	}
+	claimsNote := "handed no signed claims (-no-signed-claims)"
+	if !o.noClaims && o.only == "" {
+		progress("%d agents: handing the real agent their signed claims", n)
+		writers, size, cpu, err := feedClaims(ctx, c, h)
+		if err != nil {
+			return tbl, err
+		}
+		claimsNote = fmt.Sprintf("holding %d agents' signed claims (a %d KB ring message, verified and merged in %.2f CPU s)", writers, size>>10, cpu)
 	}
 	if o.only == "state" {
 		progress("%d agents: state reads", n)
@@ -262,16 +306,14 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, readers int, o idl
 		Baseline: "the whole state (blocking state watch)", BaseVal: float64(full), Note: fmt.Sprintf("goal < 2 KB; the state gzip'ed: %d B", fullGz)})
 
 	// Registration to programmed in the real agent.
-	var lat, commit []time.Duration
-	for k := range 3 {
-		l, cm, err := registerToProgrammed(ctx, c, op, h, n+1+k, o.mesh)
-		if err != nil {
-			return tbl, err
-		}
-		lat, commit = append(lat, l), append(commit, cm)
+	lat, commit, err := registerToProgrammedMedian(ctx, c, op, h, n, o.mesh, true)
+	if err != nil {
+		return tbl, err
 	}
-	tbl.Add(benchtable.Row{Name: "registration -> programmed in the real agent", Value: ms(median(lat)), Unit: "ms",
-		Baseline: "Register round trip (commit)", BaseVal: ms(median(commit)), Note: "median of 3; /overlay-agent/peers polled every 20ms; goal < 1 s"})
+	tbl.Add(benchtable.Row{Name: "registration -> programmed in the real agent", Value: ms(lat), Unit: "ms",
+		Baseline: "Register round trip (commit)", BaseVal: ms(commit), Note: "median of 3; /overlay-agent/peers polled every 20ms; goal < 1 s"})
+	tbl.Add(benchtable.Row{Name: registerRow, Value: ms(lat), Unit: "ms",
+		Baseline: "carve " + o.rev + ", same cluster and N", Note: claimsNote + "; goal < 1 s"})
 
 	// State reads, 50 concurrent readers.
 	if err := stateRows(ctx, c, &tbl, readers, o.stateRounds); err != nil {
@@ -317,10 +359,43 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, readers int, o idl
 	for _, r := range append(rows, topo...) {
 		tbl.Add(r)
 	}
-	tbl.Add(benchtable.Row{Name: fmt.Sprintf("idle agent CPU, %d peers", n), Value: idle, Unit: "CPU s/min",
-		Baseline: "carve " + o.rev + " (before changes watch, gossip deltas), same cluster and N", BaseVal: 0,
-		Note: fmt.Sprintf("/proc utime+stime over %s, %s after all peers programmed; %s; goal < 0.6 (1%% of a core)", o.window, o.settle, meshNote(o.mesh))})
+	tbl.Add(benchtable.Row{Name: fmt.Sprintf("%s, %d peers", idleRow, n), Value: idle, Unit: "CPU s/min",
+		Baseline: "carve " + o.rev + ", same cluster and N", BaseVal: 0,
+		Note: fmt.Sprintf("/proc utime+stime over %s, %s after all peers programmed; %s; %s; goal < 0.6 (1%% of a core)", o.window, o.settle, claimsNote, meshNote(o.mesh))})
 	return tbl, nil
+}
+
+// Names of the rows measured again with the baseline binary.
+const (
+	idleRow     = "idle agent CPU"
+	registerRow = "registration -> programmed, beside the baseline carve"
+)
+
+// baselineRows are the rows of tbl whose baseline is the baseline binary's
+// figure.
+func baselineRows(tbl *benchtable.Table) []*benchtable.Row {
+	var out []*benchtable.Row
+	for i := range tbl.Rows {
+		if r := &tbl.Rows[i]; strings.HasPrefix(r.Name, idleRow) || r.Name == registerRow {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// registerToProgrammedMedian registers three more synthetic agents after
+// the n first, one at a time, and returns the medians of registration to
+// programmed in the real agent and of the Register round trip.
+func registerToProgrammedMedian(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, n int, mesh, keys bool) (time.Duration, time.Duration, error) {
+	var lat, commit []time.Duration
+	for k := range 3 {
+		l, cm, err := registerToProgrammed(ctx, c, op, h, synthetic(n+1+k, mesh, keys))
+		if err != nil {
+			return 0, 0, err
+		}
+		lat, commit = append(lat, l), append(commit, cm)
+	}
+	return median(lat), median(commit), nil
 }
 
 // waitProgrammed waits (at most 5 minutes) until the agent on h reports n
@@ -349,8 +424,9 @@ func waitProgrammed(ctx context.Context, c *labcluster.Cluster, h *labcluster.Ho
 	return nil
 }
 
-// registerAll registers n synthetic agents with 64 concurrent clients.
-func registerAll(ctx context.Context, op *api.Client, n int, mesh bool) error {
+// registerAll registers n synthetic agents with 64 concurrent clients
+// (with their claim keys when keys).
+func registerAll(ctx context.Context, op *api.Client, n int, mesh, keys bool) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -361,7 +437,7 @@ func registerAll(ctx context.Context, op *api.Client, n int, mesh bool) error {
 				if i >= n {
 					return
 				}
-				if _, err := op.Register(ctx, synthetic(i, mesh)); err != nil {
+				if _, err := op.Register(ctx, synthetic(i, mesh, keys)); err != nil {
 					errs <- fmt.Errorf("register %d: %w", i, err)
 					return
 				}
@@ -411,7 +487,7 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 		full, ferr = get(ctx, hc, fmt.Sprintf("%s/overlay-master/state?index=%d&wait=30s", base, st.Index), "identity")
 	})
 	time.Sleep(200 * time.Millisecond) // both watches are waiting
-	if _, err := op.Register(ctx, synthetic(n+100, mesh)); err != nil {
+	if _, err := op.Register(ctx, synthetic(n+100, mesh, true)); err != nil {
 		return 0, 0, 0, err
 	}
 	wg.Wait()
@@ -422,10 +498,9 @@ func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, 
 	return delta, full, fullGz, err
 }
 
-// registerToProgrammed registers synthetic agent i and times it until the
-// real agent reports it programmed; it also returns the Register round trip.
-func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, i int, mesh bool) (time.Duration, time.Duration, error) {
-	req := synthetic(i, mesh)
+// registerToProgrammed registers req and times it until the real agent
+// reports it programmed; it also returns the Register round trip.
+func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, req api.RegisterRequest) (time.Duration, time.Duration, error) {
 	start := time.Now()
 	if _, err := op.Register(ctx, req); err != nil {
 		return 0, 0, err

@@ -44,6 +44,7 @@ func TestRogueRefusesBadFlags(t *testing.T) {
 		{[]string{"--mesh-addr", "nohost", "--peers", "127.0.0.1:6783", "--message", msg}, `--mesh-addr "nohost"`, true},
 		{[]string{"--mesh-addr", "127.0.0.1:0", "--peers", "127.0.0.1", "--message", msg}, `--peers: "127.0.0.1" is not IP:PORT`, true},
 		{append(slices.Clone(ok), "--interval", "0s"), "--interval 0s", true},
+		{append(slices.Clone(ok), "--count", "-1"), "--count -1", true},
 		{[]string{"--mesh-addr", "127.0.0.1:0", "--peers", "127.0.0.1:6783", "--message", msg + ".absent"}, "--message", false},
 		{append(slices.Clone(ok), "--mesh-password-file", msg+".absent"), "--mesh-password-file", false},
 	}

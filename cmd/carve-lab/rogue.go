@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/carve-net/carve/agent"
@@ -22,10 +23,14 @@ const rogueCommand = "rogue-gossip"
 // runRogue is `carve-lab rogue-gossip`: a mesh peer that joins the agents'
 // mesh (with their password or without) and broadcasts one message, read
 // from a file, on one of the agents' channels (membership, or the rings
-// with --channel), again and again until it is stopped. It merges nothing it hears. The end-to-end tests run it in
-// a lab host's namespace (labcluster.StartRogue) to show that agents refuse
-// what it says; it logs the mesh peers it sees, and mesh's handshake
-// errors, to stderr.
+// with --channel), again and again until it is stopped, or --count times
+// (then it stays in the mesh, silent on the channel). It merges nothing it
+// hears. The end-to-end tests run it in a lab host's namespace
+// (labcluster.StartRogue) to show that agents refuse what it says;
+// bench/scale runs it with --count to hand the real agent the signed
+// claims of thousands of synthetic agents once, as their gossip would
+// have. It logs the mesh peers it sees, and mesh's handshake errors, to
+// stderr.
 func runRogue(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("carve-lab " + rogueCommand)
 	id := fs.String("id", "rogue", "mesh peer id")
@@ -35,6 +40,7 @@ func runRogue(ctx context.Context, args []string) error {
 	messageFile := fs.String("message", "", "file holding the membership message (JSON) to broadcast on the agents' channel")
 	interval := fs.Duration("interval", time.Second, "how often the message is broadcast, and mesh gossips")
 	channel := fs.String("channel", agent.GossipChannel, "mesh channel to broadcast on (the agents' membership channel, or "+ipam.RingChannel+" for ring claims)")
+	count := fs.Int("count", 0, "broadcast the message this many times, then stay silent on the channel (0: until stopped)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -50,6 +56,9 @@ func runRogue(ctx context.Context, args []string) error {
 	}
 	if *interval <= 0 {
 		return fmt.Errorf("%w: --interval %s: want a positive duration", cli.ErrUsage, *interval)
+	}
+	if *count < 0 {
+		return fmt.Errorf("%w: --count %d: want 0 (until stopped) or more", cli.ErrUsage, *count)
 	}
 	msg, err := os.ReadFile(*messageFile)
 	if err != nil {
@@ -67,7 +76,8 @@ func runRogue(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ch, err := router.Channel(*channel, rogueHandler{msg})
+	h := &rogueHandler{msg: msg}
+	ch, err := router.Channel(*channel, h)
 	if err != nil {
 		return err
 	}
@@ -82,6 +92,7 @@ func runRogue(ctx context.Context, args []string) error {
 	t := time.NewTicker(*interval)
 	defer t.Stop()
 	var seen []string
+	sent := 0
 	for {
 		select {
 		case <-ctx.Done():
@@ -92,18 +103,34 @@ func runRogue(ctx context.Context, args []string) error {
 				seen = now
 				log.Info("mesh peers", "peers", now)
 			}
-			ch.Broadcast(rogueHandler{msg}.Gossip())
+			if *count > 0 && sent >= *count {
+				continue
+			}
+			ch.Broadcast(rawMessage(msg))
+			if sent++; *count > 0 && sent >= *count {
+				h.silent.Store(true) // nor in mesh's periodic gossip
+				log.Info("message broadcast: silent from now on", "times", sent)
+			}
 		}
 	}
 }
 
-// rogueHandler gossips its message and ignores everything it hears.
-type rogueHandler struct{ msg []byte }
+// rogueHandler gossips its message, until silent, and ignores everything
+// it hears.
+type rogueHandler struct {
+	msg    []byte
+	silent atomic.Bool
+}
 
-func (h rogueHandler) Gossip() gossip.Data                           { return rawMessage(h.msg) }
-func (rogueHandler) OnGossip([]byte) (gossip.Data, error)            { return nil, nil }
-func (rogueHandler) OnBroadcast(string, []byte) (gossip.Data, error) { return nil, nil }
-func (rogueHandler) OnUnicast(string, []byte) error                  { return nil }
+func (h *rogueHandler) Gossip() gossip.Data {
+	if h.silent.Load() {
+		return nil
+	}
+	return rawMessage(h.msg)
+}
+func (*rogueHandler) OnGossip([]byte) (gossip.Data, error)            { return nil, nil }
+func (*rogueHandler) OnBroadcast(string, []byte) (gossip.Data, error) { return nil, nil }
+func (*rogueHandler) OnUnicast(string, []byte) error                  { return nil }
 
 // rawMessage is a message as it goes on the wire.
 type rawMessage []byte

@@ -2,9 +2,11 @@ package labcluster
 
 import (
 	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
@@ -18,6 +20,31 @@ import (
 // on the agents' ring channel instead of a membership message.
 func (c *Cluster) StartRingRogue(h *Host, name string, withPassword bool, messageFile string) (*Process, error) {
 	return c.startRogue(h, name, withPassword, ipam.RingChannel, messageFile)
+}
+
+// RingMessage is a ring message holding one overlay family's ring
+// (ring.Ring.Encode) as agents send it on the ring channel, to hand to
+// StartRingRogue or StartRingFeeder (the agent's own type is internal to
+// its IPAM).
+func RingMessage(clusterID, overlay, family string, ring []byte) ([]byte, error) {
+	type entry struct {
+		Overlay string `json:"overlay"`
+		Family  string `json:"family"`
+		Ring    []byte `json:"ring"`
+	}
+	return json.Marshal(struct {
+		ClusterID string  `json:"cluster_id,omitempty"`
+		Rings     []entry `json:"rings"`
+	}{clusterID, []entry{{overlay, family, ring}}})
+}
+
+// StartRingFeeder starts a peer in h's namespace that joins the agents'
+// mesh with its password and broadcasts the ring message in messageFile
+// times times, then stays in the mesh silent on the ring channel (`carve-lab
+// rogue-gossip --count`): bench/scale hands the real agent, once, the
+// signed claims its synthetic peers' gossip would have brought.
+func (c *Cluster) StartRingFeeder(h *Host, name, messageFile string, times int) (*Process, error) {
+	return c.startRogue(h, name, true, ipam.RingChannel, messageFile, "--count", strconv.Itoa(times))
 }
 
 // MasterClientAs is a master client presenting h's agent certificate, as

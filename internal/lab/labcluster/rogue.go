@@ -22,8 +22,8 @@ func (c *Cluster) StartRogue(h *Host, name string, withPassword bool, messageFil
 }
 
 // startRogue is StartRogue on a mesh channel ("": the agents' membership
-// channel).
-func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, messageFile string) (*Process, error) {
+// channel), with more rogue-gossip flags.
+func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, messageFile string, more ...string) (*Process, error) {
 	if c.opts.LabBinary == "" {
 		return nil, fmt.Errorf("labcluster: no carve-lab binary (Options.LabBinary, $%s) to run a rogue peer", LabBinaryEnv)
 	}
@@ -41,6 +41,7 @@ func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, m
 	if channel != "" {
 		args = append(args, "--channel", channel)
 	}
+	args = append(args, more...)
 	p := newProcess(name, filepath.Join(c.Dir, "logs", name+".log"), h.NS.Namespace)
 	c.mu.Lock()
 	closed := c.closed
