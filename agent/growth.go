@@ -35,7 +35,7 @@ func (m *masterBlocks) Grow(ctx context.Context, overlay, bridge string, family 
 			return ipam.LeasedBlock{}, fmt.Errorf("%w: %v", ipam.ErrMastersExhausted, err)
 		}
 		if api.IsCode(err, api.CodeQuota) {
-			return ipam.LeasedBlock{}, fmt.Errorf("%w: %v", ipam.ErrQuota, err)
+			return ipam.LeasedBlock{}, fmt.Errorf("%w: %w", ipam.ErrQuota, err)
 		}
 		return ipam.LeasedBlock{}, err
 	}

@@ -237,7 +237,12 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 			full := err.(*api.Error)
 			if gerr := errors.Join(growErrs...); gerr != nil {
 				if errors.Is(gerr, ErrQuota) {
-					return nil, failure(http.StatusConflict, api.CodeQuota, "%s, and this agent holds its quota of overlay %q (%v): raise the overlay's quota_prefix, or free addresses on this agent", full.Message, req.Network, gerr)
+					// The masters' answer names the cap and the fix.
+					why, me := gerr.Error(), (*api.Error)(nil)
+					if errors.As(gerr, &me) {
+						why = me.Message
+					}
+					return nil, failure(http.StatusConflict, api.CodeQuota, "%s, and this agent is at its quota of overlay %q: %s", full.Message, req.Network, why)
 				}
 				if errors.Is(gerr, errOverlayFull) {
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v)", req.Network, full.Message, gerr)

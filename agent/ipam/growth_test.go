@@ -617,7 +617,8 @@ func TestGrowthAnswerAfterWatch(t *testing.T) {
 type quotaStandIn struct{ mastersStandIn }
 
 func (m *quotaStandIn) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
-	return LeasedBlock{}, fmt.Errorf("%w: 409 quota: agent a would hold more than its quota of a /23", ErrQuota)
+	return LeasedBlock{}, fmt.Errorf("%w: %w", ErrQuota, &api.Error{Status: http.StatusConflict, Code: api.CodeQuota,
+		Message: `agent "a" would hold more than its quota of a /23: return blocks it no longer needs, or raise the overlay's quota_prefix in the network configuration`})
 }
 
 // TestGrowthStopsAtQuota: an agent the masters refuse for its quota asks no
