@@ -656,3 +656,54 @@ func TestGrowthStopsAtQuota(t *testing.T) {
 		t.Errorf("grow_refused_total{reason=quota} %v", got)
 	}
 }
+
+// TestDonorsKeepToTheRecipientsQuota: peers grant an agent no more than
+// its quota of grown and granted space (quota_prefix, here a /28 beyond
+// its /26), counting what their rings give it: an agent that asks again
+// beyond it, as a hostile host would (this one's masters stand-in answers
+// exhausted, never quota), is refused, and the refusals are counted.
+func TestDonorsKeepToTheRecipientsQuota(t *testing.T) {
+	c := newCluster(t, 7, GrowthConfig{IdleReturn: -1, RefuseMemory: time.Millisecond})
+	quotaView := func(id string) View {
+		v := growthView(id)
+		v.Self.Overlays[0].Info.QuotaPrefix = 28
+		return v
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		c.start(id, t.TempDir(), "").svc.Sync(quotaView(id))
+	}
+	c.gossipRounds()
+	a := c.nodes["a"]
+	var err error
+	for i := 0; i < 64 && err == nil; i++ {
+		_, err = a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0", Bridge: api.BridgeMesos})
+	}
+	if !api.IsCode(err, api.CodeExhausted) {
+		t.Fatalf("the last ADD: %v; want exhausted", err)
+	}
+	c.gossipRounds()
+	c.checkNoDoubles()
+	for id, nd := range c.nodes {
+		nd.svc.mu.Lock()
+		blocks := nd.svc.overlays["carve"].alloc[0].Ring().Blocks("a")
+		nd.svc.mu.Unlock()
+		var held int
+		for _, p := range blocks {
+			held += 1 << (32 - p.Bits())
+		}
+		if held-64 > 16 {
+			t.Errorf("%s's ring gives a %d addresses beyond its /26 (%v), more than its quota of 16", id, held-64, blocks)
+		}
+	}
+	refused := 0.0
+	for _, id := range []string{"b", "c"} {
+		n, _ := gaugeIn(t, c.nodes[id].reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": reasonRecipientQuota})
+		refused += n
+	}
+	if refused < 1 {
+		t.Errorf("no donor refused a request beyond a's quota")
+	}
+	if got := counterValue(t, a.reg, "carve_agent_ipam_grants_received_total"); got < 1 {
+		t.Errorf("a received %v grants, want at least one (within its quota)", got)
+	}
+}

@@ -34,6 +34,7 @@ func familyIndex(name string) int {
 // allocator per address family, seeded from the masters' leases.
 type overlay struct {
 	name     string
+	info     api.OverlayNetwork     // the overlay's configuration, from the record
 	universe [families]netip.Prefix // the overlay's subnets (invalid: no such family)
 	alloc    [families]*ring.Allocator
 	bridges  map[string][families]netip.Prefix // bridge kind -> its sub-subnets

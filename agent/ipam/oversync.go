@@ -86,6 +86,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	} else if o.unserved != "" && ov.Info.IsEnabled() {
 		s.log.Info("overlay served again", "overlay", name)
 	}
+	o.info = ov.Info
 	o.disabled = !ov.Info.IsEnabled()
 	if !o.disabled {
 		o.unserved = ""

@@ -33,6 +33,12 @@ const (
 	// (proxy_arp); IPv6 would need a proxy NDP entry per address the
 	// recipient hands out, so IPv6 grows at the masters only.
 	reasonIPv6NotGranted = "ipv6_not_granted"
+	// reasonRecipientQuota refuses a request from an agent that holds,
+	// as the donor's ring sees it, its quota of grown and granted space
+	// (quota_prefix) or would with any block the donor could give: the
+	// masters would refuse the grant's report, and a hostile host would
+	// otherwise take space beyond its cap from every peer.
+	reasonRecipientQuota = "recipient_quota"
 
 	// maxSpaceRequestBytes bounds a request (no ring in it).
 	maxSpaceRequestBytes = 4 << 10
@@ -278,10 +284,16 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 		}
 	}
 	width := o.universe[fam].Addr().BitLen()
+	room, limited := quotaRoom(o.info, before, m.From)
+	overQuota := false
 	for bits := max(m.Bits, o.universe[fam].Bits()+1); bits <= minBlockBits(fam); bits++ {
 		log2 := width - bits
 		if free.Rsh(1).Less(ring.U128(1).Lsh(uint(log2))) {
 			continue // the donor keeps at least as much as it gives
+		}
+		if limited && room < 1<<log2 {
+			overQuota = true
+			continue
 		}
 		p, err := a.DonateBlock(m.From, within, log2)
 		if errors.Is(err, ring.ErrNothingToDonate) {
@@ -294,5 +306,31 @@ func (s *Service) decideDonation(m spaceMessage) (spaceMessage, *batch) {
 		s.log.Info("granted a block through the ring", "to", m.From, "overlay", m.Overlay, "block", p)
 		return grant(p, before)
 	}
+	if overQuota {
+		s.metrics.claimsRefused.WithLabelValues(reasonRecipientQuota).Inc()
+		return refuse(reasonRecipientQuota)
+	}
 	return refuse("no_space")
+}
+
+// quotaRoom is how many more IPv4 addresses of grown and granted space
+// recipient may hold in the overlay of info by its quota, as the ring r
+// sees what it owns beyond its origin lease (one subnet of the overlay's
+// prefix): grants not yet reported to the masters count too. limited is
+// false when no quota applies (no IPv4 subnet).
+func quotaRoom(info api.OverlayNetwork, r *ring.Ring, recipient string) (room uint64, limited bool) {
+	bits, u := info.QuotaBits(false), r.Universe()
+	if bits == 0 || !u.Addr().Is4() || info.Prefix < u.Bits() || info.Prefix > 32 {
+		return 0, false
+	}
+	var held uint64
+	for _, p := range r.Blocks(recipient) {
+		held += 1 << (32 - p.Bits())
+	}
+	held -= min(held, 1<<(32-info.Prefix))
+	quota := uint64(1) << (32 - bits)
+	if held >= quota {
+		return 0, true
+	}
+	return quota - held, true
 }

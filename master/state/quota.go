@@ -13,15 +13,12 @@ import (
 // space in an overlay than the overlay's quota_prefix allows (409 quota).
 var ErrQuota = errors.New("quota")
 
-// quotaShift is the default quota: 16 times an agent's subnet.
-const quotaShift = 4
-
 // quotaPrefix validates a quota_prefix: 0 means the default (prefix-4,
 // never shorter than the subnet's); else between the subnet's length (the
 // whole overlay) and the grow prefix (at least one grown block).
 func quotaPrefix(field string, quota int, subnet netip.Prefix, prefix, grow int) (int, error) {
 	if quota == 0 {
-		return max(prefix-quotaShift, subnet.Bits()), nil
+		return api.DefaultQuotaPrefix(subnet, prefix), nil
 	}
 	if quota < subnet.Bits() || quota > grow {
 		return 0, configErr(field, "%d must be between the subnet's /%d and the grow prefix /%d (one grown block)", quota, subnet.Bits(), grow)
