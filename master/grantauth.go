@@ -53,13 +53,18 @@ func (s *server) authorizeGrant(r *http.Request, req *api.GrantReport) error {
 	key := ""
 	if donor, found := s.m.table.Agent(req.Donor); found {
 		key = donor.Keys.Claim
-	} else if prefix, err := netip.ParsePrefix(req.Prefix); err == nil {
+	} else if _, deleted := s.m.table.Tombstone(req.Donor); deleted {
 		// A deleted donor's claim key is kept with its quarantined space,
 		// where alone its grants are recorded (state.applyGrant).
 		var quarantined bool
-		if key, quarantined = s.m.table.DeletedClaimKey(req.Overlay, req.Donor, prefix); quarantined && key == "" {
-			// Quarantined before the masters kept keys (an upgrade):
-			// recorded on the recipient's word, inside that space only.
+		if prefix, err := netip.ParsePrefix(req.Prefix); err == nil {
+			key, quarantined = s.m.table.DeletedClaimKey(req.Overlay, req.Donor, prefix)
+		}
+		if !quarantined || key == "" {
+			// Outside its quarantine the table refuses the grant for
+			// good (409 conflict, which the recipient drops; a 403 it
+			// would keep sending). Space quarantined before the masters
+			// kept keys (an upgrade) is recorded on the recipient's word.
 			return nil
 		}
 	}

@@ -177,6 +177,11 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("late grant report: %v", err)
 	}
+	// Outside a1's quarantine the grant is refused for good (409, which the
+	// recipient drops), never 403 (which it would keep sending).
+	if _, err := agent["a2"].ReportGrant(ctx, "a2", api.GrantReport{Overlay: "g", Prefix: "10.9.2.0/26", Donor: "a1", Recipient: "a2"}); !api.IsCode(err, api.CodeConflict) {
+		t.Errorf("a late grant of space outside the deleted donor's quarantine: %v, want 409 conflict", err)
+	}
 	p.IssueAgent("a4", netip.MustParseAddr("198.18.4.4"))
 	agent["a4"] = c.clientAs(leader, "a4", pki.RoleAgent)
 	a4, err := registerRetrying(ctx, agent["a4"], api.RegisterRequest{AgentID: "a4", IP: "198.18.4.4"})
