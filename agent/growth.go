@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"time"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
@@ -77,10 +78,15 @@ func (m *masterBlocks) Return(ctx context.Context, overlay string, prefix netip.
 	return refusedForGood(err)
 }
 
-// ReportGrant implements ipam.BlockSource.
+// ReportGrant implements ipam.BlockSource. A 403 to a report whose donor's
+// statement has expired is refused for good: no resend can change it, and
+// the outbox would send nothing after it.
 func (m *masterBlocks) ReportGrant(ctx context.Context, g ipam.GrantReport) error {
 	_, err := m.client.ReportGrant(ctx, m.id, api.GrantReport{Overlay: g.Overlay, Prefix: g.Prefix.String(), Donor: g.Donor,
 		Recipient: g.Recipient, Bridge: g.Bridge, RequestID: g.RequestID, Expires: g.Expires, DonorSignature: g.DonorSignature})
+	if api.IsCode(err, api.CodeForbidden) && g.Expires != 0 && time.Now().Unix() > g.Expires {
+		return fmt.Errorf("%w: the donor's statement expired at %s: %w", ipam.ErrReportRefused, time.Unix(g.Expires, 0).UTC().Format(time.RFC3339), err)
+	}
 	return refusedForGood(err)
 }
 
