@@ -215,23 +215,33 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	}
 	a, err := s.allocate(req)
 	if isExhausted(err) {
-		gs := s.startGrowth(req.Network, req.Bridge, true)
+		// A growth this ADD waits for may have started before (low water)
+		// and its block gone to another ADD meanwhile: while every growth
+		// ends well and the bridge is still full, grow again (within Wait;
+		// each round some ADD takes what it brought).
 		var growErrs []error
-		if len(gs) > 0 {
-			timer := time.NewTimer(s.grow.cfg.Wait)
+		timer := time.NewTimer(s.grow.cfg.Wait)
+		for round := 0; isExhausted(err) && len(growErrs) == 0; round++ {
+			gs := s.startGrowth(req.Network, req.Bridge, true)
+			if len(gs) == 0 && round > 0 {
+				break
+			}
 			for _, g := range gs {
 				select {
 				case <-g.done:
-					growErrs = append(growErrs, g.err)
+					if g.err != nil {
+						growErrs = append(growErrs, g.err)
+					}
 				case <-timer.C:
 					growErrs = append(growErrs, errors.New("still growing: try again"))
 				}
 			}
-			timer.Stop()
+			// Again even when no growth is in flight: one may have
+			// ended since the first try, leaving space (startGrowth
+			// found it).
+			a, err = s.allocate(req)
 		}
-		// Again even when no growth is in flight: one may have ended
-		// since the first try, leaving space (startGrowth found it).
-		a, err = s.allocate(req)
+		timer.Stop()
 		if isExhausted(err) {
 			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)

@@ -707,3 +707,55 @@ func TestDonorsKeepToTheRecipientsQuota(t *testing.T) {
 		t.Errorf("a received %v grants, want at least one (within its quota)", got)
 	}
 }
+
+// poolStandIn is a TEST DOUBLE standing in for the masters that lease
+// blocks from a pool, one a grow, in order.
+type poolStandIn struct {
+	mastersStandIn
+	pool []netip.Prefix
+	v    uint64
+}
+
+func (m *poolStandIn) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.pool) == 0 {
+		return LeasedBlock{}, ErrMastersExhausted
+	}
+	p := m.pool[0]
+	m.pool, m.v = m.pool[1:], m.v+1
+	return LeasedBlock{Prefix: p, Version: 100 + m.v}, nil
+}
+
+// TestConcurrentADDsOnAFullBridge: ADDs that find their bridge full at
+// once wait for the same growth, and only one of them gets what a /30 (one
+// address) brings: the others grow again rather than fail "exhausted"
+// while the masters still have blocks.
+func TestConcurrentADDsOnAFullBridge(t *testing.T) {
+	c := newCluster(t, 8, GrowthConfig{IdleReturn: -1})
+	src := &poolStandIn{}
+	for i := range 16 {
+		src.pool = append(src.pool, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, 0, byte(192 + 4*i)}), 30))
+	}
+	nd := c.startSource("a", t.TempDir(), src)
+	for i := range 29 {
+		nd.alloc(t, fmt.Sprint("c", i))
+	}
+	const adds = 12
+	errs := make(chan error, adds)
+	var wg sync.WaitGroup
+	for i := range adds {
+		wg.Go(func() {
+			_, err := nd.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("more", i), IfName: "eth0", Bridge: api.BridgeMesos})
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("an ADD on a full bridge, with blocks left at the masters: %v", err)
+		}
+	}
+	checkAllocations(t, nd.svc)
+}
