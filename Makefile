@@ -25,7 +25,7 @@ build: deps
 	@# carve-ipam is exec'd twice per container (ADD, DEL): static (no cgo,
 	@# no dynamic loader) it starts in less time than host-local does.
 	CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o bin/carve-ipam ./cmd/carve-ipam
-	$(GO) build -ldflags "-s -w" -o bin/carve-lab ./cmd/carve-lab
+	$(GO) build -ldflags "-s -w" -o bin/carve-lab ./test/cmd/carve-lab
 
 # The CNI reference plugins (bridge, loopback, portmap, host-local), built
 # from the github.com/containernetworking/plugins version pinned in go.mod.
@@ -88,14 +88,14 @@ demo: build cni-plugins
 
 # Each row stands beside a baseline measured in the same run: read the ratios.
 bench: build
-	$(GO) run ./bench/master
-	$(GO) run ./bench/ring
-	$(GO) run ./bench/vxlan
-	$(GO) run ./bench/agent
-	$(GO) run ./bench/cni
-	$(GO) run ./bench/growth
-	$(GO) run ./bench/scale
-	$(GO) run ./bench/dataplane
+	$(GO) run ./test/bench/master
+	$(GO) run ./test/bench/ring
+	$(GO) run ./test/bench/vxlan
+	$(GO) run ./test/bench/agent
+	$(GO) run ./test/bench/cni
+	$(GO) run ./test/bench/growth
+	$(GO) run ./test/bench/scale
+	$(GO) run ./test/bench/dataplane
 
 clean:
 	rm -rf bin

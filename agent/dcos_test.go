@@ -13,12 +13,12 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/dcosproto"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/dcosproto"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // masterStatus is the status the masters show for an agent's overlay.

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/test/lab/fakegossip"
 )
 
 // TestDebugAddr: with Config.DebugAddr the agent serves Go's runtime

@@ -12,9 +12,9 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/mastertest"
 )
 
 // TestGrantReportRefusedForGood: the masters' answers to a recipient's

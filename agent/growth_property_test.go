@@ -18,13 +18,13 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/ring"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 var (

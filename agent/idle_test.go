@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/test/lab/fakegossip"
 )
 
 // drained empties a coalescing channel and tells whether it was signalled.

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestAgentReclaimsLostIP: when another registration takes the agent's

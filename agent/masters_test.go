@@ -15,9 +15,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestRegistrationAnsweredDeletedRetriesWithNewRequestID: the masters commit

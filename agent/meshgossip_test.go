@@ -20,9 +20,9 @@ import (
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/lab/meshtest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/meshtest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // meshAgent is the gossip side of an agent (its membership, trust and

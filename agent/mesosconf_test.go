@@ -7,8 +7,8 @@ import (
 	"time"
 
 	cni "github.com/carve-net/carve/cni/netconf"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestAgentWritesMesosConf: with MesosCNIConfDir the agent writes, beside

@@ -12,11 +12,11 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestGrowthStopsAtTheMastersQuota: a real agent (in a network namespace)

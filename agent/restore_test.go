@@ -12,10 +12,10 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestAgentsFollowAWholeClusterRestore: a snapshot is saved, the cluster

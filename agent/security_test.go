@@ -22,11 +22,11 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // testCA is a cluster CA in a directory, with certificates issued on demand.

@@ -17,12 +17,12 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // cutProxy passes requests to a master until it is cut: then every answer,

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestMastersBackAreFollowedAtOnce: an agent whose masters answered 503

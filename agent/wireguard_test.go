@@ -16,9 +16,9 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/carve-net/carve/wireguard"
 )

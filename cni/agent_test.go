@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/labcluster"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/labcluster"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // The tests run carve-ipam against a real carve agent: one host of a lab

@@ -19,9 +19,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/cni/netconf"
-	"github.com/carve-net/carve/internal/lab/labcluster"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/labcluster"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // These tests drive carve-ipam the way a runtime does: libcni loads the

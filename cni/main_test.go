@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/labcluster"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/labcluster"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // labPrefix starts the names of the tests' network namespaces.

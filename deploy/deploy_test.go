@@ -21,8 +21,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // installedBinary is the path the units run carve from.

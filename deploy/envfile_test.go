@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
 )
 
 // execStart returns the words of a unit's ExecStart (continued lines

@@ -20,7 +20,7 @@ command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
 # The container engines' labs run a real engine only inside a lab network
 # namespace (the policy-rc.d guard below keeps any package's service from
 # starting in the root namespace), on tiny images made from a static
-# busybox (internal/lab/enginelab):
+# busybox (test/lab/enginelab):
 # - dockerlab (the Docker plugin's test, the mixed-containers e2e test, the
 #   demo): Debian's docker.io;
 # - containerdlab: Debian's containerd (1.6, CRI plugin built in; ctr);
@@ -39,7 +39,7 @@ command -v podman >/dev/null 2>&1 || need+=(podman)
 # (check rules, test rules), which Debian ships in its prometheus package
 # (its service is not started: the policy-rc.d guard below).
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-# bench/dataplane measures throughput with iperf3.
+# test/bench/dataplane measures throughput with iperf3.
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 # (output captured, not piped into grep -q: with pipefail, SIGPIPE would fail the check)
 static=$(ldd /bin/busybox 2>&1 || true)

@@ -16,7 +16,7 @@ const designDoc = "docs/design.md"
 var layoutRow = regexp.MustCompile("(?m)^\\| `([^`]+)` \\| (.+) \\|$")
 
 // TestLayoutTableNamesEveryPackage: docs/design.md's layout names every
-// package of the module (a row of its own, or a bench/*/ style row above
+// package of the module (a row of its own, or a test/bench/*/ style row above
 // it), with a job; and every path it names exists.
 func TestLayoutTableNamesEveryPackage(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join(repoRoot, designDoc))
@@ -74,6 +74,37 @@ func TestLayoutTableNamesEveryPackage(t *testing.T) {
 		}
 		if !covered {
 			t.Errorf("package %s/ has no row in %s's layout: add one that says its job", rel, designDoc)
+		}
+	}
+}
+
+// TestNoBuildOutputCommitted fails when git tracks an executable binary (an
+// ELF file) or a file over 2 MB: build outputs belong in bin/, which is
+// ignored, and a committed binary is stale the moment the code changes.
+func TestNoBuildOutputCommitted(t *testing.T) {
+	out, err := exec.Command("git", "-C", repoRoot, "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("not a git checkout: %v", err)
+	}
+	for _, name := range strings.Split(strings.TrimRight(string(out), "\x00"), "\x00") {
+		path := filepath.Join(repoRoot, name)
+		st, err := os.Lstat(path)
+		if err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		if st.Size() > 2_000_000 {
+			t.Errorf("%s is committed and has %d bytes: a build output or data that does not belong in the repository", name, st.Size())
+			continue
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		magic := make([]byte, 4)
+		n, _ := f.Read(magic)
+		f.Close()
+		if n == 4 && string(magic) == "\x7fELF" {
+			t.Errorf("%s is an executable binary committed to the repository: remove it (git rm --cached) and build it with make build", name)
 		}
 	}
 }

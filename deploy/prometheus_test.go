@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // alertRules and alertTests are the alert rules and their promtool unit

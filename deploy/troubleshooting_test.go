@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
 )
 
 // troubleshootingDoc is the operators' symptom -> command -> fix guide.

@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestMeshPassword: two peers with the same password converge; a peer with

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // passwordRound is a peer's passwords in a round of a change from old to

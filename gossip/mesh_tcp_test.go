@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/gossip/internal/gset"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/gset"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 type meshPeer struct {

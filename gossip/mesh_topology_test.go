@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/lab/meshtest"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/meshtest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // boundedNode is a router with discovery off, as agents run them.

@@ -8,7 +8,7 @@ import (
 	"github.com/weaveworks/mesh"
 
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/gossip/internal/gset"
+	"github.com/carve-net/carve/test/lab/gset"
 )
 
 // TestPeerName: an id's peer name is the first bytes of its SHA-256 (6, in

@@ -16,10 +16,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // secureCall sends a request with hc and returns the status and body.

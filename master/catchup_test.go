@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // A master restarted without quorum has not caught up with a leader: it

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestChangesWatchOnFollower: on a secure 3-master cluster, an agent's

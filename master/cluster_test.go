@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestClusterRegistrationsThroughLeaderFailover(t *testing.T) {

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // The harness of the cluster tests: masters in this process, over real

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/dcosproto"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/dcosproto"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // dcosDefaultConfig is DC/OS's default overlay network configuration,

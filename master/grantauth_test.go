@@ -15,9 +15,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/membershiptest"
 )
 
 // claimKey makes an agent's claim key and the keys it registers.

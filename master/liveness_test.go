@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestSilentAgentIsNotOK (issue 20, finding 7): an agent the leader has

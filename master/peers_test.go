@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestStartChecksIDAndPeers (issue 20, finding 2): a master whose --id is

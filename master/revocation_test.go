@@ -11,9 +11,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // revokedRefusals sums carve_master_revoked_refusals_total{where} over the

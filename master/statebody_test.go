@@ -16,9 +16,9 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/mastertest"
 )
 
 // stateRead is one answer of GET /overlay-master/state.

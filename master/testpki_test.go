@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
 )
 
 // testPKI is a test's cluster CA with the HTTP clients the tests use.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestConcurrentAppliesDuringLeaderShutdown checks the guarantee callers rely

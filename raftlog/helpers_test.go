@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // testSM is a deterministic state machine: it counts every command and keeps

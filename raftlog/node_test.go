@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestCloseIsIdempotentAndFinal(t *testing.T) {

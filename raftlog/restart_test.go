@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestRestartAllFromDataDirs(t *testing.T) {

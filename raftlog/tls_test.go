@@ -8,9 +8,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // transportTLS is the mutual transport configuration a master would use,

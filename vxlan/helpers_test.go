@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/netnslab"
 	"github.com/carve-net/carve/vxlan"
 )
 

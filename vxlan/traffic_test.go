@@ -9,7 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/carve-net/carve/internal/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/netnslab"
 	"github.com/carve-net/carve/vxlan"
 )
 

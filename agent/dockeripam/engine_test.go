@@ -16,7 +16,7 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // fakeEngine is a Docker engine's API, the part carve uses, on a unix socket.

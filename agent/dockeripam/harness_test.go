@@ -23,12 +23,12 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // These tests import package agent, so they live in the external test

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/dockeripam"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestValidateNetworkName(t *testing.T) {

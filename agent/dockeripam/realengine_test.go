@@ -20,10 +20,10 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/dockerlab"
-	"github.com/carve-net/carve/internal/lab/enginelab"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/dockerlab"
+	"github.com/carve-net/carve/test/lab/enginelab"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestRealDockerEngine runs a real dockerd (and its containerd) inside a

@@ -14,8 +14,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
 	"github.com/carve-net/carve/ring"
+	"github.com/carve-net/carve/test/lab/fakegossip"
 )
 
 // otherSelf is the agent "other" of testView, as its own record.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // Grants through the ring as the growth tests make them, and the masters

@@ -20,8 +20,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/gossip/fakegossip"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // Three agents a, b, c on an overlay 10.128.0.0/24 (and fd00::/48), each

@@ -16,8 +16,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/lab/meshtest"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/meshtest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestMeshRingGossipInProportionToChange: eight agents on real mesh

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/netnslab"
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // The netns reclaim is driven with real network namespaces of a lab, in

@@ -14,7 +14,7 @@ import (
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/gossip/fakegossip"
+	"github.com/carve-net/carve/test/lab/fakegossip"
 )
 
 // pair is two memberships, "a" and "b", each behind the real gossip

@@ -12,7 +12,7 @@ import (
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
-	"github.com/carve-net/carve/internal/lab/membershiptest"
+	"github.com/carve-net/carve/test/lab/membershiptest"
 )
 
 // rec is membershiptest.Agent's record, as gossip carries it.

@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/membershiptest"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/test/lab/membershiptest"
 )
 
 // testKey is an ed25519 key pair for signing records in tests.

@@ -17,8 +17,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // certs runs carve certs with args and returns its exit code and output

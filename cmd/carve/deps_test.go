@@ -10,50 +10,103 @@ import (
 // bin/carve: libcni (a CNI runtime) and the CNI plugin itself (the agent
 // writes conflists with cni/netconf alone).
 var notInCarve = []string{
-	"github.com/carve-net/carve/cni",
+	module + "/cni",
 	"github.com/containernetworking/cni/libcni",
 }
 
-// labTree holds the lab and the test harness (cmd/carve-lab, the tests and
-// the benches): no package under it ships in bin/carve.
-const labTree = "github.com/carve-net/carve/internal/lab/"
+// module is carve's module path; testTree is the one root of what does not
+// ship (the lab, the test harness, the end-to-end tests, the benches and
+// bin/carve-lab).
+const (
+	module   = "github.com/carve-net/carve"
+	testTree = module + "/test/"
+)
 
-// TestNoLabInProductionBinary fails when bin/carve links a package of the
-// lab or a package that imports testing: `carve demo` execs bin/carve-lab
+// shippedCommands are the only main packages under cmd/: each is a binary
+// that ships.
+var shippedCommands = map[string]bool{
+	module + "/cmd/carve":      true,
+	module + "/cmd/carve-ipam": true,
+}
+
+// innerTree lists the roots internal/ must never import: dependencies point
+// inward, so the shared helpers know nothing of the daemons that use them.
+var innerTree = []string{module + "/agent", module + "/master", module + "/raftlog", module + "/cmd/", module + "/test/"}
+
+// listPackages runs go list -deps (or plain go list) with a format printing
+// each package's path, its name and its non-test imports.
+func listPackages(t *testing.T, deps bool, pattern string) map[string][]string {
+	t.Helper()
+	args := []string{"list", "-f", "{{.ImportPath}} {{.Name}} {{join .Imports \" \"}}"}
+	if deps {
+		args = append(args, "-deps")
+	}
+	out, err := exec.Command(goTool, append(args, pattern)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	pkgs := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if fields := strings.Fields(line); len(fields) >= 2 {
+			pkgs[fields[0]] = fields[1:]
+		}
+	}
+	return pkgs
+}
+
+// TestNoLabInProductionBinary fails when bin/carve links a package under
+// test/ or a package that imports testing: `carve demo` execs bin/carve-lab
 // instead of linking the harness.
 func TestNoLabInProductionBinary(t *testing.T) {
-	out, err := exec.Command(goTool, "list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}",
-		"github.com/carve-net/carve/cmd/carve").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list -deps ./cmd/carve: %v\n%s", err, out)
+	deps := listPackages(t, true, module+"/cmd/carve")
+	if deps[module+"/agent"] == nil || deps[module+"/master"] == nil {
+		t.Fatalf("go list -deps ./cmd/carve lacks the agent or the master: %d packages", len(deps))
 	}
-	deps := map[string]bool{}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) == 0 {
-			continue
+	if deps["testing"] != nil {
+		t.Errorf("cmd/carve links package testing")
+	}
+	for p, nameAndImports := range deps {
+		if strings.HasPrefix(p, testTree) {
+			t.Errorf("cmd/carve links %s: what is under test/ belongs to bin/carve-lab and the tests", p)
 		}
-		deps[fields[0]] = true
-		for _, imp := range fields[1:] {
+		for _, imp := range nameAndImports[1:] {
 			if imp == "testing" {
-				t.Errorf("cmd/carve links %s, which imports testing", fields[0])
+				t.Errorf("cmd/carve links %s, which imports testing", p)
 			}
 		}
 	}
-	if !deps["github.com/carve-net/carve/agent"] || !deps["github.com/carve-net/carve/master"] {
-		t.Fatalf("go list -deps ./cmd/carve lacks the agent or the master; output:\n%s", out)
-	}
-	if deps["testing"] {
-		t.Errorf("cmd/carve links package testing")
-	}
-	for p := range deps {
-		if strings.HasPrefix(p, labTree) {
-			t.Errorf("cmd/carve links %s: the lab and the test harness belong to cmd/carve-lab and the tests", p)
+	for _, p := range notInCarve {
+		if deps[p] != nil {
+			t.Errorf("cmd/carve links %s, which belongs to cmd/carve-ipam or the tests", p)
 		}
 	}
-	for _, p := range notInCarve {
-		if deps[p] {
-			t.Errorf("cmd/carve links %s, which belongs to cmd/carve-lab, cmd/carve-ipam or the tests", p)
+}
+
+// TestDependenciesPointInward is the tree's import rule as prefixes, over
+// every package of the module (non-test imports): nothing outside test/
+// imports test/; internal/ imports nothing of agent/, master/, raftlog/,
+// cmd/ or test/; cmd/ holds only the shipped binaries.
+func TestDependenciesPointInward(t *testing.T) {
+	pkgs := listPackages(t, false, module+"/...")
+	if len(pkgs) < 20 {
+		t.Fatalf("go list %s/... found only %d packages", module, len(pkgs))
+	}
+	for p, nameAndImports := range pkgs {
+		name, imports := nameAndImports[0], nameAndImports[1:]
+		if strings.HasPrefix(p, module+"/cmd/") && (!shippedCommands[p] || name != "main") {
+			t.Errorf("%s is under cmd/, which holds only the shipped binaries; a lab or test command belongs under test/cmd/", p)
+		}
+		for _, imp := range imports {
+			if !strings.HasPrefix(p, testTree) && strings.HasPrefix(imp, testTree) {
+				t.Errorf("%s imports %s: a shipped package never imports test/", p, imp)
+			}
+			if strings.HasPrefix(p, module+"/internal/") {
+				for _, outer := range innerTree {
+					if imp == outer || strings.HasPrefix(imp, outer+"/") || strings.HasPrefix(imp, outer) && strings.HasSuffix(outer, "/") {
+						t.Errorf("%s imports %s: internal/ holds the shared helpers and imports nothing of %s", p, imp, strings.TrimPrefix(outer, module+"/"))
+					}
+				}
+			}
 		}
 	}
 }

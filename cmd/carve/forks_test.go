@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // raftHarness are the files of hashicorp/raft that third_party/raft leaves

@@ -8,11 +8,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/mastertest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/mastertest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestLogLevelAtRunTime: issue 20, finding 7. An operator reads and sets a

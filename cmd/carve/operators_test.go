@@ -19,9 +19,9 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/internal/lab/mastertest"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/mastertest"
 )
 
 // secureMaster runs a TLS master and returns it with the flags of a client

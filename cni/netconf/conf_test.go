@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // TestConfContent: the Mesos CNI isolator's file is one plugin with a

@@ -16,7 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestConflistContent(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // pluginDir links the named plugin binaries into a directory of their own,

@@ -5,8 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
 )
 
 // The gauge shows the certificate (by role/name) and the CA with the

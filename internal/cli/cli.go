@@ -1,4 +1,4 @@
-// Package cli holds what carve's commands (cmd/carve, cmd/carve-lab) share
+// Package cli holds what carve's commands (cmd/carve, test/cmd/carve-lab) share
 // on the command line: flag sets that report errors instead of exiting,
 // refusal of stray arguments, and one mapping of errors to exit codes.
 package cli

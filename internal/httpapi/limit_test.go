@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // tlsRequest sends GET / on c and reads the answer's status line.

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/carve-net/carve/internal/lab/pkitest"
-	"github.com/carve-net/carve/internal/lab/testutil"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // testTLS returns a server configuration for 127.0.0.1 and a client

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/internal/lab/pkitest"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/pkitest"
 )
 
 // TestHandler serves the endpoint as an agent does (its API lets any

@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/carve-net/carve/internal/lab/testutil"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 func TestListen(t *testing.T) {

@@ -1,0 +1,399 @@
+// Command master benchmarks the masters: registrations per second through a
+// 3-master cluster on loopback beside the raw fsync rate of the same disk
+// (the physical limit of an unbatched log), and the latency of reading the
+// state at 10,000 agents beside encoding the same state naively. The
+// cluster runs secure, as in production (TLS on the API and Raft, clients
+// with an operator's certificate, every record signed), unless -insecure.
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/raftlog"
+	"github.com/carve-net/carve/test/lab/benchtable"
+)
+
+func main() {
+	stateAgents := flag.Int("state-agents", 10000, "agents in the state for the read benchmark")
+	insecure := flag.Bool("insecure", false, "run the masters without TLS and signatures (--insecure)")
+	flag.Parse()
+	if err := run(*stateAgents, !*insecure); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/master:", err)
+		os.Exit(1)
+	}
+}
+
+func run(stateAgents int, secure bool) error {
+	dir, err := os.MkdirTemp("", "carve-bench-master-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var sec *security
+	if secure {
+		if sec, err = newSecurity(filepath.Join(dir, "pki")); err != nil {
+			return err
+		}
+	}
+
+	fsyncs, err := fsyncRate(dir, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	mode := "TLS, signed records"
+	if sec == nil {
+		mode = "--insecure"
+	}
+	tbl := benchtable.Table{Title: "masters: registrations through a 3-master cluster on loopback (real fsync, " + mode + ")"}
+	for _, c := range []struct {
+		clients, total int
+		spread         bool
+	}{
+		{1, 300, false}, {64, 4000, false}, {1000, 12000, false}, {1000, 12000, true},
+	} {
+		rate, err := registrationRate(dir, sec, c.clients, c.total, c.spread)
+		if err != nil {
+			return err
+		}
+		name := fmt.Sprintf("register, %d clients, to the leader", c.clients)
+		if c.spread {
+			name = fmt.Sprintf("register, %d clients, spread over 3 masters", c.clients)
+		}
+		note := ""
+		if c.clients == 1000 {
+			note = "target >= 5000/s"
+		}
+		tbl.Add(benchtable.Row{Name: name, Value: rate, Unit: "ops/s", Baseline: "fsync/s of the same disk",
+			BaseVal: fsyncs, HigherIsBetter: true, Note: note})
+	}
+	if err := tbl.Print(os.Stdout); err != nil {
+		return err
+	}
+
+	st := benchtable.Table{Title: fmt.Sprintf("masters: GET /overlay-master/state at %d agents (%s)", stateAgents, mode)}
+	get, marshal, size, err := stateLatency(dir, sec, stateAgents)
+	if err != nil {
+		return err
+	}
+	st.Add(benchtable.Row{Name: "GET state (HTTP, cached encoding)", Value: get, Unit: "ms", Baseline: "json.Marshal of the same api.State",
+		BaseVal: marshal, Note: fmt.Sprintf("%d KiB answer", size/1024)})
+	return st.Print(os.Stdout)
+}
+
+// fsyncRate measures write+fdatasync of 4 KiB, the cost of one unbatched log append.
+func fsyncRate(dir string, d time.Duration) (float64, error) {
+	f, err := os.Create(filepath.Join(dir, "fsync-probe"))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	n := 0
+	start := time.Now()
+	for time.Since(start) < d {
+		if _, err := f.WriteAt(buf, int64(n%256)*4096); err != nil {
+			return 0, err
+		}
+		if err := f.Sync(); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// security is the benchmark's cluster CA: the masters' certificates and
+// signing key, and an operator's client configuration.
+type security struct {
+	dir        string
+	signingKey ed25519.PrivateKey
+	client     *tls.Config
+}
+
+func newSecurity(dir string) (*security, error) {
+	if err := pki.CreateCA(dir, 24*time.Hour); err != nil {
+		return nil, err
+	}
+	loopback := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	for i := range 3 {
+		if err := pki.Issue(dir, pki.IssueRequest{Role: pki.RoleMaster, Name: fmt.Sprintf("m%d", i+1), IPs: loopback}); err != nil {
+			return nil, err
+		}
+	}
+	if err := pki.Issue(dir, pki.IssueRequest{Role: pki.RoleOperator, Name: "bench"}); err != nil {
+		return nil, err
+	}
+	key, err := pki.LoadSigningKey(filepath.Join(dir, pki.SignKey))
+	if err != nil {
+		return nil, err
+	}
+	client, err := pki.Files{CA: filepath.Join(dir, pki.CAFile), Cert: pki.CertFile(dir, "bench"), Key: pki.KeyFile(dir, "bench")}.ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	return &security{dir: dir, signingKey: key, client: client}, nil
+}
+
+// secure sets a master's TLS and signing options (nil: --insecure).
+func (s *security) secure(opts *master.Options) {
+	if s == nil {
+		opts.Insecure = true
+		return
+	}
+	opts.TLS = pki.Files{CA: filepath.Join(s.dir, pki.CAFile), Cert: pki.CertFile(s.dir, opts.ID), Key: pki.KeyFile(s.dir, opts.ID)}
+	opts.SigningKey = s.signingKey
+}
+
+// clientTLS is the operator's TLS configuration (nil: plain HTTP).
+func (s *security) clientTLS() *tls.Config {
+	if s == nil {
+		return nil
+	}
+	return s.client
+}
+
+type cluster struct {
+	masters []*master.Master
+	urls    []string
+}
+
+func startCluster(dir string, sec *security) (*cluster, error) {
+	var lns []net.Listener
+	var peers []raftlog.Server
+	for i := range 3 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		peers = append(peers, raftlog.Server{ID: fmt.Sprintf("m%d", i+1), Address: ln.Addr().String(), Voter: true})
+	}
+	c := &cluster{}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for i := range 3 {
+		ln := lns[i]
+		opts := master.Options{
+			ID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), HTTPAddr: "127.0.0.1:0",
+			RaftAddr: peers[i].Address, Peers: peers, Network: state.DefaultConfig(), Logger: quiet,
+			TuneRaft: func(rc *raftlog.Config) { rc.Listener = ln },
+		}
+		sec.secure(&opts)
+		m, err := master.Start(context.Background(), opts)
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.masters = append(c.masters, m)
+		c.urls = append(c.urls, m.URL())
+	}
+	return c, c.waitReady()
+}
+
+// waitReady waits until a master leads with the cluster id and the
+// configuration committed and every master has caught up (serves the state).
+func (c *cluster) waitReady() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return retry.Until(ctx, 50*time.Millisecond, func() error {
+		leaders := 0
+		for _, m := range c.masters {
+			if m.Node().IsLeader() {
+				leaders++
+			}
+			if _, ok := m.Table().Network(); !ok || m.Table().ClusterID() == "" || !m.Node().IsCaughtUp() {
+				return fmt.Errorf("%s is not ready", m.Node().ID())
+			}
+		}
+		if leaders == 0 {
+			return errors.New("no leader")
+		}
+		return nil
+	})
+}
+
+func (c *cluster) leaderURL() string {
+	for i, m := range c.masters {
+		if m.Node().IsLeader() {
+			return c.urls[i]
+		}
+	}
+	return c.urls[0]
+}
+
+func (c *cluster) close() {
+	for _, m := range c.masters {
+		_ = m.Close()
+	}
+}
+
+// registrationRate registers total new agents with the given concurrency.
+func registrationRate(dir string, sec *security, clients, total int, spread bool) (float64, error) {
+	cdir, err := os.MkdirTemp(dir, "reg-")
+	if err != nil {
+		return 0, err
+	}
+	c, err := startCluster(cdir, sec)
+	if err != nil {
+		return 0, err
+	}
+	defer c.close()
+	transport := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, IdleConnTimeout: time.Minute, TLSClientConfig: sec.clientTLS()}
+	defer transport.CloseIdleConnections()
+	hc := &http.Client{Transport: transport, Timeout: time.Minute}
+	var next atomic.Int64
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	ctx := context.Background()
+	var cls []*api.Client
+	for w := range clients {
+		urls := []string{c.leaderURL()}
+		if spread {
+			urls = []string{c.urls[w%3], c.urls[(w+1)%3], c.urls[(w+2)%3]}
+		}
+		cl, err := api.NewClient(urls, hc) // hc speaks TLS when the cluster does
+		if err != nil {
+			return 0, err
+		}
+		cls = append(cls, cl)
+	}
+	// Every client opens its connection before the clock starts, and the
+	// followers theirs to the leader (a consistent read goes through it):
+	// an agent keeps its connection, so a TLS handshake is paid once per
+	// agent, not once per registration.
+	var warm sync.WaitGroup
+	warmErrs := make(chan error, len(cls))
+	for _, cl := range cls {
+		warm.Go(func() {
+			if _, err := cl.State(ctx, api.StateOptions{Consistent: true}); err != nil {
+				warmErrs <- err
+			}
+		})
+	}
+	warm.Wait()
+	close(warmErrs)
+	if err := <-warmErrs; err != nil {
+		return 0, fmt.Errorf("open the clients' connections: %w", err)
+	}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, cl := range cls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(total) {
+					return
+				}
+				req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
+					NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}}
+				if _, err := cl.Register(ctx, req); err != nil {
+					if failed.Add(1) == 1 {
+						firstErr.Store(err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if n := failed.Load(); n > 0 {
+		return 0, fmt.Errorf("%d of %d registrations failed; the first: %v", n, total, firstErr.Load())
+	}
+	return float64(total) / elapsed.Seconds(), nil
+}
+
+// stateLatency fills a cluster with n agents and times state reads.
+func stateLatency(dir string, sec *security, n int) (getMS, marshalMS float64, size int, err error) {
+	cdir, err := os.MkdirTemp(dir, "state-")
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	c, err := startCluster(cdir, sec)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer c.close()
+	transport := &http.Transport{MaxIdleConnsPerHost: 256, TLSClientConfig: sec.clientTLS()}
+	defer transport.CloseIdleConnections()
+	hc := &http.Client{Transport: transport, Timeout: time.Minute}
+	cl, err := api.NewClient([]string{c.leaderURL()}, hc)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 256 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				_, _ = cl.Register(context.Background(), api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i),
+					IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1), NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}})
+			}
+		}()
+	}
+	wg.Wait()
+	url := c.urls[0] + "/overlay-master/state"
+	// The first read encodes (and signs) every record; the row measures
+	// the reads after it, from the cached encodings.
+	warm, err := hc.Get(url)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	_, _ = io.Copy(io.Discard, warm.Body)
+	warm.Body.Close()
+	const reads = 30
+	var body []byte
+	start := time.Now()
+	for range reads {
+		resp, err := hc.Get(url)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	getMS = time.Since(start).Seconds() * 1000 / reads
+	var st api.State
+	if err := json.Unmarshal(body, &st); err != nil || len(st.Agents) != n {
+		return 0, 0, 0, fmt.Errorf("state has %d agents, want %d (%v)", len(st.Agents), n, err)
+	}
+	full := c.masters[0].Table().State()
+	start = time.Now()
+	for range reads {
+		if _, err := json.Marshal(full); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	marshalMS = time.Since(start).Seconds() * 1000 / reads
+	return getMS, marshalMS, len(body), nil
+}

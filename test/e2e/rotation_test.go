@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"fmt"
+	"math/big"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/test/lab/labcluster"
+)
+
+// maxPingWindow bounds the longest run of lost pings any pair may see
+// during the rotations: "a few seconds".
+const maxPingWindow = 3 * time.Second
+
+// rotationLab is a cluster whose containers ping one another while its
+// keys and certificates are rotated.
+type rotationLab struct {
+	c          *labcluster.Cluster
+	containers []*labcluster.Container
+}
+
+// works checks the control plane after a rotation step: the harness
+// reaches the masters over a new TLS connection, every agent converges
+// (registration, the masters' watch, gossip), and a container attached on
+// host h pings every container on the other hosts, and they it.
+func (l *rotationLab) works(ctx context.Context, t *testing.T, step string, h *labcluster.Host) {
+	t.Helper()
+	l.c.HTTPClient().CloseIdleConnections()
+	if _, err := l.c.State(ctx); err != nil {
+		t.Fatalf("%s: the masters' state over a new connection: %v", step, err)
+	}
+	if err := l.c.WaitConverged(ctx); err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
+	ct, err := l.c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
+	if err != nil {
+		t.Fatalf("%s: a new container on %s: %v", step, h.Name, err)
+	}
+	l.containers = append(l.containers, ct)
+	pingAll(ctx, t, l.containers)
+	// Nothing refused on the way: no mesh handshake (gossip never split),
+	// no master state for its signing key.
+	for _, h := range l.c.Hosts() {
+		for _, sample := range []string{"carve_agent_mesh_handshakes_refused_total", `carve_agent_master_states_refused_total{reason="signing_key"}`} {
+			if v, err := agentMetric(ctx, l.c, h, sample); err != nil || v != 0 {
+				t.Errorf("%s: %s of %s is %v (%v), want 0", step, sample, h.Name, v, err)
+			}
+		}
+	}
+}
+
+// restartAgent stops and starts h's agent, which then makes every
+// connection anew with the files as they are now.
+func (l *rotationLab) restartAgent(ctx context.Context, t *testing.T, h *labcluster.Host) {
+	t.Helper()
+	if err := l.c.StopAgent(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.c.StartAgent(h); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.c.WaitAgent(ctx, h); err != nil {
+		t.Fatalf("%s restarted: %v", h.Name, err)
+	}
+}
+
+// servedSerial is the serial number of the certificate the server at url
+// presents to a new connection.
+func (l *rotationLab) servedSerial(ctx context.Context, url string) (*big.Int, error) {
+	l.c.HTTPClient().CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/healthz", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := l.c.HTTPClient().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body.Close()
+	if resp.TLS == nil || len(resp.TLS.PeerCertificates) == 0 {
+		return nil, fmt.Errorf("%s: no TLS certificate", url)
+	}
+	return resp.TLS.PeerCertificates[0].SerialNumber, nil
+}
+
+// TestRotationWithoutDowntime is issue 19's rotations, each as
+// docs/security.md ("Rotation") tells the operator, on three masters and
+// three hosts, with a container per host pinging every container on the
+// other hosts all along (no pair may lose pings for longer than
+// maxPingWindow). Every step reloads processes with SIGHUP, one by one;
+// after each, the control plane is checked (works), and an agent restarted
+// here and there makes its connections anew.
+//
+//  1. The CA: a bundle of the old and a new CA, certificates re-issued by
+//     the new one, the old one dropped.
+//  2. Certificate renewal: a master and an agent serve their new
+//     certificate after a reload.
+//  3. The masters' record-signing key: the chain served, the new key
+//     switched to (every agent follows it, with no restart), the chain
+//     dropped.
+//  4. The mesh password: the next one accepted, sent, the old one dropped.
+func TestRotationWithoutDowntime(t *testing.T) {
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	ctx := within(t, 12*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitKernelMatchesMasters(ctx, t, c)
+	l := &rotationLab{c: c, containers: containerPerHost(ctx, t, c)}
+	pingAll(ctx, t, l.containers)
+	watch := labcluster.WatchPings(ctx, l.containers, 200*time.Millisecond)
+	stopped := false
+	checkPings := func() {
+		stopped = true
+		windows := watch.Stop()
+		t.Logf("pings during the rotations, longest window first:\n%s", labcluster.FormatPingWindows(windows))
+		for _, w := range windows {
+			if w.Longest > maxPingWindow {
+				t.Errorf("%s -> %s lost pings for %s (%d of %d lost), more than %s", w.From, w.To, w.Longest, w.Lost, w.Sent, maxPingWindow)
+			}
+			if w.Sent == 0 {
+				t.Errorf("%s -> %s: no ping sent", w.From, w.To)
+			}
+		}
+	}
+	t.Cleanup(func() {
+		if !stopped {
+			checkPings()
+		}
+	})
+	h1, h2, h3 := c.Host(1), c.Host(2), c.Host(3)
+	reloadAll := func(step string) {
+		t.Helper()
+		if err := c.ReloadAll(ctx); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+
+	// 1. The CA.
+	if err := c.BeginCARotation(); err != nil {
+		t.Fatal(err)
+	}
+	reloadAll("CA: the bundle")
+	l.works(ctx, t, "CA: the bundle", h1)
+	// The operator's certificate of the old CA, to try once it is dropped.
+	oldOperator, err := tls.LoadX509KeyPair(c.OperatorFiles().Cert, c.OperatorFiles().Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReissueCertificates(); err != nil {
+		t.Fatal(err)
+	}
+	reloadAll("CA: certificates of the new CA")
+	l.works(ctx, t, "CA: certificates of the new CA", h2)
+	if err := c.FinishCARotation(); err != nil {
+		t.Fatal(err)
+	}
+	reloadAll("CA: the old CA dropped")
+	l.restartAgent(ctx, t, h3)
+	l.works(ctx, t, "CA: the old CA dropped", h3)
+	pool, err := c.OperatorFiles().Pool()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := c.HTTPClientWith(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{oldOperator}})
+	staleClient, err := api.NewClient([]string{c.Masters()[0].URL()}, stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := staleClient.State(sctx, api.StateOptions{}); err == nil {
+		t.Error("CA: a certificate of the dropped CA is still accepted by the masters")
+	} else {
+		t.Logf("CA: a certificate of the dropped CA is refused: %v", err)
+	}
+
+	// 2. Certificate renewal: new serials served after a reload.
+	before := map[string]*big.Int{}
+	urls := map[string]string{"m1": c.Masters()[0].URL(), h2.Name: h2.AgentURL()}
+	for name, url := range urls {
+		s, err := l.servedSerial(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[name] = s
+	}
+	if err := c.ReissueCertificates(); err != nil {
+		t.Fatal(err)
+	}
+	reloadAll("renewal")
+	for name, url := range urls {
+		s, err := l.servedSerial(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Cmp(before[name]) == 0 {
+			t.Errorf("renewal: %s still serves the certificate of serial %s", name, s)
+		}
+	}
+	l.works(ctx, t, "renewal", h1)
+
+	// 3. The masters' record-signing key.
+	oldKey, err := c.SigningKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKey, err := c.BeginSigningRotation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReloadMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.SigningKey != oldKey || st.SigningChain == nil || len(st.SigningChain.Links) != 1 || st.SigningChain.Links[0].Key != newKey {
+		t.Fatalf("signing: after the chain's reload the state signs with %s and carries chain %+v; want %s and a link to %s", st.SigningKey, st.SigningChain, oldKey, newKey)
+	}
+	if err := c.SwitchSigningKey(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReloadMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range c.Hosts() {
+		err := retry.Until(ctx, 200*time.Millisecond, func() error {
+			v, err := agentMetric(ctx, c, h, "carve_agent_signing_keys_followed_total")
+			if err != nil || v != 1 {
+				return fmt.Errorf("%s followed %v new keys (%v), want 1", h.Name, v, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("signing: %v", err)
+		}
+	}
+	if st, err = c.State(ctx); err != nil || st.SigningKey != newKey {
+		t.Fatalf("signing: the state signs with %v (%v), want the new key", st.SigningKey, err)
+	}
+	l.works(ctx, t, "signing: the new key", h2)
+	if err := c.FinishSigningRotation(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ReloadMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = c.State(ctx); err != nil || st.SigningChain != nil {
+		t.Fatalf("signing: after the chain was dropped the state carries %+v (%v)", st.SigningChain, err)
+	}
+	l.restartAgent(ctx, t, h1)
+	l.works(ctx, t, "signing: the chain dropped", h3)
+
+	// 4. The mesh password, in three rounds over every agent; an agent
+	// restarted in each round makes its mesh connections anew.
+	old, err := c.MeshPassword()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var secret [16]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		t.Fatal(err)
+	}
+	next := hex.EncodeToString(secret[:])
+	for i, round := range []struct {
+		name, password, accepted string
+		restart                  *labcluster.Host
+	}{
+		{"mesh: the next password accepted", old, next, h2},
+		{"mesh: the next password sent", next, old, h3},
+		{"mesh: the old password dropped", next, "", h1},
+	} {
+		if err := c.SetMeshPasswords(round.password, round.accepted); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.ReloadAgents(ctx); err != nil {
+			t.Fatalf("%s: %v", round.name, err)
+		}
+		l.restartAgent(ctx, t, round.restart)
+		l.works(ctx, t, round.name, c.Host(1+i))
+	}
+	// The gauge is set every 10 s.
+	for _, h := range c.Hosts() {
+		err := retry.Until(ctx, time.Second, func() error {
+			if v, err := agentMetric(ctx, c, h, "carve_agent_gossip_peers"); err != nil || v != 2 {
+				return fmt.Errorf("mesh: %s knows %v gossip peers (%v), want 2", h.Name, v, err)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	checkPings()
+}
