@@ -20,10 +20,40 @@ import (
 // so linking raft would link package testing into bin/carve.
 var raftHarness = []string{"testing.go", "testing_batch.go"}
 
+// raftPatch is one change carve makes to a file of hashicorp/raft, named
+// and argued in third_party/raft/PATCHED.md: the upstream text and what
+// replaces it, each exactly once.
+type raftPatch struct {
+	file, upstream, carve string
+}
+
+// raftPatches are every change the fork makes; the test applies them to the
+// pinned release and then requires the fork to equal it byte for byte.
+var raftPatches = []raftPatch{{
+	// A follower commits only what the leader's request verified.
+	file: "raft.go",
+	upstream: `	// Update the commit index
+	if a.LeaderCommitIndex > 0 && a.LeaderCommitIndex > r.getCommitIndex() {
+		start := time.Now()
+		idx := min(a.LeaderCommitIndex, r.getLastIndex())
+		r.setCommitIndex(idx)`,
+	carve: `	// Update the commit index. carve: only up to the last entry this request
+	// verified (the Raft paper's "index of last new entry"), never the
+	// follower's last index, which may end in entries of an older term that
+	// no leader committed (see PATCHED.md).
+	verified := a.PrevLogEntry
+	if n := len(a.Entries); n > 0 {
+		verified = a.Entries[n-1].Index
+	}
+	if idx := min(a.LeaderCommitIndex, verified); a.LeaderCommitIndex > 0 && idx > r.getCommitIndex() {
+		start := time.Now()
+		r.setCommitIndex(idx)`,
+}}
+
 // TestRaftForkIsUpstreamLessItsHarness: third_party/raft, which replaces
 // hashicorp/raft in go.mod, holds exactly the pinned release's non-test Go
-// files, go.mod and LICENSE, byte for byte, less raftHarness, plus its
-// PATCHED.md. Any other change to the fork, or a pin moved without
+// files, go.mod and LICENSE, byte for byte, less raftHarness and with
+// raftPatches applied, plus its PATCHED.md. Any other change to the fork, or a pin moved without
 // refreshing it, fails here; and if upstream stops shipping the harness
 // files, the fork is no longer needed and this says so.
 func TestRaftForkIsUpstreamLessItsHarness(t *testing.T) {
@@ -54,6 +84,14 @@ func TestRaftForkIsUpstreamLessItsHarness(t *testing.T) {
 			t.Errorf("%s@%s has no %s any more: the fork may be unneeded (see third_party/raft/PATCHED.md)", module, mod.Version, h)
 		}
 		delete(upstream, h)
+	}
+	for _, p := range raftPatches {
+		text := string(upstream[p.file])
+		if strings.Count(text, p.upstream) != 1 {
+			t.Errorf("%s@%s's %s no longer holds the text carve patches exactly once: check the patch in third_party/raft/PATCHED.md against this release", module, mod.Version, p.file)
+			continue
+		}
+		upstream[p.file] = []byte(strings.Replace(text, p.upstream, p.carve, 1))
 	}
 	fork := moduleFiles(t, mod.Replace.Dir, func(rel string) bool { return rel != "PATCHED.md" })
 	for _, rel := range slices.Sorted(maps.Keys(upstream)) {

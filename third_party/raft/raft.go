@@ -1562,10 +1562,16 @@ func (r *Raft) appendEntries(rpc RPC, a *AppendEntriesRequest) {
 		metrics.MeasureSince([]string{"raft", "rpc", "appendEntries", "storeLogs"}, start)
 	}
 
-	// Update the commit index
-	if a.LeaderCommitIndex > 0 && a.LeaderCommitIndex > r.getCommitIndex() {
+	// Update the commit index. carve: only up to the last entry this request
+	// verified (the Raft paper's "index of last new entry"), never the
+	// follower's last index, which may end in entries of an older term that
+	// no leader committed (see PATCHED.md).
+	verified := a.PrevLogEntry
+	if n := len(a.Entries); n > 0 {
+		verified = a.Entries[n-1].Index
+	}
+	if idx := min(a.LeaderCommitIndex, verified); a.LeaderCommitIndex > 0 && idx > r.getCommitIndex() {
 		start := time.Now()
-		idx := min(a.LeaderCommitIndex, r.getLastIndex())
 		r.setCommitIndex(idx)
 		if r.configurations.latestIndex <= idx {
 			r.setCommittedConfiguration(r.configurations.latest, r.configurations.latestIndex)
