@@ -562,6 +562,19 @@ type ClusterStatus struct {
 	// duration); followers judge none.
 	SilentAgents []SilentAgent `json:"silent_agents,omitempty"`
 	SilentAfter  string        `json:"silent_after,omitempty"`
+	// StateDigests are this master's recent digests of its replicated
+	// state, oldest first, each at the Raft index it was taken (one per
+	// stretch of 1,024 indexes): masters that hold different digests at
+	// the same index hold different states, which a replicated state
+	// machine never may. Absent from masters of earlier versions.
+	StateDigests []StateDigest `json:"state_digests,omitempty"`
+}
+
+// StateDigest is a SHA-256 of a master's whole replicated state as applied
+// up to Index (hex).
+type StateDigest struct {
+	Index  uint64 `json:"index"`
+	Digest string `json:"digest"`
 }
 
 // SilentPrefix starts the error of the overlays of an agent the leader

@@ -271,7 +271,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		ID: m.opts.ID, Role: st.Role, Term: st.Term, CommitIndex: st.CommitIndex,
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
-		Build: buildInfo(), AgentVersions: m.table.AgentVersions(),
+		Build: buildInfo(), AgentVersions: m.table.AgentVersions(), StateDigests: m.table.StateDigests(),
 	}
 	if st.Role == "leader" {
 		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()

@@ -2,6 +2,7 @@ package master
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"strconv"
 
 	"github.com/carve-net/carve/master/state"
 )
@@ -84,6 +85,29 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 	stateIndex := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_state_index", Help: "Raft index of the last change of the lease table.",
 	}, func() float64 { return float64(t.Index()) })
-	reg.MustRegister(m.registrations, m.reports, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex)
+	reg.MustRegister(m.registrations, m.reports, m.allocFailures, m.httpRequests, m.forwarded, m.authRefusals, agents, stateIndex,
+		stateDigestCollector{t})
 	return m
+}
+
+// stateDigestDesc is carve_master_state_digest: the latest digest of the
+// replicated state, as labels. Masters whose series share an index label
+// but not a digest label hold different states at the same Raft index
+// (the CarveMastersDiverged alert).
+var stateDigestDesc = prometheus.NewDesc("carve_master_state_digest",
+	"The latest digest of this master's replicated state (always 1): index is the Raft index it was taken at, digest its SHA-256. Masters with the same index and another digest have diverged.",
+	[]string{"index", "digest"}, nil)
+
+// stateDigestCollector exports the table's latest state digest.
+type stateDigestCollector struct{ t *state.LeaseTable }
+
+func (stateDigestCollector) Describe(ch chan<- *prometheus.Desc) { ch <- stateDigestDesc }
+
+func (c stateDigestCollector) Collect(ch chan<- prometheus.Metric) {
+	ds := c.t.StateDigests()
+	if len(ds) == 0 {
+		return
+	}
+	d := ds[len(ds)-1]
+	ch <- prometheus.MustNewConstMetric(stateDigestDesc, prometheus.GaugeValue, 1, strconv.FormatUint(d.Index, 10), d.Digest)
 }

@@ -226,9 +226,40 @@ func judgeCluster(rep *clusterReport) {
 	default:
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
+	problems = append(problems, judgeDigests(rep)...)
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
 	judgeVersions(rep)
 	judgeSilence(rep)
+}
+
+// judgeDigests compares the masters' state digests where two or more
+// took one at the same Raft index: a replicated state machine's replicas
+// never differ at the same index, so any difference is a problem, named
+// with the masters on each side.
+func judgeDigests(rep *clusterReport) []string {
+	byIndex := map[uint64]map[string][]string{} // index -> digest -> master ids
+	for _, v := range rep.Masters {
+		if v.Status == nil {
+			continue
+		}
+		for _, d := range v.Status.StateDigests {
+			if byIndex[d.Index] == nil {
+				byIndex[d.Index] = map[string][]string{}
+			}
+			byIndex[d.Index][d.Digest] = append(byIndex[d.Index][d.Digest], v.Status.ID)
+		}
+	}
+	for _, index := range slices.Sorted(maps.Keys(byIndex)) {
+		if groups := byIndex[index]; len(groups) > 1 {
+			short := map[string][]string{}
+			for d, ids := range groups {
+				short[d[:min(12, len(d))]] = ids
+			}
+			return []string{fmt.Sprintf("the masters hold different states at Raft index %d (state digests %s): their replicas diverged; "+
+				"see docs/troubleshooting.md (masters whose states differ)", index, describeGroups(short, "on"))}
+		}
+	}
+	return nil
 }
 
 // judgeSilence warns of the agents the leader has not heard from.

@@ -165,6 +165,34 @@ func TestJudgeCluster(t *testing.T) {
 	}
 }
 
+// TestJudgeClusterDigests: masters that took a state digest at the same
+// Raft index and got different ones hold different states (issue 26, item
+// 0); digests at indexes only one master took say nothing.
+func TestJudgeClusterDigests(t *testing.T) {
+	view := func(id string, ds ...api.StateDigest) masterView {
+		l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
+		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &l,
+			Servers:      []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}, {ID: "m3", URL: "https://m3", Voter: true}},
+			StateDigests: ds}}
+	}
+	d := func(index uint64, digest string) api.StateDigest {
+		return api.StateDigest{Index: index, Digest: digest}
+	}
+	agree := []masterView{view("m1", d(1024, "aaaa"), d(2048, "bbbb")), view("m2", d(2048, "bbbb"), d(3072, "cccc")), view("m3", d(3073, "dddd"))}
+	rep := &clusterReport{Masters: agree}
+	judgeCluster(rep)
+	if !rep.Healthy {
+		t.Fatalf("masters that agree wherever they can be compared: %v", rep.Problems)
+	}
+	diverged := []masterView{view("m1", d(2048, "bbbb")), view("m2", d(2048, "bbbb")), view("m3", d(2048, "eeee"))}
+	rep = &clusterReport{Masters: diverged}
+	judgeCluster(rep)
+	want := "the masters hold different states at Raft index 2048 (state digests bbbb on m1,m2; eeee on m3)"
+	if rep.Healthy || len(rep.Problems) != 1 || !strings.HasPrefix(rep.Problems[0], want) {
+		t.Fatalf("diverged masters: healthy %t, problems %q; want one starting %q", rep.Healthy, rep.Problems, want)
+	}
+}
+
 // TestJudgeClusterNamesADownMaster (issue 20, finding 8): a master whose
 // URL was given but that does not answer is named as down, not reported as
 // "not checked ... give them in --masters"; several masters on one host

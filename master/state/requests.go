@@ -1,5 +1,10 @@
 package state
 
+import (
+	"crypto/sha256"
+	"encoding/binary"
+)
+
 // maxRequestIDs is how many recent request ids are remembered so that a
 // retry after an unknown outcome has one effect. Pruned first in, first out,
 // which is deterministic on every replica.
@@ -22,6 +27,32 @@ type requestOutcome struct {
 type requestTable struct {
 	byID  map[string]requestOutcome
 	order []string // ids, oldest first, for pruning
+	// sum is the XOR of requestHash over the remembered requests: their
+	// part of the state digest, kept as they come and go.
+	sum [sha256.Size]byte
+}
+
+// requestHash is what one remembered request adds to the state digest.
+func requestHash(id string, o requestOutcome) [sha256.Size]byte {
+	h := sha256.New()
+	var n [8]byte
+	for _, s := range []string{id, o.Op, o.Digest} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	binary.BigEndian.PutUint64(n[:], o.Index)
+	h.Write(n[:])
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// xor folds a request hash into (or out of) the table's sum.
+func (r *requestTable) xor(s [sha256.Size]byte) {
+	for i := range r.sum {
+		r.sum[i] ^= s[i]
+	}
 }
 
 func newRequestTable() requestTable {
@@ -42,9 +73,11 @@ func (r *requestTable) lookup(id string) (requestOutcome, bool) {
 // the oldest ones beyond maxRequestIDs.
 func (r *requestTable) remember(id string, o requestOutcome) {
 	r.byID[id] = o
+	r.xor(requestHash(id, o))
 	r.order = append(r.order, id)
 	if drop := len(r.order) - maxRequestIDs; drop > 0 {
 		for _, old := range r.order[:drop] {
+			r.xor(requestHash(old, r.byID[old]))
 			delete(r.byID, old)
 		}
 		// Reslicing is amortised O(1): append moves the live part to a new

@@ -98,6 +98,7 @@ func (t *LeaseTable) Apply(index uint64, data []byte) any {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	prev := t.index
 	if index > t.index {
 		t.index = index
 	}
@@ -109,6 +110,7 @@ func (t *LeaseTable) Apply(index uint64, data []byte) any {
 	} else {
 		t.touched, t.touchedAll = nil, false
 	}
+	t.recordDigestIfDue(prev, index)
 	return res
 }
 

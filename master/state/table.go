@@ -94,6 +94,8 @@ type LeaseTable struct {
 	// restore is the last restore from a snapshot (restore.go); nil when
 	// the table never was. Never changed in place.
 	restore *api.Restore
+	// digests are the recent digests of the replicated state (digest.go).
+	digests digestBook
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
