@@ -3,6 +3,7 @@ package ring
 import (
 	"bytes"
 	"crypto/ed25519"
+	"encoding/hex"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -215,4 +216,31 @@ func TestAdmitFromAnyOtherUniverse(t *testing.T) {
 		t.Fatal("no seed's tokens changed an owner in their own universe: the property tests nothing")
 	}
 	t.Logf("seeds 1-%d: tokens of another universe changed no owner; in their own universe, %d seeds' did", seeds, control)
+}
+
+// TestClaimBytesGolden pins the signed bytes of a claim: the domain, the
+// universe (its address, 4 or 16 bytes by family, and its length), then
+// the token. Changing them voids every signature agents hold and makes
+// agents of two versions refuse each other's claims as bad_signature
+// (docs/design.md, "Attributed claims"): only on purpose, with a new
+// claimDomain and an upgrade note.
+func TestClaimBytesGolden(t *testing.T) {
+	tk := rawToken{start: U128(0x180), owner: "b", version: 5<<32 | 1, free: U128(128), signer: "a"}
+	const (
+		domain = "63617276652072696e6720636c61696d20763100" // "carve ring claim v1\x00"
+		token  = "00000000000000000000000000000180" + "0162" + "0000000500000001" +
+			"00000000000000000000000000000080" + "0161" // start, owner b, version 5.1, free, signer a
+	)
+	for _, tt := range []struct{ universe, bytes string }{
+		{"10.1.0.0/16", "0a010000" + "10"},
+		{"fd00::/112", "fd000000000000000000000000000000" + "70"},
+	} {
+		u, err := newUniverse(pfx(t, tt.universe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := hex.EncodeToString(claimBytes(u, tk)), domain+tt.bytes+token; got != want {
+			t.Errorf("claim bytes in %s:\n got %s\nwant %s", tt.universe, got, want)
+		}
+	}
 }
