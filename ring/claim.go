@@ -5,6 +5,11 @@ package ring
 // writer leases its start (view.go, attributed). The ring signs and
 // checks nothing itself: the holder gives it a signer (Allocator.SetSigner)
 // and checks the signatures of what it receives (Admit's check).
+//
+// A claim is bound to its universe twice: Admit refuses a ring of another
+// universe as a whole, and the bytes a receiver verifies name the
+// receiver's own universe (claimBytes), so that a signature made in one
+// overlay or family never verifies in another, whatever ring carries it.
 
 import (
 	"encoding/binary"
@@ -26,8 +31,9 @@ type Claim struct {
 	// Sig its signature of Msg (empty when unsigned).
 	Signer string
 	Sig    []byte
-	// Msg is what the signer signs: the universe and every field above
-	// but Sig (claimBytes).
+	// Msg is what the signer must have signed for the token to join:
+	// the receiver's universe and every field above but Sig
+	// (claimBytes).
 	Msg []byte
 }
 
@@ -35,6 +41,9 @@ type Claim struct {
 type Refusal struct {
 	Claim  Claim
 	Reason string
+	// Universe is the received ring's universe, for a refusal of
+	// RefusedOtherUniverse (which names no token).
+	Universe netip.Prefix
 }
 
 // Reasons of Admit's refusals of its own (the check adds its own).
@@ -49,11 +58,21 @@ const (
 	// RefusedLease: a lease, lease set or tombstone: only the masters'
 	// signed records carry those, never a peer's gossip.
 	RefusedLease = "lease_from_gossip"
+	// RefusedOtherUniverse: the received ring is of another overlay's
+	// universe or another family (a misrouted message, or tokens
+	// replayed from another overlay where the same offsets are leased):
+	// it is refused as a whole, once, and no token of it is looked at.
+	RefusedOtherUniverse = "other_universe"
 )
 
 // claimBytes is what the writer of a raw token signs: a fixed domain,
 // the universe, and the token's start, owner, version, free count and
-// signer, each length-prefixed or fixed-width.
+// signer, each length-prefixed or fixed-width. The universe is its
+// address (4 bytes for IPv4, 16 for IPv6: the family) and its length, so
+// the bytes of two universes always differ: a signature made in one never
+// verifies in another. (An IPv4 token's start is below 2^32, so IPv4
+// bytes read as IPv6 would name a universe of length 0, which no ring
+// has, and the other way round: the address's length needs no tag.)
 func claimBytes(u universe, t rawToken) []byte {
 	b := make([]byte, 0, len(claimDomain)+64+len(t.owner)+len(t.signer))
 	b = append(b, claimDomain...)
@@ -104,7 +123,21 @@ func (r *Ring) claimOf(t rawToken) Claim {
 // tombstones never come from a peer: r seeds them from the masters'
 // records itself. Every entry of remote left out that r does not already
 // hold is refused, with its reason; the empty first token is neither.
+// A remote of another universe is refused whole (RefusedOtherUniverse):
+// its tokens claim offsets of another overlay's space. The claims check
+// sees are built over r's universe, never remote's.
 func (r *Ring) Admit(remote *Ring, check func(Claim) (reason string, ok bool)) (*Ring, []Refusal) {
+	if remote.u != r.u {
+		return r.subset(nil, nil, nil, nil), []Refusal{{Reason: RefusedOtherUniverse, Universe: remote.u.prefix}}
+	}
+	return r.admitClaims(remote, check)
+}
+
+// admitClaims is Admit past the universe check. It reads remote's tokens
+// as offsets in r's universe and has check verify the bytes of r's
+// universe: a token signed in another stays refused even on a path that
+// skipped the check (TestForgetfulAdmit).
+func (r *Ring) admitClaims(remote *Ring, check func(Claim) (reason string, ok bool)) (*Ring, []Refusal) {
 	var refused []Refusal
 	var raw []rawToken
 	for _, t := range remote.st.raw {
@@ -115,7 +148,7 @@ func (r *Ring) Admit(remote *Ring, check func(Claim) (reason string, ok bool)) (
 			raw = append(raw, t) // checked when it joined: no signature to verify again
 			continue
 		}
-		c := remote.claimOf(t)
+		c := r.claimOf(t) // over r's universe: what the signer must have signed to count here
 		reason := ""
 		switch set := tombIndex(r.st.sets, t.signer); {
 		case t.signer != "" && set != 0 && t.version>>epochShift > set:

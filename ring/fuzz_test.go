@@ -49,6 +49,11 @@ func fuzzSeeds(f *testing.F) [][]byte {
 		f.Fatal(err)
 	}
 	out = append(out, signed.EncodeRing())
+	// The same grant in two other overlays, one of the other family, at
+	// the same offsets: what a replay from another overlay would bring.
+	for _, u := range [][3]string{{"10.1.0.0/16", "10.1.1.0/24", "10.1.1.64/26"}, {"fd00::/112", "fd00::100/120", "fd00::140/122"}} {
+		out = append(out, grantIn(f, u[0], u[1], u[2]).Encode())
+	}
 	return out
 }
 
@@ -131,9 +136,18 @@ func FuzzMerge(f *testing.F) {
 		}
 		// What a admits of b is tokens a holds already (a no-op: the
 		// first one included) and b's tokens whose writer a's leases name.
-		admitted, _ := a.Admit(b, func(Claim) (string, bool) { return "", true })
+		admitted, refused := a.Admit(b, func(Claim) (string, bool) { return "", true })
 		if len(admitted.st.leases)+len(admitted.st.sets)+len(admitted.st.tombs) != 0 {
 			t.Fatalf("admitted leases from a peer: %v", admitted)
+		}
+		if admitted.u != a.u {
+			t.Fatalf("admitted a ring of %v into %v", admitted.u.prefix, a.u.prefix)
+		}
+		// A ring of another universe is refused whole: nothing of it
+		// joins, and one refusal names it.
+		if b.u != a.u && (len(admitted.st.raw) != 1 || !a.holdsExactly(admitted.st.raw[0]) ||
+			len(refused) != 1 || refused[0].Reason != RefusedOtherUniverse || refused[0].Universe != b.u.prefix) {
+			t.Fatalf("a ring of %v admitted into %v: %v, refused %+v", b.u.prefix, a.u.prefix, admitted, refused)
 		}
 		for _, tk := range admitted.st.raw {
 			if tk != (rawToken{}) && !a.holdsExactly(tk) && (!b.holdsExactly(tk) || lesseeAt(a.st.eff, tk.start) != tk.signer) {

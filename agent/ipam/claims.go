@@ -31,13 +31,13 @@ const (
 
 // claimReasons are every reason of a refused claim.
 var claimReasons = []string{claimUnsigned, claimUnknownSigner, claimBadSignature, claimDeletedSigner,
-	ring.RefusedNotLessee, ring.RefusedRecordAhead, ring.RefusedLease, reasonRecipientQuota}
+	ring.RefusedNotLessee, ring.RefusedRecordAhead, ring.RefusedLease, ring.RefusedOtherUniverse, reasonRecipientQuota}
 
 // newClaimsRefused is the counter of refused claims, every reason at 0.
 func newClaimsRefused() *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "carve_agent_ring_claims_refused_total",
-		Help: "Ring entries and space requests received and refused, by reason (unsigned, unknown_signer, bad_signature, deleted_signer, not_lessee, record_ahead, lease_from_gossip; recipient_quota: a request for space from a peer at its quota): forged, unattributed or over-reaching claims, which change nothing. record_ahead may also be news of a record this agent has not seen yet (anti-entropy brings it again).",
+		Help: "Ring entries and space requests received and refused, by reason (unsigned, unknown_signer, bad_signature, deleted_signer, not_lessee, record_ahead, lease_from_gossip, other_universe: a ring of another overlay's or family's space, refused whole; recipient_quota: a request for space from a peer at its quota): forged, unattributed or over-reaching claims, which change nothing. record_ahead may also be news of a record this agent has not seen yet (anti-entropy brings it again).",
 	}, []string{"reason"})
 	for _, r := range claimReasons {
 		c.WithLabelValues(r)

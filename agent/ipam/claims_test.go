@@ -24,17 +24,25 @@ func claimsRefused(t *testing.T, nd *node, reason string) float64 {
 // unsigned).
 func forgedClaims(t *testing.T, writer string, version uint64, key ed25519.PrivateKey) []byte {
 	t.Helper()
-	a, err := ring.NewAllocator(writer, netip.MustParsePrefix("10.128.0.0/24"))
+	return forgedClaimsIn(t, "10.128", writer, version, key)
+}
+
+// forgedClaimsIn is forgedClaims in the universe net.0.0/24, sent as
+// overlay carve's ring (10.128.0.0/24): at the same offsets, in another
+// overlay's space when net is not 10.128.
+func forgedClaimsIn(t *testing.T, net, writer string, version uint64, key ed25519.PrivateKey) []byte {
+	t.Helper()
+	a, err := ring.NewAllocator(writer, netip.MustParsePrefix(net+".0.0/24"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if key != nil {
 		a.SetSigner(func(msg []byte) []byte { return ed25519.Sign(key, msg) })
 	}
-	if _, err := a.SeedSets([]ring.LeaseSet{{Owner: writer, Version: version, Prefixes: []netip.Prefix{netip.MustParsePrefix("10.128.0.64/26")}}}, nil); err != nil {
+	if _, err := a.SeedSets([]ring.LeaseSet{{Owner: writer, Version: version, Prefixes: []netip.Prefix{netip.MustParsePrefix(net + ".0.64/26")}}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Grant("c", netip.MustParsePrefix("10.128.0.64/28")); err != nil {
+	if err := a.Grant("c", netip.MustParsePrefix(net+".0.64/28")); err != nil {
 		t.Fatal(err)
 	}
 	msg, err := json.Marshal(ringMessage{ClusterID: "c1", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: a.Ring().Claims().Encode()}}})
@@ -79,6 +87,7 @@ func TestForgedClaimsChangeNothing(t *testing.T) {
 		{"a's own key in b's lease", forgedClaims(t, "a", av, claimKeyOf("a")), ring.RefusedNotLessee, 1, "b"},
 		{"b's key, past b's record", forgedClaims(t, "b", b+1000, claimKeyOf("b")), ring.RefusedRecordAhead, 2, "b"},
 		{"an unknown writer", forgedClaims(t, "x", b, stranger), ring.RefusedNotLessee, 2, "b"},
+		{"b's own word in another overlay, replayed", forgedClaimsIn(t, "10.129", "b", b, claimKeyOf("b")), ring.RefusedOtherUniverse, 1, "b"},
 		{"b's own word", forgedClaims(t, "b", b, claimKeyOf("b")), "", 0, "c"},
 	}
 	for _, tt := range tests {
