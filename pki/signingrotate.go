@@ -39,31 +39,62 @@ var ErrRotation = errors.New("signing key rotation")
 // a new key pair as signing-next.key and .pub, and signing-chain.json with
 // the link that endorses it with the current key (signing.key). The
 // masters serve the chain first, still signing with the current key; then
-// SwitchSigningKey. One rotation at a time.
+// SwitchSigningKey. One rotation at a time. A begin that stopped half way
+// (signing-next.key written, signing-chain.json not) is finished by a
+// rerun, which endorses the key already in signing-next.key.
 func BeginSigningRotation(dir string) (api.SigningLink, error) {
-	for _, f := range []string{SignNextKey, SignPreviousKey} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err == nil {
-			return api.SigningLink{}, fmt.Errorf("pki: %w: %s is there: a rotation is under way (finish it first: carve certs rotate-signing --finish)", ErrRotation, filepath.Join(dir, f))
+	path := func(name string) string { return filepath.Join(dir, name) }
+	if _, err := os.Stat(path(SignPreviousKey)); err == nil {
+		return api.SigningLink{}, fmt.Errorf("pki: %w: %s is there: a rotation is under way (finish it first: carve certs rotate-signing --finish)", ErrRotation, path(SignPreviousKey))
+	}
+	cur, err := LoadSigningKey(path(SignKey))
+	if err != nil {
+		return api.SigningLink{}, err
+	}
+	underWay := fmt.Errorf("pki: %w: %s is there: a rotation is under way (switch to it: carve certs rotate-signing --switch)", ErrRotation, path(SignNextKey))
+	next, err := LoadSigningKey(path(SignNextKey))
+	var keyPEM, pubPEM []byte
+	switch {
+	case err == nil:
+		// Begun before: done when the chain endorses the new key with
+		// the current one; else this finishes it.
+		if chain, err := LoadSigningChain(path(SignChain)); err == nil && chain.Reaches(cur.Public().(ed25519.PublicKey), next.Public().(ed25519.PublicKey)) {
+			return api.SigningLink{}, underWay
 		}
-	}
-	cur, err := LoadSigningKey(filepath.Join(dir, SignKey))
-	if err != nil {
+		if keyPEM, pubPEM, err = signingKeyFiles(next); err != nil {
+			return api.SigningLink{}, err
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if _, next, err = ed25519.GenerateKey(rand.Reader); err != nil {
+			return api.SigningLink{}, fmt.Errorf("pki: signing key: %w", err)
+		}
+		if keyPEM, pubPEM, err = signingKeyFiles(next); err != nil {
+			return api.SigningLink{}, err
+		}
+		// Never over a key another begin wrote meanwhile.
+		if err := atomicfile.WriteNew(path(SignNextKey), keyPEM, 0o600); errors.Is(err, os.ErrExist) {
+			return api.SigningLink{}, underWay
+		} else if err != nil {
+			return api.SigningLink{}, fmt.Errorf("pki: begin a signing key rotation: %w", err)
+		}
+	default:
 		return api.SigningLink{}, err
 	}
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		return api.SigningLink{}, fmt.Errorf("pki: signing key: %w", err)
-	}
-	link := api.NewSigningLink(cur, pub)
-	if err := writeSigningKeyPairAs(dir, SignNextKey, SignNextPub, pub, priv); err != nil {
-		return api.SigningLink{}, err
-	}
+	link := api.NewSigningLink(cur, next.Public().(ed25519.PublicKey))
 	b, err := json.MarshalIndent(&api.SigningChain{Links: []api.SigningLink{link}}, "", "  ")
 	if err != nil {
 		return api.SigningLink{}, fmt.Errorf("pki: signing chain: %w", err)
 	}
-	if err := writeNew(filepath.Join(dir, SignChain), append(b, '\n'), 0o644); err != nil {
-		return api.SigningLink{}, fmt.Errorf("%w (is a rotation unfinished? carve certs rotate-signing --finish)", err)
+	// The chain last: while it is missing, a rerun finishes the begin, and
+	// the switch refuses.
+	for _, f := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{{SignNextPub, pubPEM, 0o644}, {SignChain, append(b, '\n'), 0o644}} {
+		if err := atomicfile.Write(path(f.name), f.data, f.mode); err != nil {
+			return api.SigningLink{}, fmt.Errorf("pki: begin a signing key rotation: %w (rerun it once fixed)", err)
+		}
 	}
 	return link, nil
 }
@@ -119,6 +150,16 @@ func switchSigningKey(dir string, after func(step string) error) error {
 		}
 	default:
 		return err
+	}
+	// The agents follow the masters to the new key only through the
+	// chain: without it they would refuse every master that switched.
+	chain, err := LoadSigningChain(path(SignChain))
+	if err != nil {
+		return fmt.Errorf("%w (rerun carve certs rotate-signing, which writes it, and give it to every master)", err)
+	}
+	if !chain.Reaches(old.Public().(ed25519.PublicKey), newPub) {
+		return fmt.Errorf("pki: %w: %s does not lead from the key being replaced to the new one: the agents would refuse the masters once switched",
+			ErrRotation, path(SignChain))
 	}
 	oldKey, oldPub, err := signingKeyFiles(old)
 	if err != nil {

@@ -203,3 +203,91 @@ func checkSigningPair(t *testing.T, dir, keyFile, pubFile string, key ed25519.Pr
 		t.Errorf("%s does not match %s", pubFile, keyFile)
 	}
 }
+
+// TestBeginSigningRotationRerunAfterCrash: a begin stopped after it wrote
+// signing-next.key (and maybe .pub) but not the chain is finished by a
+// rerun, which endorses the key already there; until then the switch
+// refuses, since agents would refuse masters signing with a key no chain
+// endorses. Before, the rerun refused (a rotation under way), --finish
+// refused (switch first), and the switch went ahead without a chain.
+func TestBeginSigningRotationRerunAfterCrash(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lost []string // the files the crash left unwritten
+	}{
+		{"after signing-next.key", []string{SignNextPub, SignChain}},
+		{"after signing-next.pub", []string{SignChain}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := CreateCA(dir, 0); err != nil {
+				t.Fatal(err)
+			}
+			old, err := LoadSigningKey(filepath.Join(dir, SignKey))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := BeginSigningRotation(dir); err != nil {
+				t.Fatal(err)
+			}
+			next, err := LoadSigningKey(filepath.Join(dir, SignNextKey))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range tc.lost {
+				if err := os.Remove(filepath.Join(dir, f)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := SwitchSigningKey(dir); err == nil {
+				t.Fatal("the switch went ahead with no chain to the new key")
+			}
+			checkSigningPair(t, dir, SignKey, SignPub, old)
+			link, err := BeginSigningRotation(dir)
+			if err != nil {
+				t.Fatalf("the rerun: %v", err)
+			}
+			if link.Key != api.EncodeSigningKey(next.Public().(ed25519.PublicKey)) {
+				t.Errorf("the rerun endorses another key than signing-next.key's")
+			}
+			checkSigningPair(t, dir, SignNextKey, SignNextPub, next)
+			if _, err := BeginSigningRotation(dir); !errors.Is(err, ErrRotation) {
+				t.Errorf("a begin after a whole one: %v, want ErrRotation", err)
+			}
+			if err := SwitchSigningKey(dir); err != nil {
+				t.Fatal(err)
+			}
+			checkSigningPair(t, dir, SignKey, SignPub, next)
+		})
+	}
+}
+
+// TestSwitchSigningKeyRefusesAChainElsewhere: a chain that does not lead
+// from the current key to signing-next.key's (another rotation's) stops
+// the switch before it changes anything.
+func TestSwitchSigningKeyRefusesAChainElsewhere(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	for _, d := range []string{dir, other} {
+		if err := CreateCA(d, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := BeginSigningRotation(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(other, SignChain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, SignChain), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	old, err := LoadSigningKey(filepath.Join(dir, SignKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SwitchSigningKey(dir); !errors.Is(err, ErrRotation) {
+		t.Fatalf("switch: %v, want ErrRotation", err)
+	}
+	checkSigningPair(t, dir, SignKey, SignPub, old)
+}
