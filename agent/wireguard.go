@@ -111,7 +111,7 @@ func newWireGuard(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*wgA
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	for _, f := range dropped {
-		w.log.Warn("wireguard: a stale pending key file removed (no key, the current key, or under another name than its key's)", "file", f)
+		w.log.Warn("wireguard: a pending key file put right at start (removed: no key, or the current key; or moved to its key's name)", "file", f)
 	}
 	for i := len(pending) - 1; i >= 0; i-- {
 		w.pending = append(w.pending, pending[i].Key)
