@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -29,7 +28,8 @@ import (
 const DefaultWireGuardDevice = "carve-wg"
 
 // wireGuardKeyFile is the private key's file in the data dir; a rotation's
-// new key waits in wireGuardKeyFile+".next" until the masters signed it.
+// new key waits in its own pending file beside it, named by its
+// fingerprint (wireguard.PendingKeyPath), until the masters signed it.
 const wireGuardKeyFile = "wireguard.key"
 
 // rotateTimeout bounds the registration of a rotation's new key.
@@ -63,10 +63,14 @@ type wgAgent struct {
 
 	rotateMu sync.Mutex // one rotation at a time
 
-	mu   sync.Mutex
-	key  wgtypes.Key
-	next *wgtypes.Key // a rotation's key until the signed record carries it
-	dev  *wireguard.Device
+	mu  sync.Mutex
+	key wgtypes.Key
+	// pending are rotations' keys, oldest first, each in its pending file
+	// until a signed record carries it or a newer one: the newest is
+	// registered, and any of them may be the one the masters sign (a
+	// registration of an older one that arrives late).
+	pending []wgtypes.Key
+	dev     *wireguard.Device
 	// cleaned: a device and routes left by an earlier run with encryption
 	// on were removed (once, when this run found encryption off).
 	cleaned   bool
@@ -101,15 +105,27 @@ func newWireGuard(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*wgA
 	if w.key, err = wireguard.LoadOrCreateKey(w.keyPath); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	if next, err := wireguard.LoadKey(w.nextPath()); err == nil {
-		w.next = &next // a rotation the masters had not signed when the agent stopped
-	} else if !errors.Is(err, os.ErrNotExist) {
+	// Rotations the masters had not signed when the agent stopped.
+	pending, dropped, err := wireguard.LoadPendingKeys(w.keyPath, w.key)
+	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
+	}
+	for _, f := range dropped {
+		w.log.Warn("wireguard: a pending key file put right at start (removed: no key, or the current key; or moved to its key's name)", "file", f)
+	}
+	for i := len(pending) - 1; i >= 0; i-- {
+		w.pending = append(w.pending, pending[i].Key)
 	}
 	return w, nil
 }
 
-func (w *wgAgent) nextPath() string { return w.keyPath + ".next" }
+// addPending makes key, written to its pending file already, the one to
+// register.
+func (w *wgAgent) addPending(key wgtypes.Key) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pending = append(w.pending, key)
+}
 
 // registerKey is the public key to register: a pending rotation's, else
 // the current one ("" with --wireguard=false).
@@ -119,8 +135,8 @@ func (w *wgAgent) registerKey() string {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.next != nil {
-		return w.next.PublicKey().String()
+	if n := len(w.pending); n > 0 {
+		return w.pending[n-1].PublicKey().String()
 	}
 	return w.key.PublicKey().String()
 }
@@ -200,28 +216,42 @@ func (w *wgAgent) planEncryption(self *api.AgentInfo, network *api.NetworkConfig
 }
 
 // ownKey is the private key whose public half is registered: the current
-// one, or a rotation's, which becomes current here (its file replaces the
-// old key's). false when the record carries neither (not registered yet,
-// or --wireguard=false): the agent then counts as one without a key.
+// one, or a rotation's, which becomes current here (written to the key
+// file; its pending file and those of older rotations are removed). false
+// when the record carries none of them (not registered yet, or
+// --wireguard=false): the agent then counts as one without a key.
 func (w *wgAgent) ownKey(registered string) (wgtypes.Key, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cfg.Disabled || registered == "" {
 		return wgtypes.Key{}, false
 	}
-	if w.next != nil && w.next.PublicKey().String() == registered {
-		if err := os.Rename(w.nextPath(), w.keyPath); err != nil {
-			// The new key is signed but its file could not take the old
-			// one's place: use it now, keep trying the file.
-			w.log.Error("wireguard key rotation: keep the new key", "err", err)
-			return *w.next, true
-		}
-		w.key, w.next = *w.next, nil
-		w.rotations++
-		w.rotated.Inc()
-		w.log.Info("wireguard key rotated", "public_key", w.key.PublicKey().String())
+	i := slices.IndexFunc(w.pending, func(k wgtypes.Key) bool { return k.PublicKey().String() == registered })
+	if i < 0 {
+		return w.key, w.key.PublicKey().String() == registered
 	}
-	return w.key, w.key.PublicKey().String() == registered
+	next := w.pending[i]
+	// The key file gets the key itself, not whatever file is at a name:
+	// the signed key is the one installed, whatever rotation came after.
+	if err := wireguard.WriteKey(w.keyPath, next); err != nil {
+		// Signed, but not in the key file yet: use it now, keep trying
+		// (its pending file stays until then).
+		w.log.Error("wireguard key rotation: keep the new key", "err", err)
+		return next, true
+	}
+	// Its pending file and older rotations' go: a newer rotation's stays
+	// pending, and is registered next.
+	for _, k := range w.pending[:i+1] {
+		if err := wireguard.RemovePendingKey(w.keyPath, k); err != nil {
+			w.log.Warn("wireguard key rotation: could not remove a pending key file", "err", err)
+		}
+	}
+	w.pending = slices.Delete(w.pending, 0, i+1)
+	w.key = next
+	w.rotations++
+	w.rotated.Inc()
+	w.log.Info("wireguard key rotated", "public_key", w.key.PublicKey().String())
+	return w.key, true
 }
 
 // applyEncryption brings the device to the plan: with encryption off it

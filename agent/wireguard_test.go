@@ -124,7 +124,7 @@ func TestWireGuardKeyRotationFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := wireguard.WriteKey(w.nextPath(), next); err != nil {
+	if err := wireguard.WritePendingKey(w.keyPath, next); err != nil {
 		t.Fatal(err)
 	}
 	w = open() // restarted mid-rotation
@@ -137,7 +137,7 @@ func TestWireGuardKeyRotationFiles(t *testing.T) {
 	if k, ok := w.ownKey(next.PublicKey().String()); !ok || k != next {
 		t.Fatalf("with the new key signed: %v, want the new key", ok)
 	}
-	if _, err := os.Stat(w.nextPath()); !os.IsNotExist(err) {
+	if _, err := os.Stat(wireguard.PendingKeyPath(w.keyPath, next)); !os.IsNotExist(err) {
 		t.Errorf("the pending key file stays: %v", err)
 	}
 	if k, err := wireguard.LoadKey(filepath.Join(dir, wireGuardKeyFile)); err != nil || k != next {

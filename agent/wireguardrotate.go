@@ -71,12 +71,10 @@ func (a *Agent) RotateWireGuardKey(ctx context.Context) (*api.WireGuardStatus, e
 	}
 	// On disk before the masters hear of it: a signed public key whose
 	// private half was lost would cut this host off.
-	if err := wireguard.WriteKey(w.nextPath(), next); err != nil {
+	if err := wireguard.WritePendingKey(w.keyPath, next); err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
-	w.next = &next
-	w.mu.Unlock()
+	w.addPending(next)
 	rctx, cancel := context.WithTimeout(ctx, rotateTimeout)
 	defer cancel()
 	a.register(rctx)

@@ -98,58 +98,58 @@ func (c *SigningChain) Verify() error {
 // Reaches tells whether the chain leads from key from to key to through
 // links that verify (from == to: true). Links that do not verify are
 // skipped: a master never serves them, and an agent never follows them.
+// Every path is searched: in a forked chain, a link that leads to a dead
+// end does not hide another that leads to to.
 func (c *SigningChain) Reaches(from, to ed25519.PublicKey) bool {
 	if from.Equal(to) {
 		return true
 	}
-	cur := EncodeSigningKey(from)
 	target := EncodeSigningKey(to)
-	seen := map[string]bool{cur: true}
-	for c != nil {
-		next := ""
-		for _, l := range c.Links {
-			if l.Previous == cur && !seen[l.Key] && l.Verify() == nil {
-				next = l.Key
-				break
-			}
-		}
-		if next == "" {
-			return false
-		}
-		if next == target {
-			return true
-		}
-		seen[next] = true
-		cur = next
-	}
-	return false
+	return c.walk(EncodeSigningKey(from), true, func(key string) bool { return key == target })
 }
 
 // Previous is the keys the chain leads from to key, nearest first: those
-// whose records still verify while the masters serve the chain.
+// whose records still verify while the masters serve the chain. Every path
+// back is searched, as in Reaches.
 func (c *SigningChain) Previous(key ed25519.PublicKey) []ed25519.PublicKey {
-	if c == nil {
-		return nil
-	}
 	var out []ed25519.PublicKey
-	cur := EncodeSigningKey(key)
-	seen := map[string]bool{cur: true}
-	for {
-		prev := ""
-		for _, l := range c.Links {
-			if l.Key == cur && !seen[l.Previous] && l.Verify() == nil {
-				prev = l.Previous
-				break
-			}
-		}
-		if prev == "" {
-			return out
-		}
-		k, _ := ParseSigningKey(prev) // verified above
+	c.walk(EncodeSigningKey(key), false, func(prev string) bool {
+		k, _ := ParseSigningKey(prev) // the link verified
 		out = append(out, k)
-		seen[prev] = true
-		cur = prev
+		return false
+	})
+	return out
+}
+
+// walk visits, breadth first (nearest first) and each once, the keys the
+// chain's verifying links lead to from start: forward from a link's
+// Previous to its Key, else back. It stops at the first key visit returns
+// true for, and tells whether there was one.
+func (c *SigningChain) walk(start string, forward bool, visit func(key string) bool) bool {
+	if c == nil {
+		return false
 	}
+	seen := map[string]bool{start: true}
+	queue := []string{start}
+	for len(queue) > 0 {
+		cur := queue[0]
+		queue = queue[1:]
+		for _, l := range c.Links {
+			from, to := l.Previous, l.Key
+			if !forward {
+				from, to = to, from
+			}
+			if from != cur || seen[to] || l.Verify() != nil {
+				continue
+			}
+			if visit(to) {
+				return true
+			}
+			seen[to] = true
+			queue = append(queue, to)
+		}
+	}
+	return false
 }
 
 // SigningKeyFingerprint names a public record-signing key in logs and

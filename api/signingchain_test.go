@@ -28,6 +28,9 @@ func TestSigningChain(t *testing.T) {
 	forged := NewSigningLink(priv[3], pub[2]) // signed by k3, claims k0
 	forged.Previous = EncodeSigningKey(pub[0])
 	loop := NewSigningLink(priv[2], pub[0])
+	// Forks: k0 endorses k1 and k3 (a dead end), k2 is endorsed by k1 and
+	// by k3.
+	l03, l32 := NewSigningLink(priv[0], pub[3]), NewSigningLink(priv[3], pub[2])
 	tests := []struct {
 		name     string
 		chain    *SigningChain
@@ -44,6 +47,10 @@ func TestSigningChain(t *testing.T) {
 		{"a gap", &SigningChain{Links: []SigningLink{l12}}, 0, 2, false, []int{1}, true},
 		{"a forged link", &SigningChain{Links: []SigningLink{forged}}, 0, 2, false, nil, false},
 		{"a loop ends", &SigningChain{Links: []SigningLink{l01, l12, loop}}, 0, 3, false, nil, true},
+		// Before Reaches and Previous searched every verifying link, they
+		// followed the first one: a dead end hid the path.
+		{"a fork, the first link a dead end", &SigningChain{Links: []SigningLink{l03, l01, l12}}, 0, 2, true, []int{1, 0}, true},
+		{"a fork backwards, nearest first", &SigningChain{Links: []SigningLink{l32, l12, l01}}, 0, 2, true, []int{3, 1, 0}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/atomicfile"
 )
 
 // Role is what a certificate's holder may do.
@@ -414,20 +415,11 @@ func writePEM(path, typ string, der []byte, mode os.FileMode) error {
 	return writeNew(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode)
 }
 
-// writeNew writes a file with the given mode, refusing to replace one.
+// writeNew writes a file with the given mode, whole or not at all and
+// durably (atomicfile.WriteNew), refusing to replace one.
 func writeNew(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
+	if err := atomicfile.WriteNew(path, data, mode); err != nil {
 		return fmt.Errorf("pki: %w", err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("pki: write %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(path)
-		return fmt.Errorf("pki: write %s: %w", path, err)
 	}
 	return nil
 }
