@@ -378,7 +378,22 @@ type countingGossiper struct {
 	c       *deliveryCounter
 }
 
-var syncKinds = map[byte]string{syncDigest: "digest", syncBuckets: "buckets", syncSummary: "summary", syncWant: "want"}
+// syncKind names the kind of a sync message.
+func syncKind(msg []byte) string {
+	if len(msg) > 0 {
+		switch msg[0] {
+		case syncDigest:
+			return "digest"
+		case syncBuckets:
+			return "buckets"
+		case syncSummary:
+			return "summary"
+		case syncWant:
+			return "want"
+		}
+	}
+	return "sync message of unknown kind"
+}
 
 // onGossipFrom is how gossipChannel.deliver hands over a gossip message
 // when the gossiper takes its sender.
@@ -388,10 +403,7 @@ func (g *countingGossiper) onGossipFrom(src PeerName, msg []byte) (GossipData, e
 	kind := g.channel
 	if from, ok := g.Gossiper.(gossipFromReceiver); ok {
 		update, err = from.onGossipFrom(src, msg)
-		kind = "sync message of unknown kind"
-		if len(msg) > 0 && syncKinds[msg[0]] != "" {
-			kind = syncKinds[msg[0]]
-		}
+		kind = syncKind(msg)
 	} else {
 		update, err = g.Gossiper.OnGossip(msg)
 	}
