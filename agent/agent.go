@@ -463,6 +463,9 @@ func (a *Agent) closeResources() {
 	if a.wg != nil {
 		a.wg.close()
 	}
+	if a.ipam != nil {
+		a.ipam.Close() // its goroutines write the store: they end first
+	}
 	if a.store != nil {
 		a.store.Close()
 	}
