@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -159,5 +163,92 @@ func TestFullDualStackADDWaitsNoLongerThanWait(t *testing.T) {
 	}
 	if n := src.inFlight(); n != 2 {
 		t.Fatalf("%d growths hang at the masters, want both families' (the ADD must not have waited for them)", n)
+	}
+}
+
+// TestUnreadableRingIsNotStartedFresh: an agent whose persisted ring
+// cannot be read does not serve the overlay with a fresh ring, which would
+// have forgotten the block it granted a peer (and handed its addresses out
+// again): ADDs are refused with an error naming the store and the fix,
+// and the next sync that can read the ring serves the overlay, the grant
+// remembered.
+func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.db")
+	open := func() *bolt.DB {
+		t.Helper()
+		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	start := func(db *bolt.DB) *Service {
+		t.Helper()
+		svc, err := New(Config{AgentID: "b", DB: db, Logger: testLogger(), Growth: GrowthConfig{IdleReturn: -1}, ClaimKey: claimKeyOf("b")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(svc.Close)
+		return svc
+	}
+	// b grants a block to a: the grant lives in b's ring only.
+	db := open()
+	b := start(db)
+	b.Sync(growthView("b"))
+	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
+	ans, batch := b.decideDonation(req)
+	if ans.Kind != kindGrant || batch == nil {
+		t.Fatalf("answer %+v", ans)
+	}
+	if err := b.flush(batch); err != nil {
+		t.Fatal(err)
+	}
+	granted := netip.MustParsePrefix(ans.Prefix)
+	b.Close()
+	db.Close()
+
+	// b restarts, and its store cannot be read when the overlay starts.
+	db = open()
+	b = start(db)
+	db.Close()
+	b.Sync(growthView("b"))
+	b.mu.Lock()
+	fresh := b.overlays["carve"].alloc[0] != nil
+	b.mu.Unlock()
+	if fresh {
+		t.Error("the overlay's IPv4 ring started fresh, without the grant to a")
+	}
+	_, err := b.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "c", IfName: "eth0", Bridge: api.BridgeDocker})
+	if !api.IsCode(err, api.CodeNotReady) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "persisted ring could not be read") ||
+		!strings.Contains(err.Error(), "do not delete it") {
+		t.Fatalf("an ADD with the ring unread: %v; want not ready, naming %s and the fix", err, path)
+	}
+
+	// Readable again (a stand-in for a fixed disk: the same file, opened
+	// anew): the next sync reads the ring and the grant is still a's.
+	b.db = open()
+	b.Sync(growthView("b"))
+	b.mu.Lock()
+	owner, _ := b.overlays["carve"].alloc[0].Ring().Owner(granted.Addr())
+	b.mu.Unlock()
+	if owner != "a" {
+		t.Fatalf("after the ring was read, %s is %q's; want a's (granted)", granted.Addr(), owner)
+	}
+	// Every address b has left: none in what it granted.
+	for i := 0; ; i++ {
+		a, err := b.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0", Bridge: []string{api.BridgeDocker, api.BridgeMesos}[i%2]})
+		if api.IsCode(err, api.CodeExhausted) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ip := range a.IPs {
+			if p := netip.MustParsePrefix(ip.Address); granted.Contains(p.Addr()) {
+				t.Fatalf("%s handed out, in the block granted to a", p.Addr())
+			}
+		}
 	}
 }
