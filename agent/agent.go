@@ -40,6 +40,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/certmetrics"
+	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/pki"
@@ -378,32 +379,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	srv := httpapi.NewServer(a.routes(), httpapi.ServerOptions{TLS: a.sec.server,
 		ErrorLog: httpapi.NewErrorLog(a.log, a.metrics.tlsFailures.Inc)})
-	var wg sync.WaitGroup
-	run := func(f func(context.Context)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(ctx)
-		}()
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	// Every goroutine of the agent is owned by bg: Run waits for them all
+	// (the IPAM's own among them, see ipam.Service.Run) before it saves
+	// and closes the store.
+	bg := goroutines.New(ctx)
+	run := func(f func(context.Context)) { bg.Go(f) }
+	run(func(context.Context) {
 		if err := srv.Serve(a.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("http server stopped", "err", err)
 		}
-	}()
+	})
 	var debug *httpapi.Server
 	if a.debugLn != nil {
 		debug = httpapi.NewServer(debugRoutes(), httpapi.ServerOptions{WriteTimeout: debugWriteTimeout,
 			ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)})
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		run(func(context.Context) {
 			if err := debug.Serve(a.debugLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				a.log.Error("debug http server stopped", "err", err)
 			}
-		}()
+		})
 		a.log.Warn("serving runtime profiles without authentication on --debug-addr", "debug_addr", a.debugLn.Addr().String())
 	}
 	run(a.reconcileLoop)
@@ -439,7 +433,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		_ = debug.Close()
 	}
 	_ = a.router.Stop()
-	wg.Wait()
+	bg.Stop()
 	if err := a.store.Save(a.snapshot()); err != nil {
 		a.log.Error("final save", "err", err)
 	}
@@ -462,6 +456,9 @@ func (a *Agent) closeResources() {
 	}
 	if a.wg != nil {
 		a.wg.close()
+	}
+	if a.ipam != nil {
+		a.ipam.Close() // its goroutines write the store: they end first
 	}
 	if a.store != nil {
 		a.store.Close()

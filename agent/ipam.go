@@ -41,8 +41,12 @@ type ipamService interface {
 	Unclaimed(network string) []api.Allocation
 	Status(network string) *api.IPAMStatus
 	BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool)
-	// Run gives back idle grown blocks and reports grants to the masters.
+	// Run gives back idle grown blocks and reports grants to the masters;
+	// as it returns, the growths and donations in flight have ended.
 	Run(ctx context.Context)
+	// Close stops the growths and donations in flight and waits for them;
+	// the agent calls it before it closes the store.
+	Close()
 	// BridgeGateways are a bridge's gateways in the blocks it grew, and
 	// PeerBlocks the blocks the rings give other agents beyond the subnets
 	// the masters route to them (reconcile.go routes both).

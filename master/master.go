@@ -22,6 +22,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/certmetrics"
+	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
@@ -107,9 +108,11 @@ type Master struct {
 	// holdings acknowledgement (a quarantine release may be due).
 	releaseKick chan struct{}
 
-	runCtx    context.Context // done when the master closes
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
+	runCtx context.Context // done when the master closes
+	cancel context.CancelFunc
+	// bg owns the master's goroutines (the API server, the leader's
+	// duties, the join, the revocation watch): Close waits for them.
+	bg        *goroutines.Group
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -203,9 +206,6 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		return nil, fmt.Errorf("open raft: %w", err)
 	}
 	m.node = node
-	if sec != nil {
-		m.table.OnRevoked(m.closeRevokedConns)
-	}
 	if err := m.checkMembership(); err != nil {
 		_ = node.Close()
 		ln.Close()
@@ -221,23 +221,18 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	srvOpts.ErrorLog = httpapi.NewErrorLog(opts.Logger, m.metrics.trust.handshakeFailures.Inc)
 	m.httpSrv = httpapi.NewServer(m.routes(), srvOpts)
-	m.wg.Add(2)
-	go func() {
-		defer m.wg.Done()
+	m.bg = goroutines.New(runCtx)
+	m.bg.Go(func(context.Context) {
 		if err := m.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			m.log.Error("http server stopped", "err", err)
 		}
-	}()
-	go func() {
-		defer m.wg.Done()
-		m.leaderDuties(runCtx)
-	}()
+	})
+	m.bg.Go(m.leaderDuties)
+	if sec != nil {
+		m.bg.Go(m.watchRevocations)
+	}
 	if opts.Join != "" {
-		m.wg.Add(1)
-		go func() {
-			defer m.wg.Done()
-			m.joinCluster(runCtx)
-		}()
+		m.bg.Go(m.joinCluster)
 	}
 	m.log.Info("master started", "url", m.URL(), "raft_addr", node.Addr(), "data_dir", opts.DataDir, "tls", sec != nil, "signing", opts.SigningKey != nil)
 	return m, nil
@@ -303,7 +298,7 @@ func (m *Master) Close() error {
 		_ = m.httpSrv.Shutdown(ctx)
 		_ = m.httpSrv.Close()
 		m.closeErr = m.node.Close()
-		m.wg.Wait()
+		m.bg.Stop()
 		m.log.Info("master stopped")
 	})
 	return m.closeErr

@@ -1,6 +1,7 @@
 package master
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"net/http"
@@ -71,6 +72,20 @@ func (m *Master) refuseRevokedPeers(sec *security) {
 	sec.raft.Server.VerifyConnection = pki.RefuseRevoked(sec.raft.Server.VerifyConnection, m.table.IsRevoked, counted(revokedOnRaft))
 	sec.raft.Client.VerifyConnection = pki.RefuseRevoked(sec.raft.Client.VerifyConnection, m.table.IsRevoked, counted(revokedOnRaft))
 	sec.client.VerifyConnection = pki.RefuseRevoked(sec.client.VerifyConnection, m.table.IsRevoked, counted(revokedOnForward))
+}
+
+// watchRevocations, until ctx ends, closes the Raft connections of
+// certificates revoked since (the table signals each revocation, and each
+// restore of a snapshot holding some; state.LeaseTable.Revocations).
+func (m *Master) watchRevocations(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.table.Revocations():
+			m.closeRevokedConns()
+		}
+	}
 }
 
 // closeRevokedConns closes the Raft connections a revoked master

@@ -18,7 +18,8 @@ import (
 // Run gives back idle blocks, reports grants and returns to the masters,
 // releases the addresses of gone containers and warns of low space (watchHost),
 // announces ring changes when gossip asks, and writes the rings that
-// changed by other agents' entries, until ctx ends.
+// changed by other agents' entries, until ctx ends. As it returns it stops
+// the growths and donations in flight and waits for them (Close).
 func (s *Service) Run(ctx context.Context) {
 	tick := s.grow.cfg.IdleReturn / 4
 	if tick <= 0 || tick > time.Minute {
@@ -39,6 +40,7 @@ func (s *Service) Run(ctx context.Context) {
 	persistTicker := time.NewTicker(ringPersistEvery)
 	defer persistTicker.Stop()
 	defer s.persistDirtyRings()
+	defer s.Close() // before the last ring write: a growth may still write
 	backoff := newOutboxBackoff()
 	var watch sync.WaitGroup
 	defer watch.Wait()

@@ -299,7 +299,13 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	}
 	v := testView(testSelf())
 	s.Sync(v)
-	saved := func() []byte { return ringStore{s.db}.savedRing("carve", 0) }
+	saved := func() []byte {
+		b, err := ringStore{s.db, s.dbPath}.savedRing("carve", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 	mine := func() []byte { return s.Rings()["carve/4"] }
 	other, err := ring.NewAllocator("other", netip.MustParsePrefix("10.128.0.0/16"))
 	if err != nil {

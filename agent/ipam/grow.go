@@ -220,28 +220,21 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 		// ends well and the bridge is still full, grow again (within Wait;
 		// each round some ADD takes what it brought).
 		var growErrs []error
-		timer := time.NewTimer(s.grow.cfg.Wait)
+		// One bound for the whole wait, whatever the number of growths
+		// (a dual-stack bridge grows both families) and rounds.
+		wait, cancel := context.WithTimeout(context.Background(), s.grow.cfg.Wait)
 		for round := 0; isExhausted(err) && len(growErrs) == 0; round++ {
 			gs := s.startGrowth(req.Network, req.Bridge, true)
 			if len(gs) == 0 && round > 0 {
 				break
 			}
-			for _, g := range gs {
-				select {
-				case <-g.done:
-					if g.err != nil {
-						growErrs = append(growErrs, g.err)
-					}
-				case <-timer.C:
-					growErrs = append(growErrs, errors.New("still growing: try again"))
-				}
-			}
+			growErrs = waitGrowths(wait, gs)
 			// Again even when no growth is in flight: one may have
 			// ended since the first try, leaving space (startGrowth
 			// found it).
 			a, err = s.allocate(req)
 		}
-		timer.Stop()
+		cancel()
 		if isExhausted(err) {
 			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)
@@ -266,6 +259,32 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 		s.startGrowth(req.Network, req.Bridge, false)
 	}
 	return a, err
+}
+
+// waitGrowths waits for the growths until they end or ctx does, and
+// returns their errors; one that is still in flight when ctx ends counts
+// as "still growing".
+func waitGrowths(ctx context.Context, gs []*growth) []error {
+	var errs []error
+	growing := false
+	for _, g := range gs {
+		select {
+		case <-g.done:
+		case <-ctx.Done():
+		}
+		select {
+		case <-g.done:
+			if g.err != nil {
+				errs = append(errs, g.err)
+			}
+		default:
+			growing = true
+		}
+	}
+	if growing {
+		errs = append(errs, errors.New("still growing: try again"))
+	}
+	return errs
 }
 
 func isExhausted(err error) bool {
@@ -314,15 +333,24 @@ func (s *Service) startGrowth(overlay, bridge string, full bool) []*growth {
 			continue
 		}
 		g := &growth{done: make(chan struct{})}
+		if !s.bg.Go(func(ctx context.Context) { s.runGrowth(ctx, k, g) }) {
+			// Stopping: no growth starts, and the ADD that would wait
+			// for one is told why.
+			g.err = errStopping
+			close(g.done)
+			out = append(out, g)
+			continue
+		}
 		s.grow.inflight[k] = g
 		out = append(out, g)
-		go s.runGrowth(k, g)
 	}
 	return out
 }
 
-func (s *Service) runGrowth(k growKey, g *growth) {
-	ctx, cancel := context.WithTimeout(context.Background(), growTimeout)
+// runGrowth is one growth, in a goroutine of s.bg: ctx ends when the
+// service stops.
+func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
+	ctx, cancel := context.WithTimeout(ctx, growTimeout)
 	defer cancel()
 	err := s.growOnce(ctx, k)
 	if err != nil {
@@ -365,6 +393,8 @@ func (s *Service) growOnce(ctx context.Context, k growKey) error {
 			s.metrics.grows.WithLabelValues("master", "quota").Inc()
 			s.metrics.refused.WithLabelValues("quota").Inc()
 			return err
+		case ctx.Err() != nil:
+			return fmt.Errorf("growth stopped: %w", err) // the service stops, or the growth ran out of time
 		default:
 			s.metrics.grows.WithLabelValues("master", "unreachable").Inc()
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)

@@ -506,6 +506,7 @@ func (c *cluster) startSource(id, dir string, src BlockSource) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(svc.Close) // before the store closes: growths in flight end
 	svc.Sync(growthView(id))
 	return &node{id: id, dir: dir, db: db, svc: svc}
 }

@@ -112,6 +112,7 @@ func (h *harness) close() {
 	}
 	h.cancel()
 	<-h.done
+	h.svc.Close() // the growths in flight end before the store closes
 	h.db.Close()
 	h.cancel = nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
 )
 
@@ -64,17 +65,17 @@ func reply(w http.ResponseWriter, v any, err error) {
 // Serve serves Handler on ln until ctx ends.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) {
 	srv := httpapi.NewServer(s.Handler(), httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
+	// The shutdown is a goroutine Serve owns: it ends (requests in flight
+	// answered) before Serve returns, also when serving failed.
+	bg := goroutines.New(ctx)
+	defer bg.Stop()
+	bg.Go(func(ctx context.Context) {
 		<-ctx.Done()
 		shut, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 		defer cancel()
 		_ = srv.Shutdown(shut)
-	}()
+	})
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 		s.log.Error("ipam socket stopped", "err", err)
-		return
 	}
-	<-stopped // requests in flight are answered
 }

@@ -119,7 +119,10 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		writes, _ := o.syncBlocks(sy, fam)
 		b.add(change{writes: writes})
 	}
-	if o.seedErr = errors.Join(errs...); o.seedErr != nil {
+	switch o.seedErr = errors.Join(errs...); {
+	case errors.Is(o.seedErr, errRingUnread):
+		s.log.Error("overlay not served: its persisted ring could not be read", "overlay", name, "err", o.seedErr)
+	case o.seedErr != nil:
 		s.log.Error("the ring refused the masters' leases", "overlay", name, "err", o.seedErr)
 	}
 	level := slog.LevelDebug
@@ -194,6 +197,15 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	}
 	alloc := o.alloc[fam]
 	fresh := alloc == nil
+	var saved []byte
+	if fresh && sy.disk != nil {
+		// Read before the allocator exists: a ring that cannot be read
+		// leaves the family without one (the next sync reads again),
+		// never with a fresh ring that forgot its grants.
+		if saved, err = sy.disk.savedRing(o.name, fam); err != nil {
+			return nil, false, err
+		}
+	}
 	if fresh {
 		if alloc, err = ring.NewAllocator(sy.self, u); err != nil {
 			return nil, false, err
@@ -243,24 +255,22 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 		changed = changed || more
 		sy.known.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.Seed(leases, nil); return err })
 	}
-	if fresh && sy.disk != nil {
+	if saved != nil {
 		// Grants made through the ring live only in the ring: merge the
 		// persisted one back.
-		if saved := sy.disk.savedRing(o.name, fam); saved != nil {
-			merged, err := alloc.MergeEncoded(saved)
-			if err != nil {
-				sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
-			} else {
-				sy.known.markKnown(o, fam, func(k *ring.Ring) error {
-					r, err := ring.Decode(saved)
-					if err == nil {
-						_, err = k.Merge(r)
-					}
-					return err
-				})
-			}
-			changed = changed || merged
+		merged, err := alloc.MergeEncoded(saved)
+		if err != nil {
+			sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
+		} else {
+			sy.known.markKnown(o, fam, func(k *ring.Ring) error {
+				r, err := ring.Decode(saved)
+				if err == nil {
+					_, err = k.Merge(r)
+				}
+				return err
+			})
 		}
+		changed = changed || merged
 	}
 	// Its own tokens signed with a claim key it replaced (a new claim.key)
 	// are signed again, once per start: peers verify under its record's
@@ -431,7 +441,7 @@ func (s *Service) claimPersisted(o *overlay, level slog.Level) {
 // ringDisk is the persistence beneath an overlay's sync: its rings as
 // last written.
 type ringDisk interface {
-	savedRing(overlay string, fam int) []byte
+	savedRing(overlay string, fam int) ([]byte, error)
 }
 
 // ringKnowledge is the gossip beneath an overlay's sync: what every agent
@@ -463,7 +473,7 @@ func (s *Service) overlaySync(name string) overlaySync {
 	sy := overlaySync{self: s.id, sign: s.signClaim(), ownClaim: s.ownClaimValid(), known: s, log: s.log,
 		asking: func(fam int) string { return s.askingBridge(name, fam) }}
 	if !s.staleRings {
-		sy.disk = ringStore{s.db}
+		sy.disk = ringStore{s.db, s.dbPath}
 	}
 	return sy
 }

@@ -21,6 +21,8 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 			return nil, failure(http.StatusConflict, api.CodeConflict, "%s", o.unserved)
 		case o.unserved != "":
 			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s", o.unserved)
+		case errors.Is(o.seedErr, errRingUnread):
+			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%v", o.seedErr)
 		case o.seedErr != nil:
 			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "overlay %q: the address ring refused the masters' leases: %v", name, o.seedErr)
 		}

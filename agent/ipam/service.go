@@ -11,6 +11,7 @@
 package ipam
 
 import (
+	"context"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
+	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -98,6 +100,7 @@ type View struct {
 type Service struct {
 	id          string
 	db          *bolt.DB
+	dbPath      string // db's file, for errors
 	cniCacheDir string
 	log         *slog.Logger
 	metrics     *metrics
@@ -141,6 +144,11 @@ type Service struct {
 	claimKey  ed25519.PrivateKey
 	claimKeys map[string]ed25519.PublicKey
 
+	// bg owns the goroutines the service starts on its own (growths,
+	// donations): Close, and Run as it returns, cancel and wait for them,
+	// so none of them uses the store after its owner closes it.
+	bg *goroutines.Group
+
 	// inTransaction, when set (tests), runs in every transaction after its
 	// writes; its error fails the transaction, which bbolt rolls back.
 	inTransaction func() error
@@ -170,10 +178,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		id: cfg.AgentID, db: cfg.DB, cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
+		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
 		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
 		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey,
+		bg: goroutines.New(context.Background()),
 	}
 	s.grow = newGrowState(cfg.Growth)
 	s.released.load(st.released)
@@ -192,6 +201,19 @@ func New(cfg Config) (*Service, error) {
 		s.log.Info("loaded allocations", "count", n, "cluster_id", s.clusterID)
 	}
 	return s, nil
+}
+
+// errStopping answers what would need a goroutine of a service that is
+// stopping (Close, or Run returned).
+var errStopping = errors.New("the agent's IPAM is stopping: try again when it is back")
+
+// Close stops the service's background work: it cancels the growths and
+// donations in flight and returns once they have ended; afterwards none
+// starts. Run does the same as it returns. The caller closes the store
+// only after Close (or Run) returned. Requests still answered afterwards
+// (Allocate, Release) work without growing.
+func (s *Service) Close() {
+	s.bg.Stop()
 }
 
 // UseChannel gives the IPAM the ring channel (RingChannel) to broadcast its

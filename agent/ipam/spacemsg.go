@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -186,7 +187,9 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 			s.metrics.claimsRefused.WithLabelValues(reason).Inc()
 			return fmt.Errorf("%w: request %q from %s: %s", errBadSpaceMessage, m.ID, src, reason)
 		}
-		go s.donate(m)
+		if !s.bg.Go(func(ctx context.Context) { s.donate(ctx, m) }) {
+			return fmt.Errorf("request %q from %s: %w", m.ID, src, errStopping) // the asker asks again, or another peer
+		}
 		return nil
 	}
 	s.mu.Lock()
@@ -204,8 +207,13 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 
 // donate answers a space request: a block of the bridges' first
 // sub-subnets, as large as asked or smaller, never more than half of what
-// is free there, persisted and broadcast before the answer.
-func (s *Service) donate(m spaceMessage) {
+// is free there, persisted and broadcast before the answer. It runs in a
+// goroutine of s.bg: a service that stopped (ctx ended) decides nothing
+// more, and its grant, once persisted, is still answered.
+func (s *Service) donate(ctx context.Context, m spaceMessage) {
+	if ctx.Err() != nil {
+		return // stopping: the asker's request times out and goes elsewhere
+	}
 	ans, b := s.decideDonation(m)
 	if b != nil {
 		if err := s.flush(b); err != nil {

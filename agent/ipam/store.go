@@ -3,6 +3,7 @@ package ipam
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -203,19 +204,39 @@ func load(db *bolt.DB) (loaded, error) {
 	return out, nil
 }
 
-// ringStore reads the persisted rings (ringDisk).
-type ringStore struct{ db *bolt.DB }
+// ringStore reads the persisted rings (ringDisk); path is the store's
+// file, named in errors (a closed bolt.DB forgets it).
+type ringStore struct {
+	db   *bolt.DB
+	path string
+}
 
-// savedRing returns the persisted ring of an overlay family (nil when none).
-func (st ringStore) savedRing(overlay string, fam int) []byte {
+// errRingUnread marks a persisted ring that could not be read: its
+// overlay family is not served rather than started with a fresh ring,
+// which would forget the grants this agent gave (they live only in the
+// ring) and hand their addresses out again.
+var errRingUnread = errors.New("the persisted ring could not be read")
+
+// savedRing returns the persisted ring of an overlay family (nil when
+// none), or an error (errRingUnread) naming the store and the fix when it
+// cannot be read.
+func (st ringStore) savedRing(overlay string, fam int) ([]byte, error) {
 	var out []byte
-	_ = st.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket([]byte(ringBucket)).Get([]byte(ringKey(overlay, fam))); v != nil {
+	err := st.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(ringBucket))
+		if b == nil {
+			return fmt.Errorf("no bucket %q", ringBucket)
+		}
+		if v := b.Get([]byte(ringKey(overlay, fam))); v != nil {
 			out = append([]byte(nil), v...)
 		}
 		return nil
 	})
-	return out
+	if err != nil {
+		return nil, fmt.Errorf("%w: overlay %q, IPv%s, from %s: %w; the overlay is not served until it is read (a fresh ring would forget the blocks this agent granted to peers): make the file readable (disk, permissions) and the agent reads it again at its next sync, or restart it; do not delete it",
+			errRingUnread, overlay, familyName(fam), st.path, err)
+	}
+	return out, nil
 }
 
 // forgetRings deletes every persisted ring and records the cluster they will

@@ -64,9 +64,7 @@ func (t *LeaseTable) applyRevoke(index uint64, c *revokeCmd) ([]string, error) {
 	}
 	t.revoked[c.Serial] = api.Revocation{Serial: c.Serial, Identity: c.Identity, NotAfter: c.NotAfter, Index: index}
 	t.revokedChanged()
-	if t.onRevoked != nil {
-		go t.onRevoked() // outside the apply: it closes connections
-	}
+	t.signalRevoked()
 	t.stateIndex = index
 	if id := revokedAgent(c.Identity); id != "" {
 		return t.applyDelete(index, &deleteCmd{Agents: []string{id}})
@@ -120,13 +118,21 @@ func (t *LeaseTable) revokedList() []api.Revocation {
 // empty; the caller holds t.mu.
 func (t *LeaseTable) writeRevoked(out *bytes.Buffer) { out.Write(t.revokedJSON) }
 
-// OnRevoked has f called (in a goroutine of its own) whenever a
-// certificate is revoked or a snapshot is restored, so that the caller can
-// close connections its certificate still holds open.
-func (t *LeaseTable) OnRevoked(f func()) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.onRevoked = f
+// Revocations receives a signal whenever a certificate is revoked or a
+// snapshot holding revocations is restored, so that the owner of the table
+// can close the connections a revoked certificate still holds open.
+// Signals coalesce (one waits at most), and the table starts no goroutine
+// for them: closing connections is the owner's work, in a goroutine the
+// owner stops and waits for before it closes what they use (the Raft node).
+func (t *LeaseTable) Revocations() <-chan struct{} { return t.revokedKick }
+
+// signalRevoked signals Revocations; it never blocks (the apply does not
+// wait for the reader).
+func (t *LeaseTable) signalRevoked() {
+	select {
+	case t.revokedKick <- struct{}{}:
+	default: // one is waiting already: the reader sees every revocation then
+	}
 }
 
 // IsRevoked tells whether the certificate of serial (api.CanonicalSerial)

@@ -97,3 +97,48 @@ func TestRevocation(t *testing.T) {
 		t.Errorf("after a compaction: revoked %+v, want only a", h.table.Revoked())
 	}
 }
+
+// TestRevocationsSignal: a revocation, and a restore of a snapshot that
+// holds revocations, signal Revocations without blocking the apply (no one
+// reads here) and without a goroutine of the table's own; signals
+// coalesce, and a repeated revocation or a restore without any signals
+// nothing.
+func TestRevocationsSignal(t *testing.T) {
+	h := newHarness(t, growCfg())
+	signalled := func(tb *LeaseTable) bool {
+		select {
+		case <-tb.Revocations():
+			return true
+		default:
+			return false
+		}
+	}
+	if restored := restoreCopy(t, h); signalled(restored) || signalled(h.table) {
+		t.Fatal("a signal with nothing revoked")
+	}
+	revoke := func(serial string) {
+		t.Helper()
+		c, err := RevokeCommand(api.RevokeRequest{Serial: serial, Identity: "master/m9"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res := h.apply(c.c); res.Err != nil {
+			t.Fatal(res.Err)
+		}
+	}
+	revoke("0a")
+	revoke("0b") // the apply does not wait for a reader
+	if !signalled(h.table) {
+		t.Fatal("no signal after two revocations")
+	}
+	if signalled(h.table) {
+		t.Fatal("two signals for two revocations not read between: they coalesce")
+	}
+	revoke("0a")
+	if signalled(h.table) {
+		t.Fatal("a signal for a repeated revocation")
+	}
+	if restored := restoreCopy(t, h); !signalled(restored) {
+		t.Fatal("no signal after restoring a snapshot with revocations")
+	}
+}

@@ -292,7 +292,7 @@ func (t *LeaseTable) install(dec *decodedSnapshot) {
 		t.revoked[r.Serial] = r
 	}
 	t.revokedChanged()
-	if t.onRevoked != nil && len(t.revoked) > 0 {
-		go t.onRevoked()
+	if len(t.revoked) > 0 {
+		t.signalRevoked()
 	}
 }

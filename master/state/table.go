@@ -84,7 +84,7 @@ type LeaseTable struct {
 	revoked     map[string]api.Revocation
 	revokedSet  atomic.Pointer[map[string]struct{}]
 	revokedJSON []byte
-	onRevoked   func() // see OnRevoked; not replicated, so reset leaves it
+	revokedKick chan struct{} // see Revocations; not replicated, so reset leaves it
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
@@ -102,7 +102,7 @@ var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: newUsageTable()}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: newUsageTable(), revokedKick: make(chan struct{}, 1)}
 	t.reset()
 	return t
 }
