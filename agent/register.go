@@ -6,9 +6,13 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
+	"errors"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
+
+	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
@@ -43,13 +47,20 @@ func (a *Agent) register(ctx context.Context) {
 		Keys:          api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(a.claimKey.Public().(ed25519.PublicKey))},
 		CarveVersion:  buildinfo.Get().Version,
 	}
-	req.Keys.WireGuard = a.wg.registerKey()
+	wgKey, hasWG := a.wg.registerKeyPair()
+	if hasWG {
+		req.Keys.WireGuard = wgKey.PublicKey().String()
+		req.WireGuardProofs = a.wireGuardProofs(wgKey, a.knownSigningKeys())
+	}
 	b := retry.Backoff{First: firstRetry, Max: maxRetry}
 	explained := false // a TLS mismatch was logged as an error
 	for ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		info, err := a.client.Register(rctx, req)
 		cancel()
+		if hasWG && a.proveAgainstAskedKey(&req, wgKey, err) {
+			continue // the master named the signing key to prove against
+		}
 		if err == nil {
 			a.metrics.registrations.WithLabelValues("ok").Inc()
 			a.log.Info("registered", "version", info.Version, "overlays", len(info.Overlays))
@@ -93,6 +104,72 @@ func (a *Agent) register(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// knownSigningKeys are the masters' record-signing keys this agent knows:
+// the one it verifies with (configured, pinned or followed through the
+// chain), then those the chain still leads from; none before the first
+// master state of an agent without --signing-pub-file.
+func (a *Agent) knownSigningKeys() []ed25519.PublicKey {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	var keys []ed25519.PublicKey
+	if a.signingKey != nil {
+		keys = append(keys, a.signingKey)
+	}
+	for _, k := range a.previousKeys {
+		if !slices.ContainsFunc(keys, func(x ed25519.PublicKey) bool { return x.Equal(k) }) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// wireGuardProofs prove to the masters that sign with each of keys (at
+// most api.MaxWireGuardProofs of them) that this agent holds wgKey
+// (api/wgproof.go): during a rotation of their signing key, masters may
+// sign with either.
+func (a *Agent) wireGuardProofs(wgKey wgtypes.Key, keys []ed25519.PublicKey) []api.WireGuardProof {
+	var proofs []api.WireGuardProof
+	for _, k := range keys[:min(len(keys), api.MaxWireGuardProofs)] {
+		p, err := api.ProveWireGuardKey(wgKey, a.id, k)
+		if err != nil {
+			a.log.Warn("no wireguard proof of possession against a signing key", "key", api.SigningKeyFingerprint(k), "err", err)
+			continue
+		}
+		proofs = append(proofs, p)
+	}
+	return proofs
+}
+
+// proveAgainstAskedKey adds to req, after a master's 403 wireguard_proof
+// that names its signing key (api.Error.SigningKey), a proof against that
+// key, and tells whether to register again at once: an agent that knows
+// no signing key yet (no --signing-pub-file, before the first master
+// state), or not the one a master switched to in a rotation, learns it
+// here. Proving against any key reveals nothing of the WireGuard key, so
+// the key need not be trusted; it is never used to verify anything. A key
+// proven already goes on to the usual backoff.
+func (a *Agent) proveAgainstAskedKey(req *api.RegisterRequest, wgKey wgtypes.Key, err error) bool {
+	var e *api.Error
+	if !errors.As(err, &e) || e.Code != api.CodeWireGuardProof || e.SigningKey == "" {
+		return false
+	}
+	key, perr := api.ParseSigningKey(e.SigningKey)
+	if perr != nil || slices.ContainsFunc(req.WireGuardProofs, func(p api.WireGuardProof) bool { return p.SigningKey == e.SigningKey }) {
+		return false
+	}
+	proof, perr := api.ProveWireGuardKey(wgKey, a.id, key)
+	if perr != nil {
+		return false
+	}
+	if len(req.WireGuardProofs) >= api.MaxWireGuardProofs {
+		req.WireGuardProofs = req.WireGuardProofs[1:]
+	}
+	req.WireGuardProofs = append(slices.Clip(req.WireGuardProofs), proof)
+	req.RequestID = api.NewRequestID() // the refusal was a definite answer to the last one
+	a.log.Info("registering again with a wireguard proof against the master's signing key", "key", api.SigningKeyFingerprint(key))
+	return true
 }
 
 // reclaimIP registers again when the masters' record of this agent lost its

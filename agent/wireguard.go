@@ -130,15 +130,25 @@ func (w *wgAgent) addPending(key wgtypes.Key) {
 // registerKey is the public key to register: a pending rotation's, else
 // the current one ("" with --wireguard=false).
 func (w *wgAgent) registerKey() string {
-	if w.cfg.Disabled {
+	k, ok := w.registerKeyPair()
+	if !ok {
 		return ""
+	}
+	return k.PublicKey().String()
+}
+
+// registerKeyPair is the private key whose public half registerKey is:
+// what proves that this agent holds it (false with --wireguard=false).
+func (w *wgAgent) registerKeyPair() (wgtypes.Key, bool) {
+	if w.cfg.Disabled {
+		return wgtypes.Key{}, false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if n := len(w.pending); n > 0 {
-		return w.pending[n-1].PublicKey().String()
+		return w.pending[n-1], true
 	}
-	return w.key.PublicKey().String()
+	return w.key, true
 }
 
 // encPlan is what encryption makes of one reconcile: the device's desired

@@ -71,10 +71,11 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 			Message string `json:"message"`
 			Code    string `json:"code"`
 			Oldest  uint64 `json:"oldest"`
+			Signing string `json:"signing_key"`
 		}
 		e := &Error{Status: resp.StatusCode}
 		if json.Unmarshal(data, &wire) == nil {
-			e.Message, e.Code, e.Oldest = cmp(wire.Error, wire.Message), wire.Code, wire.Oldest
+			e.Message, e.Code, e.Oldest, e.SigningKey = cmp(wire.Error, wire.Message), wire.Code, wire.Oldest, wire.Signing
 		}
 		if e.Message == "" {
 			e.Message = fmt.Sprintf("%s %s: %s", method, url, strings.TrimSpace(string(data)))

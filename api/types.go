@@ -138,6 +138,11 @@ type RegisterRequest struct {
 	// Keys are the public keys the agent made on its host (record format
 	// v3): the masters sign them into its record.
 	Keys AgentKeys `json:"keys,omitzero"`
+	// WireGuardProofs prove that the agent holds the private half of
+	// Keys.WireGuard, one per masters' signing key it knows (wgproof.go).
+	// Not kept: a master checks them when an agent's certificate
+	// registers, before it forwards.
+	WireGuardProofs []WireGuardProof `json:"wireguard_proofs,omitempty"`
 	// UnderlayMTU is the MTU of the agent's underlay device (0: not
 	// reported); the masters sign it into the record so that hosts agree
 	// on the smallest.
@@ -492,6 +497,10 @@ type Error struct {
 	// Oldest, on a 410 of GET /overlay-master/changes (CodeGone), is the
 	// oldest index the masters can serve changes since.
 	Oldest uint64 `json:"oldest,omitempty"`
+	// SigningKey, on a 403 of a registration (CodeWireGuardProof), is the
+	// record-signing key (wire form) of the master that refused: a
+	// WireGuard proof made against it is the one that master checks.
+	SigningKey string `json:"signing_key,omitempty"`
 	// Status is the HTTP status it came with (not on the wire).
 	Status int `json:"-"`
 	// cause is what made a call fail without an answer (wraps ErrUnreachable).

@@ -21,7 +21,9 @@ import (
 //
 //   - master and operator: everything.
 //   - agent: register or update its own record only (agent_id equal to
-//     the certificate's name, ip one of its IP SANs: ipbinding.go); report its own configuration result
+//     the certificate's name, ip and mesh_addr's host among its IP SANs:
+//     ipbinding.go; a WireGuard key with a proof that it holds the
+//     private half: wgproof.go); report its own configuration result
 //     (PUT /overlay-master/agents/{id}/report with its own id); grow,
 //     return, report grants for and report the usage of its own agent id
 //     only (the {id} of the path; a grant report also needs the agent to
@@ -183,7 +185,7 @@ func (s *server) ownRegistration(w http.ResponseWriter, r *http.Request, id pki.
 			fmt.Sprintf("role agent may not register agent_id %q: the certificate of agent %q registers only agent_id %q", req.AgentID, id.Name, id.Name))
 		return false
 	}
-	return s.registeredIPAllowed(w, r, id, req)
+	return s.registeredAddrsAllowed(w, r, id, req) && s.wireGuardKeyProven(w, r, id, req)
 }
 
 // refuse answers a refusal and counts it.

@@ -109,6 +109,11 @@ func TestAuthorizationMatrix(t *testing.T) {
 			{name: "agent registers itself", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.1.1"}`, status: 200},
 			{name: "agent registers another host's IP", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.2.1"}`,
 				status: 403, code: api.CodeForbidden, mention: "may not register ip 198.18.2.1: its certificate names only 127.0.0.1, 198.18.1.1"},
+			{name: "agent registers its own mesh_addr", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.1.1","mesh_addr":"198.18.1.1:6783"}`, status: 200},
+			{name: "agent registers another host's mesh_addr", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.1.1","mesh_addr":"198.18.2.1:6783"}`,
+				status: 403, code: api.CodeForbidden, mention: "may not register mesh_addr 198.18.2.1:6783: its certificate names only 127.0.0.1, 198.18.1.1"},
+			{name: "agent registers a mesh_addr by name", who: "agent", method: "POST", path: "/overlay-master/agents", body: `{"agent_id":"a1","ip":"198.18.1.1","mesh_addr":"victim.example:6783"}`,
+				status: 403, code: api.CodeForbidden, mention: `its host "victim.example" is not an IP`},
 			{name: "agent reads the state", who: "agent", method: "GET", path: "/overlay-master/state", status: 200},
 			{name: "agent watches the state", who: "agent", method: "GET", path: "/overlay-master/state?index=1&wait=50ms", status: 200},
 			{name: "agent reads another record", who: "agent", method: "GET", path: "/overlay-master/agents/victim", status: 200},
@@ -170,7 +175,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 	// Each refusal is counted once, by the master that refused it (a
 	// follower refuses before forwarding).
-	for reason, want := range map[string]float64{refusedNoCertificate: 10, refusedRole: 16, refusedWrongAgent: 4, refusedWrongIP: 2} {
+	for reason, want := range map[string]float64{refusedNoCertificate: 10, refusedRole: 16, refusedWrongAgent: 4, refusedWrongIP: 2, refusedWrongMeshAddr: 4} {
 		if got := refusals(c, reason); got != want {
 			t.Errorf("carve_master_auth_refusals_total{reason=%q} = %v over the masters, want %v", reason, got, want)
 		}

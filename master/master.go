@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,6 +108,9 @@ type Master struct {
 	// releaseKick wakes the leader's duties when a usage report gave a
 	// holdings acknowledgement (a quarantine release may be due).
 	releaseKick chan struct{}
+	// signingKey is the record-signing key as last set (Start, SetSigning):
+	// the private half that checks agents' WireGuard proofs (wgproof.go).
+	signingKey atomic.Pointer[ed25519.PrivateKey]
 
 	runCtx context.Context // done when the master closes
 	cancel context.CancelFunc
@@ -151,6 +155,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if err := m.table.SetSigning(opts.SigningKey, opts.SigningChain); err != nil {
 		return nil, fmt.Errorf("master: %w", err)
 	}
+	m.signingKey.Store(&opts.SigningKey)
 	if opts.Join != "" {
 		copts := api.ClientOptions{}
 		if sec != nil {

@@ -42,7 +42,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 		}),
 		authRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_auth_refusals_total",
-			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, wrong_ip, revoked, grant_unsigned, grant_bad_signature, grant_expired (a recipient's grant report without its donor's valid signed word).",
+			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, wrong_ip, wrong_mesh_addr, wireguard_proof, revoked, grant_unsigned, grant_bad_signature, grant_expired (a recipient's grant report without its donor's valid signed word).",
 		}, []string{"reason"}),
 	}
 	m.trust = newTrustMetrics(reg, evicted, func() int { return len(t.Revoked()) })
@@ -76,7 +76,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 	for _, r := range []string{"vtep_exhausted", "overlay_subnet_exhausted"} {
 		m.allocFailures.WithLabelValues(r)
 	}
-	for _, r := range append([]string{refusedNoCertificate, refusedRole, refusedWrongAgent, refusedWrongIP, refusedRevoked}, grantRefusalReasons...) {
+	for _, r := range append([]string{refusedNoCertificate, refusedRole, refusedWrongAgent, refusedWrongIP, refusedWrongMeshAddr, refusedWireGuardProof, refusedRevoked}, grantRefusalReasons...) {
 		m.authRefusals.WithLabelValues(r)
 	}
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

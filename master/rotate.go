@@ -23,6 +23,7 @@ func (m *Master) SetSigning(key ed25519.PrivateKey, chain *api.SigningChain) err
 	if err := m.table.SetSigning(key, chain); err != nil {
 		return fmt.Errorf("master: %w", err)
 	}
+	m.signingKey.Store(&key)
 	links := 0
 	if chain != nil {
 		links = len(chain.Links)

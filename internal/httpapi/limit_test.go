@@ -109,3 +109,101 @@ func TestServerWithoutTLSEvictsNothing(t *testing.T) {
 		t.Errorf("evicted %d connections of a plain server", n)
 	}
 }
+
+// Clients without a certificate keep to their share of the cap however
+// they behave: connections that complete a handshake, send one request
+// and idle (their timeout set far beyond the test, so only the share can
+// free a slot), and connections that stall mid-handshake. A client with
+// a certificate (an operator, or a master forwarding a write) is served
+// after the flood, under the configuration the masters and agents serve
+// with (pki.Reloader's, chosen per handshake) as under a fixed one.
+// Before the fix the Reloader's configuration, whose outer ClientAuth is
+// NoClientCert, counted every connection as authenticated: the flood held
+// every slot and the client with a certificate waited in the backlog.
+func TestServerShareHoldsWhateverClientsWithoutACertificateDo(t *testing.T) {
+	const maxConns = 16
+	ca := pkitest.New(t)
+	files := ca.Files("m1", pki.RoleMaster)
+	reloader, err := pki.NewReloader(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, err := files.ServerConfig(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		tls  *tls.Config
+	}{
+		{"reloaded files", reloader.ServerConfig(false)},
+		{"fixed files", fixed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, addr := startServer(t, okHandler, ServerOptions{MaxConns: maxConns,
+				UnauthenticatedTimeout: 10 * time.Minute, IdleTimeout: 10 * time.Minute, ReadHeaderTimeout: 10 * time.Minute, TLS: tc.tls})
+			dial := func(cfg *tls.Config) (*tls.Conn, *bufio.Reader, error) {
+				cfg = cfg.Clone()
+				cfg.ServerName = "127.0.0.1"
+				raw, err := net.Dial("tcp", addr)
+				if err != nil {
+					return nil, nil, err
+				}
+				t.Cleanup(func() { raw.Close() })
+				// Bounds the wait of a connection the server does not take.
+				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
+				c := tls.Client(raw, cfg)
+				if err := c.Handshake(); err != nil {
+					return nil, nil, err
+				}
+				return c, bufio.NewReader(c), nil
+			}
+			anonTLS := ca.ClientTLS("", "")
+			for i := range 3 * maxConns {
+				c, br, err := dial(anonTLS)
+				if err == nil {
+					var st string
+					if st, err = tlsRequest(c, br); err == nil && st != "200 OK" {
+						err = fmt.Errorf("status %q", st)
+					}
+				}
+				if err != nil {
+					t.Errorf("client without a certificate %d (a request, then idle): %v: the server holds the earlier ones beyond their share", i, err)
+					break
+				}
+			}
+			for i := range maxConns {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatalf("stalled handshake %d: %v", i, err)
+				}
+				t.Cleanup(func() { c.Close() })
+				// A TLS record header announcing a ClientHello that never comes.
+				if _, err := c.Write([]byte{0x16, 0x03, 0x01, 0x02, 0x00}); err != nil {
+					t.Fatalf("stalled handshake %d: %v", i, err)
+				}
+			}
+			for name, cfg := range map[string]*tls.Config{
+				"operator":                  ca.ClientTLS("operator", pki.RoleOperator),
+				"master forwarding a write": ca.ClientTLS("m2", pki.RoleMaster),
+			} {
+				c, br, err := dial(cfg)
+				if err == nil {
+					var st string
+					if st, err = tlsRequest(c, br); err == nil && st != "200 OK" {
+						err = fmt.Errorf("status %q", st)
+					}
+				}
+				if err != nil {
+					t.Errorf("%s after the flood: %v (the server holds %d connections, evicted %d)", name, err, srv.Conns(), srv.Evicted())
+				}
+			}
+			if n := srv.Conns(); n > maxConns {
+				t.Errorf("the server holds %d connections, cap %d", n, maxConns)
+			}
+			if srv.Evicted() == 0 {
+				t.Error("no connection without a certificate was evicted")
+			}
+		})
+	}
+}

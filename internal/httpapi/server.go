@@ -48,11 +48,14 @@ type ServerOptions struct {
 	MaxConns int
 	// TLS, when set, serves HTTPS (HTTP/1.1) with this configuration.
 	TLS *tls.Config
-	// UnauthenticatedConns caps, under TLS with client certificates, the
-	// connections held by clients that have not (yet) presented a
-	// certificate of the CA: beyond it the oldest of them is closed. They
-	// are also the first closed when MaxConns is reached, so that
-	// authenticated clients are always served. Default MaxConns/8.
+	// UnauthenticatedConns caps, under TLS with client certificates (a
+	// ClientAuth that asks for them, or a GetConfigForClient, as
+	// pki.Reloader's configuration has), the connections held by clients
+	// that have not (yet) presented a certificate of the CA, whatever they
+	// do (stall in the handshake, idle after a request, keep alive):
+	// beyond it the oldest of them is closed. They are also the first
+	// closed when MaxConns is reached, so that authenticated clients are
+	// always served. Default MaxConns/8.
 	UnauthenticatedConns int
 	// UnauthenticatedTimeout bounds, on such a connection, the TLS
 	// handshake, each request's reading and the idle time between
@@ -138,10 +141,24 @@ func (s *Server) Serve(ln net.Listener) error {
 // only under TLS that asks for client certificates can a connection prove
 // who it is; otherwise every connection counts as authenticated.
 func (s *Server) unauthLimits() unauthLimits {
-	if s.opts.TLS == nil || s.opts.TLS.ClientAuth == tls.NoClientCert {
+	if s.opts.TLS == nil || !asksForClientCerts(s.opts.TLS) {
 		return unauthLimits{}
 	}
 	return unauthLimits{conns: s.opts.UnauthenticatedConns, timeout: s.opts.UnauthenticatedTimeout}
+}
+
+// asksForClientCerts tells whether handshakes under cfg may verify a
+// client certificate: its ClientAuth asks for one, or GetConfigForClient
+// chooses the configuration at each handshake. The latter is how
+// pki.Reloader serves the files as last loaded, and its outer ClientAuth
+// is the zero NoClientCert: taking that for "no client certificates"
+// counted every connection of the masters and agents as authenticated,
+// and clients without a certificate that sent one request and idled held
+// every slot (issue 26). A configuration chosen per handshake that never
+// asks gets every connection counted as unauthenticated: its share and
+// timeout, never more than MaxConns.
+func asksForClientCerts(cfg *tls.Config) bool {
+	return cfg.ClientAuth != tls.NoClientCert || cfg.GetConfigForClient != nil
 }
 
 // Evicted is the number of unauthenticated connections closed to make room
