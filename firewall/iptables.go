@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // sbinDirs are searched after PATH: Debian puts iptables in /usr/sbin, which
@@ -29,6 +30,9 @@ func lookPath(name string) (string, error) {
 	}
 	return "", fmt.Errorf("%s: %w", name, exec.ErrNotFound)
 }
+
+// runTimeout bounds one run of an iptables binary.
+const runTimeout = 30 * time.Second
 
 // tool is one backend of one family on this host: its -save and -restore.
 type tool struct {
@@ -85,6 +89,10 @@ func (f *Forward) tools(ctx context.Context, fam Family) ([]tool, error) {
 // run runs an iptables binary inside the namespace, with stdin, and
 // returns what it printed; an error carries what it said on stderr.
 func (f *Forward) run(ctx context.Context, stdin, name string, args ...string) (string, error) {
+	// -w waits for the xtables lock without end; another user holding it
+	// that long fails this run, retried at the next reconcile.
+	ctx, cancel := context.WithTimeout(ctx, runTimeout)
+	defer cancel()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdin = strings.NewReader(stdin)
