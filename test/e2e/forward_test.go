@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -122,6 +123,15 @@ func TestForwardPolicyDrop(t *testing.T) {
 			if err != nil || n < 1 {
 				t.Errorf("%s: %s = %v (%v), want at least 1", h.Name, sample, n, err)
 			}
+			log, err := os.ReadFile(h.Agent.LogPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			line := grepLine(string(log), `msg="FORWARD accept rules were missing`)
+			if !strings.Contains(line, "backend="+backend[h.Index]) {
+				t.Errorf("%s's agent logged no repair in %s: %q", h.Name, backend[h.Index], line)
+			}
+			t.Logf("%s: %s", h.Name, line)
 		}
 	})
 
