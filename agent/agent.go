@@ -14,8 +14,9 @@
 // service's side), wireguard.go and wireguardrotate.go (encryption between
 // hosts: the key, which peers go through WireGuard, rotation; package
 // wireguard programs the device), forward.go (the accept rules in the
-// host's FORWARD chain; package firewall writes them), server.go, security.go, debug.go and
-// metrics.go (the HTTP API, TLS, profiles and metrics).
+// host's FORWARD chain; package firewall writes them), server.go,
+// security.go, debug.go and metrics.go (the HTTP API, TLS, profiles and
+// metrics).
 package agent
 
 import (
