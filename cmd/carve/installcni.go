@@ -87,8 +87,12 @@ func runInstallCNI(args []string, out io.Writer) error {
 		report(out, in, src)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("CNI plugin %s is in neither %s nor %s: runtimes fail without it; install the reference plugins (apt-get install containernetworking-plugins puts them in %s; make cni-plugins builds them into bin/cni) or name their directory with --plugins-from",
-			strings.Join(missing, ", "), *binDir, strings.Join(sources, ":"), netconf.DebianBinDir)
+		looked := "there is no other directory to copy from"
+		if len(sources) > 0 {
+			looked = "none of " + strings.Join(sources, ":") + " holds it"
+		}
+		return fmt.Errorf("CNI plugin %s is not in %s and %s: runtimes fail without it; install the reference plugins (apt-get install containernetworking-plugins puts them in %s; make cni-plugins builds them into bin/cni) or name their directory with --plugins-from",
+			strings.Join(missing, ", "), *binDir, looked, netconf.DebianBinDir)
 	}
 	fmt.Fprintf(out, "runtimes find them when %s is their CNI plugin directory; the agent checks its --cni-bin-dir for them at start\n", *binDir)
 	return nil

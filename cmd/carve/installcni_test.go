@@ -32,6 +32,7 @@ func TestInstallCNI(t *testing.T) {
 	noLoopback := fakePlugins(t, "bridge", "portmap")
 	bin := filepath.Join(t.TempDir(), "bin")
 	bin2 := filepath.Join(t.TempDir(), "bin")
+	bin3 := filepath.Join(t.TempDir(), "bin")
 	for _, tc := range []struct {
 		name     string
 		args     []string
@@ -48,7 +49,10 @@ func TestInstallCNI(t *testing.T) {
 			"already installed", filepath.Join(bin, "loopback") + " is there already (left as it is)",
 		}},
 		{"the runtime's own plugin nowhere", []string{"--bin-dir", bin2, "--from", from, "--plugins-from", noLoopback}, 1, []string{
-			"CNI plugin loopback is in neither " + bin2 + " nor " + noLoopback, "apt-get install containernetworking-plugins",
+			"CNI plugin loopback is not in " + bin2 + " and none of " + noLoopback + " holds it", "apt-get install containernetworking-plugins",
+		}},
+		{"copying from the plugin directory itself", []string{"--bin-dir", bin3, "--from", from, "--plugins-from", bin3}, 1, []string{
+			"CNI plugin bridge, portmap, loopback is not in " + bin3 + " and there is no other directory to copy from",
 		}},
 		{"no plugin", []string{"--bin-dir", bin, "--from", t.TempDir()}, 1, []string{"make build writes bin/carve-ipam"}},
 		{"relative dir", []string{"--bin-dir", "opt/cni/bin", "--from", from}, 2, []string{"want an absolute path"}},
