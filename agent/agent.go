@@ -13,8 +13,10 @@
 // the masters are told of it), ipam*.go and growth.go (the address
 // service's side), wireguard.go and wireguardrotate.go (encryption between
 // hosts: the key, which peers go through WireGuard, rotation; package
-// wireguard programs the device), server.go, security.go, debug.go and
-// metrics.go (the HTTP API, TLS, profiles and metrics).
+// wireguard programs the device), forward.go (the accept rules in the
+// host's FORWARD chain; package firewall writes them), server.go,
+// security.go, debug.go and metrics.go (the HTTP API, TLS, profiles and
+// metrics).
 package agent
 
 import (
@@ -38,10 +40,12 @@ import (
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/firewall"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/internal/ratelog"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
@@ -74,6 +78,10 @@ type Agent struct {
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
 	wg       *wgAgent // encryption between hosts (wireguard.go)
+	fw       *firewall.Forward
+	// fwState is the reconcile loop's knowledge of the FORWARD accept
+	// rules (forward.go).
+	fwState forwardState
 
 	// onRebuild is the IPAM's rebuild hook: called with the new cluster id
 	// once a rebuild of the masters' cluster has reset the membership
@@ -277,6 +285,10 @@ func New(cfg Config) (*Agent, error) {
 	if a.dp, err = vxlan.New(vxlan.Options{NetNS: cfg.NetNS, Logger: a.log}); err != nil {
 		return nil, fmt.Errorf("agent: dataplane: %w", err)
 	}
+	if a.fw, err = firewall.New(firewall.Options{NetNS: cfg.NetNS, Logger: a.log, Registerer: a.registry}); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.fwState.errLog = ratelog.New(time.Minute)
 	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
@@ -371,7 +383,9 @@ func (a *Agent) IPAM() *ipam.Service { s, _ := a.ipam.(*ipam.Service); return s 
 func (a *Agent) Registry() *prometheus.Registry { return a.registry }
 
 // Run runs the agent until ctx ends. The kernel state stays as it is when it
-// returns, so containers keep talking while the agent restarts.
+// returns, so containers keep talking while the agent restarts, but for
+// the FORWARD accept rules it kept, which it removes: on a host whose
+// FORWARD policy drops, forwarding for the overlay stops until it is back.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.closeResources()
 	if err := a.router.Start(); err != nil {
@@ -434,10 +448,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	_ = a.router.Stop()
 	bg.Stop()
+	// The reconcile loop has ended: nothing puts the rules back.
+	a.removeForwardRules()
 	if err := a.store.Save(a.snapshot()); err != nil {
 		a.log.Error("final save", "err", err)
 	}
-	a.log.Info("agent stopped; the kernel state is left in place")
+	a.log.Info("agent stopped; the kernel state is left in place, but for the FORWARD accept rules")
 	return nil
 }
 
@@ -453,6 +469,9 @@ func (a *Agent) closeResources() {
 	}
 	if a.dp != nil {
 		a.dp.Close()
+	}
+	if a.fw != nil {
+		a.fw.Close()
 	}
 	if a.wg != nil {
 		a.wg.close()

@@ -98,6 +98,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		rep, err = a.dp.Apply(ctx, want)
 	}
 	a.metrics.observe(mode, &rep)
+	a.keepForwardRules(ctx, &want, enc, full) // after the bridges exist
 	a.setReport(self.Version, &rep, peers, err)
 	a.noteReconciled(self)
 	// After VXLAN: the routes through WireGuard use the VTEP's address.

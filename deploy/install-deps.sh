@@ -35,6 +35,10 @@ fi
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
 command -v podman >/dev/null 2>&1 || need+=(podman)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local ]] || need+=(containernetworking-plugins)
+# The agent keeps its FORWARD accept rules with iptables (package firewall);
+# its tests and the e2e tests drive both backends, inside their namespaces
+# only. Debian's iptables package has iptables-nft and iptables-legacy.
+[[ -x /usr/sbin/iptables-nft-save && -x /usr/sbin/iptables-legacy-save ]] || need+=(iptables)
 # deploy's tests check the alert rules of deploy/prometheus with promtool
 # (check rules, test rules), which Debian ships in its prometheus package
 # (its service is not started: the policy-rc.d guard below).

@@ -41,7 +41,7 @@ usage:
   carve ipam   check --masters URL[,URL...] [--json] [--settle 3s] [--agent-port 9797] CLIENT_TLS
   carve ipam   release --container-id ID [--ifname IF] | --ip ADDR [--network NAME] [--socket PATH] [--json]
   carve log-level --url URL [--level debug|info|warn|error] OPERATOR_TLS
-  carve install-cni [--bin-dir /opt/cni/bin] [--from DIR]
+  carve install-cni [--bin-dir /opt/cni/bin] [--from DIR] [--plugins-from DIR[:DIR...]]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
   carve certs  rotate-signing --dir DIR [--switch | --finish]

@@ -52,11 +52,16 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 		case p.Path == "" && p.Type == PluginType:
 			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: runtimes cannot run carve's conflists; run `carve install-cni --bin-dir %s`", p.Type, dirs, first))
 		case p.Path == "":
-			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: install the reference plugins (`apt-get install containernetworking-plugins` puts them in %s) and list their directory in --cni-bin-dir", p.Type, dirs, DebianBinDir))
+			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: runtimes cannot run carve's conflists; %s", p.Type, dirs, referenceFix(first)))
 		case p.Err != "":
 			out = append(out, fmt.Sprintf("CNI plugin %s did not answer VERSION (%s): runtimes may fail to run it; reinstall it", p.Path, p.Err))
 		case version == LatestCNIVersion && !slices.Contains(p.Versions, LatestCNIVersion):
 			out = append(out, fmt.Sprintf("--cni-version %s, but CNI plugin %s supports up to %s: ADDs will fail; use --cni-version auto or %s", version, p.Path, highest(p.Versions), BaseCNIVersion))
+		}
+	}
+	for _, p := range choice.RuntimePlugins {
+		if p.Path == "" {
+			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: containerd's CRI and CRI-O run it for every pod and fail without it (failed to find plugin %q); %s", p.Type, dirs, p.Type, referenceFix(first)))
 		}
 	}
 	if version == LatestCNIVersion {
@@ -70,6 +75,11 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 		out = append(out, fmt.Sprintf("--cni-conf-dir %s is read by no runtime by default (containerd, CRI-O and Podman read %s, Nomad %s): point the runtime's CNI configuration directory at it", confDir, DefaultConfDir, NomadConfDir))
 	}
 	return out
+}
+
+// referenceFix says how a missing reference plugin gets into dir.
+func referenceFix(dir string) string {
+	return fmt.Sprintf("run `carve install-cni --bin-dir %s` (it copies the reference plugins from %s, where `apt-get install containernetworking-plugins` puts them, or from --plugins-from)", dir, DebianBinDir)
 }
 
 // configExts are the extensions libcni loads from a configuration directory.

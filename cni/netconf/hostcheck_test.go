@@ -18,6 +18,7 @@ func TestWarnings(t *testing.T) {
 		return ps
 	}
 	latest := all(BaseCNIVersion, LatestCNIVersion)
+	loopback := []Plugin{{Type: "loopback", Path: "/opt/cni/bin/loopback"}}
 	containerd16 := Runtime{Name: "containerd", Path: "/usr/bin/containerd", Version: "1.6.20", MaxCNI: BaseCNIVersion}
 	for _, tc := range []struct {
 		name    string
@@ -26,12 +27,14 @@ func TestWarnings(t *testing.T) {
 		confDir string
 		want    []string // a fragment of each warning, in order
 	}{
-		{"all fine", VersionChoice{Plugins: latest}, LatestCNIVersion, DefaultConfDir, nil},
+		{"all fine", VersionChoice{Plugins: latest, RuntimePlugins: loopback}, LatestCNIVersion, DefaultConfDir, nil},
+		{"loopback missing", VersionChoice{Plugins: latest, RuntimePlugins: []Plugin{{Type: "loopback"}}}, BaseCNIVersion, DefaultConfDir,
+			[]string{`CNI plugin loopback is in none of /opt/cni/bin:/usr/lib/cni: containerd's CRI and CRI-O run it for every pod and fail without it (failed to find plugin "loopback"); run ` + "`carve install-cni --bin-dir /opt/cni/bin`"}},
 		{"Nomad's directory", VersionChoice{Plugins: latest}, BaseCNIVersion, NomadConfDir + "/", nil},
 		{"carve-ipam missing", VersionChoice{Plugins: []Plugin{latest[0], {Type: PluginType}, latest[2]}}, BaseCNIVersion, DefaultConfDir,
 			[]string{"carve install-cni --bin-dir /opt/cni/bin"}},
 		{"bridge missing", VersionChoice{Plugins: []Plugin{{Type: "bridge"}, latest[1], latest[2]}}, BaseCNIVersion, DefaultConfDir,
-			[]string{"apt-get install containernetworking-plugins"}},
+			[]string{"CNI plugin bridge is in none of /opt/cni/bin:/usr/lib/cni: runtimes cannot run carve's conflists; run `carve install-cni --bin-dir /opt/cni/bin`"}},
 		{"plugin broken", VersionChoice{Plugins: []Plugin{latest[0], latest[1], {Type: "portmap", Path: "/x/portmap", Err: "exit 1"}}}, BaseCNIVersion, DefaultConfDir,
 			[]string{"/x/portmap did not answer VERSION"}},
 		{"forced 1.1.0 over old plugins", VersionChoice{Plugins: all(BaseCNIVersion)}, LatestCNIVersion, DefaultConfDir,

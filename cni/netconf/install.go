@@ -26,17 +26,26 @@ type Install struct {
 // 0755, atomically: a runtime that runs the plugin at any moment runs the
 // old binary or the new one, never a partial file.
 func InstallPlugin(src, binDir string) (Install, error) {
-	data, err := os.ReadFile(src)
+	in, err := InstallBinary(src, binDir, PluginType)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Install{}, fmt.Errorf("%w: %s does not exist", ErrNoPlugin, src)
 	}
+	return in, err
+}
+
+// InstallBinary copies the plugin binary src into binDir as name, as
+// InstallPlugin does carve-ipam: mode 0755, atomically, nothing written
+// when the same bytes are there. A missing src is an error wrapping
+// fs.ErrNotExist.
+func InstallBinary(src, binDir, name string) (Install, error) {
+	data, err := os.ReadFile(src)
 	if err != nil {
 		return Install{}, fmt.Errorf("cni: read %s: %w", src, err)
 	}
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return Install{}, fmt.Errorf("cni: create %s: %w", binDir, err)
 	}
-	in := Install{Path: filepath.Join(binDir, PluginType)}
+	in := Install{Path: filepath.Join(binDir, name)}
 	old, err := os.ReadFile(in.Path)
 	switch {
 	case err == nil && bytes.Equal(old, data):

@@ -43,6 +43,24 @@ func ValidVersion(v string) error {
 // ChainPlugins are the plugin binaries carve's conflist runs, in order.
 func ChainPlugins() []string { return []string{"bridge", PluginType, "portmap"} }
 
+// RuntimePlugins are the plugin binaries the runtimes run themselves,
+// from the same plugin directory as the conflist's: containerd's CRI and
+// CRI-O bring up every pod's lo with loopback (without it the first pod
+// fails: failed to find plugin "loopback").
+func RuntimePlugins() []string { return []string{"loopback"} }
+
+// ReferencePlugins are the reference plugins a runtime's plugin directory
+// needs beside carve-ipam: the conflist's and the runtimes' own.
+func ReferencePlugins() []string {
+	var out []string
+	for _, p := range append(ChainPlugins(), RuntimePlugins()...) {
+		if p != PluginType {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // Plugin is what the version probe learnt of one plugin of the chain.
 type Plugin struct {
 	// Type is the plugin's name; Path where it was found ("" if nowhere).
@@ -68,17 +86,21 @@ type Runtime struct {
 // VersionChoice is the spec version the agent writes its conflists in, and
 // why.
 type VersionChoice struct {
-	Version  string    `json:"version"`
-	Plugins  []Plugin  `json:"plugins"`
-	Runtimes []Runtime `json:"runtimes,omitempty"`
+	Version string   `json:"version"`
+	Plugins []Plugin `json:"plugins"`
+	// RuntimePlugins are where RuntimePlugins were found (their versions
+	// are not asked: the runtimes write their configuration).
+	RuntimePlugins []Plugin  `json:"runtime_plugins,omitempty"`
+	Runtimes       []Runtime `json:"runtimes,omitempty"`
 	// Reason says in a sentence what decided it.
 	Reason string `json:"reason"`
 }
 
-// Missing lists the plugins of the chain found in none of the directories.
+// Missing lists the plugins of the chain and the runtimes' found in none
+// of the directories.
 func (c VersionChoice) Missing() []string {
 	var out []string
-	for _, p := range c.Plugins {
+	for _, p := range append(slices.Clone(c.Plugins), c.RuntimePlugins...) {
 		if p.Path == "" {
 			out = append(out, p.Type)
 		}
@@ -110,6 +132,9 @@ func ChooseVersion(ctx context.Context, pluginDirs []string, runtimes []Runtime)
 			lower(fmt.Sprintf("plugin %s supports up to %s", p.Path, highest(p.Versions)))
 		}
 	}
+	for _, typ := range RuntimePlugins() {
+		c.RuntimePlugins = append(c.RuntimePlugins, Plugin{Type: typ, Path: findPlugin(pluginDirs, typ)})
+	}
 	for _, r := range runtimes {
 		if r.MaxCNI == BaseCNIVersion {
 			lower(fmt.Sprintf("%s %s (%s) reads spec versions up to %s", r.Name, r.Version, r.Path, r.MaxCNI))
@@ -121,16 +146,21 @@ func ChooseVersion(ctx context.Context, pluginDirs []string, runtimes []Runtime)
 	return c
 }
 
-// probePlugin finds a plugin in dirs and asks it for its spec versions.
-func probePlugin(ctx context.Context, dirs []string, typ string) Plugin {
-	p := Plugin{Type: typ}
+// findPlugin is the path of typ in the first of dirs holding it as an
+// executable file, as libcni searches; "" when none does.
+func findPlugin(dirs []string, typ string) string {
 	for _, d := range dirs {
 		path := filepath.Join(d, typ)
 		if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			p.Path = path
-			break
+			return path
 		}
 	}
+	return ""
+}
+
+// probePlugin finds a plugin in dirs and asks it for its spec versions.
+func probePlugin(ctx context.Context, dirs []string, typ string) Plugin {
+	p := Plugin{Type: typ, Path: findPlugin(dirs, typ)}
 	if p.Path == "" {
 		return p
 	}

@@ -87,13 +87,31 @@ func TestChooseVersionAsksThePlugins(t *testing.T) {
 func TestChooseVersionFirstDirectoryWins(t *testing.T) {
 	debian, reference, ipam := realPlugins(t)
 	old := pluginDir(t, map[string]string{"bridge": debian + "/bridge"})
-	cur := pluginDir(t, map[string]string{"bridge": reference + "/bridge", "portmap": reference + "/portmap", PluginType: ipam})
+	cur := pluginDir(t, map[string]string{"bridge": reference + "/bridge", "portmap": reference + "/portmap", PluginType: ipam, "loopback": reference + "/loopback"})
 	c := ChooseVersion(context.Background(), []string{old, cur}, nil)
 	if c.Version != BaseCNIVersion || c.Plugins[0].Path != filepath.Join(old, "bridge") {
 		t.Errorf("chose %s with bridge %s, want %s with the first directory's bridge", c.Version, c.Plugins[0].Path, BaseCNIVersion)
 	}
 	if got := c.Missing(); len(got) != 0 {
 		t.Errorf("missing %v", got)
+	}
+}
+
+// The runtimes' own plugin (loopback, which containerd's CRI runs for
+// every pod) is looked for in the same directories; its absence is
+// Missing, and its version does not bound the conflists'.
+func TestChooseVersionLooksForLoopback(t *testing.T) {
+	_, reference, ipam := realPlugins(t)
+	chain := map[string]string{"bridge": reference + "/bridge", "portmap": reference + "/portmap", PluginType: ipam}
+	without := pluginDir(t, chain)
+	c := ChooseVersion(context.Background(), []string{without}, nil)
+	if got := c.Missing(); !slices.Equal(got, []string{"loopback"}) || c.Version != LatestCNIVersion {
+		t.Errorf("without loopback: missing %v, version %s; want [loopback], %s", got, c.Version, LatestCNIVersion)
+	}
+	withDir := pluginDir(t, map[string]string{"loopback": reference + "/loopback"})
+	c = ChooseVersion(context.Background(), []string{without, withDir}, nil)
+	if got := c.Missing(); len(got) != 0 || len(c.RuntimePlugins) != 1 || c.RuntimePlugins[0].Path != filepath.Join(withDir, "loopback") {
+		t.Errorf("with loopback in the second directory: missing %v, runtime plugins %+v", got, c.RuntimePlugins)
 	}
 }
 
