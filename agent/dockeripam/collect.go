@@ -98,51 +98,6 @@ func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[strin
 	return used, eps, nil
 }
 
-// reclaim claims, for the endpoints' addresses that no allocation holds, an
-// attachment named after the endpoint (Docker releases by address, so the
-// name only has to be unique), and opens the driver for new requests.
-func (d *driver) reclaim(eps []dockerEndpoint) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	defer d.ready.Store(true)
-	held := map[string]map[netip.Addr]bool{}
-	claimed := 0
-	for _, ep := range eps {
-		if held[ep.overlay] == nil {
-			held[ep.overlay] = map[netip.Addr]bool{}
-			for _, a := range d.svc.List(ep.overlay).Allocations {
-				for _, ip := range a.IPs {
-					if addr, err := parseAddr(ip.Address); err == nil {
-						held[ep.overlay][addr] = true
-					}
-				}
-			}
-		}
-		if held[ep.overlay][ep.addr] {
-			continue
-		}
-		id := ep.endpointID
-		if len(id) > 16 {
-			id = id[:16]
-		}
-		req := api.IPAMRequest{Network: ep.overlay, ContainerID: attachmentPrefix + "ep-" + id, IfName: "eth0",
-			Bridge: api.BridgeDocker, Address: ep.addr.String(), Family: "4",
-			Owner: &api.Owner{Runtime: api.RuntimeDocker, EndpointID: ep.endpointID, ContainerID: ep.containerID, ContainerName: ep.name}}
-		if ep.addr.Is6() {
-			req.IfName, req.Family = "eth0-v6", "6"
-		}
-		if _, err := d.svc.Allocate(req); err != nil {
-			d.log.Error("could not take back the address of a running container", "overlay", ep.overlay, "endpoint", ep.endpointID, "address", ep.addr, "err", err)
-			continue
-		}
-		held[ep.overlay][ep.addr] = true
-		claimed++
-	}
-	if claimed > 0 {
-		d.log.Warn("took back the addresses of running Docker containers", "count", claimed)
-	}
-}
-
 // collect is the decision, under the driver's lock so that no request for
 // the same attachment interleaves: an allocation is released when none of
 // its addresses is in used and it was already seen unused grace ago.

@@ -471,7 +471,7 @@ func TestLeakCollection(t *testing.T) {
 
 	// A (replayed) request for an attachment restarts its grace period.
 	pl := &plugin{t: t, h: s.Handler()}
-	pool := pl.pool("carve", false)
+	pool := pl.networkPool("carve", "10.128.0.128/25")
 	mac := map[string]string{"com.docker.network.endpoint.macaddress": "02:42:00:00:00:01"}
 	pl.address(pool.PoolID, "", mac)
 	collect()
@@ -518,7 +518,7 @@ func TestReclaimRunningContainers(t *testing.T) {
 		t.Fatalf("the running container's address was not taken back: %+v", f.List("carve").Allocations)
 	}
 	pl := &plugin{t: t, h: s.Handler()}
-	pool := pl.pool("carve", false)
+	pool := pl.networkPool("carve", "10.128.0.128/25")
 	if got := pl.address(pool.PoolID, "", nil); got == "10.128.0.130/25" {
 		t.Fatalf("handed out the address a running container holds: %s", got)
 	}

@@ -16,7 +16,7 @@ func (s *Service) engineLoop(ctx context.Context) {
 		}
 		// No engine at the configured host: there are no containers of its
 		// to take back addresses for, so requests need not wait.
-		s.driver.ready.Store(true)
+		s.driver.markReady()
 		s.mu.Lock()
 		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
 		for i := range s.status.Networks {
@@ -78,9 +78,22 @@ func (s *Service) session(ctx context.Context) error {
 	}
 	startEvents()
 
+	// The take-back first (collect lists the running containers' addresses
+	// and claims those the agent does not hold): RequestAddress waits for
+	// it. Then the networks. While the agent has not restored an overlay
+	// that running containers use, or the engine could not be listed, the
+	// take-back is tried again every TakeBackRetry.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	collect := func() {
+		_ = s.collect(ctx, c)
+		if s.driver.takeBackWaiting() {
+			retry.Reset(s.opts.TakeBackRetry)
+		}
+	}
+	collect()
 	s.ensureAll(ctx, c)
-	// A failed first collection is not fatal: the periodic one retries.
-	_ = s.collect(ctx, c)
 
 	syncT := time.NewTicker(s.opts.SyncInterval)
 	defer syncT.Stop()
@@ -100,13 +113,19 @@ func (s *Service) session(ctx context.Context) error {
 		case <-gcT.C:
 			// Also re-checks the networks: one removed by hand comes back.
 			s.ensureAll(ctx, c)
-			_ = s.collect(ctx, c)
+			collect()
+		case <-retry.C:
+			collect()
 		case <-evCh:
 			debounce.Reset(eventDebounce)
 		case <-debounce.C:
-			_ = s.collect(ctx, c)
+			collect()
 		case done := <-s.gcCh:
-			done <- s.collect(ctx, c)
+			err := s.collect(ctx, c)
+			if s.driver.takeBackWaiting() {
+				retry.Reset(s.opts.TakeBackRetry)
+			}
+			done <- err
 		case err := <-evErr:
 			if ctx.Err() != nil {
 				return ctx.Err()

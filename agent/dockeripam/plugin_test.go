@@ -86,6 +86,15 @@ func (p *plugin) pool(overlay string, v6 bool) poolAnswer {
 	return out
 }
 
+// networkPool asks for the pool of a Docker network of the given range, as
+// Docker does for the network carve made (it names its subnet).
+func (p *plugin) networkPool(overlay, cidr string) poolAnswer {
+	p.t.Helper()
+	var out poolAnswer
+	p.ok("/IpamDriver.RequestPool", map[string]any{"AddressSpace": "CarveLocal", "Pool": cidr, "Options": map[string]string{"network": overlay}}, &out)
+	return out
+}
+
 func (p *plugin) address(poolID, addr string, opts map[string]string) string {
 	p.t.Helper()
 	var out addrAnswer

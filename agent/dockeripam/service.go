@@ -74,6 +74,12 @@ type Options struct {
 	// GCGrace is how long an allocation must be seen unused by any container
 	// before the collector releases it.
 	GCGrace time.Duration
+	// TakeBackWait bounds how long a RequestAddress waits for the
+	// take-back of running containers' addresses (DefaultTakeBackWait).
+	TakeBackWait time.Duration
+	// TakeBackRetry is how soon a take-back that waits for the agent is
+	// tried again (DefaultTakeBackRetry).
+	TakeBackRetry time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -187,6 +193,12 @@ func New(svc AddressService, opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.TakeBackWait <= 0 {
+		opts.TakeBackWait = DefaultTakeBackWait
+	}
+	if opts.TakeBackRetry <= 0 {
+		opts.TakeBackRetry = DefaultTakeBackRetry
+	}
 	name := strings.TrimSuffix(filepath.Base(opts.PluginSocket), ".sock")
 	if !strings.HasSuffix(opts.PluginSocket, ".sock") || name == "" || !filepath.IsAbs(opts.PluginSocket) {
 		return nil, fmt.Errorf("dockeripam: plugin socket %q: want an absolute path ending in <driver name>.sock", opts.PluginSocket)
@@ -200,6 +212,8 @@ func New(svc AddressService, opts Options) (*Service, error) {
 		syncCh: make(chan struct{}, 1), gcCh: make(chan chan error),
 		logged: map[string]string{}, ensured: map[string]string{},
 	}
+	s.driver.takeBackWait = opts.TakeBackWait
+	s.driver.servedBy = s.networkServing
 	s.status.Plugin = PluginStatus{Socket: opts.PluginSocket, Driver: name}
 	s.status.Engine = EngineStatus{Host: opts.DockerHost, Error: "not tried yet"}
 	return s, nil
@@ -283,6 +297,23 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("dockeripam: plugin socket: %w", serveErr)
 	}
 	return nil
+}
+
+// networkServing is the Docker network the engine loop last found serving
+// overlay's docker range ("" when none).
+func (s *Service) networkServing(overlay string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.status.Networks {
+		switch {
+		case n.Overlay != overlay || n.ID == "":
+		case n.State == NetworkOK:
+			return n.Name
+		case n.State == NetworkLegacy:
+			return LegacyNetworkName(overlay)
+		}
+	}
+	return ""
 }
 
 func (s *Service) setPlugin(serving bool, err error) {
