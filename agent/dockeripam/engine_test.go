@@ -181,6 +181,20 @@ func (e *fakeEngine) attach(network, container, addr string) {
 	cs[container] = map[string]any{"Name": container, "IPv4Address": addr}
 }
 
+// attachAs lists a container's endpoint, with its id, name and endpoint
+// id, as the engine does.
+func (e *fakeEngine) attachAs(network, id, name, endpoint, addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := e.networks[network]
+	cs, _ := n["Containers"].(map[string]any)
+	if cs == nil {
+		cs = map[string]any{}
+		n["Containers"] = cs
+	}
+	cs[id] = map[string]any{"Name": name, "EndpointID": endpoint, "IPv4Address": addr}
+}
+
 // detach removes a container's endpoint from a network.
 func (e *fakeEngine) detach(network, container string) {
 	e.mu.Lock()
