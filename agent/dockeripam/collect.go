@@ -20,6 +20,7 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 	if err != nil {
 		s.mu.Lock()
 		s.status.GC.LastRun, s.status.GC.Error = now, err.Error()
+		s.status.Containers, s.status.ContainersListed = nil, time.Time{}
 		s.mu.Unlock()
 		s.note("gc", slog.LevelWarn, "docker leak collection skipped: the engine's endpoints could not be listed", "err", err)
 		return err
@@ -29,7 +30,12 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 	// addresses be handed out.
 	s.driver.reclaim(eps)
 	released, err := s.driver.collect(used, now, s.opts.GCGrace)
+	seen := make([]ContainerAddress, 0, len(eps))
+	for _, ep := range eps {
+		seen = append(seen, ContainerAddress{Overlay: ep.overlay, Address: ep.addr.String(), ContainerID: ep.containerID, Name: ep.name, EndpointID: ep.endpointID})
+	}
 	s.mu.Lock()
+	s.status.Containers, s.status.ContainersListed = seen, now
 	s.status.GC.LastRun = now
 	s.status.GC.Released += released
 	s.status.GC.Error = ""

@@ -19,6 +19,7 @@ func (s *Service) engineLoop(ctx context.Context) {
 		s.driver.markReady()
 		s.mu.Lock()
 		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
+		s.status.Containers, s.status.ContainersListed = nil, time.Time{}
 		for i := range s.status.Networks {
 			if s.status.Networks[i].State == NetworkOK {
 				s.status.Networks[i].State = NetworkPending

@@ -106,6 +106,26 @@ type Status struct {
 	Engine   EngineStatus    `json:"engine"`
 	Networks []NetworkStatus `json:"networks"`
 	GC       GCStatus        `json:"gc"`
+	// Containers are the addresses running containers hold on the plugin's
+	// networks, as the engine listed them at ContainersListed (the last
+	// collection; none while no engine answers): carve ipam check compares
+	// them with the agent's allocations.
+	Containers       []ContainerAddress `json:"containers"`
+	ContainersListed time.Time          `json:"containers_listed,omitzero"`
+	// TakeBackWaiting names the overlays whose running containers'
+	// addresses could not be taken back yet, with why: requests for
+	// addresses on them wait.
+	TakeBackWaiting map[string]string `json:"take_back_waiting,omitempty"`
+}
+
+// ContainerAddress is an address a container's endpoint holds, as the
+// engine lists it.
+type ContainerAddress struct {
+	Overlay     string `json:"overlay"`
+	Address     string `json:"address"`
+	ContainerID string `json:"container_id"`
+	Name        string `json:"name,omitempty"`
+	EndpointID  string `json:"endpoint_id,omitempty"`
 }
 
 // PluginStatus is the IPAM driver's socket.
@@ -257,6 +277,11 @@ func (s *Service) Status() *Status {
 	defer s.mu.Unlock()
 	st := s.status
 	st.Networks = slices.Clone(s.status.Networks)
+	st.Containers = slices.Clone(s.status.Containers)
+	if st.Containers == nil {
+		st.Containers = []ContainerAddress{}
+	}
+	st.TakeBackWaiting = s.driver.takeBackWaitingFor()
 	return &st
 }
 

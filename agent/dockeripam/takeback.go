@@ -1,6 +1,7 @@
 package dockeripam
 
 import (
+	"maps"
 	"net/netip"
 	"time"
 
@@ -62,6 +63,16 @@ func (d *driver) takeBackWaiting() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.waiting) > 0 || (d.gated.Load() && !d.ready.Load())
+}
+
+// takeBackWaitingFor is, per overlay, why the take-back waits (nil: it does not).
+func (d *driver) takeBackWaitingFor() map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.waiting) == 0 {
+		return nil
+	}
+	return maps.Clone(d.waiting)
 }
 
 // awaitTakeBack waits, at most takeBackWait, until the addresses running
