@@ -297,7 +297,7 @@ func TestNoEngine(t *testing.T) {
 	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host})
 	testutil.Eventually(t, waitLimit, "engine status", testutil.True(func() bool { return s.Status().Engine.Error != "not tried yet" }))
 	st := s.Status()
-	if st.Engine.Connected || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
+	if st.Engine.Connected || !st.Engine.Absent || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
 		t.Errorf("engine status %+v, want the missing engine named", st.Engine)
 	}
 	if !st.Plugin.Serving || st.Plugin.Driver != "carve" || st.Plugin.Socket != sock {

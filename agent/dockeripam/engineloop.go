@@ -2,7 +2,9 @@ package dockeripam
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"time"
 )
@@ -18,7 +20,7 @@ func (s *Service) engineLoop(ctx context.Context) {
 		// to take back addresses for, so requests need not wait.
 		s.driver.markReady()
 		s.mu.Lock()
-		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
+		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error(), Absent: errors.Is(err, fs.ErrNotExist)}
 		s.status.Containers, s.status.ContainersListed = nil, time.Time{}
 		for i := range s.status.Networks {
 			if s.status.Networks[i].State == NetworkOK {

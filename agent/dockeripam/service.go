@@ -143,6 +143,9 @@ type EngineStatus struct {
 	Version    string `json:"version,omitempty"`
 	APIVersion string `json:"api_version,omitempty"`
 	Error      string `json:"error,omitempty"`
+	// Absent: nothing listens at the host's socket path (no file there):
+	// Docker is not installed or not started on this host.
+	Absent bool `json:"absent,omitempty"`
 }
 
 // Network states, in NetworkStatus.State.
@@ -273,6 +276,8 @@ func (s *Service) CollectNow(ctx context.Context) error {
 
 // Status is a copy of the current state.
 func (s *Service) Status() *Status {
+	// The driver's lock is never taken under s.mu.
+	waiting := s.driver.takeBackWaitingFor()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.status
@@ -281,7 +286,7 @@ func (s *Service) Status() *Status {
 	if st.Containers == nil {
 		st.Containers = []ContainerAddress{}
 	}
-	st.TakeBackWaiting = s.driver.takeBackWaitingFor()
+	st.TakeBackWaiting = waiting
 	return &st
 }
 

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/carve-net/carve/api"
 )
 
 // checkDocker compares, for every agent whose Docker plugin is on, the
@@ -12,12 +14,17 @@ import (
 // (held returns the attachments that hold an address): an address two
 // running containers hold is a duplicate, one that no allocation of the
 // container's agent holds is untracked (carve may hand it out again), and
-// an agent whose plugin cannot list its engine is unseen, never clean.
+// an agent whose plugin cannot list its engine is unseen, never clean
+// (unless Docker is absent from its host and it holds no docker-bridge
+// address: then there is nothing to see).
 func checkDocker(snap ipamSnapshot, held func(network, addr string) []holder) []ipamProblem {
 	var problems []ipamProblem
 	type place struct{ network, addr string }
 	running := map[place][]holder{}
 	for id, st := range snap.Docker {
+		if !st.Engine.Connected && st.Engine.Absent && !holdsDocker(snap.Allocations[id]) {
+			continue // no Docker on this host, and no address of a Docker container
+		}
 		if !st.Engine.Connected || st.ContainersListed.IsZero() {
 			why := st.Engine.Error
 			if st.Engine.Connected {
@@ -64,6 +71,11 @@ func checkDocker(snap ipamSnapshot, held func(network, addr string) []holder) []
 			Detail: fmt.Sprintf("%d running Docker containers have it: %s; remove all but one of them and run them again (docker rm -f, docker run): each gets a free address", len(hs), strings.Join(names, ", "))})
 	}
 	return problems
+}
+
+// holdsDocker tells whether an agent holds an address on a docker bridge.
+func holdsDocker(list *api.AgentAllocations) bool {
+	return list != nil && slices.ContainsFunc(list.Allocations, func(a api.AgentAllocation) bool { return a.Bridge == api.BridgeDocker })
 }
 
 // shortContainerID is a container id as engines print it (12 characters).
