@@ -111,6 +111,11 @@ func (s *Service) session(ctx context.Context) error {
 			return ctx.Err()
 		case <-s.syncCh:
 			s.ensureAll(ctx, c)
+			// The agent's leases changed: an overlay the take-back waits
+			// for may be restored now.
+			if s.driver.takeBackWaiting() {
+				collect()
+			}
 		case <-syncT.C:
 			s.ensureNew(ctx, c)
 		case <-gcT.C:

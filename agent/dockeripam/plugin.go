@@ -185,6 +185,8 @@ type driver struct {
 	// servedBy names the Docker network that serves an overlay's docker
 	// range ("" when none is known); nil: none known.
 	servedBy func(overlay string) string
+	// networkTemplate names the Docker networks carve makes (Options.NetworkName).
+	networkTemplate string
 
 	mu sync.Mutex
 	// waiting says, per overlay, why the addresses running containers hold
@@ -200,7 +202,8 @@ type driver struct {
 }
 
 func newDriver(svc AddressService, log *slog.Logger, now func() time.Time) *driver {
-	d := &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}, changed: make(chan struct{}), takeBackWait: DefaultTakeBackWait}
+	d := &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}, changed: make(chan struct{}), takeBackWait: DefaultTakeBackWait,
+		networkTemplate: DefaultNetworkName}
 	d.router = d.routes()
 	return d
 }
@@ -356,14 +359,13 @@ func (d *driver) requestPool(req requestPoolRequest) (*requestPoolResponse, erro
 	if err != nil {
 		return nil, err
 	}
-	if req.Pool == "" {
-		// Docker asks for a pool without a subnet, gets the range, finds it
-		// in use by the existing network, gives it back and asks again,
-		// forever (docker network create hangs): refuse, naming the network
-		// to use instead.
-		if name := d.networkServing(overlay); name != "" {
-			return nil, errorf("overlay %q's docker range %s already is Docker network %q, which carve made: run containers on it with docker run --net %s (a second Docker network cannot have the same range)", overlay, p.prefix, name, name)
-		}
+	if req.Pool == "" && !req.V6 {
+		// dockerd checks an IPv4 pool it did not name against the host's
+		// routes: the range is routed on carve's bridge d-<overlay>, so it
+		// gives the pool back and asks again, forever (docker network
+		// create hangs). Refuse, naming the network to use instead.
+		name := d.networkServing(overlay)
+		return nil, errorf("overlay %q's docker range %s is carve's Docker network %q: run containers on it with docker run --net %s (a network of your own on that range cannot work: it is routed on carve's bridge %s)", overlay, p.prefix, name, name, BridgeName(overlay))
 	}
 	if req.Pool != "" {
 		want, err := netip.ParsePrefix(req.Pool)
@@ -374,11 +376,8 @@ func (d *driver) requestPool(req requestPoolRequest) (*requestPoolResponse, erro
 		// gateway with the pool's prefix length, and carve's bridge d-<overlay>
 		// already carries the range's gateway.
 		if want.Masked() != p.prefix {
-			hint := fmt.Sprintf("use --subnet %s", p.prefix)
-			if name := d.networkServing(overlay); name != "" {
-				hint = fmt.Sprintf("carve already made Docker network %q on that range: run containers on it with docker run --net %s", name, name)
-			}
-			return nil, errorf("pool %s is not the docker range %s of overlay %q on this agent (%s)", want, p.prefix, overlay, hint)
+			name := d.networkServing(overlay)
+			return nil, errorf("pool %s is not the docker range %s of overlay %q on this agent: run containers on carve's Docker network for it with docker run --net %s", want, p.prefix, overlay, name)
 		}
 	}
 	if req.SubPool != "" {

@@ -237,6 +237,7 @@ func New(svc AddressService, opts Options) (*Service, error) {
 	}
 	s.driver.takeBackWait = opts.TakeBackWait
 	s.driver.servedBy = s.networkServing
+	s.driver.networkTemplate = opts.NetworkName
 	s.status.Plugin = PluginStatus{Socket: opts.PluginSocket, Driver: name}
 	s.status.Engine = EngineStatus{Host: opts.DockerHost, Error: "not tried yet"}
 	return s, nil

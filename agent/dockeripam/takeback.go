@@ -100,12 +100,15 @@ func (d *driver) awaitTakeBack(overlay string) error {
 	}
 }
 
-// networkServing is the Docker network that serves overlay's docker range.
+// networkServing is the Docker network that serves overlay's docker range:
+// the one the engine loop found, else the one it makes.
 func (d *driver) networkServing(overlay string) string {
-	if d.servedBy == nil {
-		return ""
+	if d.servedBy != nil {
+		if name := d.servedBy(overlay); name != "" {
+			return name
+		}
 	}
-	return d.servedBy(overlay)
+	return NetworkName(d.networkTemplate, overlay)
 }
 
 // reclaim claims, for the endpoints' addresses that no allocation holds, an
