@@ -379,6 +379,9 @@ func (a *Agent) DebugAddr() string {
 // IPAM is the agent's container address service (New always makes an *ipam.Service).
 func (a *Agent) IPAM() *ipam.Service { s, _ := a.ipam.(*ipam.Service); return s }
 
+// Docker is the agent's Docker plugin (nil when it is off).
+func (a *Agent) Docker() *dockeripam.Service { return a.docker }
+
 // Registry is the Prometheus registry served on /metrics.
 func (a *Agent) Registry() *prometheus.Registry { return a.registry }
 

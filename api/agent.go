@@ -62,6 +62,13 @@ func (c *AgentClient) Peers(ctx context.Context) (*AgentPeers, error) {
 	return &out, c.get(ctx, "/overlay-agent/peers", &out)
 }
 
+// Docker reads the agent's Docker plugin status (GET /overlay-agent/docker)
+// into out, the agent's dockeripam.Status (api imports no agent package).
+// An agent whose plugin is off answers CodeNotFound.
+func (c *AgentClient) Docker(ctx context.Context, out any) error {
+	return c.get(ctx, "/overlay-agent/docker", out)
+}
+
 // get reads path into out through Call, the tree's one JSON client: an
 // error answer is an *Error with the agent's message and code, an agent
 // that cannot be reached an *Error wrapping ErrUnreachable.

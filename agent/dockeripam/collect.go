@@ -20,6 +20,7 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 	if err != nil {
 		s.mu.Lock()
 		s.status.GC.LastRun, s.status.GC.Error = now, err.Error()
+		s.status.Containers, s.status.ContainersListed = nil, time.Time{}
 		s.mu.Unlock()
 		s.note("gc", slog.LevelWarn, "docker leak collection skipped: the engine's endpoints could not be listed", "err", err)
 		return err
@@ -29,7 +30,12 @@ func (s *Service) collect(ctx context.Context, c *engineClient) error {
 	// addresses be handed out.
 	s.driver.reclaim(eps)
 	released, err := s.driver.collect(used, now, s.opts.GCGrace)
+	seen := make([]ContainerAddress, 0, len(eps))
+	for _, ep := range eps {
+		seen = append(seen, ContainerAddress{Overlay: ep.overlay, Address: ep.addr.String(), ContainerID: ep.containerID, Name: ep.name, EndpointID: ep.endpointID})
+	}
 	s.mu.Lock()
+	s.status.Containers, s.status.ContainersListed = seen, now
 	s.status.GC.LastRun = now
 	s.status.GC.Released += released
 	s.status.GC.Error = ""
@@ -96,51 +102,6 @@ func (s *Service) usedAddresses(ctx context.Context, c *engineClient) (map[strin
 		}
 	}
 	return used, eps, nil
-}
-
-// reclaim claims, for the endpoints' addresses that no allocation holds, an
-// attachment named after the endpoint (Docker releases by address, so the
-// name only has to be unique), and opens the driver for new requests.
-func (d *driver) reclaim(eps []dockerEndpoint) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	defer d.ready.Store(true)
-	held := map[string]map[netip.Addr]bool{}
-	claimed := 0
-	for _, ep := range eps {
-		if held[ep.overlay] == nil {
-			held[ep.overlay] = map[netip.Addr]bool{}
-			for _, a := range d.svc.List(ep.overlay).Allocations {
-				for _, ip := range a.IPs {
-					if addr, err := parseAddr(ip.Address); err == nil {
-						held[ep.overlay][addr] = true
-					}
-				}
-			}
-		}
-		if held[ep.overlay][ep.addr] {
-			continue
-		}
-		id := ep.endpointID
-		if len(id) > 16 {
-			id = id[:16]
-		}
-		req := api.IPAMRequest{Network: ep.overlay, ContainerID: attachmentPrefix + "ep-" + id, IfName: "eth0",
-			Bridge: api.BridgeDocker, Address: ep.addr.String(), Family: "4",
-			Owner: &api.Owner{Runtime: api.RuntimeDocker, EndpointID: ep.endpointID, ContainerID: ep.containerID, ContainerName: ep.name}}
-		if ep.addr.Is6() {
-			req.IfName, req.Family = "eth0-v6", "6"
-		}
-		if _, err := d.svc.Allocate(req); err != nil {
-			d.log.Error("could not take back the address of a running container", "overlay", ep.overlay, "endpoint", ep.endpointID, "address", ep.addr, "err", err)
-			continue
-		}
-		held[ep.overlay][ep.addr] = true
-		claimed++
-	}
-	if claimed > 0 {
-		d.log.Warn("took back the addresses of running Docker containers", "count", claimed)
-	}
 }
 
 // collect is the decision, under the driver's lock so that no request for

@@ -249,13 +249,15 @@ type event struct {
 	} `json:"Actor"`
 }
 
-// events streams the engine's container destroy and network disconnect
-// events to fn until ctx ends or the stream breaks. A stream is no single
+// events streams the engine's container destroy and network connect and
+// disconnect events to fn until ctx ends or the stream breaks (a connect
+// is when an endpoint exists: its container is then recorded as its
+// address's owner). A stream is no single
 // JSON answer, so this one call opens its request itself.
 func (c *engineClient) events(ctx context.Context, fn func(event)) error {
 	filters, _ := json.Marshal(map[string][]string{
 		"type":  {"container", "network"},
-		"event": {"destroy", "disconnect"},
+		"event": {"destroy", "connect", "disconnect"},
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/events?filters="+url.QueryEscape(string(filters))), nil)
 	if err != nil {

@@ -181,6 +181,20 @@ func (e *fakeEngine) attach(network, container, addr string) {
 	cs[container] = map[string]any{"Name": container, "IPv4Address": addr}
 }
 
+// attachAs lists a container's endpoint, with its id, name and endpoint
+// id, as the engine does.
+func (e *fakeEngine) attachAs(network, id, name, endpoint, addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := e.networks[network]
+	cs, _ := n["Containers"].(map[string]any)
+	if cs == nil {
+		cs = map[string]any{}
+		n["Containers"] = cs
+	}
+	cs[id] = map[string]any{"Name": name, "EndpointID": endpoint, "IPv4Address": addr}
+}
+
 // detach removes a container's endpoint from a network.
 func (e *fakeEngine) detach(network, container string) {
 	e.mu.Lock()
@@ -283,7 +297,7 @@ func TestNoEngine(t *testing.T) {
 	s := runService(t, newTestService(t), dockeripam.Options{PluginSocket: sock, DockerHost: host})
 	testutil.Eventually(t, waitLimit, "engine status", testutil.True(func() bool { return s.Status().Engine.Error != "not tried yet" }))
 	st := s.Status()
-	if st.Engine.Connected || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
+	if st.Engine.Connected || !st.Engine.Absent || !strings.Contains(st.Engine.Error, "no Docker engine at "+host) {
 		t.Errorf("engine status %+v, want the missing engine named", st.Engine)
 	}
 	if !st.Plugin.Serving || st.Plugin.Driver != "carve" || st.Plugin.Socket != sock {
@@ -471,7 +485,7 @@ func TestLeakCollection(t *testing.T) {
 
 	// A (replayed) request for an attachment restarts its grace period.
 	pl := &plugin{t: t, h: s.Handler()}
-	pool := pl.pool("carve", false)
+	pool := pl.networkPool("carve", "10.128.0.128/25")
 	mac := map[string]string{"com.docker.network.endpoint.macaddress": "02:42:00:00:00:01"}
 	pl.address(pool.PoolID, "", mac)
 	collect()
@@ -518,7 +532,7 @@ func TestReclaimRunningContainers(t *testing.T) {
 		t.Fatalf("the running container's address was not taken back: %+v", f.List("carve").Allocations)
 	}
 	pl := &plugin{t: t, h: s.Handler()}
-	pool := pl.pool("carve", false)
+	pool := pl.networkPool("carve", "10.128.0.128/25")
 	if got := pl.address(pool.PoolID, "", nil); got == "10.128.0.130/25" {
 		t.Fatalf("handed out the address a running container holds: %s", got)
 	}

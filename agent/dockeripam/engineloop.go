@@ -2,7 +2,9 @@ package dockeripam
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"time"
 )
@@ -16,9 +18,10 @@ func (s *Service) engineLoop(ctx context.Context) {
 		}
 		// No engine at the configured host: there are no containers of its
 		// to take back addresses for, so requests need not wait.
-		s.driver.ready.Store(true)
+		s.driver.markReady()
 		s.mu.Lock()
-		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error()}
+		s.status.Engine = EngineStatus{Host: s.opts.DockerHost, Error: err.Error(), Absent: errors.Is(err, fs.ErrNotExist)}
+		s.status.Containers, s.status.ContainersListed = nil, time.Time{}
 		for i := range s.status.Networks {
 			if s.status.Networks[i].State == NetworkOK {
 				s.status.Networks[i].State = NetworkPending
@@ -78,9 +81,22 @@ func (s *Service) session(ctx context.Context) error {
 	}
 	startEvents()
 
+	// The take-back first (collect lists the running containers' addresses
+	// and claims those the agent does not hold): RequestAddress waits for
+	// it. Then the networks. While the agent has not restored an overlay
+	// that running containers use, or the engine could not be listed, the
+	// take-back is tried again every TakeBackRetry.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	collect := func() {
+		_ = s.collect(ctx, c)
+		if s.driver.takeBackWaiting() {
+			retry.Reset(s.opts.TakeBackRetry)
+		}
+	}
+	collect()
 	s.ensureAll(ctx, c)
-	// A failed first collection is not fatal: the periodic one retries.
-	_ = s.collect(ctx, c)
 
 	syncT := time.NewTicker(s.opts.SyncInterval)
 	defer syncT.Stop()
@@ -95,18 +111,29 @@ func (s *Service) session(ctx context.Context) error {
 			return ctx.Err()
 		case <-s.syncCh:
 			s.ensureAll(ctx, c)
+			// The agent's leases changed: an overlay the take-back waits
+			// for may be restored now.
+			if s.driver.takeBackWaiting() {
+				collect()
+			}
 		case <-syncT.C:
 			s.ensureNew(ctx, c)
 		case <-gcT.C:
 			// Also re-checks the networks: one removed by hand comes back.
 			s.ensureAll(ctx, c)
-			_ = s.collect(ctx, c)
+			collect()
+		case <-retry.C:
+			collect()
 		case <-evCh:
 			debounce.Reset(eventDebounce)
 		case <-debounce.C:
-			_ = s.collect(ctx, c)
+			collect()
 		case done := <-s.gcCh:
-			done <- s.collect(ctx, c)
+			err := s.collect(ctx, c)
+			if s.driver.takeBackWaiting() {
+				retry.Reset(s.opts.TakeBackRetry)
+			}
+			done <- err
 		case err := <-evErr:
 			if ctx.Err() != nil {
 				return ctx.Err()

@@ -174,12 +174,27 @@ type driver struct {
 	router http.Handler
 
 	// gated closes RequestAddress while Service.Run follows an engine, until
-	// ready: running containers' addresses have been taken back (or no
-	// engine answers at the configured host, so there is nothing to take
-	// back from). A driver used without Run is never gated.
+	// ready: the engine's running containers were listed and their
+	// addresses taken back (or no engine answers at the configured host, so
+	// there is nothing to take back from). A driver used without Run is
+	// never gated. See takeback.go.
 	gated, ready atomic.Bool
+	// takeBackWait bounds how long RequestAddress waits for the take-back
+	// before it answers a retryable error.
+	takeBackWait time.Duration
+	// servedBy names the Docker network that serves an overlay's docker
+	// range ("" when none is known); nil: none known.
+	servedBy func(overlay string) string
+	// networkTemplate names the Docker networks carve makes (Options.NetworkName).
+	networkTemplate string
 
 	mu sync.Mutex
+	// waiting says, per overlay, why the addresses running containers hold
+	// on it could not be taken back yet (the agent has not restored that
+	// overlay): RequestAddress on it waits until they are.
+	waiting map[string]string
+	// changed is closed (and replaced) whenever the take-back state changes.
+	changed chan struct{}
 	// unusedSince is when the collector first saw an attachment held by no
 	// container (key: overlay, container id, ifname). A new request for an
 	// attachment clears it, so that its grace period starts over.
@@ -187,7 +202,8 @@ type driver struct {
 }
 
 func newDriver(svc AddressService, log *slog.Logger, now func() time.Time) *driver {
-	d := &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}}
+	d := &driver{svc: svc, log: log, now: now, unusedSince: map[string]time.Time{}, changed: make(chan struct{}), takeBackWait: DefaultTakeBackWait,
+		networkTemplate: DefaultNetworkName}
 	d.router = d.routes()
 	return d
 }
@@ -343,6 +359,14 @@ func (d *driver) requestPool(req requestPoolRequest) (*requestPoolResponse, erro
 	if err != nil {
 		return nil, err
 	}
+	if req.Pool == "" && !req.V6 {
+		// dockerd checks an IPv4 pool it did not name against the host's
+		// routes: the range is routed on carve's bridge d-<overlay>, so it
+		// gives the pool back and asks again, forever (docker network
+		// create hangs). Refuse, naming the network to use instead.
+		name := d.networkServing(overlay)
+		return nil, errorf("overlay %q's docker range %s is carve's Docker network %q: run containers on it with docker run --net %s (a network of your own on that range cannot work: it is routed on carve's bridge %s)", overlay, p.prefix, name, name, BridgeName(overlay))
+	}
 	if req.Pool != "" {
 		want, err := netip.ParsePrefix(req.Pool)
 		if err != nil {
@@ -352,7 +376,8 @@ func (d *driver) requestPool(req requestPoolRequest) (*requestPoolResponse, erro
 		// gateway with the pool's prefix length, and carve's bridge d-<overlay>
 		// already carries the range's gateway.
 		if want.Masked() != p.prefix {
-			return nil, errorf("pool %s is not the docker range %s of overlay %q on this agent (use --subnet %s, or leave it out)", want, p.prefix, overlay, p.prefix)
+			name := d.networkServing(overlay)
+			return nil, errorf("pool %s is not the docker range %s of overlay %q on this agent: run containers on carve's Docker network for it with docker run --net %s", want, p.prefix, overlay, name)
 		}
 	}
 	if req.SubPool != "" {
@@ -404,8 +429,8 @@ func (d *driver) requestAddress(req requestAddressRequest) (*requestAddressRespo
 	if want.IsValid() && !p.prefix.Contains(want) {
 		return nil, errorf("address %s is outside overlay %q's docker range %s", want, p.overlay, p.prefix)
 	}
-	if d.gated.Load() && !d.ready.Load() {
-		return nil, errorf("carve is still taking back the addresses of running containers from the engine; retry in a moment")
+	if err := d.awaitTakeBack(p.overlay); err != nil {
+		return nil, err
 	}
 	areq := api.IPAMRequest{Network: p.overlay, IfName: "eth0", Bridge: api.BridgeDocker, Family: p.family()}
 	if p.v6 {

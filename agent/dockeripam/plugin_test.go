@@ -86,6 +86,15 @@ func (p *plugin) pool(overlay string, v6 bool) poolAnswer {
 	return out
 }
 
+// networkPool asks for the pool of a Docker network of the given range, as
+// Docker does for the network carve made (it names its subnet).
+func (p *plugin) networkPool(overlay, cidr string) poolAnswer {
+	p.t.Helper()
+	var out poolAnswer
+	p.ok("/IpamDriver.RequestPool", map[string]any{"AddressSpace": "CarveLocal", "Pool": cidr, "Options": map[string]string{"network": overlay}}, &out)
+	return out
+}
+
 func (p *plugin) address(poolID, addr string, opts map[string]string) string {
 	p.t.Helper()
 	var out addrAnswer
@@ -149,7 +158,7 @@ func testProtocol(t *testing.T, svc dockeripam.AddressService) {
 		}
 	})
 
-	pool4, pool6 := p.pool("carve", false), p.pool("carve", true)
+	pool4, pool6 := p.networkPool("carve", v4.String()), p.pool("carve", true)
 	t.Run("pools are the overlay's docker ranges", func(t *testing.T) {
 		if pool4.Pool != v4.String() || pool4.Data[gatewayType] != with(gw4, v4.Bits()) {
 			t.Errorf("v4 pool %+v, want %s with gateway %s", pool4, v4, gw4)
@@ -175,7 +184,9 @@ func testProtocol(t *testing.T, svc dockeripam.AddressService) {
 			v4.String())
 		wantContains(t, "unknown overlay", p.fail("/IpamDriver.RequestPool", map[string]any{"Options": map[string]string{"network": "red"}}), `"red"`, "not configured")
 		wantContains(t, "no IPv6", p.fail("/IpamDriver.RequestPool", map[string]any{"V6": true, "Options": map[string]string{"network": "blue"}}), "IPv6", "blue")
-		wantContains(t, "ip range", p.fail("/IpamDriver.RequestPool", map[string]any{"SubPool": v4.String(), "Options": map[string]string{"network": "carve"}}), "--ip-range")
+		wantContains(t, "ip range", p.fail("/IpamDriver.RequestPool", map[string]any{"Pool": v4.String(), "SubPool": v4.String(), "Options": map[string]string{"network": "carve"}}), "--ip-range")
+		wantContains(t, "no subnet: dockerd would ask forever", p.fail("/IpamDriver.RequestPool", map[string]any{"Options": map[string]string{"network": "carve"}}),
+			"docker run --net carve", v4.String())
 		wantContains(t, "bad pool", p.fail("/IpamDriver.RequestPool", map[string]any{"Pool": "nonsense", "Options": map[string]string{"network": "carve"}}), "nonsense")
 	})
 
@@ -310,7 +321,7 @@ func testProtocol(t *testing.T, svc dockeripam.AddressService) {
 		single.addOverlay("solo", [2]string{"10.1.0.0/16"}, [2]string{}, [2]string{"10.1.0.128/25"})
 		sp := newPlugin(t, single)
 		var out poolAnswer
-		sp.ok("/IpamDriver.RequestPool", map[string]any{}, &out)
+		sp.ok("/IpamDriver.RequestPool", map[string]any{"Pool": "10.1.0.128/25"}, &out)
 		if out.Pool != "10.1.0.128/25" {
 			t.Errorf("pool %+v", out)
 		}

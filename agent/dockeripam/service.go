@@ -74,6 +74,12 @@ type Options struct {
 	// GCGrace is how long an allocation must be seen unused by any container
 	// before the collector releases it.
 	GCGrace time.Duration
+	// TakeBackWait bounds how long a RequestAddress waits for the
+	// take-back of running containers' addresses (DefaultTakeBackWait).
+	TakeBackWait time.Duration
+	// TakeBackRetry is how soon a take-back that waits for the agent is
+	// tried again (DefaultTakeBackRetry).
+	TakeBackRetry time.Duration
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -100,6 +106,26 @@ type Status struct {
 	Engine   EngineStatus    `json:"engine"`
 	Networks []NetworkStatus `json:"networks"`
 	GC       GCStatus        `json:"gc"`
+	// Containers are the addresses running containers hold on the plugin's
+	// networks, as the engine listed them at ContainersListed (the last
+	// collection; none while no engine answers): carve ipam check compares
+	// them with the agent's allocations.
+	Containers       []ContainerAddress `json:"containers"`
+	ContainersListed time.Time          `json:"containers_listed,omitzero"`
+	// TakeBackWaiting names the overlays whose running containers'
+	// addresses could not be taken back yet, with why: requests for
+	// addresses on them wait.
+	TakeBackWaiting map[string]string `json:"take_back_waiting,omitempty"`
+}
+
+// ContainerAddress is an address a container's endpoint holds, as the
+// engine lists it.
+type ContainerAddress struct {
+	Overlay     string `json:"overlay"`
+	Address     string `json:"address"`
+	ContainerID string `json:"container_id"`
+	Name        string `json:"name,omitempty"`
+	EndpointID  string `json:"endpoint_id,omitempty"`
 }
 
 // PluginStatus is the IPAM driver's socket.
@@ -117,6 +143,9 @@ type EngineStatus struct {
 	Version    string `json:"version,omitempty"`
 	APIVersion string `json:"api_version,omitempty"`
 	Error      string `json:"error,omitempty"`
+	// Absent: nothing listens at the host's socket path (no file there):
+	// Docker is not installed or not started on this host.
+	Absent bool `json:"absent,omitempty"`
 }
 
 // Network states, in NetworkStatus.State.
@@ -187,6 +216,12 @@ func New(svc AddressService, opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.TakeBackWait <= 0 {
+		opts.TakeBackWait = DefaultTakeBackWait
+	}
+	if opts.TakeBackRetry <= 0 {
+		opts.TakeBackRetry = DefaultTakeBackRetry
+	}
 	name := strings.TrimSuffix(filepath.Base(opts.PluginSocket), ".sock")
 	if !strings.HasSuffix(opts.PluginSocket, ".sock") || name == "" || !filepath.IsAbs(opts.PluginSocket) {
 		return nil, fmt.Errorf("dockeripam: plugin socket %q: want an absolute path ending in <driver name>.sock", opts.PluginSocket)
@@ -200,6 +235,9 @@ func New(svc AddressService, opts Options) (*Service, error) {
 		syncCh: make(chan struct{}, 1), gcCh: make(chan chan error),
 		logged: map[string]string{}, ensured: map[string]string{},
 	}
+	s.driver.takeBackWait = opts.TakeBackWait
+	s.driver.servedBy = s.networkServing
+	s.driver.networkTemplate = opts.NetworkName
 	s.status.Plugin = PluginStatus{Socket: opts.PluginSocket, Driver: name}
 	s.status.Engine = EngineStatus{Host: opts.DockerHost, Error: "not tried yet"}
 	return s, nil
@@ -239,10 +277,17 @@ func (s *Service) CollectNow(ctx context.Context) error {
 
 // Status is a copy of the current state.
 func (s *Service) Status() *Status {
+	// The driver's lock is never taken under s.mu.
+	waiting := s.driver.takeBackWaitingFor()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.status
 	st.Networks = slices.Clone(s.status.Networks)
+	st.Containers = slices.Clone(s.status.Containers)
+	if st.Containers == nil {
+		st.Containers = []ContainerAddress{}
+	}
+	st.TakeBackWaiting = waiting
 	return &st
 }
 
@@ -283,6 +328,23 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("dockeripam: plugin socket: %w", serveErr)
 	}
 	return nil
+}
+
+// networkServing is the Docker network the engine loop last found serving
+// overlay's docker range ("" when none).
+func (s *Service) networkServing(overlay string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.status.Networks {
+		switch {
+		case n.Overlay != overlay || n.ID == "":
+		case n.State == NetworkOK:
+			return n.Name
+		case n.State == NetworkLegacy:
+			return LegacyNetworkName(overlay)
+		}
+	}
+	return ""
 }
 
 func (s *Service) setPlugin(serving bool, err error) {

@@ -17,6 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/retry"
@@ -452,7 +453,8 @@ func readIPAM(ctx context.Context, client *api.Client, reader *agentReader) (ipa
 	if err != nil {
 		return ipamSnapshot{}, err
 	}
-	snap := ipamSnapshot{State: st, Allocations: map[string]*api.AgentAllocations{}, Status: map[string]*api.AgentIPAMStatus{}}
+	snap := ipamSnapshot{State: st, Allocations: map[string]*api.AgentAllocations{}, Status: map[string]*api.AgentIPAMStatus{},
+		Docker: map[string]*dockeripam.Status{}}
 	var mu sync.Mutex
 	snap.Failed = reader.readAgents(ctx, st.Agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
 		list, err := c.IPAMAllocations(ctx, "")
@@ -471,6 +473,20 @@ func readIPAM(ctx context.Context, client *api.Client, reader *agentReader) (ipa
 		}
 		if status.AgentID != a.AgentID {
 			return fmt.Errorf("the agent at %s says it is %q", a.IP, status.AgentID)
+		}
+		// What the agent's Docker plugin lists of its engine's running
+		// containers, to compare with its allocations; an agent without
+		// the plugin answers not_found.
+		var docker dockeripam.Status
+		switch err := c.Docker(ctx, &docker); {
+		case api.IsCode(err, api.CodeNotFound):
+		case err != nil:
+			docker = dockeripam.Status{Engine: dockeripam.EngineStatus{Error: "its Docker plugin's status could not be read: " + err.Error()}}
+			fallthrough
+		default:
+			mu.Lock()
+			snap.Docker[a.AgentID] = &docker
+			mu.Unlock()
 		}
 		mu.Lock()
 		snap.Allocations[a.AgentID] = list

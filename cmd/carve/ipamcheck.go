@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 )
 
@@ -17,6 +18,8 @@ const (
 	problemLeak        = "leak"        // an address whose container is gone
 	problemUnreachable = "unreachable" // an agent whose allocations could not be read
 	problemDetached    = "detached"    // a live container whose bridge no longer exists
+	problemUntracked   = "untracked"   // a running Docker container's address its agent does not hold
+	problemUnseen      = "unseen"      // an agent whose Docker engine's containers could not be listed
 )
 
 // holder is an attachment holding an address.
@@ -28,9 +31,15 @@ type holder struct {
 	// Unclaimed: the agent keeps the record but its ring gives the address
 	// to another agent (api.AgentAllocation.Unclaimed).
 	Unclaimed bool `json:"unclaimed,omitempty"`
+	// DockerName is set for a running Docker container as its engine lists
+	// it (ContainerID is then the engine's container id).
+	DockerName string `json:"docker_name,omitempty"`
 }
 
 func (h holder) String() string {
+	if h.DockerName != "" {
+		return h.AgentID + "/docker container " + h.DockerName + " [" + shortContainerID(h.ContainerID) + "]"
+	}
 	if h.ContainerID == "" {
 		return h.AgentID
 	}
@@ -62,6 +71,9 @@ type ipamSnapshot struct {
 	Allocations map[string]*api.AgentAllocations // by agent id
 	Failed      map[string]string                // agent id -> error
 	Status      map[string]*api.AgentIPAMStatus  // by agent id: the blocks each agent reports (ring ownership)
+	// Docker is, by agent id, what each agent's Docker plugin lists of its
+	// engine's running containers (absent: the plugin is off).
+	Docker map[string]*dockeripam.Status
 }
 
 // checkIPAM finds, in one read, the addresses held twice, those outside
@@ -109,6 +121,7 @@ func checkIPAM(snap ipamSnapshot) []ipamProblem {
 			}
 		}
 	}
+	problems = append(problems, checkDocker(snap, func(network, addr string) []holder { return holders[place{network, addr}] })...)
 	for k, hs := range holders {
 		if len(hs) < 2 {
 			continue

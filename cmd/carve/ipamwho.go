@@ -52,16 +52,39 @@ func parseWhoQuery(ip, owner string) (whoQuery, error) {
 	return q, nil
 }
 
-// match tells whether an allocation answers the query.
-func (q whoQuery) match(al api.Allocation) bool {
+// match tells whether an allocation of the agent answers the query.
+func (q whoQuery) match(agentID string, al api.Allocation) bool {
 	if q.IP.IsValid() && !slices.ContainsFunc(al.IPs, func(ip api.IPConfig) bool {
 		a, err := api.ParseHostAddr(ip.Address)
 		return err == nil && a == q.IP
 	}) {
 		return false
 	}
-	return q.Owner == "" || al.Owner.Matches(q.Owner) ||
-		strings.Contains(strings.ToLower(al.ContainerID), strings.ToLower(q.Owner))
+	if q.Owner == "" || al.Owner.Matches(q.Owner) {
+		return true
+	}
+	text := strings.ToLower(q.Owner)
+	return slices.ContainsFunc(ownerForms(agentID, al), func(f string) bool { return strings.Contains(strings.ToLower(f), text) })
+}
+
+// ownerForms are the ways carve's tables name an allocation's owner, beyond
+// its fields one by one, so that --owner finds what a table printed: the
+// owner as carve ipam show prints it ("pod shop/web-0", "docker container
+// web [id 4f1c9e0d2b7a, ...]"), a pod as namespace/name, a Docker name as
+// the engine's inspect writes it (/web), and the attachment as carve ipam
+// check prints it (agent/container/ifname).
+func ownerForms(agentID string, al api.Allocation) []string {
+	forms := []string{al.ContainerID, al.ContainerID + "/" + al.IfName, agentID + "/" + al.ContainerID + "/" + al.IfName}
+	if o := al.Owner; o != nil {
+		forms = append(forms, o.String())
+		if o.PodNamespace != "" && o.PodName != "" {
+			forms = append(forms, o.PodNamespace+"/"+o.PodName)
+		}
+		if o.ContainerName != "" {
+			forms = append(forms, "/"+o.ContainerName)
+		}
+	}
+	return forms
 }
 
 // whoHolder is an allocation that answers the query, with its agent.
@@ -115,7 +138,7 @@ func buildWho(snap ipamSnapshot, q whoQuery, overlay string) *whoReport {
 	}
 	for _, id := range slices.Sorted(maps.Keys(snap.Allocations)) {
 		for _, al := range snap.Allocations[id].Allocations {
-			if (overlay == "" || al.Network == overlay) && q.match(al.Allocation) {
+			if (overlay == "" || al.Network == overlay) && q.match(id, al.Allocation) {
 				rep.Holders = append(rep.Holders, whoHolder{AgentID: id, AgentIP: ips[id], AgentAllocation: al})
 			}
 		}

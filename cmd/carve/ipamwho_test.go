@@ -17,7 +17,11 @@ func TestWhoQuery(t *testing.T) {
 			"h1": {AgentID: "h1", Allocations: []api.AgentAllocation{{Allocation: api.Allocation{Network: "ov", ContainerID: "c1", IfName: "eth0", Bridge: "mesos",
 				IPs: []api.IPConfig{{Address: "10.1.0.2/25"}}, Owner: &api.Owner{Runtime: api.RuntimeCNI, PodNamespace: "shop", PodName: "web-0"}}, Container: api.ContainerLive}}},
 			"h2": {AgentID: "h2", Allocations: []api.AgentAllocation{{Allocation: api.Allocation{Network: "ov", ContainerID: "old", IfName: "eth0", Bridge: "mesos",
-				IPs: []api.IPConfig{{Address: "10.1.1.2/25"}}}, Container: api.ContainerGone}}},
+				IPs: []api.IPConfig{{Address: "10.1.1.2/25"}}}, Container: api.ContainerGone},
+				{Allocation: api.Allocation{Network: "ov", ContainerID: "docker-0242ac110002", IfName: "eth0", Bridge: "docker",
+					IPs: []api.IPConfig{{Address: "10.1.1.130/25"}}, Owner: &api.Owner{Runtime: api.RuntimeDocker,
+						ContainerID: "4f1c9e0d2b7a63c8e5f4a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6", ContainerName: "web", EndpointID: "e1", MAC: "02:42:ac:11:00:02"}},
+					Container: api.ContainerUnknown}}},
 		},
 		Status: map[string]*api.AgentIPAMStatus{"h2": {AgentID: "h2", Networks: []api.IPAMNetworkUsage{{Network: "ov",
 			Bridges: []api.IPAMBridgeUsage{{Bridge: "mesos", Blocks: []api.IPAMBlockUsage{{Prefix: "10.1.1.0/25"}}}}}}}},
@@ -32,6 +36,15 @@ func TestWhoQuery(t *testing.T) {
 		{name: "address with prefix", ip: "10.1.0.2/25", holders: 1, out: []string{"pod shop/web-0", "h1"}},
 		{name: "owner substring", owner: "SHOP", holders: 1, out: []string{"10.1.0.2/25"}},
 		{name: "owner of an old record: its container id", owner: "old", holders: 1},
+		// Every form a table prints finds its owner.
+		{name: "pod as namespace/name", owner: "shop/web-0", holders: 1, out: []string{"10.1.0.2/25"}},
+		{name: "pod as printed", owner: "pod shop/web-0", holders: 1, out: []string{"10.1.0.2/25"}},
+		{name: "docker container by name", owner: "web", holders: 2},
+		{name: "docker container by inspect's name", owner: "/web", holders: 2, out: []string{"docker container web [id 4f1c9e0d2b7a", "10.1.1.130/25"}},
+		{name: "docker container by id prefix", owner: "4f1c9e0d2b7a", holders: 1, out: []string{"docker container web"}},
+		{name: "docker container as printed", owner: "docker container web", holders: 1},
+		{name: "docker address", ip: "10.1.1.130", holders: 1, out: []string{"docker container web [id 4f1c9e0d2b7a, endpoint e1]"}},
+		{name: "attachment as ipam check prints it", owner: "h2/docker-0242ac110002/eth0", holders: 1},
 		{name: "free address: whose range", ip: "10.1.1.9", out: []string{"no allocation holds 10.1.1.9", "agent h2 (198.18.0.12), overlay ov, mesos bridge's 10.1.1.0/25"}},
 		{name: "nobody's", ip: "10.7.0.1", out: []string{"no agent read has it"}},
 		{name: "bad ip", ip: "10.1", err: "--ip"},
@@ -84,6 +97,6 @@ func FuzzWhoQuery(f *testing.F) {
 		if len(q.Owner) > maxOwnerQuery || (ip != "" && !q.IP.IsValid()) {
 			t.Fatalf("accepted %q %q as %+v", ip, owner, q)
 		}
-		_ = q.match(api.Allocation{IPs: []api.IPConfig{{Address: "10.1.0.2/25"}}, Owner: &api.Owner{PodName: "x"}})
+		_ = q.match("h1", api.Allocation{IPs: []api.IPConfig{{Address: "10.1.0.2/25"}}, Owner: &api.Owner{PodName: "x"}})
 	})
 }

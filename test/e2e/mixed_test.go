@@ -1,10 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
+	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/dockerlab"
 	"github.com/carve-net/carve/test/lab/enginelab"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -85,5 +89,33 @@ func TestMixedContainers(t *testing.T) {
 	}
 	if err := dc.Ping(ctx, ct.Addr.Addr(), 20); err != nil {
 		t.Errorf("Docker container on %s -> CNI container on %s: %v", h2.Name, h1.Name, err)
+	}
+
+	// The operator's view: the Docker container is its address's owner,
+	// found by its id as `docker ps` prints it (the agent learns it from
+	// the engine once the endpoint exists), and carve ipam check compares
+	// the allocations with the engine's running containers: clean.
+	testutil.Eventually(t, converge, "carve ipam show --owner finds the Docker container", func() error {
+		args := append([]string{"ipam", "show", "--json", "--owner", dc.ID[:12], "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+		out, err := c.RunCarve(ctx, h1, args...)
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		var rep struct {
+			Holders []struct {
+				Owner *api.Owner `json:"owner"`
+				IPs   []api.IPConfig
+			} `json:"holders"`
+		}
+		if err := json.Unmarshal(out, &rep); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		if len(rep.Holders) == 0 || rep.Holders[0].Owner == nil || rep.Holders[0].Owner.ContainerID != dc.ID || rep.Holders[0].Owner.ContainerName == "" {
+			return fmt.Errorf("holders %s", out)
+		}
+		return nil
+	})
+	if rep, code := ipamCheck(ctx, t, c); code != 0 || !rep.Clean {
+		t.Errorf("carve ipam check with a Docker container: exit %d, problems %+v; want clean", code, rep.Problems)
 	}
 }

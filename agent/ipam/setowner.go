@@ -1,0 +1,52 @@
+package ipam
+
+import (
+	"net/http"
+	"reflect"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
+)
+
+// SetOwner records owner as the owner of an attachment the agent holds. A
+// runtime that learns who holds an address only after allocating it (Docker's
+// IPAM request names no container: the plugin looks the container up in the
+// engine once its endpoint exists) names it here, so that carve ipam show and
+// the "taken" errors name the container. The addresses stay as they are.
+func (s *Service) SetOwner(network, containerID, ifName string, owner *api.Owner) error {
+	if err := owner.Validate(); err != nil {
+		return failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
+	}
+	at := ring.Attachment{ContainerID: containerID, Interface: ifName}
+	key := allocKey(network, at)
+	s.mu.Lock()
+	for s.waitPending(key) {
+	}
+	o := s.overlays[network]
+	var rec allocRecord
+	ok := false
+	if o != nil {
+		rec, ok = o.attached[at]
+	}
+	if !ok {
+		s.mu.Unlock()
+		return failure(http.StatusNotFound, api.CodeNotFound, "%s/%s holds no address on %q", containerID, ifName, network)
+	}
+	if reflect.DeepEqual(rec.Owner, owner) {
+		s.mu.Unlock()
+		return nil
+	}
+	prev := rec
+	rec.Owner = owner
+	o.attached[at] = rec
+	b := s.enqueue(change{key: key, writes: []write{putAlloc(network, at, rec)}, undo: func() {
+		if cur, ok := o.attached[at]; ok && reflect.DeepEqual(cur.Owner, owner) {
+			o.attached[at] = prev
+		}
+	}})
+	s.mu.Unlock()
+	if err := s.flush(b); err != nil {
+		return failure(http.StatusInternalServerError, api.CodeInternal, "persist owner: %v", err)
+	}
+	return nil
+}
