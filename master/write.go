@@ -240,7 +240,8 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 		httpapi.WriteError(w, http.StatusConflict, api.CodeExhausted, err.Error())
 	case errors.Is(err, state.ErrQuota):
 		s.refuseQuota(w, r, err)
-	case errors.Is(err, state.ErrBlockConflict), errors.Is(err, state.ErrRequestIDReused), errors.Is(err, state.ErrReportAhead):
+	case errors.Is(err, state.ErrBlockConflict), errors.Is(err, state.ErrRequestIDReused), errors.Is(err, state.ErrReportAhead),
+		errors.Is(err, state.ErrKeyInUse):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, state.ErrUnknownAgent), errors.Is(err, errUnknownServer):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())

@@ -231,12 +231,18 @@ func TestStateDigestSeesEveryDifference(t *testing.T) {
 		t.Fatalf("the same log gave two digests: %s %s", same, again)
 	}
 	for name, mutate := range map[string]func(h *tableHarness){
-		"a record":     func(h *tableHarness) { h.mustRegister("n9", "198.18.0.99") },
-		"a tombstone":  func(h *tableHarness) { h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"n3"}}}) },
-		"a request id": func(h *tableHarness) { h.apply(command{Op: opRegister, RequestID: "x", Register: &registerCmd{AgentID: "n0", IP: "198.18.0.1", Hostname: "n0.example"}}) },
-		"the config":   func(h *tableHarness) { h.apply(command{Op: opSetConfig, SetConfig: ptr(cfgWith(api.OverlayNetwork{Name: "a", Subnet: "10.1.0.0/16", Prefix: 24}, api.OverlayNetwork{Name: "b", Subnet: "10.2.0.0/16", Prefix: 24}))}) },
+		"a record":    func(h *tableHarness) { h.mustRegister("n9", "198.18.0.99") },
+		"a tombstone": func(h *tableHarness) { h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"n3"}}}) },
+		"a request id": func(h *tableHarness) {
+			h.apply(command{Op: opRegister, RequestID: "x", Register: &registerCmd{AgentID: "n0", IP: "198.18.0.1", Hostname: "n0.example"}})
+		},
+		"the config": func(h *tableHarness) {
+			h.apply(command{Op: opSetConfig, SetConfig: ptr(cfgWith(api.OverlayNetwork{Name: "a", Subnet: "10.1.0.0/16", Prefix: 24}, api.OverlayNetwork{Name: "b", Subnet: "10.2.0.0/16", Prefix: 24}))})
+		},
 		"a revocation": func(h *tableHarness) { h.apply(command{Op: opRevoke, Revoke: &revokeCmd{Serial: "abcd"}}) },
-		"a server":     func(h *tableHarness) { h.apply(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m1", HTTPAddr: "127.0.0.1:1"}}) },
+		"a server": func(h *tableHarness) {
+			h.apply(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m1", HTTPAddr: "127.0.0.1:1"}})
+		},
 		"swapped VTEPs": func(h *tableHarness) {
 			a, b := h.table.agents["n0"].clone(), h.table.agents["n1"].clone()
 			a.VTEP, b.VTEP = b.VTEP, a.VTEP

@@ -3,6 +3,7 @@ package state
 import (
 	"bytes"
 	"encoding/base64"
+	"errors"
 	"strings"
 	"testing"
 
@@ -66,5 +67,42 @@ func TestRegistrationKeysValidated(t *testing.T) {
 		if _, err := RegisterCommand(tt.req); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.want)
 		}
+	}
+}
+
+// TestKeysAreTheirHolders (issue 26, item 5): a registration carrying
+// another agent's WireGuard or claim key is refused in the log (every
+// replica refuses it), naming the holder, and changes nothing; the holder
+// re-registering its own key, or a deleted holder's key taken by a new
+// agent, is accepted.
+func TestKeysAreTheirHolders(t *testing.T) {
+	h := newHarness(t, DefaultConfig())
+	reg := func(id, ip string, k api.AgentKeys) Result {
+		t.Helper()
+		return h.apply(command{Op: opRegister, Register: &registerCmd{AgentID: id, IP: ip, Keys: k, Bridges: api.AgentNetworkConfig{MesosBridge: true}}})
+	}
+	victim := api.AgentKeys{Claim: testKey(1), WireGuard: testKey(2)}
+	if res := reg("victim", "198.18.0.1", victim); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	_, before := h.table.StateDigest()
+	for name, k := range map[string]api.AgentKeys{
+		"its WireGuard key": {Claim: testKey(3), WireGuard: victim.WireGuard},
+		"its claim key":     {Claim: victim.Claim, WireGuard: testKey(4)},
+	} {
+		res := reg("attacker", "198.18.0.2", k)
+		if !errors.Is(res.Err, ErrKeyInUse) || !strings.Contains(res.Err.Error(), "victim") {
+			t.Errorf("a registration with %s: %v, want ErrKeyInUse naming victim", name, res.Err)
+		}
+	}
+	if _, after := h.table.StateDigest(); after != before {
+		t.Error("a refused registration changed the state")
+	}
+	if res := reg("victim", "198.18.0.1", victim); res.Err != nil {
+		t.Errorf("the holder registering its own keys again: %v", res.Err)
+	}
+	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"victim"}}})
+	if res := reg("heir", "198.18.0.3", victim); res.Err != nil {
+		t.Errorf("a deleted agent's keys are free again: %v", res.Err)
 	}
 }

@@ -236,6 +236,11 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		return nil, fmt.Errorf("%w: ip %q", ErrBadCommand, c.IP)
 	}
 	old := t.agents[c.AgentID]
+	if old == nil || old.Keys != c.Keys {
+		if err := t.keysFree(c.AgentID, c.Keys); err != nil {
+			return nil, err
+		}
+	}
 	var rec *agentRecord
 	if old == nil {
 		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
@@ -273,6 +278,29 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	t.touch(c.AgentID)
 	t.stateIndex = index
 	return rec, nil
+}
+
+// keysFree refuses keys another agent's record holds: a WireGuard key
+// names the peer every host encrypts to (a copy would take the victim's
+// traffic, or drop its peer), a claim key the writer of ring claims. Checked
+// in the log, so every replica refuses the same registration.
+func (t *LeaseTable) keysFree(id string, keys api.AgentKeys) error {
+	if keys.WireGuard == "" && keys.Claim == "" {
+		return nil
+	}
+	for _, other := range slices.Sorted(maps.Keys(t.agents)) {
+		if other == id {
+			continue
+		}
+		k := t.agents[other].Keys
+		if keys.WireGuard != "" && k.WireGuard == keys.WireGuard {
+			return fmt.Errorf("%w: the WireGuard public key %s is agent %s's; every agent registers its own key (wireguard.key in its data directory, made at its first start: remove a copied one and restart the agent)", ErrKeyInUse, keys.WireGuard, other)
+		}
+		if keys.Claim != "" && k.Claim == keys.Claim {
+			return fmt.Errorf("%w: the claim key %s is agent %s's; every agent registers its own key (claim.key in its data directory, made at its first start: remove a copied one and restart the agent)", ErrKeyInUse, keys.Claim, other)
+		}
+	}
+	return nil
 }
 
 // ensureLeases gives rec a subnet of every enabled overlay it lacks (a

@@ -34,6 +34,9 @@ var (
 	// ErrReportAhead: an agent reported on a version of its record that the
 	// masters have not written.
 	ErrReportAhead = errors.New("report on a record version the masters have not written")
+	// ErrKeyInUse: a registration carries a public key (WireGuard or claim)
+	// that another agent's record holds: keys are their holder's.
+	ErrKeyInUse = errors.New("key already registered by another agent")
 )
 
 // LeaseTable is the replicated state of the masters: the cluster id, the
