@@ -61,7 +61,8 @@ func BeginSigningRotation(dir string) (api.SigningLink, error) {
 		if chain, err := LoadSigningChain(path(SignChain)); err == nil && chain.Reaches(cur.Public().(ed25519.PublicKey), next.Public().(ed25519.PublicKey)) {
 			return api.SigningLink{}, underWay
 		}
-		if keyPEM, pubPEM, err = signingKeyFiles(next); err != nil {
+		// Its key file is there already: only the public half is written.
+		if _, pubPEM, err = signingKeyFiles(next); err != nil {
 			return api.SigningLink{}, err
 		}
 	case errors.Is(err, os.ErrNotExist):
