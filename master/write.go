@@ -241,7 +241,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 	case errors.Is(err, state.ErrQuota):
 		s.refuseQuota(w, r, err)
 	case errors.Is(err, state.ErrBlockConflict), errors.Is(err, state.ErrRequestIDReused), errors.Is(err, state.ErrReportAhead),
-		errors.Is(err, state.ErrKeyInUse):
+		errors.Is(err, state.ErrKeyInUse), errors.Is(err, state.ErrStatementUsed):
 		httpapi.WriteError(w, http.StatusConflict, api.CodeConflict, err.Error())
 	case errors.Is(err, state.ErrUnknownAgent), errors.Is(err, errUnknownServer):
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())

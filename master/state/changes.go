@@ -157,6 +157,13 @@ type clockMark struct {
 func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
 	t.marks = append(t.marks, clockMark{Index: index, Time: c.Now})
 	t.pruneRevoked(index, c.Now/1000)
+	// A used grant statement is forgotten once it expired: it no longer
+	// verifies, so it cannot be posted again.
+	for id, expires := range t.usedStatements {
+		if expires < c.Now/1000 {
+			delete(t.usedStatements, id)
+		}
+	}
 	limit := c.Now - c.MaxAge
 	cut := -1
 	for i, m := range t.marks {

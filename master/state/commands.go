@@ -77,6 +77,11 @@ type grantCmd struct {
 	Donor     string       `json:"donor"`
 	Recipient string       `json:"recipient"`
 	Bridge    string       `json:"bridge"`
+	// Statement names the donor's signed statement a recipient reported
+	// the grant with (the SHA-256 of its signature, hex) and Expires is
+	// when it expires (Unix seconds): a statement moves space once.
+	Statement string `json:"statement,omitempty"`
+	Expires   int64  `json:"expires,omitempty"`
 }
 
 // releaseCmd lifts the quarantine that every live agent's acknowledgement

@@ -429,6 +429,10 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 			return recip, nil // already the recipient's
 		}
 	}
+	if _, used := t.usedStatements[c.Statement]; c.Statement != "" && used {
+		return nil, fmt.Errorf("%w: %q's statement granting %s to %q moved it once already (the block went back since); a recipient asks its donor again for space it needs",
+			ErrStatementUsed, c.Donor, c.Prefix, c.Recipient)
+	}
 	covered := true
 	for _, h := range space.overlapping(c.Prefix) {
 		switch {
@@ -488,6 +492,9 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 	blocks = append(blocks, leaseBlock{Bridge: bridge, Prefix: c.Prefix, Origin: api.BlockGranted, Donor: c.Donor, Home: c.Prefix, Version: index})
 	if err := t.setBlocks(rec, c.Overlay, blocks); err != nil {
 		return nil, err
+	}
+	if c.Statement != "" {
+		t.usedStatements[c.Statement] = c.Expires
 	}
 	t.store(index, rec)
 	return rec, nil

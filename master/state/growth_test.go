@@ -1,6 +1,7 @@
 package state
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -457,4 +458,56 @@ func TestReRegisteredAgentTakesBackItsGrownBlocks(t *testing.T) {
 		t.Errorf("b's subnet %q", subnetIn(b, "g"))
 	}
 	checkTable(t, h.table)
+}
+
+// TestGrantStatementUsedOnce (issue 26, item 3): a donor's signed statement
+// moves space once. After the block went back and the donor holds it again,
+// the recipient posting the same statement under a new request id (the
+// request-id memory rolled over, or a restore emptied it) is refused, also
+// after a restore of a snapshot from before the grant; a retry while the
+// recipient still holds the block is answered as before.
+func TestGrantStatementUsedOnce(t *testing.T) {
+	h := newHarness(t, growCfg())
+	h.mustRegister("donor", "198.18.0.1")
+	h.mustRegister("recip", "198.18.0.2")
+	var before bytes.Buffer
+	if err := h.table.WriteSnapshot(&before); err != nil {
+		t.Fatal(err)
+	}
+	statement := StatementID("donor's signature")
+	grant := func(requestID string) Result {
+		return h.apply(command{Op: opGrant, RequestID: requestID, Grant: &grantCmd{Overlay: "g", Prefix: netip.MustParsePrefix("10.9.0.32/27"),
+			Donor: "donor", Recipient: "recip", Statement: statement, Expires: 2_000_000_000}})
+	}
+	if res := grant("r1"); res.Err != nil {
+		t.Fatalf("the first use of the statement: %v", res.Err)
+	}
+	if res := grant("r2"); res.Err != nil {
+		t.Errorf("a retry while the recipient holds the block: %v", res.Err)
+	}
+	// The block goes back to the donor.
+	if res := h.apply(command{Op: opReturn, Return: &returnCmd{AgentID: "recip", Overlay: "g", Prefix: netip.MustParsePrefix("10.9.0.32/27")}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if !slices.Contains(blocksOf(t, h, "donor"), "mesos 10.9.0.0/25 lease") {
+		t.Fatalf("the donor does not hold the block again: %q", blocksOf(t, h, "donor"))
+	}
+	if res := grant("r3"); !errors.Is(res.Err, ErrStatementUsed) {
+		t.Errorf("the statement posted again after the block went back: %v, want ErrStatementUsed", res.Err)
+	}
+	// A restore of the state from before the grant keeps what was used.
+	h.apply(command{Op: opRestore, Restore: &restoreCmd{Snapshot: bytes.TrimSpace(before.Bytes())}})
+	if res := grant("r4"); !errors.Is(res.Err, ErrStatementUsed) {
+		t.Errorf("the statement posted after a restore: %v, want ErrStatementUsed", res.Err)
+	}
+	// So does a snapshot of the table (a restarted master).
+	if res := (&tableHarness{t: t, table: restoreCopy(t, h), index: h.index}).apply(command{Op: opGrant, RequestID: "r5", Grant: &grantCmd{Overlay: "g",
+		Prefix: netip.MustParsePrefix("10.9.0.32/27"), Donor: "donor", Recipient: "recip", Statement: statement, Expires: 2_000_000_000}}); !errors.Is(res.Err, ErrStatementUsed) {
+		t.Errorf("the statement posted to a master restarted from a snapshot: %v, want ErrStatementUsed", res.Err)
+	}
+	// Once expired (a compaction past its expiry), it is forgotten.
+	h.apply(command{Op: opCompact, Compact: &compactCmd{Now: 2_000_000_001 * 1000, MaxAge: 1}})
+	if _, ok := h.table.usedStatements[statement]; ok {
+		t.Error("an expired statement is still kept")
+	}
 }

@@ -101,9 +101,11 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	for id := range t.tombstones {
 		gone = append(gone, id)
 	}
-	revoked := t.revoked // a restore never takes a revocation back
+	revoked := t.revoked     // a restore never takes a revocation back
+	used := t.usedStatements // nor lets a used grant statement move space again
 	t.reset()
 	t.install(dec)
+	maps.Copy(t.usedStatements, used)
 	for serial, r := range revoked {
 		if _, ok := t.revoked[serial]; !ok {
 			t.revoked[serial] = r

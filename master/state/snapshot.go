@@ -44,6 +44,9 @@ type snapshotData struct {
 	Revoked []api.Revocation `json:"revoked,omitempty"`
 	// Restore is the last restore from a snapshot (restore.go), unsigned.
 	Restore *api.Restore `json:"restore,omitempty"`
+	// UsedStatements are the grant statements that moved space, with
+	// their expiry (growth.go).
+	UsedStatements map[string]int64 `json:"used_statements,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -107,6 +110,7 @@ type tableSnapshot struct {
 	marks             []clockMark
 	reports           map[string]agentReport
 	revoked           []api.Revocation
+	statements        map[string]int64
 	restore           *api.Restore
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
@@ -131,6 +135,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		marks:      slices.Clone(t.marks),
 		revoked:    t.revokedList(),
 		restore:    t.restore,
+		statements: maps.Clone(t.usedStatements),
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		s.agents = append(s.agents, t.agents[id])
@@ -154,7 +159,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
 		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
-		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore}
+		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore, UsedStatements: s.statements}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -291,6 +296,7 @@ func (t *LeaseTable) install(dec *decodedSnapshot) {
 	for _, r := range d.Revoked {
 		t.revoked[r.Serial] = r
 	}
+	maps.Copy(t.usedStatements, d.UsedStatements)
 	t.revokedChanged()
 	if len(t.revoked) > 0 {
 		t.signalRevoked()

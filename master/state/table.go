@@ -34,6 +34,9 @@ var (
 	// ErrReportAhead: an agent reported on a version of its record that the
 	// masters have not written.
 	ErrReportAhead = errors.New("report on a record version the masters have not written")
+	// ErrStatementUsed: a donor's signed grant statement already moved
+	// space once.
+	ErrStatementUsed = errors.New("grant statement already used")
 	// ErrKeyInUse: a registration carries a public key (WireGuard or claim)
 	// that another agent's record holds: keys are their holder's.
 	ErrKeyInUse = errors.New("key already registered by another agent")
@@ -99,6 +102,11 @@ type LeaseTable struct {
 	restore *api.Restore
 	// digests are the recent digests of the replicated state (digest.go).
 	digests digestBook
+	// usedStatements are the donors' signed grant statements that moved
+	// space, by StatementID, with their expiry (Unix seconds): a statement
+	// is used once, across request-id roll-over and restores (kept like
+	// revocations), until it expires and no longer verifies anyway.
+	usedStatements map[string]int64
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
@@ -125,6 +133,7 @@ func (t *LeaseTable) reset() {
 	t.changes = changeLog{max: t.changeLogIDs}
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
 	t.revoked = map[string]api.Revocation{}
+	t.usedStatements = map[string]int64{}
 	t.revokedChanged()
 	t.restore = nil
 }

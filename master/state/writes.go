@@ -1,6 +1,8 @@
 package state
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -106,9 +108,19 @@ func GrantCommand(reporter string, req api.GrantReport) (Command, error) {
 		return Command{}, err
 	}
 	p, _ := parseBlockPrefix("prefix", req.Prefix) // validated
-	return Command{command{Op: opGrant, RequestID: req.RequestID, Grant: &grantCmd{
-		Overlay: req.Overlay, Prefix: p, Donor: req.Donor, Recipient: req.Recipient, Bridge: req.Bridge,
-	}}}, nil
+	g := &grantCmd{Overlay: req.Overlay, Prefix: p, Donor: req.Donor, Recipient: req.Recipient, Bridge: req.Bridge}
+	if req.DonorSignature != "" {
+		g.Statement, g.Expires = StatementID(req.DonorSignature), req.Expires
+	}
+	return Command{command{Op: opGrant, RequestID: req.RequestID, Grant: g}}, nil
+}
+
+// StatementID names a donor's signed grant statement: the SHA-256 of its
+// signature (hex). The masters keep the ids of the statements that moved
+// space until they expire (usedStatements).
+func StatementID(signature string) string {
+	sum := sha256.Sum256([]byte(signature))
+	return hex.EncodeToString(sum[:])
 }
 
 // SetConfigCommand merges a network configuration into the committed one
