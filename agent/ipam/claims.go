@@ -27,17 +27,21 @@ const (
 	claimUnknownSigner = "unknown_signer" // no record, or a record without a claim key
 	claimBadSignature  = "bad_signature"  // does not verify under the signer's claim key
 	claimDeletedSigner = "deleted_signer" // the masters deleted the signer
+	// unsolicitedGrant: the ring gives this agent a range another host
+	// granted it, which it never asked for: shown in the ring, never used
+	// (mayAdopt).
+	unsolicitedGrant = "unsolicited_grant"
 )
 
 // claimReasons are every reason of a refused claim.
-var claimReasons = []string{claimUnsigned, claimUnknownSigner, claimBadSignature, claimDeletedSigner,
+var claimReasons = []string{claimUnsigned, claimUnknownSigner, claimBadSignature, claimDeletedSigner, unsolicitedGrant,
 	ring.RefusedNotLessee, ring.RefusedRecordAhead, ring.RefusedLease, ring.RefusedOtherUniverse, reasonRecipientQuota}
 
 // newClaimsRefused is the counter of refused claims, every reason at 0.
 func newClaimsRefused() *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "carve_agent_ring_claims_refused_total",
-		Help: "Ring entries and space requests received and refused, by reason (unsigned, unknown_signer, bad_signature, deleted_signer, not_lessee, record_ahead, lease_from_gossip, other_universe: a ring of another overlay's or family's space, refused whole; recipient_quota: a request for space from a peer at its quota): forged, unattributed or over-reaching claims, which change nothing. record_ahead may also be news of a record this agent has not seen yet (anti-entropy brings it again).",
+		Help: "Ring entries and space requests received and refused, by reason (unsigned, unknown_signer, bad_signature, deleted_signer, not_lessee, record_ahead, lease_from_gossip, other_universe: a ring of another overlay's or family's space, refused whole; recipient_quota: a request for space from a peer at its quota; unsolicited_grant: a range another host granted this agent without its asking, never used): forged, unattributed or over-reaching claims, which change nothing. record_ahead may also be news of a record this agent has not seen yet (anti-entropy brings it again).",
 	}, []string{"reason"})
 	for _, r := range claimReasons {
 		c.WithLabelValues(r)

@@ -235,7 +235,9 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 		if _, err := g.known.Merge(remote); err != nil {
 			s.log.Debug("known ring", "overlay", e.Overlay, "family", e.Family, "err", err)
 		}
-		if !changed {
+		if !changed && len(s.expectedGrants[e.Overlay]) == 0 {
+			// (An expected grant whose ring came by gossip first is
+			// adopted now, from the answer: mayAdopt.)
 			continue
 		}
 		fam := familyIndex(e.Family)

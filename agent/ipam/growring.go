@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -139,8 +140,20 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 		s.log.Warn("refused a grant without its donor's valid statement", "donor", peer, "block", p, "err", stmtErr)
 		return &refusedError{peer: peer, reason: "bad_grant_statement"}
 	}
-	if _, err := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}}); err != nil {
-		return &refusedError{peer: peer, reason: "bad_ring: " + err.Error()}
+	// The one range beyond the masters' records this agent may adopt: the
+	// grant it asked for, whose statement it just verified (mayAdopt).
+	s.mu.Lock()
+	s.expectedGrants[k.overlay] = append(s.expectedGrants[k.overlay], p)
+	s.mu.Unlock()
+	_, mergeErr := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
+	s.mu.Lock()
+	s.expectedGrants[k.overlay] = slices.DeleteFunc(s.expectedGrants[k.overlay], func(e netip.Prefix) bool { return e == p })
+	if len(s.expectedGrants[k.overlay]) == 0 {
+		delete(s.expectedGrants, k.overlay)
+	}
+	s.mu.Unlock()
+	if mergeErr != nil {
+		return &refusedError{peer: peer, reason: "bad_ring: " + mergeErr.Error()}
 	}
 	s.mu.Lock()
 	o := s.overlays[k.overlay]

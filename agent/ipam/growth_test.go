@@ -174,7 +174,20 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 		c.t.Fatal(err)
 	}
 	nd.svc.UseChannel(ch)
-	nd.svc.Sync(growthView(id))
+	v := growthView(id)
+	// As the masters' record does, the view lists the grants to this
+	// agent that the masters recorded (a restart with a lost data dir
+	// takes them back from there: mayAdopt).
+	for _, g := range c.masters.reported() {
+		if g.Recipient == id {
+			bridge := g.Bridge
+			if bridge == "" {
+				bridge = api.BridgeMesos
+			}
+			v.Blocks = append(v.Blocks, MasterBlock{Overlay: g.Overlay, Bridge: bridge, Prefix: g.Prefix, Version: 1, Donor: g.Donor})
+		}
+	}
+	nd.svc.Sync(v)
 	ctx, cancel := context.WithCancel(context.Background())
 	nd.cancel = cancel
 	go func() {

@@ -44,6 +44,9 @@ type overlay struct {
 	blocks [families][]*heldBlock
 	// gateways are the bridge gateways reserved in the allocators.
 	gateways map[netip.Addr]bool
+	// unsolicited are the ranges the ring gives this agent that it did not
+	// adopt (mayAdopt), counted and logged once each.
+	unsolicited map[netip.Prefix]bool
 	// seedErr is why the ring refused the masters' leases; while it is set
 	// the ring may own nothing, and "exhausted" would mislead.
 	seedErr error

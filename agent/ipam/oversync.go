@@ -390,6 +390,21 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 			if p.Bits() > minBits {
 				continue // too small to hold a gateway and a container
 			}
+			if why, ok := mayAdopt(sy, p); !ok {
+				if sy.growing != nil && sy.growing(fam) {
+					continue // perhaps the grant asked for, its answer on the way
+				}
+				if o.unsolicited == nil {
+					o.unsolicited = map[netip.Prefix]bool{}
+				}
+				if !o.unsolicited[p] {
+					o.unsolicited[p] = true
+					sy.refused(unsolicitedGrant)
+					sy.log.Warn("the ring gives this agent a range it did not ask for: not used", "overlay", o.name, "block", p,
+						"granted_by", leaseOwner(r, sy.self, p), "why", why)
+				}
+				continue
+			}
 			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p)}
 			o.blocks[fam] = append(o.blocks[fam], b)
 			writes = append(writes, putBlock(b))
@@ -400,6 +415,45 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 	slices.SortFunc(o.blocks[fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
 	o.reserveGateways()
 	return writes, adopted
+}
+
+// mayAdopt is the one rule of what space beyond the masters' records an
+// agent uses (docs/design.md, "The space an agent allocates in"): the
+// masters' signed records give it its lease, its grown blocks and the
+// grants they recorded (learnMasterBlocks brings those in); beyond them
+// only a grant it asked for itself, with the donor's verified statement in
+// hand (acceptAnswer), the one exception that lets growth work while the
+// masters are unreachable. A recorded block the ring gives this agent only
+// later (its data dir was lost; the donor's ring comes by gossip) is
+// adopted then. What any other host writes in the ring, even
+// its own signed word in its own space, may show this agent as the owner
+// of a range; it never makes it place a container there.
+func mayAdopt(sy overlaySync, p netip.Prefix) (why string, ok bool) {
+	if sy.expected != nil && sy.expected(p) {
+		return "", true
+	}
+	return "neither the masters' records nor a grant this agent asked for give it the range", false
+}
+
+// recordedBlock tells whether the masters' record of this agent lists a
+// grown or granted block of the overlay that holds p.
+func recordedBlock(blocks []MasterBlock, overlay string, p netip.Prefix) bool {
+	for _, mb := range blocks {
+		if mb.Overlay == overlay && mb.Prefix.Contains(p.Addr()) && mb.Prefix.Bits() <= p.Bits() {
+			return true
+		}
+	}
+	return false
+}
+
+// expectedGrant tells whether p lies inside one of the grants expected.
+func expectedGrant(expected []netip.Prefix, p netip.Prefix) bool {
+	for _, e := range expected {
+		if e.Contains(p.Addr()) && e.Bits() <= p.Bits() {
+			return true
+		}
+	}
+	return false
 }
 
 // claimPersisted takes back the addresses of persisted allocations that the
@@ -464,14 +518,34 @@ type overlaySync struct {
 	// asking is the bridge a family asks space for now (a range the ring
 	// gives this agent beyond what it holds becomes that bridge's).
 	asking func(fam int) string
-	log    *slog.Logger
+	// expected tells whether p is (inside) a grant this agent asked for
+	// and holds the donor's verified statement of (mayAdopt).
+	expected func(p netip.Prefix) bool
+	// refused counts a range not adopted, by reason; growing tells whether
+	// a growth of the family is in flight (its answer's ring may come by
+	// gossip before the answer: not yet a refusal).
+	refused func(reason string)
+	growing func(fam int) bool
+	log     *slog.Logger
 }
 
 // overlaySync is the layers beneath a sync of an overlay; the caller holds
 // s.mu.
 func (s *Service) overlaySync(name string) overlaySync {
 	sy := overlaySync{self: s.id, sign: s.signClaim(), ownClaim: s.ownClaimValid(), known: s, log: s.log,
-		asking: func(fam int) string { return s.askingBridge(name, fam) }}
+		asking:   func(fam int) string { return s.askingBridge(name, fam) },
+		expected: func(p netip.Prefix) bool {
+			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)
+		},
+		refused:  func(reason string) { s.metrics.claimsRefused.WithLabelValues(reason).Inc() },
+		growing: func(fam int) bool {
+			for k := range s.grow.inflight {
+				if k.overlay == name && k.fam == fam {
+					return true
+				}
+			}
+			return false
+		}}
 	if !s.staleRings {
 		sy.disk = ringStore{s.db, s.dbPath}
 	}

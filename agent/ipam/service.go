@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -126,9 +127,13 @@ type Service struct {
 	channel gossip.Channel    // ring gossip; nil until UseChannel
 	// savedBlocks are the persisted blocks of overlays not created yet.
 	savedBlocks map[string][]*heldBlock
-	grow        growState
-	reclaim     reclaimState
-	onSent      func(kind string, n int)
+	// expectedGrants are the grants this agent asked for and whose donor's
+	// statement it verified, by overlay, while their rings are merged: the
+	// only ranges beyond the masters' records it may adopt (mayAdopt).
+	expectedGrants map[string][]netip.Prefix
+	grow           growState
+	reclaim        reclaimState
+	onSent         func(kind string, n int)
 	// gossipState is what the gossip of each served ring keeps.
 	gossipState map[ringID]*ringGossip
 	// announceKick asks Run to announce ring changes.
@@ -181,7 +186,7 @@ func New(cfg Config) (*Service, error) {
 		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
 		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
-		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey,
+		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey, expectedGrants: map[string][]netip.Prefix{},
 		bg: goroutines.New(context.Background()),
 	}
 	s.grow = newGrowState(cfg.Growth)
