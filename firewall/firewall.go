@@ -184,15 +184,21 @@ func (f *Forward) ensureFamily(ctx context.Context, fam Family, want []string) e
 		return err
 	}
 	states := make([]filterState, len(tools))
-	var errs []error
+	var errs, readErrs []error
 	for i, t := range tools {
 		out, err := f.run(ctx, "", t.save)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("firewall: read the %s rules (%s): %w", fam, t.backend, err))
+			// A backend that cannot be read (a kernel without x_tables)
+			// holds nobody's rules: the other one does the work.
+			readErrs = append(readErrs, fmt.Errorf("firewall: read the %s rules (%s): %w", fam, t.backend, err))
+			f.log.Debug("iptables backend unreadable", "family", fam, "backend", t.backend, "err", err)
 			tools[i].broken = true
 			continue
 		}
 		states[i] = parseSave(out)
+	}
+	if len(readErrs) == len(tools) {
+		return errors.Join(readErrs...)
 	}
 	keep := chooseBackends(tools, states)
 	var kept []string
@@ -255,13 +261,11 @@ func (f *Forward) Remove(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
+		var readErrs []error
 		for _, t := range tools {
 			out, err := f.run(ctx, "", t.save)
 			if err != nil {
-				if fam == IPv6 {
-					continue // a kernel without IPv6 holds no IPv6 rules
-				}
-				errs = append(errs, fmt.Errorf("firewall: read the %s rules (%s): %w", fam, t.backend, err))
+				readErrs = append(readErrs, fmt.Errorf("firewall: read the %s rules (%s): %w", fam, t.backend, err))
 				continue
 			}
 			st := parseSave(out)
@@ -273,6 +277,12 @@ func (f *Forward) Remove(ctx context.Context) error {
 				continue
 			}
 			f.log.Info("FORWARD accept rules removed", "family", fam, "backend", t.backend)
+		}
+		// A backend that cannot be read holds nothing to remove (as in
+		// Ensure), and a kernel without IPv6 no IPv6 rules; none of IPv4
+		// readable is an error.
+		if fam == IPv4 && len(readErrs) == len(tools) {
+			errs = append(errs, readErrs...)
 		}
 		for k := range f.written {
 			if k.family == fam {

@@ -297,3 +297,51 @@ func TestForwardingThroughDrop(t *testing.T) {
 		})
 	}
 }
+
+// A backend that cannot be read (a kernel without x_tables: its -save
+// fails) holds nobody's rules: the rules go into the other, without an
+// error. With no backend readable, Ensure fails naming them.
+func TestUnreadableBackend(t *testing.T) {
+	needIptables(t)
+	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 1, Prefix: "carvefw"})
+	h := lab.Hosts()[0]
+	for _, tc := range []struct {
+		name     string
+		broken   []string // backends whose binaries fail
+		wantErr  bool
+		wantKept firewall.Backend
+	}{
+		{"legacy unreadable", []string{"legacy"}, false, firewall.NFT},
+		{"nothing readable", []string{"legacy", "nft"}, true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			look := func(name string) (string, error) {
+				for _, b := range tc.broken {
+					if strings.Contains(name, "-"+b+"-") {
+						return exec.LookPath("false")
+					}
+				}
+				return exec.LookPath(name)
+			}
+			f, err := firewall.New(firewall.Options{NetNS: h.NsHandle(), LookPath: look, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			err = f.Ensure(context.Background(), firewall.Rules{Devices: []string{"m-carve"}})
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "read the ipv4 rules (nft)") || !strings.Contains(err.Error(), "read the ipv4 rules (legacy)") {
+					t.Fatalf("Ensure with no readable backend: %v, want an error naming both", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkKept(t, h.Namespace, "iptables", tc.wantKept, firewall.Legacy, "m-carve")
+			if err := f.Remove(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

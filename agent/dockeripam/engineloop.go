@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"time"
+
+	"github.com/carve-net/carve/internal/goroutines"
 )
 
 // engineLoop connects to the engine, retrying slowly while there is none.
@@ -64,20 +66,22 @@ func (s *Service) session(ctx context.Context) error {
 	s.mu.Unlock()
 	s.note("engine", slog.LevelInfo, "docker engine connected", "host", s.opts.DockerHost, "version", v.Version, "api", c.version)
 
-	evCtx, stopEvents := context.WithCancel(ctx)
-	defer stopEvents()
+	// The event stream reads through c: the session stops it and waits
+	// for it before c closes (deferred above, so run after).
+	events := goroutines.New(ctx)
+	defer events.Stop()
 	evCh := make(chan struct{}, 1)
 	evErr := make(chan error, 1)
 	startEvents := func() {
-		go func() {
-			evErr <- c.events(evCtx, func(ev event) {
+		events.Go(func(ctx context.Context) {
+			evErr <- c.events(ctx, func(ev event) {
 				s.log.Debug("docker event", "type", ev.Type, "action", ev.Action, "actor", ev.Actor.ID)
 				select {
 				case evCh <- struct{}{}:
 				default:
 				}
 			})
-		}()
+		})
 	}
 	startEvents()
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/unixsock"
 )
@@ -304,14 +305,14 @@ func (s *Service) Run(ctx context.Context) error {
 	s.setPlugin(true, nil)
 	s.log.Info("docker IPAM plugin serving", "socket", s.opts.PluginSocket, "driver", s.name)
 	srv := httpapi.NewServer(s.driver, httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+	// The server and the engine loop are goroutines Run owns: both have
+	// ended when it returns.
+	bg := goroutines.New(ctx)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	loopDone := make(chan struct{})
+	bg.Go(func(context.Context) { served <- srv.Serve(ln) })
 	loopCtx, stopLoop := context.WithCancel(ctx)
-	go func() {
-		defer close(loopDone)
-		s.engineLoop(loopCtx)
-	}()
+	defer stopLoop()
+	bg.Go(func(context.Context) { s.engineLoop(loopCtx) })
 	var serveErr error
 	select {
 	case <-ctx.Done():
@@ -321,7 +322,7 @@ func (s *Service) Run(ctx context.Context) error {
 	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = srv.Shutdown(shut)
 	cancel()
-	<-loopDone
+	bg.Stop()
 	// Unix listeners remove their socket file on Close.
 	s.setPlugin(false, nil)
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {

@@ -236,9 +236,15 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 		}
 		cancel()
 		if isExhausted(err) {
-			s.metrics.exhausted.Inc()
 			full := err.(*api.Error)
-			if gerr := errors.Join(growErrs...); gerr != nil {
+			gerr := errors.Join(growErrs...)
+			if errors.Is(gerr, errStopping) {
+				// Not exhausted: the agent is stopping, and the
+				// runtime retries once it is back.
+				return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s, and it cannot grow now: %v", full.Message, errStopping)
+			}
+			s.metrics.exhausted.Inc()
+			if gerr != nil {
 				if errors.Is(gerr, ErrQuota) {
 					// The masters' answer names the cap and the fix.
 					why, me := gerr.Error(), (*api.Error)(nil)

@@ -49,7 +49,7 @@ func (b *blockingSource) hanging(t *testing.T, families ...int) {
 
 func (b *blockingSource) inFlight() int32 { return b.inGrow[0].Load() + b.inGrow[1].Load() }
 
-// inflight is the number of growths the service has in flight.
+// inflightGrowths is the number of growths the service has in flight.
 func (s *Service) inflightGrowths() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -85,13 +85,13 @@ func TestRunWaitsForTheGrowthInFlight(t *testing.T) {
 		t.Errorf("%d growths still in flight when Run returned", n)
 	}
 	// Stopped: an ADD that finds the bridge full starts no growth, and
-	// says why.
+	// says why: not ready (the runtime retries), not exhausted.
 	for i := range 3 {
 		nd.alloc(t, fmt.Sprint("last", i))
 	}
 	_, err := nd.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
-	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), "stopping") {
-		t.Fatalf("an ADD on a full bridge after Run returned: %v; want exhausted, saying the IPAM is stopping", err)
+	if !api.IsCode(err, api.CodeNotReady) || !strings.Contains(err.Error(), "stopping") {
+		t.Fatalf("an ADD on a full bridge after Run returned: %v; want not ready, saying the IPAM is stopping", err)
 	}
 	if n := nd.svc.inflightGrowths(); n != 0 {
 		t.Errorf("%d growths started after Run returned", n)

@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -57,14 +59,29 @@ func carveRules(ctx context.Context, h *labcluster.Host) (string, error) {
 //     agents' reconcile puts them back: the pings pass again, and each
 //     agent counts a repair.
 //  3. A stopped agent leaves nothing of carve's in either backend.
+//
+// Once with VXLAN between the hosts, once with WireGuard (the packets go
+// out through the WireGuard device, in the rules too).
 func TestForwardPolicyDrop(t *testing.T) {
-	t.Parallel() // its own cluster: see the package comment
+	t.Parallel() // its own clusters: see the package comment
 	for _, b := range []string{"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save", "ip6tables-legacy-save"} {
 		_, err := exec.LookPath(b)
 		testutil.Require(t, err == nil, "needs %s in PATH (Debian: apt-get install iptables; deploy/install-deps.sh installs it)", b)
 	}
+	for _, encryption := range []string{"", api.EncryptionWireGuard} {
+		name := "vxlan"
+		if encryption != "" {
+			name = encryption
+		}
+		t.Run(name, func(t *testing.T) { forwardPolicyDrop(t, encryption) })
+	}
+}
+
+func forwardPolicyDrop(t *testing.T, encryption string) {
+	netCfg := state.DefaultConfig()
+	netCfg.Encryption = encryption
 	// A resync every second: the repair is seen soon.
-	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, AgentArgs: []string{"--resync-interval", "1s"}})
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, Network: &netCfg, AgentArgs: []string{"--resync-interval", "1s"}})
 	backend := map[int]string{1: "nft", 2: "legacy"}
 	step := func(name string, fn func(t *testing.T)) {
 		t.Helper()
@@ -89,15 +106,28 @@ func TestForwardPolicyDrop(t *testing.T) {
 			t.Fatal(err)
 		}
 		containers = containerPerHost(ctx, t, c)
-		waitKernelMatchesMasters(ctx, t, c)
+		if encryption == "" {
+			waitKernelMatchesMasters(ctx, t, c)
+		} else if err := c.WaitConverged(ctx); err != nil {
+			t.Fatal(err) // the encrypted peers leave VXLAN: WireGuard's are not the masters' entries
+		}
 		pingAll(ctx, t, containers)
 		for _, h := range c.Hosts() {
+			if encryption != "" {
+				st, err := c.AgentClient(h).WireGuard(ctx)
+				if err != nil || st.Peers[api.PeerKeyed] != 1 {
+					t.Errorf("%s: wireguard status %+v (%v), want the other host keyed: the pings went through WireGuard", h.Name, st, err)
+				}
+			}
 			rules, err := carveRules(ctx, h)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !strings.Contains(rules, "iptables-"+backend[h.Index]+": -A FORWARD -j CARVE-FORWARD") {
 				t.Errorf("%s: carve's jump is not in the backend of the host's firewall (%s):\n%s", h.Name, backend[h.Index], rules)
+			}
+			if wg := "-A CARVE-FORWARD -i " + labcluster.WireGuardDevice(h) + " "; encryption != "" && !strings.Contains(rules, wg) {
+				t.Errorf("%s: encryption on, but no rule for the WireGuard device (%s):\n%s", h.Name, wg, rules)
 			}
 		}
 	})
