@@ -533,11 +533,11 @@ type overlaySync struct {
 // s.mu.
 func (s *Service) overlaySync(name string) overlaySync {
 	sy := overlaySync{self: s.id, sign: s.signClaim(), ownClaim: s.ownClaimValid(), known: s, log: s.log,
-		asking:   func(fam int) string { return s.askingBridge(name, fam) },
+		asking: func(fam int) string { return s.askingBridge(name, fam) },
 		expected: func(p netip.Prefix) bool {
 			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)
 		},
-		refused:  func(reason string) { s.metrics.claimsRefused.WithLabelValues(reason).Inc() },
+		refused: func(reason string) { s.metrics.claimsRefused.WithLabelValues(reason).Inc() },
 		growing: func(fam int) bool {
 			for k := range s.grow.inflight {
 				if k.overlay == name && k.fam == fam {
