@@ -33,7 +33,7 @@ var hiddenCommands = []string{"carve-lab rogue-gossip"}
 // otherPrograms' flags are named in the docs beside carve's: Docker's
 // (`docker run --net`, `--ip`, `--ip-range` of a network), Podman's (`--network`),
 // the Mesos agent's.
-var otherPrograms = []string{"net", "network", "ip", "ip-range", "network_cni_config_dir"}
+var otherPrograms = []string{"net", "network", "ip", "ip-range", "subnet", "network_cni_config_dir"}
 
 // buildBinaries builds the given commands (cmd/NAME) into one temporary
 // directory, as make build puts them in bin/: carve demo runs the carve-lab
