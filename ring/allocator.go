@@ -32,6 +32,9 @@ type Allocator struct {
 	byAttach map[Attachment]netip.Addr
 	byAddr   map[netip.Addr]Attachment
 	reserved map[netip.Addr]bool
+	// isolated are the attachments whose address the masters' records
+	// took from this peer (SeedSetsIsolating): bound, not in the space.
+	isolated map[Attachment]bool
 }
 
 // NewAllocator returns the allocator of peer self (its agent id) over an
@@ -274,6 +277,10 @@ func (a *Allocator) Release(at Attachment) (addr netip.Addr, ok bool) {
 func (a *Allocator) unbind(al Allocation) {
 	delete(a.byAttach, al.Attachment)
 	delete(a.byAddr, al.Addr)
+	if a.isolated[al.Attachment] {
+		delete(a.isolated, al.Attachment) // not in the space: nothing to free
+		return
+	}
 	// The address is in use in the space by construction; a failure
 	// here would be a bug, and freeing nothing is the safe side.
 	_ = a.space.Release(al.Addr)

@@ -31,6 +31,7 @@ type metrics struct {
 	reports        *prometheus.CounterVec
 	netnsReclaims  *prometheus.CounterVec
 	claimsRefused  *prometheus.CounterVec
+	isolated       *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -78,6 +79,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 	}
 	m.claimsRefused = newClaimsRefused()
+	m.isolated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "carve_agent_ipam_isolated_addresses",
+		Help: "Addresses of this agent's containers in space the masters' records took from it (a restore, a lease moved): the containers keep them, the agent hands out nothing there, and the rest of the overlay is served; carve ipam check names them.",
+	}, []string{"overlay"})
 	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
 		m.ops.WithLabelValues(op)
 	}
@@ -91,7 +96,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip,
-		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims, m.claimsRefused} {
+		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims, m.claimsRefused, m.isolated} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}

@@ -119,6 +119,13 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		writes, _ := o.syncBlocks(sy, fam)
 		b.add(change{writes: writes})
 	}
+	isolatedNow := 0
+	for fam := range families {
+		if o.alloc[fam] != nil {
+			isolatedNow += len(o.alloc[fam].Isolated())
+		}
+	}
+	s.metrics.isolated.WithLabelValues(name).Set(float64(isolatedNow))
 	switch o.seedErr = errors.Join(errs...); {
 	case errors.Is(o.seedErr, errRingUnread):
 		s.log.Error("overlay not served: its persisted ring could not be read", "overlay", name, "err", o.seedErr)
@@ -242,9 +249,17 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	for _, t := range v.Tombstones {
 		tombs = append(tombs, ring.Tombstone{Owner: t.AgentID, Version: t.Version})
 	}
-	changed, err := alloc.SeedSets(sets, tombs)
+	// The masters' records are the authority: space they take that holds
+	// allocations is isolated, never a reason to refuse them (which would
+	// stop the whole overlay).
+	changed, isolated, err := alloc.SeedSetsIsolating(sets, tombs)
 	if err != nil {
 		return nil, false, err
+	}
+	for _, al := range isolated {
+		owner, _ := alloc.Ring().Owner(al.Addr)
+		sy.log.Error("the masters' records gave another agent an address this agent's container holds: isolated (the container keeps it, nothing else is handed out there; see carve ipam check)",
+			"overlay", o.name, "address", al.Addr, "container", al.ContainerID, "ifname", al.Interface, "now_leased_to", owner)
 	}
 	sy.known.markKnown(o, fam, func(k *ring.Ring) error { _, err := k.SeedSets(sets, tombs); return err })
 	if len(leases) > 0 {
