@@ -88,8 +88,16 @@ func startGate(t *testing.T, target string) *gate {
 	}
 	g := &gate{ln: ln}
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
 	t.Cleanup(func() {
 		ln.Close()
+		// The agent's idle keep-alive connections outlive it: close them.
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
 		wg.Wait()
 	})
 	wg.Add(1)
@@ -109,6 +117,9 @@ func startGate(t *testing.T, target string) *gate {
 				c.Close()
 				continue
 			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
 			wg.Add(2)
 			go func() { defer wg.Done(); io.Copy(up, c); up.Close() }()
 			go func() { defer wg.Done(); io.Copy(c, up); c.Close() }()
@@ -206,14 +217,17 @@ func TestRealDockerAgentRestartLostDataDir(t *testing.T) {
 		return st.Plugin.Serving && st.Engine.Connected && !st.GC.LastRun.IsZero()
 	}))
 	masters.open.Store(true)
+	t.Log("the masters answer the restarted agent")
 	testutil.Eventually(t, waitLimit, "the restarted agent serves overlay carve", testutil.True(func() bool {
 		_, _, ok := a2.IPAM().BridgeSubnets("carve", api.BridgeDocker)
 		return ok
 	}))
+	t.Log("the restarted agent serves overlay carve; docker run")
 	second, err := d.run(t, "carve")
 	if err != nil {
 		t.Fatalf("container on network carve after the restart: %v", err)
 	}
+	t.Log("second container started")
 	ep2, err := d.Endpoint(ctx, second, "carve")
 	if err != nil {
 		t.Fatal(err)
@@ -246,6 +260,7 @@ func TestRealDockerAgentRestartLostDataDir(t *testing.T) {
 			return fmt.Errorf("no allocation holds %s", c.addr)
 		})
 	}
+	t.Log("owners recorded; docker run --ip of the taken address")
 	if id, err := d.runWithIP(t, "carve", held); err == nil || !strings.Contains(err.Error(), "docker container "+firstName) {
 		t.Errorf("docker run --ip %s: %v, want an error naming docker container %s", held, err, firstName)
 		if err == nil {
