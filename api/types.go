@@ -577,6 +577,11 @@ type ClusterStatus struct {
 	// the same index hold different states, which a replicated state
 	// machine never may. Absent from masters of earlier versions.
 	StateDigests []StateDigest `json:"state_digests,omitempty"`
+	// ConfigDiffers says how this master's --config file differs from the
+	// committed network configuration ("": it does not). The file is only
+	// the value a new cluster starts with; carve config apply changes the
+	// committed one.
+	ConfigDiffers string `json:"config_differs,omitempty"`
 }
 
 // StateDigest is a SHA-256 of a master's whole replicated state as applied

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -409,7 +410,13 @@ func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
 	}
 }
 
-func TestMasterRestartWithChangedConfig(t *testing.T) {
+// TestConfigHasOneAuthority (issue 27, item 1): the committed network
+// configuration is the cluster's one authority. Masters restarted with
+// another file (one of them with none at all: the built-in defaults) and
+// elected leader change nothing, and say that their file differs; only an
+// operator's PUT /cluster/config changes it, merged as always (a dropped
+// overlay with leases is kept, disabled).
+func TestConfigHasOneAuthority(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
@@ -422,18 +429,55 @@ func TestMasterRestartWithChangedConfig(t *testing.T) {
 	if _, err := registerRetrying(ctx, c.client(leader), api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1"}); err != nil {
 		t.Fatal(err)
 	}
-	// Every master restarts with a config that drops "two" and adds "three".
-	c.cfg = state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
+	three := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
 		api.OverlayNetwork{Name: "three", Subnet: "10.3.0.0/16", Prefix: 24}}})
+	// Every master restarts with another file; the last with none.
+	c.cfg = three
 	for i := range c.masters {
 		c.stop(i)
 	}
 	for i := range c.masters {
+		if i == len(c.masters)-1 {
+			c.cfg = state.DefaultConfig()
+		}
 		c.start(i)
 	}
 	leader = c.waitLeader()
+	// Every master, whichever leads, serves the committed configuration.
+	for i := range c.masters {
+		testutil.Eventually(t, 0, "a master serves the committed configuration", func() error {
+			ans, err := c.client(i).Config(ctx)
+			if err != nil {
+				return err
+			}
+			if names := overlayNames(ans.Config); names != "one,two" {
+				return fmt.Errorf("master %d serves overlays %s, want one,two (the committed ones)", i, names)
+			}
+			return nil
+		})
+		st, err := c.client(i).ClusterStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(st.ConfigDiffers, "carve config apply") {
+			t.Errorf("master %d: config_differs %q, want it to say the file differs and how to apply it", i, st.ConfigDiffers)
+		}
+	}
+	if a, err := c.client(leader).Agent(ctx, "a1"); err != nil || a.Overlay("three") != nil || a.Overlay("two") == nil || !a.Overlay("two").Info.IsEnabled() {
+		t.Fatalf("an election changed a1's overlays: %+v %v", a, err)
+	}
+	// A dry run says what would change and commits nothing.
+	dry, err := c.client(leader).ApplyConfig(ctx, three, true)
+	if err != nil || !dry.Changed || !dry.DryRun || overlayNames(dry.Config) != "one,two" {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	// The operator's act changes it.
+	ans, err := c.client(leader).ApplyConfig(ctx, three, false)
+	if err != nil || !ans.Changed || overlayNames(ans.Config) != "one,three,two" {
+		t.Fatalf("apply: %+v %v, want overlays one,three,two (two kept: it holds leases)", ans, err)
+	}
 	var a *api.AgentInfo
-	testutil.Eventually(t, 0, "the new config to be committed", func() error {
+	testutil.Eventually(t, 0, "the applied config to reach a1's record", func() error {
 		var err error
 		if a, err = c.client(leader).Agent(ctx, "a1"); err != nil {
 			return err
@@ -451,4 +495,22 @@ func TestMasterRestartWithChangedConfig(t *testing.T) {
 	if a.Overlay("three").Subnet != "10.3.0.0/24" {
 		t.Fatalf("added overlay: %+v", a.Overlay("three"))
 	}
+	if again, err := c.client(leader).ApplyConfig(ctx, three, false); err != nil || again.Changed {
+		t.Errorf("applying the same file again: %+v %v, want no change", again, err)
+	}
+	// A bad configuration is refused whole, naming the field.
+	var e *api.Error
+	if _, err := c.client(leader).ApplyConfig(ctx, api.NetworkConfig{VTEPSubnet: "bad"}, false); !errors.As(err, &e) || e.Status != http.StatusBadRequest || !strings.Contains(e.Message, "vtep_subnet") {
+		t.Errorf("a bad configuration: %v, want 400 naming vtep_subnet", err)
+	}
+}
+
+// overlayNames lists a configuration's overlays, sorted, comma separated.
+func overlayNames(cfg api.NetworkConfig) string {
+	var names []string
+	for _, o := range cfg.Overlays {
+		names = append(names, o.Name)
+	}
+	slices.Sort(names)
+	return strings.Join(names, ",")
 }

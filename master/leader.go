@@ -92,21 +92,12 @@ func (m *Master) leaderSetup(ctx context.Context) error {
 			return fmt.Errorf("publish http address: %w", err)
 		}
 	}
-	change, warnings, err := m.table.ConfigChange(m.opts.Network)
-	if err != nil {
-		return fmt.Errorf("network config: %w", err)
-	}
-	if !change {
-		return nil
-	}
-	for _, w := range warnings {
-		m.log.Warn("network config", "warning", w)
-	}
-	if _, _, err := m.apply(ctx, state.SetConfigCommand(m.opts.Network)); err != nil {
-		return fmt.Errorf("commit network config: %w", err)
-	}
-	m.log.Info("network config committed", "overlays", len(m.opts.Network.Overlays))
-	return nil
+	// The configuration's one authority is the committed one: an election
+	// commits this master's file only into a cluster that has none.
+	return m.commitBootstrapConfig(func(cmd state.Command) (state.Result, error) {
+		res, _, err := m.apply(ctx, cmd)
+		return res, err
+	})
 }
 
 // kickRelease asks the leader's duties to look for a quarantine release.

@@ -167,7 +167,15 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector(buildinfo.Get()))
 	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
-	m.registry.MustRegister(m.silentAgentsGauge())
+	m.registry.MustRegister(m.silentAgentsGauge(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "carve_master_config_file_differs",
+		Help: "1 when this master's --config file differs from the committed network configuration (the file only starts a new cluster; carve config apply changes the committed one).",
+	}, func() float64 {
+		if m.configDiffers() != "" {
+			return 1
+		}
+		return 0
+	}))
 	if opts.TLS.Enabled() {
 		m.registry.MustRegister(certmetrics.New(opts.TLS))
 	}
@@ -272,6 +280,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
 		Build: buildInfo(), AgentVersions: m.table.AgentVersions(), StateDigests: m.table.StateDigests(),
+		ConfigDiffers: m.configDiffers(),
 	}
 	if st.Role == "leader" {
 		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()

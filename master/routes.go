@@ -60,6 +60,8 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)
 	r.HandleFunc("/cluster/revocations", s.revoke()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/revocations", s.revocations).Methods(http.MethodGet)
+	r.HandleFunc("/cluster/config", s.configShow).Methods(http.MethodGet)
+	r.HandleFunc("/cluster/config", s.configApply()).Methods(http.MethodPut)
 	r.HandleFunc("/cluster/snapshot", s.snapshot).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/restore", s.restore()).Methods(http.MethodPost)
 	r.HandleFunc("/healthz", s.healthz).Methods(http.MethodGet)

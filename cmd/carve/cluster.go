@@ -228,6 +228,11 @@ func judgeCluster(rep *clusterReport) {
 	}
 	problems = append(problems, judgeDigests(rep)...)
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
+	for _, v := range rep.Masters {
+		if v.Status != nil && v.Status.ConfigDiffers != "" {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("master %s (%s): %s", v.Status.ID, v.URL, v.Status.ConfigDiffers))
+		}
+	}
 	judgeVersions(rep)
 	judgeSilence(rep)
 }

@@ -33,6 +33,9 @@ usage:
   carve cluster status --masters URL[,URL...] [--json] CLIENT_TLS
   carve cluster join --id ID --raft-addr HOST:PORT [--http-addr HOST:PORT] --masters URL[,URL...] OPERATOR_TLS
   carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
+  carve config show --masters URL[,URL...] OPERATOR_TLS
+  carve config diff FILE --masters URL[,URL...] OPERATOR_TLS
+  carve config apply FILE [--dry-run] --masters URL[,URL...] OPERATOR_TLS
   carve agents delete ID|IP... --masters URL[,URL...] [--json] [--request-id ID] OPERATOR_TLS
   carve agent rotate-wireguard-key ID|IP... --masters URL[,URL...] [--json] [--agent-port 9797] OPERATOR_TLS
   carve snapshot save FILE --masters URL[,URL...] [--timeout 1m] OPERATOR_TLS
@@ -72,6 +75,8 @@ func main() {
 		err = runState(ctx, args, os.Stdout)
 	case "cluster":
 		err = runCluster(ctx, args, os.Stdout)
+	case "config":
+		err = runConfig(ctx, args, os.Stdout)
 	case "agents":
 		err = runAgents(ctx, args, os.Stdout)
 	case "snapshot":

@@ -27,7 +27,7 @@ func runMaster(ctx context.Context, args []string) error {
 	httpAddr := fs.String("http-addr", "127.0.0.1:8080", "HOST:PORT of the HTTP API; a concrete address, not a wildcard: the other masters forward writes to it")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:8300", "HOST:PORT of the Raft transport (listen and advertise)")
 	peers := fs.String("peers", "", "initial voters: id=HOST:PORT,... (the same list on every master)")
-	config := fs.String("config", "", "network configuration JSON file (defaults of DESIGN.md when absent)")
+	config := fs.String("config", "", "network configuration JSON file that a new cluster starts with (defaults of DESIGN.md when absent); once the cluster has a configuration the file is only compared with it (carve config apply changes it)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
 	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")

@@ -184,6 +184,12 @@ func TestJudgeClusterDigests(t *testing.T) {
 	if !rep.Healthy {
 		t.Fatalf("masters that agree wherever they can be compared: %v", rep.Problems)
 	}
+	agree[2].Status.ConfigDiffers = "this master's --config file differs"
+	rep = &clusterReport{Masters: agree}
+	judgeCluster(rep)
+	if !rep.Healthy || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "master m3 (https://m3): this master's --config file differs") {
+		t.Errorf("a master whose file differs: healthy %t, warnings %q; want healthy with one warning naming m3", rep.Healthy, rep.Warnings)
+	}
 	diverged := []masterView{view("m1", d(2048, "bbbb")), view("m2", d(2048, "bbbb")), view("m3", d(2048, "eeee"))}
 	rep = &clusterReport{Masters: diverged}
 	judgeCluster(rep)

@@ -198,6 +198,8 @@ type Result struct {
 	Agent    *api.AgentInfo
 	Deleted  []string
 	Warnings []string
+	// ConfigChanged: a configuration command changed the committed one.
+	ConfigChanged bool
 	// Released is the number of quarantined blocks a release freed.
 	Released int
 	Err      error

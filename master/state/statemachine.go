@@ -444,7 +444,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result 
 	}
 	t.touchAll()
 	t.stateIndex = index
-	return Result{Warnings: warnings}
+	return Result{Warnings: warnings, ConfigChanged: true}
 }
 
 // applySetClusterID records the cluster id. The first one committed wins: a

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -146,8 +144,8 @@ func TestOverlayDrain(t *testing.T) {
 	})
 }
 
-// setEnabled rewrites the masters' network configuration with overlay
-// enabled or not and restarts the masters, as an operator does.
+// setEnabled changes the masters' network configuration to overlay
+// enabled or not with carve config apply, as an operator does.
 func setEnabled(ctx context.Context, t *testing.T, c *labcluster.Cluster, overlay string, enabled bool) {
 	t.Helper()
 	cfg := c.Network()
@@ -156,22 +154,7 @@ func setEnabled(ctx context.Context, t *testing.T, c *labcluster.Cluster, overla
 			cfg.Overlays[i].Enabled = &enabled
 		}
 	}
-	data, err := json.Marshal(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(c.ConfigPath(), data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range c.Masters() {
-		if err := c.StopMaster(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.StartMaster(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.WaitLeader(ctx); err != nil {
+	if err := c.ApplyConfig(ctx, c.Host(1), cfg); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, converge, fmt.Sprintf("the masters' configuration has %s enabled=%v", overlay, enabled), func() error {

@@ -3,10 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -394,18 +392,7 @@ func TestEncryptionEnable(t *testing.T) {
 	}{{api.EncryptionWireGuard, 1}, {"", 0}} {
 		netCfg := c.Network()
 		netCfg.Encryption = stage.mode
-		data, err := json.Marshal(netCfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(c.ConfigPath(), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		m := c.Masters()[0]
-		if err := c.StopMaster(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.StartMaster(m); err != nil {
+		if err := c.ApplyConfig(ctx, c.Host(1), netCfg); err != nil {
 			t.Fatal(err)
 		}
 		for _, h := range c.Hosts() {
