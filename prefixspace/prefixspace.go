@@ -255,9 +255,10 @@ func (p *Pool) Number(addr netip.Addr) (uint64, bool) {
 		return 0, false
 	}
 	off := ring.AddrUint128(addr).Sub(ring.AddrUint128(p.base.Addr()))
-	// Only the low 64 bits are read: pools are capped at 2^62 slices.
-	n, _ := off.Rsh(p.shift()).Uint64()
-	if n < p.lo || n > p.hi {
+	// A base of more than 2^64 slices (a VTEP /48) holds addresses whose
+	// number does not fit 64 bits: none of them is a slice (at most 2^62).
+	n, fits := off.Rsh(p.shift()).Uint64()
+	if !fits || n < p.lo || n > p.hi {
 		return 0, false
 	}
 	return n, true

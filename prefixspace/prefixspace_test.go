@@ -180,6 +180,11 @@ func TestPoolArithmetic(t *testing.T) {
 			t.Errorf("Number(%s) = %d %v, want %d", got, n, ok, tt.n)
 		}
 	}
+	// A /48 has 2^80 host addresses; the pool numbers the first 2^62. One
+	// 2^64 addresses in is none of its slices (not slice 5, its low bits).
+	if n, ok := prefixspace.NewHostPool(mp("fd00::/48")).Number(netip.MustParseAddr("fd00:0:0:1::5")); ok {
+		t.Errorf("Number(fd00:0:0:1::5) in the host pool of fd00::/48 = %d, want none", n)
+	}
 	hp := prefixspace.NewHostPool(mp("100.64.0.0/30"))
 	var got []string
 	for {
