@@ -15,9 +15,6 @@ import (
 // is prefixspace's.
 type blockSpace = prefixspace.Space[blockHolder]
 
-// heldBlock is one held prefix of a blockSpace.
-type heldBlock = prefixspace.Held[blockHolder]
-
 // slicePool hands out the hosts of the VTEP subnet, first fit.
 type slicePool = prefixspace.Pool
 
