@@ -55,8 +55,8 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: runtimes cannot run carve's conflists; %s", p.Type, dirs, referenceFix(first)))
 		case p.Err != "":
 			out = append(out, fmt.Sprintf("CNI plugin %s did not answer VERSION (%s): runtimes may fail to run it; reinstall it", p.Path, p.Err))
-		case version == LatestCNIVersion && !slices.Contains(p.Versions, LatestCNIVersion):
-			out = append(out, fmt.Sprintf("--cni-version %s, but CNI plugin %s supports up to %s: ADDs will fail; use --cni-version auto or %s", version, p.Path, highest(p.Versions), BaseCNIVersion))
+		case versionLess(highest(p.Versions), version):
+			out = append(out, fmt.Sprintf("--cni-version %s, but CNI plugin %s supports up to %s: ADDs will fail; use --cni-version auto or %s", version, p.Path, highest(p.Versions), readable(p.Versions)))
 		}
 	}
 	for _, p := range choice.RuntimePlugins {
@@ -64,11 +64,9 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: containerd's CRI and CRI-O run it for every pod and fail without it (failed to find plugin %q); %s", p.Type, dirs, p.Type, referenceFix(first)))
 		}
 	}
-	if version == LatestCNIVersion {
-		for _, r := range choice.Runtimes {
-			if r.MaxCNI == BaseCNIVersion {
-				out = append(out, fmt.Sprintf("--cni-version %s, but %s %s (%s) reads spec versions up to %s: it will not load carve's conflists; use --cni-version auto or %s", version, r.Name, r.Version, r.Path, r.MaxCNI, BaseCNIVersion))
-			}
+	for _, r := range choice.Runtimes {
+		if r.MaxCNI != "" && versionLess(r.MaxCNI, version) {
+			out = append(out, fmt.Sprintf("--cni-version %s, but %s %s (%s) reads spec versions up to %s: it will not load carve's conflists; use --cni-version auto or %s", version, r.Name, r.Version, r.Path, r.MaxCNI, atMost(r.MaxCNI)))
 		}
 	}
 	if c := filepath.Clean(confDir); c != DefaultConfDir && c != NomadConfDir {
