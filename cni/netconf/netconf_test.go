@@ -339,11 +339,11 @@ func TestPruneConflists(t *testing.T) {
 	}
 	foreign := []byte(`{"cniVersion":"1.0.0","name":"f","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`)
 	for name, data := range map[string][]byte{
-		"foreign.conflist":          foreign,
-		"notes.txt":                 []byte("x"),
-		".b.conflist.tmp-123456":    []byte("{"), // a crash's leftover
-		"10-other.conf":             foreign,
-		".hidden.conflist.tmp-keep": []byte("{"), // leftover of an overlay carve still has: also ours
+		"foreign.conflist":       foreign,
+		"notes.txt":              []byte("x"),
+		".b.conflist.tmp-123456": []byte("{"), // a crash's leftover
+		"10-other.conf":          foreign,
+		".c.conflist.tmp-789":    []byte("{"), // leftover of an overlay carve still has: also ours
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
