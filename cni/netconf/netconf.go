@@ -161,7 +161,10 @@ func (c Conflist) Validate() error {
 // bridge plugin with isGateway refuses, on every ADD, a bridge that already
 // has an IPv4 address other than the result's gateway, so that no ADD
 // could land past a bridge's first block. The container's default route
-// via its block's gateway comes from carve-ipam's result.
+// via its block's gateway comes from carve-ipam's result. (Podman's CNI
+// backend reads isGateway false as an internal network, so `podman network
+// inspect` says internal: true; that is its label, not something a field
+// of the conflist could change without the refusal above.)
 func (c Conflist) bridge() bridgeJSON {
 	sock := c.Socket
 	if sock == "" {
