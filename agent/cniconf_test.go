@@ -30,6 +30,7 @@ func TestAgentLeavesForeignFilesInConfDir(t *testing.T) {
 	}
 	foreign := map[string]string{
 		"netavark.lock":              "",
+		"cni.lock":                   "",
 		"podman.json":                `{"name":"podman","driver":"bridge","network_interface":"podman0"}`,
 		"87-podman-bridge.conflist":  `{"cniVersion":"0.4.0","name":"podman","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`,
 		".podman.conflist.tmp-12345": `{"cniVersion":"0.4.0","name":"podman","plugins":[]}`,

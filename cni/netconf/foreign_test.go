@@ -29,6 +29,7 @@ func TestPruneLeavesForeignFiles(t *testing.T) {
 	otherList := []byte(`{"cniVersion":"0.4.0","name":"podman","plugins":[{"type":"bridge","bridge":"cni-podman0","isGateway":true,"ipMasq":true,"ipam":{"type":"host-local"}}]}`)
 	foreign := map[string][]byte{
 		"netavark.lock":              nil, // Podman 4 in netavark mode
+		"cni.lock":                   nil, // Podman 4.3.1's CNI backend, seen here
 		"podman.json":                []byte(`{"name":"podman","driver":"bridge","network_interface":"podman0","internal":false}`),
 		"87-podman-bridge.conflist":  otherList,
 		"broken.conflist":            []byte("{not json"),
