@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+	types040 "github.com/containernetworking/cni/pkg/types/040"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -484,6 +485,82 @@ func TestLibcniMesosConf(t *testing.T) {
 		t.Errorf("container cannot ping its gateway: %v", err)
 	}
 	if err := h.host.Do(func() error { return h.cni.DelNetwork(context.Background(), conf, rt) }); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if keys := h.agent.Keys(t, "ov"); len(keys) != 0 {
+		t.Errorf("after DEL the agent holds %v", keys)
+	}
+	if v := h.hostVeths(t); len(v) != 0 {
+		t.Errorf("after DEL the host still has %v", v)
+	}
+}
+
+// TestLibcniLegacyConflist runs the 0.4.0 conflist (--cni-version 0.4.0,
+// for libcni 0.8: containerd 1.5, Podman 3) through libcni as such a
+// runtime does: the reference bridge and portmap plugins and carve-ipam
+// take the version, every result is a 0.4.0 result (the only kind libcni
+// 0.8 parses), CHECK passes, and STATUS, which 0.4.0 lacks, is not sent.
+func TestLibcniLegacyConflist(t *testing.T) {
+	t.Parallel()
+	h := newCNIHost(t, true)
+	dir := t.TempDir()
+	if _, err := netconf.WriteConflist(dir, netconf.Conflist{Overlay: h.overlay, MTU: h.mtu, Socket: h.agent.Sock, CNIVersion: netconf.LegacyCNIVersion}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.LoadNetworkConf(dir, h.overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list.CNIVersion != "0.4.0" {
+		t.Fatalf("conflist version %s, want 0.4.0", list.CNIVersion)
+	}
+	h.list = list
+	c := h.container(t, "old1")
+	rt := runtimeConf("old-1", c)
+	var raw types.Result
+	err = h.host.Do(func() error {
+		var err error
+		raw, err = h.cni.AddNetworkList(context.Background(), h.list, rt)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if raw.Version() != "0.4.0" {
+		t.Fatalf("result version %s, want 0.4.0", raw.Version())
+	}
+	// What libcni 0.8 does with a plugin's output: parse it in the
+	// conflist's version.
+	var out strings.Builder
+	if err := raw.PrintTo(&out); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := version.NewResult("0.4.0", []byte(out.String()))
+	if err != nil {
+		t.Fatalf("the result as libcni 0.8 reads it: %v\n%s", err, out.String())
+	}
+	res, err := types040.GetResult(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.1.0.2/25" || res.IPs[0].Gateway.String() != "10.1.0.1" || res.IPs[0].Version != "4" {
+		t.Fatalf("0.4.0 result IPs = %+v", res.IPs)
+	}
+	addr, mtu, gw := containerAddr(t, c)
+	if addr.String() != "10.1.0.2/25" || mtu != h.mtu || gw != h.gateway() {
+		t.Errorf("container eth0: %s mtu %d gateway %s; want 10.1.0.2/25 mtu %d via %s", addr, mtu, gw, h.mtu, h.gateway())
+	}
+	if err := h.check(rt); err != nil {
+		t.Errorf("CHECK at 0.4.0: %v", err)
+	}
+	// No STATUS at 0.4.0: libcni does not send it (a STATUS carve-ipam
+	// answered would fail here: the agent is stopped).
+	h.agent.Stop(t)
+	if err := h.status(); err != nil {
+		t.Errorf("STATUS at 0.4.0 reached the plugins: %v", err)
+	}
+	h.agent.Start(t)
+	if err := h.del(rt); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
 	if keys := h.agent.Keys(t, "ov"); len(keys) != 0 {

@@ -89,7 +89,7 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
 				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
 			} else if p, edge := bridgeAddressOf(blocks, claim); edge {
-				err = fmt.Errorf("%w: %s is a network, broadcast or gateway address of the %s bridge's %s", errBridgeAddress, claim, req.Bridge, p)
+				err = bridgeAddressError(claim, req.Bridge, p)
 			} else if err = alloc.Claim(at, claim); err == nil {
 				addr = claim
 			}
@@ -125,7 +125,7 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 		}
 		return failure(http.StatusConflict, api.CodeTaken, "requested address %s is taken by %s (carve ipam show --ip %s)", claim, holder, claim)
 	case errors.Is(err, errBridgeAddress):
-		return failure(http.StatusConflict, api.CodeBridgeAddress, "requested address %v: ask for a host address of the range instead", err)
+		return failure(http.StatusConflict, api.CodeBridgeAddress, "%v", err)
 	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
 		if !o.universe[fam].Contains(claim) {
 			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is outside overlay %q (%s)", claim, o.name, o.universe[fam])
@@ -143,7 +143,29 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 }
 
 // errBridgeAddress refuses an address the bridge itself answers for.
-var errBridgeAddress = errors.New("a bridge's own address")
+var errBridgeAddress = errors.New("the bridge answers for it")
+
+// bridgeAddressError refuses a requested address that is block p's network,
+// broadcast or gateway address (bridgeAddressOf): it says which, and the
+// host addresses of the block to ask for instead.
+func bridgeAddressError(claim netip.Addr, bridge string, p netip.Prefix) error {
+	what := "gateway"
+	switch {
+	case claim == p.Masked().Addr():
+		what = "network address"
+	case claim.Is4() && claim == lastAddr(p):
+		what = "broadcast address"
+	}
+	first, last := gatewayOf(p).Next(), lastAddr(p)
+	if last.Is4() {
+		last = last.Prev()
+	}
+	fix := "ask for none and carve chooses one"
+	if first.IsValid() && last.IsValid() && first.Compare(last) <= 0 {
+		fix = fmt.Sprintf("ask for one from %s to %s, or for none and carve chooses one", first, last)
+	}
+	return fmt.Errorf("requested address %s is the %s of the %s bridge's block %s (%w): %s", claim, what, bridge, p.Masked(), errBridgeAddress, fix)
+}
 
 // allocateHost allocates the attachment an address of the bridge's blocks,
 // in order, that is no block's network, broadcast or gateway address (see

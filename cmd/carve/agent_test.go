@@ -96,6 +96,8 @@ func TestAgentRefusesToStartInsecure(t *testing.T) {
 			[]string{"--docker-network-name", `"dcos"`, "{overlay}"}, false},
 		{"docker network name Docker refuses", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--docker-network-name", "net/{overlay}"}),
 			[]string{"--docker-network-name", "not a Docker network name"}, false},
+		{"CNI version carve does not write", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--cni-version", "0.3.1"}),
+			[]string{"--cni-version", `"0.3.1"`, "0.4.0 (libcni 0.7/0.8: containerd 1.3-1.5, Podman 2-3", "1.0.0 (libcni 1.0/1.1: containerd 1.6-1.7, Podman 4", "1.1.0 (adds STATUS and GC", "or auto"}, false},
 		{"unknown socket group", httpsMaster, join(caFlag, certOf("h1"), meshFlag, []string{"--socket-group", "no-such-carve-group"}),
 			[]string{"--socket-group", "no-such-carve-group"}, false},
 	}

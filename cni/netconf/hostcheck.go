@@ -33,10 +33,10 @@ func DefaultBinDirs() []string { return []string{DefaultBinDir, DebianBinDir} }
 
 // Warnings says, one sentence each with the fix, why a runtime on this host
 // may fail to load the conflists written in version into confDir: a plugin of
-// the chain in none of the plugin directories or not answering VERSION, a
-// version some plugin or runtime does not read (a --cni-version override;
-// choice is what detection found), a directory no runtime reads by
-// default. The agent logs them once at start.
+// the chain in none of the plugin directories, not answering VERSION or
+// older than every version carve writes, a version some plugin or runtime
+// does not read (a --cni-version override; choice is what detection found),
+// a directory no runtime reads by default. The agent logs them once at start.
 func Warnings(choice VersionChoice, version, confDir string, binDirs []string) []string {
 	var out []string
 	dirs := strings.Join(binDirs, ":")
@@ -55,8 +55,10 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: runtimes cannot run carve's conflists; %s", p.Type, dirs, referenceFix(first)))
 		case p.Err != "":
 			out = append(out, fmt.Sprintf("CNI plugin %s did not answer VERSION (%s): runtimes may fail to run it; reinstall it", p.Path, p.Err))
-		case version == LatestCNIVersion && !slices.Contains(p.Versions, LatestCNIVersion):
-			out = append(out, fmt.Sprintf("--cni-version %s, but CNI plugin %s supports up to %s: ADDs will fail; use --cni-version auto or %s", version, p.Path, highest(p.Versions), BaseCNIVersion))
+		case versionLess(highest(p.Versions), LegacyCNIVersion):
+			out = append(out, fmt.Sprintf("CNI plugin %s supports up to %s, below every version carve writes: ADDs will fail; replace it with the reference plugins 0.8 or later, which read %s", p.Path, highest(p.Versions), LegacyCNIVersion))
+		case versionLess(highest(p.Versions), version):
+			out = append(out, fmt.Sprintf("--cni-version %s, but CNI plugin %s supports up to %s: ADDs will fail; use --cni-version auto or %s", version, p.Path, highest(p.Versions), readable(p.Versions)))
 		}
 	}
 	for _, p := range choice.RuntimePlugins {
@@ -64,11 +66,9 @@ func Warnings(choice VersionChoice, version, confDir string, binDirs []string) [
 			out = append(out, fmt.Sprintf("CNI plugin %s is in none of %s: containerd's CRI and CRI-O run it for every pod and fail without it (failed to find plugin %q); %s", p.Type, dirs, p.Type, referenceFix(first)))
 		}
 	}
-	if version == LatestCNIVersion {
-		for _, r := range choice.Runtimes {
-			if r.MaxCNI == BaseCNIVersion {
-				out = append(out, fmt.Sprintf("--cni-version %s, but %s %s (%s) reads spec versions up to %s: it will not load carve's conflists; use --cni-version auto or %s", version, r.Name, r.Version, r.Path, r.MaxCNI, BaseCNIVersion))
-			}
+	for _, r := range choice.Runtimes {
+		if r.MaxCNI != "" && versionLess(r.MaxCNI, version) {
+			out = append(out, fmt.Sprintf("--cni-version %s, but %s %s (%s) reads spec versions up to %s: it will not load carve's conflists; use --cni-version auto or %s", version, r.Name, r.Version, r.Path, r.MaxCNI, atMost(r.MaxCNI)))
 		}
 	}
 	if c := filepath.Clean(confDir); c != DefaultConfDir && c != NomadConfDir {

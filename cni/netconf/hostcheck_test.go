@@ -20,6 +20,7 @@ func TestWarnings(t *testing.T) {
 	latest := all(BaseCNIVersion, LatestCNIVersion)
 	loopback := []Plugin{{Type: "loopback", Path: "/opt/cni/bin/loopback"}}
 	containerd16 := Runtime{Name: "containerd", Path: "/usr/bin/containerd", Version: "1.6.20", MaxCNI: BaseCNIVersion}
+	containerd15 := Runtime{Name: "containerd", Path: "/usr/bin/containerd", Version: "1.5.11", MaxCNI: LegacyCNIVersion}
 	for _, tc := range []struct {
 		name    string
 		choice  VersionChoice
@@ -42,6 +43,13 @@ func TestWarnings(t *testing.T) {
 		{"forced 1.1.0 over containerd 1.6", VersionChoice{Plugins: latest, Runtimes: []Runtime{containerd16}}, LatestCNIVersion, DefaultConfDir,
 			[]string{"containerd 1.6.20 (/usr/bin/containerd) reads spec versions up to 1.0.0"}},
 		{"containerd 1.6 at 1.0.0", VersionChoice{Plugins: latest, Runtimes: []Runtime{containerd16}}, BaseCNIVersion, DefaultConfDir, nil},
+		{"forced 1.0.0 over containerd 1.5", VersionChoice{Plugins: latest, Runtimes: []Runtime{containerd15}}, BaseCNIVersion, DefaultConfDir,
+			[]string{"containerd 1.5.11 (/usr/bin/containerd) reads spec versions up to 0.4.0: it will not load carve's conflists; use --cni-version auto or 0.4.0"}},
+		{"plugins older than 0.4.0", VersionChoice{Plugins: []Plugin{{Type: "bridge", Path: "/opt/cni/bin/bridge", Versions: []string{"0.1.0", "0.2.0", "0.3.0", "0.3.1"}}, latest[1], latest[2]}}, LegacyCNIVersion, DefaultConfDir,
+			[]string{"CNI plugin /opt/cni/bin/bridge supports up to 0.3.1, below every version carve writes: ADDs will fail; replace it with the reference plugins 0.8 or later"}},
+		{"containerd 1.5 at 0.4.0", VersionChoice{Plugins: latest, Runtimes: []Runtime{containerd15, containerd16}}, LegacyCNIVersion, DefaultConfDir, nil},
+		{"forced 1.0.0 over plugins 0.9", VersionChoice{Plugins: all("0.3.1", LegacyCNIVersion)}, BaseCNIVersion, DefaultConfDir,
+			[]string{"bridge supports up to 0.4.0: ADDs will fail; use --cni-version auto or 0.4.0", "carve-ipam supports up to 0.4.0", "portmap supports up to 0.4.0"}},
 		{"a directory of its own", VersionChoice{Plugins: latest}, BaseCNIVersion, "/srv/cni",
 			[]string{"--cni-conf-dir /srv/cni is read by no runtime"}},
 	} {

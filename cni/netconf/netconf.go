@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -160,7 +161,10 @@ func (c Conflist) Validate() error {
 // bridge plugin with isGateway refuses, on every ADD, a bridge that already
 // has an IPv4 address other than the result's gateway, so that no ADD
 // could land past a bridge's first block. The container's default route
-// via its block's gateway comes from carve-ipam's result.
+// via its block's gateway comes from carve-ipam's result. (Podman's CNI
+// backend reads isGateway false as an internal network, so `podman network
+// inspect` says internal: true; that is its label, not something a field
+// of the conflist could change without the refusal above.)
 func (c Conflist) bridge() bridgeJSON {
 	sock := c.Socket
 	if sock == "" {
@@ -357,7 +361,9 @@ func removeIfCarve(dir, path string) (bool, error) {
 // overlays went away while it was down. Carve's files are known by their
 // content (IsCarveConflist), not their name, so that those written under an
 // earlier --cni-conf-prefix go too. Files that carve did not write are left
-// alone. It returns the paths removed.
+// alone, whatever their name: other engines' (Podman's netavark.lock and
+// network .json files, other plugins' conflists), directories, links and
+// other temporary files (TempOf). It returns the paths removed.
 func PruneConflists(dir, prefix string, keep []string) ([]string, error) {
 	return prune(dir, prefix, keep, ConflistExt)
 }
@@ -369,9 +375,33 @@ func PruneConfs(dir string, keep []string) ([]string, error) {
 	return prune(dir, "", keep, ConfExt)
 }
 
+// TempOf reports whether name is the name of a temporary file that
+// WriteConflist or WriteConf (atomicfile.Write) creates for a file ending
+// in ext, and the name of that file: "." + target + ".tmp-" + digits.
+func TempOf(name, ext string) (target string, ok bool) {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndex(rest, ".tmp-")
+	if i < 0 {
+		return "", false
+	}
+	target, digits := rest[:i], rest[i+len(".tmp-"):]
+	if !strings.HasSuffix(target, ext) || target == ext || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return "", false
+	}
+	return target, true
+}
+
 // prune removes the carve files *<ext> of dir other than
 // <prefix><overlay><ext> for an overlay in keep, and the temporary files of
-// WriteConflist or WriteConf for ext.
+// WriteConflist or WriteConf for ext that are carve's: those holding a
+// carve configuration (a crash after the write, before the rename) and
+// those of a file carve writes or wrote (its own name in keep, or a carve
+// file of dir). A temporary file of the same shape that is neither, say
+// another tool's being written, is left alone: carve removes only what it
+// wrote.
 func prune(dir, prefix string, keep []string, ext string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -384,29 +414,42 @@ func prune(dir, prefix string, keep []string, ext string) ([]string, error) {
 	for _, k := range keep {
 		kept[prefix+k+ext] = true
 	}
-	var removed []string
+	carve := maps.Clone(kept) // the names of carve's files, kept or removed
+	var removed, temps []string
 	var errs []error
 	for _, e := range entries {
 		name := e.Name()
 		if !e.Type().IsRegular() {
 			continue
 		}
-		path := filepath.Join(dir, name)
-		if strings.HasPrefix(name, ".") && strings.Contains(name, ext+".tmp-") {
-			if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				errs = append(errs, fmt.Errorf("cni: remove %s: %w", path, err))
-			}
+		if _, ok := TempOf(name, ext); ok {
+			temps = append(temps, name)
 			continue
 		}
 		if !strings.HasSuffix(name, ext) || kept[name] {
 			continue
 		}
+		path := filepath.Join(dir, name)
 		ok, err := removeIfCarve(dir, path)
 		if err != nil {
 			errs = append(errs, err)
 		}
 		if ok {
+			carve[name] = true
 			removed = append(removed, path)
+		}
+	}
+	for _, name := range temps {
+		target, _ := TempOf(name, ext)
+		path := filepath.Join(dir, name)
+		if !carve[target] {
+			data, err := os.ReadFile(path)
+			if err != nil || !IsCarveConflist(data) {
+				continue // not carve's, or gone meanwhile
+			}
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("cni: remove %s: %w", path, err))
 		}
 	}
 	sort.Strings(removed)

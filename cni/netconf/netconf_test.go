@@ -31,6 +31,7 @@ func TestConflistContent(t *testing.T) {
 		{"explicit socket", "carve", 1420, "/run/carve/other.sock", "/run/carve/other.sock", "", BaseCNIVersion},
 		{"default socket", "ov-2", 9000, "", DefaultSocket, BaseCNIVersion, BaseCNIVersion},
 		{"longest name", "abcdefghij-13", 1280, "/s", "/s", LatestCNIVersion, LatestCNIVersion},
+		{"for libcni 0.8", "old", 1450, "", DefaultSocket, LegacyCNIVersion, LegacyCNIVersion},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -338,11 +339,11 @@ func TestPruneConflists(t *testing.T) {
 	}
 	foreign := []byte(`{"cniVersion":"1.0.0","name":"f","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`)
 	for name, data := range map[string][]byte{
-		"foreign.conflist":          foreign,
-		"notes.txt":                 []byte("x"),
-		".b.conflist.tmp-123456":    []byte("{"), // a crash's leftover
-		"10-other.conf":             foreign,
-		".hidden.conflist.tmp-keep": []byte("{"), // leftover of an overlay carve still has: also ours
+		"foreign.conflist":       foreign,
+		"notes.txt":              []byte("x"),
+		".b.conflist.tmp-123456": []byte("{"), // a crash's leftover
+		"10-other.conf":          foreign,
+		".c.conflist.tmp-789":    []byte("{"), // leftover of an overlay carve still has: also ours
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
@@ -412,7 +413,7 @@ func TestConflistFilePrefix(t *testing.T) {
 			t.Errorf("prefix %q accepted", bad)
 		}
 	}
-	if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420, CNIVersion: "0.4.0"}); !errors.Is(err, ErrVersion) {
-		t.Errorf("version 0.4.0: %v, want ErrVersion", err)
+	if _, err := WriteConflist(dir, Conflist{Overlay: "carve", MTU: 1420, CNIVersion: "0.3.1"}); !errors.Is(err, ErrVersion) {
+		t.Errorf("version 0.3.1: %v, want ErrVersion", err)
 	}
 }

@@ -17,25 +17,42 @@ import (
 )
 
 // Spec versions of the conflists carve writes. The file is the same in
-// both; what differs is which runtimes and plugins accept it.
+// all three (cniVersion, name, and the plugins bridge with carve-ipam, then
+// portmap: nothing in it is newer than 0.4.0); what differs is which
+// runtimes and plugins accept it, and which commands they may send.
 const (
-	// BaseCNIVersion is what every living CNI consumer reads: libcni 1.1
-	// (containerd 1.6 and 1.7, Podman 4's CNI backend) and Debian's
-	// plugins 1.1.1 stop at 1.0.0.
+	// LegacyCNIVersion is what libcni 0.7 and 0.8 (containerd 1.3 to 1.5,
+	// Podman 2 and 3) and the reference plugins before 1.0 read: they know
+	// no result version above 0.4.0, so a 1.0.0 conflist fails there
+	// (unsupported CNI result version). ADD, DEL and CHECK; no STATUS, no GC.
+	LegacyCNIVersion = "0.4.0"
+	// BaseCNIVersion is what libcni 1.0 and 1.1 (containerd 1.6 and 1.7,
+	// Podman 4's CNI backend) and Debian's plugins 1.1.1 read at most.
 	BaseCNIVersion = "1.0.0"
 	// LatestCNIVersion adds STATUS and GC, which carve-ipam implements;
 	// containerd 2 calls STATUS, no runtime calls GC yet.
 	LatestCNIVersion = "1.1.0"
 )
 
+// Versions are the spec versions carve writes conflists in, highest first.
+func Versions() []string { return []string{LatestCNIVersion, BaseCNIVersion, LegacyCNIVersion} }
+
 // ErrVersion marks a spec version carve does not write.
 var ErrVersion = errors.New("unsupported CNI version")
+
+// VersionHelp says in a line which runtimes read which version carve
+// writes: the --cni-version help and the ErrVersion message.
+func VersionHelp() string {
+	return LegacyCNIVersion + " (libcni 0.7/0.8: containerd 1.3-1.5, Podman 2-3, plugins before 1.0; no STATUS or GC), " +
+		BaseCNIVersion + " (libcni 1.0/1.1: containerd 1.6-1.7, Podman 4; not older runtimes), " +
+		LatestCNIVersion + " (adds STATUS and GC; libcni 1.2 and later: containerd 2)"
+}
 
 // ValidVersion checks a --cni-version value: one of the versions carve
 // writes conflists in.
 func ValidVersion(v string) error {
-	if v != BaseCNIVersion && v != LatestCNIVersion {
-		return fmt.Errorf("%w %q: carve writes %s (every runtime) or %s (STATUS and GC; libcni 1.2 and later)", ErrVersion, v, BaseCNIVersion, LatestCNIVersion)
+	if !slices.Contains(Versions(), v) {
+		return fmt.Errorf("%w %q: carve writes %s", ErrVersion, v, VersionHelp())
 	}
 	return nil
 }
@@ -108,16 +125,18 @@ func (c VersionChoice) Missing() []string {
 	return out
 }
 
-// ChooseVersion picks the highest spec version carve writes that every
-// plugin of the chain (found in pluginDirs, first match wins as libcni
-// searches) and every runtime on the host (runtimes, from FindRuntimes)
-// reads. Whatever cannot be asked counts as reading BaseCNIVersion only,
-// so an unknown host gets the version every consumer reads.
+// ChooseVersion picks the highest spec version carve writes (Versions)
+// that every plugin of the chain (found in pluginDirs, first match wins as
+// libcni searches) and every runtime on the host (runtimes, from
+// FindRuntimes) reads. Whatever cannot be asked counts as reading
+// BaseCNIVersion at most, so an unknown host gets the version every living
+// consumer reads; LegacyCNIVersion is chosen only when a plugin or runtime
+// is known to stop below BaseCNIVersion.
 func ChooseVersion(ctx context.Context, pluginDirs []string, runtimes []Runtime) VersionChoice {
 	c := VersionChoice{Version: LatestCNIVersion, Runtimes: runtimes}
-	lower := func(why string) {
-		if c.Version != BaseCNIVersion {
-			c.Version, c.Reason = BaseCNIVersion, why
+	lower := func(to, why string) {
+		if versionLess(to, c.Version) {
+			c.Version, c.Reason = to, why
 		}
 	}
 	for _, typ := range ChainPlugins() {
@@ -125,25 +144,48 @@ func ChooseVersion(ctx context.Context, pluginDirs []string, runtimes []Runtime)
 		c.Plugins = append(c.Plugins, p)
 		switch {
 		case p.Path == "":
-			lower(fmt.Sprintf("plugin %s is in none of %s", typ, strings.Join(pluginDirs, ", ")))
+			lower(BaseCNIVersion, fmt.Sprintf("plugin %s is in none of %s", typ, strings.Join(pluginDirs, ", ")))
 		case p.Err != "":
-			lower(fmt.Sprintf("plugin %s did not answer VERSION: %s", p.Path, p.Err))
-		case !slices.Contains(p.Versions, LatestCNIVersion):
-			lower(fmt.Sprintf("plugin %s supports up to %s", p.Path, highest(p.Versions)))
+			lower(BaseCNIVersion, fmt.Sprintf("plugin %s did not answer VERSION: %s", p.Path, p.Err))
+		default:
+			lower(readable(p.Versions), fmt.Sprintf("plugin %s supports up to %s", p.Path, highest(p.Versions)))
 		}
 	}
 	for _, typ := range RuntimePlugins() {
 		c.RuntimePlugins = append(c.RuntimePlugins, Plugin{Type: typ, Path: findPlugin(pluginDirs, typ)})
 	}
 	for _, r := range runtimes {
-		if r.MaxCNI == BaseCNIVersion {
-			lower(fmt.Sprintf("%s %s (%s) reads spec versions up to %s", r.Name, r.Version, r.Path, r.MaxCNI))
+		if r.MaxCNI != "" {
+			lower(atMost(r.MaxCNI), fmt.Sprintf("%s %s (%s) reads spec versions up to %s", r.Name, r.Version, r.Path, r.MaxCNI))
 		}
 	}
 	if c.Reason == "" {
 		c.Reason = fmt.Sprintf("every plugin of the chain and every runtime found supports %s", LatestCNIVersion)
 	}
 	return c
+}
+
+// readable is the highest version carve writes that a plugin supporting
+// supported reads; LegacyCNIVersion, the lowest, when it reads none of
+// them (Warnings then says the plugin cannot run carve's conflists).
+func readable(supported []string) string {
+	for _, v := range Versions() {
+		if slices.Contains(supported, v) {
+			return v
+		}
+	}
+	return LegacyCNIVersion
+}
+
+// atMost is the highest version carve writes that is not above limit;
+// LegacyCNIVersion, the lowest, when all are.
+func atMost(limit string) string {
+	for _, v := range Versions() {
+		if !versionLess(limit, v) {
+			return v
+		}
+	}
+	return LegacyCNIVersion
 }
 
 // findPlugin is the path of typ in the first of dirs holding it as an
@@ -224,21 +266,42 @@ func versionParts(v string) []int {
 }
 
 // runtimeProbe is how FindRuntimes recognises one engine: its binary, the
-// flag that prints its version, and the first major version whose CNI
-// library reads spec 1.1.0.
+// flag that prints its version, and the highest spec version its CNI
+// library reads by its major and minor version ("" when not bounded below
+// LatestCNIVersion).
 type runtimeProbe struct {
 	name, binary, flag string
 	pattern            *regexp.Regexp
-	firstMajorLatest   int
+	maxCNI             func(major, minor int) string
 }
 
 func runtimeProbes() []runtimeProbe {
 	return []runtimeProbe{
-		// containerd 2.0 moved to libcni 1.2; 1.6 and 1.7 link libcni 1.1.
-		{"containerd", "containerd", "--version", regexp.MustCompile(`containerd\S*\s+\S+\s+v?(\d+)\.(\d+)\.(\d+)`), 2},
-		// Podman 4's CNI backend links libcni 1.1; Podman 5 keeps CNI only
-		// behind a build tag.
-		{"podman", "podman", "--version", regexp.MustCompile(`podman version (\d+)\.(\d+)\.(\d+)`), 5},
+		// containerd 2.0 moved to libcni 1.2; 1.6 and 1.7 link libcni 1.1;
+		// 1.3 to 1.5 link libcni 0.7 or 0.8, which know results up to 0.4.0.
+		{"containerd", "containerd", "--version", regexp.MustCompile(`containerd\S*\s+\S+\s+v?(\d+)\.(\d+)\.(\d+)`), func(major, minor int) string {
+			switch {
+			case major >= 2:
+				return ""
+			case major == 1 && minor >= 6:
+				return BaseCNIVersion
+			default:
+				return LegacyCNIVersion
+			}
+		}},
+		// Podman 4's CNI backend links libcni 1.0 or 1.1, Podman 3's libcni
+		// 0.8; Podman 5 keeps CNI only behind a build tag (netavark is its
+		// backend: it does not read conflists at all).
+		{"podman", "podman", "--version", regexp.MustCompile(`podman version (\d+)\.(\d+)\.(\d+)`), func(major, _ int) string {
+			switch {
+			case major >= 5:
+				return ""
+			case major == 4:
+				return BaseCNIVersion
+			default:
+				return LegacyCNIVersion
+			}
+		}},
 	}
 }
 
@@ -271,9 +334,6 @@ func (p runtimeProbe) parse(path, out string) (Runtime, bool) {
 		return Runtime{}, false
 	}
 	major, _ := strconv.Atoi(m[1])
-	r := Runtime{Name: p.name, Path: path, Version: m[1] + "." + m[2] + "." + m[3]}
-	if major < p.firstMajorLatest {
-		r.MaxCNI = BaseCNIVersion
-	}
-	return r, true
+	minor, _ := strconv.Atoi(m[2])
+	return Runtime{Name: p.name, Path: path, Version: m[1] + "." + m[2] + "." + m[3], MaxCNI: p.maxCNI(major, minor)}, true
 }

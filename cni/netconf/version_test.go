@@ -3,6 +3,7 @@ package netconf
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,8 @@ func TestChooseVersionAsksThePlugins(t *testing.T) {
 	ctx := context.Background()
 	containerd16 := Runtime{Name: "containerd", Path: "/usr/bin/containerd", Version: "1.6.20", MaxCNI: BaseCNIVersion}
 	containerd2 := Runtime{Name: "containerd", Path: "/usr/bin/containerd", Version: "2.1.0"}
+	containerd15 := Runtime{Name: "containerd", Path: "/usr/local/bin/containerd", Version: "1.5.11", MaxCNI: LegacyCNIVersion}
+	oldBridge := fakePlugin(t, "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0")
 	for _, tc := range []struct {
 		name     string
 		plugins  map[string]string
@@ -68,6 +71,12 @@ func TestChooseVersionAsksThePlugins(t *testing.T) {
 			BaseCNIVersion, "plugin carve-ipam is in none of"},
 		{"a plugin that is not one", map[string]string{"bridge": "/bin/true", "portmap": reference + "/portmap", PluginType: ipam}, nil,
 			BaseCNIVersion, "did not answer VERSION"},
+		{"reference plugins under containerd 1.5", map[string]string{"bridge": reference + "/bridge", "portmap": reference + "/portmap", PluginType: ipam}, []Runtime{containerd15},
+			LegacyCNIVersion, "containerd 1.5.11"},
+		{"a bridge of plugins 0.9", map[string]string{"bridge": oldBridge, "portmap": reference + "/portmap", PluginType: ipam}, nil,
+			LegacyCNIVersion, "supports up to 0.4.0"},
+		{"containerd 1.6 and 1.5 on one host", map[string]string{"bridge": reference + "/bridge", "portmap": reference + "/portmap", PluginType: ipam}, []Runtime{containerd16, containerd15},
+			LegacyCNIVersion, "containerd 1.5.11"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := pluginDir(t, tc.plugins)
@@ -80,6 +89,18 @@ func TestChooseVersionAsksThePlugins(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakePlugin is a plugin binary that answers VERSION with versions, as the
+// reference plugins before 1.0 (0.8, 0.9) answer it.
+func fakePlugin(t *testing.T, versions ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "plugin")
+	script := fmt.Sprintf("#!/bin/sh\necho '{\"cniVersion\":\"0.4.0\",\"supportedVersions\":[\"%s\"]}'\n", strings.Join(versions, `","`))
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // The first directory that holds a plugin is the one asked, as libcni
@@ -127,6 +148,10 @@ func TestRuntimeVersions(t *testing.T) {
 		{0, "containerd github.com/containerd/containerd/v2 v2.0.5 fb4c30d4ede3531652d86197bf3fc9515e5276d9\n", Runtime{Name: "containerd", Version: "2.0.5"}},
 		{1, "podman version 4.3.1\n", Runtime{Name: "podman", Version: "4.3.1", MaxCNI: BaseCNIVersion}},
 		{1, "podman version 5.4.0\n", Runtime{Name: "podman", Version: "5.4.0"}},
+		// libcni 0.8 knows no result version above 0.4.0.
+		{0, "containerd containerd.io 1.5.11 3df54a852345ae127d1fa3092b95168e4a88e2f8\n", Runtime{Name: "containerd", Version: "1.5.11", MaxCNI: LegacyCNIVersion}},
+		{0, "containerd github.com/containerd/containerd v1.4.13 9cc61520f4cd876b86e77edfeb88fbcd536d1f9d\n", Runtime{Name: "containerd", Version: "1.4.13", MaxCNI: LegacyCNIVersion}},
+		{1, "podman version 3.4.4\n", Runtime{Name: "podman", Version: "3.4.4", MaxCNI: LegacyCNIVersion}},
 	} {
 		got, ok := probes[tc.probe].parse("", tc.out)
 		if !ok || got != tc.want {
@@ -158,12 +183,20 @@ func TestFindRuntimesOnThisHost(t *testing.T) {
 }
 
 func TestValidVersion(t *testing.T) {
-	for _, v := range []string{"0.4.0", "1.2.0", "", "latest"} {
-		if err := ValidVersion(v); !errors.Is(err, ErrVersion) {
+	for _, v := range []string{"0.3.1", "1.2.0", "", "latest"} {
+		err := ValidVersion(v)
+		if !errors.Is(err, ErrVersion) {
 			t.Errorf("ValidVersion(%q) = %v, want ErrVersion", v, err)
+			continue
+		}
+		// The refusal says which runtimes read which version.
+		for _, want := range []string{"0.4.0 (libcni 0.7/0.8: containerd 1.3-1.5", "1.0.0 (libcni 1.0/1.1: containerd 1.6-1.7, Podman 4", "1.1.0 (adds STATUS and GC"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("ValidVersion(%q) = %q, want it to say %q", v, err, want)
+			}
 		}
 	}
-	for _, v := range []string{BaseCNIVersion, LatestCNIVersion} {
+	for _, v := range []string{LegacyCNIVersion, BaseCNIVersion, LatestCNIVersion} {
 		if err := ValidVersion(v); err != nil {
 			t.Errorf("ValidVersion(%q) = %v", v, err)
 		}

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/ring"
+	"github.com/carve-net/carve/prefixspace"
 )
 
 // Errors of the growth commands; the HTTP layer maps them to codes.
@@ -76,13 +76,13 @@ func sortBlocks(bs []leaseBlock) {
 // halves added as the lease blocks of the mesos and docker bridges (both,
 // whether or not the agent runs the bridge: the space is its own either way).
 func (t *LeaseTable) takeLeaseBlocks(space *blockSpace, id string, blocks []leaseBlock, subnet netip.Prefix, index uint64) []leaseBlock {
-	m, d := halves(subnet)
+	m, d := prefixspace.Halves(subnet)
 	out := slices.Clone(blocks)
 	for _, b := range []leaseBlock{
 		{Bridge: api.BridgeMesos, Prefix: m, Origin: api.BlockLeased, Home: m, Version: index},
 		{Bridge: api.BridgeDocker, Prefix: d, Origin: api.BlockLeased, Home: d, Version: index},
 	} {
-		_ = space.add(b.Prefix, id, false) // a free slice: cannot overlap
+		_ = space.Add(b.Prefix, agentHolds(id)) // a free slice: cannot overlap
 		out = append(out, b)
 	}
 	sortBlocks(out)
@@ -101,24 +101,24 @@ func (t *LeaseTable) reclaimOwnSlice(overlay string, space *blockSpace, id strin
 		return netip.Prefix{}, false
 	}
 	for _, q := range t.quarantine[overlay] {
-		if q.From != id || q.Prefix.Addr().Is4() != space.universe.Addr().Is4() || q.Prefix.Bits() < bits {
+		if q.From != id || q.Prefix.Addr().Is4() != space.Universe().Addr().Is4() || q.Prefix.Bits() < bits {
 			continue
 		}
 		slice := netip.PrefixFrom(q.Prefix.Addr(), bits).Masked()
-		if _, _, ok := space.span(slice); !ok {
+		if _, ok := space.Span(slice); !ok {
 			continue
 		}
 		own := true
-		for _, h := range space.overlapping(slice) {
-			own = own && h.quarantined && h.holder == id && slice.Contains(h.prefix.Addr()) && h.prefix.Bits() >= bits
+		for _, h := range space.Overlapping(slice) {
+			own = own && h.Holder == quarantineHolds(id) && prefixspace.Contains(slice, h.Prefix)
 		}
-		if !own || !t.covers(space, slice) {
+		if !own || !space.Covers(slice) {
 			continue
 		}
 		var keep []quarantined
 		for _, o := range t.quarantine[overlay] {
 			if o.From == id && slice.Contains(o.Prefix.Addr()) && o.Prefix.Bits() >= bits {
-				space.remove(o.Prefix)
+				space.Remove(o.Prefix)
 				continue
 			}
 			keep = append(keep, o)
@@ -150,8 +150,8 @@ func (t *LeaseTable) reclaimOwnQuarantine(rec *agentRecord, def overlayDef, l ov
 			keep = append(keep, q)
 			continue
 		}
-		space.remove(q.Prefix)
-		_ = space.add(q.Prefix, rec.ID, false) // its own quarantine: nobody else holds it
+		space.Remove(q.Prefix)
+		_ = space.Add(q.Prefix, agentHolds(rec.ID)) // its own quarantine: nobody else holds it
 		bridge := q.Bridge
 		if bridge == "" {
 			bridge = api.BridgeMesos
@@ -176,7 +176,7 @@ func legacyLeaseBlocks(rec *agentRecord) {
 			if !s.IsValid() {
 				continue
 			}
-			m, d := halves(s)
+			m, d := prefixspace.Halves(s)
 			l.Blocks = append(l.Blocks,
 				leaseBlock{Bridge: api.BridgeMesos, Prefix: m, Origin: api.BlockLeased, Home: m, Version: rec.Version},
 				leaseBlock{Bridge: api.BridgeDocker, Prefix: d, Origin: api.BlockLeased, Home: d, Version: rec.Version})
@@ -184,16 +184,6 @@ func legacyLeaseBlocks(rec *agentRecord) {
 		sortBlocks(l.Blocks)
 		rec.Leases[name] = l
 	}
-}
-
-// removeHeld frees p if id holds it (not quarantined).
-func (s *blockSpace) removeHeld(p netip.Prefix, id string) bool {
-	for _, h := range s.overlapping(p) {
-		if h.prefix == p && h.holder == id && !h.quarantined {
-			return s.remove(p)
-		}
-	}
-	return false
 }
 
 // setBlocks replaces the blocks of one overlay of rec (a fresh clone, not
@@ -207,7 +197,7 @@ func (t *LeaseTable) setBlocks(rec *agentRecord, overlay string, blocks []leaseB
 	for _, b := range l.Blocks {
 		if !slices.Contains(blocks, b) {
 			if space := sp.family(b.Prefix.Addr().Is4()); space != nil {
-				space.removeHeld(b.Prefix, rec.ID)
+				space.RemoveHeld(b.Prefix, agentHolds(rec.ID))
 			}
 		}
 	}
@@ -217,7 +207,7 @@ func (t *LeaseTable) setBlocks(rec *agentRecord, overlay string, blocks []leaseB
 			if space == nil {
 				return fmt.Errorf("%w: overlay %q has no space for %s", ErrInvalidBlock, overlay, b.Prefix)
 			}
-			if err := space.add(b.Prefix, rec.ID, false); err != nil {
+			if err := space.Add(b.Prefix, agentHolds(rec.ID)); err != nil {
 				return fmt.Errorf("%w: %v", ErrBlockConflict, err)
 			}
 		}
@@ -238,14 +228,14 @@ func coalesce(bs []leaseBlock) []leaseBlock {
 			if x.Prefix.Bits() <= x.Home.Bits() {
 				continue
 			}
-			sib := sibling(x.Prefix)
+			sib := prefixspace.Sibling(x.Prefix)
 			for j := range bs {
 				y := bs[j]
 				if j == i || y.Prefix != sib || y.Bridge != x.Bridge || y.Origin != x.Origin || y.Donor != x.Donor || y.Home != x.Home {
 					continue
 				}
 				p := x
-				p.Prefix, p.Version = parent(x.Prefix), max(x.Version, y.Version)
+				p.Prefix, p.Version = prefixspace.Parent(x.Prefix), max(x.Version, y.Version)
 				out := make([]leaseBlock, 0, len(bs)-1)
 				for k, b := range bs {
 					if k != i && k != j {
@@ -295,9 +285,9 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 		return nil, fmt.Errorf("%w: overlay %q has no IPv%d subnet", ErrInvalidBlock, c.Overlay, c.Family)
 	}
 	bits := def.growBits(c.Family == 4)
-	p, ok := space.firstFree(bits)
+	p, ok := space.FirstFree(bits)
 	if !ok {
-		return nil, fmt.Errorf("%w: no free /%d left in overlay %q (%s)", ErrOverlayExhausted, bits, c.Overlay, space.universe)
+		return nil, fmt.Errorf("%w: no free /%d left in overlay %q (%s)", ErrOverlayExhausted, bits, c.Overlay, space.Universe())
 	}
 	if err := checkQuota(def, c.AgentID, old.Leases[c.Overlay].Blocks, p); err != nil {
 		return nil, err
@@ -345,7 +335,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 		case b.Prefix.Bits() >= c.Prefix.Bits():
 			give = append(give, b)
 		default: // the prefix is inside the block: keep the rest of it
-			for _, r := range subtractPrefix(b.Prefix, c.Prefix) {
+			for _, r := range prefixspace.Subtract(b.Prefix, c.Prefix) {
 				piece := b
 				piece.Prefix = r
 				keep = append(keep, piece)
@@ -421,8 +411,8 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 	if space == nil {
 		return nil, fmt.Errorf("%w: overlay %q has no space for %s", ErrInvalidBlock, c.Overlay, c.Prefix)
 	}
-	if _, _, ok := space.span(c.Prefix); !ok {
-		return nil, fmt.Errorf("%w: %s is not inside overlay %q (%s)", ErrInvalidBlock, c.Prefix, c.Overlay, space.universe)
+	if _, ok := space.Span(c.Prefix); !ok {
+		return nil, fmt.Errorf("%w: %s is not inside overlay %q (%s)", ErrInvalidBlock, c.Prefix, c.Overlay, space.Universe())
 	}
 	for _, b := range recip.Leases[c.Overlay].Blocks {
 		if b.Prefix.Contains(c.Prefix.Addr()) && b.Prefix.Bits() <= c.Prefix.Bits() {
@@ -434,16 +424,16 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 			ErrStatementUsed, c.Donor, c.Prefix, c.Recipient)
 	}
 	covered := true
-	for _, h := range space.overlapping(c.Prefix) {
+	for _, h := range space.Overlapping(c.Prefix) {
 		switch {
-		case h.holder == c.Donor && (h.quarantined || donor != nil):
-		case h.holder == c.Recipient && !h.quarantined:
+		case h.Holder.id == c.Donor && (h.Holder.quarantined || donor != nil):
+		case h.Holder == agentHolds(c.Recipient):
 		default:
-			return nil, fmt.Errorf("%w: grant of %s from %q to %q: it overlaps %s of %s", ErrBlockConflict, c.Prefix, c.Donor, c.Recipient, h.prefix, h.describe())
+			return nil, fmt.Errorf("%w: grant of %s from %q to %q: it overlaps %s of %s", ErrBlockConflict, c.Prefix, c.Donor, c.Recipient, h.Prefix, h.Holder)
 		}
 	}
 	if donor != nil {
-		covered = t.covers(space, c.Prefix)
+		covered = space.Covers(c.Prefix)
 	}
 	if !covered {
 		return nil, fmt.Errorf("%w: grant of %s from %q to %q: it is not inside the donor's holdings at the masters (part of it is free space)", ErrBlockConflict, c.Prefix, c.Donor, c.Recipient)
@@ -471,9 +461,9 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 			qs = append(qs, q)
 			continue
 		}
-		space.remove(q.Prefix)
+		space.Remove(q.Prefix)
 		for _, r := range cutOut(leaseBlock{Prefix: q.Prefix}, c.Prefix) {
-			_ = space.add(r.Prefix, q.From, true) // the rest of what was just freed
+			_ = space.Add(r.Prefix, quarantineHolds(q.From)) // the rest of what was just freed
 			qs = append(qs, quarantined{Prefix: r.Prefix, From: q.From, Since: q.Since, Bridge: q.Bridge, ClaimKey: q.ClaimKey})
 		}
 	}
@@ -500,35 +490,11 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 	return rec, nil
 }
 
-var one128 = ring.U128(1)
-
-// covers reports whether the held blocks of space cover all of p.
-func (t *LeaseTable) covers(space *blockSpace, p netip.Prefix) bool {
-	first, last, _ := space.span(p)
-	next := first
-	for _, h := range space.overlapping(p) {
-		if next.Less(h.first) {
-			return false
-		}
-		if !h.last.Less(last) {
-			return true
-		}
-		next = h.last.Add(one128)
-	}
-	return false
-}
-
 // cutOut returns b without the part inside p: b itself when they do not
 // overlap, nothing when b is inside p, else the decomposition of the rest.
 func cutOut(b leaseBlock, p netip.Prefix) []leaseBlock {
-	switch {
-	case !b.Prefix.Overlaps(p):
-		return []leaseBlock{b}
-	case b.Prefix.Bits() >= p.Bits():
-		return nil
-	}
 	var out []leaseBlock
-	for _, r := range subtractPrefix(b.Prefix, p) {
+	for _, r := range prefixspace.CutOut(b.Prefix, p) {
 		piece := b
 		piece.Prefix = r
 		out = append(out, piece)
@@ -568,7 +534,7 @@ func (t *LeaseTable) releaseQuarantine(match func(quarantined) bool) int {
 				continue
 			}
 			if space := t.spaces[name].family(q.Prefix.Addr().Is4()); space != nil {
-				space.remove(q.Prefix)
+				space.Remove(q.Prefix)
 			}
 			n++
 		}

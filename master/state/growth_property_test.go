@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/prefixspace"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -168,7 +169,7 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 			p := candidates[rng.IntN(len(candidates))]
 			bits := min(p.Bits()+rng.IntN(4), p.Addr().BitLen()-1)
 			off := ring.U128(rng.Uint64N(1 << uint(bits-p.Bits()))).Lsh(uint(p.Addr().BitLen() - bits))
-			g := netip.PrefixFrom(addrPlus(p.Addr(), off), bits)
+			g := netip.PrefixFrom(prefixspace.AddrPlus(p.Addr(), off), bits)
 			m.unreported = append(m.unreported, modelGrant{overlay: "g", prefix: g, donor: donor, recipient: recip})
 			history = append(history, fmt.Sprintf("ring grant %s %s -> %s", g, donor, recip))
 		case op == 5 && len(m.unreported) > 0: // a grant reported
@@ -297,8 +298,8 @@ func heldSnapshot(tb *LeaseTable) map[ownedPrefix]bool {
 			if s == nil {
 				continue
 			}
-			for _, h := range s.held {
-				out[ownedPrefix{h.prefix, h.holder, h.quarantined}] = true
+			for _, h := range s.Blocks() {
+				out[ownedPrefix{h.Prefix, h.Holder.id, h.Holder.quarantined}] = true
 			}
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+
+	"github.com/carve-net/carve/prefixspace"
 )
 
 // ownedPrefix is one held block and who holds it.
@@ -28,14 +30,15 @@ func (tb *LeaseTable) CheckInvariants() error {
 			if space == nil {
 				continue
 			}
+			u := space.Universe()
 			var want []ownedPrefix
 			for id, rec := range tb.agents {
 				for _, b := range rec.Leases[name].Blocks {
-					if b.Prefix.Addr().Is4() != space.universe.Addr().Is4() {
+					if b.Prefix.Addr().Is4() != u.Addr().Is4() {
 						continue
 					}
-					if !space.universe.Contains(b.Prefix.Addr()) || b.Prefix.Bits() < space.universe.Bits() {
-						return fmt.Errorf("agent %s's block %s is outside overlay %s (%s)", id, b.Prefix, name, space.universe)
+					if !prefixspace.Contains(u, b.Prefix) {
+						return fmt.Errorf("agent %s's block %s is outside overlay %s (%s)", id, b.Prefix, name, u)
 					}
 					if b.Prefix.Masked() != b.Prefix {
 						return fmt.Errorf("agent %s's block %s is not CIDR-aligned", id, b.Prefix)
@@ -44,7 +47,7 @@ func (tb *LeaseTable) CheckInvariants() error {
 				}
 			}
 			for _, q := range tb.quarantine[name] {
-				if q.Prefix.Addr().Is4() == space.universe.Addr().Is4() {
+				if q.Prefix.Addr().Is4() == u.Addr().Is4() {
 					want = append(want, ownedPrefix{q.Prefix, q.From, true})
 				}
 			}
@@ -56,22 +59,22 @@ func (tb *LeaseTable) CheckInvariants() error {
 				}
 			}
 			var got []ownedPrefix
-			for _, h := range space.held {
-				got = append(got, ownedPrefix{h.prefix, h.holder, h.quarantined})
+			for _, h := range space.Blocks() {
+				got = append(got, ownedPrefix{h.Prefix, h.Holder.id, h.Holder.quarantined})
 			}
 			if !slices.Equal(got, want) {
 				return fmt.Errorf("overlay %s: the allocator holds %v, the records and quarantine %v", name, got, want)
 			}
-			for _, f := range space.freeSpans() {
-				for _, h := range space.held {
-					if !(f[1].Less(h.first) || h.last.Less(f[0])) {
-						return fmt.Errorf("overlay %s: free span %v-%v overlaps %s", name, f[0], f[1], h.prefix)
+			for _, f := range space.FreeSpans() {
+				for _, h := range space.Blocks() {
+					if f.Overlaps(h.Span) {
+						return fmt.Errorf("overlay %s: free span %v-%v overlaps %s", name, f.First, f.Last, h.Prefix)
 					}
 				}
 			}
-			for bits := space.universe.Bits(); bits <= min(space.universe.Bits()+8, space.universe.Addr().BitLen()); bits++ {
-				if p, ok := space.firstFree(bits); ok {
-					if len(space.overlapping(p)) > 0 {
+			for bits := u.Bits(); bits <= min(u.Bits()+8, u.Addr().BitLen()); bits++ {
+				if p, ok := space.FirstFree(bits); ok {
+					if len(space.Overlapping(p)) > 0 {
 						return fmt.Errorf("overlay %s: firstFree(/%d) = %s, which is held", name, bits, p)
 					}
 				}

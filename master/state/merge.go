@@ -87,7 +87,7 @@ func withOverlays(cfg api.NetworkConfig, o ...api.OverlayNetwork) api.NetworkCon
 func (t *LeaseTable) leasedOverlays() map[string]bool {
 	out := map[string]bool{}
 	for name, sp := range t.spaces {
-		if (sp.v4 != nil && len(sp.v4.held) > 0) || (sp.v6 != nil && len(sp.v6.held) > 0) {
+		if (sp.v4 != nil && sp.v4.Len() > 0) || (sp.v6 != nil && sp.v6.Len() > 0) {
 			out[name] = true
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/prefixspace"
 )
 
 // render is rec in its API form, with the agent's last configuration
@@ -94,11 +95,11 @@ func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfi
 	if bridges.MesosBridge || bridges.DockerBridge {
 		m, d := &api.BridgeInfo{Name: "m-" + def.api.Name}, &api.BridgeInfo{Name: "d-" + def.api.Name}
 		if l.Subnet.IsValid() {
-			a, b := halves(l.Subnet)
+			a, b := prefixspace.Halves(l.Subnet)
 			m.IP, d.IP = a.String(), b.String()
 		}
 		if l.Subnet6.IsValid() {
-			a, b := halves(l.Subnet6)
+			a, b := prefixspace.Halves(l.Subnet6)
 			m.IP6, d.IP6 = a.String(), b.String()
 		}
 		if bridges.MesosBridge {

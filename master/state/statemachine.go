@@ -244,11 +244,11 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 	var rec *agentRecord
 	if old == nil {
 		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
-		n, ok := t.vteps.allocate(c.AgentID)
+		n, ok := t.vteps.Allocate(c.AgentID)
 		if !ok {
 			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
 		}
-		rec.VTEP = t.vteps.addrAt(n)
+		rec.VTEP = t.vteps.AddrAt(n)
 	} else {
 		rec = old.clone()
 	}
@@ -309,8 +309,8 @@ func (t *LeaseTable) keysFree(id string, keys api.AgentKeys) error {
 // records why when an overlay is exhausted.
 func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
-		if n, ok := t.vteps6.allocate(rec.ID); ok {
-			rec.VTEP6 = t.vteps6.addrAt(n)
+		if n, ok := t.vteps6.Allocate(rec.ID); ok {
+			rec.VTEP6 = t.vteps6.AddrAt(n)
 		}
 	}
 	for _, def := range t.net.overlays {
@@ -325,7 +325,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v4, rec.ID, def.prefix); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v4.firstFree(def.prefix); ok {
+			} else if p, ok := sp.v4.FirstFree(def.prefix); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
 			} else {
@@ -336,7 +336,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v6, rec.ID, def.prefix6); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v6.firstFree(def.prefix6); ok {
+			} else if p, ok := sp.v6.FirstFree(def.prefix6); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
 			} else {
@@ -394,23 +394,23 @@ func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
 // quarantined instead of freed: one of them may hold a grant from it that
 // the masters have not heard of (see applyRelease).
 func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool) {
-	if n, ok := t.vteps.number(rec.VTEP); ok && t.vteps.used[n] == rec.ID {
-		t.vteps.release(n)
+	if n, ok := t.vteps.Number(rec.VTEP); ok && t.vteps.Owner(n) == rec.ID {
+		t.vteps.Release(n)
 	}
 	if t.vteps6 != nil && rec.VTEP6.IsValid() {
-		if n, ok := t.vteps6.number(rec.VTEP6); ok && t.vteps6.used[n] == rec.ID {
-			t.vteps6.release(n)
+		if n, ok := t.vteps6.Number(rec.VTEP6); ok && t.vteps6.Owner(n) == rec.ID {
+			t.vteps6.Release(n)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(rec.Leases)) {
 		sp := t.spaces[name]
 		for _, b := range rec.Leases[name].Blocks {
 			space := sp.family(b.Prefix.Addr().Is4())
-			if space == nil || !space.removeHeld(b.Prefix, rec.ID) {
+			if space == nil || !space.RemoveHeld(b.Prefix, agentHolds(rec.ID)) {
 				continue
 			}
 			if quarantine {
-				_ = space.add(b.Prefix, rec.ID, true) // just freed: cannot overlap
+				_ = space.Add(b.Prefix, quarantineHolds(rec.ID)) // just freed: cannot overlap
 				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge, ClaimKey: rec.Keys.Claim})
 			}
 		}
@@ -486,18 +486,18 @@ func (t *LeaseTable) rebuildSpaces() {
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		rec := t.agents[id]
-		if n, ok := t.vteps.number(rec.VTEP); ok {
-			t.vteps.take(n, id)
+		if n, ok := t.vteps.Number(rec.VTEP); ok {
+			t.vteps.Take(n, id)
 		}
 		if t.vteps6 != nil && rec.VTEP6.IsValid() {
-			if n, ok := t.vteps6.number(rec.VTEP6); ok {
-				t.vteps6.take(n, id)
+			if n, ok := t.vteps6.Number(rec.VTEP6); ok {
+				t.vteps6.Take(n, id)
 			}
 		}
 		for name, l := range rec.Leases {
 			for _, b := range l.Blocks {
 				if space := t.spaces[name].family(b.Prefix.Addr().Is4()); space != nil {
-					_ = space.add(b.Prefix, id, false) // records never overlap
+					_ = space.Add(b.Prefix, agentHolds(id)) // records never overlap
 				}
 			}
 		}
@@ -505,13 +505,9 @@ func (t *LeaseTable) rebuildSpaces() {
 	for name, qs := range t.quarantine {
 		for _, q := range qs {
 			if space := t.spaces[name].family(q.Prefix.Addr().Is4()); space != nil {
-				_ = space.add(q.Prefix, q.From, true)
+				_ = space.Add(q.Prefix, quarantineHolds(q.From))
 			}
 		}
-	}
-	t.vteps.hint = t.vteps.lo
-	if t.vteps6 != nil {
-		t.vteps6.hint = t.vteps6.lo
 	}
 }
 

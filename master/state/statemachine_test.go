@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 
@@ -499,45 +498,6 @@ func TestStateJSONMatchesState(t *testing.T) {
 	empty, _, _ := NewLeaseTable().StateJSON("")
 	if err := json.Unmarshal(empty, &fromJSON); err != nil {
 		t.Errorf("empty state: %v: %s", err, empty)
-	}
-}
-
-func TestPoolArithmetic(t *testing.T) {
-	tests := []struct {
-		base  string
-		bits  int
-		n     uint64
-		want  string
-		slice bool
-	}{
-		{"10.128.0.0/9", 24, 0, "10.128.0.0/24", true},
-		{"10.128.0.0/9", 24, 256, "10.129.0.0/24", true},
-		{"10.128.0.0/9", 24, 32767, "10.255.255.0/24", true},
-		{"fd00::/48", 64, 1, "fd00:0:0:1::/64", true},
-		{"fd00::/8", 72, 1, "fd00::100:0:0:0/72", true},
-		{"fd00::/8", 72, 1 << 40, "fd00:1::/72", true},
-	}
-	for _, tt := range tests {
-		p := newSlicePool(netip.MustParsePrefix(tt.base), tt.bits)
-		got := p.prefixAt(tt.n)
-		if got.String() != tt.want {
-			t.Errorf("%s /%d slice %d = %s, want %s", tt.base, tt.bits, tt.n, got, tt.want)
-		}
-		if n, ok := p.number(got.Addr()); !ok || n != tt.n {
-			t.Errorf("number(%s) = %d %v, want %d", got, n, ok, tt.n)
-		}
-	}
-	hp := newHostPool(netip.MustParsePrefix("100.64.0.0/30"))
-	var got []string
-	for {
-		n, ok := hp.allocate("x")
-		if !ok {
-			break
-		}
-		got = append(got, hp.addrAt(n).String())
-	}
-	if fmt.Sprint(got) != "[100.64.0.1 100.64.0.2]" {
-		t.Errorf("host pool of a /30 gave %v", got)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/prefixspace"
 )
 
 // Bounds of a usage report.
@@ -190,7 +191,7 @@ func holds(blocks []leaseBlock, p netip.Prefix) bool {
 		return false
 	}
 	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
-	return holds(blocks, lo) && holds(blocks, sibling(lo))
+	return holds(blocks, lo) && holds(blocks, prefixspace.Sibling(lo))
 }
 
 // ReleaseProposal returns the release command the leader may propose: the
