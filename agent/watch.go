@@ -22,13 +22,14 @@ import (
 // cluster id changes (a rebuild), or when a master has no changes route
 // (an older version).
 //
-// After a read that failed or was not applied, the next read does not wait
-// (a probe): masters that come back at the index the agent already has
-// would otherwise hold a long poll for WatchWait before the agent learns
-// that they answer again, and it would report them unreachable meanwhile.
+// The first read, and the next after a read that failed or was not
+// applied, does not wait (a probe): masters at the index the agent already
+// has (from its data dir after a restart, or when they come back) would
+// otherwise hold a long poll for WatchWait before the agent learns that
+// they answer, and it would report them unreachable meanwhile.
 func (a *Agent) watchLoop(ctx context.Context) {
 	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
-	full, probe := true, false
+	full, probe := true, true
 	for ctx.Err() == nil {
 		a.mu.RLock()
 		index, cluster, stateKey, epoch := a.masterIndex, a.clusterID, a.stateKey, a.restoreEpoch
