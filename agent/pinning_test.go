@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/state"
@@ -180,4 +181,30 @@ func TestUnsignedMasters(t *testing.T) {
 	if plain.verifyKey() != nil || statesRefused(t, plain.Agent, stateRefusedUnsigned) != 0 {
 		t.Errorf("the --insecure agent pinned %x, refused %v states", plain.verifyKey(), statesRefused(t, plain.Agent, stateRefusedUnsigned))
 	}
+}
+
+// TestNewSigningKeyFollowedAtOnce (issue 27, item 3): the masters switch to
+// a new signing key endorsed by a chain from the pinned one (carve certs
+// rotate-signing --switch and a reload). The agent follows within a
+// backoff step: the watch that wakes with the new key reads the whole
+// state, re-signed, at once, not after a long poll of WatchWait at masters
+// whose index did not move (before: 30 s, long enough for a quick --finish
+// to strand every agent).
+func TestNewSigningKeyFollowedAtOnce(t *testing.T) {
+	hosts, dir, _ := hostsWithMaster(t, 1)
+	k1pub, k1 := testKey(t)
+	k2pub, k2 := testKey(t)
+	m := mastertest.StartSigning(t, filepath.Join(dir, "signing-m1"), state.DefaultConfig(), quietLogger(), k1)
+	gnet := fakegossip.New(fakegossip.Config{Seed: 43})
+	t.Cleanup(gnet.Close)
+	a := runAgent(t, newTestAgent(t, hosts[0], "http://"+m.HTTPAddr(), filepath.Join(dir, "a0"), gnet, func(c *Config) { c.WatchWait = time.Minute }))
+	testutil.Eventually(t, 0, "the agent pins the masters' key and reaches their index", testutil.True(func() bool {
+		return a.verifyKey().Equal(k1pub) && a.Peers().MastersReachable && a.Peers().MasterIndex == masterState(t, m).Index
+	}))
+	if err := m.SetSigning(k2, &api.SigningChain{Links: []api.SigningLink{api.NewSigningLink(k1, k2pub)}}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	testutil.Eventually(t, maxWatchRetry+5*time.Second, "the agent follows the new key", testutil.True(func() bool { return a.verifyKey().Equal(k2pub) }))
+	t.Logf("followed the new key after %v (watch wait 1m)", time.Since(start).Round(time.Millisecond))
 }

@@ -55,19 +55,19 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
 				a.metrics.masterReads.WithLabelValues("gone").Inc()
 				a.log.Info("reading the whole state: the masters do not serve the changes since this agent's index", "index", index, "err", err)
-				full = true
+				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil && ch.ClusterID != cluster:
 				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
-				full = true
+				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil && ch.Restore.RestoreEpoch() != epoch:
 				a.log.Info("the changes are of another restore of the masters' table: reading the whole state", "epoch", ch.Restore.RestoreEpoch(), "was", epoch)
-				full = true
+				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil && ch.SigningKey != stateKey:
 				a.log.Info("the masters sign with another key: reading the whole state, re-signed", "key", ch.SigningKey, "was", stateKey)
-				full = true
+				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil:
 				a.metrics.masterReads.WithLabelValues("changes").Inc()
