@@ -227,6 +227,7 @@ func judgeCluster(rep *clusterReport) {
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
 	problems = append(problems, judgeDigests(rep)...)
+	problems = append(problems, judgeLag(rep)...)
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
 	for _, v := range rep.Masters {
 		if v.Status != nil && v.Status.ConfigDiffers != "" {
@@ -235,6 +236,36 @@ func judgeCluster(rep *clusterReport) {
 	}
 	judgeVersions(rep)
 	judgeSilence(rep)
+}
+
+// followerLagLimit is how many entries a master may have applied fewer than
+// its leader committed before it counts as behind: a follower catches up in
+// far less under any load carve sees, and one that cannot write (a full
+// disk) or is too slow falls further behind for good.
+const followerLagLimit = 5000
+
+// judgeLag reports the masters whose applied index is followerLagLimit or
+// more behind their leader's commit index, as that leader reports it.
+func judgeLag(rep *clusterReport) []string {
+	var leader *api.ClusterStatus
+	for _, v := range rep.Masters {
+		if v.Status != nil && v.Status.Role == "leader" {
+			leader = v.Status
+		}
+	}
+	if leader == nil {
+		return nil
+	}
+	var problems []string
+	for _, v := range rep.Masters {
+		st := v.Status
+		if st == nil || st.ID == leader.ID || st.AppliedIndex+followerLagLimit > leader.CommitIndex {
+			continue
+		}
+		problems = append(problems, fmt.Sprintf("master %s (%s) is %d entries behind (applied %d, leader %s committed %d): a follower that cannot write (a full disk) or keep up; journalctl -u carve-master on it, docs/troubleshooting.md (a master behind)",
+			st.ID, v.URL, leader.CommitIndex-st.AppliedIndex, st.AppliedIndex, leader.ID, leader.CommitIndex))
+	}
+	return problems
 }
 
 // judgeDigests compares the masters' state digests where two or more

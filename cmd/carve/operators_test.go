@@ -199,6 +199,24 @@ func TestJudgeClusterDigests(t *testing.T) {
 	}
 }
 
+// TestJudgeClusterLag (issue 27, item 6): a follower far behind its
+// leader's commit index (a full disk stops its writes) is a problem, named
+// with both indexes; one a little behind is not.
+func TestJudgeClusterLag(t *testing.T) {
+	view := func(id, role string, commit, applied uint64) masterView {
+		l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
+		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
+			CommitIndex: commit, AppliedIndex: applied,
+			Servers: []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}, {ID: "m3", URL: "https://m3", Voter: true}}}}
+	}
+	rep := &clusterReport{Masters: []masterView{view("m1", "leader", 90000, 90000), view("m2", "follower", 89990, 89950), view("m3", "follower", 20000, 20000)}}
+	judgeCluster(rep)
+	want := "master m3 (https://m3) is 70000 entries behind (applied 20000, leader m1 committed 90000)"
+	if rep.Healthy || len(rep.Problems) != 1 || !strings.HasPrefix(rep.Problems[0], want) {
+		t.Fatalf("healthy %t, problems %q; want one starting %q", rep.Healthy, rep.Problems, want)
+	}
+}
+
 // TestJudgeClusterNamesADownMaster (issue 20, finding 8): a master whose
 // URL was given but that does not answer is named as down, not reported as
 // "not checked ... give them in --masters"; several masters on one host
