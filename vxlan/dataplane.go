@@ -60,6 +60,12 @@ type Dataplane struct {
 	// state is what carve knows it has applied; nil until the first full
 	// reconcile, and reset to nil when something makes it doubtful.
 	state *applied
+
+	// nmu guards nh, the socket of ForgetNeighbour: its own, so that a
+	// container's release never waits for a reconcile.
+	nmu     sync.Mutex
+	nclosed bool
+	nh      netlinksafe.Handle
 }
 
 // applied is the last state carve programmed successfully.
@@ -94,6 +100,10 @@ func New(opts Options) (*Dataplane, error) {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: netlink handle: %w", err)
 	}
+	if d.nh, err = netlinksafe.NewHandleAt(handle, unix.NETLINK_ROUTE); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("vxlan: netlink handle: %w", err)
+	}
 	if d.sock, err = openSocket(d.inNS); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: %w", err)
@@ -104,6 +114,12 @@ func New(opts Options) (*Dataplane, error) {
 // Close releases the sockets and the namespace handle. It changes nothing in
 // the kernel: the dataplane keeps forwarding while the agent restarts.
 func (d *Dataplane) Close() error {
+	d.nmu.Lock()
+	if !d.nclosed {
+		d.nclosed = true
+		d.nh.Close()
+	}
+	d.nmu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
