@@ -15,7 +15,9 @@
 // Ownership: carve marks its routes and neighbours with the Protocol number
 // and its links with the OwnerAlias alias, and only ever removes what carries
 // the mark (FDB entries, which cannot be marked, are managed only on carve's
-// own VTEP). Anything else in the namespace is left alone.
+// own VTEP). Anything else in the namespace is left alone, but for one
+// kernel-learned neighbour entry on a carve bridge: ForgetNeighbour deletes
+// that of a container address the agent just freed.
 package vxlan
 
 import (
