@@ -252,7 +252,8 @@ func New(cfg Config) (*Agent, error) {
 	svc, err := ipam.New(ipam.Config{AgentID: a.id, DB: a.store.DB(), CNICacheDir: cfg.CNICacheDir, Registerer: a.registry, Logger: a.log,
 		Growth: ipam.GrowthConfig{Source: source, LowWater: cfg.GrowLowWater, IdleReturn: cfg.BlockIdleReturn,
 			UsageInterval: cfg.UsageInterval, OnChange: func() { a.trigger(a.reconcileCh) }},
-		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel), ClaimKey: a.claimKey})
+		Reclaim: cfg.Reclaim, OnSent: a.sentCounter(ipam.RingChannel), ClaimKey: a.claimKey,
+		ForgetNeighbour: a.forgetNeighbour})
 	if err != nil {
 		return nil, err
 	}

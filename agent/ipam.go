@@ -96,3 +96,17 @@ func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig,
 	}
 	return v
 }
+
+// forgetNeighbour deletes the host's neighbour entry of a container address
+// the IPAM freed, on the bridge it was on (see vxlan.Dataplane.
+// ForgetNeighbour): a new container given the address is then reached at its
+// own MAC at once. Called with the IPAM's lock held; it never waits for a
+// reconcile. A failure only costs that wait, so it is logged.
+func (a *Agent) forgetNeighbour(bridge string, addr netip.Addr) {
+	if a.dp == nil {
+		return
+	}
+	if _, err := a.dp.ForgetNeighbour(bridge, addr); err != nil {
+		a.log.Warn("could not delete the neighbour entry of a freed address", "bridge", bridge, "addr", addr, "err", err)
+	}
+}

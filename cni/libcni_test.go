@@ -248,7 +248,8 @@ func TestLibcniAddCheckDel(t *testing.T) {
 		t.Errorf("CHECK: %v", err)
 	}
 	// The agent lost the allocation: CHECK says so; the address comes back
-	// (the lowest free one) and CHECK passes again.
+	// (asked for by name: allocation is round-robin, a freed address is not
+	// handed out again at once) and CHECK passes again.
 	cl := h.agent.ipam
 	req := api.IPAMRequest{Network: "ov", ContainerID: "cid-1", IfName: "eth0"}
 	if _, err := cl.Release(context.Background(), req); err != nil {
@@ -257,6 +258,7 @@ func TestLibcniAddCheckDel(t *testing.T) {
 	if err := h.check(rt); err == nil || !strings.Contains(err.Error(), "holds no address") {
 		t.Errorf("CHECK without the allocation = %v", err)
 	}
+	req.Address = "10.1.0.2"
 	if _, err := cl.Allocate(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,11 @@ type Allocator struct {
 	// isolated are the attachments whose address the masters' records
 	// took from this peer (SeedSetsIsolating): bound, not in the space.
 	isolated map[Attachment]bool
+	// last is, per subnet Allocate was asked for, the address it handed
+	// out last there: the next allocation starts after it (round-robin).
+	// Local to this peer and this process: never gossiped, never
+	// persisted (a new allocator resumes after the highest address in use).
+	last map[netip.Prefix]netip.Addr
 }
 
 // NewAllocator returns the allocator of peer self (its agent id) over an
@@ -53,6 +58,7 @@ func NewAllocator(self string, universe netip.Prefix) (*Allocator, error) {
 		byAttach: map[Attachment]netip.Addr{},
 		byAddr:   map[netip.Addr]Attachment{},
 		reserved: map[netip.Addr]bool{},
+		last:     map[netip.Prefix]netip.Addr{},
 	}, nil
 }
 
@@ -139,6 +145,7 @@ func (a *Allocator) ReleaseBlock(p netip.Prefix) error {
 	if err := a.apply(next); err != nil {
 		return err
 	}
+	a.forgetLast(p)
 	_, err = a.SyncFree()
 	return err
 }
@@ -184,6 +191,7 @@ func (a *Allocator) Grant(to string, p netip.Prefix) error {
 	if err := a.apply(next); err != nil {
 		return err
 	}
+	a.forgetLast(p)
 	_, err = a.SyncFree()
 	return err
 }
@@ -224,19 +232,40 @@ func (a *Allocator) Holder(addr netip.Addr) (Attachment, bool) {
 	return at, ok
 }
 
-// Allocate gives an attachment the lowest free address of subnet (never the
-// subnet's network, gateway or broadcast address). A second call for the same
-// attachment returns the address it already holds.
+// Allocate gives an attachment the first free address of subnet after the
+// one it handed out last there, wrapping to the subnet's first host (never
+// the subnet's network, gateway or broadcast address). A second call for the
+// same attachment returns the address it already holds.
+//
+// Round-robin, as CNI's host-local does, rather than the lowest free: an
+// address freed now is handed out again only after the allocator went once
+// around the subnet, so a container that gets it does not meet the old
+// container's MAC in a neighbour cache (the host's entry on the bridge stays
+// REACHABLE for up to 45 s; see docs/design.md, "Allocation order"). Only a
+// subnet with no other free address gives it back at once. Until its first
+// allocation in a subnet (a new allocator, or after a restart) it starts
+// after the highest address in use there.
 func (a *Allocator) Allocate(at Attachment, subnet netip.Prefix) (netip.Addr, error) {
 	if addr, ok := a.byAttach[at]; ok {
 		return addr, nil
 	}
-	addr, err := a.space.Allocate(subnet)
+	addr, err := a.space.AllocateAfter(subnet, a.last[subnet])
 	if err != nil {
 		return netip.Addr{}, err
 	}
+	a.last[subnet] = addr
 	a.bind(at, addr)
 	return addr, nil
+}
+
+// forgetLast drops the round-robin position of the subnets inside p, which
+// this peer gives away: a subnet it gets back starts afresh.
+func (a *Allocator) forgetLast(p netip.Prefix) {
+	for subnet := range a.last {
+		if p.Bits() <= subnet.Bits() && p.Contains(subnet.Addr()) {
+			delete(a.last, subnet)
+		}
+	}
 }
 
 func (a *Allocator) bind(at Attachment, addr netip.Addr) {

@@ -44,7 +44,8 @@
 // The space of a peer holds the ranges it owns and, inside them, which
 // addresses are free. Allocator ties a Ring and a space for one peer and keeps them equal
 // after every operation, and hands out addresses idempotently per
-// (container, interface). Nothing in this package does I/O or locking.
+// (container, interface), round-robin in each subnet (a freed address comes
+// back last). Nothing in this package does I/O or locking.
 package ring
 
 import (

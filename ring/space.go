@@ -159,9 +159,14 @@ func (s *space) hostSpan(subnet netip.Prefix) (lo, hi Uint128, ok bool, err erro
 	return lo, hi, true, nil
 }
 
-// Allocate hands out the lowest free address of subnet (for example a
-// bridge's sub-subnet), never its network, gateway or broadcast address.
-func (s *space) Allocate(subnet netip.Prefix) (netip.Addr, error) {
+// AllocateAfter hands out the first free address of subnet (for example a
+// bridge's sub-subnet) after last, wrapping to the subnet's first host:
+// round-robin, so that an address freed now is handed out again only after
+// the others (see Allocator.Allocate). Never the subnet's network, gateway or
+// broadcast address. An invalid last, or one outside the subnet's hosts,
+// starts after the highest address in use there (the lowest free address
+// when none is): where round-robin left off, unless it had wrapped.
+func (s *space) AllocateAfter(subnet netip.Prefix, last netip.Addr) (netip.Addr, error) {
 	lo, hi, ok, err := s.hostSpan(subnet)
 	if err != nil {
 		return netip.Addr{}, err
@@ -169,7 +174,26 @@ func (s *space) Allocate(subnet netip.Prefix) (netip.Addr, error) {
 	if !ok {
 		return netip.Addr{}, fmt.Errorf("%w: %v has no host addresses", ErrFull, subnet)
 	}
-	return s.allocate(lo, hi, subnet.String())
+	start := lo
+	if x, ok := s.u.offset(last); ok && !x.Less(lo) && !hi.Less(x) {
+		if x != hi {
+			start = x.inc()
+		}
+	} else if busy := s.inUseIn(lo, hi); len(busy) > 0 && busy[len(busy)-1].hi != hi {
+		start = busy[len(busy)-1].hi.inc()
+	}
+	if i := s.freeAt(start); i < len(s.free) && !hi.Less(s.free[i].lo) {
+		x := maxU(start, s.free[i].lo)
+		s.take(i, x)
+		return s.u.addr(x), nil
+	}
+	return s.allocate(lo, hi, subnet.String()) // wrap: nothing free from start on
+}
+
+// inUseIn returns the owned addresses of [lo, hi] that are not free, as
+// sorted runs.
+func (s *space) inUseIn(lo, hi Uint128) []ival {
+	return subtract(intersect(coalesce(s.owned), []ival{{lo, hi}}), coalesce(s.free))
 }
 
 func (s *space) allocate(lo, hi Uint128, where string) (netip.Addr, error) {
@@ -243,8 +267,8 @@ func (s *space) FreeHosts(subnet netip.Prefix) Uint128 {
 
 // FreeBlock returns the highest CIDR-aligned block of 2^log2 free addresses
 // that lies inside one owned range and inside one of the within prefixes
-// (allocation fills from the bottom, so the top stays free longest). ok is
-// false when there is none.
+// (the highest, because a bridge's first allocations fill from the bottom).
+// ok is false when there is none.
 func (s *space) FreeBlock(within []netip.Prefix, log2 int) (p netip.Prefix, ok bool) {
 	width := s.u.prefix.Addr().BitLen()
 	if log2 < 0 || log2 > width {

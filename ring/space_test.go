@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -43,8 +44,12 @@ func TestSpaceAllocate(t *testing.T) {
 			[]string{"10.0.1.2", "10.0.1.3", "10.0.1.4"}},
 		{"second half bridge", "10.0.0.0/16", []string{"10.0.1.0/24"}, nil, "10.0.1.128/25",
 			[]string{"10.0.1.130", "10.0.1.131"}},
-		{"fills holes first", "10.0.0.0/16", []string{"10.0.1.0/24"}, []string{"10.0.1.2", "10.0.1.4"}, "10.0.1.0/24",
-			[]string{"10.0.1.3", "10.0.1.5"}},
+		{"starts after the highest in use", "10.0.0.0/16", []string{"10.0.1.0/24"}, []string{"10.0.1.2", "10.0.1.4"}, "10.0.1.0/24",
+			[]string{"10.0.1.5", "10.0.1.6"}},
+		{"wraps to the holes", "10.0.0.0/16", []string{"10.0.1.0/24"}, []string{"10.0.1.2", "10.0.1.4", "10.0.1.6"}, "10.0.1.0/29",
+			[]string{"10.0.1.3", "10.0.1.5", ""}},
+		{"last host in use: wraps", "10.0.0.0/16", []string{"10.0.1.0/24"}, []string{"10.0.1.3", "10.0.1.6"}, "10.0.1.0/29",
+			[]string{"10.0.1.2", "10.0.1.4", "10.0.1.5", ""}},
 		{"no broadcast in IPv4", "10.0.0.0/16", []string{"10.0.1.0/24"}, nil, "10.0.1.0/30",
 			[]string{"10.0.1.2", ""}},
 		{"/31 has no host", "10.0.0.0/16", []string{"10.0.1.0/24"}, nil, "10.0.1.0/31", []string{""}},
@@ -64,8 +69,12 @@ func TestSpaceAllocate(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			var last netip.Addr
 			for i, w := range tt.want {
-				got, err := s.Allocate(pfx(t, tt.subnet))
+				got, err := s.AllocateAfter(pfx(t, tt.subnet), last)
+				if err == nil {
+					last = got
+				}
 				if w == "" {
 					if !errors.Is(err, ErrFull) {
 						t.Fatalf("allocation %d = %v, %v; want ErrFull", i, got, err)
@@ -145,25 +154,20 @@ func TestSpaceModel(t *testing.T) {
 				}
 			}
 			used := map[netip.Addr]bool{}
+			lastOf := map[netip.Prefix]netip.Addr{} // round-robin: the last handed out per subnet
 			subnets := []string{"10.0.1.0/25", "10.0.2.0/25", "10.0.1.64/27", "10.0.0.0/22"}
 			for step := range 3000 {
 				switch op := rng.IntN(3); op {
 				case 0:
 					sub := pfx(t, subnets[rng.IntN(len(subnets))])
-					got, err := s.Allocate(sub)
-					want := netip.Addr{}
-					first, last := sub.Addr().Next().Next(), lastAddr(sub).Prev()
-					for a := first; a.Compare(last) <= 0; a = a.Next() {
-						if owned[a] && !used[a] {
-							want = a
-							break
-						}
-					}
+					got, err := s.AllocateAfter(sub, lastOf[sub])
+					want := modelRoundRobin(sub, lastOf[sub], func(a netip.Addr) bool { return owned[a] && !used[a] }, func(a netip.Addr) bool { return owned[a] && used[a] })
 					if want.IsValid() != (err == nil) || got != want {
-						t.Fatalf("seed %d step %d: Allocate(%v) = %v, %v; model %v", seed, step, sub, got, err, want)
+						t.Fatalf("seed %d step %d: AllocateAfter(%v, %v) = %v, %v; model %v", seed, step, sub, lastOf[sub], got, err, want)
 					}
 					if err == nil {
 						used[got] = true
+						lastOf[sub] = got
 					}
 				case 1:
 					a := netip.AddrFrom4([4]byte{10, 0, byte(1 + rng.IntN(2)), byte(rng.IntN(256))})
@@ -290,7 +294,7 @@ func TestSpaceIPv6Counts(t *testing.T) {
 	if want := (Uint128{Hi: 1}); s.FreeCount() != want {
 		t.Fatalf("free in a /64 = %v, want 2^64", s.FreeCount())
 	}
-	a, err := s.Allocate(pfx(t, "fd00:0:0:1::/64"))
+	a, err := s.AllocateAfter(pfx(t, "fd00:0:0:1::/64"), netip.Addr{})
 	if err != nil || a != ip(t, "fd00:0:0:1::2") {
 		t.Fatalf("Allocate = %v, %v", a, err)
 	}
@@ -301,4 +305,30 @@ func TestSpaceIPv6Counts(t *testing.T) {
 	if !ok || p != pfx(t, "fd00:0:0:1:c000::/66") {
 		t.Fatalf("FreeBlock = %v, %v", p, ok)
 	}
+}
+
+// modelRoundRobin is AllocateAfter written plainly: the hosts of sub in
+// order from the one after last (after the highest in use when last is not
+// one of them), wrapping, and the first free one.
+func modelRoundRobin(sub netip.Prefix, last netip.Addr, free, inUse func(netip.Addr) bool) netip.Addr {
+	var hosts []netip.Addr
+	for a, end := sub.Addr().Next().Next(), lastAddr(sub).Prev(); a.Compare(end) <= 0; a = a.Next() {
+		hosts = append(hosts, a)
+	}
+	start := 0
+	if i := slices.Index(hosts, last); i >= 0 {
+		start = i + 1
+	} else {
+		for i, a := range hosts {
+			if inUse(a) {
+				start = i + 1
+			}
+		}
+	}
+	for k := range hosts {
+		if a := hosts[(start+k)%len(hosts)]; free(a) {
+			return a
+		}
+	}
+	return netip.Addr{}
 }

@@ -15,7 +15,9 @@
 // Ownership: carve marks its routes and neighbours with the Protocol number
 // and its links with the OwnerAlias alias, and only ever removes what carries
 // the mark (FDB entries, which cannot be marked, are managed only on carve's
-// own VTEP). Anything else in the namespace is left alone.
+// own VTEP). Anything else in the namespace is left alone, but for one
+// kernel-learned neighbour entry on a carve bridge: ForgetNeighbour deletes
+// that of a container address the agent just freed.
 package vxlan
 
 import (
@@ -60,6 +62,12 @@ type Dataplane struct {
 	// state is what carve knows it has applied; nil until the first full
 	// reconcile, and reset to nil when something makes it doubtful.
 	state *applied
+
+	// nmu guards nh, the socket of ForgetNeighbour: its own, so that a
+	// container's release never waits for a reconcile.
+	nmu     sync.Mutex
+	nclosed bool
+	nh      netlinksafe.Handle
 }
 
 // applied is the last state carve programmed successfully.
@@ -94,6 +102,10 @@ func New(opts Options) (*Dataplane, error) {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: netlink handle: %w", err)
 	}
+	if d.nh, err = netlinksafe.NewHandleAt(handle, unix.NETLINK_ROUTE); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("vxlan: netlink handle: %w", err)
+	}
 	if d.sock, err = openSocket(d.inNS); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("vxlan: %w", err)
@@ -104,6 +116,12 @@ func New(opts Options) (*Dataplane, error) {
 // Close releases the sockets and the namespace handle. It changes nothing in
 // the kernel: the dataplane keeps forwarding while the agent restarts.
 func (d *Dataplane) Close() error {
+	d.nmu.Lock()
+	if !d.nclosed {
+		d.nclosed = true
+		d.nh.Close()
+	}
+	d.nmu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {

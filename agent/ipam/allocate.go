@@ -261,6 +261,7 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 		durable: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
+					s.forgetNeighbour(o.name, rec.Bridge, addr) // before anyone can get it
 					o.alloc[fam].Unreserve(addr)
 				}
 			}

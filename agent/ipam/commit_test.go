@@ -177,10 +177,10 @@ func TestGroupCommitFailure(t *testing.T) {
 	if r := h.svc.overlays["carve"].alloc[0].Reserved(); fmt.Sprint(r) != "[10.128.2.1 10.128.3.1]" {
 		t.Errorf("addresses left reserved: %v", r)
 	}
-	// The failed allocations freed their addresses: the next one is the
-	// lowest free, as if they had never been.
-	if got := h.alloc("next", "eth0", ""); got.IPs[0].Address != "10.128.2.8/24" {
-		t.Errorf("next allocation %s, want 10.128.2.8/24", got.IPs[0].Address)
+	// The failed allocations freed their addresses (.8 to .10); only the
+	// round-robin position moved past them.
+	if got := h.alloc("next", "eth0", ""); got.IPs[0].Address != "10.128.2.11/24" {
+		t.Errorf("next allocation %s, want 10.128.2.11/24", got.IPs[0].Address)
 	}
 	want := h.svc.List("")
 	h.close()

@@ -59,6 +59,13 @@ type Config struct {
 	// OnSent, when set, counts the bytes of ring gossip sent, by kind
 	// (delta, digest, push).
 	OnSent func(kind string, n int)
+	// ForgetNeighbour, when set, is called for every address a release
+	// frees, with the device name of its bridge: once the release is
+	// durable, before the address can be handed out again, with the
+	// service's lock held (so quick, and never calling the Service). The
+	// agent deletes the host's neighbour entry of the address there
+	// (neighbour.go).
+	ForgetNeighbour func(bridge string, addr netip.Addr)
 	// ClaimKey is the agent's claim key (the private half of the
 	// AgentKeys.Claim its record carries): it signs every ring token and
 	// grant this agent writes, and with it the agent verifies every
@@ -148,6 +155,8 @@ type Service struct {
 	// peers' claim keys, from the view's records (claims.go).
 	claimKey  ed25519.PrivateKey
 	claimKeys map[string]ed25519.PublicKey
+	// onForget is Config.ForgetNeighbour.
+	onForget func(bridge string, addr netip.Addr)
 
 	// bg owns the goroutines the service starts on its own (growths,
 	// donations): Close, and Run as it returns, cancel and wait for them,
@@ -185,7 +194,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, gossipState: map[ringID]*ringGossip{},
+		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, onForget: cfg.ForgetNeighbour, gossipState: map[ringID]*ringGossip{},
 		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey, expectedGrants: map[string][]netip.Prefix{},
 		bg: goroutines.New(context.Background()),
 	}

@@ -79,9 +79,9 @@ func TestAllocationRules(t *testing.T) {
 	if rel, err := h.svc.ReleaseAddress("carve", netip.MustParseAddr("10.128.3.1")); err != nil || len(rel.Released) != 0 {
 		t.Errorf("release of the gateway: %+v %v", rel, err)
 	}
-	// The freed address is the lowest free again.
-	if got := addrs(h.alloc("c2", "eth0", "")); !strings.HasPrefix(got, "10.128.2.2/24") {
-		t.Errorf("freed address not reused first: %s", got)
+	// The freed address is not handed out again at once (round-robin).
+	if got := addrs(h.alloc("c2", "eth0", "")); strings.HasPrefix(got, "10.128.2.2/24") {
+		t.Errorf("freed address reused at once: %s", got)
 	}
 }
 
@@ -179,12 +179,13 @@ func TestSurvivesRestart(t *testing.T) {
 			t.Errorf("c%d after restart: %v %v, want %s", i, a, err, before[i])
 		}
 	}
-	// New allocations fill the released hole and never reuse a held address.
-	if got := addrs(h2.alloc("new1", "eth0", "")); got != before[3] {
-		t.Errorf("new allocation %s, want the released %s", got, before[3])
+	// New allocations resume after the highest address in use (the
+	// round-robin position is not persisted) and never reuse a held one.
+	if got := h2.alloc("new1", "eth0", ""); got.IPs[0].Address != "10.128.2.12/24" {
+		t.Errorf("new allocation %s, want 10.128.2.12/24", got.IPs[0].Address)
 	}
-	if got := h2.alloc("new2", "eth0", ""); got.IPs[0].Address != "10.128.2.12/24" {
-		t.Errorf("next allocation %s, want 10.128.2.12/24", got.IPs[0].Address)
+	if got := h2.alloc("new2", "eth0", ""); got.IPs[0].Address != "10.128.2.13/24" {
+		t.Errorf("next allocation %s, want 10.128.2.13/24", got.IPs[0].Address)
 	}
 }
 
@@ -215,13 +216,13 @@ func TestReclaimsFromCNICache(t *testing.T) {
 	if _, err := h.client.Lookup(ctx, api.IPAMRequest{Network: "carve", ContainerID: "x", IfName: "eth0"}); !api.IsCode(err, api.CodeNotFound) {
 		t.Errorf("another network's cache entry was claimed: %v", err)
 	}
-	// New allocations step around the reclaimed addresses.
+	// New allocations start after the highest reclaimed address.
 	var got []string
 	for i := range 3 {
 		a := h.alloc(fmt.Sprintf("new%d", i), "eth0", "")
 		got = append(got, a.IPs[0].Address)
 	}
-	if fmt.Sprint(got) != "[10.128.2.3/24 10.128.2.4/24 10.128.2.6/24]" {
+	if fmt.Sprint(got) != "[10.128.2.6/24 10.128.2.7/24 10.128.2.8/24]" {
 		t.Errorf("new allocations %v", got)
 	}
 }
