@@ -18,6 +18,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/raftlog"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -229,6 +230,38 @@ func TestSecureMasterAndState(t *testing.T) {
 		err := runState(context.Background(), tt.args, io.Discard)
 		if cli.ExitCode(err) != tt.code || err == nil || !strings.Contains(err.Error(), tt.mention) {
 			t.Errorf("carve state, %s: %v (exit %d); want exit %d mentioning %q", tt.name, err, cli.ExitCode(err), tt.code, tt.mention)
+		}
+	}
+}
+
+// TestMasterOwnAddressesChecked (issue 27, item 7): carve master (and so
+// --check-config) refuses an own --peers entry that is not --raft-addr, and
+// a loopback --raft-addr or --http-addr (an empty CARVE_RAFT_ADDR: the
+// default) beside peers on other hosts; a one-host lab on loopback passes.
+func TestMasterOwnAddressesChecked(t *testing.T) {
+	peers := func(s string) []raftlog.Server {
+		t.Helper()
+		p, err := parsePeers(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tt := range []struct {
+		name, raft, http, peers, mention string
+	}{
+		{"own entry differs", "198.18.0.1:8300", "198.18.0.1:8080", "m1=198.18.0.9:8300,m2=198.18.0.2:8300", "--peers gives this master (m1) the address 198.18.0.9:8300"},
+		{"empty CARVE_RAFT_ADDR", "127.0.0.1:8300", "198.18.0.1:8080", "m1=127.0.0.1:8300,m2=198.18.0.2:8300", "--raft-addr (CARVE_RAFT_ADDR) is 127.0.0.1:8300, a loopback address"},
+		{"loopback API", "198.18.0.1:8300", "localhost:8080", "m1=198.18.0.1:8300,m2=198.18.0.2:8300", "--http-addr (CARVE_HTTP_ADDR) is localhost:8080"},
+		{"a lab on loopback", "127.0.0.1:8300", "127.0.0.1:8080", "m1=127.0.0.1:8300,m2=127.0.0.1:8301", ""},
+		{"a real cluster", "198.18.0.1:8300", "198.18.0.1:8080", "m1=198.18.0.1:8300,m2=198.18.0.2:8300", ""},
+	} {
+		err := checkOwnAddresses("m1", tt.raft, tt.http, peers(tt.peers))
+		switch {
+		case tt.mention == "" && err != nil:
+			t.Errorf("%s: %v, want no error", tt.name, err)
+		case tt.mention != "" && (cli.ExitCode(err) != 2 || !strings.Contains(err.Error(), tt.mention)):
+			t.Errorf("%s: %v, want a usage error mentioning %q", tt.name, err, tt.mention)
 		}
 	}
 }

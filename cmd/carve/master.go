@@ -62,6 +62,9 @@ func runMaster(ctx context.Context, args []string) error {
 		if len(servers) == 0 && *join == "" {
 			return master.Options{}, fmt.Errorf("%w: give --peers (the initial voters) or --join URL", cli.ErrUsage)
 		}
+		if err := checkOwnAddresses(*id, *raftAddr, *httpAddr, servers); err != nil {
+			return master.Options{}, err
+		}
 		if *tombstoneAge <= 0 {
 			return master.Options{}, fmt.Errorf("%w: --tombstone-max-age %s: want a positive duration", cli.ErrUsage, *tombstoneAge)
 		}
@@ -216,4 +219,42 @@ func splitMasters(s string) ([]string, error) {
 		return nil, fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	return out, nil
+}
+
+// checkOwnAddresses refuses the addresses a master would advertise wrongly:
+// a --peers entry for this master's own id that names another address than
+// --raft-addr (the others would dial one address, it would listen on
+// another), and a loopback --raft-addr or --http-addr while --peers names
+// masters on other hosts (an empty CARVE_RAFT_ADDR means the default,
+// 127.0.0.1:8300, which no other master can reach).
+func checkOwnAddresses(id, raftAddr, httpAddr string, peers []raftlog.Server) error {
+	remote := ""
+	for _, p := range peers {
+		if p.ID == id && p.Address != raftAddr {
+			return fmt.Errorf("%w: --peers gives this master (%s) the address %s, but --raft-addr is %s: give the same HOST:PORT in both (the others dial the --peers address)",
+				cli.ErrUsage, id, p.Address, raftAddr)
+		}
+		if host, _, err := net.SplitHostPort(p.Address); err == nil && p.ID != id && !isLoopbackHost(host) {
+			remote = p.Address
+		}
+	}
+	if remote == "" {
+		return nil
+	}
+	for flagName, addr := range map[string]string{"--raft-addr (CARVE_RAFT_ADDR)": raftAddr, "--http-addr (CARVE_HTTP_ADDR)": httpAddr} {
+		if host, _, err := net.SplitHostPort(addr); err == nil && isLoopbackHost(host) {
+			return fmt.Errorf("%w: %s is %s, a loopback address, while --peers names masters on other hosts (%s): set it to this master's own address (an empty variable means the flag's default)",
+				cli.ErrUsage, flagName, addr, remote)
+		}
+	}
+	return nil
+}
+
+// isLoopbackHost tells whether host is a loopback IP or localhost.
+func isLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
