@@ -22,9 +22,11 @@ import (
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
-// critestFocus selects critest's Networking and PodSandbox specs (ginkgo
-// matches it against "[k8s.io] <Describe> <Context> <It>").
-const critestFocus = `\[k8s\.io\] (Networking|PodSandbox) `
+// critestFocus selects critest's Networking and PodSandbox specs and its
+// two port forward specs (ginkgo matches it against "[k8s.io] <Describe>
+// <Context> <It>"): port forwarding dials into the pod's network
+// namespace, or the host's for a host network pod.
+const critestFocus = `\[k8s\.io\] (Networking|PodSandbox) |runtime should support portforward`
 
 // critestSpecs are the specs critestFocus selects in critest v1.34, as
 // "<Describe> | <It>": the test fails unless every one of them ran and
@@ -40,11 +42,13 @@ var critestSpecs = []string{
 	"[k8s.io] PodSandbox | runtime should support removing PodSandbox [Conformance]",
 	"[k8s.io] PodSandbox | should support safe sysctls",
 	"[k8s.io] PodSandbox | should support unsafe sysctls",
+	"[k8s.io] Streaming | runtime should support portforward [Conformance]",
+	"[k8s.io] Streaming | runtime should support portforward in host network",
 }
 
 // TestCritest is issue 28's guard: the upstream CRI validation suite,
 // critest (cri-tools at the version go.mod pins for crictl), runs its
-// Networking and PodSandbox specs against Debian's containerd whose pods
+// Networking, PodSandbox and port forward specs against Debian's containerd whose pods
 // get carve's network: a one-host cluster (a master, an agent, TLS) whose
 // agent writes its conflist into containerd's conf_dir, the plugins those
 // of a stock Debian host with carve-ipam (as TestEngines). critest pulls

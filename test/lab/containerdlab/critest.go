@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -13,8 +14,8 @@ import (
 )
 
 // The images critest v1.34 (sigs.k8s.io/cri-tools, the version go.mod
-// pins) runs in its Networking and PodSandbox specs, by the names it asks
-// for. Before it creates a container, critest asks the CRI for the image's
+// pins) runs in its Networking, PodSandbox and port forward specs, by the
+// names it asks for. Before it creates a container, critest asks the CRI for the image's
 // status and pulls only when the image is missing, so these, imported
 // under those names, are never pulled: no registry is reachable from a lab.
 const (
@@ -24,6 +25,10 @@ const (
 	// CritestWebServerImage is validate's webServerLinuxImage: the port
 	// mapping specs GET / on port 80 and want 200.
 	CritestWebServerImage = "registry.k8s.io/e2e-test-images/nginx:1.14-2"
+	// CritestHostNetWebServerImage is validate's hostNetWebServerLinuxImage
+	// (critest adds :latest): the host network port forward spec GETs /
+	// on port 12003 and wants 200.
+	CritestHostNetWebServerImage = "gcr.io/k8s-staging-cri-tools/hostnet-nginx-" + runtime.GOARCH + ":latest"
 )
 
 // CritestCgroupParent is the cgroup parent critest gives its pods when the
@@ -33,10 +38,12 @@ const (
 // each hierarchy's root.
 const CritestCgroupParent = "kubepods.slice"
 
-// ImportCritestImages builds CritestBusyboxImage and CritestWebServerImage
-// from the static busybox (every applet linked, /etc and /tmp present) and
-// imports them into the CRI's namespace. The web server is busybox's httpd
-// in the foreground on port 80, serving /www, whose index.html answers GET /.
+// ImportCritestImages builds CritestBusyboxImage, CritestWebServerImage
+// and CritestHostNetWebServerImage from the static busybox (every applet
+// linked, /etc and /tmp present) and imports them into the CRI's
+// namespace. The web servers are busybox's httpd in the foreground on
+// port 80 (12003 for the host network one), serving /www, whose
+// index.html answers GET /.
 func (c *Containerd) ImportCritestImages(ctx context.Context) error {
 	applets, err := enginelab.BusyboxApplets(ctx, c.opts.Busybox)
 	if err != nil {
@@ -53,6 +60,9 @@ func (c *Containerd) ImportCritestImages(ctx context.Context) error {
 		{"critest-webserver", CritestWebServerImage, []string{"etc", "tmp", "www"},
 			map[string]string{"www/index.html": "<html><body>carve lab web server</body></html>\n"},
 			map[string]any{"Entrypoint": []string{"/bin/httpd", "-f", "-p", "80", "-h", "/www"}, "WorkingDir": "/"}},
+		{"critest-hostnet-webserver", CritestHostNetWebServerImage, []string{"etc", "tmp", "www"},
+			map[string]string{"www/index.html": "<html><body>carve lab host network web server</body></html>\n"},
+			map[string]any{"Entrypoint": []string{"/bin/httpd", "-f", "-p", "12003", "-h", "/www"}, "WorkingDir": "/"}},
 	}
 	for _, img := range images {
 		layer, err := enginelab.BusyboxLayer(c.opts.Busybox, applets, img.dirs, img.files)
