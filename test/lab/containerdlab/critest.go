@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/carve-net/carve/test/lab/enginelab"
@@ -31,12 +31,14 @@ const (
 	CritestHostNetWebServerImage = "gcr.io/k8s-staging-cri-tools/hostnet-nginx-" + runtime.GOARCH + ":latest"
 )
 
-// CritestCgroupParent is the cgroup parent critest gives its pods when the
-// runtime does not say which cgroup driver it uses (common.GetCgroupParent:
-// containerd 1.6 has no RuntimeConfig): the systemd slice kubepods.slice,
-// which the cgroupfs driver of the lab's containerd takes as a path below
-// each hierarchy's root.
-const CritestCgroupParent = "kubepods.slice"
+// critestCgroups matches the cgroups of critest's pods. critest gives its
+// pods the cgroup parent /test.slice when the runtime does not say which
+// cgroup driver it uses (common.GetCgroupParent: containerd 1.6 has no
+// RuntimeConfig); containerd, seeing a .slice, names each pod's cgroup in
+// systemd's form, test.slice:cri-containerd:<id>, which runc's cgroupfs
+// driver makes at the top of each hierarchy (outside the lab's parent),
+// and removes when the pod is removed.
+const critestCgroups = "test.slice:cri-containerd:*"
 
 // ImportCritestImages builds CritestBusyboxImage, CritestWebServerImage
 // and CritestHostNetWebServerImage from the static busybox (every applet
@@ -80,25 +82,24 @@ func (c *Containerd) ImportCritestImages(ctx context.Context) error {
 	return nil
 }
 
-// RemoveCritestCgroupsAtCleanup removes CritestCgroupParent from every
-// cgroup hierarchy when t's cleanup runs, if it is absent now: critest's
-// pods made it, and runc removes only the pods' own cgroups below it. Call
-// it before Start, so that it runs after the containerd's cleanup. When
-// the machine has it already (a kubelet of its own), it is left alone.
+// RemoveCritestCgroupsAtCleanup removes, when t's cleanup runs, the
+// cgroups of critest's pods that runc left (a pod removal that failed):
+// every hierarchy's test.slice:cri-containerd:* that is empty (rmdir
+// refuses a cgroup that has processes). Call it before Start, so that it
+// runs after the containerd's cleanup has removed the pods.
 func RemoveCritestCgroupsAtCleanup(t testing.TB) {
 	t.Helper()
-	matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + CritestCgroupParent)
-	if _, err := os.Stat("/sys/fs/cgroup/" + CritestCgroupParent); err == nil || len(matches) > 0 {
-		t.Logf("containerdlab: %s exists on this machine; critest's pods go below it and it is left alone", CritestCgroupParent)
-		return
-	}
 	t.Cleanup(func() {
-		v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + CritestCgroupParent)
-		v2, _ := filepath.Glob("/sys/fs/cgroup/" + CritestCgroupParent)
-		if matches := append(v1, v2...); len(matches) > 0 {
-			t.Logf("containerdlab: removing %s, which critest's pods made", strings.Join(matches, " "))
+		v1, _ := filepath.Glob("/sys/fs/cgroup/*/" + critestCgroups)
+		v2, _ := filepath.Glob("/sys/fs/cgroup/" + critestCgroups)
+		var errs []error
+		for _, m := range append(v1, v2...) {
+			t.Logf("containerdlab: removing %s, a cgroup of a critest pod runc left", m)
+			if err := syscall.Rmdir(m); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", m, err))
+			}
 		}
-		if err := enginelab.RemoveCgroups(CritestCgroupParent); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := errors.Join(errs...); err != nil {
 			t.Errorf("containerdlab: %v", err)
 		}
 	})
