@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,8 +49,8 @@ var critestSpecs = []string{
 
 // TestCritest is issue 28's guard: the upstream CRI validation suite,
 // critest (cri-tools at the version go.mod pins for crictl), runs its
-// Networking, PodSandbox and port forward specs against Debian's containerd whose pods
-// get carve's network: a one-host cluster (a master, an agent, TLS) whose
+// Networking, PodSandbox and port forward specs against Debian's
+// containerd whose pods get carve's network: a one-host cluster (a master, an agent, TLS) whose
 // agent writes its conflist into containerd's conf_dir, the plugins those
 // of a stock Debian host with carve-ipam (as TestEngines). critest pulls
 // nothing: the images its specs run are built from the static busybox and
@@ -63,22 +64,28 @@ func TestCritest(t *testing.T) {
 	requireCritest(t)
 	start := time.Now()
 	work := t.TempDir()
-	ctx := within(t, 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	// Both builds while the cluster starts: they are the slow part of a
-	// cold run (critest is a test binary: go test -c).
+	// cold run (critest is a test binary: go test -c). A test that stops
+	// early cancels them and waits for them before work is removed.
 	type built struct {
 		path string
 		err  error
 	}
 	crictlc, critestc := make(chan built, 1), make(chan built, 1)
-	go func() {
+	var builds sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		builds.Wait()
+	})
+	builds.Go(func() {
 		p, err := labcluster.BuildTool(ctx, work, "sigs.k8s.io/cri-tools/cmd/crictl")
 		crictlc <- built{p, err}
-	}()
-	go func() {
+	})
+	builds.Go(func() {
 		p, err := buildCritest(ctx, work)
 		critestc <- built{p, err}
-	}()
+	})
 	plugins := debianPluginDir(t, work)
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 1, Masters: 1, Prefix: prefix,
 		CNIVersion: "auto", CNIBinDirs: []string{plugins}})
