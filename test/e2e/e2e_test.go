@@ -8,7 +8,7 @@
 // netnslab), so the tests of carve alone run in parallel (t.Parallel; at
 // most -parallel, GOMAXPROCS by default, at once): most of their time is
 // spent waiting on the cluster. The tests that run real engines
-// (TestEngines, TestMixedContainers) stay serial.
+// (TestEngines, TestMixedContainers, TestCritest) stay serial.
 package e2e
 
 import (

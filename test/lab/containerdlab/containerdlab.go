@@ -249,14 +249,20 @@ func (c *Containerd) importPause(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("containerdlab: pause image: %w", err)
 	}
-	file := filepath.Join(c.dir, "pause.tar")
+	return c.importArchive(ctx, "pause", archive)
+}
+
+// importArchive imports an OCI image layout (a tar) into the CRI's
+// namespace, unpacked for Snapshotter; name names its file under Dir.
+func (c *Containerd) importArchive(ctx context.Context, name string, archive []byte) error {
+	file := filepath.Join(c.dir, name+".tar")
 	if err := os.WriteFile(file, archive, 0o644); err != nil {
 		return fmt.Errorf("containerdlab: %w", err)
 	}
 	out, err := exec.CommandContext(ctx, c.opts.Bins["ctr"], "--address", c.Socket(), "--namespace", "k8s.io",
 		"images", "import", "--snapshotter", Snapshotter, file).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("containerdlab: ctr images import: %w: %s", err, out)
+		return fmt.Errorf("containerdlab: ctr images import %s: %w: %s", name, err, out)
 	}
 	return nil
 }

@@ -340,3 +340,34 @@ func untar(t *testing.T, archive []byte) map[string][]byte {
 		files[h.Name] = data
 	}
 }
+
+// TestImageArchiveNames checks that an image is imported under the full
+// reference critest asks for, with its tag as the OCI ref name.
+func TestImageArchiveNames(t *testing.T) {
+	for _, tc := range []struct{ name, tag string }{
+		{CritestBusyboxImage, "1.29-2"},
+		{CritestWebServerImage, "1.14-2"},
+		{CritestHostNetWebServerImage, "latest"},
+		{"localhost:5000/busybox", "latest"},
+		{"localhost:5000/busybox:1", "1"},
+		{PauseImage, "lab"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			archive, err := imageArchive(tc.name, []byte("layer"), map[string]any{"Cmd": []string{"sh"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var index struct {
+				Manifests []struct{ Annotations map[string]string }
+			}
+			mustJSON(t, untar(t, archive)["index.json"], &index)
+			if len(index.Manifests) != 1 {
+				t.Fatalf("index = %+v, want one manifest", index)
+			}
+			a := index.Manifests[0].Annotations
+			if a["io.containerd.image.name"] != tc.name || a["org.opencontainers.image.ref.name"] != tc.tag {
+				t.Errorf("annotations %v, want name %s, ref name %s", a, tc.name, tc.tag)
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"runtime"
+	"strings"
 )
 
 // PauseImage is the sandbox image of every pod (the CRI plugin's
@@ -37,15 +38,24 @@ func (b blob) descriptor() map[string]any {
 // PauseImage: the layer (an uncompressed tar of the root file system) and
 // an entrypoint that sleeps for ever. `ctr images import` reads it.
 func pauseArchive(layer []byte) ([]byte, error) {
+	return imageArchive(PauseImage, layer, map[string]any{
+		"Entrypoint": []string{"/bin/sleep", "2147483647"},
+		"WorkingDir": "/",
+	})
+}
+
+// imageArchive returns an OCI image layout, as a tar, of one image named
+// name (a full reference, e.g. registry.k8s.io/e2e-test-images/busybox:1.29-2)
+// of one layer (an uncompressed tar of the root file system) and the image
+// config's config (Entrypoint, Cmd, WorkingDir...). `ctr images import`
+// reads it.
+func imageArchive(name string, layer []byte, config map[string]any) ([]byte, error) {
 	l := blob{"application/vnd.oci.image.layer.v1.tar", layer}
 	cfg, err := json.Marshal(map[string]any{
 		"architecture": runtime.GOARCH,
 		"os":           "linux",
-		"config": map[string]any{
-			"Entrypoint": []string{"/bin/sleep", "2147483647"},
-			"WorkingDir": "/",
-		},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{l.digest()}},
+		"config":       config,
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{l.digest()}},
 	})
 	if err != nil {
 		return nil, err
@@ -64,7 +74,7 @@ func pauseArchive(layer []byte) ([]byte, error) {
 	md := m.descriptor()
 	md["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": "linux"}
 	// ctr names the image after io.containerd.image.name.
-	md["annotations"] = map[string]string{"io.containerd.image.name": PauseImage, "org.opencontainers.image.ref.name": "lab"}
+	md["annotations"] = map[string]string{"io.containerd.image.name": name, "org.opencontainers.image.ref.name": refName(name)}
 	index, err := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.index.v1+json",
@@ -106,4 +116,14 @@ func pauseArchive(layer []byte) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// refName is the tag of a reference (org.opencontainers.image.ref.name),
+// "latest" when it has none.
+func refName(name string) string {
+	i := strings.LastIndexByte(name, ':')
+	if i < 0 || strings.Contains(name[i:], "/") {
+		return "latest"
+	}
+	return name[i+1:]
 }

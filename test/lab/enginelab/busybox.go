@@ -3,12 +3,17 @@ package enginelab
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 )
 
 // busyboxApplets are the busybox applets linked in the root file system's
@@ -39,6 +44,33 @@ func StaticBusybox() (string, error) {
 // sleep, ping, ip) linked to it in /bin. No registry is reachable from a
 // lab.
 func BusyboxRootfs(busybox string) ([]byte, error) {
+	return BusyboxLayer(busybox, busyboxApplets(), nil, nil)
+}
+
+// BusyboxApplets lists every applet the busybox binary at path has
+// (`busybox --list`), for an image whose users run commands it does not
+// know in advance (critest's specs run top, cat, hostname, httpd...).
+func BusyboxApplets(ctx context.Context, busybox string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, busybox, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("enginelab: %s --list: %w", busybox, err)
+	}
+	var applets []string
+	for _, a := range strings.Fields(string(out)) {
+		// The binary itself is bin/busybox; a name with a slash is no applet.
+		if a != "busybox" && !strings.Contains(a, "/") {
+			applets = append(applets, a)
+		}
+	}
+	return applets, nil
+}
+
+// BusyboxLayer returns a root file system as an uncompressed tar (an image
+// layer): /bin/busybox read from the file busybox, applets linked to it in
+// /bin, the directories dirs (e.g. "etc", "www") and the regular files
+// files (path without a leading slash: content, mode 0644; their
+// directories must be among dirs).
+func BusyboxLayer(busybox string, applets, dirs []string, files map[string]string) ([]byte, error) {
 	bin, err := os.ReadFile(busybox)
 	if err != nil {
 		return nil, err
@@ -59,8 +91,23 @@ func BusyboxRootfs(busybox string) ([]byte, error) {
 			}
 		}
 	}
-	for _, l := range busyboxApplets() {
+	for _, l := range applets {
 		if err := tw.WriteHeader(&tar.Header{Name: "bin/" + l, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777}); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range dirs {
+		if err := tw.WriteHeader(&tar.Header{Name: strings.TrimSuffix(d, "/") + "/", Typeflag: tar.TypeDir, Mode: 0o755}); err != nil {
+			return nil, err
+		}
+	}
+	// In a stable order: the same inputs, the same layer digest.
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		data := files[name]
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(data))}); err != nil {
+			return nil, err
+		}
+		if _, err := io.WriteString(tw, data); err != nil {
 			return nil, err
 		}
 	}
