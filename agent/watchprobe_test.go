@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/test/lab/fakegossip"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -26,20 +27,7 @@ func TestMastersBackAreFollowedAtOnce(t *testing.T) {
 	t.Logf("fake gossip seed %d", gnet.Seed())
 	proxy := newMasterProxy(t, m)
 	a := runAgent(t, newTestAgent(t, hosts[0], proxy.URL(), filepath.Join(dir, "a0"), gnet, func(c *Config) { c.WatchWait = watchWait }))
-	// Quiet first: the agent has reported its configuration (a commit) and
-	// read up to the master's index, so nothing moves the index any more.
-	var index uint64
-	testutil.Eventually(t, 0, "the agent reaches the master's index", func() error {
-		st := masterState(t, m)
-		if len(st.Agents) != 1 || len(st.Agents[0].Overlays) == 0 || st.Agents[0].Overlays[0].State.Status != api.StatusOK {
-			return fmt.Errorf("master state %+v", st.Agents)
-		}
-		if p := a.Peers(); !p.MastersReachable || p.MasterIndex != st.Index {
-			return fmt.Errorf("agent at index %d reachable %v, master at %d", p.MasterIndex, p.MastersReachable, st.Index)
-		}
-		index = st.Index
-		return nil
-	})
+	index := quietAtMasterIndex(t, a.Agent, m)
 
 	proxy.setDown(true)
 	testutil.Eventually(t, 0, "the agent finds the masters gone", testutil.True(func() bool { return !a.Peers().MastersReachable }))
@@ -66,6 +54,22 @@ func TestMastersReachableRightAfterRestart(t *testing.T) {
 	dataDir := filepath.Join(dir, "a0")
 	withWait := func(c *Config) { c.WatchWait = watchWait }
 	a := runAgent(t, newTestAgent(t, hosts[0], "http://"+m.HTTPAddr(), dataDir, gnet, withWait))
+	index := quietAtMasterIndex(t, a.Agent, m)
+	a.stop(t)
+	restarted := runAgent(t, newTestAgent(t, hosts[0], "http://"+m.HTTPAddr(), dataDir, gnet, withWait))
+	start := time.Now()
+	testutil.Eventually(t, maxWatchRetry+5*time.Second, "the restarted agent finds the masters reachable", testutil.True(func() bool { return restarted.Peers().MastersReachable }))
+	t.Logf("reachable %v after the restart (watch wait %v)", time.Since(start).Round(time.Millisecond), watchWait)
+	if got := masterState(t, m).Index; got != index {
+		t.Logf("the master's index moved from %d to %d during the restart (a report): the read did not have to wait", index, got)
+	}
+}
+
+// quietAtMasterIndex waits until the agent has reported its configuration
+// (a commit) and read up to the master's index, so that nothing moves the
+// index any more, and returns that index.
+func quietAtMasterIndex(t *testing.T, a *Agent, m *master.Master) uint64 {
+	t.Helper()
 	var index uint64
 	testutil.Eventually(t, 0, "the agent reaches the master's index", func() error {
 		st := masterState(t, m)
@@ -78,12 +82,5 @@ func TestMastersReachableRightAfterRestart(t *testing.T) {
 		index = st.Index
 		return nil
 	})
-	a.stop(t)
-	restarted := runAgent(t, newTestAgent(t, hosts[0], "http://"+m.HTTPAddr(), dataDir, gnet, withWait))
-	start := time.Now()
-	testutil.Eventually(t, maxWatchRetry+5*time.Second, "the restarted agent finds the masters reachable", testutil.True(func() bool { return restarted.Peers().MastersReachable }))
-	t.Logf("reachable %v after the restart (watch wait %v)", time.Since(start).Round(time.Millisecond), watchWait)
-	if got := masterState(t, m).Index; got != index {
-		t.Logf("the master's index moved from %d to %d during the restart (a report): the read did not have to wait", index, got)
-	}
+	return index
 }
