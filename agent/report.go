@@ -137,7 +137,9 @@ func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) [
 			// reconcile that failed for one overlay still configured the
 			// others: their result is theirs).
 			r.Status = api.StatusConfiguring
-		case ipamErr[ov.Info.Name] != "":
+		case ipamErr[ov.Info.Name] != "" && ov.Info.IsEnabled():
+			// A disabled overlay's IPAM refuses new containers by design
+			// (a drain): configured as asked, not failed.
 			r.Status, r.Error = api.StatusFailed, "IPAM: "+ipamErr[ov.Info.Name]
 		}
 		out = append(out, r)

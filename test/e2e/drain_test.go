@@ -101,6 +101,20 @@ func TestOverlayDrain(t *testing.T) {
 		}
 		waitGone(t, c, h1, extra)
 		ping(ctx, t, k1, k2)
+		// Drained as asked, not failed (issue 27, item 7): every host
+		// reports the disabled overlay OK.
+		testutil.Eventually(t, converge, "every host reports the drained overlay OK", func() error {
+			st, err := c.State(ctx)
+			if err != nil {
+				return err
+			}
+			for _, a := range st.Agents {
+				if ov := a.Overlay(extra); ov != nil && ov.State.Status != api.StatusOK {
+					return fmt.Errorf("%s reports %s %s: %s", a.AgentID, extra, ov.State.Status, ov.State.Error)
+				}
+			}
+			return nil
+		})
 		if rep, code := ipamCheck(ctx, t, c); code != 0 || len(rep.Problems) != 0 {
 			t.Errorf("carve ipam check after the drain: exit %d, problems %+v", code, rep.Problems)
 		}
