@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,16 +50,19 @@ const (
 // from a seeded RNG (rogueAgent: unsolicited ring grants of its own space
 // to honest hosts, one range granted to both, blocks grown, granted through
 // the ring and returned to the masters at once, grant statements reported
-// and replayed, earlier ring messages replayed, in another overlay and
-// family too, and registrations carrying another host's IP, mesh_addr,
-// claim key, WireGuard key or agent id). The checker asserts that
+// and replayed, also after the operator restored (`carve snapshot
+// restore`) a snapshot saved before the rogue acted, earlier ring messages
+// replayed, in another overlay and family too, and registrations carrying
+// another host's IP, mesh_addr, claim key, WireGuard key or agent id). The
+// checker asserts that
 //
 //   - after every step, no address is held twice in the honest agents'
 //     allocation lists, nor is any range in the space two of them hand
 //     addresses out from (their IPAM status's blocks), every honest host's kernel (netlink, in its
 //     namespace) routes every container attached on another honest host to
-//     that host's VTEP, and no registration with another host's identity
-//     or keys was taken;
+//     that host's VTEP, no registration with another host's identity or
+//     keys was taken, and no statement that moved space moved it again
+//     after the restore;
 //   - every honest ADD and DEL succeeds, during the run and after it (no
 //     honest overlay stops serving);
 //   - at the end no address is held twice, in the honest agents'
@@ -133,7 +137,12 @@ func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
 		vteps[h] = vtepOf(ctx, t, c, h)
 	}
 
-	// The attacker takes host 1 over.
+	// The operator's snapshot, before the attacker takes host 1 over.
+	snapshot := filepath.Join(t.TempDir(), "before-the-rogue.json")
+	args := append([]string{"snapshot", "save", snapshot, "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+	if out, err := c.RunCarve(ctx, honest[0], args...); err != nil {
+		t.Fatalf("carve snapshot save: %v\n%s", err, out)
+	}
 	st, err := c.State(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +157,7 @@ func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
 		t.Fatalf("the masters have no record of %s on carve", bad.Name)
 	}
 	r := &rogueAgent{t: t, c: c, host: bad, honest: honest, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		message: rogueFile(t), clusterID: st.ClusterID, universe: netip.MustParsePrefix(rec.Overlay("carve").Info.Subnet),
+		message: rogueFile(t), snapshot: snapshot, clusterID: st.ClusterID, universe: netip.MustParsePrefix(rec.Overlay("carve").Info.Subnet),
 		did: map[string]int{}, outcomes: map[string]int{}}
 	if r.key, err = c.ClaimKey(bad); err != nil {
 		t.Fatal(err)

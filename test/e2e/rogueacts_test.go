@@ -17,6 +17,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
@@ -42,8 +43,13 @@ type rogueAgent struct {
 	// sent are the ring messages broadcast so far (encoded rings of carve
 	// IPv4), for the replays.
 	sent [][]byte
-	// statements are the grant statements signed so far, for the replays.
-	statements []api.GrantReport
+	// statements are the grant statements signed so far, for the replays;
+	// moved those the masters took (they moved space).
+	statements, moved []api.GrantReport
+	// snapshot is `carve snapshot save`'s file from before the rogue
+	// acted; restored tells the operator restored it (once a run).
+	snapshot string
+	restored bool
 	// did counts the steps by kind, and outcomes what each answered.
 	did      map[string]int
 	outcomes map[string]int
@@ -65,6 +71,7 @@ var rogueSteps = []rogueStep{
 	{"replay of an earlier ring message", (*rogueAgent).replayRing},
 	{"ring message replayed in another overlay or family", (*rogueAgent).otherUniverse},
 	{"registration with another host's identity or keys", (*rogueAgent).stealRegistration},
+	{"operator restores a snapshot, the rogue replays its used statements", (*rogueAgent).restoreAndReplay},
 }
 
 // record is the masters' record of the rogue now.
@@ -221,6 +228,9 @@ func (r *rogueAgent) statement(p netip.Prefix, h *labcluster.Host) api.GrantRepo
 // report sends g to the masters as its donor, the rogue, reports it.
 func (r *rogueAgent) report(ctx context.Context, g api.GrantReport) string {
 	_, err := r.client.ReportGrant(ctx, r.host.AgentID(), g)
+	if err == nil && !slices.ContainsFunc(r.moved, func(m api.GrantReport) bool { return m.DonorSignature == g.DonorSignature }) {
+		r.moved = append(r.moved, g)
+	}
 	return r.outcome(err)
 }
 
@@ -276,6 +286,46 @@ func (r *rogueAgent) otherUniverse(ctx context.Context) string {
 	}
 	where := [][2]string{{rogueOtherOverlay, "4"}, {"carve", "6"}, {rogueOtherOverlay, "6"}}[r.rng.IntN(3)]
 	return fmt.Sprintf("carve's IPv4 ring as overlay %s family %s: %v", where[0], where[1], errOr(r.broadcast(where[0], where[1], enc), "broadcast"))
+}
+
+// restoreAndReplay is the operator restoring the snapshot saved before the
+// rogue acted (the real `carve snapshot restore`, once a run; later draws
+// replay a statement instead), after which the rogue replays every grant
+// statement that moved space: the restored records hold that space in its
+// name again, yet a statement moves space once.
+func (r *rogueAgent) restoreAndReplay(ctx context.Context) string {
+	if r.restored || r.snapshot == "" {
+		return r.replayStatement(ctx)
+	}
+	r.restored = true
+	before, err := r.c.State(ctx)
+	if err != nil {
+		return "state: " + err.Error()
+	}
+	args := append([]string{"snapshot", "restore", r.snapshot, "--masters", strings.Join(r.c.MasterURLs(), ",")}, r.c.OperatorArgs()...)
+	if out, err := r.c.RunCarve(ctx, r.honest[0], args...); err != nil {
+		r.t.Errorf("carve snapshot restore: %v\n%s", err, out)
+		return "restore failed"
+	}
+	err = retry.Until(ctx, 100*time.Millisecond, func() error {
+		st, err := r.c.State(ctx)
+		if err == nil && (st.Restore == nil || before.Restore != nil && st.Restore.Epoch <= before.Restore.Epoch) {
+			err = errors.New("the masters show no new restore yet")
+		}
+		return err
+	})
+	if err != nil {
+		return "restore not seen: " + err.Error()
+	}
+	out := []string{fmt.Sprintf("restored; %d statements had moved space", len(r.moved))}
+	for _, g := range r.moved {
+		_, err := r.client.ReportGrant(ctx, r.host.AgentID(), g)
+		if err == nil {
+			r.t.Errorf("after the restore the masters took again the statement of %s from %s to %s, which had moved it already", g.Prefix, g.Donor, g.Recipient)
+		}
+		out = append(out, fmt.Sprintf("replay of %s to %s: %s", g.Prefix, g.Recipient, r.outcome(err)))
+	}
+	return strings.Join(out, "; ")
 }
 
 func (r *rogueAgent) stealRegistration(ctx context.Context) string {
