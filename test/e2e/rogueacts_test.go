@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -61,17 +60,25 @@ type rogueStep struct {
 	do   func(r *rogueAgent, ctx context.Context) string // what happened, for the log
 }
 
+// Names of the steps that grant the rogue's space through the ring.
+const (
+	stepRingGrant  = "ring grant of its own space to an honest host"
+	stepEquivocate = "the same range granted to two honest hosts"
+)
+
 // rogueSteps are every kind of message the rogue can sign.
-var rogueSteps = []rogueStep{
-	{"ring grant of its own space to an honest host", (*rogueAgent).ringGrant},
-	{"the same range granted to two honest hosts", (*rogueAgent).equivocate},
-	{"grow, ring grant of the block, return it to the masters", (*rogueAgent).grantAndReturn},
-	{"grant statement reported to the masters (donor)", (*rogueAgent).reportGrant},
-	{"replay of a grant statement", (*rogueAgent).replayStatement},
-	{"replay of an earlier ring message", (*rogueAgent).replayRing},
-	{"ring message replayed in another overlay or family", (*rogueAgent).otherUniverse},
-	{"registration with another host's identity or keys", (*rogueAgent).stealRegistration},
-	{"operator restores a snapshot, the rogue replays its used statements", (*rogueAgent).restoreAndReplay},
+func rogueSteps() []rogueStep {
+	return []rogueStep{
+		{stepRingGrant, (*rogueAgent).ringGrant},
+		{stepEquivocate, (*rogueAgent).equivocate},
+		{"grow, ring grant of the block, return it to the masters", (*rogueAgent).grantAndReturn},
+		{"grant statement reported to the masters (donor)", (*rogueAgent).reportGrant},
+		{"replay of a grant statement", (*rogueAgent).replayStatement},
+		{"replay of an earlier ring message", (*rogueAgent).replayRing},
+		{"ring message replayed in another overlay or family", (*rogueAgent).otherUniverse},
+		{"registration with another host's identity or keys", (*rogueAgent).stealRegistration},
+		{"operator restores a snapshot, the rogue replays its used statements", (*rogueAgent).restoreAndReplay},
+	}
 }
 
 // record is the masters' record of the rogue now.
@@ -397,8 +404,9 @@ func (r *rogueAgent) pause(ctx context.Context, d time.Duration) bool {
 // run does random steps until ctx ends, each followed by check (the
 // invariants that hold at every moment), and logs them.
 func (r *rogueAgent) run(ctx context.Context, check func(step int) error) {
+	steps := rogueSteps()
 	for step := 1; ctx.Err() == nil; step++ {
-		s := rogueSteps[r.rng.IntN(len(rogueSteps))]
+		s := steps[r.rng.IntN(len(steps))]
 		r.did[s.name]++
 		what := s.do(r, ctx)
 		r.t.Logf("rogue step %d: %s: %s", step, s.name, what)
@@ -418,9 +426,6 @@ func errOr(err error, ok string) string {
 	}
 	return ok
 }
-
-// rogueFile is where the rogue peer reads its message.
-func rogueFile(t *testing.T) string { return filepath.Join(t.TempDir(), "rogue-ring.json") }
 
 // sortedCounts formats counts by key.
 func sortedCounts(m map[string]int) string {
