@@ -393,10 +393,14 @@ func invariants(ctx context.Context, c *labcluster.Cluster, honest []*labcluster
 	defer cancel()
 	var last error
 	err := retry.Until(ctx, 200*time.Millisecond, func() error {
-		if last = spaceHeldTwice(ctx, c, honest); last == nil {
-			last = routedToHonest(c, honest, vteps, honestNow(c, honest))
+		err := spaceHeldTwice(ctx, c, honest)
+		if err == nil {
+			err = routedToHonest(c, honest, vteps, honestNow(c, honest))
 		}
-		return last
+		if ctx.Err() == nil || last == nil { // not the wait's own end
+			last = err
+		}
+		return err
 	})
 	if err != nil && last != nil {
 		return last
