@@ -114,6 +114,8 @@ func rogueKnobs(t *testing.T) ([]uint64, time.Duration) {
 	return seeds, dur
 }
 
+// rogueScenario is one seed's run: its own cluster, the rogue acting for
+// dur beside the honest churn, then the checker.
 func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
 	cfg := state.DefaultConfig()
 	cfg.Overlays = append(cfg.Overlays, api.OverlayNetwork{Name: rogueOtherOverlay, Subnet: "10.96.0.0/16", Prefix: 24})
@@ -158,8 +160,8 @@ func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
 		t.Fatalf("the masters have no record of %s on carve", bad.Name)
 	}
 	r := &rogueAgent{t: t, c: c, host: bad, honest: honest, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		message: filepath.Join(t.TempDir(), "rogue-ring.json"), snapshot: snapshot, clusterID: st.ClusterID, universe: netip.MustParsePrefix(rec.Overlay("carve").Info.Subnet),
-		did: map[string]int{}, outcomes: map[string]int{}}
+		message: filepath.Join(t.TempDir(), "rogue-ring.json"), snapshot: snapshot, clusterID: st.ClusterID,
+		universe: netip.MustParsePrefix(rec.Overlay("carve").Info.Subnet), did: map[string]int{}, outcomes: map[string]int{}}
 	if r.key, err = c.ClaimKey(bad); err != nil {
 		t.Fatal(err)
 	}
@@ -182,11 +184,11 @@ func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
 	}
 
 	// The honest hosts churn while the rogue acts; every step is followed
-	// by the routes check.
+	// by the invariants' check.
 	actCtx, stop := context.WithTimeout(ctx, dur)
 	defer stop()
 	churn := startHonestChurn(actCtx, c, honest, seed)
-	r.run(actCtx, func(int) error { return invariants(ctx, c, honest, vteps) })
+	r.run(actCtx, func() error { return invariants(ctx, c, honest, vteps) })
 	live, ops, churnErrs := churn.wait()
 	if err := peer.Stop(ctx, 0); err != nil {
 		t.Error(err)

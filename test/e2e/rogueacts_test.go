@@ -403,7 +403,7 @@ func (r *rogueAgent) pause(ctx context.Context, d time.Duration) bool {
 
 // run does random steps until ctx ends, each followed by check (the
 // invariants that hold at every moment), and logs them.
-func (r *rogueAgent) run(ctx context.Context, check func(step int) error) {
+func (r *rogueAgent) run(ctx context.Context, check func() error) {
 	steps := rogueSteps()
 	for step := 1; ctx.Err() == nil; step++ {
 		s := steps[r.rng.IntN(len(steps))]
@@ -413,7 +413,7 @@ func (r *rogueAgent) run(ctx context.Context, check func(step int) error) {
 		if !r.pause(ctx, 2*rogueInterval) { // heard by every agent
 			return
 		}
-		if err := check(step); err != nil {
+		if err := check(); err != nil {
 			r.t.Errorf("after rogue step %d (%s): %v", step, s.name, err)
 			return
 		}
