@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/state"
@@ -58,8 +59,9 @@ const (
 //
 //   - after every step, no address is held twice in the honest agents'
 //     allocation lists, nor (once the agents caught up) any range in the
-//     space two of them hand addresses out from (their IPAM status's
-//     blocks), every honest host's kernel (netlink, in its namespace)
+//     space they hand addresses out from (their IPAM status's blocks): held
+//     by two of them, or not given to its holder by the masters' records;
+//     every honest host's kernel (netlink, in its namespace)
 //     routes every container attached on another honest host to that
 //     host's VTEP, no registration with another host's identity or keys
 //     was taken, and no statement that moved space moved it again after
@@ -341,14 +343,30 @@ func honestNow(c *labcluster.Cluster, honest []*labcluster.Host) []*labcluster.C
 
 // spaceHeldTwice reads the space each honest agent hands addresses out
 // from (its IPAM status: every bridge's blocks, both families) and names
-// every range two of them hold: an address there may go to two
-// containers, whether or not one was attached there yet.
+// every range two of them hold, and every range one holds that the
+// masters' records do not give it (they give it to another agent, the
+// rogue or nobody): an address there may go to two containers, whether or
+// not one was attached there yet.
 func spaceHeldTwice(ctx context.Context, c *labcluster.Cluster, honest []*labcluster.Host) error {
 	type held struct {
 		host  string
 		block netip.Prefix
 	}
+	st, err := c.State(ctx)
+	if err != nil {
+		return err
+	}
+	records := map[string][]netip.Prefix{} // agent id -> what its record gives it
+	for i := range st.Agents {
+		pr := membership.NewPeerRecord(&st.Agents[i])
+		for _, s := range pr.LeasePrefixes() {
+			if p, err := netip.ParsePrefix(s); err == nil {
+				records[st.Agents[i].AgentID] = append(records[st.Agents[i].AgentID], p)
+			}
+		}
+	}
 	var all []held
+	var probs []string
 	for _, h := range honest {
 		st, err := c.IPAMClient(h).Status(ctx, "carve")
 		if err != nil {
@@ -362,11 +380,13 @@ func spaceHeldTwice(ctx context.Context, c *labcluster.Cluster, honest []*labclu
 						return fmt.Errorf("IPAM status of %s: block %q: %w", h.Name, b.Prefix, err)
 					}
 					all = append(all, held{h.Name, p})
+					if !slices.ContainsFunc(records[h.AgentID()], func(q netip.Prefix) bool { return q.Bits() <= p.Bits() && q.Contains(p.Addr()) }) {
+						probs = append(probs, fmt.Sprintf("%s hands out %s, which the masters' records do not give it (they give it %v)", h.Name, p, records[h.AgentID()]))
+					}
 				}
 			}
 		}
 	}
-	var probs []string
 	for i, a := range all {
 		for _, b := range all[i+1:] {
 			if a.host != b.host && a.block.Overlaps(b.block) {
@@ -375,14 +395,15 @@ func spaceHeldTwice(ctx context.Context, c *labcluster.Cluster, honest []*labclu
 		}
 	}
 	if len(probs) > 0 {
-		return fmt.Errorf("space held by two honest agents: %s", strings.Join(probs, "; "))
+		return fmt.Errorf("space held twice: %s", strings.Join(probs, "; "))
 	}
 	return nil
 }
 
 // invariants is the check after every rogue step: no address held twice
 // by the honest agents' containers (now), and, within routeSettle, no range
-// in the space two honest agents hand addresses out from and every honest
+// held twice in the space honest agents hand addresses out from
+// (spaceHeldTwice) and every honest
 // host routing every container attached on another honest host to that
 // host's VTEP. (The wait: a block the masters just moved, by a grant the
 // rogue reported or a restore, reaches the other agents and kernels a
