@@ -29,8 +29,10 @@ const rogueCommand = "rogue-gossip"
 // (labcluster.StartRogue) to show that agents refuse what it says;
 // test/bench/scale runs it with --count to hand the real agent the signed
 // claims of thousands of synthetic agents once, as their gossip would
-// have. It logs the mesh peers it sees, and mesh's handshake errors, to
-// stderr.
+// have. With --reload it reads the file again before every broadcast, so
+// that a test may change what it says while it runs (TestRogueAgent swaps
+// the file, by rename, for each of its rogue's ring messages). It logs the
+// mesh peers it sees, and mesh's handshake errors, to stderr.
 func runRogue(ctx context.Context, args []string) error {
 	fs := cli.NewFlagSet("carve-lab " + rogueCommand)
 	id := fs.String("id", "rogue", "mesh peer id")
@@ -41,6 +43,7 @@ func runRogue(ctx context.Context, args []string) error {
 	interval := fs.Duration("interval", time.Second, "how often the message is broadcast, and mesh gossips")
 	channel := fs.String("channel", agent.GossipChannel, "mesh channel to broadcast on (the agents' membership channel, or "+ipam.RingChannel+" for ring claims)")
 	count := fs.Int("count", 0, "broadcast the message this many times, then stay silent on the channel (0: until stopped)")
+	reload := fs.Bool("reload", false, "read --message again before every broadcast (replace it by rename to change what is said)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -76,7 +79,8 @@ func runRogue(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	h := &rogueHandler{msg: msg}
+	h := &rogueHandler{}
+	h.set(msg)
 	ch, err := router.Channel(*channel, h)
 	if err != nil {
 		return err
@@ -106,6 +110,16 @@ func runRogue(ctx context.Context, args []string) error {
 			if *count > 0 && sent >= *count {
 				continue
 			}
+			if *reload {
+				next, err := os.ReadFile(*messageFile)
+				if err != nil {
+					log.Warn("--message unreadable: the last one is broadcast again", "err", err)
+				} else if !slices.Equal(next, msg) {
+					msg = next
+					h.set(msg)
+					log.Info("message changed", "message_bytes", len(msg))
+				}
+			}
 			ch.Broadcast(rawMessage(msg))
 			if sent++; *count > 0 && sent >= *count {
 				h.silent.Store(true) // nor in mesh's periodic gossip
@@ -118,15 +132,18 @@ func runRogue(ctx context.Context, args []string) error {
 // rogueHandler gossips its message, until silent, and ignores everything
 // it hears.
 type rogueHandler struct {
-	msg    []byte
+	msg    atomic.Pointer[[]byte] // what it says now (--reload changes it)
 	silent atomic.Bool
 }
+
+// set makes msg what the handler gossips from now on.
+func (h *rogueHandler) set(msg []byte) { h.msg.Store(&msg) }
 
 func (h *rogueHandler) Gossip() gossip.Data {
 	if h.silent.Load() {
 		return nil
 	}
-	return rawMessage(h.msg)
+	return rawMessage(*h.msg.Load())
 }
 func (*rogueHandler) OnGossip([]byte) (gossip.Data, error)            { return nil, nil }
 func (*rogueHandler) OnBroadcast(string, []byte) (gossip.Data, error) { return nil, nil }

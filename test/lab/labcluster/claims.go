@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
@@ -65,4 +66,12 @@ func (c *Cluster) ClaimKey(h *Host) (ed25519.PrivateKey, error) {
 		return nil, fmt.Errorf("labcluster: %s has no claim key (start its agent first): %w", h.Name, err)
 	}
 	return pki.LoadOrCreateClaimKey(path)
+}
+
+// StartRingRogueReloading is StartRingRogue for a rogue that changes what
+// it says while it runs: the peer reads messageFile again before every
+// broadcast, one every interval (`carve-lab rogue-gossip --reload`), so
+// that a test replaces the file (by rename) for each of its messages.
+func (c *Cluster) StartRingRogueReloading(h *Host, name, messageFile string, interval time.Duration) (*Process, error) {
+	return c.startRogue(h, name, true, ipam.RingChannel, messageFile, "--reload", "--interval", interval.String())
 }
