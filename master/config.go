@@ -40,9 +40,12 @@ func (m *Master) configDiffers() string {
 // configuration yet, and otherwise only says whether the file differs.
 func (m *Master) commitBootstrapConfig(ctxApply func(state.Command) (state.Result, error)) error {
 	if _, ok := m.table.Network(); ok {
-		if why := m.configDiffers(); why != "" {
+		// Said once per difference (this runs at every leader tick).
+		why := m.configDiffers()
+		if why != m.configDiffersSaid && why != "" {
 			m.log.Warn("network config file not applied", "why", why)
 		}
+		m.configDiffersSaid = why
 		return nil
 	}
 	res, err := ctxApply(state.SetConfigCommand(m.opts.Network))

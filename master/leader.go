@@ -17,7 +17,7 @@ import (
 // leaderDuties runs, whenever this node leads and has caught up with the
 // log, what only a leader does: commit a cluster id when the log has none,
 // publish its HTTP address in the log (followers proxy to it) and commit its
-// network configuration file when it differs from the committed one.
+// network configuration file into a cluster that has none (config.go).
 func (m *Master) leaderDuties(ctx context.Context) {
 	changes := m.node.LeaderChanges()
 	caughtUp := m.node.CaughtUp()

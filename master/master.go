@@ -94,6 +94,10 @@ const DefaultTombstoneMaxAge = 24 * time.Hour
 
 // Master is a running master: a Raft node, its lease table and the HTTP API.
 type Master struct {
+	// configDiffersSaid is the last difference between this master's file
+	// and the committed configuration it logged (leaderDuties only).
+	configDiffersSaid string
+
 	opts     Options
 	log      *slog.Logger
 	table    *state.LeaseTable

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -419,6 +420,13 @@ func TestEncryptionEnable(t *testing.T) {
 				return nil
 			})
 		}
+		// Both agents key their peer within milliseconds of each other:
+		// a first handshake may cross a device not up yet, and WireGuard
+		// tries again (the agent puts an unanswered peer in again after
+		// a second). Pings pass once it has.
+		testutil.Eventually(t, converge, "pings across hosts with encryption "+strconv.Quote(stage.mode), func() error {
+			return labcluster.Ping(ctx, cts).Err()
+		})
 		pingAll(ctx, t, cts)
 	}
 }
