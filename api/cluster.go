@@ -1,0 +1,64 @@
+package api
+
+// ClusterStatus is GET /cluster/status: this node's view of the Raft cluster.
+type ClusterStatus struct {
+	ID                string       `json:"id"`
+	Role              string       `json:"role"`
+	Leader            *ServerInfo  `json:"leader,omitempty"`
+	Servers           []ServerInfo `json:"servers"`
+	Term              uint64       `json:"term"`
+	CommitIndex       uint64       `json:"commit_index"`
+	AppliedIndex      uint64       `json:"applied_index"`
+	LastIndex         uint64       `json:"last_index"`
+	LastSnapshotIndex uint64       `json:"last_snapshot_index"`
+	// ClusterID is the id in State.ClusterID ("" until the first leader
+	// committed it).
+	ClusterID string `json:"cluster_id,omitempty"`
+	// CaughtUp tells whether this master has applied what the cluster had
+	// committed when it first heard from a leader after it started; until
+	// then it answers state reads with 503.
+	CaughtUp bool `json:"caught_up"`
+	// Build is this master's build (carve version); absent from masters
+	// of earlier versions.
+	Build *BuildInfo `json:"build,omitempty"`
+	// AgentVersions counts the agents of this master's table by the carve
+	// version they registered with ("unknown": agents of earlier versions,
+	// which send none).
+	AgentVersions map[string]int `json:"agent_versions,omitempty"`
+	// SilentAgents, on the leader, are the agents not heard from (no
+	// watch, report or usage report) for longer than SilentAfter (a Go
+	// duration); followers judge none.
+	SilentAgents []SilentAgent `json:"silent_agents,omitempty"`
+	SilentAfter  string        `json:"silent_after,omitempty"`
+	// StateDigests are this master's recent digests of its replicated
+	// state, oldest first, each at the Raft index it was taken (one per
+	// stretch of 1,024 indexes): masters that hold different digests at
+	// the same index hold different states, which a replicated state
+	// machine never may. Absent from masters of earlier versions.
+	StateDigests []StateDigest `json:"state_digests,omitempty"`
+	// ConfigDiffers says how this master's --config file differs from the
+	// committed network configuration ("": it does not). The file is only
+	// the value a new cluster starts with; carve config apply changes the
+	// committed one.
+	ConfigDiffers string `json:"config_differs,omitempty"`
+}
+
+// StateDigest is a SHA-256 of a master's whole replicated state as applied
+// up to Index (hex).
+type StateDigest struct {
+	Index  uint64 `json:"index"`
+	Digest string `json:"digest"`
+}
+
+// SilentPrefix starts the error of the overlays of an agent the leader
+// has not heard from (their status shows STATUS_FAILED).
+const SilentPrefix = "agent silent: "
+
+// SilentAgent is an agent the leader has not heard from for longer than
+// ClusterStatus.SilentAfter.
+type SilentAgent struct {
+	AgentID string `json:"agent_id"`
+	// LastHeard is when it was last heard from (RFC 3339); absent when not
+	// since this master leads.
+	LastHeard string `json:"last_heard,omitempty"`
+}
