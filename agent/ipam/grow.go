@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/http"
 	"net/netip"
 	"slices"
 	"time"
 
-	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -205,68 +203,6 @@ const growTimeout = 30 * time.Second
 // maxPeersAsked is how many peers one growth asks before it gives up.
 const maxPeersAsked = 3
 
-// Allocate gives an attachment its addresses (the same ones on a repeat),
-// once they are on disk. A bridge that is full waits (bounded) for the
-// growth it starts; one that falls below its low-water mark grows in the
-// background.
-func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
-		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
-	}
-	a, err := s.allocate(req)
-	if isExhausted(err) {
-		// A growth this ADD waits for may have started before (low water)
-		// and its block gone to another ADD meanwhile: while every growth
-		// ends well and the bridge is still full, grow again (within Wait;
-		// each round some ADD takes what it brought).
-		var growErrs []error
-		// One bound for the whole wait, whatever the number of growths
-		// (a dual-stack bridge grows both families) and rounds.
-		wait, cancel := context.WithTimeout(context.Background(), s.grow.cfg.Wait)
-		for round := 0; isExhausted(err) && len(growErrs) == 0; round++ {
-			gs := s.startGrowth(req.Network, req.Bridge, true)
-			if len(gs) == 0 && round > 0 {
-				break
-			}
-			growErrs = waitGrowths(wait, gs)
-			// Again even when no growth is in flight: one may have
-			// ended since the first try, leaving space (startGrowth
-			// found it).
-			a, err = s.allocate(req)
-		}
-		cancel()
-		if isExhausted(err) {
-			full := err.(*api.Error)
-			gerr := errors.Join(growErrs...)
-			if errors.Is(gerr, errStopping) {
-				// Not exhausted: the agent is stopping, and the
-				// runtime retries once it is back.
-				return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s, and it cannot grow now: %v", full.Message, errStopping)
-			}
-			s.metrics.exhausted.Inc()
-			if gerr != nil {
-				if errors.Is(gerr, ErrQuota) {
-					// The masters' answer names the cap and the fix.
-					why, me := gerr.Error(), (*api.Error)(nil)
-					if errors.As(gerr, &me) {
-						why = me.Message
-					}
-					return nil, failure(http.StatusConflict, api.CodeQuota, "%s, and this agent is at its quota of overlay %q: %s", full.Message, req.Network, why)
-				}
-				if errors.Is(gerr, errOverlayFull) {
-					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v)", req.Network, full.Message, gerr)
-				}
-				return nil, failure(http.StatusConflict, api.CodeExhausted, "%s; no more space: %v", full.Message, gerr)
-			}
-			return nil, err
-		}
-	}
-	if err == nil {
-		s.startGrowth(req.Network, req.Bridge, false)
-	}
-	return a, err
-}
-
 // waitGrowths waits for the growths until they end or ctx does, and
 // returns their errors; one that is still in flight when ctx ends counts
 // as "still growing".
@@ -291,11 +227,6 @@ func waitGrowths(ctx context.Context, gs []*growth) []error {
 		errs = append(errs, errors.New("still growing: try again"))
 	}
 	return errs
-}
-
-func isExhausted(err error) bool {
-	var ae *api.Error
-	return errors.As(err, &ae) && ae.Code == api.CodeExhausted
 }
 
 // lowWater is a bridge's low-water mark in a family. The caller holds s.mu.
