@@ -336,3 +336,31 @@ func TestRegistrationLogsTLSMismatch(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCheckConfigNamesAnIPTheCertificateLacks (issue 27, item 7): carve
+// agent --check-config refuses an --ip its certificate does not name (the
+// masters would refuse the registration), naming both and the fix; the
+// certificate's own IP, or none given (found from the route), passes.
+func TestCheckConfigNamesAnIPTheCertificateLacks(t *testing.T) {
+	ca := newTestCA(t)
+	files := ca.files(pki.RoleAgent, "h1", "198.18.0.11")
+	for _, tt := range []struct {
+		name, ip, want string
+	}{
+		{"the certificate's IP", "198.18.0.11", ""},
+		{"no --ip", "", ""},
+		{"another IP", "198.18.0.12", "--ip 198.18.0.12 is not an IP of --cert-file"},
+	} {
+		cfg := Config{DataDir: t.TempDir(), Masters: []string{"https://198.18.0.1:8080"}, TLS: files, MeshPassword: []byte("x")}
+		if tt.ip != "" {
+			cfg.IP = netip.MustParseAddr(tt.ip)
+		}
+		err := CheckConfig(cfg)
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: %v, want no error", tt.name, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "carve certs issue")):
+			t.Errorf("%s: %v, want an error saying %q and the fix", tt.name, err, tt.want)
+		}
+	}
+}

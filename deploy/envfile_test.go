@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	stdmaps "maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +48,11 @@ func installedEnv(t *testing.T, file string) map[string]string {
 	env := readEnv(t, file)
 	ca := pkitest.New(t)
 	ca.Files("m1", pki.RoleMaster)
+	// As an operator issues it: for the underlay IP the agent registers
+	// (carve agent --check-config refuses an --ip its certificate lacks).
+	if ip, err := netip.ParseAddr(env["CARVE_IP"]); err == nil {
+		ca.IssueAgent("h1", ip)
+	}
 	ca.Files("h1", pki.RoleAgent)
 	password := filepath.Join(t.TempDir(), "mesh-password")
 	if err := os.WriteFile(password, []byte("a mesh password of the test\n"), 0o600); err != nil {

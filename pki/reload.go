@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -97,6 +98,19 @@ func (r *Reloader) Identity() Identity {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.id
+}
+
+// IPs are the IP addresses the certificate loaded names.
+func (r *Reloader) IPs() []netip.Addr {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	var out []netip.Addr
+	for _, ip := range r.cert.Leaf.IPAddresses {
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
 }
 
 // NotAfter is when the certificate loaded expires.
