@@ -400,6 +400,11 @@ type ReportRequest struct {
 	Overlays              []OverlayReport `json:"overlays"`
 	ConfigurationAttempts uint32          `json:"configuration_attempts"`
 	RequestID             string          `json:"request_id,omitempty"`
+	// SigningKey is the masters' record-signing key the agent verifies
+	// records with now (EncodeSigningKey); absent from agents that verify
+	// nothing or predate it. A signing-key rotation is finished only when
+	// every live agent reports the new key.
+	SigningKey string `json:"signing_key,omitempty"`
 }
 
 // Tombstone records that an agent was deleted at Raft index Version, so that
