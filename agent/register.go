@@ -94,7 +94,9 @@ func (a *Agent) register(ctx context.Context) {
 				level, explained = slog.LevelError, true
 			}
 			a.log.Log(ctx, level, "registration failed: "+why+"; working from the last known state", "err", err, "retry_in", maxRetry)
-			if !retry.Sleep(ctx, maxRetry) {
+			// The fix is the operator's: new TLS files, reloaded, end
+			// the wait.
+			if !a.sec.sleepUntilReload(ctx, maxRetry) {
 				return
 			}
 			continue

@@ -10,7 +10,8 @@ import (
 
 // ReloadTLS reads the CA bundle, the certificate and the key again
 // (SIGHUP): new connections to the masters and to the agent's API use
-// them; those open stay until they close. A file that fails to load, or a
+// them; idle ones to the masters are closed, busy ones stay until they
+// close, and a registration waiting for the operator's fix tries again. A file that fails to load, or a
 // certificate that does not verify against the bundle or names another
 // agent, is refused and what was loaded stays. Without TLS it does nothing.
 func (a *Agent) ReloadTLS() error {
@@ -20,6 +21,7 @@ func (a *Agent) ReloadTLS() error {
 	if err := a.sec.files.Reload(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	a.sec.reloaded()
 	a.log.Info("reloaded the TLS files", "cert_not_after", a.sec.files.NotAfter())
 	return nil
 }

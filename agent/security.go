@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -38,6 +40,61 @@ type security struct {
 	// files are the TLS files as last loaded (SIGHUP reloads them); nil
 	// without TLS.
 	files *pki.Reloader
+	// transport is the masters' client transport (nil: plain http), whose
+	// idle connections, made with the files as they were, a reload closes.
+	transport *http.Transport
+	// reload wakes those waiting for the operator to fix the TLS files.
+	reload reloadSignal
+}
+
+// reloadSignal is a broadcast: each fire wakes every waiter of before it.
+type reloadSignal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+// wait returns a channel closed at the next fire.
+func (s *reloadSignal) wait() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
+}
+
+// fire wakes every waiter.
+func (s *reloadSignal) fire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+}
+
+// reloaded follows a reload of the TLS files: connections made with the
+// old ones and idle now are closed, and whoever waits for a fix (a
+// registration the masters refused the certificate of) tries at once.
+func (sec *security) reloaded() {
+	if sec.transport != nil {
+		sec.transport.CloseIdleConnections()
+	}
+	sec.reload.fire()
+}
+
+// sleepUntilReload waits d, or less when the TLS files are reloaded; false
+// when ctx ends.
+func (sec *security) sleepUntilReload(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-sec.reload.wait():
+	}
+	return true
 }
 
 // checkSecurity reads the TLS files and checks the configuration: TLS and a
@@ -135,6 +192,7 @@ func (sec *security) httpClient(cfg Config) *http.Client {
 		// Each new connection with the TLS files as last loaded.
 		tr.DialTLSContext = sec.files.DialTLS(sec.client, tr.TLSHandshakeTimeout, nil)
 		hc.Transport = tr
+		sec.transport = tr
 	}
 	return hc
 }
@@ -189,6 +247,8 @@ func explainMasterError(err error, tlsFiles pki.Files) string {
 		return "TLS: the master does not speak TLS: it serves plain http (give --masters http://... and --insecure, or start the masters with TLS)"
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest && strings.Contains(apiErr.Message, "HTTP request to an HTTPS server"):
 		return "TLS: the masters serve https: give --masters https://HOST:PORT and --ca-file, --cert-file and --key-file"
+	case errors.As(err, &apiErr) && apiErr.Code == api.CodeRevoked:
+		return fmt.Sprintf("TLS: the masters revoked this agent's certificate (--cert-file %s): issue it a new one (carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP), put it in place and reload the agent (SIGHUP): it registers again without a restart", tlsFiles.Cert)
 	case errors.As(err, &apiErr) && apiErr.Status == http.StatusUnauthorized:
 		return "TLS: the masters require a client certificate: give --ca-file, --cert-file and --key-file"
 	}

@@ -51,6 +51,10 @@ const (
 	// CodeUnauthenticated (HTTP 401): the request came without a client
 	// certificate of the cluster CA that carries a carve role.
 	CodeUnauthenticated = "unauthenticated"
+	// CodeRevoked (HTTP 401): the request's client certificate is on the
+	// masters' deny list (carve certs revoke); the holder needs a new
+	// certificate, loaded without a restart (SIGHUP).
+	CodeRevoked = "revoked"
 	// CodeForbidden (HTTP 403): the certificate's role may not do this.
 	CodeForbidden = "forbidden"
 	// CodeGone (HTTP 410): GET /overlay-master/changes was asked for changes

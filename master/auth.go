@@ -78,7 +78,11 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if why := s.revokedClient(r); why != "" {
-			s.refuse(w, r, http.StatusUnauthorized, api.CodeUnauthenticated, refusedRevoked, why)
+			// The connection carries the revoked certificate for as long as
+			// it lives: closed, so that the holder's next request presents
+			// whatever certificate it holds then (a new one, reloaded).
+			w.Header().Set("Connection", "close")
+			s.refuse(w, r, http.StatusUnauthorized, api.CodeRevoked, refusedRevoked, why)
 			return
 		}
 		if fwd := r.Header.Get(identityHeader); fwd != "" && id.Role == pki.RoleMaster {

@@ -68,7 +68,7 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	for i := range 3 {
 		testutil.Eventually(t, 0, "master "+c.ids[i]+" refuses the revoked certificate", func() error {
 			_, err := c.clientAs(i, "a1", pki.RoleAgent).Register(ctx, api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"})
-			if !api.IsCode(err, api.CodeUnauthenticated) || !strings.Contains(err.Error(), "is revoked") {
+			if !api.IsCode(err, api.CodeRevoked) || !strings.Contains(err.Error(), "is revoked") {
 				return err
 			}
 			return nil

@@ -55,7 +55,7 @@ func TestCertsRevoke(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := cl.Register(ctx, api.RegisterRequest{AgentID: "h1", IP: "198.18.0.11"}); !api.IsCode(err, api.CodeUnauthenticated) || !strings.Contains(err.Error(), "revoked") {
+	if _, err := cl.Register(ctx, api.RegisterRequest{AgentID: "h1", IP: "198.18.0.11"}); !api.IsCode(err, api.CodeRevoked) || !strings.Contains(err.Error(), "revoked") {
 		t.Errorf("the revoked agent registers: %v, want 401 revoked", err)
 	}
 	// A new certificate of another name is served; revoking by serial

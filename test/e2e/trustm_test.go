@@ -121,8 +121,10 @@ func waitMetricAbove(ctx context.Context, t *testing.T, what string, floor, min 
 //     (--max-connections 1000): /healthz (without a certificate) and a
 //     write forwarded by a follower still succeed; evictions are counted.
 //  6. h3's certificate is revoked with carve certs revoke: its record is
-//     deleted, the masters refuse it (counted), it stays deleted, and the
-//     kernels follow the masters.
+//     deleted, the masters refuse it (401 revoked, counted), its agent
+//     logs why and the fix, and the kernels follow the masters. Given a
+//     new certificate and reloaded (no restart), h3 registers again; the
+//     records it held before the revocation stay refused in gossip.
 //  4. (last: the space it grows stays) h1's certificate grows h1 until its
 //     quota (quota_prefix /23: four grown /25s): 409 quota naming the cap,
 //     counted; the other records stay as they were, what h1 grew is routed
@@ -308,15 +310,45 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := h3Client.Register(ctx, api.RegisterRequest{AgentID: id, IP: h3.IP().Addr().String()}); !api.IsCode(err, api.CodeUnauthenticated) {
-			t.Errorf("the revoked certificate registers: %v, want 401", err)
+		if _, err := h3Client.Register(ctx, api.RegisterRequest{AgentID: id, IP: h3.IP().Addr().String()}); !api.IsCode(err, api.CodeRevoked) {
+			t.Errorf("the revoked certificate registers: %v, want 401 revoked", err)
+		}
+		// h3's agent says what happened and what fixes it.
+		const revokedLine = "the masters revoked this agent's certificate"
+		if err := retry.Until(ctx, 200*time.Millisecond, func() error {
+			if !strings.Contains(h3.Agent.Tail(200), revokedLine) {
+				return fmt.Errorf("h3's agent has not logged %q", revokedLine)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("%v:\n%s", err, h3.Agent.Tail(20))
 		}
 		for _, h := range []*labcluster.Host{h1, h2} {
 			if _, err := c.Client().Agent(ctx, h.AgentID()); err != nil {
 				t.Errorf("%s after the revocation: %v", h.Name, err)
 			}
 		}
-		// The operator's next step: the revoked host's agent is stopped.
+		// The host is given a new certificate: reloaded (no restart), its
+		// agent registers again and every kernel routes it.
+		if err := c.IssueAgentCertificate(h3); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Reload(ctx, h3.Agent); err != nil {
+			t.Fatal(err)
+		}
+		var back *api.AgentInfo
+		if err := retry.Until(ctx, 200*time.Millisecond, func() error {
+			back, err = c.Client().Agent(ctx, id)
+			return err
+		}); err != nil {
+			t.Fatalf("h3, reloaded with a new certificate, did not register again: %v\n%s", err, h3.Agent.Tail(20))
+		}
+		if back.Version <= st.Revoked[0].Index {
+			t.Fatalf("h3's record after the new certificate has version %d, not above the revocation's index %d", back.Version, st.Revoked[0].Index)
+		}
+		waitKernelMatchesMasters(ctx, t, c)
+		// The operator's next step here: the host's agent is stopped, and
+		// the host replays what it held before the revocation.
 		if err := c.StopAgent(ctx, h3); err != nil {
 			t.Fatal(err)
 		}
@@ -349,8 +381,8 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, p := range peers.Peers {
-				if p.AgentID == id {
-					t.Errorf("%s's membership took the revoked agent's record back", h.Name)
+				if p.AgentID == id && p.Version <= st.Revoked[0].Index {
+					t.Errorf("%s's membership took back h3's record of version %d, signed before its certificate was revoked at %d", h.Name, p.Version, st.Revoked[0].Index)
 				}
 			}
 		}

@@ -12,6 +12,14 @@ import (
 // harness issued (NAME.pem, NAME-key.pem): `carve certs revoke --dir`.
 func (c *Cluster) PKIDir() string { return c.sec.dir }
 
+// IssueAgentCertificate issues h's agent a new certificate (a new serial)
+// for its name and underlay IP, in place of the one it runs with: what an
+// operator does for a host whose certificate was revoked. Reload the agent
+// to have it present the new one.
+func (c *Cluster) IssueAgentCertificate(h *Host) error {
+	return c.sec.issue(pki.RoleAgent, h.CertName(), h.IP().Addr())
+}
+
 // AgentFiles are the CA, certificate and key h's agent runs with: what a
 // test acting as that host (a compromised one) presents.
 func (c *Cluster) AgentFiles(h *Host) pki.Files { return c.sec.files(h.CertName()) }
