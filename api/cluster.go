@@ -41,6 +41,27 @@ type ClusterStatus struct {
 	// the value a new cluster starts with; carve config apply changes the
 	// committed one.
 	ConfigDiffers string `json:"config_differs,omitempty"`
+	// ExhaustedOverlays are the overlays that cannot give an agent a
+	// subnet, or a container an address (LeaseTable.Exhausted).
+	ExhaustedOverlays []ExhaustedOverlay `json:"exhausted_overlays,omitempty"`
+}
+
+// ExhaustedOverlay is an enabled overlay, in one address family, that
+// cannot give an agent or a container what it asks for
+// (ClusterStatus.ExhaustedOverlays).
+type ExhaustedOverlay struct {
+	Overlay string `json:"overlay"`
+	// Family is 4 or 6.
+	Family int `json:"family"`
+	// UnleasedCount agents have no subnet of it: every subnet is leased;
+	// Unleased names the first ten of them.
+	UnleasedCount int      `json:"unleased_count,omitempty"`
+	Unleased      []string `json:"unleased,omitempty"`
+	// Full: no block is left to grow into, and every agent holding space
+	// in it reported no free address (judged by the leader, which receives
+	// the usage reports). Free is what they reported free.
+	Full bool   `json:"full,omitempty"`
+	Free uint64 `json:"free,omitempty"`
 }
 
 // StateDigest is a SHA-256 of a master's whole replicated state as applied

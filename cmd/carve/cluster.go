@@ -228,6 +228,7 @@ func judgeCluster(rep *clusterReport) {
 	}
 	problems = append(problems, judgeDigests(rep)...)
 	problems = append(problems, judgeLag(rep)...)
+	problems = append(problems, judgeExhaustion(rep)...)
 	rep.Problems, rep.Healthy = problems, len(problems) == 0
 	for _, v := range rep.Masters {
 		if v.Status != nil && v.Status.ConfigDiffers != "" {

@@ -527,3 +527,39 @@ func TestVersionCommand(t *testing.T) {
 		t.Errorf("carve version extra: %v, want a usage error", err)
 	}
 }
+
+// TestJudgeClusterExhaustion (issue 27, "health is the truth"): an overlay
+// that leaves agents without a subnet, or is full, is a problem naming the
+// overlay and the agents, as the leader sees it.
+func TestJudgeClusterExhaustion(t *testing.T) {
+	servers := []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}}
+	view := func(id, role string, ex ...api.ExhaustedOverlay) masterView {
+		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &servers[0],
+			Servers: servers, ExhaustedOverlays: ex}}
+	}
+	unleased := api.ExhaustedOverlay{Overlay: "small", Family: 4, UnleasedCount: 12, Unleased: []string{"a1", "a2"}}
+	full := api.ExhaustedOverlay{Overlay: "small", Family: 4, UnleasedCount: 12, Unleased: []string{"a1", "a2"}, Full: true}
+	for _, tc := range []struct {
+		name string
+		rep  *clusterReport
+		want []string
+	}{
+		{name: "healthy", rep: &clusterReport{Masters: []masterView{view("m1", "leader"), view("m2", "follower")}}},
+		{name: "agents without a subnet", rep: &clusterReport{Masters: []masterView{view("m1", "leader", unleased), view("m2", "follower", unleased)}},
+			want: []string{"overlay small (IPv4) is exhausted: 12 agents have no subnet of it (a1, a2 and 10 more)"}},
+		{name: "full, as the leader judges", rep: &clusterReport{Masters: []masterView{view("m2", "follower", unleased), view("m1", "leader", full)}},
+			want: []string{"overlay small (IPv4) is exhausted", "overlay small (IPv4) is full: no block is left to grow into"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			judgeCluster(tc.rep)
+			if tc.rep.Healthy != (len(tc.want) == 0) || len(tc.rep.Problems) != len(tc.want) {
+				t.Fatalf("healthy %t, problems %q; want %q", tc.rep.Healthy, tc.rep.Problems, tc.want)
+			}
+			for i, w := range tc.want {
+				if !strings.HasPrefix(tc.rep.Problems[i], w) {
+					t.Errorf("problem %d: %q, want it to start %q", i, tc.rep.Problems[i], w)
+				}
+			}
+		})
+	}
+}

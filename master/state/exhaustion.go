@@ -1,0 +1,107 @@
+package state
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/carve-net/carve/api"
+)
+
+// maxNamedUnleased bounds the agents an exhausted overlay names (the count
+// is whole).
+const maxNamedUnleased = 10
+
+// Exhausted lists the enabled overlays, by address family, that cannot
+// give an agent or a container what it asks for: agents left without a
+// subnet (every subnet is leased), or no block left to grow into while the
+// agents' usage reports count no free address (only the leader receives
+// usage reports; elsewhere Full is never judged). Sorted by overlay, then
+// family.
+func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if t.net == nil {
+		return nil
+	}
+	var out []api.ExhaustedOverlay
+	for _, def := range t.net.overlays {
+		if !def.enabled {
+			continue
+		}
+		for _, fam := range []struct {
+			is4    bool
+			subnet netip.Prefix
+		}{{true, def.subnet}, {false, def.subnet6}} {
+			space := t.spaces[def.api.Name].family(fam.is4)
+			if space == nil || !fam.subnet.IsValid() {
+				continue
+			}
+			ex := api.ExhaustedOverlay{Overlay: def.api.Name, Family: 6}
+			if fam.is4 {
+				ex.Family = 4
+			}
+			for _, rec := range t.agents {
+				if l := rec.Leases[def.api.Name]; strings.Contains(l.Failed, "exhausted: no free /") && strings.Contains(l.Failed, " in "+fam.subnet.String()) {
+					ex.UnleasedCount++
+					ex.Unleased = append(ex.Unleased, rec.ID)
+				}
+			}
+			slices.Sort(ex.Unleased)
+			if len(ex.Unleased) > maxNamedUnleased {
+				ex.Unleased = ex.Unleased[:maxNamedUnleased]
+			}
+			if _, growable := space.FirstFree(def.growBits(fam.is4)); !growable {
+				ex.Free, ex.Full = t.usage.freeIn(def.api.Name, fam.is4, t.leasedAgents(def.api.Name, fam.is4))
+			}
+			if ex.UnleasedCount > 0 || ex.Full {
+				out = append(out, ex)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b api.ExhaustedOverlay) int {
+		if c := strings.Compare(a.Overlay, b.Overlay); c != 0 {
+			return c
+		}
+		return a.Family - b.Family
+	})
+	return out
+}
+
+// leasedAgents maps the agents that hold blocks of the overlay's family to
+// the Created index of their record (t.mu held).
+func (t *LeaseTable) leasedAgents(overlay string, is4 bool) map[string]uint64 {
+	out := map[string]uint64{}
+	for id, rec := range t.agents {
+		for _, b := range rec.Leases[overlay].Blocks {
+			if b.Prefix.Addr().Is4() == is4 {
+				out[id] = rec.Created
+				break
+			}
+		}
+	}
+	return out
+}
+
+// freeIn sums the free addresses that the agents holding the overlay's
+// family (holders: id to record Created) reported in it; full is true when
+// every holder reported and none has a free address.
+func (u *usageTable) freeIn(overlay string, is4 bool, holders map[string]uint64) (free uint64, full bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(holders) == 0 {
+		return 0, false
+	}
+	for id, created := range holders {
+		a, ok := u.agents[id]
+		if !ok || a.created != created {
+			return 0, false // not every holder has reported: not judged
+		}
+		for prefix, bu := range a.blocks[overlay] {
+			if p, err := netip.ParsePrefix(prefix); err == nil && p.Addr().Is4() == is4 {
+				free += bu.Free
+			}
+		}
+	}
+	return free, free == 0
+}
