@@ -39,25 +39,3 @@ func TestFrom(t *testing.T) {
 		t.Errorf("Get: %q", s)
 	}
 }
-
-func TestSkewProblem(t *testing.T) {
-	tests := []struct {
-		a, b string
-		want string // a part of the problem, "" for none
-	}{
-		{"v0.3.0", "v0.3.2", ""},
-		{"v0.3.0", "v0.4.0", ""},
-		{"v0.4.0-3-gabcdef", "v0.3.1", ""},
-		{"v0.2.0", "v0.4.0", "more than 1 minor version apart"},
-		{"v1.0.0", "v0.9.0", "different major versions"},
-		{"dev", "v0.1.0", ""},
-		{"v1.x", "v1.0.0", ""},
-		{"v1", "v1.0.0", ""},
-	}
-	for _, tt := range tests {
-		got := SkewProblem(tt.a, tt.b)
-		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-			t.Errorf("SkewProblem(%q, %q) = %q, want %q", tt.a, tt.b, got, tt.want)
-		}
-	}
-}
