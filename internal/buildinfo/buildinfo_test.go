@@ -1,9 +1,12 @@
 package buildinfo
 
 import (
+	"maps"
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestFrom(t *testing.T) {
@@ -37,5 +40,26 @@ func TestFrom(t *testing.T) {
 	}
 	if s := Get().String(); !strings.HasPrefix(s, "carve ") {
 		t.Errorf("Get: %q", s)
+	}
+}
+
+// TestCollector: carve_build_info is 1 with the build as its labels, the
+// version as carve version prints it.
+func TestCollector(t *testing.T) {
+	info := Info{Version: "v0.4.0-3-gabcdef1", Commit: "abcdef1", GoVersion: "go1.26.0", BuildDate: "2026-11-29T05:29:52Z"}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(Collector(info))
+	families, err := reg.Gather()
+	if err != nil || len(families) != 1 || families[0].GetName() != "carve_build_info" || len(families[0].GetMetric()) != 1 {
+		t.Fatalf("gathered %v, %v; want one carve_build_info", families, err)
+	}
+	m := families[0].GetMetric()[0]
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	want := map[string]string{"version": info.Version, "commit": info.Commit, "go_version": info.GoVersion, "build_date": info.BuildDate}
+	if m.GetGauge().GetValue() != 1 || !maps.Equal(labels, want) {
+		t.Errorf("carve_build_info %v = %v, want %v = 1", labels, m.GetGauge().GetValue(), want)
 	}
 }
