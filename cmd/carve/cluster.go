@@ -439,7 +439,7 @@ func describeGroups(groups map[string][]string, verb string) string {
 func printClusterReport(out io.Writer, rep *clusterReport) error {
 	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tVERSION")
+	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tCARVE")
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {
