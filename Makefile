@@ -10,13 +10,16 @@ all: build
 deps:
 	@deploy/install-deps.sh
 
-# What carve version prints and carve_build_info shows: the release tag (git
-# describe), the commit and its time (a build of a commit is reproducible).
-VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# What carve version prints and carve_build_info shows: the release tag
+# (v0.4.0, or v0.4.0-3-gabcdef1 after it; dev-abcdef1 where no tag is
+# reachable, as in a shallow clone: deploy/version.sh), the commit and its
+# time (a build of a commit is reproducible). Expanded only by the targets
+# that build carve.
+VERSION    ?= $(shell deploy/version.sh)
 COMMIT     ?= $(shell git rev-parse HEAD 2>/dev/null)
 BUILD_DATE ?= $(shell git log -1 --format=%cI 2>/dev/null)
 BUILDINFO  := github.com/carve-net/carve/internal/buildinfo
-LDFLAGS    := -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -X $(BUILDINFO).date=$(BUILD_DATE)
+LDFLAGS     = -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT) -X $(BUILDINFO).date=$(BUILD_DATE)
 
 # bin/carve is the production binary; bin/carve-lab is the demo (`carve demo`
 # execs it), kept apart so that carve links no lab or test harness.

@@ -323,10 +323,10 @@ func judgeSilence(rep *clusterReport) {
 	}
 }
 
-// judgeVersions fills the agents' versions and warns of versions (of
-// masters and agents) further apart than the supported skew.
+// judgeVersions fills the agents' versions and warns of the masters' and
+// agents' versions beyond the supported skew (buildinfo.SkewProblems).
 func judgeVersions(rep *clusterReport) {
-	versions := map[string][]string{} // version -> who runs it
+	masters, agents := buildinfo.Running{}, buildinfo.Running{}
 	for _, v := range rep.Masters {
 		if v.Status == nil {
 			continue
@@ -335,22 +335,16 @@ func judgeVersions(rep *clusterReport) {
 			rep.AgentVersions = v.Status.AgentVersions
 		}
 		if v.Status.Build != nil {
-			versions[v.Status.Build.Version] = append(versions[v.Status.Build.Version], "master "+v.Status.ID)
+			masters[v.Status.Build.Version] = append(masters[v.Status.Build.Version], "master "+v.Status.ID)
 		}
 	}
 	for ver, n := range rep.AgentVersions {
 		if ver != state.UnknownVersion {
-			versions[ver] = append(versions[ver], fmt.Sprintf("%d agents", n))
+			agents[ver] = append(agents[ver], fmt.Sprintf("%d agents", n))
 		}
 	}
-	all := slices.Sorted(maps.Keys(versions))
-	for i, a := range all {
-		for _, b := range all[i+1:] {
-			if p := buildinfo.SkewProblem(a, b); p != "" {
-				rep.Warnings = append(rep.Warnings, fmt.Sprintf("mixed versions beyond the supported skew: %s (%s; %s): upgrade one minor version at a time, masters first (operations.md, section 8)",
-					p, a+" on "+strings.Join(versions[a], ", "), b+" on "+strings.Join(versions[b], ", ")))
-			}
-		}
+	for _, p := range buildinfo.SkewProblems(masters, agents) {
+		rep.Warnings = append(rep.Warnings, "mixed versions beyond the supported skew: "+p+" (docs/operations.md, section 8)")
 	}
 }
 
@@ -446,7 +440,7 @@ func describeGroups(groups map[string][]string, verb string) string {
 func printClusterReport(out io.Writer, rep *clusterReport) error {
 	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tVERSION")
+	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tCARVE")
 	for _, v := range rep.Masters {
 		st := v.Status
 		if st == nil {

@@ -37,12 +37,14 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 	return printStateTable(out, st)
 }
 
-// printStateTable prints one row per agent: agent, ip, subnets, VTEP IP, MAC, version.
+// printStateTable prints one row per agent: agent, ip, subnets, VTEP IP,
+// MAC, RECORD (the Raft index of the agent's record, its version in the
+// API) and CARVE (the carve version the agent registered with).
 func printStateTable(out io.Writer, st *api.State) error {
 	fmt.Fprintf(out, "index %d, leader %s, %d agents\n", st.Index, orDash(st.Leader), len(st.Agents))
 	printEncryption(out, st)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AGENT\tIP\tSUBNETS\tVTEP IP\tVTEP MAC\tVERSION")
+	fmt.Fprintln(tw, "AGENT\tIP\tSUBNETS\tVTEP IP\tVTEP MAC\tRECORD\tCARVE")
 	for _, a := range st.Agents {
 		var subnets []string
 		vtepIP, vtepMAC := "-", "-"
@@ -67,7 +69,7 @@ func printStateTable(out io.Writer, st *api.State) error {
 		if !a.HasIP() {
 			ip = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", a.AgentID, ip, orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", a.AgentID, ip, orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version, orDash(a.CarveVersion))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

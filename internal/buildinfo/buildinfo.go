@@ -1,14 +1,14 @@
 // Package buildinfo says which build of carve is running: its version,
 // commit, Go version and build date, from the -ldflags -X values make build
 // sets, else from what the Go toolchain recorded in the binary
-// (debug.ReadBuildInfo), and exports them as the carve_build_info metric.
+// (debug.ReadBuildInfo), and exports them as the carve_build_info metric;
+// and judges the versions masters and agents run side by side against the
+// supported skew (skew.go).
 package buildinfo
 
 import (
-	"fmt"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,7 +16,7 @@ import (
 
 // Set by the linker (make build):
 //
-//	-X github.com/carve-net/carve/internal/buildinfo.version=v0.3.0
+//	-X github.com/carve-net/carve/internal/buildinfo.version=v0.4.0
 //	-X github.com/carve-net/carve/internal/buildinfo.commit=<sha>
 //	-X github.com/carve-net/carve/internal/buildinfo.date=<RFC 3339>
 //
@@ -25,8 +25,10 @@ var version, commit, date string
 
 // Info is one build of carve.
 type Info struct {
-	// Version is the release ("v0.3.0", or git describe's
-	// "v0.3.0-4-gabcdef" between releases); "dev" when unknown.
+	// Version is the release ("v0.4.0", or git describe's
+	// "v0.4.0-3-gabcdef1" after it); "dev-abcdef1" where the build found
+	// no release tag (deploy/version.sh), "dev" when unknown. A go build
+	// without make has Go's pseudo-version of the commit.
 	Version string `json:"version"`
 	// Commit is the VCS revision ("" when unknown), with "-dirty" when
 	// built from a modified tree.
@@ -109,47 +111,4 @@ func Collector(i Info) prometheus.Collector {
 	})
 	g.Set(1)
 	return g
-}
-
-// MinorVersion is the (major, minor) of a version "vX.Y..." (git
-// describe's too); false for one that is not (dev builds).
-func MinorVersion(v string) (major, minor int, ok bool) {
-	v, found := strings.CutPrefix(v, "v")
-	if !found {
-		return 0, 0, false
-	}
-	parts := strings.SplitN(v, ".", 3)
-	if len(parts) < 2 {
-		return 0, 0, false
-	}
-	// "3-4-gabcdef" of git describe, "3" of a release.
-	minorDigits, _, _ := strings.Cut(parts[1], "-")
-	ma, err1 := strconv.Atoi(parts[0])
-	mi, err2 := strconv.Atoi(minorDigits)
-	if err1 != nil || err2 != nil {
-		return 0, 0, false
-	}
-	return ma, mi, true
-}
-
-// SupportedSkew is how many minor versions apart masters and agents may
-// run (docs/operations.md, "Upgrades and restarts"): a rolling upgrade
-// goes one minor version at a time, masters first.
-const SupportedSkew = 1
-
-// SkewProblem says why versions a and b may not run side by side (a major
-// version apart, or more than SupportedSkew minor versions), "" when they
-// may or cannot be compared (dev builds).
-func SkewProblem(a, b string) string {
-	amaj, amin, aok := MinorVersion(a)
-	bmaj, bmin, bok := MinorVersion(b)
-	switch {
-	case !aok || !bok:
-		return ""
-	case amaj != bmaj:
-		return fmt.Sprintf("%s and %s are of different major versions", a, b)
-	case amin-bmin > SupportedSkew || bmin-amin > SupportedSkew:
-		return fmt.Sprintf("%s and %s are more than %d minor version apart (the supported skew)", a, b, SupportedSkew)
-	}
-	return ""
 }

@@ -1,9 +1,12 @@
 package buildinfo
 
 import (
+	"maps"
 	"runtime/debug"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestFrom(t *testing.T) {
@@ -40,24 +43,23 @@ func TestFrom(t *testing.T) {
 	}
 }
 
-func TestSkewProblem(t *testing.T) {
-	tests := []struct {
-		a, b string
-		want string // a part of the problem, "" for none
-	}{
-		{"v0.3.0", "v0.3.2", ""},
-		{"v0.3.0", "v0.4.0", ""},
-		{"v0.4.0-3-gabcdef", "v0.3.1", ""},
-		{"v0.2.0", "v0.4.0", "more than 1 minor version apart"},
-		{"v1.0.0", "v0.9.0", "different major versions"},
-		{"dev", "v0.1.0", ""},
-		{"v1.x", "v1.0.0", ""},
-		{"v1", "v1.0.0", ""},
+// TestCollector: carve_build_info is 1 with the build as its labels, the
+// version as carve version prints it.
+func TestCollector(t *testing.T) {
+	info := Info{Version: "v0.4.0-3-gabcdef1", Commit: "abcdef1", GoVersion: "go1.26.0", BuildDate: "2026-11-29T05:29:52Z"}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(Collector(info))
+	families, err := reg.Gather()
+	if err != nil || len(families) != 1 || families[0].GetName() != "carve_build_info" || len(families[0].GetMetric()) != 1 {
+		t.Fatalf("gathered %v, %v; want one carve_build_info", families, err)
 	}
-	for _, tt := range tests {
-		got := SkewProblem(tt.a, tt.b)
-		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
-			t.Errorf("SkewProblem(%q, %q) = %q, want %q", tt.a, tt.b, got, tt.want)
-		}
+	m := families[0].GetMetric()[0]
+	labels := map[string]string{}
+	for _, l := range m.GetLabel() {
+		labels[l.GetName()] = l.GetValue()
+	}
+	want := map[string]string{"version": info.Version, "commit": info.Commit, "go_version": info.GoVersion, "build_date": info.BuildDate}
+	if m.GetGauge().GetValue() != 1 || !maps.Equal(labels, want) {
+		t.Errorf("carve_build_info %v = %v, want %v = 1", labels, m.GetGauge().GetValue(), want)
 	}
 }
