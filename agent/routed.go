@@ -2,6 +2,7 @@ package agent
 
 import (
 	"net/netip"
+	"slices"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/vxlan"
@@ -35,4 +36,34 @@ func (a *Agent) peerModeLocked(id string) string {
 		return ""
 	}
 	return string(a.lastReport.Modes[id])
+}
+
+// routedForwarding is what the FORWARD accept rules need of the routed
+// data path: the underlay device, and the overlays' subnets forwarding
+// between it and carve's devices is accepted for. Nothing while routed
+// mode is off, or while the underlay device cannot be found (then the
+// dataplane reports the failure and routes no peer).
+func (a *Agent) routedForwarding(want *vxlan.Desired) (string, []netip.Prefix) {
+	if !want.Routed || a.dp == nil {
+		return "", nil
+	}
+	_, dev, err := a.dp.UnderlayMTU(want.VTEP.Local)
+	if err != nil {
+		return "", nil
+	}
+	a.mu.RLock()
+	network := a.network
+	a.mu.RUnlock()
+	var out []netip.Prefix
+	if network != nil {
+		for _, ov := range network.Overlays {
+			for _, s := range []string{ov.Subnet, ov.Subnet6} {
+				if p, err := netip.ParsePrefix(s); err == nil {
+					out = append(out, p.Masked())
+				}
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	return dev, out
 }
