@@ -78,7 +78,7 @@ type applied struct {
 	bridges   map[string]Bridge
 	ipForward bool            // ip_forward known to be on
 	forward6  map[string]bool // carve's links known to forward IPv6
-	rpLoose   string          // the underlay device known to filter reverse paths loosely (routed mode)
+	rpLoose   string          // "underlay,vtep": the devices known to filter reverse paths loosely (routed mode)
 }
 
 // New opens netlink sockets in the namespace. Nothing is changed until the
@@ -219,10 +219,9 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	}
 	rpLoose := ""
 	if u != nil && rep.PeersByMode()[ModeRouted] > 0 {
-		if !full && prev != nil && prev.rpLoose == u.name {
-			rpLoose = u.name
-		} else if d.ensureLooseRPFilter(u, &rep) {
-			rpLoose = u.name
+		devs := u.name + "," + want.VTEP.Name
+		if (!full && prev != nil && prev.rpLoose == devs) || d.ensureLooseRPFilter(u, want.VTEP.Name, &rep) {
+			rpLoose = devs
 		}
 	}
 	forward6 := map[string]bool{}

@@ -112,31 +112,35 @@ func (d *Dataplane) underlayFor(want *Desired, rep *Report) *underlay {
 	return u
 }
 
-// ensureLooseRPFilter has the underlay device accept packets from a routed
-// peer's containers even while that peer and this host disagree on their
-// mode (a switch reaches the hosts at different moments): strict reverse
-// path filtering (1) would drop what comes in on the underlay device from a
-// subnet this host still routes through the VTEP. Loose (2) still drops
-// sources with no route at all; 0 (off) is left as it is. The effective
-// value is the larger of conf/all and conf/<dev>, so the device's is set.
-// true means done.
-func (d *Dataplane) ensureLooseRPFilter(u *underlay, rep *Report) bool {
-	name := "net/ipv4/conf/" + u.name + "/rp_filter"
+// ensureLooseRPFilter has the underlay device and the VTEP accept packets
+// from a routed peer's containers even while that peer and this host
+// disagree on their mode (a switch reaches the hosts at different
+// moments): strict reverse path filtering (1) would drop what comes in on
+// the underlay device from a subnet this host still routes through the
+// VTEP, and what comes in on the VTEP from one it already routes via the
+// underlay. Loose (2) still drops sources with no route at all; 0 (off) is
+// left as it is. The effective value is the larger of conf/all and
+// conf/<dev>, so the devices' are set. true means done.
+func (d *Dataplane) ensureLooseRPFilter(u *underlay, vtep string, rep *Report) bool {
 	if !u.prefix.Addr().Is4() {
 		return true // IPv6 has no rp_filter sysctl
 	}
-	var cur string
-	err := d.inNS(func() error {
-		v, err := sysctl.Sysctl(name)
-		cur = strings.TrimSpace(v)
-		return err
-	})
-	if err != nil {
-		rep.fail(KindSysctl, name, "", "read", err)
-		return false
+	ok := true
+	for _, dev := range []string{u.name, vtep} {
+		name := "net/ipv4/conf/" + dev + "/rp_filter"
+		var cur string
+		err := d.inNS(func() error {
+			v, err := sysctl.Sysctl(name)
+			cur = strings.TrimSpace(v)
+			return err
+		})
+		switch {
+		case err != nil:
+			rep.fail(KindSysctl, name, "", "read", err)
+			ok = false
+		case cur != "0" && cur != "2":
+			ok = d.setSysctl(name, "2", rep) && ok
+		}
 	}
-	if cur == "0" || cur == "2" {
-		return true
-	}
-	return d.setSysctl(name, "2", rep)
+	return ok
 }

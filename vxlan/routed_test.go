@@ -91,6 +91,10 @@ func TestRoutedEntries(t *testing.T) {
 			if tc.narrow {
 				narrowUnderlay(t, e)
 			}
+			// Strict reverse path filtering everywhere, the VTEP to come too.
+			for _, s := range []string{"all", "default", e.host.Link} {
+				must(t, e.host.SetSysctl("net.ipv4.conf."+s+".rp_filter", "1"))
+			}
 			d := tc.desire()
 			rep := apply(t, e.dp, d)
 			for _, p := range d.Peers {
@@ -111,8 +115,10 @@ func TestRoutedEntries(t *testing.T) {
 			diffMaps(t, "route", got.routes, want.routes)
 			assertNoChange(t, "Resync", resync(t, e.dp, d))
 			if len(tc.routed) > 0 {
-				if v := sysctl(t, e.host, "net.ipv4.conf."+e.host.Link+".rp_filter"); v == "1" {
-					t.Errorf("rp_filter of the underlay device is strict (1) with routed peers")
+				for _, dev := range []string{e.host.Link, vtepName} {
+					if v := sysctl(t, e.host, "net.ipv4.conf."+dev+".rp_filter"); v == "1" {
+						t.Errorf("rp_filter of %s is strict (1) with routed peers", dev)
+					}
 				}
 			}
 		})
@@ -248,6 +254,7 @@ func TestRoutedTraffic(t *testing.T) {
 		// Strict reverse path filtering, as many distributions set it:
 		// routed mode must cope.
 		must(t, h.SetSysctl("net.ipv4.conf.all.rp_filter", "1"))
+		must(t, h.SetSysctl("net.ipv4.conf.default.rp_filter", "1"))
 		must(t, h.SetSysctl("net.ipv4.conf."+h.Link+".rp_filter", "1"))
 		apply(t, envs[i].dp, desired[i])
 		gw := desired[i].Bridges[0]
@@ -297,8 +304,12 @@ func TestRoutedTraffic(t *testing.T) {
 	if vtepTx() == before {
 		t.Error("VXLAN mode sent nothing through the VTEPs")
 	}
-	for i := range envs {
-		apply(t, envs[i].dp, desired[i])
-	}
+	// Half way through a switch: host 1 routes, host 2 still tunnels. The
+	// packets come in on the underlay device at host 2 and on the VTEP at
+	// host 1, from subnets routed the other way: loose reverse path
+	// filtering lets them in.
+	apply(t, envs[0].dp, desired[0])
+	ping("host 1 routed, host 2 on VXLAN")
+	apply(t, envs[1].dp, desired[1])
 	ping("routed again")
 }
