@@ -5,7 +5,9 @@
 // It owns one VTEP (a VXLAN device), and for every other agent a permanent
 // neighbour entry vtep_ip -> vtep_mac on the VTEP, a permanent FDB entry
 // vtep_mac -> underlay ip, and a route per subnet via vtep_ip dev VTEP onlink;
-// plus the local bridges with their gateway addresses, and ip_forward.
+// plus the local bridges with their gateway addresses, and ip_forward. In
+// routed mode (Desired.Routed, routed.go) a peer on this host's underlay
+// segment gets plain routes via its underlay IP instead, no tunnel.
 //
 // Two entry points: Apply applies only the difference between the last state
 // it applied and the new one (cheap, for every membership change); Resync reads
