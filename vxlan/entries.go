@@ -162,7 +162,7 @@ func buildEntries(d *Desired, rep *Report, vtepIdx int, u *underlay) *entrySet {
 		if tunnel {
 			set.neigh[vip] = neighEntry{mac: m, peer: p.ID}
 		}
-		if v6 := p.VTEPIP6; v6.IsValid() && tunnel {
+		if v6 := p.VTEPIP6; v6.IsValid() {
 			switch {
 			case !v6.Is6() || v6.Is4In6() || v6.Zone() != "":
 				reject(fmt.Errorf("VTEP IP6 %v is not an IPv6 address", v6))
@@ -172,7 +172,9 @@ func buildEntries(d *Desired, rep *Report, vtepIdx int, u *underlay) *entrySet {
 				reject(fmt.Errorf("VTEP IP6 %s already belongs to peer %s", v6, ipOwner[v6]))
 			default:
 				ipOwner[v6] = p.ID
-				set.neigh[v6] = neighEntry{mac: m, peer: p.ID}
+				if tunnel {
+					set.neigh[v6] = neighEntry{mac: m, peer: p.ID}
+				}
 			}
 		}
 		if tunnel {

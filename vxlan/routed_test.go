@@ -2,6 +2,7 @@ package vxlan_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -79,6 +80,15 @@ func TestRoutedEntries(t *testing.T) {
 			d.Segments = []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
 			return d
 		}, routedIDs(2)},
+		{"IPv6 VTEP addresses, IPv4 subnets only: no VTEP entry", false, func() vxlan.Desired {
+			d := desiredFor(1, 2, 3)
+			d.VTEP.Address6 = netip.MustParsePrefix("fd01:a::1/64")
+			for i := range d.Peers {
+				d.Peers[i].VTEPIP6 = netip.MustParseAddr(fmt.Sprintf("fd01:a::%d", i+2))
+			}
+			d.Routed = true
+			return d
+		}, routedIDs(2, 3)},
 		{"dual stack: IPv6 stays on VXLAN", false, func() vxlan.Desired {
 			d := dualStack(1, 2, 3)
 			d.Routed = true
