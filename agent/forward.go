@@ -43,8 +43,10 @@ func (a *Agent) keepForwardRules(ctx context.Context, want *vxlan.Desired, enc *
 	}
 	slices.Sort(devices)
 	rules := firewall.Rules{Devices: devices, IPv6: want.IPv6Forward}
+	rules.Underlay, rules.Routed = a.routedForwarding(want)
 	st := &a.fwState
-	if !full && st.ok && st.last.IPv6 == rules.IPv6 && slices.Equal(st.last.Devices, rules.Devices) {
+	if !full && st.ok && st.last.IPv6 == rules.IPv6 && slices.Equal(st.last.Devices, rules.Devices) &&
+		st.last.Underlay == rules.Underlay && slices.Equal(st.last.Routed, rules.Routed) {
 		return
 	}
 	st.touched = true

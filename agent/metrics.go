@@ -34,6 +34,9 @@ type metrics struct {
 	gossipSent       *prometheus.CounterVec
 	antiEntropy      *prometheus.CounterVec
 	meshTargets      prometheus.Gauge
+	// peersByMode counts the peers of the last reconcile by dataplane
+	// mode (vxlan.Modes).
+	peersByMode *prometheus.GaugeVec
 	// signingKeyFollowed counts new signing keys taken through the
 	// masters' chain (rotations).
 	signingKeyFollowed prometheus.Counter
@@ -58,6 +61,9 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		peersKnown: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_peers", Help: "Other agents in the desired dataplane.",
 		}),
+		peersByMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "carve_agent_peers_by_mode", Help: "Other agents in the last reconcile, by how the dataplane reaches them: vxlan (through the VTEP) or routed (via their underlay IP, no encapsulation); peers reached through WireGuard are in carve_wireguard_peers.",
+		}, []string{"mode"}),
 		peersProgrammed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "carve_agent_peers_programmed", Help: "Other agents whose neighbour, FDB and routes are in the kernel.",
 		}),
@@ -153,12 +159,15 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.statesRefused.WithLabelValues(r)
 	}
 	m.httpRefused.WithLabelValues("no_certificate")
+	for _, mode := range vxlan.Modes {
+		m.peersByMode.WithLabelValues(string(mode))
+	}
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.restores, m.httpRefused, m.masterReads,
-		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, buildinfo.Collector(buildinfo.Get()),
+		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, m.peersByMode, buildinfo.Collector(buildinfo.Get()),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -166,6 +175,11 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 // observe records one reconcile's report.
 func (m *metrics) observe(mode string, rep *vxlan.Report) {
 	m.reconcile.WithLabelValues(mode).Observe(rep.Duration.Seconds())
+	if rep.Modes != nil { // nil: the reconcile stopped before the peers
+		for k, n := range rep.PeersByMode() {
+			m.peersByMode.WithLabelValues(string(k)).Set(float64(n))
+		}
+	}
 	for k, c := range rep.ByKind() {
 		if n := c.Changes(); n > 0 {
 			m.changes.WithLabelValues(string(k)).Add(float64(n))

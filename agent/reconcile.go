@@ -270,6 +270,7 @@ func desiredState(self *api.AgentInfo, network *api.NetworkConfig, ip netip.Addr
 		want.Peers = append(want.Peers, p)
 		peers[r.ID] = r.Version
 	}
+	routedPath(&want, network)
 	return want, peers, nil
 }
 

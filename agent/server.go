@@ -121,7 +121,7 @@ func (a *Agent) Peers() *api.AgentPeers {
 		v, ok := a.programmed[p.ID]
 		vtepIP, vtepMAC := p.VTEP()
 		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: vtepIP, VTEPMAC: vtepMAC,
-			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version})
+			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version, Mode: a.peerModeLocked(p.ID)})
 	}
 	return out
 }

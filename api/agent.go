@@ -16,6 +16,10 @@ type AgentPeer struct {
 	Subnets    []string `json:"subnets,omitempty"`
 	Version    uint64   `json:"version"`
 	Programmed bool     `json:"programmed"`
+	// Mode is how the agent's dataplane reaches the peer: DataplaneVXLAN
+	// or DataplaneRouted (empty for a peer reached through WireGuard or
+	// not programmed).
+	Mode string `json:"mode,omitempty"`
 }
 
 // AgentPeers is GET /overlay-agent/peers: the membership an agent holds,

@@ -84,6 +84,17 @@ type NetworkConfig struct {
 	// WireGuardPort is the UDP port of every agent's WireGuard device (0:
 	// DefaultWireGuardPort).
 	WireGuardPort uint16 `json:"wireguard_port,omitempty"`
+	// Dataplane (carve extension) is how agents reach each other's
+	// containers: "" or DataplaneVXLAN (every peer through VXLAN), or
+	// DataplaneRouted (plain routes via the underlay IP to the peers on an
+	// agent's own underlay segment, VXLAN to the others). Never with
+	// Encryption.
+	Dataplane string `json:"dataplane,omitempty"`
+	// Segments (carve extension, with DataplaneRouted) are underlay
+	// prefixes that are each one L2 segment: two agents whose IPs are both
+	// inside one are routed to each other whatever their addresses'
+	// prefix lengths say.
+	Segments []string `json:"segments,omitempty"`
 	// Overlays are the virtual networks; each agent gets a subnet of each enabled one.
 	Overlays []OverlayNetwork `json:"overlays,omitempty"`
 }

@@ -2,7 +2,9 @@
 // chain: whatever that chain's policy (dockerd sets it to DROP), packets
 // forwarded between carve's own devices (its bridges, its VTEP, its
 // WireGuard device) are accepted, so containers stay reachable from other
-// hosts. The rules live in carve's own chains (Chain, jumped to from the
+// hosts; with the routed data path, also packets between those devices and
+// the underlay device to the overlays' prefixes (Rules.Underlay). The
+// rules live in carve's own chains (Chain, jumped to from the
 // first rule of FORWARD, and OutChain), in the iptables backend the host
 // uses (nft or legacy: the one holding rules of others, as kube-proxy's
 // and Docker's tools choose, else nft), for IPv4 and, when asked, IPv6.
@@ -19,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -68,6 +71,13 @@ const (
 type Rules struct {
 	Devices []string
 	IPv6    bool
+	// Underlay is the underlay device of a routed data path ("": none):
+	// forwarding is accepted between it and Devices for packets to the
+	// prefixes in Routed only (the overlays' subnets), so that routed
+	// peers' containers reach each other through a FORWARD policy of DROP
+	// without the underlay being opened to anything else.
+	Underlay string
+	Routed   []netip.Prefix
 }
 
 // Options configure New.
@@ -154,12 +164,16 @@ func (f *Forward) Close() error {
 // no longer uses. It reads each backend once (iptables-save) and writes
 // only where something differs. With no device it removes the rules.
 func (f *Forward) Ensure(ctx context.Context, r Rules) error {
-	want, err := desiredRules(r.Devices)
+	want, err := familyRules(r, IPv4)
 	if err != nil {
 		return err
 	}
 	if len(want) == 0 {
 		return f.Remove(ctx)
+	}
+	want6, err := familyRules(r, IPv6)
+	if err != nil {
+		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -169,7 +183,11 @@ func (f *Forward) Ensure(ctx context.Context, r Rules) error {
 	}
 	var errs []error
 	for _, fam := range families {
-		if err := f.ensureFamily(ctx, fam, want); err != nil {
+		rules := want
+		if fam == IPv6 {
+			rules = want6
+		}
+		if err := f.ensureFamily(ctx, fam, rules); err != nil {
 			f.errs.WithLabelValues(string(fam)).Inc()
 			errs = append(errs, err)
 		}

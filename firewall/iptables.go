@@ -204,7 +204,16 @@ func (st filterState) describe() string {
 // once), as -save prints them: a packet in on a device goes on to
 // OutChain, which accepts it when it goes out on a device.
 func desiredRules(devices []string) ([]string, error) {
-	devs := slices.Clone(devices)
+	return familyRules(Rules{Devices: devices}, IPv4)
+}
+
+// familyRules are the rules of carve's chains in one family: those of
+// desiredRules, and for a routed data path, in each chain after them, one
+// rule per prefix of the family in r.Routed: a packet in on r.Underlay to
+// the prefix goes on to OutChain, a packet out on r.Underlay to the prefix
+// is accepted. -save prints the destination before the device.
+func familyRules(r Rules, fam Family) ([]string, error) {
+	devs := slices.Clone(r.Devices)
 	slices.Sort(devs)
 	devs = slices.Compact(devs)
 	if len(devs) > 0 && devs[0] == "" {
@@ -215,12 +224,31 @@ func desiredRules(devices []string) ([]string, error) {
 			return nil, err
 		}
 	}
+	var routed []string
+	if r.Underlay != "" && len(devs) > 0 {
+		if err := checkDevice(r.Underlay); err != nil {
+			return nil, err
+		}
+		for _, p := range r.Routed {
+			if p.IsValid() && p.Addr().Is4() == (fam == IPv4) {
+				routed = append(routed, p.Masked().String())
+			}
+		}
+		slices.Sort(routed)
+		routed = slices.Compact(routed)
+	}
 	var rules []string
 	for _, d := range devs {
 		rules = append(rules, "-A "+Chain+" -i "+d+" -j "+OutChain)
 	}
+	for _, p := range routed {
+		rules = append(rules, "-A "+Chain+" -d "+p+" -i "+r.Underlay+" -j "+OutChain)
+	}
 	for _, d := range devs {
 		rules = append(rules, "-A "+OutChain+" -o "+d+" -j ACCEPT")
+	}
+	for _, p := range routed {
+		rules = append(rules, "-A "+OutChain+" -d "+p+" -o "+r.Underlay+" -j ACCEPT")
 	}
 	return rules, nil
 }
@@ -229,7 +257,7 @@ func desiredRules(devices []string) ([]string, error) {
 func devicesOf(rules []string) string {
 	var devs []string
 	for _, r := range rules {
-		if f := strings.Fields(r); len(f) >= 4 && f[1] == Chain {
+		if f := strings.Fields(r); len(f) >= 4 && f[1] == Chain && f[2] == "-i" {
 			devs = append(devs, f[3])
 		}
 	}

@@ -24,7 +24,7 @@ func benchDesired(n int) *Desired {
 // peers with one change: building the desired entries and diffing them
 // against the applied ones.
 func BenchmarkIncrementalDiff(b *testing.B) {
-	prev := buildEntries(benchDesired(10000), &Report{})
+	prev := buildEntries(benchDesired(10000), &Report{}, 0, nil)
 	cur := &current{neigh: map[netip.Addr]curNeigh{}, fdb: map[mac]curFDB{}, route: map[routeKey]curRoute{}}
 	for k, v := range prev.neigh {
 		cur.neigh[k] = curNeigh{mac: v.mac, ours: true, good: true}
@@ -38,7 +38,7 @@ func BenchmarkIncrementalDiff(b *testing.B) {
 	next := benchDesired(10001)
 	for b.Loop() {
 		var rep Report
-		want := buildEntries(next, &rep)
+		want := buildEntries(next, &rep, 0, nil)
 		p := diff(cur, want)
 		if len(p.routeSet) != 1 {
 			b.Fatal(len(p.routeSet))

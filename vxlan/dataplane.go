@@ -5,7 +5,9 @@
 // It owns one VTEP (a VXLAN device), and for every other agent a permanent
 // neighbour entry vtep_ip -> vtep_mac on the VTEP, a permanent FDB entry
 // vtep_mac -> underlay ip, and a route per subnet via vtep_ip dev VTEP onlink;
-// plus the local bridges with their gateway addresses, and ip_forward.
+// plus the local bridges with their gateway addresses, and ip_forward. In
+// routed mode (Desired.Routed, routed.go) a peer on this host's underlay
+// segment gets plain routes via its underlay IP instead, no tunnel.
 //
 // Two entry points: Apply applies only the difference between the last state
 // it applied and the new one (cheap, for every membership change); Resync reads
@@ -78,6 +80,7 @@ type applied struct {
 	bridges   map[string]Bridge
 	ipForward bool            // ip_forward known to be on
 	forward6  map[string]bool // carve's links known to forward IPv6
+	rpLoose   string          // "underlay,vtep": the devices known to filter reverse paths loosely (routed mode)
 }
 
 // New opens netlink sockets in the namespace. Nothing is changed until the
@@ -197,7 +200,8 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	}
 	rep.Full = full
 
-	desired := buildEntries(want, &rep)
+	u := d.underlayFor(want, &rep)
+	desired := buildEntries(want, &rep, idx, u)
 	var cur *current
 	if full {
 		if cur, err = d.sock.readKernel(idx); err != nil {
@@ -214,6 +218,13 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	ipForward := want.IPForward && !full && prev != nil && prev.ipForward
 	if want.IPForward && !ipForward {
 		ipForward = d.setSysctl("net/ipv4/ip_forward", "1", &rep)
+	}
+	rpLoose := ""
+	if u != nil && rep.PeersByMode()[ModeRouted] > 0 {
+		devs := u.name + "," + want.VTEP.Name
+		if (!full && prev != nil && prev.rpLoose == devs) || d.ensureLooseRPFilter(u, want.VTEP.Name, &rep) {
+			rpLoose = devs
+		}
 	}
 	forward6 := map[string]bool{}
 	if want.IPv6Forward {
@@ -233,7 +244,7 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 		}
 	}
 	d.state = &applied{vtep: cloneVTEP(want.VTEP), vtepIndex: idx, entries: entries, bridges: bridges,
-		ipForward: ipForward, forward6: forward6}
+		ipForward: ipForward, forward6: forward6, rpLoose: rpLoose}
 	return rep, rep.Err()
 }
 
@@ -244,7 +255,8 @@ func (d *Dataplane) logReport(rep *Report) {
 	}
 	d.log.Info("vxlan reconcile", "full", rep.Full, "changes", rep.Changes(), "errors", len(rep.Errors),
 		"neighbours", rep.Neighbours, "fdb", rep.FDB, "routes", rep.Routes, "vtep", rep.VTEP,
-		"bridges", rep.Bridges, "addresses", rep.Addresses, "sysctls", rep.Sysctls, "duration", rep.Duration)
+		"bridges", rep.Bridges, "addresses", rep.Addresses, "sysctls", rep.Sysctls,
+		"routed_peers", rep.PeersByMode()[ModeRouted], "duration", rep.Duration)
 	for i, e := range rep.Errors {
 		if i == 20 {
 			d.log.Warn("vxlan reconcile: more errors not logged", "count", len(rep.Errors)-i)

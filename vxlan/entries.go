@@ -34,6 +34,7 @@ type (
 	}
 	routeEntry struct {
 		via  netip.Addr
+		oif  int // the VTEP, or the underlay device of a routed peer
 		peer string
 	}
 )
@@ -82,7 +83,14 @@ func newEntrySet(n int) *entrySet {
 // and entries conflicting with an earlier peer (by ID order, so the outcome
 // does not depend on input order), are reported and left out; the others
 // are programmed.
-func buildEntries(d *Desired, rep *Report) *entrySet {
+//
+// vtepIdx is the VTEP's ifindex; u is the underlay of routed mode (nil:
+// every peer on VXLAN). A peer on u's segment (see underlay.onSegment) gets
+// its subnets of the underlay's family routed via its underlay IP on u's
+// device, and neither neighbour nor FDB entry unless it also has subnets of
+// the other family (Linux routes no IPv6 prefix via an IPv4 next hop: those
+// stay on VXLAN).
+func buildEntries(d *Desired, rep *Report, vtepIdx int, u *underlay) *entrySet {
 	// Sorted pointers: cheaper to sort than the structs.
 	peers := make([]*Peer, len(d.Peers))
 	for i := range d.Peers {
@@ -107,6 +115,7 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 	for _, b := range d.Bridges {
 		local = append(local, b.addresses()...)
 	}
+	rep.Modes = make(map[string]Mode, len(peers))
 	for _, p := range peers {
 		if !p.UnderlayIP.IsValid() {
 			continue // an agent without an IP is not reachable: skip it
@@ -143,7 +152,16 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 		}
 		ipOwner[vip] = p.ID
 		macOwner[m] = p.ID
-		set.neigh[vip] = neighEntry{mac: m, peer: p.ID}
+		routed := u.onSegment(p.UnderlayIP.Unmap(), d.Segments)
+		// A routed peer needs the VTEP only for subnets of the other family.
+		tunnel := !routed || slices.ContainsFunc(p.Subnets, func(s netip.Prefix) bool { return s.Addr().Is4() != localIs4 })
+		rep.Modes[p.ID] = ModeVXLAN
+		if routed {
+			rep.Modes[p.ID] = ModeRouted
+		}
+		if tunnel {
+			set.neigh[vip] = neighEntry{mac: m, peer: p.ID}
+		}
 		if v6 := p.VTEPIP6; v6.IsValid() {
 			switch {
 			case !v6.Is6() || v6.Is4In6() || v6.Zone() != "":
@@ -154,10 +172,14 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 				reject(fmt.Errorf("VTEP IP6 %s already belongs to peer %s", v6, ipOwner[v6]))
 			default:
 				ipOwner[v6] = p.ID
-				set.neigh[v6] = neighEntry{mac: m, peer: p.ID}
+				if tunnel {
+					set.neigh[v6] = neighEntry{mac: m, peer: p.ID}
+				}
 			}
 		}
-		set.fdb[m] = fdbEntry{dst: p.UnderlayIP.Unmap(), peer: p.ID}
+		if tunnel {
+			set.fdb[m] = fdbEntry{dst: p.UnderlayIP.Unmap(), peer: p.ID}
+		}
 		ll := LinkLocal(p.VTEPMAC)
 		for _, s := range p.Subnets {
 			switch {
@@ -177,12 +199,15 @@ func buildEntries(d *Desired, rep *Report) *entrySet {
 				continue
 			}
 			routeOwner[s] = p.ID
-			via := vip
-			if s.Addr().Is6() {
+			via, oif := vip, vtepIdx
+			switch {
+			case routed && s.Addr().Is4() == localIs4:
+				via, oif = p.UnderlayIP.Unmap(), u.index
+			case s.Addr().Is6():
 				via = ll
 				set.neigh[ll] = neighEntry{mac: m, peer: p.ID}
 			}
-			set.route[routeKey{s, RouteMetric(via)}] = routeEntry{via: via, peer: p.ID}
+			set.route[routeKey{s, RouteMetric(via)}] = routeEntry{via: via, oif: oif, peer: p.ID}
 		}
 	}
 	return set
@@ -202,8 +227,9 @@ type (
 	}
 	curRoute struct {
 		via  netip.Addr
+		oif  int
 		ours bool // carries carve's protocol mark
-		good bool // ours, unicast, on the VTEP, single next hop (onlink for IPv4)
+		good bool // ours, unicast, single next hop (onlink for IPv4); diff checks oif
 	}
 )
 
@@ -234,26 +260,32 @@ type (
 	routeOp struct {
 		key   routeKey
 		via   netip.Addr
+		oif   int
 		peer  string
 		isNew bool // for a delete: the prefix stays routed (by a new route)
 	}
 )
 
 // plan is the difference between current and desired. It is executed in
-// phases: removals route, FDB, neighbour; then additions neighbour, FDB,
-// route, so that a route never points at a peer whose neighbour or FDB entry
-// is missing.
+// phases: the routes to prefixes no longer routed; then additions
+// neighbour, FDB, route; then the old routes of prefixes that stay routed
+// (routeMove: their next hop changed, e.g. a switch between VXLAN and
+// routed mode), FDB and neighbour removals. A route never points at a peer
+// whose neighbour or FDB entry is missing, and a prefix that stays routed
+// is never without a route: make before break (the new route has another
+// metric, so both exist for a moment and the kernel uses the lower).
 type plan struct {
-	routeDel []routeOp
-	fdbDel   []fdbOp
-	neighDel []neighOp
-	neighSet []neighOp
-	fdbSet   []fdbOp
-	routeSet []routeOp
+	routeDel  []routeOp
+	routeMove []routeOp
+	fdbDel    []fdbOp
+	neighDel  []neighOp
+	neighSet  []neighOp
+	fdbSet    []fdbOp
+	routeSet  []routeOp
 }
 
 func (p *plan) empty() bool {
-	return len(p.routeDel)+len(p.fdbDel)+len(p.neighDel)+len(p.neighSet)+len(p.fdbSet)+len(p.routeSet) == 0
+	return len(p.routeDel)+len(p.routeMove)+len(p.fdbDel)+len(p.neighDel)+len(p.neighSet)+len(p.fdbSet)+len(p.routeSet) == 0
 }
 
 // diff computes the plan that turns cur into want. Entries in cur that are
@@ -272,7 +304,11 @@ func diff(cur *current, want *entrySet) *plan {
 		if _, ok := want.route[k]; !ok && c.ours {
 			// A route of carve's to a prefix that stays desired has
 			// another metric: its next hop changed.
-			p.routeDel = append(p.routeDel, routeOp{key: k, via: c.via, isNew: wantDst[k.dst]})
+			if wantDst[k.dst] {
+				p.routeMove = append(p.routeMove, routeOp{key: k, via: c.via, isNew: true})
+			} else {
+				p.routeDel = append(p.routeDel, routeOp{key: k, via: c.via})
+			}
 		}
 	}
 	for k, c := range cur.fdb {
@@ -299,12 +335,13 @@ func diff(cur *current, want *entrySet) *plan {
 	}
 	for k, w := range want.route {
 		c, ok := cur.route[k]
-		if !ok || !c.good || c.via != w.via {
-			p.routeSet = append(p.routeSet, routeOp{key: k, via: w.via, peer: w.peer, isNew: !ok && !curDst[k.dst]})
+		if !ok || !c.good || c.via != w.via || c.oif != w.oif {
+			p.routeSet = append(p.routeSet, routeOp{key: k, via: w.via, oif: w.oif, peer: w.peer, isNew: !ok && !curDst[k.dst]})
 		}
 	}
 	// Deterministic order: easier to read in logs, and stable in tests.
 	slices.SortFunc(p.routeDel, func(a, b routeOp) int { return a.key.dst.Addr().Compare(b.key.dst.Addr()) })
+	slices.SortFunc(p.routeMove, func(a, b routeOp) int { return a.key.dst.Addr().Compare(b.key.dst.Addr()) })
 	slices.SortFunc(p.routeSet, func(a, b routeOp) int { return a.key.dst.Addr().Compare(b.key.dst.Addr()) })
 	slices.SortFunc(p.neighDel, func(a, b neighOp) int { return a.ip.Compare(b.ip) })
 	slices.SortFunc(p.neighSet, func(a, b neighOp) int { return a.ip.Compare(b.ip) })

@@ -34,24 +34,70 @@ func (d *Dataplane) execute(ctx context.Context, p *plan, idx int, cur *current,
 		b = batch{buf: b.buf[:0], offs: b.offs[:0]}
 		return errs
 	}
-	// Removals: route, FDB, neighbour.
-	for _, o := range p.routeDel {
-		b.routeDel(o.key)
-	}
-	for i, err := range run() {
-		o := p.routeDel[i]
-		switch {
-		case err == nil:
-			if !o.isNew { // else counted as the update of the prefix
-				rep.Routes.Removed++
+	delRoutes := func(ops []routeOp) {
+		for _, o := range ops {
+			b.routeDel(o.key)
+		}
+		for i, err := range run() {
+			o := ops[i]
+			switch {
+			case err == nil:
+				if !o.isNew { // else counted as the update of the prefix
+					rep.Routes.Removed++
+				}
+				delete(out.route, o.key)
+			case isGone(err):
+				delete(out.route, o.key)
+			default:
+				rep.fail(KindRoute, routeName(o.key), o.peer, "delete", err)
 			}
-			delete(out.route, o.key)
-		case isGone(err):
-			delete(out.route, o.key)
-		default:
-			rep.fail(KindRoute, routeName(o.key), o.peer, "delete", err)
 		}
 	}
+	// The routes to prefixes no longer routed.
+	delRoutes(p.routeDel)
+	// Additions: neighbour, FDB, route.
+	for _, o := range p.neighSet {
+		b.neighSet(idx, o.ip, o.mac)
+	}
+	for i, err := range run() {
+		o := p.neighSet[i]
+		if err != nil {
+			rep.fail(KindNeighbour, o.ip.String(), o.peer, opName(o.isNew), err)
+			delete(out.neigh, o.ip)
+			continue
+		}
+		count(&rep.Neighbours, o.isNew)
+		out.neigh[o.ip] = curNeigh{mac: o.mac, ours: true, good: true}
+	}
+	for _, o := range p.fdbSet {
+		b.fdbSet(idx, o.mac, o.dst)
+	}
+	for i, err := range run() {
+		o := p.fdbSet[i]
+		if err != nil {
+			rep.fail(KindFDB, o.mac.String(), o.peer, opName(o.isNew), err)
+			delete(out.fdb, o.mac)
+			continue
+		}
+		count(&rep.FDB, o.isNew)
+		out.fdb[o.mac] = curFDB{dst: o.dst, good: true}
+	}
+	for _, o := range p.routeSet {
+		b.routeSet(o.oif, o.key, o.via, o.oif != idx)
+	}
+	for i, err := range run() {
+		o := p.routeSet[i]
+		if err != nil {
+			rep.fail(KindRoute, routeName(o.key), o.peer, opName(o.isNew), err)
+			delete(out.route, o.key)
+			continue
+		}
+		count(&rep.Routes, o.isNew)
+		out.route[o.key] = curRoute{via: o.via, oif: o.oif, ours: true, good: true}
+	}
+	// Then the old routes of prefixes that stay routed (make before
+	// break), and the FDB and neighbour entries no route uses any more.
+	delRoutes(p.routeMove)
 	for _, o := range p.fdbDel {
 		b.fdbDel(idx, o.mac)
 	}
@@ -81,46 +127,6 @@ func (d *Dataplane) execute(ctx context.Context, p *plan, idx int, cur *current,
 		default:
 			rep.fail(KindNeighbour, o.ip.String(), o.peer, "delete", err)
 		}
-	}
-	// Additions: neighbour, FDB, route.
-	for _, o := range p.neighSet {
-		b.neighSet(idx, o.ip, o.mac)
-	}
-	for i, err := range run() {
-		o := p.neighSet[i]
-		if err != nil {
-			rep.fail(KindNeighbour, o.ip.String(), o.peer, opName(o.isNew), err)
-			delete(out.neigh, o.ip)
-			continue
-		}
-		count(&rep.Neighbours, o.isNew)
-		out.neigh[o.ip] = curNeigh{mac: o.mac, ours: true, good: true}
-	}
-	for _, o := range p.fdbSet {
-		b.fdbSet(idx, o.mac, o.dst)
-	}
-	for i, err := range run() {
-		o := p.fdbSet[i]
-		if err != nil {
-			rep.fail(KindFDB, o.mac.String(), o.peer, opName(o.isNew), err)
-			delete(out.fdb, o.mac)
-			continue
-		}
-		count(&rep.FDB, o.isNew)
-		out.fdb[o.mac] = curFDB{dst: o.dst, good: true}
-	}
-	for _, o := range p.routeSet {
-		b.routeSet(idx, o.key, o.via)
-	}
-	for i, err := range run() {
-		o := p.routeSet[i]
-		if err != nil {
-			rep.fail(KindRoute, routeName(o.key), o.peer, opName(o.isNew), err)
-			delete(out.route, o.key)
-			continue
-		}
-		count(&rep.Routes, o.isNew)
-		out.route[o.key] = curRoute{via: o.via, ours: true, good: true}
 	}
 }
 

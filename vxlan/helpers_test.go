@@ -169,8 +169,8 @@ func readKernel(t *testing.T, nh *netlink.Handle) kstate {
 			onlink = " onlink"
 		}
 		dev := "?"
-		if r.LinkIndex == idx {
-			dev = vtepName
+		if l, err := nh.LinkByIndex(r.LinkIndex); err == nil {
+			dev = l.Attrs().Name
 		}
 		if _, dup := ks.routes[p]; dup {
 			ks.routes[p] += " AND A SECOND ROUTE"
@@ -183,10 +183,36 @@ func readKernel(t *testing.T, nh *netlink.Handle) kstate {
 
 // expect is the state DESIGN.md asks for, computed independently of the
 // package.
-func expect(d vxlan.Desired) kstate {
+func expect(d vxlan.Desired) kstate { return expectRouted(d, nil, "") }
+
+// expectRouted is expect with the peers in routed reached through the
+// underlay device dev: their IPv4 subnets via their underlay IP, and
+// neither neighbour nor FDB entry unless they have IPv6 subnets.
+func expectRouted(d vxlan.Desired, routed map[string]bool, dev string) kstate {
 	ks := kstate{neigh: map[netip.Addr]string{}, fdb: map[string]string{}, routes: map[netip.Prefix]string{}}
 	for _, p := range d.Peers {
 		if !p.UnderlayIP.IsValid() {
+			continue
+		}
+		if routed[p.ID] {
+			v6 := false
+			for _, s := range p.Subnets {
+				if s.Addr().Is4() {
+					ks.routes[s] = fmt.Sprintf("via %s dev %s onlink metric %d", p.UnderlayIP, dev, metric(p.UnderlayIP))
+					continue
+				}
+				v6 = true
+				ll := vxlan.LinkLocal(p.VTEPMAC)
+				ks.neigh[ll] = p.VTEPMAC.String()
+				ks.routes[s] = fmt.Sprintf("via %s dev %s metric %d", ll, vtepName, metric(ll))
+			}
+			if v6 {
+				ks.neigh[p.VTEPIP] = p.VTEPMAC.String()
+				if p.VTEPIP6.IsValid() {
+					ks.neigh[p.VTEPIP6] = p.VTEPMAC.String()
+				}
+				ks.fdb[p.VTEPMAC.String()] = p.UnderlayIP.String()
+			}
 			continue
 		}
 		ks.neigh[p.VTEPIP] = p.VTEPMAC.String()

@@ -116,13 +116,15 @@ func (b *batch) fdbDel(ifindex int, m mac) {
 	b.end()
 }
 
-func (b *batch) routeSet(ifindex int, k routeKey, via netip.Addr) {
+func (b *batch) routeSet(ifindex int, k routeKey, via netip.Addr, routed bool) {
 	dst := k.dst
 	var flags uint32
-	if via.Is4() {
+	if via.Is4() || routed {
 		// onlink: the next hop is reachable through the VTEP without a
 		// covering connected route (DESIGN: "via vtep_ip dev VTEP onlink").
-		// IPv6 link-local next hops are on-link by definition.
+		// IPv6 link-local next hops are on-link by definition. A routed
+		// peer's underlay IP is on the segment, which an operator may
+		// have declared wider than the connected prefix.
 		flags = unix.RTNH_F_ONLINK
 	}
 	b.begin(unix.RTM_NEWROUTE, setFlags)

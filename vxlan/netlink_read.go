@@ -144,8 +144,8 @@ func (s *nlSocket) readKernel(ifindex int) (cur *current, err error) {
 				}
 			}
 			k := routeKey{netip.PrefixFrom(dst, dstLen), metric}
-			c := curRoute{via: gw, ours: proto == Protocol}
-			c.good = c.ours && typ == unix.RTN_UNICAST && oif == ifindex && gw.IsValid() && !multipath &&
+			c := curRoute{via: gw, oif: oif, ours: proto == Protocol}
+			c.good = c.ours && typ == unix.RTN_UNICAST && oif != 0 && gw.IsValid() && !multipath &&
 				(fam == unix.AF_INET6 || flags&unix.RTNH_F_ONLINK != 0)
 			// Routes differing only in TOS share a key: carve's (a
 			// correct one above all) wins the slot.

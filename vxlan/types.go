@@ -106,6 +106,17 @@ type Desired struct {
 	// where the kernel allows (see ensureIPv6Forwarding). false leaves the
 	// settings alone.
 	IPv6Forward bool
+	// Routed turns on the routed data path (routed.go): a peer on this
+	// host's underlay segment gets plain routes via its underlay IP on the
+	// underlay device, no encapsulation; the others stay on VXLAN. false
+	// puts every peer on VXLAN. Never set it for an encrypted network: a
+	// routed peer's traffic is in the clear.
+	Routed bool
+	// Segments are underlay prefixes an operator declared to be one L2
+	// segment each (routed mode only): two hosts whose underlay IPs are
+	// both inside one of them are routed even when the prefix of this
+	// host's underlay address does not hold the peer's.
+	Segments []netip.Prefix
 }
 
 // Kind names a class of kernel object in reports and errors; its values are
@@ -174,6 +185,9 @@ type Report struct {
 	Sysctls    Counts
 	// Rejected counts peers (or parts of peers) refused by validation.
 	Rejected int
+	// Modes is how each peer with entries is reached (ModeVXLAN or
+	// ModeRouted), by peer ID: what the reconcile programmed, or tried to.
+	Modes    map[string]Mode
 	Errors   []EntryError
 	Duration time.Duration
 }

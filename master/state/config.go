@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 
 	"github.com/carve-net/carve/api"
 )
@@ -194,6 +195,9 @@ func parseNetwork(cfg api.NetworkConfig) (*network, error) {
 	if err := validateEncryption(cfg); err != nil {
 		return nil, err
 	}
+	if err := validateDataplane(cfg); err != nil {
+		return nil, err
+	}
 	seen := map[string]bool{}
 	for i, o := range cfg.Overlays {
 		field := fmt.Sprintf("overlays[%d]", i)
@@ -292,6 +296,27 @@ func growPrefix(field string, grow, prefix, maxBits int) (int, error) {
 
 // parseCanonicalPrefix parses a CIDR and refuses host bits, which usually
 // mean a typo (10.128.0.1/9 when 10.128.0.0/9 was meant).
+// validateDataplane checks dataplane and segments: a known mode, segments
+// only with the routed one, each a canonical prefix, and never routed with
+// encryption (a routed peer's traffic is in the clear).
+func validateDataplane(cfg api.NetworkConfig) error {
+	if !slices.Contains(api.DataplaneModes, cfg.Dataplane) {
+		return configErr("dataplane", "%q: want %q, %q, or absent (vxlan)", cfg.Dataplane, api.DataplaneVXLAN, api.DataplaneRouted)
+	}
+	if cfg.Dataplane == api.DataplaneRouted && cfg.Encryption != "" {
+		return configErr("dataplane", "%q with encryption %q: encrypted traffic is never routed in the clear; remove one of the two", cfg.Dataplane, cfg.Encryption)
+	}
+	if len(cfg.Segments) > 0 && cfg.Dataplane != api.DataplaneRouted {
+		return configErr("segments", "only the routed dataplane uses segments: set \"dataplane\": %q or remove them", api.DataplaneRouted)
+	}
+	for i, s := range cfg.Segments {
+		if _, err := parseCanonicalPrefix(s); err != nil {
+			return configErr(fmt.Sprintf("segments[%d]", i), "%v", err)
+		}
+	}
+	return nil
+}
+
 func parseCanonicalPrefix(s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {

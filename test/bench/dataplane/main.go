@@ -13,8 +13,9 @@
 // Every row is a ratio to the underlay, and the measurements of the two paths
 // alternate round by round so that the drift of a shared machine hits both.
 //
-// Each overlay configuration (see variants) runs in a lab of its own and is
-// judged against that lab's underlay. It needs root and iperf3; everything
+// Each overlay configuration (see variants: VXLAN, the routed data path,
+// WireGuard) runs in a lab of its own and is judged against that lab's
+// underlay; their rows share one table. It needs root and iperf3; everything
 // happens inside namespaces it creates and removes (also on SIGINT/SIGTERM).
 package main
 
@@ -31,6 +32,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -79,16 +81,21 @@ type variant struct {
 	name string
 	// configure changes the lab's network configuration (nil: defaults).
 	configure func(*api.NetworkConfig)
+	// mode is how the agents must reach each other before the
+	// measurements (api.AgentPeer.Mode; "" for WireGuard).
+	mode string
 }
 
 // variants are the overlay configurations the benchmark measures, each in
 // a lab of its own and against that lab's underlay: the plain overlay
-// (VXLAN), and the encrypted one (WireGuard between hosts, userspace
-// wireguard-go where the kernel has no module). Offload tweaks are
-// measured on the plain overlay only: they are VXLAN's.
+// (VXLAN), the routed data path (the two hosts share the lab's segment: no
+// encapsulation), and the encrypted one (WireGuard between hosts,
+// userspace wireguard-go where the kernel has no module). Offload tweaks
+// are measured on the plain overlay only: they are VXLAN's.
 func variants() []variant {
 	return []variant{
-		{name: "plain overlay"},
+		{name: "plain overlay (VXLAN)", mode: api.DataplaneVXLAN},
+		{name: "routed overlay", mode: api.DataplaneRouted, configure: func(c *api.NetworkConfig) { c.Dataplane = api.DataplaneRouted }},
 		{name: "encrypted overlay (WireGuard)", configure: func(c *api.NetworkConfig) { c.Encryption = api.EncryptionWireGuard }},
 	}
 }
@@ -109,16 +116,20 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer br.Close()
+	// One table for every variant's rows, each beside its own lab's
+	// underlay; the tweaks' tables after it.
+	paths := benchtable.Table{Title: "data path vs underlay: container -> container across 2 hosts vs host -> host on the same veth underlay, each overlay in a lab of its own"}
 	var tables []benchtable.Table
 	for i, v := range variants() {
 		ts, err := measureVariant(ctx, br, filepath.Join(br.Dir, fmt.Sprintf("lab%d", i)), iperf, v, o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
-		tables = append(tables, ts...)
+		paths.Rows = append(paths.Rows, ts[0].Rows...)
+		tables = append(tables, ts[1:]...)
 		o.tweaks = false // once is enough: they are about the data path, not the variant
 	}
-	for _, t := range tables {
+	for _, t := range append([]benchtable.Table{paths}, tables...) {
 		if err := t.Print(os.Stdout); err != nil {
 			return err
 		}
@@ -155,6 +166,11 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, iperf string, v varia
 		return nil, err
 	}
 	h1, h2 := c.Host(1), c.Host(2)
+	if v.mode != "" {
+		if err := waitMode(ctx, c, v.mode); err != nil {
+			return nil, err
+		}
+	}
 	var cts [2]*labcluster.Container
 	for i, h := range []*labcluster.Host{h1, h2} {
 		if cts[i], err = c.AddCNIContainer(ctx, h, overlay, labcluster.CNIOptions{}); err != nil {
@@ -182,12 +198,12 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, iperf string, v varia
 	if err != nil {
 		return nil, err
 	}
-	t := benchtable.Table{Title: fmt.Sprintf("data path, %s vs underlay: container -> container across 2 hosts vs host -> host on the same veth underlay (%s)", v.name, mtus)}
+	t := benchtable.Table{Title: fmt.Sprintf("data path, %s vs underlay", v.name)}
 	base := "host -> host, underlay, same run"
-	note := fmt.Sprintf("median of %d rounds", o.rounds)
+	note := fmt.Sprintf("median of %d rounds; %s", o.rounds, mtus)
 	for _, f := range figures {
 		n := note
-		if v.configure != nil && f.unit == "Gbit/CPU-s" {
+		if v.mode == "" && f.unit == "Gbit/CPU-s" {
 			// Userspace WireGuard encrypts in the agents' processes, whose
 			// CPU this row does not count.
 			n += "; iperf3's CPU only, not the agents' WireGuard"
@@ -195,7 +211,7 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, iperf string, v varia
 		t.Add(benchtable.Row{Name: f.name + ", " + v.name, Value: f.value, Unit: f.unit, Baseline: base, BaseVal: f.base,
 			HigherIsBetter: f.higherIsBetter, Note: n})
 	}
-	if !o.tweaks || v.configure != nil {
+	if !o.tweaks || v.mode != api.DataplaneVXLAN {
 		return []benchtable.Table{t}, nil
 	}
 	tt, err := m.measureTweaks(ctx, &over, labTweaks(h1, h2, cts[0], cts[1], c.Network().VTEPName), o.rounds, v.name)
@@ -203,4 +219,23 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, iperf string, v varia
 		return nil, err
 	}
 	return []benchtable.Table{t, tt}, nil
+}
+
+// waitMode waits until both agents report the other in mode (their
+// /overlay-agent/peers): the measurements must cross the path they name.
+func waitMode(ctx context.Context, c *labcluster.Cluster, mode string) error {
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return retry.Until(wctx, 200*time.Millisecond, func() error {
+		for _, h := range c.Hosts() {
+			ps, err := c.AgentClient(h).Peers(wctx)
+			if err != nil {
+				return err
+			}
+			if len(ps.Peers) != 1 || ps.Peers[0].Mode != mode || !ps.Peers[0].Programmed {
+				return fmt.Errorf("%s's peers %+v, want one %s", h.Name, ps.Peers, mode)
+			}
+		}
+		return nil
+	})
 }
