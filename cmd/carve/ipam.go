@@ -207,6 +207,9 @@ type overlayUse struct {
 // ipamShowReport is what carve ipam show prints.
 type ipamShowReport struct {
 	Overlays []overlayUse `json:"overlays"`
+	// DataPaths are, per agent read, its peers by how its dataplane
+	// reaches them (vxlan, routed, wireguard).
+	DataPaths []agentDataPath `json:"data_paths,omitempty"`
 	// Unreachable names the agents that could not be read, with why.
 	Unreachable map[string]string `json:"unreachable,omitempty"`
 }
@@ -263,18 +266,26 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: --overlay %s: the masters' configuration has no such overlay", cli.ErrUsage, *overlay)
 	}
 	usage := map[string]*api.AgentIPAMStatus{}
+	var paths []agentDataPath
 	var mu sync.Mutex
 	failed := reader.readAgents(ctx, agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
 		u, err := c.IPAMStatus(ctx, "")
 		if err != nil {
 			return err
 		}
+		peers, err := c.Peers(ctx)
+		if err != nil {
+			return err
+		}
 		mu.Lock()
 		usage[a.AgentID] = u
+		paths = append(paths, dataPathOf(a.AgentID, peers))
 		mu.Unlock()
 		return nil
 	})
 	rep := buildIPAMShow(st, agents, usage, *overlay)
+	slices.SortFunc(paths, func(a, b agentDataPath) int { return strings.Compare(a.AgentID, b.AgentID) })
+	rep.DataPaths = paths
 	if len(failed) > 0 {
 		rep.Unreachable = failed
 	}
@@ -383,6 +394,9 @@ func printIPAMShow(out io.Writer, rep *ipamShowReport) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if err := printDataPaths(out, rep.DataPaths); err != nil {
+		return err
 	}
 	for _, id := range slices.Sorted(maps.Keys(rep.Unreachable)) {
 		fmt.Fprintf(out, "unreachable: agent %s: %s\n", id, rep.Unreachable[id])
