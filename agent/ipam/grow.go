@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -142,7 +143,7 @@ type growth struct {
 // waiter is a space request waiting for its answer.
 type waiter struct {
 	peer string
-	ch   chan spaceMessage
+	ch   chan ipamwire.SpaceMessage
 }
 
 // growState is the growth part of a Service, under s.mu.

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 )
 
@@ -24,7 +25,7 @@ func (e *refusedError) Error() string { return fmt.Sprintf("peer %s refused: %s"
 // likely, leaving out those that refused recently.
 func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 	if k.fam == 1 {
-		// Peers do not grant IPv6 space (reasonIPv6NotGranted).
+		// Peers do not grant IPv6 space (ipamwire.ReasonIPv6NotGranted).
 		s.metrics.grows.WithLabelValues("ring", "none").Inc()
 		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", errOverlayFull)
 	}
@@ -85,7 +86,7 @@ func (s *Service) askingBridge(overlay string, fam int) string {
 // the grant counts once the merged ring gives this agent the block.
 func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int) error {
 	id := s.requestID()
-	ch := make(chan spaceMessage, 1)
+	ch := make(chan ipamwire.SpaceMessage, 1)
 	s.mu.Lock()
 	s.grow.waiting[id] = waiter{peer: peer, ch: ch}
 	s.grow.asking[[2]string{k.overlay, familyName(k.fam)}] = k.bridge
@@ -97,10 +98,10 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 		delete(s.grow.asking, [2]string{k.overlay, familyName(k.fam)})
 		s.mu.Unlock()
 	}()
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: clusterID, From: s.id, ID: id,
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: clusterID, From: s.id, ID: id,
 		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits}
 	s.signSpaceRequest(&req)
-	msg := encodeSpaceMessage(req)
+	msg := ipamwire.EncodeSpaceMessage(req)
 	for range 3 {
 		if err := channel.Unicast(peer, msg); err != nil {
 			return fmt.Errorf("ask %s: %w", peer, err)
@@ -121,8 +122,8 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 
 // acceptAnswer merges a grant's ring; the block counts only if the ring
 // then gives it to this agent. A grant is reported to the masters.
-func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
-	if ans.Kind == kindRefuse {
+func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage) error {
+	if ans.Kind == ipamwire.KindRefuse {
 		return &refusedError{peer: peer, reason: ans.Reason}
 	}
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
@@ -145,7 +146,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 	s.mu.Lock()
 	s.expectedGrants[k.overlay] = append(s.expectedGrants[k.overlay], p)
 	s.mu.Unlock()
-	_, mergeErr := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
+	_, mergeErr := s.mergeRings(ipamwire.RingMessage{ClusterID: ans.ClusterID, Rings: []ipamwire.RingEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
 	s.mu.Lock()
 	s.expectedGrants[k.overlay] = slices.DeleteFunc(s.expectedGrants[k.overlay], func(e netip.Prefix) bool { return e == p })
 	if len(s.expectedGrants[k.overlay]) == 0 {

@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/fakegossip"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -532,7 +533,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
 	dir := t.TempDir()
 	c.start("b", dir, "")
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-0001", Overlay: "carve", Family: "4", Bits: 27}
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-0001", Overlay: "carve", Family: "4", Bits: 27}
 	grant := func(what string) netip.Prefix {
 		t.Helper()
 		nd := c.nodes["b"]
@@ -542,7 +543,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if ans.Kind != kindGrant {
+		if ans.Kind != ipamwire.KindGrant {
 			t.Fatalf("%s: answer %+v", what, ans)
 		}
 		return netip.MustParsePrefix(ans.Prefix)
@@ -711,7 +712,7 @@ func TestDonorsKeepToTheRecipientsQuota(t *testing.T) {
 	}
 	refused := 0.0
 	for _, id := range []string{"b", "c"} {
-		n, _ := gaugeIn(t, c.nodes[id].reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": reasonRecipientQuota})
+		n, _ := gaugeIn(t, c.nodes[id].reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": ipamwire.ReasonRecipientQuota})
 		refused += n
 	}
 	if refused < 1 {
