@@ -89,8 +89,13 @@ var (
 	// masters would refuse the grant's report just the same).
 	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
 	// errOverlayFull marks a growth that found space nowhere: not at the
-	// masters, and no peer would grant any.
+	// masters, and no peer reports a free address in the ring (the
+	// overlay's whole space is in use).
 	errOverlayFull = errors.New("overlay full")
+	// errNoDonor marks a growth that got no block although peers report
+	// free addresses: each refused (it keeps what it needs), did not
+	// answer or could not be reached.
+	errNoDonor = errors.New("no peer granted space")
 	// ErrReportRefused is a BlockSource's answer when the masters refused
 	// a grant report or a return for good (not worth sending again).
 	ErrReportRefused = errors.New("refused by the masters")
@@ -113,7 +118,8 @@ type GrowthConfig struct {
 	// AnswerTimeout is how long a space request waits for an answer before
 	// it is sent again (three sends per peer); 0: 1s.
 	AnswerTimeout time.Duration
-	// RefuseMemory is how long a peer that refused is not asked again; 0: 1m.
+	// RefuseMemory is how long a peer that refused is not asked again
+	// while its free count in the ring stays as it was; 0: 1m.
 	RefuseMemory time.Duration
 	// UsageInterval is the least time between two usage reports to the
 	// masters (sent when the counts change; see usage.go); 0: 5s;
@@ -154,7 +160,7 @@ type growState struct {
 	// asking: the bridge an overlay family asks space for now.
 	asking  map[[2]string]string
 	waiting map[string]waiter
-	refused map[[2]string]time.Time // overlay, peer -> when
+	refused map[[2]string]peerRefusal // overlay, peer -> its last refusal
 	granted map[[2]string]netip.Prefix
 	// returned: grown blocks given back, by prefix, with their lease
 	// version: a masters' record that still lists one is stale.
@@ -192,7 +198,7 @@ func newGrowState(cfg GrowthConfig) growState {
 	return growState{
 		cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6772)),
 		inflight: map[growKey]*growth{}, asking: map[[2]string]string{}, waiting: map[string]waiter{},
-		refused: map[[2]string]time.Time{}, granted: map[[2]string]netip.Prefix{},
+		refused: map[[2]string]peerRefusal{}, granted: map[[2]string]netip.Prefix{},
 		returned: map[netip.Prefix]uint64{}, kick: make(chan struct{}, 1),
 		fullSince: map[string]time.Time{}, lowWarned: map[string]time.Time{},
 	}
@@ -200,9 +206,6 @@ func newGrowState(cfg GrowthConfig) growState {
 
 // growTimeout bounds one growth (the masters, then a few peers).
 const growTimeout = 30 * time.Second
-
-// maxPeersAsked is how many peers one growth asks before it gives up.
-const maxPeersAsked = 3
 
 // waitGrowths waits for the growths until they end or ctx does, and
 // returns their errors; one that is still in flight when ctx ends counts

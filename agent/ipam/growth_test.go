@@ -361,24 +361,6 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return sum
 }
 
-// TestGrowthOverlayFull: when no master and no peer has space left, an ADD
-// fails with "exhausted" and a message saying the overlay is full.
-func TestGrowthOverlayFull(t *testing.T) {
-	c := newCluster(t, 2, GrowthConfig{IdleReturn: -1, RefuseMemory: time.Hour})
-	c.start("a", t.TempDir(), "")
-	a := c.nodes["a"]
-	for i := range 29 {
-		a.alloc(t, fmt.Sprint("c", i))
-	}
-	_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
-	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), `overlay "carve" is full`) {
-		t.Fatalf("err %v", err)
-	}
-	if got := counterValue(t, a.reg, "carve_agent_ipam_exhausted_total"); got != 1 {
-		t.Errorf("exhausted_total %v", got)
-	}
-}
-
 // TestGrowthSurvivesRestarts: a grant survives the restart of its
 // recipient and of its donor (bbolt), and after the recipient's data dir is
 // lost its containers' addresses in the granted block come back from the
