@@ -9,7 +9,6 @@ package ipam
 
 import (
 	"crypto/ed25519"
-	"encoding/base64"
 	"fmt"
 	"net/netip"
 	"time"
@@ -47,16 +46,6 @@ func newClaimsRefused() *prometheus.CounterVec {
 		c.WithLabelValues(r)
 	}
 	return c
-}
-
-// ParseClaimKey decodes a claim public key as records carry it (standard
-// base64 of 32 bytes); nil for none or a malformed one.
-func ParseClaimKey(s string) ed25519.PublicKey {
-	b, err := base64.StdEncoding.DecodeString(s)
-	if err != nil || len(b) != ed25519.PublicKeySize {
-		return nil
-	}
-	return ed25519.PublicKey(b)
 }
 
 // signClaim signs a claim's bytes with this agent's claim key; nil when it

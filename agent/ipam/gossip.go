@@ -164,7 +164,7 @@ func (s *Service) kickAnnounce() {
 // durable, and returns what was news (to relay): the deltas of the changed
 // rings. A remote change that would take a range holding allocations is
 // refused by the allocator (ring.TakeoverError) and the ring stays as it
-// was; so does a message of another cluster (ErrOtherCluster).
+// was; so does a message of another cluster (errOtherCluster).
 func (s *Service) mergeRings(m ipamwire.RingMessage) (ipamwire.RingMessage, error) {
 	news, b, err := s.decideMerge(m)
 	if b != nil {
@@ -204,7 +204,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 	defer s.mu.Unlock()
 	news := ipamwire.RingMessage{ClusterID: s.clusterID}
 	if s.clusterID != "" && m.ClusterID != "" && m.ClusterID != s.clusterID {
-		return news, nil, fmt.Errorf("%w: %q, this agent's is %q", ErrOtherCluster, m.ClusterID, s.clusterID)
+		return news, nil, fmt.Errorf("%w: %q, this agent's is %q", errOtherCluster, m.ClusterID, s.clusterID)
 	}
 	var b *batch
 	var errs []error
@@ -336,7 +336,7 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	s.mu.Unlock()
 	if other {
 		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
-		return nil, fmt.Errorf("%w: %q", ErrOtherCluster, m.ClusterID)
+		return nil, fmt.Errorf("%w: %q", errOtherCluster, m.ClusterID)
 	}
 	if m.Digest != nil && m.From != s.id {
 		if ans := s.answerDigest(m); len(ans.Buckets) > 0 {
@@ -353,7 +353,7 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	}
 	news, err := s.mergeRings(m)
 	switch {
-	case errors.Is(err, ErrOtherCluster):
+	case errors.Is(err, errOtherCluster):
 		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
 	case err != nil:
 		s.metrics.ringGossip.WithLabelValues(gossipRefused).Inc()

@@ -28,28 +28,6 @@ import (
 // of those whose namespace is gone. Both decide from what the runtime left
 // on the host, never from a guess.
 
-// DefaultReclaimNetNSDirs are the directories where runtimes keep network
-// namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),
-// containerd's cni-* there and its CRI state's netns/.
-var DefaultReclaimNetNSDirs = []string{
-	"/run/netns",
-	"/var/run/netns",
-	"/run/containerd/io.containerd.grpc.v1.cri/netns",
-	"/var/run/containerd/io.containerd.grpc.v1.cri/netns",
-}
-
-// ReclaimConfig configures the release of allocations whose network
-// namespace is gone; the zero value turns it off.
-type ReclaimConfig struct {
-	// After is how long a namespace must stay missing; 0: never reclaim.
-	After time.Duration
-	// DryRun logs and counts what would be released, and releases nothing.
-	DryRun bool
-	// NetNSDirs are the runtime directories whose namespaces are watched
-	// (DefaultReclaimNetNSDirs when empty).
-	NetNSDirs []string
-}
-
 // reclaimState is what the reclaim remembers between scans, under s.mu.
 type reclaimState struct {
 	cfg ReclaimConfig
@@ -112,11 +90,11 @@ type reclaimCandidate struct {
 	netns   string
 }
 
-// ReclaimGone is one scan: it checks the namespace of every CNI allocation
+// reclaimGone is one scan: it checks the namespace of every CNI allocation
 // under a watched directory, and releases (or, in dry run, reports) those
 // missing for ReclaimConfig.After. It returns what it released or would
 // release.
-func (s *Service) ReclaimGone(now time.Time) []api.Allocation {
+func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 	if s.reclaim.cfg.After <= 0 {
 		return nil
 	}
@@ -226,7 +204,7 @@ func (r *reclaimState) every() time.Duration {
 	return min(max(r.cfg.After/4, 10*time.Millisecond), 30*time.Second)
 }
 
-// reclaimScans is how many scans ReclaimGone made.
+// reclaimScans is how many scans reclaimGone made.
 func (s *Service) reclaimScans() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -10,10 +10,10 @@ import (
 	"github.com/carve-net/carve/gossip"
 )
 
-// ErrOtherCluster marks a ring or space message of another masters'
+// errOtherCluster marks a ring or space message of another masters'
 // cluster: its leases carry Raft indexes of another log and are refused
 // whole.
-var ErrOtherCluster = errors.New("ring message of another cluster")
+var errOtherCluster = errors.New("ring message of another cluster")
 
 // ringData is a ring message as gossip data.
 type ringData struct {

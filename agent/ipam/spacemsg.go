@@ -35,7 +35,7 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 	s.mu.Unlock()
 	if cluster != "" && m.ClusterID != cluster {
 		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
-		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ErrOtherCluster, m.ClusterID, cluster)
+		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", errOtherCluster, m.ClusterID, cluster)
 	}
 	if m.Kind == ipamwire.KindRequest {
 		s.mu.Lock()
