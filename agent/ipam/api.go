@@ -39,6 +39,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/cnihost"
 	"github.com/carve-net/carve/api"
 )
 
@@ -225,12 +226,7 @@ type GrowthConfig struct {
 // DefaultReclaimNetNSDirs are the directories where runtimes keep network
 // namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),
 // containerd's cni-* there and its CRI state's netns/.
-var DefaultReclaimNetNSDirs = []string{
-	"/run/netns",
-	"/var/run/netns",
-	"/run/containerd/io.containerd.grpc.v1.cri/netns",
-	"/var/run/containerd/io.containerd.grpc.v1.cri/netns",
-}
+var DefaultReclaimNetNSDirs = cnihost.DefaultNetNSDirs()
 
 // ReclaimConfig configures the release of allocations whose network
 // namespace is gone; the zero value turns it off.
