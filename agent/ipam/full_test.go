@@ -113,11 +113,11 @@ func (silentPeer) OnGossip([]byte) (gossip.Data, error)            { return nil,
 func (silentPeer) OnBroadcast(string, []byte) (gossip.Data, error) { return nil, nil }
 func (silentPeer) OnUnicast(string, []byte) error                  { return nil }
 
-// TestNoAnswerIsNotFull: a peer that reports free space but does not
-// answer makes an ADD fail saying the peer did not answer, not that the
-// overlay is full.
-func TestNoAnswerIsNotFull(t *testing.T) {
-	c := newCluster(t, 13, GrowthConfig{IdleReturn: -1, LowWater: -1, AnswerTimeout: 20 * time.Millisecond})
+// silentDonor starts a and b with b's rings known to a, then replaces b
+// by a peer that answers nothing.
+func silentDonor(t *testing.T, seed uint64, growth GrowthConfig) *node {
+	t.Helper()
+	c := newCluster(t, seed, growth)
 	for _, id := range []string{"a", "b"} {
 		c.start(id, t.TempDir(), "")
 	}
@@ -134,8 +134,34 @@ func TestNoAnswerIsNotFull(t *testing.T) {
 	for i := range 29 {
 		a.allocOn(t, fmt.Sprint("c", i), api.BridgeMesos)
 	}
-	_, err = a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
-	if !api.IsCode(err, api.CodeExhausted) || strings.Contains(err.Error(), "is full") || !strings.Contains(err.Error(), "b did not answer") {
-		t.Fatalf("the ADD while its donor does not answer: %v; want exhausted saying b did not answer, not \"is full\"", err)
+	return a
+}
+
+// TestNoAnswerIsNotFull: a peer that reports free space but does not
+// answer makes an ADD fail saying the peer did not answer, not that the
+// overlay is full; and an ADD whose Wait ends while the growth still
+// asks says that no space came within Wait, not that the overlay is full.
+func TestNoAnswerIsNotFull(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		growth GrowthConfig
+		want   []string
+	}{
+		{"the donor does not answer", GrowthConfig{AnswerTimeout: 20 * time.Millisecond}, []string{"b did not answer", "no peer granted space within 10s"}},
+		{"the wait ends first", GrowthConfig{Wait: 30 * time.Millisecond}, []string{"no space came within 30ms", "still growing"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.growth.IdleReturn, tt.growth.LowWater = -1, -1
+			a := silentDonor(t, 13, tt.growth)
+			_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
+			if !api.IsCode(err, api.CodeExhausted) || strings.Contains(err.Error(), "is full") {
+				t.Fatalf("the ADD: %v; want exhausted, not \"is full\"", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the ADD: %v; want it to say %q", err, w)
+				}
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
@@ -37,6 +38,9 @@ type growKey struct {
 type growth struct {
 	done chan struct{}
 	err  error
+	// asked says, while it runs, what it asked and was answered so far
+	// (under s.mu): an ADD whose wait ends first says it.
+	asked []string
 }
 
 // waiter is a space request waiting for its answer.
@@ -100,11 +104,15 @@ func newGrowState(cfg GrowthConfig) growState {
 // growTimeout bounds one growth (the masters, then a few peers).
 const growTimeout = 30 * time.Second
 
+// errStillGrowing marks a growth still in flight when the ADD's wait ended.
+var errStillGrowing = errors.New("still growing")
+
 // waitGrowths waits for the growths until they end or ctx does, and
 // returns their errors; one that is still in flight when ctx ends counts
-// as "still growing".
-func waitGrowths(ctx context.Context, gs []*growth) []error {
+// as errStillGrowing, with what it asked so far.
+func (s *Service) waitGrowths(ctx context.Context, gs []*growth) []error {
 	var errs []error
+	var asking []string
 	growing := false
 	for _, g := range gs {
 		select {
@@ -118,10 +126,17 @@ func waitGrowths(ctx context.Context, gs []*growth) []error {
 			}
 		default:
 			growing = true
+			s.mu.Lock()
+			asking = append(asking, g.asked...)
+			s.mu.Unlock()
 		}
 	}
 	if growing {
-		errs = append(errs, errors.New("still growing: try again"))
+		so := "no master or peer has granted a block yet"
+		if len(asking) > 0 {
+			so += ": " + strings.Join(asking, "; ")
+		}
+		errs = append(errs, fmt.Errorf("%w (%s): try again", errStillGrowing, so))
 	}
 	return errs
 }
@@ -186,7 +201,7 @@ func (s *Service) startGrowth(overlay, bridge string, full bool) []*growth {
 func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
 	ctx, cancel := context.WithTimeout(ctx, growTimeout)
 	defer cancel()
-	err := s.growOnce(ctx, k)
+	err := s.growOnce(ctx, k, g)
 	if err != nil {
 		s.log.Warn("a bridge could not grow", "overlay", k.overlay, "bridge", k.bridge, "family", familyName(k.fam), "err", err)
 	}
@@ -208,8 +223,9 @@ func (s *Service) changed() {
 	}
 }
 
-// growOnce gets one block: from the masters, else from a peer.
-func (s *Service) growOnce(ctx context.Context, k growKey) error {
+// growOnce gets one block: from the masters, else from a peer. g, when
+// set, keeps what it asked so far.
+func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 	if src := s.grow.cfg.Source; src != nil {
 		lb, err := src.Grow(ctx, k.overlay, k.bridge, familyNumber(k.fam), s.requestID())
 		switch {
@@ -234,7 +250,7 @@ func (s *Service) growOnce(ctx context.Context, k growKey) error {
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)
 		}
 	}
-	return s.growFromRing(ctx, k)
+	return s.growFromRing(ctx, k, g)
 }
 
 // familyNumber is 4 or 6.

@@ -58,7 +58,7 @@ func freeByPeer(r *ring.Ring) map[string]ring.Uint128 {
 // is what it was. It fails with errOverlayFull when no peer has enough
 // free addresses in the ring to spare a block (the overlay's space is in
 // use), else with errNoDonor, naming each peer's refusal or silence.
-func (s *Service) growFromRing(ctx context.Context, k growKey) error {
+func (s *Service) growFromRing(ctx context.Context, k growKey, g *growth) error {
 	if k.fam == 1 {
 		// Peers do not grant IPv6 space (ipamwire.ReasonIPv6NotGranted).
 		s.metrics.grows.WithLabelValues("ring", "none").Inc()
@@ -128,6 +128,9 @@ func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 		s.metrics.grows.WithLabelValues("ring", "refused").Inc()
 		s.mu.Lock()
 		s.grow.refused[[2]string{k.overlay, peer}] = peerRefusal{when: time.Now(), free: free[peer], why: err.Error()}
+		if g != nil {
+			g.asked = append(g.asked, err.Error())
+		}
 		s.mu.Unlock()
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w before the growth's time ran out: %s", errNoDonor, strings.Join(outcomes, "; "))
