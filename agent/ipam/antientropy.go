@@ -1,8 +1,8 @@
 package ipam
 
-// Ring anti-entropy, for what a broadcast missed (see ipamwire.RingMessage): the
-// protocol of package antientropy over each served ring's entries
-// (ring.Ring.EachEntry, keyed by owner). It reads the served rings through
+// Ring anti-entropy, for what a broadcast missed (see
+// ipamwire.RingMessage): the protocol of package antientropy over each
+// served ring's entries (ring.Ring.EachEntry, keyed by owner). It reads the served rings through
 // the Service and keeps its caches in each ring's ringGossip.
 
 import (
