@@ -1,11 +1,12 @@
 package ipam
 
-// Ring anti-entropy, for what a broadcast missed (see ringMessage): the
-// protocol of package antientropy over each served ring's entries
-// (ring.Ring.EachEntry, keyed by owner). It reads the served rings through
+// Ring anti-entropy, for what a broadcast missed (see
+// ipamwire.RingMessage): the protocol of package antientropy over each
+// served ring's entries (ring.Ring.EachEntry, keyed by owner). It reads the served rings through
 // the Service and keeps its caches in each ring's ringGossip.
 
 import (
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/ring"
 )
@@ -22,11 +23,11 @@ func ringEntries(r *ring.Ring) antientropy.Entries {
 
 // ringDigestLocked returns the digest of every served ring, hashing again
 // only the rings that changed since; s.mu is held.
-func (s *Service) ringDigestLocked() []ringDigest {
-	var out []ringDigest
+func (s *Service) ringDigestLocked() []ipamwire.RingDigest {
+	var out []ipamwire.RingDigest
 	s.eachServedRing(false, func(k ringID, a *ring.Allocator) {
 		h := s.bucketHashesLocked(k, a, 0)
-		out = append(out, ringDigest{Overlay: k.overlay, Family: k.family, Hash: h.Digest()})
+		out = append(out, ipamwire.RingDigest{Overlay: k.overlay, Family: k.family, Hash: h.Digest()})
 	})
 	return out
 }
@@ -55,10 +56,10 @@ func (s *Service) bucketHashesLocked(k ringID, a *ring.Allocator, n int) antient
 // answerDigest returns the bucket hashes of the served rings whose digest
 // differs from the digest's (step 2): what to unicast to its sender. A
 // ring the digest lacks is not served there, and is left out.
-func (s *Service) answerDigest(m ringMessage) ringMessage {
+func (s *Service) answerDigest(m ipamwire.RingMessage) ipamwire.RingMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := ringMessage{ClusterID: s.clusterID, From: s.id}
+	out := ipamwire.RingMessage{ClusterID: s.clusterID, From: s.id}
 	theirs := map[ringID]uint64{}
 	for _, e := range m.Digest {
 		theirs[ringID{e.Overlay, e.Family}] = e.Hash
@@ -69,7 +70,7 @@ func (s *Service) answerDigest(m ringMessage) ringMessage {
 			continue
 		}
 		hashes := s.bucketHashesLocked(k, s.allocatorOf(k.overlay, k.family), 0)
-		out.Buckets = append(out.Buckets, ringBuckets{Overlay: k.overlay, Family: k.family, Hashes: hashes.Encode()})
+		out.Buckets = append(out.Buckets, ipamwire.RingBuckets{Overlay: k.overlay, Family: k.family, Hashes: hashes.Encode()})
 	}
 	return out
 }
@@ -77,10 +78,10 @@ func (s *Service) answerDigest(m ringMessage) ringMessage {
 // answerBuckets returns, of every ring of a bucket-hashes message, this
 // agent's entries of the buckets that differ, naming them (step 3): the
 // push that asks the other for its own entries back.
-func (s *Service) answerBuckets(m ringMessage) ringMessage {
+func (s *Service) answerBuckets(m ipamwire.RingMessage) ipamwire.RingMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := ringMessage{ClusterID: s.clusterID}
+	out := ipamwire.RingMessage{ClusterID: s.clusterID}
 	for _, e := range m.Buckets {
 		a := s.allocatorOf(e.Overlay, e.Family)
 		if a == nil {
@@ -101,25 +102,25 @@ func (s *Service) answerBuckets(m ringMessage) ringMessage {
 
 // bucketPush is r's entries of the buckets whose hashes (mine, r's) differ
 // from theirs, naming them.
-func bucketPush(r *ring.Ring, mine, theirs antientropy.Buckets) (ringEntry, bool) {
+func bucketPush(r *ring.Ring, mine, theirs antientropy.Buckets) (ipamwire.RingEntry, bool) {
 	differ, err := antientropy.Differ(mine, theirs)
 	if err != nil || len(differ) == 0 {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
 	in, err := antientropy.Selector(len(theirs), differ)
 	if err != nil {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
-	return ringEntry{Ring: r.Select(in).Claims().Encode(), N: len(theirs), Buckets: differ}, true
+	return ipamwire.RingEntry{Ring: r.Select(in).Claims().Encode(), N: len(theirs), Buckets: differ}, true
 }
 
 // pushBack returns, of the buckets a peer pushed (and named), this agent's
 // entries where they still differ from what it received after the merge
 // (step 4): the pusher lacks something.
-func (s *Service) pushBack(pushed ringMessage) ringMessage {
+func (s *Service) pushBack(pushed ipamwire.RingMessage) ipamwire.RingMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := ringMessage{ClusterID: s.clusterID}
+	out := ipamwire.RingMessage{ClusterID: s.clusterID}
 	for _, e := range pushed.Rings {
 		if a := s.allocatorOf(e.Overlay, e.Family); a != nil {
 			if back, ok := pushBackEntry(a.Ring(), e); ok {
@@ -132,21 +133,21 @@ func (s *Service) pushBack(pushed ringMessage) ringMessage {
 
 // pushBackEntry is r's entries of the buckets a push named where they
 // differ from the pushed ones (r has merged the push).
-func pushBackEntry(r *ring.Ring, pushed ringEntry) (ringEntry, bool) {
+func pushBackEntry(r *ring.Ring, pushed ipamwire.RingEntry) (ipamwire.RingEntry, bool) {
 	if pushed.N == 0 {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
 	theirs, err := ring.Decode(pushed.Ring)
 	if err != nil {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
 	differ, err := antientropy.StillDiffer(ringEntries(r), ringEntries(theirs), pushed.N, pushed.Buckets)
 	if err != nil || len(differ) == 0 {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
 	in, err := antientropy.Selector(pushed.N, differ)
 	if err != nil {
-		return ringEntry{}, false
+		return ipamwire.RingEntry{}, false
 	}
-	return ringEntry{Overlay: pushed.Overlay, Family: pushed.Family, Ring: r.Select(in).Claims().Encode()}, true
+	return ipamwire.RingEntry{Overlay: pushed.Overlay, Family: pushed.Family, Ring: r.Select(in).Claims().Encode()}, true
 }

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/test/lab/fakegossip"
@@ -355,9 +356,9 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	_, svcs, _ := ringGossipPair(t, 3, peers)
 	donor, recipient := svcs["other"], svcs["self"]
 	whole := len(donor.Rings()["carve/4"])
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "", From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "", From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
 	ans, b := donor.decideDonation(req)
-	if ans.Kind != kindGrant {
+	if ans.Kind != ipamwire.KindGrant {
 		t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
 	}
 	if err := donor.flush(b); err != nil {
@@ -366,7 +367,7 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	if len(ans.Ring) > whole/8 {
 		t.Errorf("the grant answer carries %d bytes of ring; the whole ring is %d", len(ans.Ring), whole)
 	}
-	if _, err := recipient.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: ans.Ring}}}); err != nil {
+	if _, err := recipient.mergeRings(ipamwire.RingMessage{Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: ans.Ring}}}); err != nil {
 		t.Fatal(err)
 	}
 	p := netip.MustParsePrefix(ans.Prefix)
@@ -382,7 +383,7 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	donor.mu.Lock()
 	claims := len(donor.overlays["carve"].alloc[0].Ring().Claims().Encode())
 	donor.mu.Unlock()
-	if again.Kind != kindGrant || again.Prefix != ans.Prefix || len(again.Ring) != claims {
+	if again.Kind != ipamwire.KindGrant || again.Prefix != ans.Prefix || len(again.Ring) != claims {
 		t.Errorf("a repeated request: %s %s with %d bytes of ring; want the same grant with every claim (%d)", again.Kind, again.Prefix, len(again.Ring), claims)
 	}
 }
@@ -411,9 +412,9 @@ func TestGrantedRequestsForgotten(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, svcs, _ := ringGossipPair(t, 4, nil)
 			donor := svcs["other"]
-			req := spaceMessage{V: spaceVersion, Kind: kindRequest, From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
+			req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, From: "self", ID: "self-1", Overlay: "carve", Family: "4", Bits: 27}
 			ans, b := donor.decideDonation(req)
-			if ans.Kind != kindGrant {
+			if ans.Kind != ipamwire.KindGrant {
 				t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
 			}
 			if err := donor.flush(b); err != nil {

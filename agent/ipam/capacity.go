@@ -10,14 +10,14 @@ import (
 // Capacity. Every scrape reads, per overlay this agent serves, the
 // addresses its bridges hold and have left (carve_agent_ipam_addresses),
 // and the IPv4 free fraction (carve_agent_ipam_free_ratio). An overlay
-// whose free fraction here is under LowFreeRatio while growth cannot help
+// whose free fraction here is under lowFreeRatio while growth cannot help
 // (the last growth found space neither at the masters nor at any peer) is
 // exhausted for this agent: carve_agent_ipam_overlay_full says so, and a
 // WARN is logged when it starts, then every lowSpaceRepeat.
 
-// LowFreeRatio is the IPv4 free fraction under which an overlay that
+// lowFreeRatio is the IPv4 free fraction under which an overlay that
 // cannot grow is reported as running out.
-const LowFreeRatio = 0.1
+const lowFreeRatio = 0.1
 
 // lowSpaceRepeat is how often the WARN of an overlay running out repeats.
 const lowSpaceRepeat = 10 * time.Minute
@@ -108,7 +108,7 @@ func (s *Service) capacity() []overlayCapacity {
 				}
 			}
 		}
-		oc.full = oc.has[0] && oc.ratio() < LowFreeRatio && !s.grow.fullSince[name].IsZero()
+		oc.full = oc.has[0] && oc.ratio() < lowFreeRatio && !s.grow.fullSince[name].IsZero()
 		out = append(out, oc)
 	}
 	return out

@@ -9,14 +9,13 @@ package ipam
 
 import (
 	"crypto/ed25519"
-	"encoding/base64"
 	"fmt"
 	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -35,7 +34,7 @@ const (
 
 // claimReasons are every reason of a refused claim.
 var claimReasons = []string{claimUnsigned, claimUnknownSigner, claimBadSignature, claimDeletedSigner, unsolicitedGrant,
-	ring.RefusedNotLessee, ring.RefusedRecordAhead, ring.RefusedLease, ring.RefusedOtherUniverse, reasonRecipientQuota}
+	ring.RefusedNotLessee, ring.RefusedRecordAhead, ring.RefusedLease, ring.RefusedOtherUniverse, ipamwire.ReasonRecipientQuota}
 
 // newClaimsRefused is the counter of refused claims, every reason at 0.
 func newClaimsRefused() *prometheus.CounterVec {
@@ -49,24 +48,13 @@ func newClaimsRefused() *prometheus.CounterVec {
 	return c
 }
 
-// ParseClaimKey decodes a claim public key as records carry it (standard
-// base64 of 32 bytes); nil for none or a malformed one.
-func ParseClaimKey(s string) ed25519.PublicKey {
-	b, err := base64.StdEncoding.DecodeString(s)
-	if err != nil || len(b) != ed25519.PublicKeySize {
-		return nil
-	}
-	return ed25519.PublicKey(b)
-}
-
 // signClaim signs a claim's bytes with this agent's claim key; nil when it
 // has none (Config.ClaimKey).
 func (s *Service) signClaim() func(msg []byte) []byte {
 	if s.claimKey == nil {
 		return nil
 	}
-	key := s.claimKey
-	return func(msg []byte) []byte { return ed25519.Sign(key, msg) }
+	return ipamwire.SignClaims(s.claimKey)
 }
 
 // ownClaimValid tells whether a claim of this agent verifies under its
@@ -76,7 +64,7 @@ func (s *Service) ownClaimValid() func(ring.Claim) bool {
 		return nil
 	}
 	pub := s.claimKey.Public().(ed25519.PublicKey)
-	return func(c ring.Claim) bool { return ed25519.Verify(pub, c.Msg, c.Sig) }
+	return func(c ring.Claim) bool { return ipamwire.VerifyClaim(pub, c) }
 }
 
 // checkClaim verifies a received token's signature under its signer's
@@ -97,7 +85,7 @@ func (s *Service) checkClaim(c ring.Claim) (reason string, ok bool) {
 	if key == nil {
 		return claimUnknownSigner, false
 	}
-	if !ed25519.Verify(key, c.Msg, c.Sig) {
+	if !ipamwire.VerifyClaim(key, c) {
 		return claimBadSignature, false
 	}
 	return "", true
@@ -105,7 +93,7 @@ func (s *Service) checkClaim(c ring.Claim) (reason string, ok bool) {
 
 // admit returns what of a received ring may join an allocator's (see
 // ring.Ring.Admit), counting and logging what it refuses; s.mu is held.
-func (s *Service) admit(a *ring.Allocator, e ringEntry, remote *ring.Ring) *ring.Ring {
+func (s *Service) admit(a *ring.Allocator, e ipamwire.RingEntry, remote *ring.Ring) *ring.Ring {
 	admitted, refused := a.Ring().Admit(remote, s.checkClaim)
 	for _, r := range refused {
 		s.metrics.claimsRefused.WithLabelValues(r.Reason).Inc()
@@ -138,35 +126,22 @@ func validClaimKey(k ed25519.PrivateKey) error {
 	return nil
 }
 
-// signGrant signs, as the donor, the statement of a grant (see
-// api.GrantSigningBytes) that its recipient reports to the masters; the
-// zero statement when this agent has no claim key. s.mu is held.
+// signGrant signs, as the donor, the statement of a grant that its
+// recipient reports to the masters (ipamwire.SignGrant); the zero
+// statement when this agent has no claim key. s.mu is held.
 func (s *Service) signGrant(overlay string, p netip.Prefix, to, requestID string, now time.Time) (expires int64, sig string) {
 	if s.claimKey == nil {
 		return 0, ""
 	}
-	g := api.GrantReport{Overlay: overlay, Prefix: p.String(), Donor: s.id, Recipient: to, RequestID: requestID,
-		Expires: now.Add(api.GrantLifetime).Unix()}
-	api.SignGrant(s.claimKey, &g, s.clusterID)
-	return g.Expires, g.DonorSignature
-}
-
-// spaceDomain starts the signed bytes of a space request.
-const spaceDomain = "carve space request v1\x00"
-
-// spaceSigningBytes is what a requester signs: the domain and the request
-// without its signature, as JSON (the receiver encodes the decoded
-// request again: Go's encoding of the same struct is the same bytes).
-func spaceSigningBytes(m spaceMessage) []byte {
-	m.Sig = ""
-	return append([]byte(spaceDomain), encodeSpaceMessage(m)...)
+	g := ipamwire.Grant{Overlay: overlay, Prefix: p, Donor: s.id, Recipient: to, RequestID: requestID}
+	return ipamwire.SignGrant(s.claimKey, s.clusterID, g, now)
 }
 
 // signSpaceRequest signs a request with this agent's claim key (none
 // without one).
-func (s *Service) signSpaceRequest(m *spaceMessage) {
+func (s *Service) signSpaceRequest(m *ipamwire.SpaceMessage) {
 	if s.claimKey != nil {
-		m.Sig = api.Sign(s.claimKey, spaceSigningBytes(*m))
+		ipamwire.SignSpaceRequest(s.claimKey, m)
 	}
 }
 
@@ -174,11 +149,10 @@ func (s *Service) signSpaceRequest(m *spaceMessage) {
 // claim key: a donor grants only to the agent that asked (anyone on the
 // mesh could otherwise have it give its space away in another's name).
 // s.mu is held.
-func (s *Service) checkSpaceRequest(m spaceMessage) (reason string, ok bool) {
+func (s *Service) checkSpaceRequest(m ipamwire.SpaceMessage) (reason string, ok bool) {
 	if s.claimKey == nil {
 		return "", true
 	}
-	sig, err := base64.StdEncoding.DecodeString(m.Sig)
 	switch {
 	case m.Sig == "":
 		return claimUnsigned, false
@@ -186,23 +160,19 @@ func (s *Service) checkSpaceRequest(m spaceMessage) (reason string, ok bool) {
 		return claimDeletedSigner, false
 	case s.claimKeys[m.From] == nil:
 		return claimUnknownSigner, false
-	case err != nil || !ed25519.Verify(s.claimKeys[m.From], spaceSigningBytes(m), sig):
+	case ipamwire.VerifySpaceRequest(s.claimKeys[m.From], m) != nil:
 		return claimBadSignature, false
 	}
 	return "", true
 }
 
 // checkGrantStatement verifies a grant answer's signed statement under the
-// donor's claim key, as the masters will (api.VerifyGrant); s.mu is held.
-func (s *Service) checkGrantStatement(overlay, donor string, p netip.Prefix, requestID string, ans spaceMessage, now time.Time) error {
+// donor's claim key, as the masters will (ipamwire.VerifyGrant); s.mu is
+// held.
+func (s *Service) checkGrantStatement(overlay, donor string, p netip.Prefix, requestID string, ans ipamwire.SpaceMessage, now time.Time) error {
 	if s.claimKey == nil {
 		return nil
 	}
-	g := api.GrantReport{Overlay: overlay, Prefix: p.String(), Donor: donor, Recipient: s.id, RequestID: requestID,
-		Expires: ans.Expires, DonorSignature: ans.GrantSig}
-	key := ""
-	if k := s.claimKeys[donor]; k != nil {
-		key = base64.StdEncoding.EncodeToString(k)
-	}
-	return api.VerifyGrant(g, key, s.clusterID, now)
+	g := ipamwire.Grant{Overlay: overlay, Prefix: p, Donor: donor, Recipient: s.id, RequestID: requestID}
+	return ipamwire.VerifyGrant(s.claimKeys[donor], s.clusterID, g, ans, now)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -45,7 +46,7 @@ func forgedClaimsIn(t *testing.T, net, writer string, version uint64, key ed2551
 	if err := a.Grant("c", netip.MustParsePrefix(net+".0.64/28")); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := json.Marshal(ringMessage{ClusterID: "c1", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: a.Ring().Claims().Encode()}}})
+	msg, err := json.Marshal(ipamwire.RingMessage{ClusterID: "c1", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: a.Ring().Claims().Encode()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,16 +116,16 @@ func TestSpaceRequestSigned(t *testing.T) {
 	c.start("a", t.TempDir(), "")
 	c.start("b", t.TempDir(), "")
 	a, b := c.nodes["a"].svc, c.nodes["b"].svc
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "b", ID: "r1", Overlay: "carve", Family: "4", Bits: 27}
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "b", ID: "r1", Overlay: "carve", Family: "4", Bits: 27}
 	signed := req
 	b.signSpaceRequest(&signed)
 	forged := req
-	forged.Sig = api.Sign(claimKeyOf("c"), spaceSigningBytes(req))
+	forged.Sig = api.Sign(claimKeyOf("c"), ipamwire.SpaceRequestSigningBytes(req))
 	tampered := signed
 	tampered.Bits = 26
 	for _, tt := range []struct {
 		name   string
-		m      spaceMessage
+		m      ipamwire.SpaceMessage
 		reason string
 	}{
 		{"signed by its sender", signed, ""},

@@ -92,7 +92,7 @@ func (s *Service) watchHost(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-reclaim:
-			s.ReclaimGone(now)
+			s.reclaimGone(now)
 		case now := <-warn.C:
 			s.warnLowSpace(now)
 		}

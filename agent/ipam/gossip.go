@@ -2,7 +2,6 @@ package ipam
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
@@ -49,12 +49,12 @@ func (s *Service) allocatorOf(overlay, family string) *ring.Allocator {
 }
 
 // rings returns every ring this agent serves.
-func (s *Service) rings() ringMessage {
+func (s *Service) rings() ipamwire.RingMessage {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := ringMessage{ClusterID: s.clusterID}
+	m := ipamwire.RingMessage{ClusterID: s.clusterID}
 	s.eachServedRing(false, func(k ringID, a *ring.Allocator) {
-		m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: a.EncodeRing()})
+		m.Rings = append(m.Rings, ipamwire.RingEntry{Overlay: k.overlay, Family: k.family, Ring: a.EncodeRing()})
 	})
 	return m
 }
@@ -133,7 +133,7 @@ func (s *Service) forgetGossip(overlay string) {
 // grant, a return, free counts). Nothing, when nothing changed.
 func (s *Service) announce() {
 	s.mu.Lock()
-	m := ringMessage{ClusterID: s.clusterID}
+	m := ipamwire.RingMessage{ClusterID: s.clusterID}
 	s.eachServedRing(true, func(k ringID, a *ring.Allocator) {
 		g := s.gossipOf(k, a)
 		if g.announced == a.RingChanges() {
@@ -141,7 +141,7 @@ func (s *Service) announce() {
 		}
 		g.announced = a.RingChanges()
 		if d, ok := a.Ring().Delta(g.known); ok {
-			m.Rings = append(m.Rings, ringEntry{Overlay: k.overlay, Family: k.family, Ring: d.Claims().Encode()})
+			m.Rings = append(m.Rings, ipamwire.RingEntry{Overlay: k.overlay, Family: k.family, Ring: d.Claims().Encode()})
 			if _, err := g.known.Merge(d); err != nil {
 				s.log.Debug("known ring", "overlay", k.overlay, "family", k.family, "err", err)
 			}
@@ -164,8 +164,8 @@ func (s *Service) kickAnnounce() {
 // durable, and returns what was news (to relay): the deltas of the changed
 // rings. A remote change that would take a range holding allocations is
 // refused by the allocator (ring.TakeoverError) and the ring stays as it
-// was; so does a message of another cluster (ErrOtherCluster).
-func (s *Service) mergeRings(m ringMessage) (ringMessage, error) {
+// was; so does a message of another cluster (errOtherCluster).
+func (s *Service) mergeRings(m ipamwire.RingMessage) (ipamwire.RingMessage, error) {
 	news, b, err := s.decideMerge(m)
 	if b != nil {
 		if ferr := s.flush(b); ferr != nil {
@@ -199,12 +199,12 @@ func (s *Service) persistDirtyRings() {
 	}
 }
 
-func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
+func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *batch, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	news := ringMessage{ClusterID: s.clusterID}
+	news := ipamwire.RingMessage{ClusterID: s.clusterID}
 	if s.clusterID != "" && m.ClusterID != "" && m.ClusterID != s.clusterID {
-		return news, nil, fmt.Errorf("%w: %q, this agent's is %q", ErrOtherCluster, m.ClusterID, s.clusterID)
+		return news, nil, fmt.Errorf("%w: %q, this agent's is %q", errOtherCluster, m.ClusterID, s.clusterID)
 	}
 	var b *batch
 	var errs []error
@@ -263,14 +263,14 @@ func (s *Service) decideMerge(m ringMessage) (ringMessage, *batch, error) {
 			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
 		}
 		if d, ok := a.Ring().Delta(before); ok {
-			news.Rings = append(news.Rings, ringEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Claims().Encode()})
+			news.Rings = append(news.Rings, ipamwire.RingEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Claims().Encode()})
 		}
 	}
 	return news, b, errors.Join(errs...)
 }
 
 // broadcast sends changed rings on the ring channel.
-func (s *Service) broadcast(m ringMessage) {
+func (s *Service) broadcast(m ipamwire.RingMessage) {
 	if len(m.Rings) == 0 {
 		return
 	}
@@ -283,17 +283,14 @@ func (s *Service) broadcast(m ringMessage) {
 }
 
 // unicast sends a ring message to one peer.
-func (s *Service) unicast(dst, kind string, m ringMessage) {
+func (s *Service) unicast(dst, kind string, m ipamwire.RingMessage) {
 	s.mu.Lock()
 	ch := s.channel
 	s.mu.Unlock()
 	if ch == nil {
 		return
 	}
-	b, err := json.Marshal(m)
-	if err != nil {
-		return
-	}
+	b := ipamwire.EncodeRingMessage(m)
 	if err := ch.Unicast(dst, b); err != nil {
 		s.log.Debug("ring anti-entropy unicast", "to", dst, "err", err)
 		return
@@ -322,14 +319,14 @@ func (h *ringHandler) Gossip() gossip.Data {
 	if len(d) == 0 {
 		return nil
 	}
-	return ringData{msg: ringMessage{ClusterID: cluster, From: s.id, Digest: d}, sent: s.onSent}
+	return ringData{msg: ipamwire.RingMessage{ClusterID: cluster, From: s.id, Digest: d}, sent: s.onSent}
 }
 
 // receive handles a ring message; src is the sender of a unicast ("" for
 // broadcast and gossip).
 func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	s := (*Service)(h)
-	m, err := decodeRingMessage(msg)
+	m, err := ipamwire.DecodeRingMessage(msg)
 	if err != nil {
 		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
 		return nil, err
@@ -339,7 +336,7 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	s.mu.Unlock()
 	if other {
 		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
-		return nil, fmt.Errorf("%w: %q", ErrOtherCluster, m.ClusterID)
+		return nil, fmt.Errorf("%w: %q", errOtherCluster, m.ClusterID)
 	}
 	if m.Digest != nil && m.From != s.id {
 		if ans := s.answerDigest(m); len(ans.Buckets) > 0 {
@@ -356,7 +353,7 @@ func (h *ringHandler) receive(src string, msg []byte) (gossip.Data, error) {
 	}
 	news, err := s.mergeRings(m)
 	switch {
-	case errors.Is(err, ErrOtherCluster):
+	case errors.Is(err, errOtherCluster):
 		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
 	case err != nil:
 		s.metrics.ringGossip.WithLabelValues(gossipRefused).Inc()
@@ -388,11 +385,11 @@ func (h *ringHandler) OnBroadcast(_ string, msg []byte) (gossip.Data, error) {
 }
 
 // OnUnicast implements gossip.Handler. Two kinds of message travel by
-// unicast on the ring channel: space requests and their answers (growth,
-// spacemsg.go), which always carry a "kind", and anti-entropy messages
-// (bucket hashes, pushes), which never do (merged and not relayed).
+// unicast on the ring channel: space requests and their answers (growth),
+// which always carry a "kind", and anti-entropy messages (bucket hashes,
+// pushes), which never do (merged and not relayed).
 func (h *ringHandler) OnUnicast(src string, msg []byte) error {
-	if isSpaceMessage(msg) {
+	if ipamwire.IsSpaceMessage(msg) {
 		return h.onSpaceMessage(src, msg)
 	}
 	_, err := h.receive(src, msg)

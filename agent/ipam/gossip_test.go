@@ -3,17 +3,16 @@ package ipam
 import (
 	"bytes"
 	"crypto/ed25519"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
-	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/antientropy"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -86,7 +85,7 @@ func TestRingDataMergeIsAJoin(t *testing.T) {
 		var sends []ringData
 		for _, k := range keys {
 			for _, enc := range ringVersions(t, rng, k.universe, 30) {
-				sends = append(sends, ringData{msg: ringMessage{ClusterID: "c1", Rings: []ringEntry{{Overlay: k.overlay, Family: k.family, Ring: enc}}}})
+				sends = append(sends, ringData{msg: ipamwire.RingMessage{ClusterID: "c1", Rings: []ipamwire.RingEntry{{Overlay: k.overlay, Family: k.family, Ring: enc}}}})
 				r, err := ring.Decode(enc)
 				if err != nil {
 					t.Fatal(err)
@@ -100,7 +99,7 @@ func TestRingDataMergeIsAJoin(t *testing.T) {
 			}
 		}
 		// A bad encoding on the way is dropped for the valid rings.
-		sends = append(sends, ringData{msg: ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: []byte("garbage")}}}})
+		sends = append(sends, ringData{msg: ipamwire.RingMessage{Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: []byte("garbage")}}}})
 		rng.Shuffle(len(sends), func(i, j int) { sends[i], sends[j] = sends[j], sends[i] })
 		var pending ringData = sends[0]
 		for _, d := range sends[1:] {
@@ -128,47 +127,15 @@ func TestRingDataMergeIsAJoin(t *testing.T) {
 // rebuilt since gives way to the new cluster's.
 func TestRingDataMergeAcrossClusters(t *testing.T) {
 	enc := ringVersions(t, rand.New(rand.NewPCG(1, 1)), netip.MustParsePrefix("10.128.0.0/16"), 2)
-	old := ringData{msg: ringMessage{ClusterID: "old", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: enc[0]}}}}
-	cur := ringData{msg: ringMessage{ClusterID: "new", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: enc[1]}}}}
+	old := ringData{msg: ipamwire.RingMessage{ClusterID: "old", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: enc[0]}}}}
+	cur := ringData{msg: ipamwire.RingMessage{ClusterID: "new", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: enc[1]}}}}
 	got := old.Merge(cur).(ringData)
 	if got.msg.ClusterID != "new" || len(got.msg.Rings) != 1 || !bytes.Equal(got.msg.Rings[0].Ring, enc[1]) {
 		t.Errorf("merge across clusters kept %+v", got.msg)
 	}
 }
 
-func TestDecodeRingMessageRejects(t *testing.T) {
-	tests := []struct{ name, msg string }{
-		{"not json", `{`},
-		{"bad family", `{"rings":[{"overlay":"carve","family":"5","ring":""}]}`},
-		{"bad overlay", `{"rings":[{"overlay":"Carve!","family":"4","ring":""}]}`},
-		{"long cluster id", `{"cluster_id":"` + string(bytes.Repeat([]byte("x"), maxClusterIDLen+1)) + `","rings":[]}`},
-		{"oversized", `{"rings":[` + string(bytes.Repeat([]byte(" "), maxRingMessageBytes)) + `]}`},
-		{"digest without sender", `{"digest":[{"overlay":"carve","family":"4","hash":1}]}`},
-		{"digest bad family", `{"from":"p","digest":[{"overlay":"carve","family":"5","hash":1}]}`},
-		{"digest bad overlay", `{"from":"p","digest":[{"overlay":"Carve!","family":"4","hash":1}]}`},
-		{"digest too long", `{"from":"p","digest":[` + strings.TrimSuffix(strings.Repeat(`{"overlay":"carve","family":"4","hash":1},`, maxDigestRings+1), ",") + `]}`},
-		{"push of 3 buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":3,"buckets":[0]}]}`},
-		{"push bucket outside", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4,"buckets":[4]}]}`},
-		{"push bucket negative", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4,"buckets":[-1]}]}`},
-		{"push buckets without n", `{"rings":[{"overlay":"carve","family":"4","ring":"","buckets":[0]}]}`},
-		{"push n without buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":4}]}`},
-		{"push too many buckets", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":1,"buckets":[0,0]}]}`},
-		{"push n too large", `{"rings":[{"overlay":"carve","family":"4","ring":"","n":8192,"buckets":[0]}]}`},
-		{"bucket hashes not 8 a bucket", `{"buckets":[{"overlay":"carve","family":"4","hashes":"AAAA"}]}`},
-		{"bucket hashes of 3 buckets", `{"buckets":[{"overlay":"carve","family":"4","hashes":"` + base64.StdEncoding.EncodeToString(make([]byte, 24)) + `"}]}`},
-		{"bucket hashes empty", `{"buckets":[{"overlay":"carve","family":"4","hashes":""}]}`},
-		{"bucket hashes bad family", `{"buckets":[{"overlay":"carve","family":"5","hashes":"AAAAAAAAAAA="}]}`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if _, err := decodeRingMessage([]byte(tt.msg)); err == nil {
-				t.Errorf("accepted %.80s", tt.msg)
-			}
-		})
-	}
-}
-
-// fuzzService is a Service with allocations, for FuzzDecodeRingMessage.
+// fuzzService is a Service with allocations, for FuzzRingMessageHandler.
 func fuzzService(f *testing.F) *Service {
 	f.Helper()
 	db, err := bolt.Open(f.TempDir()+"/agent.db", 0o600, &bolt.Options{NoSync: true})
@@ -225,11 +192,11 @@ func checkAllocations(t *testing.T, s *Service) {
 	}
 }
 
-// FuzzDecodeRingMessage: ring gossip from the network never panics the
+// FuzzRingMessageHandler: ring gossip from the network never panics the
 // decoder nor the merge into a real allocator holding allocations; after
 // any message no address is held twice or outside the agent's ranges, and
 // a refused merge leaves the rings as they were.
-func FuzzDecodeRingMessage(f *testing.F) {
+func FuzzRingMessageHandler(f *testing.F) {
 	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"4","ring":"AAEC"}]}`))
 	f.Add([]byte(`{"rings":[{"overlay":"carve","family":"5","ring":""}]}`))
 	f.Add([]byte(`{}`))
@@ -245,9 +212,9 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	if _, err := thief.Seed([]ring.Lease{{Owner: "other", Prefix: netip.MustParsePrefix("10.128.2.0/23"), Version: 100}}, []ring.Tombstone{{Owner: "self", Version: 50}}); err != nil {
 		f.Fatal(err)
 	}
-	takeover, _ := json.Marshal(ringMessage{ClusterID: "fuzz-cluster", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
+	takeover, _ := json.Marshal(ipamwire.RingMessage{ClusterID: "fuzz-cluster", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
 	f.Add(takeover)
-	otherCluster, _ := json.Marshal(ringMessage{ClusterID: "another", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
+	otherCluster, _ := json.Marshal(ipamwire.RingMessage{ClusterID: "another", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: thief.EncodeRing()}}})
 	f.Add(otherCluster)
 	// Anti-entropy: digests (answered by a unicast push), and a push
 	// through the unicast path.
@@ -259,17 +226,17 @@ func FuzzDecodeRingMessage(f *testing.F) {
 	f.Add([]byte(`{"cluster_id":"fuzz-cluster","buckets":[{"overlay":"carve","family":"4","hashes":"AAAAAAAAAAEAAAAAAAAAAg=="}]}`))
 	if in, err := antientropy.Selector(2, []int{1}); err == nil {
 		part := thief.Ring().Select(in)
-		push, _ := json.Marshal(ringMessage{ClusterID: "fuzz-cluster", Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: part.Encode(), N: 2, Buckets: []int{1}}}})
+		push, _ := json.Marshal(ipamwire.RingMessage{ClusterID: "fuzz-cluster", Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: part.Encode(), N: 2, Buckets: []int{1}}}})
 		f.Add(push)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := decodeRingMessage(data)
+		m, err := ipamwire.DecodeRingMessage(data)
 		if err != nil {
 			return
 		}
 		for _, e := range m.Rings {
 			before := s.Rings()
-			_, err := s.mergeRings(ringMessage{ClusterID: m.ClusterID, Rings: []ringEntry{e}})
+			_, err := s.mergeRings(ipamwire.RingMessage{ClusterID: m.ClusterID, Rings: []ipamwire.RingEntry{e}})
 			if err != nil && !maps.EqualFunc(before, s.Rings(), bytes.Equal) {
 				t.Fatalf("a refused merge (%v) changed the rings", err)
 			}
@@ -325,7 +292,7 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := saved()
-	news, err := s.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}})
+	news, err := s.mergeRings(ipamwire.RingMessage{Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}})
 	if err != nil || len(news.Rings) != 1 {
 		t.Fatalf("merge: %v, %d rings of news", err, len(news.Rings))
 	}
@@ -341,7 +308,7 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	if err := other.Grant("self", netip.MustParsePrefix("10.128.5.0/26")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.mergeRings(ringMessage{Rings: []ringEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}}); err != nil {
+	if _, err := s.mergeRings(ipamwire.RingMessage{Rings: []ipamwire.RingEntry{{Overlay: "carve", Family: "4", Ring: other.EncodeRing()}}}); err != nil {
 		t.Fatal(err)
 	}
 	if owner, _ := other.Ring().Owner(netip.MustParseAddr("10.128.5.1")); owner != "self" {

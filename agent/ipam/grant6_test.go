@@ -3,6 +3,8 @@ package ipam
 import (
 	"errors"
 	"testing"
+
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 )
 
 // TestNoIPv6GrantThroughRing: a donor grants only from its bridges' first
@@ -19,23 +21,23 @@ func TestNoIPv6GrantThroughRing(t *testing.T) {
 	}
 	c.gossipRounds()
 	b := c.nodes["b"]
-	req := func(family string, bits int) spaceMessage {
-		return spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-" + family,
+	req := func(family string, bits int) ipamwire.SpaceMessage {
+		return ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-" + family,
 			Overlay: "carve", Family: family, Bits: bits}
 	}
 	ans, _ := b.svc.decideDonation(req("6", 65))
-	if ans.Kind != kindRefuse || ans.Reason != reasonIPv6NotGranted {
-		t.Errorf("IPv6 space request answered %s %q %s, want a refusal %q", ans.Kind, ans.Reason, ans.Prefix, reasonIPv6NotGranted)
+	if ans.Kind != ipamwire.KindRefuse || ans.Reason != ipamwire.ReasonIPv6NotGranted {
+		t.Errorf("IPv6 space request answered %s %q %s, want a refusal %q", ans.Kind, ans.Reason, ans.Prefix, ipamwire.ReasonIPv6NotGranted)
 	}
 	ans, bt := b.svc.decideDonation(req("4", 27))
-	if ans.Kind != kindGrant {
+	if ans.Kind != ipamwire.KindGrant {
 		t.Fatalf("IPv4 space request answered %s %q, want a grant", ans.Kind, ans.Reason)
 	}
 	if err := b.svc.flush(bt); err != nil {
 		t.Fatal(err)
 	}
 	// The asking side does not ask for IPv6 at all.
-	err := c.nodes["a"].svc.growFromRing(t.Context(), growKey{overlay: "carve", bridge: "mesos", fam: 1})
+	err := c.nodes["a"].svc.growFromRing(t.Context(), growKey{overlay: "carve", bridge: "mesos", fam: 1}, nil)
 	if err == nil || !errors.Is(err, errOverlayFull) {
 		t.Errorf("growing IPv6 through the ring: %v, want errOverlayFull", err)
 	}

@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -26,107 +28,6 @@ import (
 // empty for GrowthConfig.IdleReturn goes back: to its donor with a grant back
 // through the ring, or to the masters (BlockSource.Return).
 
-// BlockSource is the masters' side of growth. The agent wires it to its
-// masters' client; ipam knows nothing of HTTP or Raft.
-type BlockSource interface {
-	// Grow asks for another block for a bridge of an overlay (family 4 or
-	// 6), committed before the answer. ErrMastersExhausted: the masters
-	// have no free block left; any other error: no master answered.
-	Grow(ctx context.Context, overlay, bridge string, family int, requestID string) (LeasedBlock, error)
-	// Return gives a grown block back to the masters' free pool.
-	Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error
-	// ReportGrant tells the masters of a grant made through the ring, so
-	// that they never lease that space to anyone else.
-	ReportGrant(ctx context.Context, g GrantReport) error
-}
-
-// LeasedBlock is a block the masters leased on a grow request.
-type LeasedBlock struct {
-	Prefix netip.Prefix
-	// Version is the Raft index of the lease (its version in the ring).
-	Version uint64
-	// Held, when set, are every block of the agent's record in the
-	// overlay family, at Version (the record the grow answered): the
-	// agent's complete lease set, seeded as such.
-	Held []netip.Prefix
-}
-
-// GrantReport is a grant through the ring, as the masters learn it.
-type GrantReport struct {
-	Overlay   string
-	Prefix    netip.Prefix
-	Donor     string
-	Recipient string
-	// Bridge is the recipient's bridge the block serves ("": mesos).
-	Bridge    string
-	RequestID string
-	// Expires and DonorSignature are the donor's signed statement of the
-	// grant (api.GrantSigningBytes), reported with it.
-	Expires        int64
-	DonorSignature string
-}
-
-// MasterBlock is a grown or granted block the masters' record of this
-// agent lists.
-type MasterBlock struct {
-	Overlay string
-	Bridge  string
-	Prefix  netip.Prefix
-	Version uint64
-	// Donor is the agent that granted the block; empty for a grown one.
-	Donor string
-}
-
-// Errors of growth, for callers that branch.
-var (
-	// ErrMastersExhausted is BlockSource.Grow's answer when the masters have
-	// no free block left for the overlay.
-	ErrMastersExhausted = errors.New("the masters have no free block left")
-	// ErrQuota is BlockSource.Grow's answer when the masters refused the
-	// block for the agent's quota (quota_prefix): the agent holds all the
-	// grown and granted space it may, so it asks no peer either (the
-	// masters would refuse the grant's report just the same).
-	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
-	// errOverlayFull marks a growth that found space nowhere: not at the
-	// masters, and no peer would grant any.
-	errOverlayFull = errors.New("overlay full")
-	// ErrReportRefused is a BlockSource's answer when the masters refused
-	// a grant report or a return for good (not worth sending again).
-	ErrReportRefused = errors.New("refused by the masters")
-)
-
-// GrowthConfig configures growth; the zero value grows through the ring only.
-type GrowthConfig struct {
-	// Source is the masters; nil: only peers are asked.
-	Source BlockSource
-	// LowWater is the number of free addresses of a bridge (per family)
-	// below which it grows in the background; 0: max(2, 1/8 of its first
-	// block); negative: only when an allocation finds it full.
-	LowWater int
-	// Wait bounds how long an allocation that finds its bridge full waits
-	// for the growth in flight; 0: 10s.
-	Wait time.Duration
-	// IdleReturn is how long a grown block stays empty before it goes
-	// back; 0: 10 minutes; negative: never.
-	IdleReturn time.Duration
-	// AnswerTimeout is how long a space request waits for an answer before
-	// it is sent again (three sends per peer); 0: 1s.
-	AnswerTimeout time.Duration
-	// RefuseMemory is how long a peer that refused is not asked again; 0: 1m.
-	RefuseMemory time.Duration
-	// UsageInterval is the least time between two usage reports to the
-	// masters (sent when the counts change; see usage.go); 0: 5s;
-	// negative: none.
-	UsageInterval time.Duration
-	// UsageRefresh is the most time between two usage reports; 0: 1m.
-	UsageRefresh time.Duration
-	// Seed seeds the choice of the peer to ask; 0 draws one.
-	Seed uint64
-	// OnChange is called, without locks held, when blocks or rings changed
-	// (the agent reconciles gateways and routes).
-	OnChange func()
-}
-
 // growKey names a growth in flight.
 type growKey struct {
 	overlay, bridge string
@@ -137,12 +38,15 @@ type growKey struct {
 type growth struct {
 	done chan struct{}
 	err  error
+	// asked says, while it runs, what it asked and was answered so far
+	// (under s.mu): an ADD whose wait ends first says it.
+	asked []string
 }
 
 // waiter is a space request waiting for its answer.
 type waiter struct {
 	peer string
-	ch   chan spaceMessage
+	ch   chan ipamwire.SpaceMessage
 }
 
 // growState is the growth part of a Service, under s.mu.
@@ -153,7 +57,7 @@ type growState struct {
 	// asking: the bridge an overlay family asks space for now.
 	asking  map[[2]string]string
 	waiting map[string]waiter
-	refused map[[2]string]time.Time // overlay, peer -> when
+	refused map[[2]string]peerRefusal // overlay, peer -> its last refusal
 	granted map[[2]string]netip.Prefix
 	// returned: grown blocks given back, by prefix, with their lease
 	// version: a masters' record that still lists one is stale.
@@ -191,7 +95,7 @@ func newGrowState(cfg GrowthConfig) growState {
 	return growState{
 		cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6772)),
 		inflight: map[growKey]*growth{}, asking: map[[2]string]string{}, waiting: map[string]waiter{},
-		refused: map[[2]string]time.Time{}, granted: map[[2]string]netip.Prefix{},
+		refused: map[[2]string]peerRefusal{}, granted: map[[2]string]netip.Prefix{},
 		returned: map[netip.Prefix]uint64{}, kick: make(chan struct{}, 1),
 		fullSince: map[string]time.Time{}, lowWarned: map[string]time.Time{},
 	}
@@ -200,14 +104,15 @@ func newGrowState(cfg GrowthConfig) growState {
 // growTimeout bounds one growth (the masters, then a few peers).
 const growTimeout = 30 * time.Second
 
-// maxPeersAsked is how many peers one growth asks before it gives up.
-const maxPeersAsked = 3
+// errStillGrowing marks a growth still in flight when the ADD's wait ended.
+var errStillGrowing = errors.New("still growing")
 
 // waitGrowths waits for the growths until they end or ctx does, and
 // returns their errors; one that is still in flight when ctx ends counts
-// as "still growing".
-func waitGrowths(ctx context.Context, gs []*growth) []error {
+// as errStillGrowing, with what it asked so far.
+func (s *Service) waitGrowths(ctx context.Context, gs []*growth) []error {
 	var errs []error
+	var asking []string
 	growing := false
 	for _, g := range gs {
 		select {
@@ -221,10 +126,17 @@ func waitGrowths(ctx context.Context, gs []*growth) []error {
 			}
 		default:
 			growing = true
+			s.mu.Lock()
+			asking = append(asking, g.asked...)
+			s.mu.Unlock()
 		}
 	}
 	if growing {
-		errs = append(errs, errors.New("still growing: try again"))
+		so := "no master or peer has granted a block yet"
+		if len(asking) > 0 {
+			so += ": " + strings.Join(asking, "; ")
+		}
+		errs = append(errs, fmt.Errorf("%w (%s): try again", errStillGrowing, so))
 	}
 	return errs
 }
@@ -289,7 +201,7 @@ func (s *Service) startGrowth(overlay, bridge string, full bool) []*growth {
 func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
 	ctx, cancel := context.WithTimeout(ctx, growTimeout)
 	defer cancel()
-	err := s.growOnce(ctx, k)
+	err := s.growOnce(ctx, k, g)
 	if err != nil {
 		s.log.Warn("a bridge could not grow", "overlay", k.overlay, "bridge", k.bridge, "family", familyName(k.fam), "err", err)
 	}
@@ -311,8 +223,9 @@ func (s *Service) changed() {
 	}
 }
 
-// growOnce gets one block: from the masters, else from a peer.
-func (s *Service) growOnce(ctx context.Context, k growKey) error {
+// growOnce gets one block: from the masters, else from a peer. g, when
+// set, keeps what it asked so far.
+func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 	if src := s.grow.cfg.Source; src != nil {
 		lb, err := src.Grow(ctx, k.overlay, k.bridge, familyNumber(k.fam), s.requestID())
 		switch {
@@ -337,7 +250,7 @@ func (s *Service) growOnce(ctx context.Context, k growKey) error {
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)
 		}
 	}
-	return s.growFromRing(ctx, k)
+	return s.growFromRing(ctx, k, g)
 }
 
 // familyNumber is 4 or 6.

@@ -10,9 +10,12 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/ring"
 )
 
 // refusedError is a peer's refusal to grant space.
@@ -20,41 +23,102 @@ type refusedError struct{ peer, reason string }
 
 func (e *refusedError) Error() string { return fmt.Sprintf("peer %s refused: %s", e.peer, e.reason) }
 
+// peerRefusal is a peer's last refusal (or silence) in an overlay: it is
+// not asked again for RefuseMemory, unless its free count in the ring
+// grew since (it freed addresses: it may grant now).
+type peerRefusal struct {
+	when time.Time
+	free ring.Uint128 // the peer's free count in the ring then
+	why  string       // the refusal, for the error that ends a growth
+}
+
+// minSpareFree is the least free count a peer's ring entries must show
+// for the peer to be asked: a donor grants no block smaller than four
+// addresses (minBlockBits) and keeps at least as much as it gives
+// (decideDonation), and the ring's free count of a peer is never below
+// what it may give (it counts its bridges' network and broadcast addresses
+// too). Fewer, and asking only costs a refusal.
+const minSpareFree = 8
+
+// freeByPeer sums each peer's free counts in a ring (a lease it has not
+// reported on yet counts whole).
+func freeByPeer(r *ring.Ring) map[string]ring.Uint128 {
+	out := map[string]ring.Uint128{}
+	for _, t := range r.Tokens() {
+		if t.Owner != "" {
+			out[t.Owner] = out[t.Owner].Add(t.Free)
+		}
+	}
+	return out
+}
+
 // growFromRing asks peers for a block, the ones with most free space most
-// likely, leaving out those that refused recently.
-func (s *Service) growFromRing(ctx context.Context, k growKey) error {
+// likely, each at most once, until one grants, none is left to ask or ctx
+// ends. Peers that refused recently are left out while their free count
+// is what it was. It fails with errOverlayFull when no peer has enough
+// free addresses in the ring to spare a block (the overlay's space is in
+// use), else with errNoDonor, naming each peer's refusal or silence.
+func (s *Service) growFromRing(ctx context.Context, k growKey, g *growth) error {
 	if k.fam == 1 {
-		// Peers do not grant IPv6 space (reasonIPv6NotGranted).
+		// Peers do not grant IPv6 space (ipamwire.ReasonIPv6NotGranted).
 		s.metrics.grows.WithLabelValues("ring", "none").Inc()
 		return fmt.Errorf("%w: IPv6 space is leased by the masters only, never granted through the ring", errOverlayFull)
 	}
-	var errs []error
-	for range maxPeersAsked {
+	asked := map[string]bool{}
+	var outcomes []string
+	for {
 		s.mu.Lock()
 		o := s.overlays[k.overlay]
 		if o == nil || o.alloc[k.fam] == nil || s.channel == nil {
 			s.mu.Unlock()
-			return errors.Join(append(errs, errors.New("no ring channel to ask peers on"))...)
+			return fmt.Errorf("%w: no ring channel to ask peers on", errNoDonor)
 		}
+		r := o.alloc[k.fam].Ring()
+		free := freeByPeer(r)
 		exclude := []string{s.id}
-		for key, when := range s.grow.refused {
-			if key[0] == k.overlay && time.Since(when) < s.grow.cfg.RefuseMemory {
-				exclude = append(exclude, key[1])
+		var remembered []string
+		spare, total := 0, ring.Uint128{} // peers that may spare a block; all peers' free
+		for _, p := range sortedKeys(free) {
+			if p == s.id {
+				continue
+			}
+			total = total.Add(free[p])
+			if free[p].Less(ring.U128(minSpareFree)) {
+				exclude = append(exclude, p)
+				continue
+			}
+			spare++
+			switch ref, ok := s.grow.refused[[2]string{k.overlay, p}]; {
+			case asked[p]:
+				exclude = append(exclude, p)
+			case ok && time.Since(ref.when) < s.grow.cfg.RefuseMemory && !ref.free.Less(free[p]):
+				exclude = append(exclude, p)
+				remembered = append(remembered, fmt.Sprintf("%s (%s ago)", ref.why, time.Since(ref.when).Round(time.Second)))
 			}
 		}
-		peer, ok := o.alloc[k.fam].Ring().ChoosePeerToAsk(s.grow.rng, exclude...)
+		peer, ok := r.ChoosePeerToAsk(s.grow.rng, exclude...)
 		bits := o.bridges[k.bridge][k.fam].Bits()
 		s.mu.Unlock()
 		if !ok {
 			s.metrics.grows.WithLabelValues("ring", "none").Inc()
-			return fmt.Errorf("%w: no peer has free space to ask for (%d refused recently)", errOverlayFull, len(exclude)-1)
+			switch {
+			case spare > 0:
+				return fmt.Errorf("%w: %d peers report free space in the ring, and none granted a block: %s",
+					errNoDonor, spare, strings.Join(append(outcomes, remembered...), "; "))
+			case total.IsZero():
+				return fmt.Errorf("%w: no peer reports a free address in the ring", errOverlayFull)
+			}
+			return fmt.Errorf("%w: no peer reports enough free addresses to spare a block (%s in all, fewer than %d at each peer, "+
+				"its bridges' network and broadcast addresses included; a donor keeps at least as much as it gives, "+
+				"and the smallest block is 4 addresses)", errOverlayFull, total, minSpareFree)
 		}
+		asked[peer] = true
 		err := s.askPeer(ctx, peer, k, bits)
 		if err == nil {
 			s.metrics.grows.WithLabelValues("ring", "ok").Inc()
 			return nil
 		}
-		errs = append(errs, err)
+		outcomes = append(outcomes, err.Error())
 		reason := "no_answer"
 		var re *refusedError
 		if errors.As(err, &re) {
@@ -63,13 +127,15 @@ func (s *Service) growFromRing(ctx context.Context, k growKey) error {
 		s.metrics.refused.WithLabelValues(reason).Inc()
 		s.metrics.grows.WithLabelValues("ring", "refused").Inc()
 		s.mu.Lock()
-		s.grow.refused[[2]string{k.overlay, peer}] = time.Now()
+		s.grow.refused[[2]string{k.overlay, peer}] = peerRefusal{when: time.Now(), free: free[peer], why: err.Error()}
+		if g != nil {
+			g.asked = append(g.asked, err.Error())
+		}
 		s.mu.Unlock()
 		if ctx.Err() != nil {
-			break
+			return fmt.Errorf("%w before the growth's time ran out: %s", errNoDonor, strings.Join(outcomes, "; "))
 		}
 	}
-	return fmt.Errorf("%w: %w", errOverlayFull, errors.Join(errs...))
 }
 
 // askingBridge is the bridge an overlay family asks space for now (mesos
@@ -85,7 +151,7 @@ func (s *Service) askingBridge(overlay string, fam int) string {
 // the grant counts once the merged ring gives this agent the block.
 func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int) error {
 	id := s.requestID()
-	ch := make(chan spaceMessage, 1)
+	ch := make(chan ipamwire.SpaceMessage, 1)
 	s.mu.Lock()
 	s.grow.waiting[id] = waiter{peer: peer, ch: ch}
 	s.grow.asking[[2]string{k.overlay, familyName(k.fam)}] = k.bridge
@@ -97,10 +163,10 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 		delete(s.grow.asking, [2]string{k.overlay, familyName(k.fam)})
 		s.mu.Unlock()
 	}()
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: clusterID, From: s.id, ID: id,
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: clusterID, From: s.id, ID: id,
 		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits}
 	s.signSpaceRequest(&req)
-	msg := encodeSpaceMessage(req)
+	msg := ipamwire.EncodeSpaceMessage(req)
 	for range 3 {
 		if err := channel.Unicast(peer, msg); err != nil {
 			return fmt.Errorf("ask %s: %w", peer, err)
@@ -121,8 +187,8 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 
 // acceptAnswer merges a grant's ring; the block counts only if the ring
 // then gives it to this agent. A grant is reported to the masters.
-func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
-	if ans.Kind == kindRefuse {
+func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage) error {
+	if ans.Kind == ipamwire.KindRefuse {
 		return &refusedError{peer: peer, reason: ans.Reason}
 	}
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
@@ -145,7 +211,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans spaceMessage) error {
 	s.mu.Lock()
 	s.expectedGrants[k.overlay] = append(s.expectedGrants[k.overlay], p)
 	s.mu.Unlock()
-	_, mergeErr := s.mergeRings(ringMessage{ClusterID: ans.ClusterID, Rings: []ringEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
+	_, mergeErr := s.mergeRings(ipamwire.RingMessage{ClusterID: ans.ClusterID, Rings: []ipamwire.RingEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
 	s.mu.Lock()
 	s.expectedGrants[k.overlay] = slices.DeleteFunc(s.expectedGrants[k.overlay], func(e netip.Prefix) bool { return e == p })
 	if len(s.expectedGrants[k.overlay]) == 0 {

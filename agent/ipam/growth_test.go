@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/fakegossip"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -360,24 +361,6 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return sum
 }
 
-// TestGrowthOverlayFull: when no master and no peer has space left, an ADD
-// fails with "exhausted" and a message saying the overlay is full.
-func TestGrowthOverlayFull(t *testing.T) {
-	c := newCluster(t, 2, GrowthConfig{IdleReturn: -1, RefuseMemory: time.Hour})
-	c.start("a", t.TempDir(), "")
-	a := c.nodes["a"]
-	for i := range 29 {
-		a.alloc(t, fmt.Sprint("c", i))
-	}
-	_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
-	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), `overlay "carve" is full`) {
-		t.Fatalf("err %v", err)
-	}
-	if got := counterValue(t, a.reg, "carve_agent_ipam_exhausted_total"); got != 1 {
-		t.Errorf("exhausted_total %v", got)
-	}
-}
-
 // TestGrowthSurvivesRestarts: a grant survives the restart of its
 // recipient and of its donor (bbolt), and after the recipient's data dir is
 // lost its containers' addresses in the granted block come back from the
@@ -532,7 +515,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
 	dir := t.TempDir()
 	c.start("b", dir, "")
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-0001", Overlay: "carve", Family: "4", Bits: 27}
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-0001", Overlay: "carve", Family: "4", Bits: 27}
 	grant := func(what string) netip.Prefix {
 		t.Helper()
 		nd := c.nodes["b"]
@@ -542,7 +525,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if ans.Kind != kindGrant {
+		if ans.Kind != ipamwire.KindGrant {
 			t.Fatalf("%s: answer %+v", what, ans)
 		}
 		return netip.MustParsePrefix(ans.Prefix)
@@ -711,7 +694,7 @@ func TestDonorsKeepToTheRecipientsQuota(t *testing.T) {
 	}
 	refused := 0.0
 	for _, id := range []string{"b", "c"} {
-		n, _ := gaugeIn(t, c.nodes[id].reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": reasonRecipientQuota})
+		n, _ := gaugeIn(t, c.nodes[id].reg, "carve_agent_ring_claims_refused_total", map[string]string{"reason": ipamwire.ReasonRecipientQuota})
 		refused += n
 	}
 	if refused < 1 {

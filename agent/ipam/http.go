@@ -16,9 +16,9 @@ import (
 // shutdownTimeout bounds how long Serve waits for requests in flight.
 const shutdownTimeout = 5 * time.Second
 
-// Handler is the unix-socket API (/ipam/...) that carve-ipam and the
+// handler is the unix-socket API (/ipam/...) that carve-ipam and the
 // operator's tools call (api.IPAMClient).
-func (s *Service) Handler() http.Handler {
+func (s *Service) handler() http.Handler {
 	r := httpapi.NewRouter()
 	r.HandleFunc("/ipam/allocate", post(s.Allocate)).Methods(http.MethodPost)
 	r.HandleFunc("/ipam/release", post(s.Release)).Methods(http.MethodPost)
@@ -62,9 +62,9 @@ func reply(w http.ResponseWriter, v any, err error) {
 	httpapi.WriteJSON(w, http.StatusOK, v)
 }
 
-// Serve serves Handler on ln until ctx ends.
+// Serve serves the unix-socket API (handler) on ln until ctx ends.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) {
-	srv := httpapi.NewServer(s.Handler(), httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
+	srv := httpapi.NewServer(s.handler(), httpapi.ServerOptions{ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)})
 	// The shutdown is a goroutine Serve owns: it ends (requests in flight
 	// answered) before Serve returns, also when serving failed.
 	bg := goroutines.New(ctx)

@@ -216,8 +216,8 @@ func TestRebuildForgetsRings(t *testing.T) {
 
 			// The old cluster's gossip is refused and counted.
 			_, err := h.svc.RingGossip().OnGossip(oldMsg)
-			if !errors.Is(err, ErrOtherCluster) {
-				t.Errorf("old cluster's ring message: %v, want ErrOtherCluster", err)
+			if !errors.Is(err, errOtherCluster) {
+				t.Errorf("old cluster's ring message: %v, want errOtherCluster", err)
 			}
 			if n := h.counter("carve_agent_ring_gossip_messages_total", "result", gossipOtherCluster); n != 1 {
 				t.Errorf("other_cluster messages counted: %v", n)

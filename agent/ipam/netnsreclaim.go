@@ -1,13 +1,10 @@
 package ipam
 
 import (
-	"errors"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/cnihost"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -26,29 +23,7 @@ import (
 // takes back, after a lost data dir, the addresses live containers still
 // hold, and records their owner and netns from the cache; this one lets go
 // of those whose namespace is gone. Both decide from what the runtime left
-// on the host, never from a guess.
-
-// DefaultReclaimNetNSDirs are the directories where runtimes keep network
-// namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),
-// containerd's cni-* there and its CRI state's netns/.
-var DefaultReclaimNetNSDirs = []string{
-	"/run/netns",
-	"/var/run/netns",
-	"/run/containerd/io.containerd.grpc.v1.cri/netns",
-	"/var/run/containerd/io.containerd.grpc.v1.cri/netns",
-}
-
-// ReclaimConfig configures the release of allocations whose network
-// namespace is gone; the zero value turns it off.
-type ReclaimConfig struct {
-	// After is how long a namespace must stay missing; 0: never reclaim.
-	After time.Duration
-	// DryRun logs and counts what would be released, and releases nothing.
-	DryRun bool
-	// NetNSDirs are the runtime directories whose namespaces are watched
-	// (DefaultReclaimNetNSDirs when empty).
-	NetNSDirs []string
-}
+// on the host (read by package cnihost), never from a guess.
 
 // reclaimState is what the reclaim remembers between scans, under s.mu.
 type reclaimState struct {
@@ -68,41 +43,8 @@ type missing struct {
 }
 
 func newReclaimState(cfg ReclaimConfig) reclaimState {
-	if len(cfg.NetNSDirs) == 0 {
-		cfg.NetNSDirs = DefaultReclaimNetNSDirs
-	}
-	dirs := make([]string, 0, len(cfg.NetNSDirs))
-	for _, d := range cfg.NetNSDirs {
-		dirs = append(dirs, filepath.Clean(d))
-	}
-	cfg.NetNSDirs = dirs
+	cfg.NetNSDirs = cnihost.NetNSDirs(cfg.NetNSDirs)
 	return reclaimState{cfg: cfg, missingSince: map[string]missing{}, reported: map[string]bool{}}
-}
-
-// watchedNetNS tells whether path is a namespace in one of the runtime
-// directories (directly inside it: runtimes keep them flat).
-func (r *reclaimState) watchedNetNS(path string) bool {
-	if path == "" || !filepath.IsAbs(path) || filepath.Clean(path) != path {
-		return false
-	}
-	dir := filepath.Dir(path)
-	for _, d := range r.cfg.NetNSDirs {
-		if dir == d {
-			return true
-		}
-	}
-	return false
-}
-
-// netnsGone tells whether a namespace path is gone for sure: the path does
-// not exist while its directory does (a directory the agent cannot see,
-// as from another mount namespace, proves nothing).
-func netnsGone(path string) bool {
-	if _, err := os.Stat(filepath.Dir(path)); err != nil {
-		return false
-	}
-	_, err := os.Lstat(path)
-	return errors.Is(err, fs.ErrNotExist)
 }
 
 // reclaimCandidate is an allocation whose namespace the scan checks.
@@ -112,11 +54,11 @@ type reclaimCandidate struct {
 	netns   string
 }
 
-// ReclaimGone is one scan: it checks the namespace of every CNI allocation
+// reclaimGone is one scan: it checks the namespace of every CNI allocation
 // under a watched directory, and releases (or, in dry run, reports) those
 // missing for ReclaimConfig.After. It returns what it released or would
 // release.
-func (s *Service) ReclaimGone(now time.Time) []api.Allocation {
+func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 	if s.reclaim.cfg.After <= 0 {
 		return nil
 	}
@@ -125,7 +67,7 @@ func (s *Service) ReclaimGone(now time.Time) []api.Allocation {
 	for _, name := range sortedKeys(s.overlays) {
 		o := s.overlays[name]
 		for _, at := range sortedAttachments(o.attached) {
-			if rec := o.attached[at]; rec.Owner != nil && s.reclaim.watchedNetNS(rec.Owner.NetNS) {
+			if rec := o.attached[at]; rec.Owner != nil && cnihost.Watched(s.reclaim.cfg.NetNSDirs, rec.Owner.NetNS) {
 				cands = append(cands, reclaimCandidate{overlay: name, at: at, netns: rec.Owner.NetNS})
 			}
 		}
@@ -133,7 +75,7 @@ func (s *Service) ReclaimGone(now time.Time) []api.Allocation {
 	s.mu.Unlock()
 	gone := map[string]bool{}
 	for _, c := range cands {
-		if netnsGone(c.netns) {
+		if cnihost.NetNSGone(c.netns) {
 			gone[allocKey(c.overlay, c.at)] = true
 		}
 	}
@@ -226,7 +168,7 @@ func (r *reclaimState) every() time.Duration {
 	return min(max(r.cfg.After/4, 10*time.Millisecond), 30*time.Second)
 }
 
-// reclaimScans is how many scans ReclaimGone made.
+// reclaimScans is how many scans reclaimGone made.
 func (s *Service) reclaimScans() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -62,7 +62,7 @@ func TestNetNSReclaim(t *testing.T) {
 			}
 			var last []api.Allocation
 			for _, d := range tt.scans {
-				last = h.svc.ReclaimGone(t0.Add(d))
+				last = h.svc.reclaimGone(t0.Add(d))
 			}
 			if len(last) != tt.reported {
 				t.Errorf("last scan reported %d, want %d: %+v", len(last), tt.reported, last)

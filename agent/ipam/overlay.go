@@ -79,18 +79,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	return out
 }
 
-// Where a bridge's extra block came from (heldBlock.Origin).
-const (
-	// OriginGrow is a block the masters leased to this agent on a grow
-	// request: it is a lease in the ring, and goes back through
-	// BlockSource.Return.
-	OriginGrow = "grow"
-	// OriginGrant is a block a peer granted through the ring: the ring
-	// alone says this agent owns it, and it goes back to its donor with a
-	// grant back through the ring.
-	OriginGrant = "grant"
-)
-
 // heldBlock is one block a bridge holds beyond its first sub-subnet.
 type heldBlock struct {
 	Overlay string       `json:"overlay"`

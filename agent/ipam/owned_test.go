@@ -14,6 +14,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -107,9 +108,9 @@ func TestNoDonationAfterClose(t *testing.T) {
 	var writes atomic.Int32
 	b.svc.inTransaction = func() error { writes.Add(1); return nil }
 	b.svc.Close()
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
-	req.Sig = api.Sign(claimKeyOf("a"), spaceSigningBytes(req))
-	err := (*ringHandler)(b.svc).onSpaceMessage("a", encodeSpaceMessage(req))
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
+	req.Sig = api.Sign(claimKeyOf("a"), ipamwire.SpaceRequestSigningBytes(req))
+	err := (*ringHandler)(b.svc).onSpaceMessage("a", ipamwire.EncodeSpaceMessage(req))
 	if !errors.Is(err, errStopping) {
 		t.Fatalf("a space request to a closed service: %v; want it refused as stopping", err)
 	}
@@ -197,9 +198,9 @@ func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
 	db := open()
 	b := start(db)
 	b.Sync(growthView("b"))
-	req := spaceMessage{V: spaceVersion, Kind: kindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
+	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
 	ans, batch := b.decideDonation(req)
-	if ans.Kind != kindGrant || batch == nil {
+	if ans.Kind != ipamwire.KindGrant || batch == nil {
 		t.Fatalf("answer %+v", ans)
 	}
 	if err := b.flush(batch); err != nil {

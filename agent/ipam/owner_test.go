@@ -207,7 +207,7 @@ func TestCapacityMetrics(t *testing.T) {
 			}
 		})
 	}
-	// Full: the free fraction is under LowFreeRatio and the last growth
+	// Full: the free fraction is under lowFreeRatio and the last growth
 	// found no space. Fill the docker bridge and most of the mesos one.
 	for i := range 252 {
 		h.alloc("dd"+strconv.Itoa(i), "eth0", api.BridgeDocker)

@@ -1,53 +1,13 @@
 package ipam
 
 import (
-	"encoding/json"
-	"errors"
-	"io/fs"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/cnihost"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
-
-// cniCacheEntry is the part of libcni's cached ADD result carve reads.
-type cniCacheEntry struct {
-	ContainerID string `json:"containerId"`
-	IfName      string `json:"ifName"`
-	NetworkName string `json:"networkName"`
-	NetNS       string `json:"netns"`
-	// CNIArgs are the CNI_ARGS pairs of the ADD ([[key, value], ...]).
-	CNIArgs [][2]string `json:"cniArgs"`
-	Result  struct {
-		IPs []struct {
-			Address string `json:"address"`
-		} `json:"ips"`
-	} `json:"result"`
-}
-
-// owner is the entry's container as its ADD named it, so that the
-// netns reclaim (netnsreclaim.go) lets the address go once the namespace
-// is gone. Identity pairs that do not parse are left out.
-func (e cniCacheEntry) owner() *api.Owner {
-	pairs := make([]string, 0, len(e.CNIArgs))
-	for _, kv := range e.CNIArgs {
-		pairs = append(pairs, kv[0]+"="+kv[1])
-	}
-	args, err := api.ParseCNIArgs(strings.Join(pairs, ";"))
-	if err != nil {
-		args = api.CNIArgs{}
-	}
-	o := args.Owner
-	o.Runtime, o.ContainerID, o.IfName, o.NetNS = api.RuntimeCNI, e.ContainerID, e.IfName, e.NetNS
-	if o.Validate() != nil {
-		return &api.Owner{Runtime: api.RuntimeCNI, ContainerID: e.ContainerID, IfName: e.IfName}
-	}
-	return &o
-}
 
 // reclaimFromCNICache claims the addresses that a CNI runtime's cache says
 // live containers hold on this overlay and that the agent does not know:
@@ -62,11 +22,9 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	if dir == "" {
 		return
 	}
-	files, err := os.ReadDir(filepath.Join(dir, "results"))
+	results, err := cnihost.ReadResults(dir, o.name)
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			s.log.Warn("read the CNI cache", "dir", dir, "err", err)
-		}
+		s.log.Warn("read the CNI cache", "dir", dir, "err", err)
 		return
 	}
 	inBridge := func(addr netip.Addr) bool {
@@ -79,31 +37,14 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	}
 	claimed := 0
 	now := time.Now()
-	for _, f := range files {
-		data, err := os.ReadFile(filepath.Join(dir, "results", f.Name()))
-		if err != nil {
-			continue
-		}
-		var e cniCacheEntry
-		if json.Unmarshal(data, &e) != nil || e.NetworkName != o.name ||
-			api.ValidateContainerID(e.ContainerID) != nil || api.ValidateIfName(e.IfName) != nil {
-			continue
-		}
+	for _, e := range results {
 		at := ring.Attachment{ContainerID: e.ContainerID, Interface: e.IfName}
 		if _, known := o.attached[at]; known || s.released.released(allocKey(o.name, at), now) {
 			continue
 		}
-		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.owner()}
-		for _, ip := range e.Result.IPs {
-			p, err := netip.ParsePrefix(ip.Address)
-			if err != nil {
-				continue
-			}
-			addr := p.Addr()
-			fam := 0
-			if addr.Is6() {
-				fam = 1
-			}
+		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.Owner}
+		for _, addr := range e.Addrs {
+			fam := familyOf(addr)
 			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && inBridge(addr) && o.alloc[fam].Claim(at, addr) == nil {
 				rec.setAddr(fam, addr)
 			}

@@ -19,7 +19,6 @@ import (
 	"net/netip"
 	"sync"
 
-	"github.com/prometheus/client_golang/prometheus"
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
@@ -28,81 +27,8 @@ import (
 	"github.com/carve-net/carve/ring"
 )
 
-// RingChannel is the mesh channel that carries every overlay's rings. One
-// channel for all of them, because mesh channels must be registered before
-// the router starts, and an agent learns its overlays only later.
-const RingChannel = "carve-rings"
-
-// DefaultCNICacheDir is where libcni-based runtimes cache ADD results.
-const DefaultCNICacheDir = "/var/lib/cni"
-
 // defaultMTU is DESIGN.md's overlay_mtu, until the network configuration says.
 const defaultMTU = 1420
-
-// Config configures a Service.
-type Config struct {
-	// AgentID is this agent's id: the ring peer the allocators act for.
-	AgentID string
-	// DB is the agent's bbolt store; the IPAM owns its own buckets in it.
-	DB *bolt.DB
-	// CNICacheDir is the runtime's libcni cache (results/), read to take
-	// back the addresses of running containers after a lost disk; empty: none.
-	CNICacheDir string
-	// Registerer receives the metrics of the IPAM and its ring gossip; nil: none.
-	Registerer prometheus.Registerer
-	Logger     *slog.Logger
-	// Growth configures how a bridge whose blocks fill up gets more space.
-	Growth GrowthConfig
-	// Reclaim configures the release of the addresses of containers whose
-	// network namespace is gone (netnsreclaim.go); the zero value: none.
-	Reclaim ReclaimConfig
-	// OnSent, when set, counts the bytes of ring gossip sent, by kind
-	// (delta, digest, push).
-	OnSent func(kind string, n int)
-	// ForgetNeighbour, when set, is called for every address a release
-	// frees, with the device name of its bridge: once the release is
-	// durable, before the address can be handed out again, with the
-	// service's lock held (so quick, and never calling the Service). The
-	// agent deletes the host's neighbour entry of the address there
-	// (neighbour.go).
-	ForgetNeighbour func(bridge string, addr netip.Addr)
-	// ClaimKey is the agent's claim key (the private half of the
-	// AgentKeys.Claim its record carries): it signs every ring token and
-	// grant this agent writes, and with it the agent verifies every
-	// received claim under its writer's key (claims.go). nil: nothing is
-	// signed or verified, only who leases what (--insecure labs, tests).
-	ClaimKey ed25519.PrivateKey
-}
-
-// Peer is one agent's leases, of every overlay: the blocks of its masters'
-// record (its subnets for a record without blocks).
-type Peer struct {
-	ID      string
-	Version uint64 // Raft index of the record the subnets come from
-	// Subnets are every block the record lists: each overlay family's
-	// are the agent's complete lease set at Version in that ring.
-	Subnets []string
-	// ClaimKey is the claim key of the agent's record (nil: none): its
-	// ring claims verify under it only.
-	ClaimKey ed25519.PublicKey
-}
-
-// View is all the IPAM learns from the agent.
-type View struct {
-	// ClusterID is the masters' cluster; rings of another cluster are refused.
-	ClusterID string
-	Self      *api.AgentInfo // nil before the first registration
-	Network   *api.NetworkConfig
-	Peers     []Peer // every known agent, self included
-	// Tombstones are the agents the masters deleted.
-	Tombstones []api.Tombstone
-	// Blocks are the grown and granted blocks the masters' record of this
-	// agent lists (beyond each bridge's first sub-subnet).
-	Blocks []MasterBlock
-	// StateIndex is the index of the masters' state the agent has merged
-	// (its tombstones included): what a complete usage report acknowledges.
-	StateIndex uint64
-}
 
 // Service serves container addresses out of the ranges this agent owns.
 type Service struct {

@@ -1,0 +1,263 @@
+package ipam
+
+// The exported surface of package ipam, in one file: every exported
+// constant, variable, type and function but Service and New (service.go)
+// is declared here, and the Service's exported methods, which live beside
+// the work they do, are listed here.
+//
+//	New(Config) (*Service, error)           service.go
+//
+//	lifecycle  Run                           giveback.go
+//	           Close, Sync(View), Rebuild,   service.go
+//	           UseChannel
+//	           RingGossip, the RingChannel   gossip.go
+//	           handler
+//	addresses  Allocate, Release,            allocate.go
+//	           ReleaseAddress, GC, Lookup
+//	           SetOwner                      setowner.go
+//	           Serve (the unix socket)       http.go
+//	reads      Networks                      service.go
+//	           List, Status, BridgeSubnets,  query.go
+//	           BridgeGateways, PeerBlocks
+//	           Unclaimed                     unclaimed.go
+//	           BlockCounts                   usage.go
+//	           Rings                         gossip.go
+//
+// The agent hands the Service what it learns (View, Peer, MasterBlock) and
+// the masters' side of growth (BlockSource, with LeasedBlock and
+// GrantReport); the wire format of RingChannel is package ipamwire.
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/agent/ipam/cnihost"
+	"github.com/carve-net/carve/api"
+)
+
+// RingChannel is the mesh channel that carries every overlay's rings. One
+// channel for all of them, because mesh channels must be registered before
+// the router starts, and an agent learns its overlays only later.
+const RingChannel = "carve-rings"
+
+// DefaultCNICacheDir is where libcni-based runtimes cache ADD results.
+const DefaultCNICacheDir = "/var/lib/cni"
+
+// Config configures a Service.
+type Config struct {
+	// AgentID is this agent's id: the ring peer the allocators act for.
+	AgentID string
+	// DB is the agent's bbolt store; the IPAM owns its own buckets in it.
+	DB *bolt.DB
+	// CNICacheDir is the runtime's libcni cache (results/), read to take
+	// back the addresses of running containers after a lost disk; empty: none.
+	CNICacheDir string
+	// Registerer receives the metrics of the IPAM and its ring gossip; nil: none.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+	// Growth configures how a bridge whose blocks fill up gets more space.
+	Growth GrowthConfig
+	// Reclaim configures the release of the addresses of containers whose
+	// network namespace is gone (netnsreclaim.go); the zero value: none.
+	Reclaim ReclaimConfig
+	// OnSent, when set, counts the bytes of ring gossip sent, by kind
+	// (delta, digest, push).
+	OnSent func(kind string, n int)
+	// ForgetNeighbour, when set, is called for every address a release
+	// frees, with the device name of its bridge: once the release is
+	// durable, before the address can be handed out again, with the
+	// service's lock held (so quick, and never calling the Service). The
+	// agent deletes the host's neighbour entry of the address there
+	// (neighbour.go).
+	ForgetNeighbour func(bridge string, addr netip.Addr)
+	// ClaimKey is the agent's claim key (the private half of the
+	// AgentKeys.Claim its record carries): it signs every ring token and
+	// grant this agent writes, and with it the agent verifies every
+	// received claim under its writer's key (claims.go). nil: nothing is
+	// signed or verified, only who leases what (--insecure labs, tests).
+	ClaimKey ed25519.PrivateKey
+}
+
+// Peer is one agent's leases, of every overlay: the blocks of its masters'
+// record (its subnets for a record without blocks).
+type Peer struct {
+	ID      string
+	Version uint64 // Raft index of the record the subnets come from
+	// Subnets are every block the record lists: each overlay family's
+	// are the agent's complete lease set at Version in that ring.
+	Subnets []string
+	// ClaimKey is the claim key of the agent's record (nil: none): its
+	// ring claims verify under it only.
+	ClaimKey ed25519.PublicKey
+}
+
+// View is all the IPAM learns from the agent.
+type View struct {
+	// ClusterID is the masters' cluster; rings of another cluster are refused.
+	ClusterID string
+	Self      *api.AgentInfo // nil before the first registration
+	Network   *api.NetworkConfig
+	Peers     []Peer // every known agent, self included
+	// Tombstones are the agents the masters deleted.
+	Tombstones []api.Tombstone
+	// Blocks are the grown and granted blocks the masters' record of this
+	// agent lists (beyond each bridge's first sub-subnet).
+	Blocks []MasterBlock
+	// StateIndex is the index of the masters' state the agent has merged
+	// (its tombstones included): what a complete usage report acknowledges.
+	StateIndex uint64
+}
+
+// BlockSource is the masters' side of growth. The agent wires it to its
+// masters' client; ipam knows nothing of HTTP or Raft.
+type BlockSource interface {
+	// Grow asks for another block for a bridge of an overlay (family 4 or
+	// 6), committed before the answer. ErrMastersExhausted: the masters
+	// have no free block left; any other error: no master answered.
+	Grow(ctx context.Context, overlay, bridge string, family int, requestID string) (LeasedBlock, error)
+	// Return gives a grown block back to the masters' free pool.
+	Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error
+	// ReportGrant tells the masters of a grant made through the ring, so
+	// that they never lease that space to anyone else.
+	ReportGrant(ctx context.Context, g GrantReport) error
+}
+
+// LeasedBlock is a block the masters leased on a grow request.
+type LeasedBlock struct {
+	Prefix netip.Prefix
+	// Version is the Raft index of the lease (its version in the ring).
+	Version uint64
+	// Held, when set, are every block of the agent's record in the
+	// overlay family, at Version (the record the grow answered): the
+	// agent's complete lease set, seeded as such.
+	Held []netip.Prefix
+}
+
+// GrantReport is a grant through the ring, as the masters learn it.
+type GrantReport struct {
+	Overlay   string
+	Prefix    netip.Prefix
+	Donor     string
+	Recipient string
+	// Bridge is the recipient's bridge the block serves ("": mesos).
+	Bridge    string
+	RequestID string
+	// Expires and DonorSignature are the donor's signed statement of the
+	// grant (api.GrantSigningBytes), reported with it.
+	Expires        int64
+	DonorSignature string
+}
+
+// MasterBlock is a grown or granted block the masters' record of this
+// agent lists.
+type MasterBlock struct {
+	Overlay string
+	Bridge  string
+	Prefix  netip.Prefix
+	Version uint64
+	// Donor is the agent that granted the block; empty for a grown one.
+	Donor string
+}
+
+// Errors of growth, for callers that branch.
+var (
+	// ErrMastersExhausted is BlockSource.Grow's answer when the masters have
+	// no free block left for the overlay.
+	ErrMastersExhausted = errors.New("the masters have no free block left")
+	// ErrQuota is BlockSource.Grow's answer when the masters refused the
+	// block for the agent's quota (quota_prefix): the agent holds all the
+	// grown and granted space it may, so it asks no peer either (the
+	// masters would refuse the grant's report just the same).
+	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
+	// errOverlayFull marks a growth that found space nowhere: not at the
+	// masters, and no peer reports a free address in the ring (the
+	// overlay's whole space is in use).
+	errOverlayFull = errors.New("overlay full")
+	// errNoDonor marks a growth that got no block although peers report
+	// free addresses: each refused (it keeps what it needs), did not
+	// answer or could not be reached.
+	errNoDonor = errors.New("no peer granted space")
+	// ErrReportRefused is a BlockSource's answer when the masters refused
+	// a grant report or a return for good (not worth sending again).
+	ErrReportRefused = errors.New("refused by the masters")
+)
+
+// GrowthConfig configures growth; the zero value grows through the ring only.
+type GrowthConfig struct {
+	// Source is the masters; nil: only peers are asked.
+	Source BlockSource
+	// LowWater is the number of free addresses of a bridge (per family)
+	// below which it grows in the background; 0: max(2, 1/8 of its first
+	// block); negative: only when an allocation finds it full.
+	LowWater int
+	// Wait bounds how long an allocation that finds its bridge full waits
+	// for the growth in flight; 0: 10s.
+	Wait time.Duration
+	// IdleReturn is how long a grown block stays empty before it goes
+	// back; 0: 10 minutes; negative: never.
+	IdleReturn time.Duration
+	// AnswerTimeout is how long a space request waits for an answer before
+	// it is sent again (three sends per peer); 0: 1s.
+	AnswerTimeout time.Duration
+	// RefuseMemory is how long a peer that refused is not asked again
+	// while its free count in the ring stays as it was; 0: 1m.
+	RefuseMemory time.Duration
+	// UsageInterval is the least time between two usage reports to the
+	// masters (sent when the counts change; see usage.go); 0: 5s;
+	// negative: none.
+	UsageInterval time.Duration
+	// UsageRefresh is the most time between two usage reports; 0: 1m.
+	UsageRefresh time.Duration
+	// Seed seeds the choice of the peer to ask; 0 draws one.
+	Seed uint64
+	// OnChange is called, without locks held, when blocks or rings changed
+	// (the agent reconciles gateways and routes).
+	OnChange func()
+}
+
+// DefaultReclaimNetNSDirs are the directories where runtimes keep network
+// namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),
+// containerd's cni-* there and its CRI state's netns/.
+var DefaultReclaimNetNSDirs = cnihost.DefaultNetNSDirs()
+
+// ReclaimConfig configures the release of allocations whose network
+// namespace is gone; the zero value turns it off.
+type ReclaimConfig struct {
+	// After is how long a namespace must stay missing; 0: never reclaim.
+	After time.Duration
+	// DryRun logs and counts what would be released, and releases nothing.
+	DryRun bool
+	// NetNSDirs are the runtime directories whose namespaces are watched
+	// (DefaultReclaimNetNSDirs when empty).
+	NetNSDirs []string
+}
+
+// Where a bridge's extra block came from (heldBlock.Origin).
+const (
+	// OriginGrow is a block the masters leased to this agent on a grow
+	// request: it is a lease in the ring, and goes back through
+	// BlockSource.Return.
+	OriginGrow = "grow"
+	// OriginGrant is a block a peer granted through the ring: the ring
+	// alone says this agent owns it, and it goes back to its donor with a
+	// grant back through the ring.
+	OriginGrant = "grant"
+)
+
+// ParseClaimKey decodes a claim public key as records carry it (standard
+// base64 of 32 bytes); nil for none or a malformed one.
+func ParseClaimKey(s string) ed25519.PublicKey {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return nil
+	}
+	return ed25519.PublicKey(b)
+}
