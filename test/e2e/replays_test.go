@@ -336,7 +336,7 @@ func TestReplayFullDiskFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	filler := disk.fill(t)
-	out := driveUntilProblem(ctx, t, c, "master m3 (")
+	out := driveUntilProblem(ctx, t, c, "master m3 (", c.Masters()[:2])
 	t.Logf("carve cluster status with m3's disk full:\n%s", out)
 	if !strings.Contains(m3.Tail(500), "no space left on device") {
 		t.Errorf("m3's log does not say no space left on device:\n%s", m3.Tail(20))
@@ -409,12 +409,21 @@ func clusterStatus(ctx context.Context, t *testing.T, c *labcluster.Cluster, ext
 }
 
 // driveUntilProblem commits writes (the committed network configuration
-// applied again: an entry that changes nothing) until carve cluster status
-// exits 1 with a problem naming want, and returns its output.
-func driveUntilProblem(ctx context.Context, t *testing.T, c *labcluster.Cluster, want string) string {
+// applied again: an entry that changes nothing) through the masters via
+// (not the one that is behind: each logs the change asked for) until carve
+// cluster status exits 1 with a problem naming want, and returns its
+// output.
+func driveUntilProblem(ctx context.Context, t *testing.T, c *labcluster.Cluster, want string, via []*labcluster.Master) string {
 	t.Helper()
 	cfg := c.Network()
-	client := c.Client()
+	var urls []string
+	for _, m := range via {
+		urls = append(urls, m.URL())
+	}
+	client, err := c.ClientAs(c.OperatorFiles(), urls...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out string
 	testutil.Eventually(t, 4*converge, "carve cluster status reports "+want, func() error {
 		var wg sync.WaitGroup

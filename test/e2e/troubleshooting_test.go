@@ -1,0 +1,592 @@
+package e2e
+
+// docs/troubleshooting.md run on the faults it names (issue 27): each test
+// causes a section's fault on a lab cluster, runs the commands of the
+// section's code blocks as the guide writes them (read from the file, so
+// that the guide and the test cannot drift), checks that they show the
+// fault as the section says, applies the section's fix and checks that
+// the cluster recovers.
+//
+// The commands run with sh inside the namespace of the host the section
+// says, in a directory holding the operator's files under the guide's
+// names (ca.pem, alice.pem, alice-key.pem), with carve on PATH and OP set
+// as the guide sets it but for the masters' URLs, the lab's. The guide's
+// example values that differ in the lab (a container's address, a host's
+// file paths) are replaced word for word; journalctl reads the log of the
+// process it names on that host. A command the lab cannot run
+// (systemctl: no units; a program not installed; tcpdump, which waits for
+// traffic) is skipped, and the test says so.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/pki"
+	"github.com/carve-net/carve/test/lab/labcluster"
+	"github.com/carve-net/carve/test/lab/testutil"
+)
+
+// guidePath is the troubleshooting guide, from this package's directory.
+const guidePath = "../../docs/troubleshooting.md"
+
+// guideSection is one "## " section of the guide, cut at its bold
+// markers: **Symptom.**, **Commands...** and **Fix...**.
+type guideSection struct {
+	Title, Symptom, Commands, Fixes string
+}
+
+// guide is the troubleshooting guide as the tests read it.
+type guide struct {
+	op       string // OP='...' as the guide sets it
+	sections map[string]guideSection
+}
+
+var opLine = regexp.MustCompile(`(?m)^OP='([^']*)'$`)
+
+// readGuide reads and cuts the guide.
+func readGuide(t *testing.T) guide {
+	t.Helper()
+	data, err := os.ReadFile(guidePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(data)
+	m := opLine.FindStringSubmatch(text)
+	if m == nil {
+		t.Fatalf("%s sets no OP='...'", guidePath)
+	}
+	g := guide{op: m[1], sections: map[string]guideSection{}}
+	for _, part := range strings.Split(text, "\n## ")[1:] {
+		title, body, _ := strings.Cut(part, "\n")
+		var s guideSection
+		s.Title = title
+		cut := func(body, marker string) (string, string) {
+			i := strings.Index(body, marker)
+			if i < 0 {
+				return body, ""
+			}
+			return body[:i], body[i:]
+		}
+		rest := body
+		s.Symptom, rest = cut(rest, "**Commands")
+		s.Commands, s.Fixes = cut(rest, "**Fix")
+		g.sections[title] = s
+	}
+	return g
+}
+
+// section is the section titled title; the test fails when the guide has
+// none.
+func (g guide) section(t *testing.T, title string) guideSection {
+	t.Helper()
+	s, ok := g.sections[title]
+	if !ok {
+		t.Fatalf("%s has no section %q", guidePath, title)
+	}
+	return s
+}
+
+// codeLines are the command lines of the fenced code blocks of text.
+func codeLines(text string) []string {
+	var out []string
+	in := false
+	for _, l := range strings.Split(text, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "```") {
+			in = !in
+			continue
+		}
+		if in && l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+var inlineCode = regexp.MustCompile("`([^`]+)`")
+
+// inlineCommands are the code spans of text that start with prefix (the
+// commands a Fixes paragraph names in its prose).
+func inlineCommands(text, prefix string) []string {
+	var out []string
+	for _, m := range inlineCode.FindAllStringSubmatch(strings.ReplaceAll(text, "\n", " "), -1) {
+		if strings.HasPrefix(m[1], prefix) {
+			out = append(out, m[1])
+		}
+	}
+	return out
+}
+
+// requireCommand fails the test when lines hold no line starting with
+// prefix: a check of the guide's content, so that a recipe losing its
+// command fails here rather than testing nothing.
+func requireCommand(t *testing.T, lines []string, prefix string) {
+	t.Helper()
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return
+		}
+	}
+	t.Fatalf("the guide's recipe has no command %q; its commands: %q", prefix, lines)
+}
+
+// operator runs the guide's commands in the lab as an operator would.
+type operator struct {
+	c   *labcluster.Cluster
+	dir string // the working directory: ca.pem, alice.pem, alice-key.pem
+	bin string // carve, on PATH
+	op  string
+}
+
+// newOperator prepares the working directory and OP (the guide's, with the
+// lab's masters).
+func newOperator(t *testing.T, c *labcluster.Cluster, g guide) *operator {
+	t.Helper()
+	o := &operator{c: c, dir: t.TempDir(), bin: t.TempDir()}
+	files := c.OperatorFiles()
+	for name, target := range map[string]string{"ca.pem": files.CA, "alice.pem": files.Cert, "alice-key.pem": files.Key,
+		filepath.Join(o.bin, "carve"): os.Getenv(labcluster.BinaryEnv)} {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(o.dir, name)
+		}
+		if err := os.Symlink(target, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	masters := regexp.MustCompile(`--masters \S+`)
+	if !masters.MatchString(g.op) {
+		t.Fatalf("the guide's OP has no --masters: %q", g.op)
+	}
+	o.op = masters.ReplaceAllLiteralString(g.op, "--masters "+strings.Join(c.MasterURLs(), ","))
+	return o
+}
+
+// journalShell stands in for journalctl: the log of the unit's process on
+// this host, the last -n lines of it when given.
+const journalShell = `journalctl() {
+  unit= n=
+  while [ $# -gt 0 ]; do
+    case "$1" in -u) unit=$2; shift ;; -n) n=$2; shift ;; esac
+    shift
+  done
+  case "$unit" in carve-agent) f=$CARVE_AGENT_LOG ;; carve-master) f=$CARVE_MASTER_LOG ;; *) echo "journalctl: no unit $unit in the lab" >&2; return 1 ;; esac
+  if [ -n "$n" ]; then tail -n "$n" "$f"; else cat "$f"; fi
+}
+`
+
+// skipReason says why the lab does not run line, or "".
+func skipReason(line string) string {
+	prog, _, _ := strings.Cut(line, " ")
+	switch prog {
+	case "systemctl":
+		return "no systemd units in the lab"
+	case "tcpdump":
+		return "a capture by hand (it waits for traffic)"
+	case "sh":
+		if strings.Contains(line, "/etc/carve/") {
+			return "the lab's processes run from flags, not env files"
+		}
+	case "curl", "carve", "ip", "bridge", "iptables", "journalctl", "sha256sum", "df":
+	default:
+		if _, err := exec.LookPath(prog); err != nil {
+			return prog + " is not installed"
+		}
+	}
+	return ""
+}
+
+// result is what a command printed and how it exited.
+type result struct {
+	line        string
+	out, stderr string
+	exited      int
+}
+
+// run runs one line of the guide in h's namespace, words of replace
+// replaced first, and returns its result; ok false when it was skipped.
+func (o *operator) run(ctx context.Context, t *testing.T, h *labcluster.Host, line string, replace map[string]string) (result, bool) {
+	t.Helper()
+	if why := skipReason(line); why != "" {
+		t.Logf("skipped %q: %s", line, why)
+		return result{}, false
+	}
+	cmdLine := line
+	for from, to := range replace {
+		cmdLine = strings.ReplaceAll(cmdLine, from, to)
+	}
+	script := "OP='" + o.op + "'\n" + journalShell + cmdLine + "\n"
+	argv := h.NS.ExecArgs("sh", "-c", script)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = o.dir
+	cmd.Env = append(os.Environ(), "PATH="+o.bin+":"+os.Getenv("PATH"), "CARVE_AGENT_LOG="+h.Agent.LogPath)
+	if h.Master != nil {
+		cmd.Env = append(cmd.Env, "CARVE_MASTER_LOG="+h.Master.LogPath)
+	}
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{line: line, out: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.exited = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("%s on %s: %v", cmdLine, h.Name, err)
+	}
+	t.Logf("%s$ %s\n(exit %d)\n%s%s", h.Name, cmdLine, r.exited, r.out, r.stderr)
+	return r, true
+}
+
+// runAll runs every line (skipped ones left out) and returns the results
+// by line.
+func (o *operator) runAll(ctx context.Context, t *testing.T, h *labcluster.Host, lines []string, replace map[string]string) map[string]result {
+	t.Helper()
+	out := map[string]result{}
+	for _, l := range lines {
+		if r, ok := o.run(ctx, t, h, l, replace); ok {
+			out[l] = r
+		}
+	}
+	return out
+}
+
+// startingWith is the result of the one line starting with prefix.
+func startingWith(t *testing.T, results map[string]result, prefix string) result {
+	t.Helper()
+	for l, r := range results {
+		if strings.HasPrefix(l, prefix) {
+			return r
+		}
+	}
+	t.Fatalf("no command %q ran", prefix)
+	return result{}
+}
+
+// startingWithLine is the one line of lines starting with prefix.
+func startingWithLine(t *testing.T, lines []string, prefix string) string {
+	t.Helper()
+	requireCommand(t, lines, prefix)
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// waitPings waits until every container pings every other.
+func waitPings(ctx context.Context, t *testing.T, cs []*labcluster.Container) {
+	t.Helper()
+	testutil.Eventually(t, converge, "every container pings every other", func() error {
+		m := labcluster.Ping(ctx, cs)
+		if err := m.Err(); err != nil {
+			return fmt.Errorf("%v\n%s", err, m)
+		}
+		return nil
+	})
+}
+
+// TestTroubleshootingVXLANDrop: a rule in host 1's INPUT chain drops udp
+// 4789 (in its namespace). Its containers reach no other host's; the
+// section's commands show every peer programmed and the rule; its fix,
+// run on host 1, lets the pings through.
+func TestTroubleshootingVXLANDrop(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "VXLAN packets dropped between hosts")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs := containerPerHost(ctx, t, c)
+	pingAll(ctx, t, cs)
+	h1 := c.Host(1)
+	if h1.IP().Addr().String() != "198.18.0.11" {
+		t.Fatalf("host 1 is at %s; the guide's commands name 198.18.0.11", h1.IP())
+	}
+
+	if _, err := hostIptables(ctx, h1, "iptables", "-A", "INPUT", "-p", "udp", "--dport", "4789", "-j", "DROP"); err != nil {
+		t.Fatal(err)
+	}
+	if m := labcluster.Ping(ctx, []*labcluster.Container{cs[0], cs[1]}); m.Err() == nil {
+		t.Fatalf("pings cross a host that drops udp 4789:\n%s", m)
+	}
+
+	cmds := codeLines(sec.Commands)
+	requireCommand(t, cmds, "curl ")
+	requireCommand(t, cmds, "iptables -S INPUT")
+	res := o.runAll(ctx, t, h1, cmds, nil)
+	var peers api.AgentPeers
+	if err := json.Unmarshal([]byte(startingWith(t, res, "curl ").out), &peers); err != nil {
+		t.Fatalf("the peers of host 1: %v", err)
+	}
+	if len(peers.Peers) != 2 {
+		t.Errorf("host 1 lists %d peers, want 2: %+v", len(peers.Peers), peers.Peers)
+	}
+	for _, p := range peers.Peers {
+		if !p.Programmed {
+			t.Errorf("host 1 has not programmed %s: the section says every peer shows programmed: true", p.AgentID)
+		}
+	}
+	if out := startingWith(t, res, "iptables -S INPUT").out; !strings.Contains(out, "--dport 4789 -j DROP") {
+		t.Errorf("iptables -S INPUT does not show the rule dropping udp 4789:\n%s", out)
+	}
+
+	fixes := codeLines(sec.Fixes)
+	requireCommand(t, fixes, "iptables -I INPUT")
+	for _, l := range fixes {
+		if r, ok := o.run(ctx, t, h1, l, nil); ok && r.exited != 0 {
+			t.Fatalf("the fix %q failed: %s", l, r.out)
+		}
+	}
+	waitPings(ctx, t, cs)
+}
+
+// TestTroubleshootingAgentRefusesMasters: host 3's agent restarts pinned
+// to another cluster's signing.pub. It refuses the masters' state as the
+// section's symptom says; the section's commands show the refusal, the
+// two keys differing and the masters healthy; restarted with the masters'
+// signing.pub (the fix), it follows them again and its containers ping.
+func TestTroubleshootingAgentRefusesMasters(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "An agent that refuses the masters")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs := containerPerHost(ctx, t, c)
+	pingAll(ctx, t, cs)
+	h3 := c.Host(3)
+
+	other := t.TempDir() // another cluster's CA and signing key
+	if err := pki.CreateCA(other, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StopAgent(ctx, h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAgent(h3, "--signing-pub-file", filepath.Join(other, pki.SignPub)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, converge, "host 3's agent refuses the masters", func() error {
+		refused, err := labcluster.MetricSample(ctx, c.HTTPClient(), h3.AgentURL(), `carve_agent_master_states_refused_total{reason="signing_key"}`)
+		if err != nil {
+			return err
+		}
+		reachable, err := labcluster.MetricSample(ctx, c.HTTPClient(), h3.AgentURL(), "carve_agent_masters_reachable")
+		if err != nil {
+			return err
+		}
+		if refused == 0 || reachable != 0 {
+			return fmt.Errorf("refused %v, reachable %v", refused, reachable)
+		}
+		return nil
+	})
+
+	cmds := codeLines(sec.Commands)
+	requireCommand(t, cmds, "journalctl -u carve-agent")
+	requireCommand(t, cmds, "sha256sum /etc/carve/pki/signing.pub")
+	requireCommand(t, cmds, "carve cluster status $OP")
+	onAgent := o.runAll(ctx, t, h3, cmds, map[string]string{"/etc/carve/pki/": other + "/"})
+	if out := startingWith(t, onAgent, "journalctl -u carve-agent").out; !strings.Contains(out, "refusing the masters' state") {
+		t.Errorf("the agent's log does not say it refuses the masters' state:\n%s", out)
+	}
+	if r := startingWith(t, onAgent, "carve cluster status"); r.exited != 0 {
+		t.Errorf("the masters are not healthy, while the section says they answer everyone else:\n%s", r.out)
+	}
+	// The same sum on the admin machine: the masters' key.
+	sum := "sha256sum /etc/carve/pki/signing.pub"
+	admin, _ := o.run(ctx, t, c.Host(1), startingWith(t, onAgent, sum).line, map[string]string{"/etc/carve/pki/": c.PKIDir() + "/"})
+	agentSum, _, _ := strings.Cut(startingWith(t, onAgent, sum).out, " ")
+	adminSum, _, _ := strings.Cut(admin.out, " ")
+	if agentSum == "" || agentSum == adminSum {
+		t.Errorf("sha256sum of the agent's signing.pub %q, the masters' %q: the section has the operator find them different", agentSum, adminSum)
+	}
+
+	// The fix: the masters' signing.pub (the harness's own flag), restarted.
+	if !strings.Contains(sec.Fixes, "--signing-pub-file") || !strings.Contains(sec.Fixes, "restart it") {
+		t.Fatalf("the section's fix no longer gives the agent the masters' signing.pub and restarts it:\n%s", sec.Fixes)
+	}
+	if err := c.StopAgent(ctx, h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAgent(h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, converge, "host 3's agent reaches the masters", func() error {
+		v, err := labcluster.MetricSample(ctx, c.HTTPClient(), h3.AgentURL(), "carve_agent_masters_reachable")
+		if err == nil && v != 1 {
+			err = fmt.Errorf("carve_agent_masters_reachable %v", v)
+		}
+		return err
+	})
+	waitPings(ctx, t, cs)
+}
+
+// TestTroubleshootingQuorum: two of three masters stopped. The section's
+// commands show no leader; starting them (its first fix) makes the
+// cluster healthy. Then m3 loses its data directory: its last fix, carve
+// cluster remove m3 as the section writes it and m3 joined again with an
+// empty data directory (--join), makes the cluster healthy again with m3
+// a voter, and the containers ping throughout the masters' absence.
+func TestTroubleshootingQuorum(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "A master without quorum")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 6*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs := containerPerHost(ctx, t, c)
+	pingAll(ctx, t, cs)
+	ms := c.Masters()
+	cmds := codeLines(sec.Commands)
+	requireCommand(t, cmds, "carve cluster status $OP")
+
+	for _, m := range ms[1:] {
+		if err := c.StopMaster(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As soon as m1 has noticed that it hears no leader (the status
+	// alone, then every command once).
+	statusLine := startingWithLine(t, cmds, "carve cluster status")
+	testutil.Eventually(t, converge, "carve cluster status shows the lost quorum", func() error {
+		st, _ := o.run(ctx, t, c.Host(1), statusLine, nil)
+		if st.exited != 1 || !problemNaming(st.out, "no leader") {
+			return fmt.Errorf("carve cluster status with 1 master of 3 (exit %d) has no problem line saying no leader, as the section says:\n%s", st.exited, st.out)
+		}
+		return nil
+	})
+	res := o.runAll(ctx, t, c.Host(1), cmds, nil)
+	st := startingWith(t, res, "carve cluster status")
+	for _, m := range ms[1:] {
+		if !problemNaming(st.out, m.URL()) {
+			t.Errorf("carve cluster status names no problem with %s (%s), which is stopped:\n%s", m.ID, m.URL(), st.out)
+		}
+	}
+	if out := startingWith(t, res, "journalctl -u carve-master").out; out == "" {
+		t.Errorf("m1's log is empty")
+	}
+	if !strings.Contains(sec.Fixes, "start the stopped masters") {
+		t.Fatalf("the section's first fix no longer starts the stopped masters:\n%s", sec.Fixes)
+	}
+	pingAll(ctx, t, cs) // running containers keep their network, as the section says
+	for _, m := range ms[1:] {
+		if err := c.StartMaster(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitHealthy(ctx, t, c)
+
+	// A master whose data directory was lost.
+	m3 := ms[2]
+	if err := c.StopMaster(ctx, m3); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(m3.DataDir); err != nil {
+		t.Fatal(err)
+	}
+	remove := inlineCommands(sec.Fixes, "carve cluster remove")
+	if len(remove) != 1 {
+		t.Fatalf("the section's fixes name %d carve cluster remove commands, want 1: %q", len(remove), remove)
+	}
+	if !strings.Contains(remove[0], " m3 ") {
+		t.Fatalf("the guide removes %q; this test lost m3's data dir", remove[0])
+	}
+	if r, _ := o.run(ctx, t, c.Host(1), remove[0], nil); r.exited != 0 {
+		t.Fatalf("%s: exit %d\n%s", remove[0], r.exited, r.out)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(sec.Fixes), " "), "empty data directory and `CARVE_JOIN`") {
+		t.Fatalf("the section no longer joins the master again with CARVE_JOIN:\n%s", sec.Fixes)
+	}
+	// CARVE_PEERS empty, CARVE_JOIN a running master (operations.md, section 6).
+	if err := c.StartMasterWith(m3, "--peers", "", "--join", ms[0].URL()); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(ctx, t, c)
+	out, _ := clusterStatus(ctx, t, c, "--json")
+	var rep struct {
+		Masters []struct {
+			Status *api.ClusterStatus `json:"status"`
+		} `json:"masters"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("carve cluster status --json: %v\n%s", err, out)
+	}
+	for _, v := range rep.Masters {
+		if v.Status == nil || voterSetOf(v.Status.Servers) != "m1,m2,m3" {
+			t.Errorf("a master's voters are not m1,m2,m3 after m3 joined again: %+v", v.Status)
+		}
+	}
+	pingAll(ctx, t, cs)
+}
+
+// voterSetOf renders the voters of a Raft configuration in order.
+func voterSetOf(servers []api.ServerInfo) string {
+	var ids []string
+	for _, s := range servers {
+		if s.Voter {
+			ids = append(ids, s.ID)
+		}
+	}
+	return strings.Join(ids, ",")
+}
+
+// TestTroubleshootingMasterBehind: m3's data dir is a small tmpfs, filled
+// once the cluster runs; writes go on. The section's commands show m3
+// behind, its disk full and its log saying no space left on device;
+// freeing the disk (the fix) lets it catch up, and the status is healthy.
+func TestTroubleshootingMasterBehind(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "A master behind")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	m3 := c.Masters()[2]
+	disk := smallDisk(t, m3.DataDir, "16m")
+	ctx := within(t, 6*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	filler := disk.fill(t)
+	driveUntilProblem(ctx, t, c, "master m3 (", c.Masters()[:2])
+
+	cmds := codeLines(sec.Commands)
+	requireCommand(t, cmds, "carve cluster status $OP")
+	requireCommand(t, cmds, "df -h /var/lib/carve-master")
+	requireCommand(t, cmds, "journalctl -u carve-master")
+	res := o.runAll(ctx, t, m3.Host, cmds, map[string]string{"/var/lib/carve-master": m3.DataDir})
+	if st := startingWith(t, res, "carve cluster status"); st.exited != 1 || !problemNaming(st.out, "master m3 (") || !strings.Contains(st.out, "entries behind") {
+		t.Errorf("carve cluster status (exit %d) does not report m3 behind as the section says:\n%s", st.exited, st.out)
+	}
+	if out := startingWith(t, res, "df -h").out; !strings.Contains(out, "100%") {
+		t.Errorf("df does not show m3's disk full:\n%s", out)
+	}
+	if out := startingWith(t, res, "journalctl -u carve-master").out; !strings.Contains(out, "no space left on device") {
+		t.Errorf("m3's log does not say no space left on device, as the section says:\n%s", out)
+	}
+	if !strings.Contains(sec.Fixes, "Free or grow its disk") {
+		t.Fatalf("the section's fix no longer frees the disk:\n%s", sec.Fixes)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitHealthy(ctx, t, c)
+}
