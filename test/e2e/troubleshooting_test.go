@@ -590,3 +590,125 @@ func TestTroubleshootingMasterBehind(t *testing.T) {
 	}
 	waitHealthy(ctx, t, c)
 }
+
+// TestTroubleshootingTLSError: host 3's agent restarts with another
+// cluster's ca.pem. The section's commands show why: its log names the
+// master's certificate that does not verify against --ca-file, and openssl
+// finds the agent's own certificate issued by another CA than the file it
+// was given; with the cluster's ca.pem again (the fix for another CA) it
+// follows the masters and its containers ping.
+func TestTroubleshootingTLSError(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "A TLS error")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs := containerPerHost(ctx, t, c)
+	pingAll(ctx, t, cs)
+	h3 := c.Host(3)
+	other := t.TempDir()
+	if err := pki.CreateCA(other, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	otherCA := filepath.Join(other, pki.CAFile)
+	if err := c.StopAgent(ctx, h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAgent(h3, "--ca-file", otherCA); err != nil {
+		t.Fatal(err)
+	}
+
+	cmds := codeLines(sec.Commands)
+	grep := startingWithLine(t, cmds, "journalctl -u carve-agent")
+	requireCommand(t, cmds, "openssl verify -CAfile /etc/carve/pki/ca.pem /etc/carve/pki/h1.pem")
+	files := map[string]string{"/etc/carve/pki/ca.pem": otherCA, "/etc/carve/pki/h1.pem": c.AgentFiles(h3).Cert}
+	testutil.Eventually(t, converge, "host 3's agent logs why the masters are refused", func() error {
+		r, _ := o.run(ctx, t, h3, grep, files)
+		if !strings.Contains(r.out, "does not verify against --ca-file") {
+			return fmt.Errorf("%s: not the cause the section names:\n%s", grep, r.out)
+		}
+		return nil
+	})
+	res := o.runAll(ctx, t, h3, cmds, files)
+	if r := startingWith(t, res, "openssl x509"); r.exited != 0 || !strings.Contains(r.out, "issuer") {
+		t.Errorf("openssl x509 on the agent's certificate (exit %d):\n%s%s", r.exited, r.out, r.stderr)
+	}
+	if r := startingWith(t, res, "openssl verify"); r.exited == 0 {
+		t.Errorf("openssl verify passes the agent's certificate against the other CA:\n%s%s", r.out, r.stderr)
+	}
+
+	if !strings.Contains(sec.Fixes, "Another CA: every certificate must come from the one `ca.pem`") {
+		t.Fatalf("the section no longer fixes another CA by the cluster's one ca.pem:\n%s", sec.Fixes)
+	}
+	if err := c.StopAgent(ctx, h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAgent(h3); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := o.run(ctx, t, h3, startingWithLine(t, cmds, "openssl verify"), map[string]string{"/etc/carve/pki/ca.pem": c.OperatorFiles().CA, "/etc/carve/pki/h1.pem": c.AgentFiles(h3).Cert}); r.exited != 0 {
+		t.Errorf("openssl verify against the cluster's ca.pem (exit %d):\n%s%s", r.exited, r.out, r.stderr)
+	}
+	waitPings(ctx, t, cs)
+}
+
+// TestTroubleshootingLeak: an allocation through host 2's IPAM socket for
+// a container no runtime attached (the guide's example container id) is a
+// leak. The section's commands list it; its fix, carve ipam release on
+// host 2 (with the lab agent's socket), frees it and the check is clean.
+func TestTroubleshootingLeak(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "A leak")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs := containerPerHost(ctx, t, c)
+	h2 := c.Host(2)
+	fixes := codeLines(sec.Fixes)
+	byID := startingWithLine(t, fixes, "carve ipam release --container-id ")
+	id := strings.Fields(byID)[4]
+	leak, err := c.IPAMClient(h2).Allocate(ctx, api.IPAMRequest{Network: "carve", ContainerID: id, IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leakAddr, _, _ := strings.Cut(leak.IPs[0].Address, "/")
+
+	cmds := codeLines(sec.Commands)
+	check := startingWithLine(t, cmds, "carve ipam check $OP")
+	testutil.Eventually(t, converge, "carve ipam check lists the leak", func() error {
+		r, _ := o.run(ctx, t, c.Host(1), check, nil)
+		if r.exited != 1 || !strings.Contains(r.out, leakAddr) || !strings.Contains(r.out, id) {
+			return fmt.Errorf("%s (exit %d) does not list the leak of %s by %s, exit 1:\n%s", check, r.exited, leakAddr, id, r.out)
+		}
+		return nil
+	})
+	o.runAll(ctx, t, c.Host(1), cmds, nil)
+
+	// The lab's agent listens on its own socket, not /run/carve/agent.sock.
+	socket := " --socket " + h2.SocketPath()
+	r, _ := o.run(ctx, t, h2, byID+socket, nil)
+	if r.exited != 0 || !strings.Contains(r.out, leakAddr) {
+		t.Fatalf("%s (exit %d) did not say it released %s:\n%s%s", byID, r.exited, leakAddr, r.out, r.stderr)
+	}
+	byIP := startingWithLine(t, fixes, "carve ipam release --ip ")
+	if r, _ := o.run(ctx, t, h2, byIP+socket, map[string]string{"10.128.3.7": leakAddr}); r.exited == 0 || !strings.Contains(r.stderr, "no such attachment") {
+		t.Errorf("%s, released already (exit %d): the section says it prints no such attachment:\n%s%s", byIP, r.exited, r.out, r.stderr)
+	}
+	testutil.Eventually(t, converge, "carve ipam check is clean", func() error {
+		r, _ := o.run(ctx, t, c.Host(1), check, nil)
+		if r.exited != 0 {
+			return fmt.Errorf("%s (exit %d):\n%s", check, r.exited, r.out)
+		}
+		return nil
+	})
+	waitPings(ctx, t, cs)
+}
