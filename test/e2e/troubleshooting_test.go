@@ -485,6 +485,16 @@ func TestTroubleshootingQuorum(t *testing.T) {
 	if out := startingWith(t, res, "journalctl -u carve-master").out; out == "" {
 		t.Errorf("m1's log is empty")
 	}
+	// The problem lines the section quotes are the ones printed.
+	examples := problemExamples(sec.Commands)
+	if len(examples) < 3 {
+		t.Fatalf("the section quotes %d problem lines, want the unreachable master, the master that sees no leader and no leader: %q", len(examples), examples)
+	}
+	for _, ex := range examples {
+		if !matchesProblem(st.out, ex) {
+			t.Errorf("the section quotes the problem line %q, which carve cluster status does not print:\n%s", ex, st.out)
+		}
+	}
 	if !strings.Contains(sec.Fixes, "start the stopped masters") {
 		t.Fatalf("the section's first fix no longer starts the stopped masters:\n%s", sec.Fixes)
 	}
@@ -537,6 +547,46 @@ func TestTroubleshootingQuorum(t *testing.T) {
 		}
 	}
 	pingAll(ctx, t, cs)
+}
+
+// problemExamples are the problem lines a section's prose quotes (code
+// spans outside its code blocks that name a master or say no leader).
+func problemExamples(text string) []string {
+	var prose []string
+	in := false
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "```") {
+			in = !in
+			continue
+		}
+		if !in {
+			prose = append(prose, l)
+		}
+	}
+	var out []string
+	for _, span := range inlineCommands(strings.Join(prose, "\n"), "") {
+		if strings.HasPrefix(span, "master ") || span == "no leader" {
+			out = append(out, span)
+		}
+	}
+	return out
+}
+
+// matchesProblem tells whether the report has a problem line that the
+// guide's example ex describes: "..." stands for anything, and the
+// example's master ids and addresses for any.
+func matchesProblem(report, ex string) bool {
+	pattern := regexp.QuoteMeta(ex)
+	pattern = strings.ReplaceAll(pattern, `\.\.\.`, ".*")
+	pattern = regexp.MustCompile(`198\\\.18\\\.0\\\.[0-9]+`).ReplaceAllLiteralString(pattern, `198\.18\.[0-9]+\.[0-9]+`)
+	pattern = regexp.MustCompile(`\bm[0-9]+\b`).ReplaceAllLiteralString(pattern, `m[0-9]+`)
+	re := regexp.MustCompile("^problem: " + pattern + "$")
+	for _, l := range strings.Split(report, "\n") {
+		if re.MatchString(l) {
+			return true
+		}
+	}
+	return false
 }
 
 // voterSetOf renders the voters of a Raft configuration in order.
