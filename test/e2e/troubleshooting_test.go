@@ -762,3 +762,67 @@ func TestTroubleshootingLeak(t *testing.T) {
 	})
 	waitPings(ctx, t, cs)
 }
+
+// TestTroubleshootingAgentNotRegistered: host 4's agent starts with an
+// agent id its certificate does not name (CARVE_ID set by mistake). It
+// exits at start; the section's commands show it missing from the masters'
+// state and its log names the cause as the section quotes it; started
+// again without the id (the fix: leave CARVE_ID empty), it registers and
+// its container pings the others.
+func TestTroubleshootingAgentNotRegistered(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "An agent that does not register")
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 4, Masters: 3, Prefix: prefix})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.StartMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := c.Hosts()
+	for _, h := range hs[:3] {
+		if err := c.StartAgent(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h4 := hs[3]
+	const wrongID = "h4-typo"
+	if err := c.StartAgent(h4, "--id", wrongID); err != nil {
+		t.Fatal(err)
+	}
+	cmds := codeLines(sec.Commands)
+	logLine := startingWithLine(t, cmds, "journalctl -u carve-agent")
+	testutil.Eventually(t, converge, "host 4's agent logs why it is not registered", func() error {
+		r, _ := o.run(ctx, t, h4, logLine, nil)
+		if want := `--id "` + wrongID + `" differs from the agent id "` + h4.CertName() + `" that --cert-file`; !strings.Contains(r.out, want) {
+			return fmt.Errorf("%s: no line saying %s:\n%s", logLine, want, r.out)
+		}
+		return nil
+	})
+	if !strings.Contains(strings.Join(strings.Fields(sec.Fixes), " "), "`--id \"h2\" differs from the agent id \"h1\" that --cert-file ... names`") {
+		t.Errorf("the section does not quote the agent's message for a CARVE_ID its certificate does not name:\n%s", sec.Fixes)
+	}
+	res := o.runAll(ctx, t, h4, cmds, nil)
+	state := startingWith(t, res, "carve state $OP")
+	if state.exited != 0 || strings.Contains(state.out, wrongID) || strings.Contains(state.out, h4.CertName()) {
+		t.Errorf("carve state (exit %d) lists host 4's agent, which did not register:\n%s", state.exited, state.out)
+	}
+	if !strings.Contains(strings.Join(strings.Fields(sec.Fixes), " "), "leave `CARVE_ID` empty") {
+		t.Fatalf("the section no longer fixes a wrong CARVE_ID by leaving it empty:\n%s", sec.Fixes)
+	}
+	if err := c.StopAgent(ctx, h4); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartAgent(h4); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := o.run(ctx, t, h4, startingWithLine(t, cmds, "carve state $OP"), nil); !strings.Contains(r.out, h4.CertName()) {
+		t.Errorf("carve state does not list host 4's agent %s once it registered:\n%s", h4.CertName(), r.out)
+	}
+	waitPings(ctx, t, containerPerHost(ctx, t, c))
+}
