@@ -401,8 +401,12 @@ func TestTroubleshootingAgentRefusesMasters(t *testing.T) {
 	requireCommand(t, cmds, "sha256sum /etc/carve/pki/signing.pub")
 	requireCommand(t, cmds, "carve cluster status $OP")
 	onAgent := o.runAll(ctx, t, h3, cmds, map[string]string{"/etc/carve/pki/": other + "/"})
-	if out := startingWith(t, onAgent, "journalctl -u carve-agent").out; !strings.Contains(out, "refusing the masters' state") {
-		t.Errorf("the agent's log does not say it refuses the masters' state:\n%s", out)
+	logged := inlineCommands(sec.Symptom, "ERROR ")
+	if len(logged) == 0 {
+		t.Fatalf("the section's symptom quotes no ERROR the agent logs:\n%s", sec.Symptom)
+	}
+	if out, msg := startingWith(t, onAgent, "journalctl -u carve-agent").out, strings.TrimPrefix(logged[0], "ERROR "); !strings.Contains(out, "level=ERROR msg=\""+msg) {
+		t.Errorf("the agent's log does not say %q at ERROR, as the section quotes it:\n%s", msg, out)
 	}
 	if r := startingWith(t, onAgent, "carve cluster status"); r.exited != 0 {
 		t.Errorf("the masters are not healthy, while the section says they answer everyone else:\n%s", r.out)
@@ -572,15 +576,15 @@ func problemExamples(text string) []string {
 	return out
 }
 
-// matchesProblem tells whether the report has a problem line that the
-// guide's example ex describes: "..." stands for anything, and the
+// matchesProblem tells whether the report has a problem line that starts
+// as the guide's example ex describes: "..." stands for anything, and the
 // example's master ids and addresses for any.
 func matchesProblem(report, ex string) bool {
 	pattern := regexp.QuoteMeta(ex)
 	pattern = strings.ReplaceAll(pattern, `\.\.\.`, ".*")
 	pattern = regexp.MustCompile(`198\\\.18\\\.0\\\.[0-9]+`).ReplaceAllLiteralString(pattern, `198\.18\.[0-9]+\.[0-9]+`)
 	pattern = regexp.MustCompile(`\bm[0-9]+\b`).ReplaceAllLiteralString(pattern, `m[0-9]+`)
-	re := regexp.MustCompile("^problem: " + pattern + "$")
+	re := regexp.MustCompile("^problem: " + pattern)
 	for _, l := range strings.Split(report, "\n") {
 		if re.MatchString(l) {
 			return true
@@ -625,6 +629,17 @@ func TestTroubleshootingMasterBehind(t *testing.T) {
 	res := o.runAll(ctx, t, m3.Host, cmds, map[string]string{"/var/lib/carve-master": m3.DataDir})
 	if st := startingWith(t, res, "carve cluster status"); st.exited != 1 || !problemNaming(st.out, "master m3 (") || !strings.Contains(st.out, "entries behind") {
 		t.Errorf("carve cluster status (exit %d) does not report m3 behind as the section says:\n%s", st.exited, st.out)
+	}
+	if st := startingWith(t, res, "carve cluster status"); true {
+		quoted := inlineCommands(sec.Symptom, "master ")
+		if len(quoted) != 1 {
+			t.Fatalf("the section's symptom quotes %d problem lines, want 1: %q", len(quoted), quoted)
+		}
+		// N, A and C stand for numbers.
+		ex := regexp.MustCompile(`\b[NAC]\b`).ReplaceAllLiteralString(quoted[0], "0")
+		if !matchesProblem(regexp.MustCompile(`[0-9]+`).ReplaceAllLiteralString(st.out, "0"), ex) {
+			t.Errorf("the section quotes the problem %q, which carve cluster status does not print:\n%s", quoted[0], st.out)
+		}
 	}
 	if out := startingWith(t, res, "df -h").out; !strings.Contains(out, "100%") {
 		t.Errorf("df does not show m3's disk full:\n%s", out)
