@@ -41,6 +41,10 @@ type ClusterStatus struct {
 	// the value a new cluster starts with; carve config apply changes the
 	// committed one.
 	ConfigDiffers string `json:"config_differs,omitempty"`
+	// DataDirError says why this master cannot write its data dir (a
+	// full or read-only disk: its Raft log cannot grow), as its last
+	// probe found ("": it can). Absent from masters of earlier versions.
+	DataDirError string `json:"data_dir_error,omitempty"`
 }
 
 // StateDigest is a SHA-256 of a master's whole replicated state as applied

@@ -320,12 +320,15 @@ func (p *masterProxy) reads() []string {
 
 // TestReplayFullDiskFollower is issue 27's sixth finding: a master whose
 // disk was full logged `no space left on device` and fell behind while
-// carve cluster status said healthy. Fixed by 4b9a098 (a master 5,000 or
-// more entries behind its leader's commit is a problem). Here m3's data dir
-// is a small tmpfs, filled up once the cluster runs; writes (configuration
-// applies that change nothing) go on until carve cluster status exits 1
-// naming m3; m3's log says why. With the space freed, m3 catches up and
-// the status is healthy again.
+// carve cluster status said healthy. 4b9a098 made a master 5,000 or more
+// entries behind its leader's commit a problem, which a quiet cluster
+// takes long to reach; a master now probes its data dir (master/health.go)
+// and says at once that it cannot write it. Here m3's data dir is a small
+// tmpfs, filled up once the cluster runs: carve cluster status exits 1
+// naming m3 before any write; writes (configuration applies that change
+// nothing) go on until m3's log says no space left on device, the status
+// still naming m3. With the space freed, m3 catches up and the status is
+// healthy again.
 func TestReplayFullDiskFollower(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
@@ -336,11 +339,19 @@ func TestReplayFullDiskFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	filler := disk.fill(t)
-	out := driveUntilProblem(ctx, t, c, "master m3 (", c.Masters()[:2])
+	// At once, before any write: m3's own probe of its data dir.
+	testutil.Eventually(t, converge, "carve cluster status reports that m3 cannot write its data dir", func() error {
+		out, healthy := clusterStatus(ctx, t, c)
+		return problems("master m3 ("+m3.URL()+"): cannot write its --data-dir")(out, healthy)
+	})
+	// Writes: m3's Raft log cannot take them.
+	out := driveUntil(ctx, t, c, c.Masters()[:2], "m3 fails to append, and carve cluster status reports it", func(out string, healthy bool) error {
+		if !strings.Contains(m3.Tail(500), "no space left on device") {
+			return fmt.Errorf("m3's log does not say no space left on device:\n%s", m3.Tail(5))
+		}
+		return problems("master m3 (")(out, healthy)
+	})
 	t.Logf("carve cluster status with m3's disk full:\n%s", out)
-	if !strings.Contains(m3.Tail(500), "no space left on device") {
-		t.Errorf("m3's log does not say no space left on device:\n%s", m3.Tail(20))
-	}
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
@@ -408,12 +419,11 @@ func clusterStatus(ctx context.Context, t *testing.T, c *labcluster.Cluster, ext
 	return string(out), err == nil
 }
 
-// driveUntilProblem commits writes (the committed network configuration
-// applied again: an entry that changes nothing) through the masters via
-// (not the one that is behind: each logs the change asked for) until carve
-// cluster status exits 1 with a problem naming want, and returns its
-// output.
-func driveUntilProblem(ctx context.Context, t *testing.T, c *labcluster.Cluster, want string, via []*labcluster.Master) string {
+// driveUntil commits writes (the committed network configuration applied
+// again: an entry that changes nothing) through the masters via (not the
+// one that is behind: each logs the change asked for) until cond accepts
+// the output of carve cluster status, and returns that output.
+func driveUntil(ctx context.Context, t *testing.T, c *labcluster.Cluster, via []*labcluster.Master, what string, cond func(status string, healthy bool) error) string {
 	t.Helper()
 	cfg := c.Network()
 	var urls []string
@@ -425,7 +435,7 @@ func driveUntilProblem(ctx context.Context, t *testing.T, c *labcluster.Cluster,
 		t.Fatal(err)
 	}
 	var out string
-	testutil.Eventually(t, 4*converge, "carve cluster status reports "+want, func() error {
+	testutil.Eventually(t, 4*converge, what, func() error {
 		var wg sync.WaitGroup
 		errs := make(chan error, 16)
 		for range 16 {
@@ -445,12 +455,22 @@ func driveUntilProblem(ctx context.Context, t *testing.T, c *labcluster.Cluster,
 		}
 		var healthy bool
 		out, healthy = clusterStatus(ctx, t, c)
-		if healthy || !problemNaming(out, want) {
-			return fmt.Errorf("carve cluster status (healthy %v) has no problem naming %q:\n%s", healthy, want, out)
-		}
-		return nil
+		return cond(out, healthy)
 	})
 	return out
+}
+
+// problems is a cond of driveUntil: carve cluster status exits 1 with a
+// problem line holding each of want.
+func problems(want ...string) func(string, bool) error {
+	return func(out string, healthy bool) error {
+		for _, w := range want {
+			if healthy || !problemNaming(out, w) {
+				return fmt.Errorf("carve cluster status (healthy %v) has no problem naming %q:\n%s", healthy, w, out)
+			}
+		}
+		return nil
+	}
 }
 
 // problemNaming tells whether the report has a problem line holding want.

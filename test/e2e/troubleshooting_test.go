@@ -606,8 +606,9 @@ func voterSetOf(servers []api.ServerInfo) string {
 
 // TestTroubleshootingMasterBehind: m3's data dir is a small tmpfs, filled
 // once the cluster runs; writes go on. The section's commands show m3
-// behind, its disk full and its log saying no space left on device;
-// freeing the disk (the fix) lets it catch up, and the status is healthy.
+// unable to write and behind (the two problem lines the section quotes),
+// its disk full and its log saying no space left on device; freeing the
+// disk (the fix) lets it catch up, and the status is healthy.
 func TestTroubleshootingMasterBehind(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	sec := readGuide(t).section(t, "A master behind")
@@ -620,25 +621,29 @@ func TestTroubleshootingMasterBehind(t *testing.T) {
 		t.Fatal(err)
 	}
 	filler := disk.fill(t)
-	driveUntilProblem(ctx, t, c, "master m3 (", c.Masters()[:2])
+	// Both problem lines of the section: the probe's, and the lag once
+	// the cluster committed enough more.
+	driveUntil(ctx, t, c, c.Masters()[:2], "carve cluster status reports m3 unable to write and behind",
+		problems("master m3 ("+m3.URL()+"): cannot write its --data-dir", "entries behind"))
 
 	cmds := codeLines(sec.Commands)
 	requireCommand(t, cmds, "carve cluster status $OP")
 	requireCommand(t, cmds, "df -h /var/lib/carve-master")
 	requireCommand(t, cmds, "journalctl -u carve-master")
 	res := o.runAll(ctx, t, m3.Host, cmds, map[string]string{"/var/lib/carve-master": m3.DataDir})
-	if st := startingWith(t, res, "carve cluster status"); st.exited != 1 || !problemNaming(st.out, "master m3 (") || !strings.Contains(st.out, "entries behind") {
+	st := startingWith(t, res, "carve cluster status")
+	if st.exited != 1 || !problemNaming(st.out, "master m3 (") || !strings.Contains(st.out, "entries behind") {
 		t.Errorf("carve cluster status (exit %d) does not report m3 behind as the section says:\n%s", st.exited, st.out)
 	}
-	if st := startingWith(t, res, "carve cluster status"); true {
-		quoted := inlineCommands(sec.Symptom, "master ")
-		if len(quoted) != 1 {
-			t.Fatalf("the section's symptom quotes %d problem lines, want 1: %q", len(quoted), quoted)
-		}
+	quoted := inlineCommands(sec.Symptom, "master ")
+	if len(quoted) != 2 {
+		t.Fatalf("the section's symptom quotes %d problem lines, want 2 (unable to write, behind): %q", len(quoted), quoted)
+	}
+	for _, q := range quoted {
 		// N, A and C stand for numbers.
-		ex := regexp.MustCompile(`\b[NAC]\b`).ReplaceAllLiteralString(quoted[0], "0")
+		ex := regexp.MustCompile(`\b[NAC]\b`).ReplaceAllLiteralString(q, "0")
 		if !matchesProblem(regexp.MustCompile(`[0-9]+`).ReplaceAllLiteralString(st.out, "0"), ex) {
-			t.Errorf("the section quotes the problem %q, which carve cluster status does not print:\n%s", quoted[0], st.out)
+			t.Errorf("the section quotes the problem %q, which carve cluster status does not print:\n%s", q, st.out)
 		}
 	}
 	if out := startingWith(t, res, "df -h").out; !strings.Contains(out, "100%") {
