@@ -48,8 +48,12 @@ func newDataDirHealth(reg prometheus.Registerer) *dataDirHealth {
 	return h
 }
 
-// problem is why the data dir cannot be written, or "".
+// problem is why the data dir cannot be written, or "" (also before the
+// first probe).
 func (h *dataDirHealth) problem() string {
+	if h == nil {
+		return ""
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.err
