@@ -44,6 +44,10 @@ type ClusterStatus struct {
 	// ExhaustedOverlays are the overlays that cannot give an agent a
 	// subnet, or a container an address (LeaseTable.Exhausted).
 	ExhaustedOverlays []ExhaustedOverlay `json:"exhausted_overlays,omitempty"`
+	// DataDirError says why this master cannot write its data dir (a
+	// full or read-only disk: its Raft log cannot grow), as its last
+	// probe found ("": it can). Absent from masters of earlier versions.
+	DataDirError string `json:"data_dir_error,omitempty"`
 }
 
 // ExhaustedOverlay is an enabled overlay, in one address family, that

@@ -116,6 +116,9 @@ type Master struct {
 	// the private half that checks agents' WireGuard proofs (wgproof.go).
 	signingKey atomic.Pointer[ed25519.PrivateKey]
 
+	// dataDir is whether this master can write its data dir (health.go).
+	dataDir *dataDirHealth
+
 	runCtx context.Context // done when the master closes
 	cancel context.CancelFunc
 	// bg owns the master's goroutines (the API server, the leader's
@@ -171,6 +174,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector(buildinfo.Get()))
 	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	m.dataDir = newDataDirHealth(m.registry)
 	m.registry.MustRegister(m.silentAgentsGauge(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_config_file_differs",
 		Help: "1 when this master's --config file differs from the committed network configuration (the file only starts a new cluster; carve config apply changes the committed one).",
@@ -245,6 +249,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		}
 	})
 	m.bg.Go(m.leaderDuties)
+	m.bg.Go(m.probeDataDir)
 	if sec != nil {
 		m.bg.Go(m.watchRevocations)
 	}
@@ -284,7 +289,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		AppliedIndex: st.AppliedIndex, LastIndex: st.LastIndex, LastSnapshotIndex: st.LastSnapshotIndex,
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
 		Build: buildInfo(), AgentVersions: m.table.AgentVersions(), StateDigests: m.table.StateDigests(),
-		ConfigDiffers: m.configDiffers(),
+		ConfigDiffers: m.configDiffers(), DataDirError: m.dataDir.problem(),
 	}
 	if st.Role == "leader" {
 		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()

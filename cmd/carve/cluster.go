@@ -156,8 +156,8 @@ func collectClusterStatus(ctx context.Context, urls []string, ask func(context.C
 
 // judgeCluster fills the report's leader, cluster id and problems (a master
 // that did not answer, that sees no leader or another leader than the
-// others, that has not caught up, that reports another cluster id) and the
-// servers that could not be asked.
+// others, that cannot write its data dir, that has not caught up, that
+// reports another cluster id) and the servers that could not be asked.
 func judgeCluster(rep *clusterReport) {
 	var problems []string
 	leaders, clusterIDs, voters := map[string][]string{}, map[string][]string{}, map[string][]string{}
@@ -182,6 +182,9 @@ func judgeCluster(rep *clusterReport) {
 			problems = append(problems, name+": sees no leader")
 		} else {
 			leaders[st.Leader.ID] = append(leaders[st.Leader.ID], st.ID)
+		}
+		if st.DataDirError != "" {
+			problems = append(problems, name+": "+st.DataDirError+" (docs/troubleshooting.md, a master behind)")
 		}
 		if !st.CaughtUp {
 			problems = append(problems, name+": has not caught up with the log (it answers state reads with 503)")

@@ -217,6 +217,34 @@ func TestJudgeClusterLag(t *testing.T) {
 	}
 }
 
+// TestJudgeClusterDataDir (issue 27, finding 6): a master that reports it
+// cannot write its data dir is a problem at once, before it falls behind.
+func TestJudgeClusterDataDir(t *testing.T) {
+	l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
+	servers := []api.ServerInfo{l, {ID: "m2", URL: "https://m2", Voter: true}}
+	view := func(id, role, dataDirError string) masterView {
+		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
+			CommitIndex: 10, AppliedIndex: 10, Servers: servers, DataDirError: dataDirError}}
+	}
+	for _, tc := range []struct {
+		name string
+		m2   string
+		want []string
+	}{
+		{"writable", "", nil},
+		{"full", "cannot write its --data-dir /var/lib/carve-master (no space left on device)",
+			[]string{"master m2 (https://m2): cannot write its --data-dir /var/lib/carve-master (no space left on device) (docs/troubleshooting.md, a master behind)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := &clusterReport{Masters: []masterView{view("m1", "leader", ""), view("m2", "follower", tc.m2)}}
+			judgeCluster(rep)
+			if rep.Healthy != (len(tc.want) == 0) || !slices.Equal(rep.Problems, tc.want) {
+				t.Errorf("healthy %t, problems %q; want %q", rep.Healthy, rep.Problems, tc.want)
+			}
+		})
+	}
+}
+
 // TestJudgeClusterNamesADownMaster (issue 20, finding 8): a master whose
 // URL was given but that does not answer is named as down, not reported as
 // "not checked ... give them in --masters"; several masters on one host
