@@ -134,6 +134,11 @@ type Agent struct {
 	reconciledSelf   uint64               // self.Version covered by the last successful reconcile
 	attemptedSelf    uint64               // self.Version the last reconcile that reached the kernel was for
 	programmed       map[string]uint64    // peer id -> version programmed in the kernel
+	programmedIndex  uint64               // the mergedIndex the membership held when programmed was set
+	// refusing says why the agent refuses what the masters serve, "" when
+	// it holds a verified state: while it refuses, the kernel is kept as
+	// it is (verify.go, setRefusing).
+	refusing string
 	connected        map[string]string    // mesh address handed to the router -> agent id
 	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
 
@@ -235,7 +240,12 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.signingKey = cfg.SigningKey
 	}
-	a.loadMembership(p)
+	if refused := a.loadMembership(p); len(refused) > 0 {
+		// Saved records that no longer verify (another key given, a
+		// format this version cannot read): the kernel stays as it is
+		// until the masters' state verifies (verify.go).
+		a.setRefusing(fmt.Sprintf("%d saved records or tombstones do not verify (first: %v)", len(refused), refused[0].Err))
+	}
 	if a.self != nil {
 		a.log.Info("loaded last known state", "version", a.self.Version, "peers", a.members.Len()-1,
 			"master_index", a.masterIndex, "cluster_id", a.clusterID)

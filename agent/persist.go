@@ -33,8 +33,9 @@ func (a *Agent) snapshot() persisted {
 
 // loadMembership merges the persisted membership, checked as gossip is:
 // the store holds what was verified, unless it was written by a version
-// of the agent that kept no signatures, or with another key.
-func (a *Agent) loadMembership(p persisted) {
+// of the agent that kept no signatures, or with another key. It returns
+// what it refused.
+func (a *Agent) loadMembership(p persisted) []membership.Refusal {
 	tr := a.trustLocked()
 	if tr.ClusterID == "" {
 		tr.Required = false // nothing of a cluster yet; nothing persisted either
@@ -60,4 +61,5 @@ func (a *Agent) loadMembership(p persisted) {
 	a.members.Compact(p.Horizon)
 	a.members.MergeFromMasters(fromMasters)
 	a.members.Merge(other)
+	return refused
 }

@@ -54,13 +54,20 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcile computes the desired dataplane and applies it.
+// reconcile computes the desired dataplane and applies it; while the agent
+// refuses the masters' records it keeps the kernel as it is and only
+// reports (verify.go): a membership it could not verify is not the
+// cluster, and programming it would remove every peer it refused.
 func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.mu.RLock()
-	self, network, cluster, merged := a.self, a.network, a.clusterID, a.mergedIndex
+	self, network, cluster, merged, refusing := a.self, a.network, a.clusterID, a.mergedIndex, a.refusing
 	a.mu.RUnlock()
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
+	}
+	if refusing != "" {
+		a.noteReconciled(self)
+		return nil
 	}
 	members := a.members.State()
 	network = a.withMTUs(network, members)
@@ -100,6 +107,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.metrics.observe(mode, &rep)
 	a.keepForwardRules(ctx, &want, enc, full) // after the bridges exist
 	a.setReport(self.Version, &rep, peers, err)
+	a.mu.Lock()
+	a.programmedIndex = merged
+	a.mu.Unlock()
 	a.noteReconciled(self)
 	// After VXLAN: the routes through WireGuard use the VTEP's address.
 	return errors.Join(err, a.applyEncryption(ctx, enc)) // the dataplane logs what it changed

@@ -33,7 +33,7 @@ func runCerts(ctx context.Context, args []string, out io.Writer) error {
 	case "issue":
 		return runCertsIssue(args[1:], out)
 	case "rotate-signing":
-		return runCertsRotateSigning(args[1:], out)
+		return runCertsRotateSigning(ctx, args[1:], out)
 	case "revoke":
 		return runCertsRevoke(ctx, args[1:], out)
 	case "help", "-h", "--help":
