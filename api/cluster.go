@@ -62,7 +62,7 @@ type AgentTrust struct {
 	OtherKeyCount int             `json:"other_key_count,omitempty"`
 	Refusing      []AgentRefusing `json:"refusing,omitempty"`
 	RefusingCount int             `json:"refusing_count,omitempty"`
-	FewPeers      []AgentFewPeers    `json:"few_peers,omitempty"`
+	FewPeers      []AgentFewPeers `json:"few_peers,omitempty"`
 	FewPeersCount int             `json:"few_peers_count,omitempty"`
 }
 
