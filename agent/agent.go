@@ -131,16 +131,19 @@ type Agent struct {
 	revoked          map[string]uint64 // agents the masters revoked, from their state (membership.RevokedAgents)
 	lastReport       *vxlan.Report
 	lastErr          error
-	reconciledSelf   uint64            // self.Version covered by the last successful reconcile
-	attemptedSelf    uint64            // self.Version the last reconcile that reached the kernel was for
-	programmed       map[string]uint64 // peer id -> version programmed in the kernel
-	programmedIndex  uint64            // the mergedIndex the membership held when programmed was set
+	reconciledSelf   uint64               // self.Version covered by the last successful reconcile
+	attemptedSelf    uint64               // self.Version the last reconcile that reached the kernel was for
+	programmed       map[string]uint64    // peer id -> version programmed in the kernel
+	connected        map[string]string    // mesh address handed to the router -> agent id
+	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
+
+	// programmedIndex is the mergedIndex the membership held when
+	// programmed was set (reported with its count).
+	programmedIndex uint64
 	// refusing says why the agent refuses what the masters serve, "" when
 	// it holds a verified state: while it refuses, the kernel is kept as
 	// it is (verify.go, setRefusing).
-	refusing  string
-	connected map[string]string    // mesh address handed to the router -> agent id
-	dialing   map[string]time.Time // chosen mesh peer not connected yet -> since when
+	refusing string
 
 	connectCh chan struct{}
 
