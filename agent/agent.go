@@ -467,9 +467,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	bg.Stop()
 	// The reconcile loop has ended: nothing puts the rules back.
 	a.removeForwardRules()
-	if err := a.store.Save(a.snapshot()); err != nil {
-		a.log.Error("final save", "err", err)
-	}
+	a.save("final save")
 	a.log.Info("agent stopped; the kernel state is left in place, but for the FORWARD accept rules")
 	return nil
 }

@@ -16,10 +16,22 @@ func (a *Agent) persistLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-a.persistCh:
-			if err := a.store.Save(a.snapshot()); err != nil {
-				a.log.Error("persist agent state", "err", err)
-			}
+			a.save("persist agent state")
 		}
+	}
+}
+
+// save writes the state, unless the agent refuses the masters' records:
+// what it holds then lacks what it refused (saved records that no longer
+// verify among them), and the disk keeps what it verified last, for a
+// restart with the key that verifies it (verify.go).
+func (a *Agent) save(what string) {
+	if why := a.refusingNow(); why != "" {
+		a.log.Debug("not saving the state while refusing the masters' records", "why", why)
+		return
+	}
+	if err := a.store.Save(a.snapshot()); err != nil {
+		a.log.Error(what, "err", err)
 	}
 }
 

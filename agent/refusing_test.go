@@ -113,9 +113,16 @@ func TestRefusingAgentKeepsItsKernel(t *testing.T) {
 		t.Errorf("while refusing the masters the overlay shows %+v, want FAILED naming the refusal", info.Overlays)
 	}
 
-	// Given the key that verifies the masters' state: programmed from it.
+	// Given the key that verifies the masters' state: its saved records
+	// are there (a refusing agent saves nothing: it would drop what it
+	// refused, and empty its kernel at the next start), and it is
+	// programmed from the masters' state.
 	a.stop(t)
-	a = runAgent(t, newTestAgent(t, hosts[0], url, adir, gnet, withKey(k1pub)))
+	restarted := newTestAgent(t, hosts[0], url, adir, gnet, withKey(k1pub))
+	if _, ok := restarted.members.Record(b.ID()); !ok {
+		t.Errorf("restarted with the right key, the agent loaded no record of %s: the refusing agent saved its membership without it", b.ID())
+	}
+	a = runAgent(t, restarted)
 	testutil.Eventually(t, 0, "the agent takes the masters' state again", func() error {
 		if refusingGauge(t, a.Agent) != 0 || !programmedPeers(a.Agent)[b.ID()] || masterSeesRefusing(m, a.ID()) {
 			return fmt.Errorf("refusing gauge %v, programmed %v, master's view %+v", refusingGauge(t, a.Agent), programmedPeers(a.Agent), m.ClusterStatus().AgentTrust)
