@@ -180,6 +180,7 @@ func (a *Agent) setRefusing(why string) {
 	case was != "":
 		a.metrics.refusing.Set(0)
 		a.log.Info("the masters' state verifies again: programming the kernel from it", "was_refusing", was)
+		a.trigger(a.persistCh) // nothing was saved while refusing
 	}
 	if why != was {
 		a.trigger(a.reconcileCh)
