@@ -124,3 +124,34 @@ func TestReportOfTrustFields(t *testing.T) {
 		t.Errorf("a report without the new fields encodes as %s, want %s", b, want)
 	}
 }
+
+// FuzzReportDecode: an agent's report (with the key, refusal and peer
+// count it carries) never panics the decoder, the validator or the
+// table, and what the validator accepts applies and is judged.
+func FuzzReportDecode(f *testing.F) {
+	f.Add([]byte(`{"version":2,"overlays":[{"name":"carve","status":"STATUS_OK"}],"signing_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","programmed_peers":0,"peers_index":2}`))
+	f.Add([]byte(`{"version":2,"refusing":"the masters sign with key x"}`))
+	f.Add([]byte(`{"version":2,"programmed_peers":-1}`))
+	f.Add([]byte(`{"version":2,"signing_key":"x"}`))
+	f.Add([]byte(`{"version":99,"peers_index":18446744073709551615,"programmed_peers":9223372036854775807}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var req api.ReportRequest
+		if err := api.DecodeStrict(strings.NewReader(string(data)), &req); err != nil {
+			return
+		}
+		tbl := NewLeaseTable()
+		cfg := DefaultConfig()
+		for i, c := range []command{{Op: opSetConfig, SetConfig: &cfg}, {Op: opRegister, Register: &registerCmd{AgentID: "a1", IP: "198.18.0.1"}},
+			{Op: opReport, Report: &reportCmd{AgentID: "a1", Report: req}}} {
+			b, err := encodeCommand(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := tbl.Apply(uint64(i+1), b).(Result)
+			if _, verr := reportOf(req); c.Op == opReport && verr == nil && req.Version <= 2 && res.Err != nil {
+				t.Fatalf("a valid report refused: %v", res.Err)
+			}
+		}
+		_ = tbl.AgentTrust("", nil)
+	})
+}
