@@ -141,9 +141,10 @@ type Agent struct {
 	// programmed was set (reported with its count).
 	programmedIndex uint64
 	// refusing says why the agent refuses what the masters serve, "" when
-	// it holds a verified state: while it refuses, the kernel is kept as
-	// it is (verify.go, setRefusing).
-	refusing string
+	// it holds a verified state (verify.go, setRefusing); unverified are
+	// the saved records it refused at start, programmed meanwhile.
+	refusing   string
+	unverified membership.State
 
 	connectCh chan struct{}
 
@@ -245,8 +246,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	if refused := a.loadMembership(p); len(refused) > 0 {
 		// Saved records that no longer verify (another key given, a
-		// format this version cannot read): the kernel stays as it is
-		// until the masters' state verifies (verify.go).
+		// format this version cannot read): the kernel keeps them until
+		// the masters' state verifies (verify.go).
+		a.unverified = unverifiedOf(p.Membership, a.members)
 		a.setRefusing(fmt.Sprintf("%d saved records or tombstones do not verify (first: %v)", len(refused), refused[0].Err))
 	}
 	if a.self != nil {

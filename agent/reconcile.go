@@ -54,22 +54,19 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcile computes the desired dataplane and applies it; while the agent
-// refuses the masters' records it keeps the kernel as it is and only
-// reports (verify.go): a membership it could not verify is not the
-// cluster, and programming it would remove every peer it refused.
+// reconcile computes the desired dataplane and applies it. While the agent
+// refuses the masters' records, the saved records it no longer verifies
+// are kept in what it programs (verify.go, withUnverified): the kernel
+// holds them from when they verified, and an agent that dropped them would
+// remove every peer it cannot verify now.
 func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.mu.RLock()
-	self, network, cluster, merged, refusing := a.self, a.network, a.clusterID, a.mergedIndex, a.refusing
+	self, network, cluster, merged, unverified := a.self, a.network, a.clusterID, a.mergedIndex, a.unverified
 	a.mu.RUnlock()
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
-	if refusing != "" {
-		a.noteReconciled(self)
-		return nil
-	}
-	members := a.members.State()
+	members := withUnverified(a.members.State(), unverified)
 	network = a.withMTUs(network, members)
 	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
 	// The kernel and the conflists leave out the disabled overlays no

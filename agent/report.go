@@ -148,10 +148,6 @@ func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) [
 		ov := &self.Overlays[i]
 		r := api.OverlayReport{Name: ov.Info.Name, Status: api.StatusOK}
 		switch msg := a.overlayError(ov); {
-		case a.refusing != "":
-			// The kernel is kept as it was, not configured from the masters'
-			// records (verify.go).
-			r.Status, r.Error = api.StatusFailed, truncate(refusingPrefix+a.refusing, maxReportedError)
 		case msg != "":
 			r.Status, r.Error = api.StatusFailed, msg
 		case a.attemptedSelf < self.Version:
@@ -187,8 +183,9 @@ func (a *Agent) ipamErrors(self *api.AgentInfo) map[string]string {
 // noteReconciled records the result of a reconcile of self for the
 // masters.
 // With it go the signing key the agent verifies with, why it refuses the
-// masters' records (then no peer count: its kernel is kept as it was), or
-// else how many peers its kernel holds and from which masters' index.
+// masters' records (then no peer count: it programs what it verified
+// before), or else how many peers its kernel holds and from which
+// masters' index.
 func (a *Agent) noteReconciled(self *api.AgentInfo) {
 	ipamErr := a.ipamErrors(self)
 	a.mu.RLock()

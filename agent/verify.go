@@ -148,23 +148,22 @@ func (l *logLimiter) allow(kind string) bool {
 // records that do not verify, a format it cannot read) keeps its kernel as
 // it is: the peers it cannot verify now were verified when it programmed
 // them, and an agent that removed them would cut its containers off for as
-// long as it refuses. It reports the refusal (carve_agent_refusing_masters,
-// its report to the masters, the overlays' status, a log line at most once
-// a minute) and programs the kernel again once a whole master state was
-// taken with every record verified (setRefusing("")).
+// long as it refuses. What it refuses from the masters never enters its
+// membership (the records it had stay); the saved records it refuses at
+// start are kept aside (unverified) and programmed with the membership
+// until a whole master state was taken with every record verified
+// (setRefusing("")), and nothing is saved meanwhile (persist.go). It
+// reports the refusal: carve_agent_refusing_masters, its report to the
+// masters (carve cluster status), a log line at most once a minute.
 
-// refusingPrefix starts the error of the overlays of an agent that refuses
-// the masters.
-const refusingPrefix = "refusing the masters' records, keeping the kernel as it is: "
-
-// maxReportedError bounds a reported error (the masters take 1,024 bytes).
-const maxReportedError = 1000
+// maxRefusing bounds the reported refusal (the masters take 1,024 bytes).
+const maxRefusing = 1000
 
 // setRefusing records why the agent refuses the masters ("": it holds a
 // verified state again) and has it reported; a change wakes the reconcile,
 // which reports (and, once it is "", programs the kernel).
 func (a *Agent) setRefusing(why string) {
-	why = truncate(why, maxReportedError-len(refusingPrefix))
+	why = truncate(why, maxRefusing)
 	a.mu.Lock()
 	was := a.refusing
 	a.refusing = why
@@ -178,6 +177,9 @@ func (a *Agent) setRefusing(why string) {
 		}
 		a.log.Log(context.Background(), level, "refusing the masters' records: keeping the kernel as it is until a verified state", "why", why)
 	case was != "":
+		a.mu.Lock()
+		a.unverified = membership.State{} // the masters' state replaces them
+		a.mu.Unlock()
 		a.metrics.refusing.Set(0)
 		a.log.Info("the masters' state verifies again: programming the kernel from it", "was_refusing", was)
 		a.trigger(a.persistCh) // nothing was saved while refusing
@@ -224,4 +226,39 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// unverifiedOf is the records of the saved membership that members,
+// loaded from it with the checks, does not hold: those refused.
+func unverifiedOf(saved membership.State, members *membership.Membership) membership.State {
+	var out membership.State
+	for _, r := range saved.Records {
+		if _, ok := members.Record(r.ID); !ok {
+			out.Records = append(out.Records, r)
+		}
+	}
+	return out
+}
+
+// withUnverified is the membership to program: members, and the refused
+// saved records of agents it holds nothing of (neither a record nor a
+// tombstone).
+func withUnverified(members, unverified membership.State) membership.State {
+	if len(unverified.Records) == 0 {
+		return members
+	}
+	held := make(map[string]bool, len(members.Records)+len(members.Tombstones))
+	for _, r := range members.Records {
+		held[r.ID] = true
+	}
+	for _, t := range members.Tombstones {
+		held[t.AgentID] = true
+	}
+	out := membership.State{Records: slices.Clone(members.Records), Tombstones: members.Tombstones}
+	for _, r := range unverified.Records {
+		if !held[r.ID] {
+			out.Records = append(out.Records, r)
+		}
+	}
+	return out
 }
