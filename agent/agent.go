@@ -137,6 +137,15 @@ type Agent struct {
 	connected        map[string]string    // mesh address handed to the router -> agent id
 	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
 
+	// programmedIndex is the mergedIndex the membership held when
+	// programmed was set (reported with its count).
+	programmedIndex uint64
+	// refusing says why the agent refuses what the masters serve, "" when
+	// it holds a verified state (verify.go, setRefusing); unverified are
+	// the saved records it refused at start, programmed meanwhile.
+	refusing   string
+	unverified membership.State
+
 	connectCh chan struct{}
 
 	// reports is the configuration result reportLoop sends the masters.
@@ -235,7 +244,13 @@ func New(cfg Config) (*Agent, error) {
 		}
 		a.signingKey = cfg.SigningKey
 	}
-	a.loadMembership(p)
+	if refused := a.loadMembership(p); len(refused) > 0 {
+		// Saved records that no longer verify (another key given, a
+		// format this version cannot read): the kernel keeps them until
+		// the masters' state verifies (verify.go).
+		a.unverified = unverifiedOf(p.Membership, a.members)
+		a.setRefusing(fmt.Sprintf("%d saved records or tombstones do not verify (first: %v)", len(refused), refused[0].Err))
+	}
 	if a.self != nil {
 		a.log.Info("loaded last known state", "version", a.self.Version, "peers", a.members.Len()-1,
 			"master_index", a.masterIndex, "cluster_id", a.clusterID)
@@ -454,9 +469,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	bg.Stop()
 	// The reconcile loop has ended: nothing puts the rules back.
 	a.removeForwardRules()
-	if err := a.store.Save(a.snapshot()); err != nil {
-		a.log.Error("final save", "err", err)
-	}
+	a.save("final save")
 	a.log.Info("agent stopped; the kernel state is left in place, but for the FORWARD accept rules")
 	return nil
 }

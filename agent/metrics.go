@@ -40,10 +40,17 @@ type metrics struct {
 	// signingKeyFollowed counts new signing keys taken through the
 	// masters' chain (rotations).
 	signingKeyFollowed prometheus.Counter
+	// refusing is 1 while the agent refuses the masters' records and
+	// keeps its kernel as it is (verify.go, setRefusing).
+	refusing prometheus.Gauge
 }
 
 func newMetrics(reg *prometheus.Registry) *metrics {
 	m := &metrics{
+		refusing: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "carve_agent_refusing_masters",
+			Help: "1 while the agent refuses what the masters serve (a signing key it does not follow, records or saved records that do not verify) and keeps its kernel as it is; 0 once it holds a verified state.",
+		}),
 		masterReads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_master_reads_total",
 			Help: "Answers of the masters' watch, by kind: state (the whole state: the first read, or after gone), changes (only what changed), gone (410: the changes since the agent's index are not kept; a whole state read follows).",
@@ -167,7 +174,7 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	}
 	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.restores, m.httpRefused, m.masterReads,
-		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, m.peersByMode, buildinfo.Collector(buildinfo.Get()),
+		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, m.peersByMode, m.refusing, buildinfo.Collector(buildinfo.Get()),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -16,10 +16,22 @@ func (a *Agent) persistLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-a.persistCh:
-			if err := a.store.Save(a.snapshot()); err != nil {
-				a.log.Error("persist agent state", "err", err)
-			}
+			a.save("persist agent state")
 		}
+	}
+}
+
+// save writes the state, unless the agent refuses the masters' records:
+// what it holds then lacks what it refused (saved records that no longer
+// verify among them), and the disk keeps what it verified last, for a
+// restart with the key that verifies it (verify.go).
+func (a *Agent) save(what string) {
+	if why := a.refusingNow(); why != "" {
+		a.log.Debug("not saving the state while refusing the masters' records", "why", why)
+		return
+	}
+	if err := a.store.Save(a.snapshot()); err != nil {
+		a.log.Error(what, "err", err)
 	}
 }
 
@@ -33,8 +45,9 @@ func (a *Agent) snapshot() persisted {
 
 // loadMembership merges the persisted membership, checked as gossip is:
 // the store holds what was verified, unless it was written by a version
-// of the agent that kept no signatures, or with another key.
-func (a *Agent) loadMembership(p persisted) {
+// of the agent that kept no signatures, or with another key. It returns
+// what it refused.
+func (a *Agent) loadMembership(p persisted) []membership.Refusal {
 	tr := a.trustLocked()
 	if tr.ClusterID == "" {
 		tr.Required = false // nothing of a cluster yet; nothing persisted either
@@ -60,4 +73,5 @@ func (a *Agent) loadMembership(p persisted) {
 	a.members.Compact(p.Horizon)
 	a.members.MergeFromMasters(fromMasters)
 	a.members.Merge(other)
+	return refused
 }

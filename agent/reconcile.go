@@ -54,15 +54,19 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 	}
 }
 
-// reconcile computes the desired dataplane and applies it.
+// reconcile computes the desired dataplane and applies it. While the agent
+// refuses the masters' records, the saved records it no longer verifies
+// are kept in what it programs (verify.go, withUnverified): the kernel
+// holds them from when they verified, and an agent that dropped them would
+// remove every peer it cannot verify now.
 func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.mu.RLock()
-	self, network, cluster, merged := a.self, a.network, a.clusterID, a.mergedIndex
+	self, network, cluster, merged, unverified := a.self, a.network, a.clusterID, a.mergedIndex, a.unverified
 	a.mu.RUnlock()
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
-	members := a.members.State()
+	members := withUnverified(a.members.State(), unverified)
 	network = a.withMTUs(network, members)
 	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
 	// The kernel and the conflists leave out the disabled overlays no
@@ -100,6 +104,9 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.metrics.observe(mode, &rep)
 	a.keepForwardRules(ctx, &want, enc, full) // after the bridges exist
 	a.setReport(self.Version, &rep, peers, err)
+	a.mu.Lock()
+	a.programmedIndex = merged
+	a.mu.Unlock()
 	a.noteReconciled(self)
 	// After VXLAN: the routes through WireGuard use the VTEP's address.
 	return errors.Join(err, a.applyEncryption(ctx, enc)) // the dataplane logs what it changed

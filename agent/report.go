@@ -26,31 +26,49 @@ type reporter struct {
 	attemptsFor uint64
 	// want is the latest result; sent the last one the masters acknowledged.
 	want, sent *api.ReportRequest
-	wake       chan struct{}
+	// peak is the most peers a reconcile programmed (sameResult).
+	peak int
+	wake chan struct{}
 }
 
 func newReporter() *reporter { return &reporter{wake: make(chan struct{}, 1)} }
 
 // sameResult tells whether two reports say the same (attempts and request
-// ids aside: a change of the count alone is not worth a Raft write).
-func sameResult(x, y *api.ReportRequest) bool {
-	return x != nil && y != nil && x.Version == y.Version && slices.Equal(x.Overlays, y.Overlays)
+// ids aside: a change of the count alone is not worth a Raft write). Of
+// the programmed peers, only a fall is news, or a rise back towards the
+// most the agent held (peak): a report of an older index is never judged
+// short for what came after it (state.LeaseTable.AgentTrust), so a rise
+// that every join brings is not worth a write on every agent.
+func sameResult(x, y *api.ReportRequest, peak int) bool {
+	if x == nil || y == nil || x.Version != y.Version || !slices.Equal(x.Overlays, y.Overlays) ||
+		x.SigningKey != y.SigningKey || x.Refusing != y.Refusing || (x.ProgrammedPeers == nil) != (y.ProgrammedPeers == nil) {
+		return false
+	}
+	if x.ProgrammedPeers == nil {
+		return true
+	}
+	next, was := *x.ProgrammedPeers, *y.ProgrammedPeers
+	return next == was || (next > was && was >= peak)
 }
 
-// note records the result of a reconcile of the record at version.
-func (r *reporter) note(version uint64, overlays []api.OverlayReport) {
+// note records the result of a reconcile of the record at next.Version.
+func (r *reporter) note(next api.ReportRequest) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if version != r.attemptsFor {
-		r.attempts, r.attemptsFor = 0, version
+	if next.Version != r.attemptsFor {
+		r.attempts, r.attemptsFor = 0, next.Version
 	}
 	r.attempts++
-	next := &api.ReportRequest{Version: version, Overlays: overlays, ConfigurationAttempts: r.attempts}
-	if sameResult(next, r.want) {
+	next.ConfigurationAttempts = r.attempts
+	same := sameResult(&next, r.want, r.peak)
+	if next.ProgrammedPeers != nil {
+		r.peak = max(r.peak, *next.ProgrammedPeers)
+	}
+	if same {
 		return
 	}
 	next.RequestID = api.NewRequestID() // one per result, kept across its retries
-	r.want = next
+	r.want = &next
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -164,12 +182,23 @@ func (a *Agent) ipamErrors(self *api.AgentInfo) map[string]string {
 
 // noteReconciled records the result of a reconcile of self for the
 // masters.
+// With it go the signing key the agent verifies with, why it refuses the
+// masters' records (then no peer count: it programs what it verified
+// before), or else how many peers its kernel holds and from which
+// masters' index.
 func (a *Agent) noteReconciled(self *api.AgentInfo) {
 	ipamErr := a.ipamErrors(self)
 	a.mu.RLock()
-	results := a.overlayResults(self, ipamErr)
+	req := api.ReportRequest{Version: self.Version, Overlays: a.overlayResults(self, ipamErr), Refusing: a.refusing}
+	if a.signingKey != nil {
+		req.SigningKey = api.EncodeSigningKey(a.signingKey)
+	}
+	if a.refusing == "" {
+		n := len(a.programmed)
+		req.ProgrammedPeers, req.PeersIndex = &n, a.programmedIndex
+	}
 	a.mu.RUnlock()
-	a.reports.note(self.Version, results)
+	a.reports.note(req)
 }
 
 // Overlay is the agent's record (DC/OS's agent endpoint: ip, overlays,

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -140,4 +141,124 @@ func (l *logLimiter) allow(kind string) bool {
 	}
 	l.last[kind] = now
 	return true
+}
+
+// Refusing the masters. An agent that cannot verify what it is given (a
+// signing key it does not follow, records of the masters' state or saved
+// records that do not verify, a format it cannot read) keeps its kernel as
+// it is: the peers it cannot verify now were verified when it programmed
+// them, and an agent that removed them would cut its containers off for as
+// long as it refuses. What it refuses from the masters never enters its
+// membership (the records it had stay); the saved records it refuses at
+// start are kept aside (unverified) and programmed with the membership
+// until a whole master state was taken with every record verified
+// (setRefusing("")), and nothing is saved meanwhile (persist.go). It
+// reports the refusal: carve_agent_refusing_masters, its report to the
+// masters (carve cluster status), a log line at most once a minute.
+
+// maxRefusing bounds the reported refusal (the masters take 1,024 bytes).
+const maxRefusing = 1000
+
+// setRefusing records why the agent refuses the masters ("": it holds a
+// verified state again) and has it reported; a change wakes the reconcile,
+// which reports (and, once it is "", programs the kernel).
+func (a *Agent) setRefusing(why string) {
+	why = truncate(why, maxRefusing)
+	a.mu.Lock()
+	was := a.refusing
+	a.refusing = why
+	a.mu.Unlock()
+	switch {
+	case why != "":
+		a.metrics.refusing.Set(1)
+		level := slog.LevelDebug
+		if a.refusals.allow("refusing the masters") {
+			level = slog.LevelError
+		}
+		a.log.Log(context.Background(), level, "refusing the masters' records: keeping the kernel as it is until a verified state", "why", why)
+	case was != "":
+		a.mu.Lock()
+		a.unverified = membership.State{} // the masters' state replaces them
+		a.mu.Unlock()
+		a.metrics.refusing.Set(0)
+		a.log.Info("the masters' state verifies again: programming the kernel from it", "was_refusing", was)
+		a.trigger(a.persistCh) // nothing was saved while refusing
+	}
+	if why != was {
+		a.trigger(a.reconcileCh)
+	}
+}
+
+// refusingNow tells why the agent refuses the masters ("": it does not).
+func (a *Agent) refusingNow() string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.refusing
+}
+
+// signatureRefusals is a summary of the refusals of records or tombstones
+// that did not verify (unsigned, a bad signature, another cluster), "" when
+// none: what makes the agent refuse the masters. Refusals of a record out
+// of range or of a revoked agent are of that record alone.
+func signatureRefusals(what string, refused []membership.Refusal) string {
+	n, first := 0, error(nil)
+	for _, r := range refused {
+		switch r.Reason {
+		case membership.RefusedUnsigned, membership.RefusedBadSignature, membership.RefusedOtherCluster:
+			if n == 0 {
+				first = r.Err
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d records or tombstones of %s do not verify (first: %v)", n, what, first)
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// unverifiedOf is the records of the saved membership that members,
+// loaded from it with the checks, does not hold: those refused.
+func unverifiedOf(saved membership.State, members *membership.Membership) membership.State {
+	var out membership.State
+	for _, r := range saved.Records {
+		if _, ok := members.Record(r.ID); !ok {
+			out.Records = append(out.Records, r)
+		}
+	}
+	return out
+}
+
+// withUnverified is the membership to program: members, and the refused
+// saved records of agents it holds nothing of (neither a record nor a
+// tombstone).
+func withUnverified(members, unverified membership.State) membership.State {
+	if len(unverified.Records) == 0 {
+		return members
+	}
+	held := make(map[string]bool, len(members.Records)+len(members.Tombstones))
+	for _, r := range members.Records {
+		held[r.ID] = true
+	}
+	for _, t := range members.Tombstones {
+		held[t.AgentID] = true
+	}
+	out := membership.State{Records: slices.Clone(members.Records), Tombstones: members.Tombstones}
+	for _, r := range unverified.Records {
+		if !held[r.ID] {
+			out.Records = append(out.Records, r)
+		}
+	}
+	return out
 }

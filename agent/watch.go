@@ -78,6 +78,10 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			b.Reset()
 			a.setReachable(true)
 			probe = false
+			// While it refuses records of the masters' state, the agent
+			// reads it whole (a long poll): only a whole state that
+			// verifies ends the refusal (verify.go).
+			full = a.refusingNow() != ""
 			continue
 		}
 		// A stale master counts as none: gossip and the disk are better.
@@ -200,6 +204,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 			reason = stateRefusedUnsigned
 		}
 		a.metrics.statesRefused.WithLabelValues(reason).Inc()
+		a.setRefusing(err.Error())
 		// The operator must act: said as an error the first time, then
 		// quietly while the masters keep answering so.
 		level := slog.LevelError
@@ -278,6 +283,7 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 	}
 	in, refused := tr.Admit(st.ClusterID, in, a.members)
 	a.countRefused(a.metrics.masterRefused, "the masters' state", refused)
+	refusing := signatureRefusals("the masters' state", refused)
 	news := a.members.MergeFromMasters(in)
 	var dropped []string
 	if full {
@@ -307,12 +313,20 @@ func (a *Agent) applyMasterState(st *api.State, full bool) bool {
 		a.mergedIndex = st.Index
 	}
 	a.mu.Unlock()
+	// Only a whole state whose records all verify ends a refusal, once
+	// merged: changes hold only what changed, and what the agent refused
+	// before is still missing from its membership.
+	if refusing != "" || full {
+		a.setRefusing(refusing)
+	}
 	changed := len(news.Records)+len(news.Tombstones)+len(dropped) > 0 || netChanged
 	if changed || indexChanged || pinned || verdict == stateRebuilt || verdict == stateRestored {
 		a.trigger(a.persistCh)
 	}
+	if changed || pinned {
+		a.trigger(a.reconcileCh) // a new key is reported (report.go)
+	}
 	if changed {
-		a.trigger(a.reconcileCh)
 		a.trigger(a.connectCh)
 		a.channel.Broadcast(a.gossipData(news))
 	}

@@ -48,6 +48,12 @@ type ClusterStatus struct {
 	// full or read-only disk: its Raft log cannot grow), as its last
 	// probe found ("": it can). Absent from masters of earlier versions.
 	DataDirError string `json:"data_dir_error,omitempty"`
+	// SigningKey is the key this master signs records with
+	// (EncodeSigningKey); absent when it signs nothing or predates it.
+	SigningKey string `json:"signing_key,omitempty"`
+	// AgentTrust, on the leader, is what the live agents' reports say of
+	// the masters' records; followers judge none.
+	AgentTrust *AgentTrust `json:"agent_trust,omitempty"`
 }
 
 // ExhaustedOverlay is an enabled overlay, in one address family, that
@@ -66,6 +72,46 @@ type ExhaustedOverlay struct {
 	// the usage reports). Free is what they reported free.
 	Full bool   `json:"full,omitempty"`
 	Free uint64 `json:"free,omitempty"`
+}
+
+// MaxAgentTrustListed bounds each list of AgentTrust; the counts are whole.
+const MaxAgentTrustListed = 100
+
+// AgentTrust is, over the live agents (not silent), those that report
+// verifying with another key than the masters' (or none), those that
+// refuse the masters' records, and those whose kernel holds fewer peers
+// than the masters' records give them. Each list is sorted by agent id
+// and holds at most MaxAgentTrustListed agents; its count is whole.
+type AgentTrust struct {
+	OtherKey      []AgentKey      `json:"other_key,omitempty"`
+	OtherKeyCount int             `json:"other_key_count,omitempty"`
+	Refusing      []AgentRefusing `json:"refusing,omitempty"`
+	RefusingCount int             `json:"refusing_count,omitempty"`
+	FewPeers      []AgentFewPeers `json:"few_peers,omitempty"`
+	FewPeersCount int             `json:"few_peers_count,omitempty"`
+}
+
+// AgentKey is an agent and the signing key it last reported ("": none, an
+// agent that predates the report of it or has not reported yet).
+type AgentKey struct {
+	AgentID    string `json:"agent_id"`
+	SigningKey string `json:"signing_key,omitempty"`
+}
+
+// AgentRefusing is an agent that reports refusing the masters' records, and why.
+type AgentRefusing struct {
+	AgentID string `json:"agent_id"`
+	Reason  string `json:"reason"`
+}
+
+// AgentFewPeers is an agent whose kernel holds fewer peers (Programmed) than
+// the masters' records at Index give it (Expected: the live agents leased
+// in one of its enabled overlays, but itself).
+type AgentFewPeers struct {
+	AgentID    string `json:"agent_id"`
+	Programmed int    `json:"programmed"`
+	Expected   int    `json:"expected"`
+	Index      uint64 `json:"index"`
 }
 
 // StateDigest is a SHA-256 of a master's whole replicated state as applied

@@ -420,6 +420,18 @@ type ReportRequest struct {
 	// nothing or predate it. A signing-key rotation is finished only when
 	// every live agent reports the new key.
 	SigningKey string `json:"signing_key,omitempty"`
+	// Refusing says why the agent refuses what the masters serve (their
+	// state's signing key, records that do not verify, saved records that
+	// no longer verify): it keeps its kernel as it is until it holds a
+	// verified state. Empty while it takes the masters' state.
+	Refusing string `json:"refusing,omitempty"`
+	// ProgrammedPeers is how many peers the agent's kernel holds, as its
+	// last reconcile programmed them from a membership holding the
+	// masters' state up to PeersIndex; absent from agents that predate it.
+	// The masters compare it with the peers their records at PeersIndex
+	// give the agent (carve cluster status).
+	ProgrammedPeers *int   `json:"programmed_peers,omitempty"`
+	PeersIndex      uint64 `json:"peers_index,omitempty"`
 }
 
 // Tombstone records that an agent was deleted at Raft index Version, so that

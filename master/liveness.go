@@ -1,6 +1,7 @@
 package master
 
 import (
+	"crypto/ed25519"
 	"net/http"
 	"strings"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -60,4 +62,23 @@ func (m *Master) silentAgentsGauge() prometheus.Collector {
 		Name: "carve_master_silent_agents",
 		Help: "Agents not heard from for longer than the silence threshold, as the leader judges (0 on followers).",
 	}, func() float64 { return float64(len(m.table.SilentAgents())) })
+}
+
+// fillAgentTrust sets the key this master signs with and, on the leader
+// (which judges silence), what the live agents report of the masters'
+// records (state.LeaseTable.AgentTrust).
+func (m *Master) fillAgentTrust(out *api.ClusterStatus, leader bool) {
+	if k := m.signingKey.Load(); k != nil && *k != nil {
+		out.SigningKey = api.EncodeSigningKey((*k).Public().(ed25519.PublicKey))
+	}
+	if !leader {
+		return
+	}
+	silent := map[string]bool{}
+	for _, s := range out.SilentAgents {
+		silent[s.AgentID] = true
+	}
+	if tr := m.table.AgentTrust(out.SigningKey, silent); tr.OtherKeyCount+tr.RefusingCount+tr.FewPeersCount > 0 {
+		out.AgentTrust = &tr
+	}
 }

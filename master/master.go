@@ -295,6 +295,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()
 	}
 	out.ExhaustedOverlays = m.table.Exhausted()
+	m.fillAgentTrust(&out, st.Role == "leader")
 	for _, srv := range st.Servers {
 		info := api.ServerInfo{ID: srv.ID, RaftAddr: srv.Address, Voter: srv.Voter}
 		if meta, ok := m.table.Server(srv.ID); ok && meta.HTTPAddr != "" {

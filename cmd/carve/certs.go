@@ -18,7 +18,7 @@ import (
 const certsUsage = `usage:
   carve certs ca    --dir DIR [--days N]
   carve certs issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
-  carve certs rotate-signing --dir DIR [--switch | --finish]
+  carve certs rotate-signing --dir DIR [--switch | --finish --masters URLS OPERATOR_TLS [--force]]
   carve certs revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
 `
 
@@ -33,7 +33,7 @@ func runCerts(ctx context.Context, args []string, out io.Writer) error {
 	case "issue":
 		return runCertsIssue(args[1:], out)
 	case "rotate-signing":
-		return runCertsRotateSigning(args[1:], out)
+		return runCertsRotateSigning(ctx, args[1:], out)
 	case "revoke":
 		return runCertsRevoke(ctx, args[1:], out)
 	case "help", "-h", "--help":

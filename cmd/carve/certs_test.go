@@ -94,6 +94,7 @@ func TestCertsCommand(t *testing.T) {
 		{"switch before a rotation", []string{"rotate-signing", "--dir", dir, "--switch"}, 2, "begin a rotation first"},
 		{"switch and finish at once", []string{"rotate-signing", "--dir", dir, "--switch", "--finish"}, 2, "two steps"},
 		{"rotate-signing without a CA", []string{"rotate-signing", "--dir", t.TempDir()}, 1, "signing.key"},
+		{"finish without asking the masters", []string{"rotate-signing", "--dir", dir, "--finish"}, 2, "give --masters and an operator certificate (or --force"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

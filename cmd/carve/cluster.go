@@ -67,6 +67,9 @@ type clusterReport struct {
 	// than SilentAfter (its view: followers judge none).
 	SilentAgents []api.SilentAgent `json:"silent_agents,omitempty"`
 	SilentAfter  string            `json:"silent_after,omitempty"`
+	// AgentTrust is what the live agents report of the masters' records,
+	// as the leader judges them (clusteragents.go).
+	AgentTrust *api.AgentTrust `json:"agent_trust,omitempty"`
 	// Warnings are what does not make the masters unhealthy but should be
 	// fixed: versions apart by more than the supported skew, silent agents.
 	Warnings []string `json:"warnings,omitempty"`
@@ -240,6 +243,7 @@ func judgeCluster(rep *clusterReport) {
 	}
 	judgeVersions(rep)
 	judgeSilence(rep)
+	judgeAgentTrust(rep)
 }
 
 // followerLagLimit is how many entries a master may have applied fewer than

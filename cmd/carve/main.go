@@ -47,7 +47,7 @@ usage:
   carve install-cni [--bin-dir /opt/cni/bin] [--from DIR] [--plugins-from DIR[:DIR...]]
   carve certs  ca --dir DIR [--days N]
   carve certs  issue --dir DIR --role master|agent|operator --name NAME [--ip IP ...] [--dns NAME ...] [--days N]
-  carve certs  rotate-signing --dir DIR [--switch | --finish]
+  carve certs  rotate-signing --dir DIR [--switch | --finish --masters URLS OPERATOR_TLS [--force]]
   carve certs  revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve demo   [--hosts 3] [--containers 2] [--keep]
   carve version [--json]

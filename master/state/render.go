@@ -122,10 +122,19 @@ type agentReport struct {
 	Version  uint64                      `json:"version"`
 	Overlays map[string]api.OverlayState `json:"overlays,omitempty"`
 	Attempts uint32                      `json:"configuration_attempts,omitempty"`
+	// SigningKey, Refusing, ProgrammedPeers and PeersIndex are the
+	// report's (api.ReportRequest); omitted when absent, so that the
+	// states of agents that report none encode (and digest) as before.
+	SigningKey      string `json:"signing_key,omitempty"`
+	Refusing        string `json:"refusing,omitempty"`
+	ProgrammedPeers *int   `json:"programmed_peers,omitempty"`
+	PeersIndex      uint64 `json:"peers_index,omitempty"`
 }
 
 func (r agentReport) equal(o agentReport) bool {
-	if r.Version != o.Version || r.Attempts != o.Attempts || len(r.Overlays) != len(o.Overlays) {
+	if r.Version != o.Version || r.Attempts != o.Attempts || len(r.Overlays) != len(o.Overlays) ||
+		r.SigningKey != o.SigningKey || r.Refusing != o.Refusing || r.PeersIndex != o.PeersIndex ||
+		(r.ProgrammedPeers == nil) != (o.ProgrammedPeers == nil) || (r.ProgrammedPeers != nil && *r.ProgrammedPeers != *o.ProgrammedPeers) {
 		return false
 	}
 	for k, v := range r.Overlays {
@@ -153,7 +162,23 @@ func applyReport(info *api.AgentInfo, rep agentReport, version uint64) {
 
 // reportOf is the report a request carries, validated.
 func reportOf(req api.ReportRequest) (agentReport, error) {
-	rep := agentReport{Version: req.Version, Attempts: req.ConfigurationAttempts, Overlays: map[string]api.OverlayState{}}
+	rep := agentReport{Version: req.Version, Attempts: req.ConfigurationAttempts, Overlays: map[string]api.OverlayState{},
+		SigningKey: req.SigningKey, Refusing: req.Refusing, PeersIndex: req.PeersIndex}
+	if req.SigningKey != "" {
+		if _, err := api.ParseSigningKey(req.SigningKey); err != nil {
+			return rep, fmt.Errorf("signing_key: %w", err)
+		}
+	}
+	if len(req.Refusing) > maxReportError {
+		return rep, fmt.Errorf("refusing: %d bytes, at most %d", len(req.Refusing), maxReportError)
+	}
+	if p := req.ProgrammedPeers; p != nil {
+		if *p < 0 {
+			return rep, fmt.Errorf("programmed_peers: %d, want 0 or more", *p)
+		}
+		n := *p
+		rep.ProgrammedPeers = &n
+	}
 	if len(req.Overlays) > maxReportOverlays {
 		return rep, fmt.Errorf("overlays: %d entries, at most %d", len(req.Overlays), maxReportOverlays)
 	}
