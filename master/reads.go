@@ -263,6 +263,9 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(stateIndexHeader, strconv.FormatUint(index, 10))
+	// The bytes are shared with every watcher at the same since (encoded
+	// once); a length spares the chunked framing of each answer.
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = w.Write(data)
 }
 
