@@ -195,36 +195,48 @@ func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
 
 // ChangesJSON encodes what changed after since (api.Changes), with the
 // index it runs to; a *GoneError when since is older than what is kept.
-// The answer is encoded once per since and state (index, usage and signing
-// generations) and shared by every watcher asking for it: at 10,000
-// watchers of one burst, each would otherwise re-encode the same hundred
-// records (128 µs each, 1.3 s for all on one core). The bytes are not to
-// be changed.
+// The bytes are shared (see ChangesBody): not to be changed.
 func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
+	b, err := t.ChangesBody(since)
+	if err != nil {
+		return nil, 0, err
+	}
+	return b.data, b.index, nil
+}
+
+// ChangesBody is what changed after since (api.Changes) as one answer,
+// with its index and its gzip encoding made once; a *GoneError when since
+// is older than what is kept. The answer is encoded once per since and
+// state (index, usage and signing generations) and shared by every
+// watcher asking for it: at 10,000 watchers of one burst, each would
+// otherwise re-encode the same hundred records (128 µs each, 1.3 s for all
+// on one core), and gzip them.
+func (t *LeaseTable) ChangesBody(since uint64) (*StateBody, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if oldest := max(t.changes.start, t.horizon); since < oldest || (t.restore != nil && since > t.stateIndex) {
 		// (A watcher past a restored table's index saw the history before
 		// the restore: it reads the whole state.)
-		return nil, 0, &GoneError{Oldest: oldest}
+		return nil, &GoneError{Oldest: oldest}
 	}
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
 	key := changesKey{index: t.stateIndex, usage: t.usage.generation(), signing: t.signingGen}
 	if t.cache.changesKey != key || t.cache.changes == nil {
-		t.cache.changes, t.cache.changesKey = map[uint64][]byte{}, key
+		t.cache.changes, t.cache.changesKey = map[uint64]*StateBody{}, key
 	}
-	if data, ok := t.cache.changes[since]; ok {
-		return data, t.stateIndex, nil
+	if b, ok := t.cache.changes[since]; ok {
+		return b, nil
 	}
 	data, err := t.encodeChanges(since)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
+	b := &StateBody{index: t.stateIndex, usage: key.usage, data: data}
 	if len(t.cache.changes) < maxSharedChanges {
-		t.cache.changes[since] = data
+		t.cache.changes[since] = b
 	}
-	return data, t.stateIndex, nil
+	return b, nil
 }
 
 // encodeChanges encodes what changed after since; the caller holds t.mu

@@ -36,8 +36,11 @@ type stateCache struct {
 	// changes are the encoded answers of GET /overlay-master/changes by
 	// since, for changesKey: every watcher at the same since shares one
 	// encoding (immutable once built).
-	changes    map[uint64][]byte
+	changes    map[uint64]*StateBody
 	changesKey changesKey
+	// rounds gates the changes watchers' answers (rounds.go); a reset
+	// makes a new one, and the old one still releases its waiters.
+	rounds *roundGate
 }
 
 // changesKey is what a changes answer depends on besides since: the state
@@ -52,9 +55,9 @@ type changesKey struct{ index, usage, signing uint64 }
 // encoded for its watcher alone.
 const maxSharedChanges = 512
 
-// StateBody is one encoded state answer, and its gzip encoding made at the
-// first reader that accepts it. Immutable, shared by every reader of the
-// same index and leader.
+// StateBody is one encoded state answer (or changes answer, see
+// ChangesBody), and its gzip encoding made at the first reader that
+// accepts it. Immutable, shared by every reader of the same answer.
 type StateBody struct {
 	index  uint64
 	leader string
@@ -119,7 +122,7 @@ type cachedTombstone struct {
 }
 
 func newStateCache() stateCache {
-	return stateCache{agents: map[string]cachedAgent{}, tombstones: map[string]cachedTombstone{}}
+	return stateCache{agents: map[string]cachedAgent{}, tombstones: map[string]cachedTombstone{}, rounds: &roundGate{}}
 }
 
 // invalidate drops every cached encoding (what they render changed: the

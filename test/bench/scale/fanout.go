@@ -8,6 +8,7 @@ package main
 // same measurement runs on the carve of -baseline-rev beside it.
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -52,6 +53,18 @@ type watcherSet struct {
 	last     []atomic.Uint64
 	bytes    atomic.Int64
 	answers  atomic.Int64
+	// failures by kind, for the diagnosis of a run that never converges
+	failMu   sync.Mutex
+	failures map[string]int
+}
+
+func (ws *watcherSet) fail(kind string) {
+	ws.failMu.Lock()
+	if ws.failures == nil {
+		ws.failures = map[string]int{}
+	}
+	ws.failures[kind]++
+	ws.failMu.Unlock()
 }
 
 func (ws *watcherSet) record(w int, index uint64, at time.Time, n int) {
@@ -106,20 +119,28 @@ func (ws *watcherSet) waitAll(ctx context.Context, index uint64, from time.Time,
 			break
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			n := 0
+			n, byMaster := 0, [3]int{}
 			for w := range ws.last {
 				if ws.last[w].Load() < index {
 					n++
+					byMaster[w%3]++
 				}
 			}
-			return 0, 0, fmt.Errorf("%d of %d watchers never held index %d within %s", n, len(ws.last), index, limit)
+			ws.failMu.Lock()
+			failures := fmt.Sprint(ws.failures)
+			ws.failMu.Unlock()
+			return 0, 0, fmt.Errorf("%d of %d watchers (by first master %v) never held index %d within %s; failures: %.2000s", n, len(ws.last), byMaster, index, limit, failures)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	var ds []time.Duration
-	for _, at := range ws.reached(index) {
-		ds = append(ds, max(0, at.Sub(from)))
+	byMaster := make([][]time.Duration, 3)
+	for w, at := range ws.reached(index) {
+		d := max(0, at.Sub(from))
+		ds = append(ds, d)
+		byMaster[w%3] = append(byMaster[w%3], d)
 	}
+	progress("  index %d: p50 %s p99 %s; p99 by first master: %s %s %s", index, pct(ds, 50), pct(ds, 99), pct(byMaster[0], 99), pct(byMaster[1], 99), pct(byMaster[2], 99))
 	return pct(ds, 99), slices.Max(ds), nil
 }
 
@@ -149,6 +170,9 @@ func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uin
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, urls[m]+"/overlay-master/changes?since="+strconv.FormatUint(since, 10)+"&wait=60s", nil)
 		resp, err := hc.Do(req)
 		if err != nil {
+			if ctx.Err() == nil {
+				ws.fail(fmt.Sprintf("request to master %d: %v", m, err))
+			}
 			m = (m + 1) % len(urls)
 			time.Sleep(50 * time.Millisecond)
 			continue
@@ -164,18 +188,20 @@ func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uin
 					continue
 				}
 			}
+			ws.fail(fmt.Sprintf("master %d answered %d", m, resp.StatusCode))
 			m = (m + 1) % len(urls)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		var ch struct {
-			Index uint64 `json:"index"`
-		}
-		if json.Unmarshal(data, &ch) != nil {
+		// The index leads the answer: the synthetic watcher (one of
+		// thousands on this machine, each standing for a host) reads it
+		// alone rather than decoding every record.
+		index, ok := leadingIndex(data)
+		if !ok {
 			continue
 		}
-		if ch.Index > since {
-			since = ch.Index
+		if index > since {
+			since = index
 			ws.record(w, since, at, len(data))
 		}
 	}
@@ -390,4 +416,19 @@ func fanoutOnly(ctx context.Context, sizes []int, binary string, o idleOptions) 
 		}
 	}
 	return nil
+}
+
+// leadingIndex reads the index a changes answer starts with
+// ({"index":N,...}).
+func leadingIndex(data []byte) (uint64, bool) {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"index":`))
+	if !ok {
+		return 0, false
+	}
+	end := bytes.IndexByte(rest, ',')
+	if end < 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(rest[:end]), 10, 64)
+	return v, err == nil
 }
