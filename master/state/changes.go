@@ -30,8 +30,22 @@ import (
 
 // DefaultChangeLogIDs bounds the change log: agent ids held in all (a
 // configuration change counts as one). A watcher further behind reads the
-// whole state once.
-const DefaultChangeLogIDs = 16384
+// whole state once. 65,536 covers a change of every agent at 50,000 (say
+// all re-registering after an upgrade) with room for churn, so that a
+// watcher that missed it (its master failed over) is answered the changes
+// rather than 2.6 MB of state; each id costs about 40 bytes (2.5 MB in
+// all), a state read at 50,000 readers 130 GB of writes.
+const DefaultChangeLogIDs = 65536
+
+// SetChangeLogIDs bounds the change log to n agent ids (at least 1), before
+// the table applies its first command: the bound is this master's, not
+// replicated (each master answers 410 with its own oldest index).
+func (t *LeaseTable) SetChangeLogIDs(n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.changeLogIDs = max(n, 1)
+	t.changes.max = t.changeLogIDs
+}
 
 // maxClockMarks bounds the clock marks kept for compaction; dropping the
 // oldest only delays compaction.

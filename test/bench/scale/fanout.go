@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"slices"
 	"strconv"
@@ -51,8 +52,10 @@ type watcherSet struct {
 	mu       []sync.Mutex
 	arrivals [][]arrival
 	last     []atomic.Uint64
-	bytes    atomic.Int64
-	answers  atomic.Int64
+	// parked: the watcher's request is written and not answered yet
+	parked  []atomic.Bool
+	bytes   atomic.Int64
+	answers atomic.Int64
 	// failures by kind, for the diagnosis of a run that never converges
 	failMu   sync.Mutex
 	failures map[string]int
@@ -74,6 +77,29 @@ func (ws *watcherSet) record(w int, index uint64, at time.Time, n int) {
 	ws.last[w].Store(index)
 	ws.bytes.Add(int64(n))
 	ws.answers.Add(1)
+}
+
+// waitParked waits (at most limit) until every watcher's request is
+// written and unanswered, and then for a second more (the masters read it).
+func (ws *watcherSet) waitParked(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		n := 0
+		for w := range ws.parked {
+			if !ws.parked[w].Load() {
+				n++
+			}
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%d of %d watchers not parked within %s", n, len(ws.parked), limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	return nil
 }
 
 // reset forgets the arrivals (before a measurement).
@@ -140,7 +166,13 @@ func (ws *watcherSet) waitAll(ctx context.Context, index uint64, from time.Time,
 		ds = append(ds, d)
 		byMaster[w%3] = append(byMaster[w%3], d)
 	}
-	progress("  index %d: p50 %s p99 %s; p99 by first master: %s %s %s", index, pct(ds, 50), pct(ds, 99), pct(byMaster[0], 99), pct(byMaster[1], 99), pct(byMaster[2], 99))
+	ws.failMu.Lock()
+	failed := 0
+	for _, n := range ws.failures {
+		failed += n
+	}
+	ws.failMu.Unlock()
+	progress("  index %d: p50 %s p99 %s; p99 by first master: %s %s %s; %d answers, %d failed requests so far", index, pct(ds, 50), pct(ds, 99), pct(byMaster[0], 99), pct(byMaster[1], 99), pct(byMaster[2], 99), ws.answers.Load(), failed)
 	return pct(ds, 99), slices.Max(ds), nil
 }
 
@@ -155,7 +187,7 @@ func startWatchers(ctx context.Context, c *labcluster.Cluster, w int, since uint
 	base.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	hc := &http.Client{Transport: base}
 	urls := c.MasterURLs()
-	ws := &watcherSet{mu: make([]sync.Mutex, w), arrivals: make([][]arrival, w), last: make([]atomic.Uint64, w)}
+	ws := &watcherSet{mu: make([]sync.Mutex, w), arrivals: make([][]arrival, w), last: make([]atomic.Uint64, w), parked: make([]atomic.Bool, w)}
 	for i := range w {
 		ws.last[i].Store(since)
 		go watch(ctx, hc, urls, i, since, ws)
@@ -167,8 +199,10 @@ func startWatchers(ctx context.Context, c *labcluster.Cluster, w int, since uint
 func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws *watcherSet) {
 	m := w % len(urls)
 	for ctx.Err() == nil {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, urls[m]+"/overlay-master/changes?since="+strconv.FormatUint(since, 10)+"&wait=60s", nil)
+		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { ws.parked[w].Store(true) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, urls[m]+"/overlay-master/changes?since="+strconv.FormatUint(since, 10)+"&wait=60s", nil)
 		resp, err := hc.Do(req)
+		ws.parked[w].Store(false)
 		if err != nil {
 			if ctx.Err() == nil {
 				ws.fail(fmt.Sprintf("request to master %d: %v", m, err))
@@ -223,8 +257,12 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	defer cancel()
 	ws := startWatchers(wctx, c, watchers, ch.Index)
 	f.watchers = watchers
-	// Every watcher parked: wait until the masters hold the connections.
-	time.Sleep(5 * time.Second)
+	// Every watcher parked (connected, its request written) before the
+	// change: on a busy machine thousands of TLS handshakes take a while,
+	// and they are not what is measured.
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
 
 	// One registration.
 	ws.reset()
@@ -243,7 +281,9 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	progress("%d agents: one change to %d watchers: p99 %s, slowest %s (commit took %s)", n, watchers, f.one, f.oneMax, commit.Sub(start))
 
 	// A burst of 100 registrations at once.
-	time.Sleep(2 * time.Second)
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
 	ws.reset()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -280,7 +320,9 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 
 	// Leader failover: kill it, then one registration once a leader is
 	// back; every watcher must hold it.
-	time.Sleep(2 * time.Second)
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
 	leader, err := c.WaitLeader(ctx)
 	if err != nil {
 		return f, err
