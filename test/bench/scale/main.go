@@ -22,6 +22,12 @@
 // (its synthetic agents register no keys, and it is handed no claims: it
 // reads none), and a signed ring change beside the same change unsigned.
 //
+// -only fanout measures the fan-out of the changes watch instead
+// (fanout.go): W watchers (one connection each) over the three masters,
+// one registration, a burst of 100 and a leader killed, each timed until
+// every watcher holds it, with the masters' RSS, beside the carve of
+// -fanout-baseline-rev run in the same invocation.
+//
 // N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long). Progress
 // goes to stderr, the tables to stdout.
 package main
