@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
@@ -245,7 +246,7 @@ func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uin
 func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fanoutFigures, err error) {
 	op := c.Client()
 	progress("%d agents: registering", n)
-	if err := registerAll(ctx, op, n, false, false); err != nil {
+	if err := registerAllRetrying(ctx, op, n); err != nil {
 		return f, err
 	}
 	ch, err := op.Changes(ctx, 0, 0)
@@ -267,7 +268,7 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	// One registration.
 	ws.reset()
 	start := time.Now()
-	info, err := op.Register(ctx, synthetic(n, false, false))
+	info, err := registerRetrying(ctx, op, synthetic(n, false, false))
 	if err != nil {
 		return f, err
 	}
@@ -292,7 +293,7 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	errs := make([]error, 100)
 	for k := range 100 {
 		wg.Go(func() {
-			info, err := op.Register(ctx, synthetic(n+1+k, false, false))
+			info, err := registerRetrying(ctx, op, synthetic(n+1+k, false, false))
 			errs[k] = err
 			if err == nil {
 				mu.Lock()
@@ -473,4 +474,44 @@ func leadingIndex(data []byte) (uint64, bool) {
 	}
 	v, err := strconv.ParseUint(string(rest[:end]), 10, 64)
 	return v, err == nil
+}
+
+// registerRetrying registers req, again while the masters answer that the
+// outcome is unknown or that there is no leader (elections happen on a
+// busy machine); a registration is idempotent.
+func registerRetrying(ctx context.Context, op *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
+	var info *api.AgentInfo
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
+		var err error
+		if info, err = op.Register(ctx, req); err != nil && !api.IsRetryable(err) {
+			return retry.Permanent(err)
+		}
+		return err
+	})
+	return info, err
+}
+
+// registerAllRetrying registers n synthetic agents (no keys) with 64
+// concurrent clients, each registration retried as registerRetrying does.
+func registerAllRetrying(ctx context.Context, op *api.Client, n int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if _, err := registerRetrying(ctx, op, synthetic(i, false, false)); err != nil {
+					errs <- fmt.Errorf("register %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }
