@@ -376,6 +376,7 @@ func procStatusMB(pid int, field string) float64 {
 
 // fanoutRun measures the fan-out with binary at n agents.
 func fanoutRun(ctx context.Context, binary string, n, watchers int, masterArgs []string) (f fanoutFigures, err error) {
+	measured := false
 	progress("%d agents: starting the cluster (%s)", n, binary)
 	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: masterArgs}, os.Stderr, func(c *labcluster.Cluster) error {
 		if err := c.StartMasters(ctx); err != nil {
@@ -383,8 +384,15 @@ func fanoutRun(ctx context.Context, binary string, n, watchers int, masterArgs [
 		}
 		var ferr error
 		f, ferr = fanoutOn(ctx, c, n, watchers)
+		measured = ferr == nil
 		return ferr
 	})
+	if err != nil && measured && ctx.Err() == nil {
+		// Masters slow to stop after the measurement (their watches
+		// outlast the shutdown timeout) do not void it.
+		fmt.Fprintf(os.Stderr, "bench/scale: %d agents, after the measurement: %v\n", n, err)
+		err = nil
+	}
 	return f, err
 }
 
