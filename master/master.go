@@ -87,6 +87,9 @@ type Options struct {
 	// AgentSilentAfter is how long an agent may go unheard before the
 	// leader shows it silent (state.DefaultSilentAfter when 0).
 	AgentSilentAfter time.Duration
+	// ChangeLogIDs bounds the change log the changes watch answers from
+	// (state.DefaultChangeLogIDs when 0).
+	ChangeLogIDs int
 }
 
 // DefaultTombstoneMaxAge is Options.TombstoneMaxAge's default.
@@ -151,6 +154,9 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: state.NewLeaseTable(), registry: prometheus.NewRegistry(),
 		releaseKick: make(chan struct{}, 1)}
+	if opts.ChangeLogIDs > 0 {
+		m.table.SetChangeLogIDs(opts.ChangeLogIDs)
+	}
 	sec, err := newSecurity(opts, m.log)
 	if err != nil {
 		return nil, err

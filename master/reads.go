@@ -156,7 +156,7 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 	if !s.servable(w, consistent) {
 		return
 	}
-	if blocking && !s.waitPast(r, index, wait) {
+	if blocking && !s.waitPast(r, index, wait, false) {
 		return
 	}
 	s.writeStateFor(w, r)
@@ -185,16 +185,32 @@ func (s *server) readOnLeader(w http.ResponseWriter, r *http.Request, what strin
 
 // waitPast waits until the state's index passes index, or the signing key
 // changes, or a restore put the table behind index, or wait passed, or the
-// master closes; false when the client went away.
-func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration) bool {
+// master closes; false when the client went away. With rounds, a passed
+// index waits further for the round that holds it (state.LeaseTable.Round):
+// the changes watchers of a burst are answered together, a few times,
+// rather than once per commit each.
+func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration, rounds bool) bool {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	// A new signing key or chain (SIGHUP) is news too: the agents follow it at once.
 	signing := s.m.table.SigningGeneration()
 	for {
 		ch, idx := s.m.table.Changed()
-		if idx > index || s.m.table.SigningGeneration() != signing || s.m.table.AheadOfRestore(index) {
+		if s.m.table.SigningGeneration() != signing || s.m.table.AheadOfRestore(index) {
 			return true
+		}
+		if idx > index {
+			if !rounds {
+				return true
+			}
+			select {
+			case <-s.m.table.Round(idx):
+				return true
+			case <-s.m.runCtx.Done():
+				return true
+			case <-r.Context().Done():
+				return false
+			}
 		}
 		select {
 		case <-ch:
@@ -248,10 +264,10 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request) {
 		s.writeGone(w, since, oldest)
 		return
 	}
-	if !s.waitPast(r, since, wait) {
+	if !s.waitPast(r, since, wait, true) {
 		return
 	}
-	data, index, err := s.m.table.ChangesJSON(since)
+	b, err := s.m.table.ChangesBody(since)
 	var gone *state.GoneError
 	switch {
 	case errors.As(err, &gone):
@@ -261,10 +277,28 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
+	// The answer is shared with every watcher at the same since: encoded
+	// and gzip'ed once. A length spares the chunked framing of each.
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set(stateIndexHeader, strconv.FormatUint(index, 10))
-	_, _ = w.Write(data)
+	w.Header().Set(stateIndexHeader, strconv.FormatUint(b.Index(), 10))
+	w.Header().Add("Vary", "Accept-Encoding")
+	data := b.Data()
+	if len(data) >= gzipMinBytes && acceptsGzip(r) {
+		data = b.Gzipped()
+		w.Header().Set("Content-Encoding", "gzip")
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	if len(data) <= tlsRecordBytes {
+		// One TLS record: nothing to batch.
+		_, _ = w.Write(data)
+		return
+	}
+	_ = httpapi.WriteLarge(w, r, data)
 }
+
+// tlsRecordBytes is the most a TLS record holds: a smaller answer goes out
+// in one write anyway.
+const tlsRecordBytes = 16 << 10
 
 // writeGone answers 410: changes since that index are not kept.
 func (s *server) writeGone(w http.ResponseWriter, since, oldest uint64) {

@@ -18,9 +18,11 @@ const (
 	DefaultWriteTimeout      = 60 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxHeaderBytes    = 64 << 10
-	// DefaultMaxConns leaves room for 10,000 agents' watches on one master
-	// plus operators and the other masters.
-	DefaultMaxConns = 16384
+	// DefaultMaxConns leaves room for 50,000 agents' watches on three
+	// masters with one of them down (25,000 each) plus operators and the
+	// other masters; the descriptor limit lowers it (the systemd unit's
+	// LimitNOFILE=65536 does not).
+	DefaultMaxConns = 32768
 	// DefaultUnauthenticatedTimeout bounds the handshake, requests and idle
 	// time of a connection without a client certificate (a load
 	// balancer's /healthz, a scraper's /metrics).
@@ -44,7 +46,9 @@ type ServerOptions struct {
 	// MaxHeaderBytes bounds the request line and headers.
 	MaxHeaderBytes int
 	// MaxConns caps the connections held at once; the next ones wait in the
-	// kernel's listen backlog until one closes.
+	// kernel's listen backlog until one closes. Serve lowers it to what the
+	// process's descriptor limit holds, less 1,024 for the rest of the
+	// process (MaxConns tells the cap in force).
 	MaxConns int
 	// TLS, when set, serves HTTPS (HTTP/1.1) with this configuration.
 	TLS *tls.Config
@@ -122,6 +126,12 @@ func NewServer(handler http.Handler, opts ServerOptions) *Server {
 // Serve accepts connections on ln until Shutdown or Close; it returns
 // http.ErrServerClosed then. Call it once.
 func (s *Server) Serve(ln net.Listener) error {
+	if n, lowered := capToFDs(s.opts.MaxConns, fdLimit()); lowered {
+		s.mu.Lock()
+		s.opts.MaxConns = n
+		s.opts.UnauthenticatedConns = min(s.opts.UnauthenticatedConns, max(n/8, 1))
+		s.mu.Unlock()
+	}
 	limited := newLimitListener(ln, s.opts.MaxConns, s.unauthLimits())
 	s.mu.Lock()
 	s.limit = limited
@@ -170,6 +180,14 @@ func (s *Server) Evicted() uint64 {
 		return 0
 	}
 	return s.limit.evicted.Load()
+}
+
+// MaxConns is the connection cap in force: ServerOptions.MaxConns, lowered
+// by Serve to what the descriptor limit holds.
+func (s *Server) MaxConns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.opts.MaxConns
 }
 
 // Conns is the number of connections the server holds now.

@@ -100,7 +100,7 @@ func TestChangesHoldOnlyWhatChanged(t *testing.T) {
 // snapshot's state index.
 func TestChangeLogBoundAndRestore(t *testing.T) {
 	h := newHarness(t, DefaultConfig())
-	h.table.changes.max = 8
+	h.table.SetChangeLogIDs(8)
 	for i := range 20 {
 		h.mustRegister(fmt.Sprintf("a%d", i), fmt.Sprintf("198.18.1.%d", i+1))
 	}

@@ -33,11 +33,31 @@ type stateCache struct {
 	// body is the whole answer of the last state read, shared by every
 	// reader of the same index and leader (immutable once built).
 	body *StateBody
+	// changes are the encoded answers of GET /overlay-master/changes by
+	// since, for changesKey: every watcher at the same since shares one
+	// encoding (immutable once built).
+	changes    map[uint64]*StateBody
+	changesKey changesKey
+	// rounds gates the changes watchers' answers (rounds.go); a reset
+	// makes a new one, and the old one still releases its waiters.
+	rounds *roundGate
 }
 
-// StateBody is one encoded state answer, and its gzip encoding made at the
-// first reader that accepts it. Immutable, shared by every reader of the
-// same index and leader.
+// changesKey is what a changes answer depends on besides since: the state
+// index (records, tombstones, horizon, revocations and restore change only
+// with it), the usage generation (usage reports change records' encodings
+// between indexes) and the signing generation (a new key re-signs all).
+type changesKey struct{ index, usage, signing uint64 }
+
+// maxSharedChanges bounds the encoded changes answers kept for one
+// changesKey: watchers sit at few distinct indexes (those of recent
+// changes), so a few hundred cover a burst; beyond it an answer is
+// encoded for its watcher alone.
+const maxSharedChanges = 512
+
+// StateBody is one encoded state answer (or changes answer, see
+// ChangesBody), and its gzip encoding made at the first reader that
+// accepts it. Immutable, shared by every reader of the same answer.
 type StateBody struct {
 	index  uint64
 	leader string
@@ -102,7 +122,7 @@ type cachedTombstone struct {
 }
 
 func newStateCache() stateCache {
-	return stateCache{agents: map[string]cachedAgent{}, tombstones: map[string]cachedTombstone{}}
+	return stateCache{agents: map[string]cachedAgent{}, tombstones: map[string]cachedTombstone{}, rounds: &roundGate{}}
 }
 
 // invalidate drops every cached encoding (what they render changed: the
@@ -113,6 +133,7 @@ func (c *stateCache) invalidate() {
 	c.tombstones = map[string]cachedTombstone{}
 	c.fullValid = false
 	c.body = nil
+	c.changes = nil
 }
 
 // StateJSON encodes the state, reusing the encodings of unchanged records,

@@ -22,6 +22,12 @@
 // (its synthetic agents register no keys, and it is handed no claims: it
 // reads none), and a signed ring change beside the same change unsigned.
 //
+// -only fanout measures the fan-out of the changes watch instead
+// (fanout.go): W watchers (one connection each) over the three masters,
+// one registration, a burst of 100 and a leader killed, each timed until
+// every watcher holds it, with the masters' RSS, beside the carve of
+// -fanout-baseline-rev run in the same invocation.
+//
 // N is 1,000 and 5,000 by default; SCALE=1 adds 10,000 (long). Progress
 // goes to stderr, the tables to stdout.
 package main
@@ -64,6 +70,9 @@ func main() {
 	flag.BoolVar(&o.noClaims, "no-signed-claims", false, "hand the real agent no signed claims of the synthetic agents")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them; \"gossip\": only the gossip bytes rows (in process, no cluster)")
+	flag.IntVar(&o.watchers, "watchers", 0, "-only fanout: watchers of the changes (default: the agent count, at most 15000: one process holds at most 20,000 descriptors)")
+	flag.StringVar(&o.fanoutRev, "fanout-baseline-rev", "65163cf", "git revision whose carve is the fan-out baseline (65163cf: before the shared changes answers)")
+	flag.StringVar(&o.masterArgs, "master-args", "", "-only fanout: extra flags for the masters, space separated (e.g. \"--max-connections 32768\")")
 	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -85,6 +94,9 @@ type idleOptions struct {
 	lab            string // carve-lab binary (the claims feeder)
 	only           string // "state": only the state-read rows
 	stateRounds    int    // rounds of the concurrent state reads
+	watchers       int    // -only fanout: watchers (0: the agent count, at most 15000)
+	fanoutRev      string // the fan-out baseline's revision
+	masterArgs     string // -only fanout: extra master flags
 }
 
 // progress prints a progress line on stderr.
@@ -110,8 +122,10 @@ func run(ctx context.Context, sizesFlag string, readers int, binary string, o id
 		o.binary = "none"
 	case "gossip":
 		return gossipOnly(ctx, sizes)
+	case "fanout":
+		return fanoutOnly(ctx, sizes, binary, o)
 	default:
-		return fmt.Errorf("-only %q: want \"state\", \"gossip\" or nothing", o.only)
+		return fmt.Errorf("-only %q: want \"state\", \"gossip\", \"fanout\" or nothing", o.only)
 	}
 	if o.stateRounds < 1 {
 		return fmt.Errorf("-state-rounds %d: want at least 1", o.stateRounds)

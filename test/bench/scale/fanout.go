@@ -1,0 +1,548 @@
+package main
+
+// The fan-out rows (-only fanout): W synthetic watchers of
+// /overlay-master/changes, spread over the three masters, each on its own
+// connection as an agent holds it; one registration, then a burst of 100,
+// then the leader killed and one registration after it. Each is timed from
+// its last commit (or the kill) until every watcher holds its index. The
+// same measurement runs on the carve of -baseline-rev beside it.
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/test/lab/benchtable"
+	"github.com/carve-net/carve/test/lab/labcluster"
+)
+
+// fanoutFigures are one run's fan-out measurements.
+type fanoutFigures struct {
+	watchers        int
+	one, oneMax     time.Duration // one registration: p99 and slowest watcher
+	burst, burstMax time.Duration // a burst of 100, from its last commit
+	failover        time.Duration // leader killed -> every watcher holds the next change
+	failoverP99     time.Duration
+	rssMB, hwmMB    float64 // busiest master: RSS after, and its peak
+	bytesPerWatcher float64 // bytes of one change's answer
+}
+
+// arrival is when a watcher got an answer running to index.
+type arrival struct {
+	index uint64
+	at    time.Time
+}
+
+// watcherSet is W watchers of the changes, each its own connection.
+type watcherSet struct {
+	mu       []sync.Mutex
+	arrivals [][]arrival
+	last     []atomic.Uint64
+	// parked: the watcher's request is written and not answered yet
+	parked  []atomic.Bool
+	bytes   atomic.Int64
+	answers atomic.Int64
+	// failures by kind, for the diagnosis of a run that never converges
+	failMu   sync.Mutex
+	failures map[string]int
+}
+
+func (ws *watcherSet) fail(kind string) {
+	ws.failMu.Lock()
+	if ws.failures == nil {
+		ws.failures = map[string]int{}
+	}
+	ws.failures[kind]++
+	ws.failMu.Unlock()
+}
+
+func (ws *watcherSet) record(w int, index uint64, at time.Time, n int) {
+	ws.mu[w].Lock()
+	ws.arrivals[w] = append(ws.arrivals[w], arrival{index, at})
+	ws.mu[w].Unlock()
+	ws.last[w].Store(index)
+	ws.bytes.Add(int64(n))
+	ws.answers.Add(1)
+}
+
+// waitParked waits (at most limit) until every watcher's request is
+// written and unanswered, and then for a second more (the masters read it).
+func (ws *watcherSet) waitParked(ctx context.Context, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		n := 0
+		for w := range ws.parked {
+			if !ws.parked[w].Load() {
+				n++
+			}
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%d of %d watchers not parked within %s", n, len(ws.parked), limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	return nil
+}
+
+// reset forgets the arrivals (before a measurement).
+func (ws *watcherSet) reset() {
+	for w := range ws.arrivals {
+		ws.mu[w].Lock()
+		ws.arrivals[w] = ws.arrivals[w][:0]
+		ws.mu[w].Unlock()
+	}
+	ws.bytes.Store(0)
+	ws.answers.Store(0)
+}
+
+// reached returns, per watcher, the time it first held index (zero: not yet).
+func (ws *watcherSet) reached(index uint64) []time.Time {
+	out := make([]time.Time, len(ws.arrivals))
+	for w := range ws.arrivals {
+		ws.mu[w].Lock()
+		for _, a := range ws.arrivals[w] {
+			if a.index >= index {
+				out[w] = a.at
+				break
+			}
+		}
+		ws.mu[w].Unlock()
+	}
+	return out
+}
+
+// waitAll waits (at most limit) until every watcher holds index, and
+// returns the p99 and the largest of their delays after from.
+func (ws *watcherSet) waitAll(ctx context.Context, index uint64, from time.Time, limit time.Duration) (p99, slowest time.Duration, err error) {
+	deadline := time.Now().Add(limit)
+	for {
+		ok := true
+		for w := range ws.last {
+			if ws.last[w].Load() < index {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			n, byMaster := 0, [3]int{}
+			for w := range ws.last {
+				if ws.last[w].Load() < index {
+					n++
+					byMaster[w%3]++
+				}
+			}
+			ws.failMu.Lock()
+			failures := fmt.Sprint(ws.failures)
+			ws.failMu.Unlock()
+			return 0, 0, fmt.Errorf("%d of %d watchers (by first master %v) never held index %d within %s; failures: %.2000s", n, len(ws.last), byMaster, index, limit, failures)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var ds []time.Duration
+	byMaster := make([][]time.Duration, 3)
+	for w, at := range ws.reached(index) {
+		d := max(0, at.Sub(from))
+		ds = append(ds, d)
+		byMaster[w%3] = append(byMaster[w%3], d)
+	}
+	ws.failMu.Lock()
+	failed := 0
+	for _, n := range ws.failures {
+		failed += n
+	}
+	ws.failMu.Unlock()
+	progress("  index %d: p50 %s p99 %s; p99 by first master: %s %s %s; %d answers, %d failed requests so far", index, pct(ds, 50), pct(ds, 99), pct(byMaster[0], 99), pct(byMaster[1], 99), pct(byMaster[2], 99), ws.answers.Load(), failed)
+	return pct(ds, 99), slices.Max(ds), nil
+}
+
+// startWatchers starts w watchers from index since, watcher i on master
+// i%3 first (the next one when it fails, as an agent fails over); they
+// stop with ctx.
+func startWatchers(ctx context.Context, c *labcluster.Cluster, w int, since uint64) *watcherSet {
+	base := c.HTTPClient().Transport.(*http.Transport).Clone()
+	base.MaxIdleConnsPerHost = w
+	base.MaxConnsPerHost = 0
+	base.ForceAttemptHTTP2 = false
+	// Each watcher stands for a host: the gzip'ed answers are read as they
+	// come, and only their first bytes are decompressed for the index
+	// (gunzipping every answer here would bill the masters' machine for
+	// work spread over the agents' hosts).
+	base.DisableCompression = true
+	base.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	hc := &http.Client{Transport: base}
+	urls := c.MasterURLs()
+	ws := &watcherSet{mu: make([]sync.Mutex, w), arrivals: make([][]arrival, w), last: make([]atomic.Uint64, w), parked: make([]atomic.Bool, w)}
+	for i := range w {
+		ws.last[i].Store(since)
+		go watch(ctx, hc, urls, i, since, ws)
+	}
+	return ws
+}
+
+// watch is one watcher's loop.
+func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws *watcherSet) {
+	m := w % len(urls)
+	for ctx.Err() == nil {
+		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { ws.parked[w].Store(true) }}
+		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, urls[m]+"/overlay-master/changes?since="+strconv.FormatUint(since, 10)+"&wait=60s", nil)
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := hc.Do(req)
+		ws.parked[w].Store(false)
+		if err != nil {
+			if ctx.Err() == nil {
+				ws.fail(fmt.Sprintf("request to master %d: %v", m, err))
+			}
+			m = (m + 1) % len(urls)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		data, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		at := time.Now()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			if resp.StatusCode == http.StatusGone {
+				var e api.Error
+				if json.Unmarshal(data, &e) == nil && e.Oldest > since {
+					since = e.Oldest // the bench reads no state: it follows from there
+					continue
+				}
+			}
+			ws.fail(fmt.Sprintf("master %d answered %d", m, resp.StatusCode))
+			m = (m + 1) % len(urls)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		// The index leads the answer: the synthetic watcher (one of
+		// thousands on this machine, each standing for a host) reads it
+		// alone rather than decoding every record.
+		head := data
+		if resp.Header.Get("Content-Encoding") == "gzip" {
+			head = gunzipHead(data)
+		}
+		index, ok := leadingIndex(head)
+		if !ok {
+			continue
+		}
+		if index > since {
+			since = index
+			ws.record(w, since, at, len(data))
+		}
+	}
+}
+
+// fanoutOn measures the fan-out on c (masters started) at n agents.
+func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fanoutFigures, err error) {
+	op := c.Client()
+	progress("%d agents: registering", n)
+	if err := registerAllRetrying(ctx, op, n); err != nil {
+		return f, err
+	}
+	ch, err := op.Changes(ctx, 0, 0)
+	if err != nil {
+		return f, err
+	}
+	progress("%d agents: starting %d watchers at index %d", n, watchers, ch.Index)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ws := startWatchers(wctx, c, watchers, ch.Index)
+	f.watchers = watchers
+	// Every watcher parked (connected, its request written) before the
+	// change: on a busy machine thousands of TLS handshakes take a while,
+	// and they are not what is measured.
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
+
+	// One registration.
+	ws.reset()
+	start := time.Now()
+	info, err := registerRetrying(ctx, op, synthetic(n, false, false))
+	if err != nil {
+		return f, err
+	}
+	commit := time.Now()
+	if f.one, f.oneMax, err = ws.waitAll(ctx, info.Version, commit, 2*time.Minute); err != nil {
+		return f, fmt.Errorf("one registration: %w", err)
+	}
+	if a := ws.answers.Load(); a > 0 {
+		f.bytesPerWatcher = float64(ws.bytes.Load()) / float64(a)
+	}
+	progress("%d agents: one change to %d watchers: p99 %s, slowest %s (commit took %s)", n, watchers, f.one, f.oneMax, commit.Sub(start))
+
+	// A burst of 100 registrations at once.
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
+	ws.reset()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var lastCommit time.Time
+	var top uint64
+	errs := make([]error, 100)
+	for k := range 100 {
+		wg.Go(func() {
+			info, err := registerRetrying(ctx, op, synthetic(n+1+k, false, false))
+			errs[k] = err
+			if err == nil {
+				mu.Lock()
+				if now := time.Now(); now.After(lastCommit) {
+					lastCommit = now
+				}
+				top = max(top, info.Version)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return f, fmt.Errorf("burst: %w", err)
+	}
+	if f.burst, f.burstMax, err = ws.waitAll(ctx, top, lastCommit, 2*time.Minute); err != nil {
+		return f, fmt.Errorf("burst: %w", err)
+	}
+	progress("%d agents: burst of 100 to %d watchers: p99 %s, slowest %s after the last commit", n, watchers, f.burst, f.burstMax)
+
+	for _, m := range c.Masters() {
+		f.rssMB = max(f.rssMB, rssMB(m.PID()))
+		f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
+	}
+
+	// Leader failover: kill it, then one registration once a leader is
+	// back; every watcher must hold it.
+	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return f, err
+	}
+	leader, err := c.WaitLeader(ctx)
+	if err != nil {
+		return f, err
+	}
+	ws.reset()
+	kill := time.Now()
+	if err := c.KillMaster(leader); err != nil {
+		return f, err
+	}
+	var after *api.AgentInfo
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer rcancel()
+	for {
+		after, err = op.Register(rctx, synthetic(n+101, false, false))
+		if err == nil || rctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return f, fmt.Errorf("register after the failover: %w", err)
+	}
+	progress("%d agents: leader %s killed; registered again after %s", n, leader.ID, time.Since(kill))
+	if f.failoverP99, f.failover, err = ws.waitAll(ctx, after.Version, kill, 3*time.Minute); err != nil {
+		return f, fmt.Errorf("failover: %w", err)
+	}
+	progress("%d agents: failover: every watcher served again %s after the kill (p99 %s)", n, f.failover, f.failoverP99)
+	for _, m := range c.Masters() {
+		if m.Running() {
+			f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
+		}
+	}
+	return f, nil
+}
+
+// procStatusMB is a /proc/PID/status field in kB, as MiB (0 when unreadable).
+func procStatusMB(pid int, field string) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, field); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// fanoutRun measures the fan-out with binary at n agents.
+func fanoutRun(ctx context.Context, binary string, n, watchers int, masterArgs []string) (f fanoutFigures, err error) {
+	measured := false
+	progress("%d agents: starting the cluster (%s)", n, binary)
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: masterArgs}, os.Stderr, func(c *labcluster.Cluster) error {
+		if err := c.StartMasters(ctx); err != nil {
+			return err
+		}
+		var ferr error
+		f, ferr = fanoutOn(ctx, c, n, watchers)
+		measured = ferr == nil
+		return ferr
+	})
+	if err != nil && measured && ctx.Err() == nil {
+		// Masters slow to stop after the measurement (their watches
+		// outlast the shutdown timeout) do not void it.
+		fmt.Fprintf(os.Stderr, "bench/scale: %d agents, after the measurement: %v\n", n, err)
+		err = nil
+	}
+	return f, err
+}
+
+// fanoutTable runs the fan-out on the new carve and on the baseline, and
+// returns the rows side by side.
+func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers int, masterArgs []string) (benchtable.Table, error) {
+	tbl := benchtable.Table{Title: fmt.Sprintf("scale: fan-out, %d synthetic agents, %d watchers of the changes over 3 secure masters (real processes, one machine)", n, watchers)}
+	f, err := fanoutRun(ctx, binary, n, watchers, masterArgs)
+	if err != nil {
+		return tbl, err
+	}
+	var base fanoutFigures
+	baseNote := ""
+	if baseline == "" {
+		baseNote = "n/a (no baseline)"
+	} else if base, err = fanoutRun(ctx, baseline, n, watchers, masterArgs); err != nil {
+		if ctx.Err() != nil {
+			return tbl, ctx.Err()
+		}
+		fmt.Fprintf(os.Stderr, "bench/scale: fan-out baseline at %d: %v\n", n, err)
+		baseNote = "n/a (the baseline run failed; see stderr)"
+	}
+	row := func(name string, v, b float64, unit, note string) {
+		r := benchtable.Row{Name: name, Value: v, Unit: unit, Baseline: "carve " + rev + ", same N and watchers", BaseVal: b, Note: note}
+		if baseNote != "" {
+			r.Baseline, r.BaseNA = baseNote, true
+		}
+		tbl.Add(r)
+	}
+	row("one registration -> every watcher, p99", ms(f.one), ms(base.one), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.oneMax), ms(base.oneMax)))
+	row("burst of 100 -> every watcher, p99 after the last commit", ms(f.burst), ms(base.burst), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.burstMax), ms(base.burstMax)))
+	row("leader killed -> every watcher holds the next change", ms(f.failover), ms(base.failover), "ms", fmt.Sprintf("p99 %.0f ms (baseline %.0f); includes the election and the watchers' failover", ms(f.failoverP99), ms(base.failoverP99)))
+	row("busiest master RSS after the burst", f.rssMB, base.rssMB, "MB", "goal < 2 GB")
+	row("busiest master peak RSS (VmHWM)", f.hwmMB, base.hwmMB, "MB", "through the failover")
+	row("bytes of one change's answer per watcher", f.bytesPerWatcher, base.bytesPerWatcher, "B", "")
+	return tbl, nil
+}
+
+// fanoutOnly prints the fan-out tables, each beside the carve of
+// -fanout-baseline-rev (or -baseline-carve) run in the same invocation.
+func fanoutOnly(ctx context.Context, sizes []int, binary string, o idleOptions) error {
+	br, err := labcluster.NewBenchRun(ctx, prefix, "scale", binary, "", false)
+	if err != nil {
+		return err
+	}
+	defer br.Close()
+	baseline := o.binary
+	switch baseline {
+	case "none":
+		baseline = ""
+	case "":
+		progress("building the fan-out baseline carve of %s", o.fanoutRev)
+		if baseline, err = buildBaseline(ctx, o.fanoutRev, br.Dir); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			fmt.Fprintf(os.Stderr, "bench/scale: the fan-out baseline: %v\n", err)
+			baseline = ""
+		}
+	}
+	for _, n := range sizes {
+		w := o.watchers
+		if w <= 0 {
+			w = min(n, 15000)
+		}
+		tbl, err := fanoutTable(ctx, br.Binary, baseline, o.fanoutRev, n, w, strings.Fields(o.masterArgs))
+		if err != nil {
+			return fmt.Errorf("%d agents: %w", n, err)
+		}
+		if err := tbl.Print(os.Stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// leadingIndex reads the index a changes answer starts with
+// ({"index":N,...}).
+func leadingIndex(data []byte) (uint64, bool) {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"index":`))
+	if !ok {
+		return 0, false
+	}
+	end := bytes.IndexByte(rest, ',')
+	if end < 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(rest[:end]), 10, 64)
+	return v, err == nil
+}
+
+// registerRetrying registers req, again while the masters answer that the
+// outcome is unknown or that there is no leader (elections happen on a
+// busy machine); a registration is idempotent.
+func registerRetrying(ctx context.Context, op *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
+	var info *api.AgentInfo
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
+		var err error
+		if info, err = op.Register(ctx, req); err != nil && !api.IsRetryable(err) {
+			return retry.Permanent(err)
+		}
+		return err
+	})
+	return info, err
+}
+
+// registerAllRetrying registers n synthetic agents (no keys) with 64
+// concurrent clients, each registration retried as registerRetrying does.
+func registerAllRetrying(ctx context.Context, op *api.Client, n int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if _, err := registerRetrying(ctx, op, synthetic(i, false, false)); err != nil {
+					errs <- fmt.Errorf("register %d: %w", i, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// gunzipHead decompresses the first bytes of a gzip'ed answer (enough for
+// its leading index).
+func gunzipHead(data []byte) []byte {
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return nil
+	}
+	head := make([]byte, 64)
+	n, _ := io.ReadFull(zr, head)
+	return head[:n]
+}
