@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -72,13 +73,21 @@ type historyGuard struct {
 	// accepted before, which no handshake checked against it).
 	changed func()
 
-	mu           sync.Mutex
-	conflict     string
-	conflictTime time.Time
+	mu sync.Mutex
+	// conflicts are the last refusal of each peer host, until a handshake
+	// with it agrees on the history or historyConflictFor passes.
+	conflicts map[string]conflict
+}
+
+// conflict is one refusal: what to say, and when.
+type conflict struct {
+	msg string
+	at  time.Time
 }
 
 func newHistoryGuard(logger *slog.Logger, refused *prometheus.CounterVec) *historyGuard {
-	g := &historyGuard{ready: make(chan struct{}), logger: logger, log: ratelog.New(refusedLogInterval), refused: refused}
+	g := &historyGuard{ready: make(chan struct{}), logger: logger, log: ratelog.New(refusedLogInterval), refused: refused,
+		conflicts: map[string]conflict{}}
 	empty := ""
 	g.cur.Store(&empty)
 	return g
@@ -175,6 +184,9 @@ func (g *historyGuard) serverConfig(base *tls.Config, hello *tls.ClientHelloInfo
 	case peer == "":
 	case mine == "" || peer == mine:
 		cfg.NextProtos = []string{proto(peer)}
+		if peer == mine {
+			g.agreed(hello.Conn.RemoteAddr().String())
+		}
 	default:
 		g.refuse(directionIncoming, hello.Conn.RemoteAddr().String(), peer)
 		cfg.NextProtos = []string{proto(mine)}
@@ -202,7 +214,7 @@ func (g *historyGuard) refuse(direction, remote, peer string) {
 	}
 	msg := what + ": masters of different histories never exchange log entries or votes. " + HistoryFix
 	g.mu.Lock()
-	g.conflict, g.conflictTime = msg, time.Now()
+	g.conflicts[hostOf(remote)] = conflict{msg: msg, at: time.Now()}
 	g.mu.Unlock()
 	level, n := slog.LevelDebug, 0
 	if ok, suppressed := g.log.Allow(); ok {
@@ -223,14 +235,47 @@ func orUnknown(s string) string {
 	return s
 }
 
-// lastConflict is the last refusal, if within historyConflictFor.
+// agreed forgets the refusal of a peer host once a handshake with it
+// agreed on the history (it was moved to an empty data directory).
+func (g *historyGuard) agreed(remote string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.conflicts, hostOf(remote))
+}
+
+// dialed notes a handshake that went through: agreed when both sides
+// named the node's history.
+func (g *historyGuard) dialed(address, negotiated string) {
+	if mine := g.get(); mine != "" && negotiated == proto(mine) {
+		g.agreed(address)
+	}
+}
+
+// lastConflict is the latest refusal of a peer not agreed with since,
+// within historyConflictFor ("" none).
 func (g *historyGuard) lastConflict() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.conflict == "" || time.Since(g.conflictTime) > historyConflictFor {
-		return ""
+	var last conflict
+	for host, c := range g.conflicts {
+		if time.Since(c.at) > historyConflictFor {
+			delete(g.conflicts, host)
+			continue
+		}
+		if c.at.After(last.at) {
+			last = c
+		}
 	}
-	return g.conflict
+	return last.msg
+}
+
+// hostOf is the host of a host:port (the port of an incoming connection
+// changes with every connection), or the address itself.
+func hostOf(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 // readHistory reads the history the stable store holds ("" none).

@@ -65,7 +65,8 @@ func exchange(t *testing.T, a, b *streamLayer) (dialErr error, served bool) {
 // peer whose log is of another history (issue 27, item 2: a master on a
 // data directory from before a whole-cluster restore), says why on the
 // side that dials, counts it on both sides and shows it in
-// HistoryConflict; peers of the same history, and a peer that does not
+// HistoryConflict until a handshake with that peer agrees again; peers of
+// the same history, and a peer that does not
 // know its history yet (a new data directory, a version before
 // histories), connect.
 func TestHistoryRefusesOtherHistory(t *testing.T) {
@@ -111,6 +112,16 @@ func TestHistoryRefusesOtherHistory(t *testing.T) {
 			}
 			if c := b.history.lastConflict(); !strings.Contains(c, "is of history "+tc.from) {
 				t.Errorf("the listener's conflict %q does not name the dialer's history %s", c, tc.from)
+			}
+			// The stale side moved to an empty data directory and learned
+			// the other's history: the handshake agrees, the conflict is
+			// over on both sides.
+			a.history.load(tc.to)
+			if err, served := exchange(t, a, b); err != nil || !served {
+				t.Fatalf("of one history again: dial %v, served %t", err, served)
+			}
+			if a.history.lastConflict() != "" || b.history.lastConflict() != "" {
+				t.Errorf("of one history again: conflicts %q, %q; want none", a.history.lastConflict(), b.history.lastConflict())
 			}
 		})
 	}

@@ -89,6 +89,7 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		s.failed.WithLabelValues(directionOutgoing).Inc()
 		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, s.history.dialFailed(string(address), err))
 	}
+	s.history.dialed(string(address), tc.ConnectionState().NegotiatedProtocol)
 	s.live.add(tc)
 	return &clientTLSConn{Conn: tc, live: &s.live}, nil
 }

@@ -96,6 +96,9 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 	if err := c.StartMaster(stale); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.WaitLeader(ctx); err != nil {
+		t.Fatal(err)
+	}
 	register("new-1", "new-2", "new-3")
 
 	statusOf := func(m *labcluster.Master) (*api.State, error) {
