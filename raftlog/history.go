@@ -226,7 +226,7 @@ func (g *historyGuard) refuse(direction, remote, peer string) {
 
 // HistoryFix is what to do about masters of different histories.
 const HistoryFix = "The master of the older history (a data directory from before a whole-cluster restore: its history's restore epoch is lower, or it has none) must not come back on it: " +
-	"stop it, move its data directory away and start it on an empty one, which the cluster fills (docs/operations.md, section 9a)."
+	"stop it, move its data directory away and start it on an empty one: a master of the --peers gets the log from the leader, another is removed and joined again (docs/operations.md, sections 6 and 9a)."
 
 func orUnknown(s string) string {
 	if s == "" {
