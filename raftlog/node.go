@@ -196,7 +196,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		logger.Info("bootstrapped new raft cluster", "servers", len(bootstrap.Servers), "addr", addr)
 	} else if hasState {
 		logger.Info("raft node restarted from existing state", "addr", addr, "data_dir", cfg.DataDir,
-			"last_index", r.LastIndex(), "snapshot_applied_index", fsm.applied.Load())
+			"last_index", r.LastIndex(), "snapshot_applied_index", fsm.applied.Load(), "history", history.get())
 		for _, p := range cfg.Peers {
 			if p.ID == cfg.ID && p.Address != addr {
 				logger.Warn("Peers gives this node another address than it advertises; Peers is only used to bootstrap",
