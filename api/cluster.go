@@ -54,6 +54,18 @@ type ClusterStatus struct {
 	// AgentTrust, on the leader, is what the live agents' reports say of
 	// the masters' records; followers judge none.
 	AgentTrust *AgentTrust `json:"agent_trust,omitempty"`
+	// History names the Raft log this master's state belongs to: the
+	// cluster id, and after a whole-cluster restore the cluster id and
+	// that restore's epoch ("<cluster id>/<epoch>"). Masters of different
+	// histories never exchange log entries or votes (their Raft transport
+	// refuses each other); a master of an older one runs on a data
+	// directory from before a restore. Absent until the cluster id is
+	// committed, and from masters of earlier versions.
+	History string `json:"history,omitempty"`
+	// HistoryConflict says which Raft peer this master refused (or was
+	// refused by) for being of another history in the last minutes, and
+	// what to do ("": none).
+	HistoryConflict string `json:"history_conflict,omitempty"`
 }
 
 // ExhaustedOverlay is an enabled overlay, in one address family, that

@@ -70,6 +70,6 @@ func (m *Master) restoreFrom(ctx context.Context) error {
 	}
 	r := m.table.LastRestore()
 	m.log.Warn("new cluster restored from the snapshot of --restore-from: remove the flag", "cluster_id", m.table.ClusterID(),
-		"snapshot_index", r.From, "epoch", r.Epoch)
+		"snapshot_index", r.From, "epoch", r.Epoch, "history", m.table.History())
 	return nil
 }

@@ -19,6 +19,14 @@
 // node restarted without quorum never gets there, so it must not present its
 // state as the cluster's.
 //
+// # Histories
+//
+// A log bootstrapped again (a whole-cluster restore) reuses the indexes and
+// terms of the log before it, which raft's log matching cannot tell apart. A
+// StateMachine that implements HistoryReporter names its log; the node keeps
+// the name in its stable store and, with TLS, the transport refuses peers of
+// another history in the handshake, both ways (history.go).
+//
 // # Writes
 //
 // Node.Apply may be called from any number of goroutines. Commands queue in

@@ -88,6 +88,15 @@ type fsmAdapter struct {
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced whenever applied changes
 	restores atomic.Uint64 // number of Restore calls, for tests and logs
+	// history learns the history the state machine names (nil: none).
+	history *historyGuard
+}
+
+// observeHistory tells the history guard what the state machine names now.
+func (f *fsmAdapter) observeHistory() {
+	if f.history != nil {
+		f.history.observe(f.sm)
+	}
 }
 
 var _ raft.BatchingFSM = (*fsmAdapter)(nil)
@@ -123,6 +132,7 @@ func (f *fsmAdapter) applyOne(l *raft.Log) any {
 // Apply is used by raft only when batching is off; kept for completeness.
 func (f *fsmAdapter) Apply(l *raft.Log) any {
 	res := f.applyOne(l)
+	f.observeHistory()
 	f.setApplied(l.Index)
 	return res
 }
@@ -135,6 +145,7 @@ func (f *fsmAdapter) ApplyBatch(logs []*raft.Log) []any {
 		out[i] = f.applyOne(l)
 	}
 	if len(logs) > 0 {
+		f.observeHistory()
 		f.setApplied(logs[len(logs)-1].Index)
 	}
 	return out
@@ -163,6 +174,7 @@ func (f *fsmAdapter) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("raftlog: restore state machine at index %d: %w", index, err)
 	}
 	f.restores.Add(1)
+	f.observeHistory()
 	f.setApplied(index)
 	return nil
 }

@@ -32,6 +32,9 @@ type nodeMetrics struct {
 	// tlsFailures counts transport connections refused in the TLS
 	// handshake (a peer of another CA or role, or no certificate).
 	tlsFailures *prometheus.CounterVec
+	// historyRefused counts transport connections refused because the
+	// peer is of another history (history.go).
+	historyRefused *prometheus.CounterVec
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -54,9 +57,14 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Name: "carve_raft_tls_handshake_failures_total",
 			Help: "Raft transport connections whose TLS handshake failed (untrusted or unauthorized peer), by direction (incoming, outgoing).",
 		}, []string{"direction"}),
+		historyRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "carve_raft_history_refused_total",
+			Help: "Raft transport connections refused because the peer's log is of another history (a master on a data directory from before a whole-cluster restore), by direction (incoming, outgoing).",
+		}, []string{"direction"}),
 	}
 	for _, d := range []string{directionIncoming, directionOutgoing} {
 		m.tlsFailures.WithLabelValues(d)
+		m.historyRefused.WithLabelValues(d)
 	}
 	for _, r := range []string{reasonNotLeader, reasonLeadershipLost, reasonUnknownOutcome, reasonNotSubmitted, reasonClosed, reasonOther} {
 		m.applyErrors.WithLabelValues(r)
@@ -71,7 +79,7 @@ func (m *nodeMetrics) register(n *Node) error {
 		return nil
 	}
 	cs := []prometheus.Collector{
-		m.applyLatency, m.applyErrors, m.leaderChanges, m.tlsFailures,
+		m.applyLatency, m.applyErrors, m.leaderChanges, m.tlsFailures, m.historyRefused,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "carve_raft_state",
 			Help: "Raft role of this node: 0 follower, 1 candidate, 2 leader, 3 shutdown.",

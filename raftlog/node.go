@@ -2,6 +2,7 @@ package raftlog
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +42,7 @@ type Node struct {
 	fsm     *fsmAdapter
 	store   *raftboltdb.BoltStore
 	stable  *stableStore  // store, as raft writes its term and vote
+	history *historyGuard // the log's history and the peers refused for another (history.go)
 	logs    raft.LogStore // store behind an in-memory cache of recent entries
 	trans   *commitObservingTransport
 	metrics *nodeMetrics
@@ -130,7 +132,13 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 
 	caught := newCatchUp()
 	metrics := newNodeMetrics(cfg.Registerer)
-	trans, err := newTransport(cfg, logger, metrics.tlsFailures, caught.leaderCommit)
+	// The history as this node last knew it, before anything is replayed
+	// or any peer is heard (history.go); incoming handshakes wait until
+	// Open has restored the state machine, which may name it.
+	history := newHistoryGuard(logger, metrics.historyRefused)
+	history.load(readHistory(store))
+	defer history.markReady()
+	trans, err := newTransport(cfg, logger, metrics.tlsFailures, history, caught.leaderCommit)
 	if err != nil {
 		return nil, err
 	}
@@ -150,6 +158,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 	}
 
 	fsm := newFSMAdapter(sm)
+	fsm.history = history
 	n := &Node{
 		id:       cfg.ID,
 		addr:     addr,
@@ -167,7 +176,10 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		subs:     map[chan struct{}]struct{}{},
 		closing:  make(chan struct{}),
 		catchUp:  caught,
+		history:  history,
 	}
+	history.persist = func(h string) error { return n.stable.Set([]byte(historyKey), []byte(h)) }
+	history.changed = func() { trans.stream.live.closeWhere(func(*x509.Certificate) bool { return true }) }
 
 	r, err := raft.NewRaft(cfg.raftConfig(logger), fsm, logs, n.stable, snaps, trans)
 	if err != nil {
@@ -184,7 +196,7 @@ func Open(ctx context.Context, cfg Config, sm StateMachine) (_ *Node, err error)
 		logger.Info("bootstrapped new raft cluster", "servers", len(bootstrap.Servers), "addr", addr)
 	} else if hasState {
 		logger.Info("raft node restarted from existing state", "addr", addr, "data_dir", cfg.DataDir,
-			"last_index", r.LastIndex(), "snapshot_applied_index", fsm.applied.Load())
+			"last_index", r.LastIndex(), "snapshot_applied_index", fsm.applied.Load(), "history", history.get())
 		for _, p := range cfg.Peers {
 			if p.ID == cfg.ID && p.Address != addr {
 				logger.Warn("Peers gives this node another address than it advertises; Peers is only used to bootstrap",

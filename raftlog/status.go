@@ -21,6 +21,9 @@ type Status struct {
 	LastIndex         uint64 // last entry in the log or snapshot
 	LastSnapshotIndex uint64
 	CaughtUp          bool // as IsCaughtUp()
+	// History and HistoryConflict are as History() and HistoryConflict().
+	History         string
+	HistoryConflict string
 }
 
 func roleName(s raft.RaftState) string {
@@ -43,6 +46,9 @@ func (n *Node) Status() Status {
 		AppliedIndex: n.fsm.applied.Load(),
 		LastIndex:    n.raft.LastIndex(),
 		CaughtUp:     n.IsCaughtUp(),
+
+		History:         n.History(),
+		HistoryConflict: n.HistoryConflict(),
 	}
 	st.LastSnapshotIndex, _ = strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
 	return st

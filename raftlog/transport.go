@@ -45,6 +45,10 @@ type streamLayer struct {
 	// who reaches the port can fail one, as fast as they like.
 	refusedLog *ratelog.Limiter
 	live       liveConns // the TLS connections, both ways (peerconns.go)
+	// history refuses peers of another history (history.go); server is
+	// tls.Server with its check.
+	history *historyGuard
+	server  *tls.Config
 }
 
 // Accept returns the next connection. A TLS connection does its handshake
@@ -55,7 +59,7 @@ func (s *streamLayer) Accept() (net.Conn, error) {
 	if err != nil || s.tls == nil {
 		return c, err
 	}
-	tc := tls.Server(c, s.tls.Server)
+	tc := tls.Server(c, s.server)
 	s.live.add(tc)
 	return &serverTLSConn{Conn: tc, layer: s}, nil
 }
@@ -76,14 +80,16 @@ func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 		cfg = s.tls.Refresh(cfg)
 	}
 	cfg.ServerName = host
+	cfg.NextProtos = s.history.clientProtos()
 	tc := tls.Client(c, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
 		s.failed.WithLabelValues(directionOutgoing).Inc()
-		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, err)
+		return nil, fmt.Errorf("raft TLS handshake with %s: %w", address, s.history.dialFailed(string(address), err))
 	}
+	s.history.dialed(string(address), tc.ConnectionState().NegotiatedProtocol)
 	s.live.add(tc)
 	return &clientTLSConn{Conn: tc, live: &s.live}, nil
 }
@@ -153,7 +159,20 @@ type commitObservingTransport struct {
 	stopOnce sync.Once
 }
 
-func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.CounterVec, onCommit func(uint64)) (*commitObservingTransport, error) {
+// newStreamLayer is the stream layer on ln; with tls, every incoming
+// handshake also applies the history rule (history.go).
+func newStreamLayer(ln net.Listener, tlsCfg *TransportTLS, logger *slog.Logger, tlsFailures *prometheus.CounterVec, history *historyGuard) *streamLayer {
+	s := &streamLayer{Listener: ln, tls: tlsCfg, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval), history: history}
+	if tlsCfg != nil {
+		base := tlsCfg.Server
+		s.server = &tls.Config{MinVersion: tls.VersionTLS12, GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			return history.serverConfig(base, hello)
+		}}
+	}
+	return s
+}
+
+func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.CounterVec, history *historyGuard, onCommit func(uint64)) (*commitObservingTransport, error) {
 	ln := cfg.Listener
 	if ln == nil {
 		host, _, err := net.SplitHostPort(cfg.RaftAddr)
@@ -173,7 +192,7 @@ func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.Count
 		_ = ln.Close()
 		return nil, fmt.Errorf("raftlog: listener address %s is not an advertisable TCP address", ln.Addr())
 	}
-	stream := &streamLayer{Listener: ln, tls: cfg.TLS, logger: logger, failed: tlsFailures, refusedLog: ratelog.New(refusedLogInterval)}
+	stream := newStreamLayer(ln, cfg.TLS, logger, tlsFailures, history)
 	t := &commitObservingTransport{
 		stream: stream,
 		NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{

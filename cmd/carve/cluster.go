@@ -53,8 +53,11 @@ type clusterReport struct {
 	Masters   []masterView `json:"masters"`
 	Leader    string       `json:"leader,omitempty"`
 	ClusterID string       `json:"cluster_id,omitempty"`
-	Healthy   bool         `json:"healthy"`
-	Problems  []string     `json:"problems,omitempty"`
+	// History is the history the masters' logs belong to, when they agree
+	// (api.ClusterStatus.History).
+	History  string   `json:"history,omitempty"`
+	Healthy  bool     `json:"healthy"`
+	Problems []string `json:"problems,omitempty"`
 	// Unchecked names the servers that were not asked: no URL was given for
 	// them and the masters know none (a follower's API address is known
 	// only once it led or joined with one). Give every master in --masters
@@ -232,6 +235,7 @@ func judgeCluster(rep *clusterReport) {
 	default:
 		problems = append(problems, "the masters report different cluster ids (a rebuilt cluster?): "+describeGroups(clusterIDs, "on"))
 	}
+	problems = append(problems, judgeHistories(rep)...)
 	problems = append(problems, judgeDigests(rep)...)
 	problems = append(problems, judgeLag(rep)...)
 	problems = append(problems, judgeExhaustion(rep)...)
@@ -244,6 +248,53 @@ func judgeCluster(rep *clusterReport) {
 	judgeVersions(rep)
 	judgeSilence(rep)
 	judgeAgentTrust(rep)
+}
+
+// judgeHistories reports masters of different histories (a master
+// started on a data directory from before a whole-cluster restore: its
+// Raft log reuses the indexes and terms of the restored one, and the
+// masters' transports refuse each other), and a master that refused a
+// Raft peer of another history which this report did not ask.
+func judgeHistories(rep *clusterReport) []string {
+	histories := map[string][]string{}
+	var leaderHistory string
+	for _, v := range rep.Masters {
+		if v.Status == nil || v.Status.History == "" {
+			continue
+		}
+		histories[v.Status.History] = append(histories[v.Status.History], v.Status.ID)
+		if v.Status.Role == "leader" {
+			leaderHistory = v.Status.History
+		}
+	}
+	if len(histories) == 1 {
+		for h := range histories {
+			rep.History = h
+		}
+	}
+	if len(histories) > 1 {
+		var stale []string
+		for h, ids := range histories {
+			if h != leaderHistory {
+				stale = append(stale, ids...)
+			}
+		}
+		fix := "stop the master of the older history (the lower restore epoch after the cluster id, or none)"
+		if leaderHistory != "" {
+			slices.Sort(stale)
+			fix = "stop " + strings.Join(stale, ",") + " (not of the leader's history)"
+		}
+		return []string{"the masters are of different histories (a master started on a data directory from before a whole-cluster restore; " +
+			"they refuse each other's Raft log): " + describeGroups(histories, "on") + "; " + fix +
+			", move its data directory away and start it on an empty one (docs/operations.md, section 9a)"}
+	}
+	var problems []string
+	for _, v := range rep.Masters {
+		if v.Status != nil && v.Status.HistoryConflict != "" {
+			problems = append(problems, fmt.Sprintf("master %s (%s): %s", v.Status.ID, v.URL, v.Status.HistoryConflict))
+		}
+	}
+	return problems
 }
 
 // followerLagLimit is how many entries a master may have applied fewer than
@@ -445,7 +496,7 @@ func describeGroups(groups map[string][]string, verb string) string {
 }
 
 func printClusterReport(out io.Writer, rep *clusterReport) error {
-	fmt.Fprintf(out, "leader %s, cluster id %s\n", orDash(rep.Leader), orDash(rep.ClusterID))
+	fmt.Fprintf(out, "leader %s, cluster id %s, history %s\n", orDash(rep.Leader), orDash(rep.ClusterID), orDash(rep.History))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tCARVE")
 	for _, v := range rep.Masters {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/carve-net/carve/api"
@@ -97,6 +98,15 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	}
 	epoch := max(c.Epoch, t.restore.RestoreEpoch()+1, d.Restore.RestoreEpoch()+1)
 	servers, clusterID := t.servers, orString(t.clusterID, d.ClusterID)
+	// A restore into a table of no cluster is a whole-cluster restore
+	// (--restore-from onto empty data directories): this log is new, and
+	// reuses the indexes and terms of the one the snapshot came from, so
+	// it gets a name of its own (see History). A restore into a running
+	// cluster is a command of its log, which stays the same history.
+	history := t.history
+	if t.clusterID == "" {
+		history = clusterID + "/" + strconv.FormatUint(epoch, 10)
+	}
 	gone := slices.Collect(maps.Keys(t.agents))
 	for id := range t.tombstones {
 		gone = append(gone, id)
@@ -144,6 +154,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	t.requests = newRequestTable()
 	t.index, t.stateIndex, t.clusterID, t.servers = index, index, clusterID, servers
 	t.restore = &api.Restore{Epoch: epoch, Index: index, From: d.StateIndex}
+	t.history = history
 	// Holdings acknowledgements are of the table before: a quarantine
 	// release waits for new ones.
 	t.usage.mu.Lock()
@@ -164,6 +175,18 @@ func orString(a, b string) string {
 		return a
 	}
 	return b
+}
+
+// History names the Raft log the table was applied from
+// (raftlog.HistoryReporter): the cluster id, and after a whole-cluster
+// restore the cluster id and that restore's epoch ("<cluster id>/<epoch>").
+// A data directory of before that restore holds another history, whose
+// log must never be matched with this one's (it reuses its indexes and
+// terms); "" while no cluster id is committed.
+func (t *LeaseTable) History() string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return orString(t.history, t.clusterID)
 }
 
 // LastRestore is the table's last restore (nil: none), unsigned.

@@ -47,6 +47,9 @@ type snapshotData struct {
 	// UsedStatements are the grant statements that moved space, with
 	// their expiry (growth.go).
 	UsedStatements map[string]int64 `json:"used_statements,omitempty"`
+	// History names the Raft log the table was applied from, when a
+	// whole-cluster restore started it (restore.go; "": the cluster id).
+	History string `json:"history,omitempty"`
 }
 
 type snapshotAgent struct {
@@ -112,6 +115,7 @@ type tableSnapshot struct {
 	revoked           []api.Revocation
 	statements        map[string]int64
 	restore           *api.Restore
+	history           string
 	// replaced holds, by position in requests, the outcome records that are
 	// no longer their agent's current record; encoded in WriteTo.
 	replaced map[int]*agentRecord
@@ -135,6 +139,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		marks:      slices.Clone(t.marks),
 		revoked:    t.revokedList(),
 		restore:    t.restore,
+		history:    t.history,
 		statements: maps.Clone(t.usedStatements),
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
@@ -159,7 +164,8 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 	d := snapshotData{Format: snapshotFormat, Index: s.index, StateIndex: s.stateIndex, ClusterID: s.clusterID,
 		Tombstones: s.tombstones, Servers: s.servers, Requests: s.requests, Reports: s.reports, Quarantine: s.quarantine,
-		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore, UsedStatements: s.statements}
+		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore, UsedStatements: s.statements,
+		History: s.history}
 	if s.net != nil {
 		cfg := s.net.api
 		d.Network = &cfg
@@ -211,7 +217,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	if d.Servers != nil {
 		t.servers = d.Servers
 	}
-	t.restore = d.Restore
+	t.restore, t.history = d.Restore, d.History
 	// The change log starts here: what changed before the snapshot is not
 	// known one by one (a watcher further behind reads the whole state).
 	t.changes.start = d.StateIndex

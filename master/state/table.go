@@ -100,6 +100,10 @@ type LeaseTable struct {
 	// restore is the last restore from a snapshot (restore.go); nil when
 	// the table never was. Never changed in place.
 	restore *api.Restore
+	// history names the Raft log this table was applied from: set by a
+	// restore into a table of no cluster (a whole-cluster restore, which
+	// starts a new log); "" means the cluster id names it (restore.go).
+	history string
 	// digests are the recent digests of the replicated state (digest.go).
 	digests digestBook
 	// usedStatements are the donors' signed grant statements that moved
@@ -135,7 +139,7 @@ func (t *LeaseTable) reset() {
 	t.revoked = map[string]api.Revocation{}
 	t.usedStatements = map[string]int64{}
 	t.revokedChanged()
-	t.restore = nil
+	t.restore, t.history = nil, ""
 }
 
 // notifyChanged wakes the watchers; the caller holds t.mu for writing.
