@@ -296,14 +296,24 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 		return 0, 0, err
 	}
 	defer c.close()
-	transport := &http.Transport{MaxIdleConns: 4096, MaxIdleConnsPerHost: 2048, IdleConnTimeout: time.Minute, TLSClientConfig: sec.clientTLS()}
-	defer transport.CloseIdleConnections()
-	hc := &http.Client{Transport: transport, Timeout: time.Minute}
+	// Each client has its own transport, as each agent does: one shared
+	// by 1,000 goroutines makes them queue on its pool's lock.
+	var transports []*http.Transport
+	defer func() {
+		for _, tr := range transports {
+			tr.CloseIdleConnections()
+		}
+	}()
+	newHTTPClient := func() *http.Client {
+		tr := &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute, TLSClientConfig: sec.clientTLS()}
+		transports = append(transports, tr)
+		return &http.Client{Transport: tr, Timeout: time.Minute}
+	}
 	ctx := context.Background()
 	var cls []*api.Client
 	for attempt := 1; ; attempt++ {
 		leader := c.leaderURL()
-		cls, err = connectClients(ctx, c, hc, leader, clients, spread)
+		cls, err = connectClients(ctx, c, newHTTPClient, leader, clients, spread)
 		if err == nil && c.waitReady() == nil && c.leaderURL() == leader {
 			break
 		}
@@ -364,14 +374,14 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 // over the masters), and opens every client's connection, and the
 // followers' to the leader, with a consistent read (retried while a leader
 // is elected).
-func connectClients(ctx context.Context, c *cluster, hc *http.Client, leader string, clients int, spread bool) ([]*api.Client, error) {
+func connectClients(ctx context.Context, c *cluster, newHTTPClient func() *http.Client, leader string, clients int, spread bool) ([]*api.Client, error) {
 	var cls []*api.Client
 	for w := range clients {
 		urls := []string{leader}
 		if spread {
 			urls = []string{c.urls[w%3], c.urls[(w+1)%3], c.urls[(w+2)%3]}
 		}
-		cl, err := api.NewClient(urls, hc) // hc speaks TLS when the cluster does
+		cl, err := api.NewClient(urls, newHTTPClient()) // it speaks TLS when the cluster does
 		if err != nil {
 			return nil, err
 		}
