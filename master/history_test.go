@@ -117,11 +117,18 @@ func TestWholeRestoreRefusesOldDataDir(t *testing.T) {
 			t.Errorf("%s holds agents %v: want new-1 and none of the old history's", c.ids[i], agentIDs(m))
 		}
 	}
-	st, ost := c.masters[leader].ClusterStatus(), old.ClusterStatus()
-	if st.History == "" || st.History == ost.History || st.HistoryConflict == "" || ost.HistoryConflict == "" {
-		t.Errorf("status: the leader's history %q (conflict %q), the stale master's %q (conflict %q); want two histories and both conflicts",
-			st.History, st.HistoryConflict, ost.History, ost.HistoryConflict)
-	}
+	// Both sides say so. In this process every master is on 127.0.0.1, so
+	// the restored masters' own handshakes (same host, same history) may
+	// clear the leader's conflict until the stale master dials again: wait
+	// for a moment when both show it.
+	testutil.Eventually(t, 0, "both sides' status to name the conflict", func() error {
+		st, ost := c.masters[leader].ClusterStatus(), old.ClusterStatus()
+		if st.History == "" || st.History == ost.History || st.HistoryConflict == "" || ost.HistoryConflict == "" {
+			return fmt.Errorf("status: the leader's history %q (conflict %q), the stale master's %q (conflict %q); want two histories and both conflicts",
+				st.History, st.HistoryConflict, ost.History, ost.HistoryConflict)
+		}
+		return nil
+	})
 }
 
 // agentIDs are the agents of m's table.
