@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -112,6 +114,14 @@ func TestAgentCANoted(t *testing.T) {
 		api.AgentCA{CA: oldCA, Count: 2, Agents: []string{"moves", "on-old"}},
 		api.AgentCA{CA: nextCA, Count: 1, Agents: []string{"on-next"}},
 	))
+	// An agent that claims another CA itself is not believed: the leader
+	// takes the header from masters only.
+	cfg := p.ClientTLS("on-old", pki.RoleAgent)
+	cfg.RootCAs = bundle
+	claim := map[string]string{presentedCAHeader: nextCA + " 4102444800"}
+	if code, body := secureCall(t, tlsHTTPClient(t, cfg), "PUT", c.urls()[leader]+"/overlay-master/agents/on-old/usage", "{}", claim); code != 200 {
+		t.Fatalf("on-old's usage report claiming the new CA: %d %s", code, body)
+	}
 	issue(next, "moves")
 	report(next, "moves", leader)
 	byCA(sorted(
@@ -123,4 +133,32 @@ func TestAgentCANoted(t *testing.T) {
 	if tr := c.masters[follower].ClusterStatus().AgentTrust; tr != nil {
 		t.Errorf("a follower's agent_trust: %+v, want none", tr)
 	}
+}
+
+// FuzzParsePresentedCA: presentedCAHeader's value, from a follower, never
+// panics, and what parses is a fingerprint in lower-case hex that reads
+// back alike.
+func FuzzParsePresentedCA(f *testing.F) {
+	for _, seed := range []string{
+		"", " ", "0ee0009fb3821bd32fc661001f27430fcb34209215fa7911fb763235cf5d36bc 1767225600",
+		"0EE0009FB3821BD32FC661001F27430FCB34209215FA7911FB763235CF5D36BC -1",
+		"0ee0009fb3821bd32fc661001f27430fcb34209215fa7911fb763235cf5d36bc",
+		"zz e0009fb3821bd32fc661001f27430fcb34209215fa7911fb763235cf5d36bc 1",
+		"0ee0 1", "0ee0009fb3821bd32fc661001f27430fcb34209215fa7911fb763235cf5d36bc 99999999999999999999",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		ca, notBefore, ok := parsePresentedCA(v)
+		if !ok {
+			return
+		}
+		if ca != strings.ToLower(ca) || len(ca) != 64 {
+			t.Fatalf("%q parsed to CA %q", v, ca)
+		}
+		again, nb, ok := parsePresentedCA(ca + " " + strconv.FormatInt(notBefore.Unix(), 10))
+		if !ok || again != ca || !nb.Equal(notBefore) {
+			t.Fatalf("%q: %q %v does not read back (%q %v %v)", v, ca, notBefore, again, nb, ok)
+		}
+	})
 }
