@@ -1,5 +1,10 @@
 package api
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // ClusterStatus is GET /cluster/status: this node's view of the Raft cluster.
 type ClusterStatus struct {
 	ID                string       `json:"id"`
@@ -101,6 +106,32 @@ type AgentTrust struct {
 	RefusingCount int             `json:"refusing_count,omitempty"`
 	FewPeers      []AgentFewPeers `json:"few_peers,omitempty"`
 	FewPeersCount int             `json:"few_peers_count,omitempty"`
+	// ByCA are the live agents by the CA that issued the certificate they
+	// present to the masters (the newest one the leader saw; a follower
+	// passes on, with the writes it forwards, the certificate of the agent
+	// that sent them), sorted by CA; empty when the masters run without
+	// TLS. What a CA rotation's last step checks (carve certs check-ca).
+	ByCA []AgentCA `json:"by_ca,omitempty"`
+}
+
+// AgentCA is a CA and the live agents whose certificate it issued. CA is
+// CAFingerprint of the issuing CA certificate, or "" for agents whose
+// certificate the leader has not seen yet (they send it a usage report
+// at least every minute). Agents holds at most MaxAgentTrustListed of
+// them, sorted; Count is whole.
+type AgentCA struct {
+	CA     string   `json:"ca"`
+	Count  int      `json:"count"`
+	Agents []string `json:"agents,omitempty"`
+}
+
+// CAFingerprint names a CA certificate, given its DER SubjectPublicKeyInfo
+// (x509.Certificate.RawSubjectPublicKeyInfo): the SHA-256 of it, hex. A CA
+// re-issued with the same key keeps its name, as it keeps verifying the
+// certificates it issued.
+func CAFingerprint(spki []byte) string {
+	sum := sha256.Sum256(spki)
+	return hex.EncodeToString(sum[:])
 }
 
 // AgentKey is an agent and the signing key it last reported ("": none, an

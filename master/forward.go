@@ -59,6 +59,10 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		// The leader authorizes the client, not this master.
 		req.Header.Set(identityHeader, id.String())
 	}
+	if v := presentedCAValue(r); v != "" {
+		// The leader learns which CA the agent's certificate comes from.
+		req.Header.Set(presentedCAHeader, v)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("forward to leader %s at %s: %v; retry", leaderID, meta.HTTPAddr, err))

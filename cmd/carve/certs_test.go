@@ -73,7 +73,7 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca, issue, rotate-signing or revoke"},
+		{"no subcommand", nil, 2, "ca, issue, rotate-signing, revoke or check-ca"},
 		{"unknown subcommand", []string{"renew"}, 2, `"renew"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
@@ -95,6 +95,11 @@ func TestCertsCommand(t *testing.T) {
 		{"switch and finish at once", []string{"rotate-signing", "--dir", dir, "--switch", "--finish"}, 2, "two steps"},
 		{"rotate-signing without a CA", []string{"rotate-signing", "--dir", t.TempDir()}, 1, "signing.key"},
 		{"finish without asking the masters", []string{"rotate-signing", "--dir", dir, "--finish"}, 2, "give --masters and an operator certificate (or --force"},
+		{"check-ca without the new CA", []string{"check-ca", "--masters", "https://198.18.0.1:8080"}, 2, "--new-ca-file is required"},
+		{"check-ca without masters", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "ca.pem")}, 2, "--masters is required"},
+		{"check-ca of a missing file", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "none.pem"), "--masters", "https://198.18.0.1:8080"}, 1, "no such file"},
+		{"check-ca of a leaf", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "alice.pem"), "--masters", "https://198.18.0.1:8080"}, 1, `"alice" is not a CA certificate`},
+		{"check-ca of a key", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "ca-key.pem"), "--masters", "https://198.18.0.1:8080"}, 1, "holds no PEM certificate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

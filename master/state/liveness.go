@@ -30,10 +30,79 @@ type liveness struct {
 	// gens changes an agent's cached encoding when it goes silent or
 	// comes back (added to its usage generation).
 	gens map[string]uint64
+	// cas is the certificate each agent presents, as this master saw it
+	// (NoteCA): what a CA rotation's last step needs to know.
+	cas map[string]presented
 }
 
+// presented is the certificate an agent presents: the CA that issued it
+// (api.CAFingerprint), its NotBefore, and when it was last seen.
+type presented struct {
+	ca        string
+	notBefore time.Time
+	seen      time.Time
+}
+
+// presentedStaleAfter is how long the newest certificate an agent
+// presented counts after it was last seen, against an older one it still
+// presents: an agent that went back to an older certificate.
+const presentedStaleAfter = DefaultSilentAfter
+
 func newLiveness() liveness {
-	return liveness{heard: map[string]time.Time{}, silent: map[string]time.Time{}, gens: map[string]uint64{}}
+	return liveness{heard: map[string]time.Time{}, silent: map[string]time.Time{}, gens: map[string]uint64{}, cas: map[string]presented{}}
+}
+
+// NoteCA records that agent id presented, at now, a certificate issued
+// by the CA ca (api.CAFingerprint) and valid from notBefore. An agent
+// reloaded with a new certificate may still present its old one on a
+// connection opened before (a watch): the certificate issued last counts,
+// and an older one only once the newer was not seen for
+// presentedStaleAfter.
+func (t *LeaseTable) NoteCA(id, ca string, notBefore, now time.Time) {
+	u := t.usage
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	cur, ok := u.live.cas[id]
+	if !ok || !notBefore.Before(cur.notBefore) || now.Sub(cur.seen) > presentedStaleAfter {
+		u.live.cas[id] = presented{ca: ca, notBefore: notBefore, seen: now}
+	}
+}
+
+// AgentCAs groups the agents of the table but those in silent by the CA
+// that issued the certificate they present (NoteCA; "" for those whose
+// certificate this master has not seen), sorted by CA; each lists at most
+// api.MaxAgentTrustListed agents, sorted, and counts them all.
+func (t *LeaseTable) AgentCAs(silent map[string]bool) []api.AgentCA {
+	t.mu.RLock()
+	ids := make([]string, 0, len(t.agents))
+	for id := range t.agents {
+		if !silent[id] {
+			ids = append(ids, id)
+		}
+	}
+	t.mu.RUnlock()
+	slices.Sort(ids)
+	u := t.usage
+	u.mu.Lock()
+	byCA := map[string]*api.AgentCA{}
+	for _, id := range ids {
+		ca := u.live.cas[id].ca
+		g := byCA[ca]
+		if g == nil {
+			g = &api.AgentCA{CA: ca}
+			byCA[ca] = g
+		}
+		g.Count++
+		if len(g.Agents) < api.MaxAgentTrustListed {
+			g.Agents = append(g.Agents, id)
+		}
+	}
+	u.mu.Unlock()
+	out := make([]api.AgentCA, 0, len(byCA))
+	for _, ca := range slices.Sorted(maps.Keys(byCA)) {
+		out = append(out, *byCA[ca])
+	}
+	return out
 }
 
 // Heard records that agent id was heard from at now; a silent agent is
@@ -86,6 +155,11 @@ func (t *LeaseTable) JudgeSilence(now time.Time, after time.Duration, since time
 			delete(u.live.heard, id)
 			delete(u.live.silent, id)
 			delete(u.live.gens, id)
+		}
+	}
+	for id := range u.live.cas {
+		if !live[id] {
+			delete(u.live.cas, id)
 		}
 	}
 	slices.Sort(went)

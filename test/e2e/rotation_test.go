@@ -58,6 +58,41 @@ func (l *rotationLab) works(ctx context.Context, t *testing.T, step string, h *l
 	}
 }
 
+// checkCA runs a CA rotation's step-3 guard, carve certs check-ca with
+// the new CA, as an operator on the first host does, until it judges as
+// expected: with no agents named it passes (exit 0); with agents named
+// it fails naming exactly those as on another CA than the new one (an
+// agent moves to the new CA once the masters see its new certificate).
+func (l *rotationLab) checkCA(ctx context.Context, t *testing.T, step string, within time.Duration, onOld ...string) {
+	t.Helper()
+	args := append([]string{"certs", "check-ca", "--new-ca-file", l.c.NextCAFile(), "--masters", strings.Join(l.c.MasterURLs(), ",")}, l.c.OperatorArgs()...)
+	testutil.Eventually(t, within, step+": carve certs check-ca", func() error {
+		out, err := l.c.RunCarve(ctx, l.c.Host(1), args...)
+		if len(onOld) == 0 {
+			if err != nil {
+				return err
+			}
+			t.Logf("%s: %s", step, strings.TrimSpace(string(out)))
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("check-ca passed (%s), want it to name %v on the old CA", strings.TrimSpace(string(out)), onOld)
+		}
+		msg := err.Error()
+		want := fmt.Sprintf("%d live agents present a certificate of another CA than %s: ", len(onOld), l.c.NextCAFile())
+		if !strings.Contains(msg, want) || !strings.Contains(msg, "carve certs issue --dir NEW") {
+			return fmt.Errorf("check-ca: %s; want it to name %d agents on another CA and the fix", msg, len(onOld))
+		}
+		for _, id := range onOld {
+			if !strings.Contains(msg, ": "+id+" (CA ") && !strings.Contains(msg, ", "+id+" (CA ") {
+				return fmt.Errorf("check-ca: %s; want it to name %s", msg, id)
+			}
+		}
+		t.Logf("%s: check-ca refuses step 3: %s", step, msg)
+		return nil
+	})
+}
+
 // state is the masters' state (a consistent read), read again while the
 // masters answer 503 no_leader, and only then: an operator retries what
 // the API says to retry. The reloads do not cost the leader (a reload
@@ -145,7 +180,10 @@ func (l *rotationLab) servedSerial(ctx context.Context, url string) (*big.Int, e
 // here and there makes its connections anew.
 //
 //  1. The CA: a bundle of the old and a new CA, certificates re-issued by
-//     the new one, the old one dropped.
+//     the new one, the old one dropped. Step 3's guard (carve certs
+//     check-ca) names every agent on the old CA before the re-issue, h3
+//     alone while it is left on its old certificate, and passes once it
+//     reloads too.
 //  2. Certificate renewal: a master and an agent serve their new
 //     certificate after a reload.
 //  3. The masters' record-signing key: the chain served, the new key
@@ -154,7 +192,7 @@ func (l *rotationLab) servedSerial(ctx context.Context, url string) (*big.Int, e
 //  4. The mesh password: the next one accepted, sent, the old one dropped.
 func TestRotationWithoutDowntime(t *testing.T) {
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
-	ctx := within(t, 12*converge)
+	ctx := within(t, 16*converge)
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -210,10 +248,33 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Step 3's guard: every agent still presents a certificate of the old CA.
+	l.checkCA(ctx, t, "CA: the bundle", converge, h1.AgentID(), h2.AgentID(), h3.AgentID())
 	if err := c.ReissueCertificates(); err != nil {
 		t.Fatal(err)
 	}
-	reloadAll("CA: certificates of the new CA")
+	// Every process but h3's agent reloads: h3 is left on its certificate
+	// of the old CA, which step 3 would cut off, and the guard says so.
+	terms := l.terms(ctx)
+	if err := c.ReloadMasters(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*labcluster.Host{h1, h2} {
+		if err := c.Reload(ctx, h.Agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.ReloadHarness(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("CA: certificates of the new CA but h3's: masters before the reload: %s; after: %s", terms, l.terms(ctx))
+	// An agent presents its new certificate on its next connection: its
+	// next usage report at the latest (every minute).
+	l.checkCA(ctx, t, "CA: h3 left on the old CA", 2*converge, h3.AgentID())
+	if err := c.Reload(ctx, h3.Agent); err != nil {
+		t.Fatal(err)
+	}
+	l.checkCA(ctx, t, "CA: certificates of the new CA", 2*converge)
 	l.works(ctx, t, "CA: certificates of the new CA", h2)
 	if err := c.FinishCARotation(); err != nil {
 		t.Fatal(err)

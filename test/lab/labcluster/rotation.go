@@ -92,6 +92,10 @@ func countInLog(path, s string) int {
 // nextCADir holds the new CA during a CA rotation.
 func (s *labSecurity) nextCADir() string { return s.dir + "-next" }
 
+// NextCAFile is the new CA's certificate during a CA rotation (the CA file
+// of its last step), made by BeginCARotation.
+func (c *Cluster) NextCAFile() string { return filepath.Join(c.sec.nextCADir(), pki.CAFile) }
+
 // BeginCARotation creates a new CA and makes the CA file a bundle of the
 // old and the new one (reload to have the processes trust both).
 func (c *Cluster) BeginCARotation() error {
