@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -262,9 +263,18 @@ func TestTroubleshootingQuorum(t *testing.T) {
 	if !strings.Contains(remove[0], " m3 ") {
 		t.Fatalf("the guide removes %q; this test lost m3's data dir", remove[0])
 	}
-	if r, _ := o.run(ctx, t, c.Host(1), remove[0], nil); r.exited != 0 {
-		t.Fatalf("%s: exit %d\n%s", remove[0], r.exited, r.out)
-	}
+	// m3 may have been the leader: until m1 and m2 elect one, the command
+	// says to retry (no_leader, 503), and the operator does.
+	testutil.Eventually(t, converge, remove[0], func() error {
+		if r, _ := o.run(ctx, t, c.Host(1), remove[0], nil); r.exited != 0 {
+			err := fmt.Errorf("%s: exit %d\n%s%s", remove[0], r.exited, r.out, r.stderr)
+			if !strings.Contains(r.stderr, "no_leader") {
+				return retry.Permanent(err)
+			}
+			return err
+		}
+		return nil
+	})
 	if !strings.Contains(strings.Join(strings.Fields(sec.Fixes), " "), "empty data directory and `CARVE_JOIN`") {
 		t.Fatalf("the section no longer joins the master again with CARVE_JOIN:\n%s", sec.Fixes)
 	}
