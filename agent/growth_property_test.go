@@ -34,7 +34,7 @@ var (
 )
 
 // growthPropertySeeds are the seeds make test runs: each a history of 60
-// steps on three agents, a few seconds each, the seeds side by side.
+// steps on three agents, a few seconds each.
 var growthPropertySeeds = []uint64{1, 2, 3}
 
 func growthSeedList(t *testing.T) []uint64 {
@@ -83,10 +83,6 @@ func TestGrowthInvariantAcrossAgents(t *testing.T) {
 	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces for the agents")
 	for _, seed := range growthSeedList(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			// Each seed has its own lab, master, gossip network and
-			// directories, and spends most of its time waiting on its
-			// agents: the seeds run at once (up to -parallel).
-			t.Parallel()
 			h := newGrowthHistory(t, seed)
 			defer func() {
 				if t.Failed() || testing.Verbose() {
