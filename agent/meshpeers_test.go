@@ -35,8 +35,11 @@ func TestPickMeshPeers(t *testing.T) {
 	const n, k = 1000, 12
 	up := func(string) bool { return true }
 	in := map[string]int{}
-	for _, self := range ids(candidates(n)) {
-		cs := slices.DeleteFunc(candidates(n), func(c meshCandidate) bool { return c.id == self })
+	// The candidates are built once (2n Sprintfs): each agent picks from a
+	// copy without itself.
+	all := candidates(n)
+	for _, self := range ids(all) {
+		cs := slices.DeleteFunc(slices.Clone(all), func(c meshCandidate) bool { return c.id == self })
 		got := ids(pickMeshPeers(self, cs, k, up))
 		if len(got) != k {
 			t.Fatalf("%s picked %d peers", self, len(got))

@@ -39,6 +39,7 @@ func (a *Agent) verifyKey() ed25519.PublicKey {
 // it serves a chain from the pinned key. An agent given --signing-pub-file
 // refuses masters with another key from the start.
 func TestSigningKeyPinning(t *testing.T) {
+	t.Parallel() // its own lab, masters, proxies and gossip network; mostly waits on the agents' retries
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	k1pub, k1 := testKey(t)
 	k2pub, k2 := testKey(t)

@@ -27,6 +27,7 @@ import (
 // index is higher but who missed the restore, is then ignored; the restored
 // one is followed again.
 func TestAgentsFollowAWholeClusterRestore(t *testing.T) {
+	t.Parallel() // its own lab, masters, proxies and gossip network; mostly waits on the agents' retries
 	hosts, dir, m := hostsWithMaster(t, 2)
 	ctx := context.Background()
 	_, proxies, agents := agentsBehindProxies(t, hosts, m, dir, 20)

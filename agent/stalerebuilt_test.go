@@ -37,6 +37,7 @@ func copyDir(t *testing.T, src, dst string) {
 // restarted meanwhile comes back from its disk. The up-to-date master
 // coming back is followed as usual.
 func TestStaleMasterIsIgnored(t *testing.T) {
+	t.Parallel() // its own lab, masters, proxies and gossip network; mostly waits on the agents' retries
 	hosts, dir, m := hostsWithMaster(t, 2)
 	mdir, staleDir := filepath.Join(dir, "m1"), filepath.Join(dir, "m1-stale")
 	m.Close()

@@ -64,6 +64,7 @@ func refusals(c *testCluster, reason string) float64 {
 // it forwards, and whose forwarded requests the leader authorizes as the
 // original client).
 func TestAuthorizationMatrix(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
@@ -186,6 +187,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 // without the CA cannot trust the master, and the api client says which
 // flag fixes each.
 func TestClientTrustFailures(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
@@ -228,6 +230,7 @@ func TestClientTrustFailures(t *testing.T) {
 // request fails the handshake, and added as a voter by an operator, it
 // receives nothing over Raft.
 func TestForeignMasterCannotJoin(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -18,6 +18,7 @@ import (
 // the truth. Once the others are back it serves again, with the same
 // cluster id.
 func TestRestartedAloneDoesNotServeItsTable(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -34,6 +34,7 @@ func dcosDefaultConfig(t *testing.T) api.NetworkConfig {
 // address of fd01:a::/64 with its prefix; a deleted agent's vtep_ip6 is
 // reused first fit; vtep_port 64000 when configured.
 func TestDCOSDefaultConfigLeases(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	cfg := dcosDefaultConfig(t)
 	cfg.VTEPPort = 64000 // dcos-net's port, as a configuration sets it
 	c := newTestCluster(t, 3, cfg)
@@ -103,6 +104,7 @@ func (c *testCluster) get(t *testing.T, i int, path string) []byte {
 // was taken over. Required fields are present, statuses within DC/OS's
 // enum, and every field DC/OS consumers read is checked.
 func TestLiveStateDecodesWithDCOSSchema(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	cfg := dcosDefaultConfig(t)
 	cfg.Overlays = append(cfg.Overlays,
 		api.OverlayNetwork{Name: "small", Subnet: "10.1.0.0/28", Prefix: 29}, // two agents' worth
@@ -200,6 +202,7 @@ func notLeased(a *api.AgentInfo, name, reason string) bool {
 // a restart from snapshots, and is shown only for the record version it
 // covers. An agent reports only for itself.
 func TestAgentReports(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
 	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()

@@ -46,6 +46,7 @@ func signedGrant(key ed25519.PrivateKey, g api.GrantReport, clusterID string) ap
 // is refused with 403 naming what is missing, counted by reason, and no
 // record changes; with it, or from the donor itself, it is recorded.
 func TestGrantNeedsTheDonorsWord(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
@@ -141,6 +142,7 @@ func TestGrantNeedsTheDonorsWord(t *testing.T) {
 // signed with the donor's claim key of a moment ago is recorded, never
 // refused by a follower that has not applied the key yet.
 func TestGrantReportsAreJudgedByTheLeader(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -71,6 +71,7 @@ func (c *testCluster) checkMasters() {
 // that every master's table keeps the one-owner invariant and that the
 // agents' certificates act only for themselves.
 func TestClusterGrowthThroughLeaderKill(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

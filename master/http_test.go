@@ -43,6 +43,7 @@ func TestHTTPRequestIDReuseConflict(t *testing.T) {
 // Every answer to a registration carries an index to wait for, also when it
 // changed nothing, and the follower that proxied it has applied that index.
 func TestUnchangedRegistrationCarriesIndex(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
@@ -156,6 +157,7 @@ func TestWildcardHTTPAddrRefused(t *testing.T) {
 // Requests are counted under their route's template, so that dashboards
 // can tell state reads from registrations.
 func TestHTTPRequestsCountedByRoute(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

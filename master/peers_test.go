@@ -20,6 +20,7 @@ import (
 // configuration and the fix; a master whose --peers differs from the
 // voters in its data directory starts and warns, naming both.
 func TestStartChecksIDAndPeers(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -39,6 +39,7 @@ func revokedRefusalsOf(m *Master, where string) float64 {
 // the agent cannot register again, while another agent is unaffected.
 // An agent may not revoke.
 func TestRevokedAgentIsRefused(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
 	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()
@@ -101,6 +102,7 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 // are refused from then on (counted): the other two masters keep
 // committing, and the revoked one gets nothing new.
 func TestRevokedMasterIsCutOffRaft(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
 	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()

@@ -31,6 +31,7 @@ func cloneInfo(t *testing.T, a *api.AgentInfo) *api.AgentInfo {
 // signing.pub, the key the state carries is that one, and changing any
 // signed field breaks the signature.
 func TestSignedRecordsAndTombstones(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

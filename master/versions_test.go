@@ -17,6 +17,7 @@ import (
 // keeps the version, and an upgraded agent's registration updates it; the
 // metrics carry carve_build_info.
 func TestVersionsAreVisible(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -50,6 +50,7 @@ func prove(t *testing.T, k wgtypes.Key, agent string, signing ed25519.PrivateKey
 // the old key names the new one, and proofs for both are taken. Before
 // the fix every refusal here answered 200 and signed the key.
 func TestWireGuardKeyTakesAProofOfPossession(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -111,6 +111,7 @@ func TestClusterReplicatesAndFollowersRefuse(t *testing.T) {
 }
 
 func TestLeaderFailoverAndRestartCatchesUp(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	c := newCluster(t, 3, nil)
 	old := c.waitLeader()
 	last := c.applyN("before", 30)
@@ -140,6 +141,7 @@ func TestLeaderFailoverAndRestartCatchesUp(t *testing.T) {
 }
 
 func TestLeaderChangesSignalled(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	c := newCluster(t, 3, nil)
 	tn := c.nodes[0]
 	sub, cancel := tn.node.Subscribe()

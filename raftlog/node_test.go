@@ -12,6 +12,7 @@ import (
 )
 
 func TestCloseIsIdempotentAndFinal(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	c := newCluster(t, 1, nil)
 	tn := c.nodes[0]
 	c.waitLeader()

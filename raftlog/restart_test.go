@@ -9,6 +9,7 @@ import (
 )
 
 func TestRestartAllFromDataDirs(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	tests := []struct {
 		name     string
 		tune     func(*Config)
@@ -88,6 +89,7 @@ func TestRestartAllFromDataDirs(t *testing.T) {
 // it, and does not know what the cluster committed: it is not caught up. It
 // is once a leader has told it the commit index and it has applied that.
 func TestCaughtUpOnlyAfterHearingFromALeader(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	c := newCluster(t, 3, nil)
 	c.waitLeader()
 	allCaughtUp := func() error {

@@ -36,6 +36,7 @@ func tlsFailures(n *Node, direction string) float64 {
 // the cluster's CA (another CA, an agent's certificate, or plain TCP)
 // neither disturbs it by campaigning nor receives its log once added.
 func TestTLSTransportRefusesStrangers(t *testing.T) {
+	t.Parallel() // its own nodes: loopback listeners, data dirs; it mostly waits on elections
 	tests := []struct {
 		name string
 		tls  func(ca, foreign *pkitest.CA, id string) *TransportTLS
