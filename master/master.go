@@ -296,7 +296,7 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 		ClusterID: m.table.ClusterID(), CaughtUp: st.CaughtUp, Servers: []api.ServerInfo{},
 		Build: buildInfo(), AgentVersions: m.table.AgentVersions(), StateDigests: m.table.StateDigests(),
 		ConfigDiffers: m.configDiffers(), DataDirError: m.dataDir.problem(),
-		History:       st.History, HistoryConflict: st.HistoryConflict,
+		History: st.History, HistoryConflict: st.HistoryConflict,
 	}
 	if out.History == "" {
 		out.History = m.table.History()
