@@ -42,19 +42,10 @@ func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	client, opts, err := mf.client()
+	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	rep := collectClusterStatus(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return c.ClusterStatus(ctx)
-	})
 	var leader *api.ClusterStatus
 	for _, v := range rep.Masters {
 		if v.Status != nil && v.Status.Role == "leader" {

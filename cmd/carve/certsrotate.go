@@ -85,19 +85,10 @@ func checkAgentsOnKey(ctx context.Context, dir string, mf *masterFlags) error {
 		return err
 	}
 	key := api.EncodeSigningKey(pub)
-	client, opts, err := mf.client()
+	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
-	rep := collectClusterStatus(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return c.ClusterStatus(ctx)
-	})
 	var leader *api.ClusterStatus
 	var behind []string
 	for _, v := range rep.Masters {

@@ -90,20 +90,10 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 	if *timeout <= 0 {
 		return fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *timeout)
 	}
-	client, opts, err := mf.client()
+	rep, err := askClusterStatus(ctx, mf, *timeout)
 	if err != nil {
 		return err
 	}
-	ask := func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		return c.ClusterStatus(ctx)
-	}
-	rep := collectClusterStatus(ctx, client.Masters(), ask)
 	if err := printReport(out, *asJSON, rep, printClusterReport); err != nil {
 		return err
 	}
@@ -111,6 +101,24 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: %d (the cluster is not healthy)", errUnhealthy, len(rep.Problems))
 	}
 	return nil
+}
+
+// askClusterStatus asks every master of mf's --masters for its status,
+// each within timeout, and judges the answers (collectClusterStatus).
+func askClusterStatus(ctx context.Context, mf *masterFlags, timeout time.Duration) (*clusterReport, error) {
+	client, opts, err := mf.client()
+	if err != nil {
+		return nil, err
+	}
+	return collectClusterStatus(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
+		c, err := api.NewClientWith([]string{url}, opts)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return c.ClusterStatus(ctx)
+	}), nil
 }
 
 // collectClusterStatus asks every given master, then every server they name
