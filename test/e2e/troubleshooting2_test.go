@@ -3,9 +3,8 @@ package e2e
 // More of docs/troubleshooting.md run on the faults it names (issue 27),
 // as troubleshooting_test.go does (see its package comment): a host whose
 // FORWARD policy is DROP, a full overlay, the kernel steps of a container
-// without connectivity. The sections the lab cannot cause for real are
-// skipped with the reason: isolated addresses and masters whose states
-// differ.
+// without connectivity, isolated addresses. Masters whose states differ,
+// which the lab cannot cause for real, is skipped with the reason.
 
 import (
 	"encoding/json"
@@ -272,13 +271,109 @@ func TestTroubleshootingFullOverlay(t *testing.T) {
 	t.Logf("new overlay: %s", more[0])
 }
 
-// TestTroubleshootingIsolatedAddresses and TestTroubleshootingMastersDiverged
-// name the sections the lab does not cause for real, with the reason.
+// TestTroubleshootingIsolatedAddresses: a snapshot saved, host 1 grows a
+// block from the masters and puts containers in it, the snapshot restored
+// on the running cluster: the masters' records take the block back, and
+// host 1 isolates its containers' addresses there (its metric counts
+// them). The section's
+// commands show the address outside, its holder, and the log line the
+// section quotes. The fix, restarting the containers named (DEL, then an
+// ADD), ends the isolation.
 func TestTroubleshootingIsolatedAddresses(t *testing.T) {
-	readGuide(t).section(t, "Isolated addresses")
-	t.Skip("not run on a real fault yet: causing it takes a carve snapshot save, growth past the snapshot and a carve snapshot restore of a running cluster; no lab test does that yet (issue 27)")
+	t.Parallel() // its own cluster: see the package comment
+	sec := readGuide(t).section(t, "Isolated addresses")
+	netCfg := state.DefaultConfig()
+	// Four /28s: one leased to each host, two left to grow into.
+	netCfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/26", Prefix: 28}}
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, Network: &netCfg})
+	o := newOperator(t, c, readGuide(t))
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h1 := c.Host(1)
+	if r, _ := o.run(ctx, t, h1, "carve snapshot save carve.json $OP", nil); r.exited != 0 {
+		t.Fatalf("carve snapshot save (exit %d):\n%s%s", r.exited, r.out, r.stderr)
+	}
+	// grownIn are host 1's containers in blocks it grew after the snapshot.
+	grownIn := func(h *labcluster.Host, cs []*labcluster.Container) []*labcluster.Container {
+		st := ipamStatus(ctx, t, c, h, "carve")
+		var out []*labcluster.Container
+		for _, ct := range cs {
+			if b := blockOf(st, ct.Addr.Addr()); b != nil && b.Origin == api.BlockGrown {
+				out = append(out, ct)
+			}
+		}
+		return out
+	}
+	var on1 []*labcluster.Container
+	for len(grownIn(h1, on1)) == 0 {
+		if len(on1) > 12 {
+			t.Fatalf("%d containers on host 1 and none in a grown block", len(on1))
+		}
+		ct, err := c.AddCNIContainer(ctx, h1, "carve", labcluster.CNIOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		on1 = append(on1, ct)
+	}
+	held := grownIn(h1, on1)
+	if r, _ := o.run(ctx, t, h1, "carve snapshot restore carve.json $OP", nil); r.exited != 0 {
+		t.Fatalf("carve snapshot restore (exit %d):\n%s%s", r.exited, r.out, r.stderr)
+	}
+	isolated := func() (float64, error) {
+		return labcluster.MetricSample(ctx, c.HTTPClient(), h1.AgentURL(), `carve_agent_ipam_isolated_addresses{overlay="carve"}`)
+	}
+	testutil.Eventually(t, converge, "host 1 isolates the addresses of its grown block", func() error {
+		v, err := isolated()
+		if err == nil && v != float64(len(held)) {
+			err = fmt.Errorf("carve_agent_ipam_isolated_addresses %v, want %d (%v)", v, len(held), held)
+		}
+		return err
+	})
+	addr := held[0].Addr.Addr().String()
+
+	cmds := codeLines(sec.Commands)
+	requireCommand(t, cmds, "carve ipam check $OP")
+	requireCommand(t, cmds, "carve ipam show --ip 10.128.4.2 $OP")
+	logLine := startingWithLine(t, cmds, "journalctl -u carve-agent")
+	res := o.runAll(ctx, t, h1, cmds, map[string]string{"10.128.4.2": addr})
+	if r := startingWith(t, res, "carve ipam check"); r.exited != 1 || !strings.Contains(r.out, "outside") || !strings.Contains(r.out, addr) {
+		t.Errorf("carve ipam check (exit %d) does not report %s outside, as the section says:\n%s", r.exited, addr, r.out)
+	}
+	if r := startingWith(t, res, "carve ipam show --ip"); r.exited != 0 || !strings.Contains(r.out, h1.AgentID()) {
+		t.Errorf("carve ipam show --ip %s (exit %d) does not name host 1's agent %s, which holds it:\n%s%s", addr, r.exited, h1.AgentID(), r.out, r.stderr)
+	}
+	quoted := inlineCommands(sec.Symptom, "the masters' records gave")
+	if len(quoted) != 1 {
+		t.Fatalf("the section's symptom quotes %d log lines of the isolation, want 1:\n%s", len(quoted), sec.Symptom)
+	}
+	if out := startingWith(t, res, "journalctl -u carve-agent").out; !strings.Contains(out, quoted[0]) || !strings.Contains(out, addr) {
+		t.Errorf("%s does not show %q for %s:\n%s", logLine, quoted[0], addr, out)
+	}
+
+	if !strings.Contains(sec.Fixes, "Restart the containers named") {
+		t.Fatalf("the section's fix no longer restarts the containers named:\n%s", sec.Fixes)
+	}
+	for _, ct := range held {
+		if err := c.DelCNIContainer(ctx, ct); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, converge, "host 1 isolates nothing", func() error {
+		v, err := isolated()
+		if err == nil && v != 0 {
+			err = fmt.Errorf("carve_agent_ipam_isolated_addresses %v", v)
+		}
+		return err
+	})
+	if _, err := c.AddCNIContainer(ctx, h1, "carve", labcluster.CNIOptions{}); err != nil {
+		t.Errorf("the ADD that restarts a container on host 1: %v", err)
+	}
 }
 
+// TestTroubleshootingMastersDiverged names the section the lab does not
+// cause for real, with the reason.
 func TestTroubleshootingMastersDiverged(t *testing.T) {
 	readGuide(t).section(t, "Masters whose states differ")
 	t.Skip("not caused for real: masters that applied the same Raft log hold the same state; a divergence takes a bug in the replication, and faking one (editing a master's data dir) would test the fake, not the recipe")
