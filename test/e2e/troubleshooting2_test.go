@@ -180,11 +180,12 @@ func TestTroubleshootingContainerKernel(t *testing.T) {
 }
 
 // TestTroubleshootingFullOverlay: an overlay of two /28s (a /27), one host. Filled
-// with containers until an ADD fails with exhausted; the section's
-// commands show the block with no free address and carve cluster status
-// the problem line the section quotes. Its fix for a whole overlay full,
-// another overlay in network.json applied with carve config apply as the
-// section writes it, lets ADDs succeed on the new overlay.
+// with containers until an ADD fails with exhausted; the agent logs the
+// overlay running out, the section's commands show the blocks with no free
+// address and carve cluster status the problem line the section quotes.
+// Its fix for a whole overlay full, another overlay in network.json
+// applied with carve config apply as the section writes it, lets ADDs
+// succeed on the new overlay.
 func TestTroubleshootingFullOverlay(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	sec := readGuide(t).section(t, "A full overlay")
@@ -227,6 +228,18 @@ func TestTroubleshootingFullOverlay(t *testing.T) {
 			return fmt.Errorf("carve cluster status (exit %d) has no problem %q, as the section says:\n%s", st.exited, full, st.out)
 		}
 		return nil
+	})
+	warned := inlineCommands(sec.Symptom, "overlay running out of addresses")
+	if len(warned) != 1 {
+		t.Fatalf("the section's symptom quotes %d agent logs of an overlay running out, want 1:\n%s", len(warned), sec.Symptom)
+	}
+	// The agent checks once a minute: up to a minute after the ADDs failed.
+	testutil.Eventually(t, 2*converge, "host 1's agent logs the overlay running out", func() error {
+		data, err := os.ReadFile(h1.Agent.LogPath)
+		if err == nil && !strings.Contains(string(data), warned[0]) {
+			err = fmt.Errorf("host 1's agent log does not say %q, as the section says", warned[0])
+		}
+		return err
 	})
 	cmds := codeLines(sec.Commands)
 	requireCommand(t, cmds, "carve ipam show --overlay carve $OP")
