@@ -62,12 +62,12 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 					return nil, failure(http.StatusConflict, api.CodeQuota, "%s, and this agent is at its quota of overlay %q: %s", full.Message, req.Network, why)
 				}
 				if errors.Is(gerr, errOverlayFull) {
-					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v): release the addresses of containers that are gone, or enlarge the overlay's subnet in the masters' network configuration", req.Network, full.Message, gerr)
+					return nil, failure(http.StatusConflict, api.CodeExhausted, "overlay %q is full: %s, and no master or peer has space left (%v): release the addresses of containers that are gone, or add an overlay with a new subnet (carve config apply; a leased overlay's subnet never changes)", req.Network, full.Message, gerr)
 				}
 				if errors.Is(gerr, errNoDonor) {
 					// Not full: peers hold free addresses, but none gave
 					// a block within Wait.
-					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no peer granted space within %s although peers report free addresses (%v): a peer keeps at least as much as it gives and grants blocks of at least 4 addresses, so release the addresses of containers that are gone or enlarge the overlay's subnet; a peer that did not answer may be cut off from this host (carve cluster status)", full.Message, s.grow.cfg.Wait, gerr)
+					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no peer granted space within %s although peers report free addresses (%v): a peer keeps at least as much as it gives and grants blocks of at least 4 addresses, so release the addresses of containers that are gone or add an overlay with a new subnet (carve config apply); a peer that did not answer may be cut off from this host (carve cluster status)", full.Message, s.grow.cfg.Wait, gerr)
 				}
 				if errors.Is(gerr, errStillGrowing) {
 					// Not full: the growth goes on, and the runtime may

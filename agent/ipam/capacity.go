@@ -131,7 +131,7 @@ func (s *Service) warnLowSpace(now time.Time) {
 		}
 		s.grow.lowWarned[oc.name] = now
 		s.mu.Unlock()
-		s.log.Warn("overlay running out of addresses on this agent and no master or peer has space to grow: new containers will fail once it is full (free the addresses of gone containers, or enlarge the overlay's subnet)",
+		s.log.Warn("overlay running out of addresses on this agent and no master or peer has space to grow: new containers will fail once it is full (free the addresses of gone containers, or add an overlay with a new subnet: carve config apply)",
 			"overlay", oc.name, "used", oc.used[0], "free", oc.free[0], "free_ratio", oc.ratio())
 	}
 }

@@ -95,7 +95,7 @@ func TestOverlayFullSaysWhy(t *testing.T) {
 	c.gossipRounds()
 	_, err := a.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: "more", IfName: "eth0", Bridge: api.BridgeMesos})
 	if !api.IsCode(err, api.CodeExhausted) || !strings.Contains(err.Error(), `overlay "carve" is full`) ||
-		!strings.Contains(err.Error(), "no peer reports enough free addresses") || !strings.Contains(err.Error(), "enlarge the overlay") {
+		!strings.Contains(err.Error(), "no peer reports enough free addresses") || !strings.Contains(err.Error(), "add an overlay with a new subnet") {
 		t.Fatalf("the ADD in a full overlay: %v; want exhausted, the overlay full, why, and the fix", err)
 	}
 	if got := counterValue(t, a.reg, "carve_agent_ipam_exhausted_total"); got != 1 {
