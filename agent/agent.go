@@ -200,6 +200,7 @@ func New(cfg Config) (*Agent, error) {
 		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
+	a.reports.setMesh(meshFingerprints(cfg.MeshPassword, cfg.MeshAcceptedPasswords))
 	// Gossip may arrive as soon as the router exists: metrics come first.
 	a.metrics = newMetrics(a.registry)
 	if cfg.TLS.Enabled() {

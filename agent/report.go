@@ -28,7 +28,11 @@ type reporter struct {
 	want, sent *api.ReportRequest
 	// peak is the most peers a reconcile programmed (sameResult).
 	peak int
-	wake chan struct{}
+	// meshPassword and meshAccepted are the fingerprints of the mesh
+	// passwords the agent sends with and accepts besides
+	// (api.MeshPasswordFingerprint), carried by every result (setMesh).
+	meshPassword, meshAccepted string
+	wake                       chan struct{}
 }
 
 func newReporter() *reporter { return &reporter{wake: make(chan struct{}, 1)} }
@@ -41,7 +45,8 @@ func newReporter() *reporter { return &reporter{wake: make(chan struct{}, 1)} }
 // that every join brings is not worth a write on every agent.
 func sameResult(x, y *api.ReportRequest, peak int) bool {
 	if x == nil || y == nil || x.Version != y.Version || !slices.Equal(x.Overlays, y.Overlays) ||
-		x.SigningKey != y.SigningKey || x.Refusing != y.Refusing || (x.ProgrammedPeers == nil) != (y.ProgrammedPeers == nil) {
+		x.SigningKey != y.SigningKey || x.Refusing != y.Refusing || (x.ProgrammedPeers == nil) != (y.ProgrammedPeers == nil) ||
+		x.MeshPassword != y.MeshPassword || x.MeshAccepted != y.MeshAccepted {
 		return false
 	}
 	if x.ProgrammedPeers == nil {
@@ -60,6 +65,7 @@ func (r *reporter) note(next api.ReportRequest) {
 	}
 	r.attempts++
 	next.ConfigurationAttempts = r.attempts
+	next.MeshPassword, next.MeshAccepted = r.meshPassword, r.meshAccepted
 	same := sameResult(&next, r.want, r.peak)
 	if next.ProgrammedPeers != nil {
 		r.peak = max(r.peak, *next.ProgrammedPeers)
@@ -67,8 +73,33 @@ func (r *reporter) note(next api.ReportRequest) {
 	if same {
 		return
 	}
-	next.RequestID = api.NewRequestID() // one per result, kept across its retries
-	r.want = &next
+	r.replace(&next)
+}
+
+// setMesh records the fingerprints of the mesh passwords the agent now
+// sends with and accepts besides; when they changed, the last result is
+// sent again with them (the operator's check of a round of a mesh
+// password change waits for it), without waiting for a reconcile.
+func (r *reporter) setMesh(password, accepted string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.meshPassword == password && r.meshAccepted == accepted {
+		return
+	}
+	r.meshPassword, r.meshAccepted = password, accepted
+	if r.want == nil {
+		return // the first result carries them
+	}
+	next := *r.want
+	next.MeshPassword, next.MeshAccepted = password, accepted
+	r.replace(&next)
+}
+
+// replace makes next the result to send, under a request id of its own
+// (kept across its retries), and wakes reportLoop. The caller holds r.mu.
+func (r *reporter) replace(next *api.ReportRequest) {
+	next.RequestID = api.NewRequestID()
+	r.want = next
 	select {
 	case r.wake <- struct{}{}:
 	default:

@@ -6,6 +6,8 @@ package agent
 import (
 	"errors"
 	"fmt"
+
+	"github.com/carve-net/carve/api"
 )
 
 // ReloadTLS reads the CA bundle, the certificate and the key again
@@ -33,7 +35,8 @@ var errNoPasswordChange = errors.New("agent: this gossip router has no mesh pass
 // SetMeshPasswords replaces the mesh password the agent sends with, and
 // those it accepts besides, for mesh connections made from now on; those
 // up stay up (docs/security.md, "Rotation": three rounds over every agent,
-// so gossip never splits).
+// so gossip never splits). The agent reports the new passwords'
+// fingerprints to the masters at once (carve certs check-mesh).
 func (a *Agent) SetMeshPasswords(password []byte, accepted [][]byte) error {
 	r, ok := a.router.(interface {
 		SetPasswords([]byte, [][]byte) error
@@ -44,6 +47,22 @@ func (a *Agent) SetMeshPasswords(password []byte, accepted [][]byte) error {
 	if err := r.SetPasswords(password, accepted); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	a.log.Info("mesh passwords replaced for new connections", "accepted_besides", len(accepted))
+	sent, acc := meshFingerprints(password, accepted)
+	a.reports.setMesh(sent, acc)
+	a.log.Info("mesh passwords replaced for new connections", "accepted_besides", len(accepted),
+		"password_fingerprint", sent, "accepted_fingerprint", acc)
 	return nil
+}
+
+// meshFingerprints are the fingerprints the agent reports of its mesh
+// passwords (api.ReportRequest.MeshPassword, MeshAccepted): of the one it
+// sends with, and of the first it accepts besides ("" for none).
+func meshFingerprints(password []byte, accepted [][]byte) (sent, acc string) {
+	sent = api.MeshPasswordFingerprint(password)
+	for _, p := range accepted {
+		if acc = api.MeshPasswordFingerprint(p); acc != "" {
+			break
+		}
+	}
+	return sent, acc
 }

@@ -112,6 +112,23 @@ type AgentTrust struct {
 	// that sent them), sorted by CA; empty when the masters run without
 	// TLS. What a CA rotation's last step checks (carve certs check-ca).
 	ByCA []AgentCA `json:"by_ca,omitempty"`
+	// ByMesh are the live agents by the mesh passwords they report
+	// (ReportRequest.MeshPassword and MeshAccepted), sorted by the pair;
+	// empty when none reports one. What each round of a mesh password
+	// change checks (carve certs check-mesh).
+	ByMesh []AgentMesh `json:"by_mesh,omitempty"`
+}
+
+// AgentMesh is a pair of mesh password fingerprints
+// (MeshPasswordFingerprint: the one sent, the one accepted besides; ""
+// for none, or not reported yet) and the live agents that report it.
+// Agents holds at most MaxAgentTrustListed of them, sorted; Count is
+// whole.
+type AgentMesh struct {
+	Password string   `json:"password,omitempty"`
+	Accepted string   `json:"accepted,omitempty"`
+	Count    int      `json:"count"`
+	Agents   []string `json:"agents,omitempty"`
 }
 
 // AgentCA is a CA and the live agents whose certificate it issued. CA is

@@ -151,7 +151,7 @@ func (m *Master) fillAgentTrust(out *api.ClusterStatus, leader bool) {
 	if m.security != nil {
 		tr.ByCA = m.table.AgentCAs(silent)
 	}
-	if tr.OtherKeyCount+tr.RefusingCount+tr.FewPeersCount > 0 || len(tr.ByCA) > 0 {
+	if tr.OtherKeyCount+tr.RefusingCount+tr.FewPeersCount > 0 || len(tr.ByCA) > 0 || len(tr.ByMesh) > 0 {
 		out.AgentTrust = &tr
 	}
 }

@@ -21,12 +21,13 @@ const certsUsage = `usage:
   carve certs rotate-signing --dir DIR [--switch | --finish --masters URLS OPERATOR_TLS [--force]]
   carve certs revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve certs check-ca --new-ca-file NEW/ca.pem --masters URLS OPERATOR_TLS
+  carve certs check-mesh --password-file FILE [--accepted-file FILE] --masters URLS OPERATOR_TLS
 `
 
 // runCerts creates the cluster CA and issues certificates (thin over pki).
 func runCerts(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: carve certs needs ca, issue, rotate-signing, revoke or check-ca\n%s", cli.ErrUsage, certsUsage)
+		return fmt.Errorf("%w: carve certs needs ca, issue, rotate-signing, revoke, check-ca or check-mesh\n%s", cli.ErrUsage, certsUsage)
 	}
 	switch args[0] {
 	case "ca":
@@ -39,11 +40,13 @@ func runCerts(ctx context.Context, args []string, out io.Writer) error {
 		return runCertsRevoke(ctx, args[1:], out)
 	case "check-ca":
 		return runCertsCheckCA(ctx, args[1:], out)
+	case "check-mesh":
+		return runCertsCheckMesh(ctx, args[1:], out)
 	case "help", "-h", "--help":
 		fmt.Fprint(out, certsUsage)
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w: carve certs %q: want ca, issue, rotate-signing, revoke or check-ca\n%s", cli.ErrUsage, args[0], certsUsage)
+	return fmt.Errorf("%w: carve certs %q: want ca, issue, rotate-signing, revoke, check-ca or check-mesh\n%s", cli.ErrUsage, args[0], certsUsage)
 }
 
 func runCertsCA(args []string, out io.Writer) error {

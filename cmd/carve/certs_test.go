@@ -73,7 +73,7 @@ func TestCertsCommand(t *testing.T) {
 		code    int
 		mention string
 	}{
-		{"no subcommand", nil, 2, "ca, issue, rotate-signing, revoke or check-ca"},
+		{"no subcommand", nil, 2, "ca, issue, rotate-signing, revoke, check-ca or check-mesh"},
 		{"unknown subcommand", []string{"renew"}, 2, `"renew"`},
 		{"ca without dir", []string{"ca"}, 2, "--dir is required"},
 		{"ca again", []string{"ca", "--dir", dir}, 1, "file exists"},
@@ -100,6 +100,9 @@ func TestCertsCommand(t *testing.T) {
 		{"check-ca of a missing file", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "none.pem"), "--masters", "https://198.18.0.1:8080"}, 1, "no such file"},
 		{"check-ca of a leaf", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "alice.pem"), "--masters", "https://198.18.0.1:8080"}, 1, `"alice" is not a CA certificate`},
 		{"check-ca of a key", []string{"check-ca", "--new-ca-file", filepath.Join(dir, "ca-key.pem"), "--masters", "https://198.18.0.1:8080"}, 1, "holds no PEM certificate"},
+		{"check-mesh without the password file", []string{"check-mesh", "--masters", "https://198.18.0.1:8080"}, 2, "--password-file is required"},
+		{"check-mesh without masters", []string{"check-mesh", "--password-file", filepath.Join(dir, "ca.pem")}, 2, "--masters is required"},
+		{"check-mesh of a missing file", []string{"check-mesh", "--password-file", filepath.Join(dir, "none.pw"), "--masters", "https://198.18.0.1:8080"}, 1, "--password-file: mesh password"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -50,6 +50,7 @@ usage:
   carve certs  rotate-signing --dir DIR [--switch | --finish --masters URLS OPERATOR_TLS [--force]]
   carve certs  revoke (--dir DIR --name NAME | --serial HEX [--identity ROLE/NAME]) --masters URLS OPERATOR_TLS
   carve certs  check-ca --new-ca-file NEW/ca.pem --masters URLS OPERATOR_TLS
+  carve certs  check-mesh --password-file FILE [--accepted-file FILE] --masters URLS OPERATOR_TLS
   carve demo   [--hosts 3] [--containers 2] [--keep]
   carve version [--json]
 

@@ -3,6 +3,7 @@ package state
 import (
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/carve-net/carve/api"
 )
@@ -21,6 +22,9 @@ import (
 // comparison. An agent holds those of them it verified and programmed;
 // a record changed after the index is not counted, so a report that is
 // older than the table is never judged short for what came after it.
+//
+// ByMesh groups the live agents by the mesh passwords they report
+// (meshGroups).
 func (t *LeaseTable) AgentTrust(key string, silent map[string]bool) api.AgentTrust {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -55,6 +59,7 @@ func (t *LeaseTable) AgentTrust(key string, silent map[string]bool) api.AgentTru
 		}
 	}
 	slices.Sort(ids)
+	out.ByMesh = meshGroups(ids, t.reports)
 	for _, id := range ids {
 		rec, rep := t.agents[id], t.reports[id]
 		if key != "" && rep.SigningKey != key {
@@ -91,6 +96,44 @@ func (t *LeaseTable) AgentTrust(key string, silent map[string]bool) api.AgentTru
 			}
 		}
 	}
+	return out
+}
+
+// meshGroups groups the agents ids (sorted) by the mesh password
+// fingerprints of their last reports, sorted by the pair; nil when none
+// reports one (agents that predate the report, or a mesh without
+// password: nothing to judge).
+func meshGroups(ids []string, reports map[string]agentReport) []api.AgentMesh {
+	type pair struct{ password, accepted string }
+	groups := map[pair]*api.AgentMesh{}
+	reported := false
+	for _, id := range ids {
+		rep := reports[id]
+		k := pair{rep.MeshPassword, rep.MeshAccepted}
+		reported = reported || k.password != "" || k.accepted != ""
+		g := groups[k]
+		if g == nil {
+			g = &api.AgentMesh{Password: k.password, Accepted: k.accepted}
+			groups[k] = g
+		}
+		g.Count++
+		if len(g.Agents) < api.MaxAgentTrustListed {
+			g.Agents = append(g.Agents, id)
+		}
+	}
+	if !reported {
+		return nil
+	}
+	out := make([]api.AgentMesh, 0, len(groups))
+	for _, g := range groups {
+		out = append(out, *g)
+	}
+	slices.SortFunc(out, func(a, b api.AgentMesh) int {
+		if c := strings.Compare(a.Password, b.Password); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Accepted, b.Accepted)
+	})
 	return out
 }
 

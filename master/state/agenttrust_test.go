@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -77,6 +78,61 @@ func TestAgentTrust(t *testing.T) {
 	}
 }
 
+// TestAgentTrustByMesh: the live agents are grouped by the pair of mesh
+// password fingerprints they report, sorted by the pair, with agents
+// that report none in the ("", "") group; silent agents are left out,
+// and no group is given when no live agent reports a password.
+func TestAgentTrustByMesh(t *testing.T) {
+	h := newHarness(t, cfgWith(api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24}))
+	versions := map[string]uint64{}
+	for _, id := range []string{"a1", "a2", "a3", "a4"} {
+		versions[id] = h.mustRegister(id, "198.18.0."+id[1:]).Version
+	}
+	oldFP, nextFP := api.MeshPasswordFingerprint([]byte("old")), api.MeshPasswordFingerprint([]byte("next"))
+	for id, rep := range map[string]api.ReportRequest{
+		"a1": {MeshPassword: oldFP, MeshAccepted: nextFP},
+		"a2": {MeshPassword: oldFP},
+		"a3": {MeshPassword: oldFP, MeshAccepted: nextFP},
+		// a4 reports no password (an agent that predates the field).
+	} {
+		rep.Version = versions[id]
+		if res := h.apply(command{Op: opReport, Report: &reportCmd{AgentID: id, Report: rep}}); res.Err != nil {
+			t.Fatalf("report of %s: %v", id, res.Err)
+		}
+	}
+	tests := []struct {
+		name   string
+		silent map[string]bool
+		want   []api.AgentMesh
+	}{
+		{"grouped", nil, sortedMesh([]api.AgentMesh{
+			{Count: 1, Agents: []string{"a4"}},
+			{Password: oldFP, Count: 1, Agents: []string{"a2"}},
+			{Password: oldFP, Accepted: nextFP, Count: 2, Agents: []string{"a1", "a3"}},
+		})},
+		{"silent agents left out", map[string]bool{"a1": true, "a4": true}, sortedMesh([]api.AgentMesh{
+			{Password: oldFP, Count: 1, Agents: []string{"a2"}},
+			{Password: oldFP, Accepted: nextFP, Count: 1, Agents: []string{"a3"}},
+		})},
+		{"no live agent reports a password", map[string]bool{"a1": true, "a2": true, "a3": true}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := h.table.AgentTrust("", tt.silent).ByMesh; !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("got  %s\nwant %s", mustJSON(t, got), mustJSON(t, tt.want))
+			}
+		})
+	}
+}
+
+// sortedMesh sorts groups by (password, accepted), as AgentTrust does.
+func sortedMesh(g []api.AgentMesh) []api.AgentMesh {
+	slices.SortFunc(g, func(a, b api.AgentMesh) int {
+		return strings.Compare(a.Password+"/"+a.Accepted, b.Password+"/"+b.Accepted)
+	})
+	return g
+}
+
 // TestReportOfTrustFields: a report's key must parse, its refusal is
 // bounded and its peer count not negative; a report without the fields
 // encodes as before (the states of agents that send none digest the same).
@@ -90,10 +146,15 @@ func TestReportOfTrustFields(t *testing.T) {
 		req     api.ReportRequest
 		wantErr string
 	}{
-		{"all fields", api.ReportRequest{SigningKey: api.EncodeSigningKey(pub), Refusing: "why", ProgrammedPeers: intp(0), PeersIndex: 9}, ""},
+		{"all fields", api.ReportRequest{SigningKey: api.EncodeSigningKey(pub), Refusing: "why", ProgrammedPeers: intp(0), PeersIndex: 9,
+			MeshPassword: api.MeshPasswordFingerprint([]byte("a")), MeshAccepted: api.MeshPasswordFingerprint([]byte("b"))}, ""},
 		{"bad key", api.ReportRequest{SigningKey: "not a key"}, "signing_key"},
 		{"long refusal", api.ReportRequest{Refusing: strings.Repeat("x", maxReportError+1)}, "refusing"},
 		{"negative count", api.ReportRequest{ProgrammedPeers: intp(-1)}, "programmed_peers"},
+		{"mesh password not a fingerprint", api.ReportRequest{MeshPassword: "secret"}, "mesh_password"},
+		{"mesh password in upper case", api.ReportRequest{MeshPassword: "0123456789ABCDEF"}, "mesh_password"},
+		{"accepted not a fingerprint", api.ReportRequest{MeshPassword: "0123456789abcdef", MeshAccepted: "0123456789abcdeg"}, "mesh_accepted"},
+		{"accepted without a password", api.ReportRequest{MeshAccepted: "0123456789abcdef"}, "mesh_accepted"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -102,7 +163,8 @@ func TestReportOfTrustFields(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if rep.SigningKey != tt.req.SigningKey || rep.Refusing != tt.req.Refusing || *rep.ProgrammedPeers != 0 || rep.PeersIndex != 9 || !rep.equal(rep) {
+				if rep.SigningKey != tt.req.SigningKey || rep.Refusing != tt.req.Refusing || *rep.ProgrammedPeers != 0 || rep.PeersIndex != 9 ||
+					rep.MeshPassword != tt.req.MeshPassword || rep.MeshAccepted != tt.req.MeshAccepted || !rep.equal(rep) {
 					t.Errorf("report %+v from %+v", rep, tt.req)
 				}
 				return
@@ -133,6 +195,9 @@ func FuzzReportDecode(f *testing.F) {
 	f.Add([]byte(`{"version":2,"refusing":"the masters sign with key x"}`))
 	f.Add([]byte(`{"version":2,"programmed_peers":-1}`))
 	f.Add([]byte(`{"version":2,"signing_key":"x"}`))
+	f.Add([]byte(`{"version":2,"mesh_password":"0123456789abcdef","mesh_accepted":"fedcba9876543210"}`))
+	f.Add([]byte(`{"version":2,"mesh_accepted":"0123456789abcdef"}`))
+	f.Add([]byte(`{"version":2,"mesh_password":"0123456789abcdeF"}`))
 	f.Add([]byte(`{"version":99,"peers_index":18446744073709551615,"programmed_peers":9223372036854775807}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var req api.ReportRequest

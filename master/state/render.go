@@ -129,11 +129,17 @@ type agentReport struct {
 	Refusing        string `json:"refusing,omitempty"`
 	ProgrammedPeers *int   `json:"programmed_peers,omitempty"`
 	PeersIndex      uint64 `json:"peers_index,omitempty"`
+	// MeshPassword and MeshAccepted are the report's fingerprints of the
+	// agent's mesh passwords (api.MeshPasswordFingerprint), omitted as
+	// above.
+	MeshPassword string `json:"mesh_password,omitempty"`
+	MeshAccepted string `json:"mesh_accepted,omitempty"`
 }
 
 func (r agentReport) equal(o agentReport) bool {
 	if r.Version != o.Version || r.Attempts != o.Attempts || len(r.Overlays) != len(o.Overlays) ||
 		r.SigningKey != o.SigningKey || r.Refusing != o.Refusing || r.PeersIndex != o.PeersIndex ||
+		r.MeshPassword != o.MeshPassword || r.MeshAccepted != o.MeshAccepted ||
 		(r.ProgrammedPeers == nil) != (o.ProgrammedPeers == nil) || (r.ProgrammedPeers != nil && *r.ProgrammedPeers != *o.ProgrammedPeers) {
 		return false
 	}
@@ -163,11 +169,20 @@ func applyReport(info *api.AgentInfo, rep agentReport, version uint64) {
 // reportOf is the report a request carries, validated.
 func reportOf(req api.ReportRequest) (agentReport, error) {
 	rep := agentReport{Version: req.Version, Attempts: req.ConfigurationAttempts, Overlays: map[string]api.OverlayState{},
-		SigningKey: req.SigningKey, Refusing: req.Refusing, PeersIndex: req.PeersIndex}
+		SigningKey: req.SigningKey, Refusing: req.Refusing, PeersIndex: req.PeersIndex,
+		MeshPassword: req.MeshPassword, MeshAccepted: req.MeshAccepted}
 	if req.SigningKey != "" {
 		if _, err := api.ParseSigningKey(req.SigningKey); err != nil {
 			return rep, fmt.Errorf("signing_key: %w", err)
 		}
+	}
+	for _, f := range []struct{ name, value string }{{"mesh_password", req.MeshPassword}, {"mesh_accepted", req.MeshAccepted}} {
+		if f.value != "" && !api.ValidMeshPasswordFingerprint(f.value) {
+			return rep, fmt.Errorf("%s: %.40q is no mesh password fingerprint: want 16 lowercase hex digits (api.MeshPasswordFingerprint)", f.name, f.value)
+		}
+	}
+	if req.MeshAccepted != "" && req.MeshPassword == "" {
+		return rep, fmt.Errorf("mesh_accepted: set without mesh_password (an agent accepts a second password only besides the one it sends)")
 	}
 	if len(req.Refusing) > maxReportError {
 		return rep, fmt.Errorf("refusing: %d bytes, at most %d", len(req.Refusing), maxReportError)

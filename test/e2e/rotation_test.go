@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +93,63 @@ func (l *rotationLab) checkCA(ctx context.Context, t *testing.T, step string, wi
 		t.Logf("%s: check-ca refuses step 3: %s", step, msg)
 		return nil
 	})
+}
+
+// meshRound is the operator's copy of a round's mesh password files, for
+// carve certs check-mesh (accepted "": none).
+type meshRound struct{ password, accepted string }
+
+// checkMesh runs the guard at the end of a round of a mesh password
+// change, carve certs check-mesh with the round's files, as an operator
+// on the first host does, until it judges as expected: with no agents
+// named it passes (exit 0) counting every agent live; with agents named
+// it fails naming exactly those as not on the round (an agent moves to
+// it once the masters have its report after its reload).
+func (l *rotationLab) checkMesh(ctx context.Context, t *testing.T, step string, files meshRound, behind ...string) {
+	t.Helper()
+	args := []string{"certs", "check-mesh", "--password-file", files.password}
+	if files.accepted != "" {
+		args = append(args, "--accepted-file", files.accepted)
+	}
+	args = append(append(args, "--masters", strings.Join(l.c.MasterURLs(), ",")), l.c.OperatorArgs()...)
+	testutil.Eventually(t, converge, step+": carve certs check-mesh", func() error {
+		out, err := l.c.RunCarve(ctx, l.c.Host(1), args...)
+		if len(behind) == 0 {
+			if err != nil {
+				return err
+			}
+			if want := fmt.Sprintf("every live agent (%d) ", len(l.c.Hosts())); !strings.Contains(string(out), want) {
+				return fmt.Errorf("check-mesh passed saying %q, want %q", strings.TrimSpace(string(out)), want)
+			}
+			t.Logf("%s: %s", step, strings.TrimSpace(string(out)))
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("check-mesh passed (%s), want it to name %v as not on the round", strings.TrimSpace(string(out)), behind)
+		}
+		msg := err.Error()
+		want := fmt.Sprintf("%d live agents are not on this round", len(behind))
+		if !strings.Contains(msg, want) || !strings.Contains(msg, "SIGHUP them") {
+			return fmt.Errorf("check-mesh: %s; want it to name %d agents not on the round and the fix", msg, len(behind))
+		}
+		for _, id := range behind {
+			if !strings.Contains(msg, ": "+id+" (sends ") && !strings.Contains(msg, ", "+id+" (sends ") {
+				return fmt.Errorf("check-mesh: %s; want it to name %s", msg, id)
+			}
+		}
+		t.Logf("%s: check-mesh refuses the round as finished: %s", step, msg)
+		return nil
+	})
+}
+
+// writeFile writes content into a new file of dir, for the operator.
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // state is the masters' state (a consistent read), read again while the
@@ -190,6 +249,8 @@ func (l *rotationLab) servedSerial(ctx context.Context, url string) (*big.Int, e
 //     switched to (every agent follows it, with no restart), the chain
 //     dropped.
 //  4. The mesh password: the next one accepted, sent, the old one dropped.
+//     Each round's guard (carve certs check-mesh) names the agent left
+//     for last before its reload, and passes once it reloads.
 func TestRotationWithoutDowntime(t *testing.T) {
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 16*converge)
@@ -373,7 +434,9 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	l.works(ctx, t, "signing: the chain dropped", h3)
 
 	// 4. The mesh password, in three rounds over every agent; an agent
-	// restarted in each round makes its mesh connections anew.
+	// restarted in each round makes its mesh connections anew. The agent
+	// reloaded last in a round is named by the round's guard until it
+	// reloads: the next round would cut it off.
 	old, err := c.MeshPassword()
 	if err != nil {
 		t.Fatal(err)
@@ -383,21 +446,34 @@ func TestRotationWithoutDowntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	next := hex.EncodeToString(secret[:])
+	opDir := t.TempDir() // the operator's copies of the passwords
+	oldFile, nextFile := writeFile(t, opDir, "old.pw", old+"\n"), writeFile(t, opDir, "next.pw", next+"\n")
 	for i, round := range []struct {
 		name, password, accepted string
-		restart                  *labcluster.Host
+		files                    meshRound
+		last, restart            *labcluster.Host
 	}{
-		{"mesh: the next password accepted", old, next, h2},
-		{"mesh: the next password sent", next, old, h3},
-		{"mesh: the old password dropped", next, "", h1},
+		{"mesh: the next password accepted", old, next, meshRound{oldFile, nextFile}, h3, h2},
+		{"mesh: the next password sent", next, old, meshRound{nextFile, oldFile}, h1, h3},
+		{"mesh: the old password dropped", next, "", meshRound{nextFile, ""}, h2, h1},
 	} {
 		if err := c.SetMeshPasswords(round.password, round.accepted); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.ReloadAgents(ctx); err != nil {
+		for _, h := range c.Hosts() {
+			if h == round.last {
+				continue
+			}
+			if err := c.Reload(ctx, h.Agent); err != nil {
+				t.Fatalf("%s: %v", round.name, err)
+			}
+		}
+		l.checkMesh(ctx, t, round.name+", "+round.last.Name+" not reloaded", round.files, round.last.AgentID())
+		if err := c.Reload(ctx, round.last.Agent); err != nil {
 			t.Fatalf("%s: %v", round.name, err)
 		}
 		l.restartAgent(ctx, t, round.restart)
+		l.checkMesh(ctx, t, round.name, round.files)
 		l.works(ctx, t, round.name, c.Host(1+i))
 	}
 	// The gauge is set every 10 s.
