@@ -33,6 +33,10 @@ type masterProxy struct {
 	// down answers every request 503 no_leader, as a master without a
 	// quorum does.
 	down bool
+	// readsRefused, when set, answers the state and changes reads with
+	// it (a master that refuses the agent's certificate from now on);
+	// registrations still pass.
+	readsRefused *api.Error
 	// inflight cancels the requests being passed on (setDown(true) ends
 	// them, as a master going away ends its long polls).
 	inflight map[*http.Request]context.CancelFunc
@@ -70,7 +74,14 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 			delete(p.inflight, orig)
 			p.mu.Unlock()
 		}()
+		p.mu.Lock()
+		refused := p.readsRefused
+		p.mu.Unlock()
+		isRead := r.Method == http.MethodGet && (r.URL.Path == "/overlay-master/state" || r.URL.Path == "/overlay-master/changes")
 		switch {
+		case refused != nil && isRead:
+			httpapi.WriteError(w, refused.Status, refused.Code, refused.Message)
+			return
 		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/state":
 			p.serveState(w, r)
 			return

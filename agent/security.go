@@ -218,8 +218,12 @@ func (a *Agent) requireClientCert(next http.Handler) http.Handler {
 }
 
 // explainMasterError says what a failure to talk to the masters means when
-// it is a TLS or scheme mismatch, which retrying never fixes; "" otherwise.
+// it is a TLS or scheme mismatch, which retrying never fixes; "" otherwise
+// (and for no error).
 func explainMasterError(err error, tlsFiles pki.Files) string {
+	if err == nil {
+		return ""
+	}
 	var (
 		unknownCA  x509.UnknownAuthorityError
 		hostname   x509.HostnameError

@@ -364,3 +364,41 @@ func TestCheckConfigNamesAnIPTheCertificateLacks(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchLogsARefusalOnce: a registered agent sends the masters nothing
+// but its watch of their state, so a refusal no retry fixes (here its
+// certificate revoked) may meet it only there. CI once saw an agent
+// refused for two minutes that logged nothing (the watch logged at
+// debug). It says so as an error naming the fix, once, not per retry.
+func TestWatchLogsARefusalOnce(t *testing.T) {
+	hosts, dir, m := hostsWithMaster(t, 1)
+	p := newMasterProxy(t, m)
+	logs := &testutil.Logs{}
+	gnet := fakegossip.New(fakegossip.Config{Seed: 23})
+	t.Cleanup(gnet.Close)
+	runAgent(t, newTestAgent(t, hosts[0], p.URL(), filepath.Join(dir, "a0"), gnet, func(c *Config) {
+		c.Logger, c.WatchWait = logs.Logger(), 200*time.Millisecond
+	}))
+	testutil.Eventually(t, 0, "the agent registered and read the state", func() error {
+		if !logs.Has(slog.LevelInfo, "registered") || p.statesServed() == 0 {
+			return fmt.Errorf("not yet (%d state answers)", p.statesServed())
+		}
+		return nil
+	})
+	p.mu.Lock()
+	p.readsRefused = &api.Error{Status: http.StatusUnauthorized, Code: api.CodeRevoked, Message: "the client certificate is revoked"}
+	p.mu.Unlock()
+	want := "reading the masters' state failed: TLS: the masters revoked this agent's certificate"
+	testutil.Eventually(t, 0, "the explained watch error", func() error {
+		if !logs.Has(slog.LevelError, want) {
+			return fmt.Errorf("no error log %q", want)
+		}
+		if n := logs.Count(slog.LevelDebug, "state watch failed"); n < 3 {
+			return fmt.Errorf("%d retries after it, want 3", n)
+		}
+		return nil
+	})
+	if n := logs.Count(slog.LevelError, want); n != 1 {
+		t.Errorf("the refusal logged %d times as an error, want once", n)
+	}
+}

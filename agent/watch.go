@@ -30,6 +30,7 @@ import (
 func (a *Agent) watchLoop(ctx context.Context) {
 	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
 	full, probe := true, true
+	explained := "" // the last explained failure, said once as an error
 	for ctx.Err() == nil {
 		a.mu.RLock()
 		index, cluster, stateKey, epoch := a.masterIndex, a.clusterID, a.stateKey, a.restoreEpoch
@@ -77,7 +78,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 		if applied {
 			b.Reset()
 			a.setReachable(true)
-			probe = false
+			probe, explained = false, ""
 			// While it refuses records of the masters' state, the agent
 			// reads it whole (a long poll): only a whole state that
 			// verifies ends the refusal (verify.go).
@@ -88,7 +89,17 @@ func (a *Agent) watchLoop(ctx context.Context) {
 		a.setReachable(false)
 		probe = true
 		retryIn := b.Next()
-		if err != nil {
+		switch why := explainMasterError(err, a.cfg.TLS); {
+		case err == nil:
+		case why != "" && why != explained:
+			// A refusal retrying does not fix (a revoked certificate, a
+			// TLS mismatch): the operator must, so it is said as an error,
+			// once. The watch may be the only request that meets it: a
+			// registered agent otherwise writes only when its kernel's
+			// configuration changes (a report).
+			explained = why
+			a.log.Error("reading the masters' state failed: "+why+"; working from the last known state", "err", err, "retry_in", retryIn)
+		default:
 			a.log.Debug("state watch failed", "err", err, "retry_in", retryIn)
 		}
 		if !retry.Sleep(ctx, retryIn) {

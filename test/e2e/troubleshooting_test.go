@@ -134,6 +134,22 @@ func TestTroubleshootingAgentRefusesMasters(t *testing.T) {
 		return nil
 	})
 
+	// The masters learn of the refusal from the agent's next report: the
+	// section's symptom is cluster status naming it (CI once ran the
+	// commands before that report and saw "healthy").
+	refusal := "refuse the masters' records"
+	if !strings.Contains(sec.Symptom, refusal) {
+		t.Fatalf("the section's symptom no longer quotes cluster status's %q:\n%s", refusal, sec.Symptom)
+	}
+	statusArgs := append([]string{"cluster", "status", "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+	testutil.Eventually(t, converge, "cluster status names host 3's agent refusing", func() error {
+		out, err := c.RunCarve(ctx, c.Host(1), statusArgs...)
+		if err == nil || !strings.Contains(string(out), refusal) || !strings.Contains(string(out), h3.AgentID()) {
+			return fmt.Errorf("exit %v:\n%s", err, out)
+		}
+		return nil
+	})
+
 	cmds := codeLines(sec.Commands)
 	requireCommand(t, cmds, "journalctl -u carve-agent")
 	requireCommand(t, cmds, "sha256sum /etc/carve/pki/signing.pub")
@@ -146,8 +162,8 @@ func TestTroubleshootingAgentRefusesMasters(t *testing.T) {
 	if out, msg := startingWith(t, onAgent, "journalctl -u carve-agent").out, strings.TrimPrefix(logged[0], "ERROR "); !strings.Contains(out, "level=ERROR msg=\""+msg) {
 		t.Errorf("the agent's log does not say %q at ERROR, as the section quotes it:\n%s", msg, out)
 	}
-	if r := startingWith(t, onAgent, "carve cluster status"); r.exited != 0 {
-		t.Errorf("the masters are not healthy, while the section says they answer everyone else:\n%s", r.out)
+	if r := startingWith(t, onAgent, "carve cluster status"); r.exited != 1 || !strings.Contains(r.out, refusal) || !strings.Contains(r.out, h3.AgentID()) {
+		t.Errorf("carve cluster status exited %d without naming %s as an agent that does %q, as the section's symptom says:\n%s", r.exited, h3.AgentID(), refusal, r.out)
 	}
 	// The same sum on the admin machine: the masters' key.
 	sum := "sha256sum /etc/carve/pki/signing.pub"
@@ -177,6 +193,12 @@ func TestTroubleshootingAgentRefusesMasters(t *testing.T) {
 			err = fmt.Errorf("carve_agent_masters_reachable %v", v)
 		}
 		return err
+	})
+	testutil.Eventually(t, converge, "cluster status healthy again", func() error {
+		if out, err := c.RunCarve(ctx, c.Host(1), statusArgs...); err != nil {
+			return fmt.Errorf("%v:\n%s", err, out)
+		}
+		return nil
 	})
 	waitPings(ctx, t, cs)
 }
