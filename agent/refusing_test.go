@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -112,6 +113,26 @@ func TestRefusingAgentKeepsItsKernel(t *testing.T) {
 	if p := a.reports.pending(); p != nil && !strings.Contains(p.Refusing, "do not verify") && !strings.Contains(p.Refusing, "signing key") {
 		t.Errorf("the report to the masters says refusing %q", p.Refusing)
 	}
+	// Its overlays are not shown OK (ipam show and the DC/OS endpoint
+	// read these): no change of the masters reaches them.
+	const refusedStatus = "refusing the masters' records"
+	for _, ov := range a.Overlay().Overlays {
+		if ov.State.Status != api.StatusFailed || !strings.Contains(ov.State.Error, refusedStatus) {
+			t.Errorf("overlay %s of the refusing agent: %+v, want %s saying %q", ov.Info.Name, ov.State, api.StatusFailed, refusedStatus)
+		}
+	}
+	testutil.Eventually(t, 0, "the masters' record shows the refusing agent's overlays failed", func() error {
+		info, err := masterClient(t, m).Agent(context.Background(), a.ID())
+		if err != nil {
+			return err
+		}
+		for _, ov := range info.Overlays {
+			if ov.State.Status != api.StatusFailed || !strings.Contains(ov.State.Error, refusedStatus) {
+				return fmt.Errorf("overlay %s: %+v", ov.Info.Name, ov.State)
+			}
+		}
+		return nil
+	})
 
 	// Given the key that verifies the masters' state: its saved records
 	// are there (a refusing agent saves nothing: it would drop what it

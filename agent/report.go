@@ -169,9 +169,11 @@ func (a *Agent) reportLoop(ctx context.Context) {
 }
 
 // overlayResults is the local configuration result of every overlay of
-// self: FAILED with the error when the last reconcile failed for it (its
-// VTEP, its bridges or their addresses) or its IPAM cannot serve it,
-// CONFIGURING until the kernel holds this version of the record, OK then.
+// self: FAILED with the error when the agent refuses the masters' records
+// (its kernel is as it was, taking no change), when the last reconcile
+// failed for it (its VTEP, its bridges or their addresses) or its IPAM
+// cannot serve it, CONFIGURING until the kernel holds this version of the
+// record, OK then.
 // The caller holds a.mu (read); ipamReady is read before, without it.
 func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) []api.OverlayReport {
 	out := make([]api.OverlayReport, 0, len(self.Overlays))
@@ -179,6 +181,11 @@ func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) [
 		ov := &self.Overlays[i]
 		r := api.OverlayReport{Name: ov.Info.Name, Status: api.StatusOK}
 		switch msg := a.overlayError(ov); {
+		case a.refusing != "":
+			// Not OK, though the kernel works with the peers it had: no
+			// change of the masters reaches it (a new peer, a moved
+			// lease), and ipam show must not say otherwise.
+			r.Status, r.Error = api.StatusFailed, "refusing the masters' records, the kernel kept as it was: "+a.refusing
 		case msg != "":
 			r.Status, r.Error = api.StatusFailed, msg
 		case a.attemptedSelf < self.Version:
