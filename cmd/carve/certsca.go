@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -95,54 +94,29 @@ func readCAFingerprints(path string) (map[string]bool, error) {
 // certificate of one of cas (read from file), and returns how many there
 // are. The error names those on another CA, or not seen yet, and the fix.
 func judgeAgentCAs(leader *api.ClusterStatus, file string, cas map[string]bool) (int, error) {
-	if leader == nil {
-		return 0, fmt.Errorf("%w: no master leads, and only the leader knows which agents are live; retry once one does", errAgentsOnOtherCA)
-	}
-	var byCA []api.AgentCA
-	if leader.AgentTrust != nil {
-		byCA = leader.AgentTrust.ByCA
-	}
-	if len(byCA) == 0 {
-		agents := 0
-		for _, n := range leader.AgentVersions {
-			agents += n
-		}
-		if agents > len(leader.SilentAgents) {
-			return 0, fmt.Errorf("%w: the leader %s has live agents but does not say which CA their certificates come from: it runs --insecure (no certificates: nothing to check), or predates this check (upgrade the masters first)", errAgentsOnOtherCA, leader.ID)
-		}
-		return 0, nil
-	}
-	live := 0
-	var other, unseen []string
-	otherCount, unseenCount := 0, 0
-	for _, g := range byCA {
-		live += g.Count
-		switch {
-		case cas[g.CA]:
-		case g.CA == "":
-			unseenCount += g.Count
-			unseen = append(unseen, g.Agents...)
-		default:
-			otherCount += g.Count
-			for _, a := range g.Agents {
-				other = append(other, fmt.Sprintf("%s (CA %.16s)", a, g.CA))
+	t, err := tallyAgentGroups(leader, errAgentsOnOtherCA, "does not say which CA their certificates come from: it runs --insecure (no certificates: nothing to check), or predates this check (upgrade the masters first)",
+		func(tr *api.AgentTrust) []agentGroup {
+			var groups []agentGroup
+			for _, g := range tr.ByCA {
+				groups = append(groups, agentGroup{count: g.Count, agents: g.Agents, accepted: cas[g.CA], unreported: g.CA == "", label: fmt.Sprintf("CA %.16s", g.CA)})
 			}
-		}
+			return groups
+		})
+	if err != nil || t.live == 0 {
+		return 0, err
 	}
 	var problems []string
-	if otherCount > 0 {
-		slices.Sort(other)
+	if t.otherCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents present a certificate of another CA than %s: %s; step 3 would cut them off (every master refuses them): "+
 			"re-issue their certificates with carve certs issue --dir NEW (same name and --ip), install them and SIGHUP the agents (step 2), then check again",
-			otherCount, file, listed(other, otherCount)))
+			t.otherCount, file, listed(t.other, t.otherCount)))
 	}
-	if unseenCount > 0 {
-		slices.Sort(unseen)
+	if t.unreportedCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents whose certificate the leader %s has not seen yet: %s; an agent sends the leader a usage report at least every minute: retry in a minute",
-			unseenCount, leader.ID, listed(unseen, unseenCount)))
+			t.unreportedCount, leader.ID, listed(t.unreported, t.unreportedCount)))
 	}
 	if len(problems) > 0 {
-		return live, fmt.Errorf("%w: %s", errAgentsOnOtherCA, strings.Join(problems, "; "))
+		return t.live, fmt.Errorf("%w: %s", errAgentsOnOtherCA, strings.Join(problems, "; "))
 	}
-	return live, nil
+	return t.live, nil
 }

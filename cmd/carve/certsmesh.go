@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -116,43 +115,20 @@ func (r meshRound) describe(password, accepted string) string {
 // round's pair of mesh passwords, and returns how many there are. The
 // error names those on another pair, or reporting none, and the fix.
 func judgeAgentMesh(leader *api.ClusterStatus, round meshRound) (int, error) {
-	if leader == nil {
-		return 0, fmt.Errorf("%w: no master leads, and only the leader knows which agents are live; retry once one does", errAgentsOnOtherMeshRound)
-	}
-	var byMesh []api.AgentMesh
-	if leader.AgentTrust != nil {
-		byMesh = leader.AgentTrust.ByMesh
-	}
-	if len(byMesh) == 0 {
-		agents := 0
-		for _, n := range leader.AgentVersions {
-			agents += n
-		}
-		if agents > len(leader.SilentAgents) {
-			return 0, fmt.Errorf("%w: the leader %s has live agents but none reports a mesh password: they run without --mesh-password-file (nothing to check), or they or the masters predate this check (upgrade them first)", errAgentsOnOtherMeshRound, leader.ID)
-		}
-		return 0, nil
-	}
-	live := 0
-	var other, unreported []string
-	otherCount, unreportedCount := 0, 0
-	for _, g := range byMesh {
-		live += g.Count
-		switch {
-		case g.Password == round.password && g.Accepted == round.accepted:
-		case g.Password == "":
-			unreportedCount += g.Count
-			unreported = append(unreported, g.Agents...)
-		default:
-			otherCount += g.Count
-			for _, a := range g.Agents {
-				other = append(other, fmt.Sprintf("%s (%s)", a, round.describe(g.Password, g.Accepted)))
+	t, err := tallyAgentGroups(leader, errAgentsOnOtherMeshRound, "none reports a mesh password: they run without --mesh-password-file (nothing to check), or they or the masters predate this check (upgrade them first)",
+		func(tr *api.AgentTrust) []agentGroup {
+			var groups []agentGroup
+			for _, g := range tr.ByMesh {
+				groups = append(groups, agentGroup{count: g.Count, agents: g.Agents, accepted: g.Password == round.password && g.Accepted == round.accepted,
+					unreported: g.Password == "", label: round.describe(g.Password, g.Accepted)})
 			}
-		}
+			return groups
+		})
+	if err != nil || t.live == 0 {
+		return 0, err
 	}
 	var problems []string
-	if otherCount > 0 {
-		slices.Sort(other)
+	if t.otherCount > 0 {
 		fix := "--mesh-password-file holding " + round.passwordFile + "'s password"
 		if round.accepted != "" {
 			fix += " and --mesh-accepted-password-file holding " + round.acceptedFile + "'s"
@@ -161,15 +137,14 @@ func judgeAgentMesh(leader *api.ClusterStatus, round meshRound) (int, error) {
 		}
 		problems = append(problems, fmt.Sprintf("%d live agents are not on this round, which %s: %s; the next round would cut them off from gossip: "+
 			"give them this round's files (%s) and SIGHUP them (kill -HUP), then check again",
-			otherCount, round.describe(round.password, round.accepted), listed(other, otherCount), fix))
+			t.otherCount, round.describe(round.password, round.accepted), listed(t.other, t.otherCount), fix))
 	}
-	if unreportedCount > 0 {
-		slices.Sort(unreported)
+	if t.unreportedCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents report no mesh password to the leader %s: %s; they run without --mesh-password-file, predate this report (upgrade them), or have not reported since they started: retry in a minute",
-			unreportedCount, leader.ID, listed(unreported, unreportedCount)))
+			t.unreportedCount, leader.ID, listed(t.unreported, t.unreportedCount)))
 	}
 	if len(problems) > 0 {
-		return live, fmt.Errorf("%w: %s", errAgentsOnOtherMeshRound, strings.Join(problems, "; "))
+		return t.live, fmt.Errorf("%w: %s", errAgentsOnOtherMeshRound, strings.Join(problems, "; "))
 	}
-	return live, nil
+	return t.live, nil
 }
