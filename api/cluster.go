@@ -53,6 +53,11 @@ type ClusterStatus struct {
 	// full or read-only disk: its Raft log cannot grow), as its last
 	// probe found ("": it can). Absent from masters of earlier versions.
 	DataDirError string `json:"data_dir_error,omitempty"`
+	// CertificateCA is the CA that issued this master's certificate (the
+	// one it serves the API and Raft with), by CAFingerprint; "" without
+	// TLS, or when its certificate does not verify against its CA file.
+	// carve certs check-ca compares it with a CA rotation's new CA.
+	CertificateCA string `json:"certificate_ca,omitempty"`
 	// SigningKey is the key this master signs records with
 	// (EncodeSigningKey); absent when it signs nothing or predates it.
 	SigningKey string `json:"signing_key,omitempty"`

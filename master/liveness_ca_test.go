@@ -61,6 +61,13 @@ func TestAgentCANoted(t *testing.T) {
 	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
+	// Each master names the CA of its own certificate (check-ca compares
+	// it with the new CA): the old one, in a bundle of both.
+	for i, m := range c.masters {
+		if got := m.ClusterStatus().CertificateCA; got != oldCA {
+			t.Errorf("master %d: certificate_ca %q, want the old CA %q", i, got, oldCA)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	op := c.client(leader)

@@ -301,6 +301,11 @@ func (m *Master) ClusterStatus() api.ClusterStatus {
 	if out.History == "" {
 		out.History = m.table.History()
 	}
+	if m.security != nil {
+		if spki, ok := m.security.files.IssuerKey(); ok {
+			out.CertificateCA = api.CAFingerprint(spki)
+		}
+	}
 	if st.Role == "leader" {
 		out.SilentAgents, out.SilentAfter = m.table.SilentAgents(), m.opts.AgentSilentAfter.String()
 	}

@@ -63,14 +63,7 @@ func (r *Reloader) load(chained bool) (*x509.CertPool, tls.Certificate, Identity
 	if !chained {
 		return pool, cert, id, nil
 	}
-	inter := x509.NewCertPool()
-	for _, der := range cert.Certificate[1:] {
-		if c, err := x509.ParseCertificate(der); err == nil {
-			inter.AddCert(c)
-		}
-	}
-	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if _, err := verifyLoaded(pool, cert); err != nil {
 		return nil, tls.Certificate{}, Identity{}, fmt.Errorf("--cert-file %s does not verify against --ca-file %s (during a CA rotation the CA file holds both CAs until every certificate is re-issued): %w",
 			r.files.Cert, r.files.CA, err)
 	}
@@ -113,11 +106,35 @@ func (r *Reloader) IPs() []netip.Addr {
 	return out
 }
 
+// IssuerKey is the SubjectPublicKeyInfo (DER) of the CA of the CA file
+// loaded that issued the certificate loaded; false when it verifies
+// against none (a certificate of another CA, loaded at start).
+func (r *Reloader) IssuerKey() ([]byte, bool) {
+	chains, err := verifyLoaded(r.current())
+	if err != nil || len(chains) == 0 || len(chains[0]) < 2 {
+		return nil, false
+	}
+	chain := chains[0]
+	return chain[len(chain)-1].RawSubjectPublicKeyInfo, true
+}
+
 // NotAfter is when the certificate loaded expires.
 func (r *Reloader) NotAfter() time.Time {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	return r.cert.Leaf.NotAfter
+}
+
+// verifyLoaded verifies a loaded certificate (with the intermediates it
+// carries) against pool, for any use.
+func verifyLoaded(pool *x509.CertPool, cert tls.Certificate) ([][]*x509.Certificate, error) {
+	inter := x509.NewCertPool()
+	for _, der := range cert.Certificate[1:] {
+		if c, err := x509.ParseCertificate(der); err == nil {
+			inter.AddCert(c)
+		}
+	}
+	return cert.Leaf.Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
 }
 
 func (r *Reloader) current() (*x509.CertPool, tls.Certificate) {

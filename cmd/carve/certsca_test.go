@@ -2,10 +2,13 @@ package main
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/pki"
 )
 
 // TestJudgeAgentCAs: a CA rotation's step 3 is allowed when every live
@@ -70,5 +73,71 @@ func TestJudgeAgentCAs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestJudgeMasterCAs: step 3 cuts off a master whose certificate is of
+// another CA as surely as an agent: each master says which CA issued its
+// own, and check-ca names those on another, or that cannot say.
+func TestJudgeMasterCAs(t *testing.T) {
+	const newCA, oldCA = "aaaa000000000000000000000000000000000000000000000000000000000000", "bbbb111111111111111111111111111111111111111111111111111111111111"
+	cas := map[string]bool{newCA: true}
+	view := func(id, ca string) masterView {
+		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, CertificateCA: ca}}
+	}
+	tests := []struct {
+		name     string
+		views    []masterView
+		mentions []string // none: allowed
+	}{
+		{"every master on the new CA", []masterView{view("m1", newCA), view("m2", newCA)}, nil},
+		{"one on the old CA", []masterView{view("m1", newCA), view("m2", oldCA)},
+			[]string{"1 masters present a certificate of another CA than NEW/ca.pem: m2 (CA bbbb111111111111)", "--role master", "SIGHUP the masters"}},
+		{"one that predates the check", []masterView{view("m1", newCA), view("m2", "")}, []string{"m2 (it predates this check"}},
+		{"one that does not answer", []masterView{view("m1", newCA), {URL: "https://m3", Error: "connection refused"}}, []string{"https://m3 (no answer: connection refused)", "retry"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			problems := judgeMasterCAs(tt.views, "NEW/ca.pem", cas)
+			if len(tt.mentions) == 0 {
+				if len(problems) > 0 {
+					t.Errorf("problems %q, want none", problems)
+				}
+				return
+			}
+			got := strings.Join(problems, "; ")
+			for _, m := range tt.mentions {
+				if !strings.Contains(got, m) {
+					t.Errorf("problems %q do not mention %q", got, m)
+				}
+			}
+		})
+	}
+}
+
+// TestJudgeOwnCA: the operator running check-ca learns when its own
+// certificate is of the old CA (real certificates of two CAs).
+func TestJudgeOwnCA(t *testing.T) {
+	oldDir, newDir := t.TempDir(), t.TempDir()
+	for _, dir := range []string{oldDir, newDir} {
+		if err := pki.CreateCA(dir, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if err := pki.Issue(dir, pki.IssueRequest{Role: pki.RoleOperator, Name: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newCAs, err := readCAs(filepath.Join(newDir, pki.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := judgeOwnCA(pki.CertFile(newDir, "alice"), "NEW/ca.pem", newCAs); p != "" {
+		t.Errorf("a certificate of the new CA judged %q", p)
+	}
+	if p := judgeOwnCA(pki.CertFile(oldDir, "alice"), "NEW/ca.pem", newCAs); !strings.Contains(p, "is not of a CA of NEW/ca.pem") || !strings.Contains(p, "--role operator") {
+		t.Errorf("a certificate of the old CA judged %q, want it named with the fix", p)
+	}
+	if p := judgeOwnCA("", "NEW/ca.pem", newCAs); p != "" {
+		t.Errorf("no certificate (--insecure) judged %q", p)
 	}
 }

@@ -311,6 +311,12 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	}
 	// Step 3's guard: every agent still presents a certificate of the old CA.
 	l.checkCA(ctx, t, "CA: the bundle", converge, h1.AgentID(), h2.AgentID(), h3.AgentID())
+	// The masters and this operator are on the old CA too: step 3 would
+	// cut them off as well, and the guard names them.
+	checkArgs := append([]string{"certs", "check-ca", "--new-ca-file", c.NextCAFile(), "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+	if out, err := c.RunCarve(ctx, h1, checkArgs...); err == nil || !strings.Contains(err.Error(), "3 masters present a certificate of another CA") || !strings.Contains(err.Error(), "this operator's certificate") {
+		t.Errorf("CA: the bundle: check-ca does not name the masters and the operator on the old CA: %v\n%s", err, out)
+	}
 	if err := c.ReissueCertificates(); err != nil {
 		t.Fatal(err)
 	}
