@@ -321,17 +321,29 @@ func (c *testCluster) waitConverged() []byte {
 // across retries as a real agent would.
 func registerRetrying(ctx context.Context, cl *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
 	req.RequestID = api.NewRequestID()
+	var info *api.AgentInfo
+	err := callRetrying(ctx, func() (err error) {
+		info, err = cl.Register(ctx, req)
+		return err
+	})
+	return info, err
+}
+
+// callRetrying calls call until it succeeds or fails for good, retrying
+// what a client retries (no leader, a timeout) with backoff: on a loaded
+// machine a cluster may lose its leader in the middle of a test.
+func callRetrying(ctx context.Context, call func() error) error {
 	backoff := retry.Backoff{First: 100 * time.Millisecond, Max: time.Second}
 	for {
-		info, err := cl.Register(ctx, req)
+		err := call()
 		if err == nil {
-			return info, nil
+			return nil
 		}
 		if !api.IsRetryable(err) || ctx.Err() != nil {
-			return nil, err
+			return err
 		}
 		if !retry.Sleep(ctx, backoff.Next()) {
-			return nil, fmt.Errorf("%w (last error %v)", ctx.Err(), err)
+			return fmt.Errorf("%w (last error %v)", ctx.Err(), err)
 		}
 	}
 }

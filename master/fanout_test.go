@@ -33,12 +33,15 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 	defer cancel()
 	op := c.clientAs(leader, "op", pki.RoleOperator)
 	for i := range 20 {
-		if _, err := op.Register(ctx, api.RegisterRequest{AgentID: fmt.Sprintf("early%02d", i), IP: fmt.Sprintf("198.18.1.%d", i+1)}); err != nil {
+		if _, err := registerRetrying(ctx, op, api.RegisterRequest{AgentID: fmt.Sprintf("early%02d", i), IP: fmt.Sprintf("198.18.1.%d", i+1)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	start, err := op.State(ctx, api.StateOptions{Consistent: true})
-	if err != nil {
+	var start, final *api.State
+	if err := callRetrying(ctx, func() (err error) {
+		start, err = op.State(ctx, api.StateOptions{Consistent: true})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -63,13 +66,16 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 			if i%10 == 0 {
 				ip = fmt.Sprintf("198.18.1.%d", i/10+1)
 			}
-			if _, err := op.Register(ctx, api.RegisterRequest{AgentID: fmt.Sprintf("burst%02d", i), IP: ip}); err != nil {
+			if _, err := registerRetrying(ctx, op, api.RegisterRequest{AgentID: fmt.Sprintf("burst%02d", i), IP: ip}); err != nil {
 				errs <- err
 			}
 		})
 	}
 	bw.Go(func() {
-		if _, err := op.DeleteAgents(ctx, []string{"early10", "early11"}); err != nil {
+		if err := callRetrying(ctx, func() error {
+			_, err := op.DeleteAgents(ctx, []string{"early10", "early11"})
+			return err
+		}); err != nil {
 			errs <- err
 		}
 	})
@@ -78,8 +84,10 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	final, err := op.State(ctx, api.StateOptions{Consistent: true})
-	if err != nil {
+	if err := callRetrying(ctx, func() (err error) {
+		final, err = op.State(ctx, api.StateOptions{Consistent: true})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	want := newWatchView(final)
