@@ -85,6 +85,9 @@ type Device struct {
 	// with when (rehandshake.go); rehandshake checks them.
 	putIn       map[wgtypes.Key]putInPeer
 	rehandshake *time.Timer
+	// own is the device's public key as last configured or read: which
+	// side of a peer pair yields (yieldTo).
+	own wgtypes.Key
 }
 
 // configurator is what the device needs of wgctrl's client (a fake in

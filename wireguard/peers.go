@@ -78,6 +78,7 @@ func (d *Device) Apply(ctx context.Context, want *Desired) (Report, error) {
 		return rep, fmt.Errorf("wireguard: read %s: %w", d.name, err)
 	}
 	cfg, changed := planDevice(cur, want, &rep)
+	d.own = want.PrivateKey.PublicKey()
 	if changed {
 		if err := d.configure(cfg); err != nil {
 			return rep, err

@@ -1,6 +1,7 @@
 package wireguard
 
 import (
+	"bytes"
 	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
@@ -9,16 +10,20 @@ import (
 // RehandshakeAfter is how long a peer put in (new, re-keyed, or all of
 // them after a new own key) may go without a handshake before it is put
 // in once more; each later check waits twice as long, up to
-// maxRehandshakeWait.
+// maxRehandshakeWait. The side whose public key is the greater of the two
+// waits half as long again (see yieldTo).
 //
 // Why: a peer put in starts a handshake at once (its first keepalive),
 // but when both sides change their configuration at about the same moment
 // (a key rotation: the rotating host takes its new key as its peers learn
-// it), each side's first initiation can reach the other before the other
-// changed, and both are dropped; WireGuard retries only after 5 s. Put in
-// again, a peer starts a new handshake at once, by then to a side that
-// most likely knows the new key; when the other side is later still (a
-// host starved of CPU), the next check puts it in again.
+// it), the two initiations cross. Either each reaches the other before
+// the other changed, and both are dropped; or each side answers the
+// other's initiation, which replaces its own in WireGuard's one handshake
+// per peer, so that the answer to its own is refused ("Received invalid
+// response message") and both sides are left as responders waiting for a
+// first packet that neither sends. WireGuard retries only after 5 s (with
+// at most a third of a second of jitter, too little for two hosts slowed
+// by a busy machine). Put in again, a peer starts a new handshake at once.
 const RehandshakeAfter = time.Second
 
 // maxRehandshakeWait is the longest wait between two checks of one peer:
@@ -27,6 +32,27 @@ const RehandshakeAfter = time.Second
 // retries (every 5 s), so that a peer that is down costs no more than
 // WireGuard alone would.
 const maxRehandshakeWait = 4 * time.Second
+
+// yieldTo tells whether this side, with public key own, waits longer
+// than peer before putting it in again. Both sides put each other in at the
+// same moment in a rotation, so checks after the same wait would put both
+// in again at the same moment, and the two new initiations would cross
+// again, at every check (seen in the lab: three crossings in a row, 7 s
+// without a session). The order of the two public keys, which both sides
+// know, lets one side go first.
+func yieldTo(own, peer wgtypes.Key) bool {
+	return bytes.Compare(own[:], peer[:]) > 0
+}
+
+// dueAt is when the check of peer k is due: at+wait, and half a wait more
+// on the side that yields.
+func (d *Device) dueAt(k wgtypes.Key, p putInPeer) time.Time {
+	due := p.at.Add(p.wait)
+	if yieldTo(d.own, k) {
+		due = due.Add(p.wait / 2)
+	}
+	return due
+}
 
 // putInPeer is a peer waiting for its first handshake since it was put
 // in.
@@ -58,8 +84,8 @@ func (d *Device) scheduleRehandshake() {
 	}
 	var next time.Duration
 	first := true
-	for _, p := range d.putIn {
-		if due := time.Until(p.at.Add(p.wait)); first || due < next {
+	for k, p := range d.putIn {
+		if due := time.Until(d.dueAt(k, p)); first || due < next {
 			next, first = due, false
 		}
 	}
@@ -88,6 +114,7 @@ func (d *Device) rehandshakeNow() {
 	}
 	// The peers still waiting (put in again, not due yet) are checked again.
 	defer d.scheduleRehandshake()
+	d.own = cur.PublicKey
 	now := time.Now()
 	var cfg wgtypes.Config
 	var again []string
@@ -96,7 +123,7 @@ func (d *Device) rehandshakeNow() {
 	for _, p := range cur.Peers {
 		onDevice[p.PublicKey] = true
 		st, ok := d.putIn[p.PublicKey]
-		if !ok || now.Sub(st.at) < st.wait {
+		if !ok || now.Before(d.dueAt(p.PublicKey, st)) {
 			continue
 		}
 		if p.LastHandshakeTime.After(st.at) {

@@ -1,6 +1,7 @@
 package wireguard
 
 import (
+	"bytes"
 	"log/slog"
 	"net"
 	"slices"
@@ -184,5 +185,48 @@ func TestRehandshakeAgain(t *testing.T) {
 				t.Errorf("still waiting for %v, want none (WireGuard's retries from here on)", d.putIn)
 			}
 		})
+	}
+}
+
+// TestRehandshakeOneSideFirst: two hosts that put each other in at the
+// same moment (a key rotation) and get no handshake never put each other
+// in again at the same moment: the side with the greater public key waits
+// half a wait longer. Before the fix both did at 1, 3 and 7 s, and each
+// time the two new initiations crossed again (7 s without a session in
+// the lab).
+func TestRehandshakeOneSideFirst(t *testing.T) {
+	k1, k2 := mustKey(t), mustKey(t)
+	if p1, p2 := k1.PublicKey(), k2.PublicKey(); bytes.Compare(p1[:], p2[:]) > 0 {
+		k1, k2 = k2, k1
+	}
+	lower, upper := &fakeClient{dev: wgtypes.Device{PublicKey: k1.PublicKey()}}, &fakeClient{dev: wgtypes.Device{PublicKey: k2.PublicKey()}}
+	dl, du := testDevice(t, lower), testDevice(t, upper)
+	if err := dl.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{peerConfig(k2.PublicKey())}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := du.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{peerConfig(k1.PublicKey())}}); err != nil {
+		t.Fatal(err)
+	}
+	const step = 100 * time.Millisecond
+	var atLower, atUpper []time.Duration
+	for now := step; now <= 20*time.Second; now += step {
+		age(dl, lower, step)
+		age(du, upper, step)
+		nl, nu := len(lower.configs), len(upper.configs)
+		dl.rehandshakeNow()
+		du.rehandshakeNow()
+		if len(lower.configs) > nl {
+			atLower = append(atLower, now)
+		}
+		if len(upper.configs) > nu {
+			atUpper = append(atUpper, now)
+		}
+		if len(lower.configs) > nl && len(upper.configs) > nu {
+			t.Fatalf("both sides put each other in again %s after they were put in: the two initiations cross", now)
+		}
+	}
+	t.Logf("put in again: the lower key's side after %v, the greater's after %v", atLower, atUpper)
+	if len(atLower) != 3 || len(atUpper) != 3 || atLower[0] > atUpper[0] {
+		t.Errorf("put in again after %v and %v, want three times each, the lower key's side first", atLower, atUpper)
 	}
 }
