@@ -33,6 +33,8 @@ const RehandshakeAfter = time.Second
 // WireGuard alone would.
 const maxRehandshakeWait = 4 * time.Second
 
+const sampleWindow = 500 * time.Millisecond
+
 // yieldTo tells whether this side, with public key own, waits longer
 // than peer before putting it in again. Both sides put each other in at the
 // same moment in a rotation, so checks after the same wait would put both
@@ -47,9 +49,13 @@ func yieldTo(own, peer wgtypes.Key) bool {
 // dueAt is when the check of peer k is due: at+wait, and half a wait more
 // on the side that yields.
 func (d *Device) dueAt(k wgtypes.Key, p putInPeer) time.Time {
-	due := p.at.Add(p.wait)
+	from, wait := p.at, p.wait
+	if p.sampled {
+		from, wait = p.sampledAt, sampleWindow
+	}
+	due := from.Add(wait)
 	if yieldTo(d.own, k) {
-		due = due.Add(p.wait / 2)
+		due = due.Add(wait / 2)
 	}
 	return due
 }
@@ -63,7 +69,23 @@ type putInPeer struct {
 	at time.Time
 	// wait is how long after at it is checked.
 	wait time.Duration
+	// sampled: it has had its handshake, and rx and tx are its byte
+	// counters when that was seen (at sampledAt); the next check, a
+	// sampleWindow later, looks for a one-sided session.
+	sampled   bool
+	sampledAt time.Time
+	rx, tx    int64
 }
+
+// sampleWindow is how long a peer that had its handshake is watched for a
+// one-sided session: sending but receiving nothing. Two initiations that
+// cross can leave that behind in wireguard-go too (each side answers the
+// other's while its own answer is processed by another goroutine; seen in
+// the lab: both sides logged a handshake, and one sent pings into a
+// session the other did not hold), and WireGuard only notices after 15 s
+// without an answer ("stopped hearing back"). A one-way flow on a healthy
+// session looks the same for a moment; putting it in again costs a round
+// trip.
 
 // notePutIn remembers the peers a configuration sent at at put in, and
 // schedules the check for their first handshake. d.mu is held.
@@ -127,8 +149,17 @@ func (d *Device) rehandshakeNow() {
 			continue
 		}
 		if p.LastHandshakeTime.After(st.at) {
-			delete(d.putIn, p.PublicKey)
-			continue
+			if !st.sampled {
+				st.sampled, st.sampledAt, st.rx, st.tx = true, now, p.ReceiveBytes, p.TransmitBytes
+				d.putIn[p.PublicKey] = st
+				continue
+			}
+			if p.TransmitBytes == st.tx || p.ReceiveBytes != st.rx {
+				delete(d.putIn, p.PublicKey) // traffic both ways, or none to judge by
+				continue
+			}
+			d.log.Info("wireguard: a peer's session since its handshake only sends", "peer", p.PublicKey.String(),
+				"sent_bytes", p.TransmitBytes-st.tx, "over", now.Sub(st.sampledAt).Round(time.Millisecond))
 		}
 		if st.wait > maxRehandshakeWait {
 			// WireGuard's own retries from here on.

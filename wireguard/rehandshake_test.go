@@ -61,6 +61,9 @@ func testDevice(t *testing.T, fc *fakeClient) *Device {
 func age(d *Device, fc *fakeClient, by time.Duration) {
 	for k, p := range d.putIn {
 		p.at = p.at.Add(-by)
+		if p.sampled {
+			p.sampledAt = p.sampledAt.Add(-by)
+		}
 		d.putIn[k] = p
 	}
 	for i := range fc.dev.Peers {
@@ -106,8 +109,8 @@ func TestRehandshake(t *testing.T) {
 	if len(fc.configs) != 1 || !isPutInAgain(fc.configs[0], silent) {
 		t.Fatalf("configurations %+v, want one: the silent peer removed and put in again as it was", fc.configs)
 	}
-	if _, ok := d.putIn[recent]; !ok || len(d.putIn) != 2 {
-		t.Errorf("still waiting for %v, want the recent peer and the silent one", d.putIn)
+	if _, ok := d.putIn[recent]; !ok || len(d.putIn) != 3 || !d.putIn[talked].sampled {
+		t.Errorf("still waiting for %v, want the recent peer, the silent one and the one that talked (watched for a one-sided session)", d.putIn)
 	}
 	if p := d.putIn[silent]; p.wait != 2*RehandshakeAfter {
 		t.Errorf("the silent peer is checked again after %s, want %s", p.wait, 2*RehandshakeAfter)
@@ -128,6 +131,8 @@ func TestRehandshakeCountsHandshakeDuringConfigure(t *testing.T) {
 		t.Fatal(err)
 	}
 	age(d, fc, 2*RehandshakeAfter)
+	d.rehandshakeNow()
+	age(d, fc, 2*sampleWindow) // no traffic: nothing to judge a session by
 	d.rehandshakeNow()
 	if len(fc.configs) != 1 {
 		t.Fatalf("%d configurations, want only the one that put the peer in (it had its handshake): %+v", len(fc.configs), fc.configs[1:])
@@ -228,5 +233,48 @@ func TestRehandshakeOneSideFirst(t *testing.T) {
 	t.Logf("put in again: the lower key's side after %v, the greater's after %v", atLower, atUpper)
 	if len(atLower) != 3 || len(atUpper) != 3 || atLower[0] > atUpper[0] {
 		t.Errorf("put in again after %v and %v, want three times each, the lower key's side first", atLower, atUpper)
+	}
+}
+
+// TestRehandshakeOneSided: a peer that had its handshake is watched for a
+// sampleWindow more; one whose session only sends over it (crossing
+// initiations can leave one side with a session the other does not hold,
+// which WireGuard notices only after 15 s) is put in again, one that
+// receives too, or sends nothing, is left alone.
+func TestRehandshakeOneSided(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		sent, recv int64
+		putInAgain bool
+	}{
+		{name: "sends and receives nothing", sent: 2048, recv: 0, putInAgain: true},
+		{name: "sends and receives", sent: 2048, recv: 1024, putInAgain: false},
+		{name: "idle", sent: 0, recv: 0, putInAgain: false},
+		{name: "only receives", sent: 0, recv: 1024, putInAgain: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := &fakeClient{handshakeOnConfigure: true}
+			d := testDevice(t, fc)
+			peer := mustKey(t).PublicKey()
+			if err := d.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{peerConfig(peer)}}); err != nil {
+				t.Fatal(err)
+			}
+			fc.dev.Peers[0].ReceiveBytes, fc.dev.Peers[0].TransmitBytes = 92, 148 // the handshake
+			age(d, fc, RehandshakeAfter)
+			d.rehandshakeNow()
+			if len(fc.configs) != 1 || !d.putIn[peer].sampled {
+				t.Fatalf("after the first check: %d configurations, waiting for %+v; want 1, the peer watched", len(fc.configs), d.putIn)
+			}
+			fc.dev.Peers[0].TransmitBytes += tc.sent
+			fc.dev.Peers[0].ReceiveBytes += tc.recv
+			age(d, fc, sampleWindow)
+			d.rehandshakeNow()
+			if got := len(fc.configs) == 2 && isPutInAgain(fc.configs[1], peer); got != tc.putInAgain {
+				t.Errorf("put in again: %v, want %v (configurations %+v)", got, tc.putInAgain, fc.configs)
+			}
+			if _, waiting := d.putIn[peer]; waiting != tc.putInAgain {
+				t.Errorf("still waiting: %v, want %v", waiting, tc.putInAgain)
+			}
+		})
 	}
 }
