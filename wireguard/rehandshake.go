@@ -33,6 +33,15 @@ const RehandshakeAfter = time.Second
 // WireGuard alone would.
 const maxRehandshakeWait = 4 * time.Second
 
+// sampleWindow is how long a peer that had its handshake is watched for a
+// one-sided session: sending but receiving nothing. Two initiations that
+// cross can leave that behind in wireguard-go too (each side answers the
+// other's while its own answer is processed by another goroutine; seen in
+// the lab: both sides logged a handshake, and one sent pings into a
+// session the other did not hold), and WireGuard only notices after 15 s
+// without an answer ("stopped hearing back"). A one-way flow on a healthy
+// session looks the same for a moment; putting it in again costs a round
+// trip.
 const sampleWindow = 500 * time.Millisecond
 
 // yieldTo tells whether this side, with public key own, waits longer
@@ -46,8 +55,9 @@ func yieldTo(own, peer wgtypes.Key) bool {
 	return bytes.Compare(own[:], peer[:]) > 0
 }
 
-// dueAt is when the check of peer k is due: at+wait, and half a wait more
-// on the side that yields.
+// dueAt is when the check of peer k is due: a wait after it was put in
+// (a sampleWindow after its sample, once it had its handshake), and half
+// that more on the side that yields.
 func (d *Device) dueAt(k wgtypes.Key, p putInPeer) time.Time {
 	from, wait := p.at, p.wait
 	if p.sampled {
@@ -60,8 +70,8 @@ func (d *Device) dueAt(k wgtypes.Key, p putInPeer) time.Time {
 	return due
 }
 
-// putInPeer is a peer waiting for its first handshake since it was put
-// in.
+// putInPeer is a peer put in, waiting for its first handshake since, or
+// watched for a one-sided session after it.
 type putInPeer struct {
 	// at is when the configuration that put it in was sent, taken before
 	// the device was told: a handshake that completes while the
@@ -76,16 +86,6 @@ type putInPeer struct {
 	sampledAt time.Time
 	rx, tx    int64
 }
-
-// sampleWindow is how long a peer that had its handshake is watched for a
-// one-sided session: sending but receiving nothing. Two initiations that
-// cross can leave that behind in wireguard-go too (each side answers the
-// other's while its own answer is processed by another goroutine; seen in
-// the lab: both sides logged a handshake, and one sent pings into a
-// session the other did not hold), and WireGuard only notices after 15 s
-// without an answer ("stopped hearing back"). A one-way flow on a healthy
-// session looks the same for a moment; putting it in again costs a round
-// trip.
 
 // notePutIn remembers the peers a configuration sent at at put in, and
 // schedules the check for their first handshake. d.mu is held.
@@ -120,8 +120,10 @@ func (d *Device) scheduleRehandshake() {
 }
 
 // rehandshakeNow puts in once more every peer due for its check that has
-// had no handshake since it was put in, and checks it again later
-// (twice the wait, up to maxRehandshakeWait).
+// had no handshake since it was put in, or whose session since only sent,
+// and checks it again later (twice the wait, up to maxRehandshakeWait); a
+// peer seen with its handshake the first time is sampled, and watched a
+// sampleWindow more.
 func (d *Device) rehandshakeNow() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
