@@ -33,15 +33,17 @@ const RehandshakeAfter = time.Second
 // WireGuard alone would.
 const maxRehandshakeWait = 4 * time.Second
 
-// sampleWindow is how long a peer that had its handshake is watched for a
-// one-sided session: sending but receiving nothing. Two initiations that
-// cross can leave that behind in wireguard-go too (each side answers the
-// other's while its own answer is processed by another goroutine; seen in
-// the lab: both sides logged a handshake, and one sent pings into a
-// session the other did not hold), and WireGuard only notices after 15 s
-// without an answer ("stopped hearing back"). A one-way flow on a healthy
-// session looks the same for a moment; putting it in again costs a round
-// trip.
+// sampleWindow is how long a peer whose handshake came after its first
+// sample is watched for a one-sided session: sending but receiving
+// nothing. Two initiations that cross can leave that behind in
+// wireguard-go too (each side answers the other's while its own answer is
+// processed by another goroutine; seen in the lab: both sides logged a
+// handshake, and one sent pings into a session the other did not hold),
+// and WireGuard only notices after 15 s without an answer ("stopped
+// hearing back"). So every peer put in is sampled (its byte counters)
+// half a wait after, and judged at its check: sent since, received
+// nothing. A one-way flow on a healthy session looks the same for that
+// moment; putting it in again costs a round trip.
 const sampleWindow = 500 * time.Millisecond
 
 // yieldTo tells whether this side, with public key own, waits longer
@@ -55,20 +57,39 @@ func yieldTo(own, peer wgtypes.Key) bool {
 	return bytes.Compare(own[:], peer[:]) > 0
 }
 
-// dueAt is when the check of peer k is due: a wait after it was put in
-// (a sampleWindow after its sample, once it had its handshake), and half
-// that more on the side that yields.
+// dueAt is when the next step for peer k is due: its sample half a wait
+// after it was put in, its check a wait after (or a sampleWindow after a
+// sample taken again), and half that more on the side that yields.
 func (d *Device) dueAt(k wgtypes.Key, p putInPeer) time.Time {
-	from, wait := p.at, p.wait
-	if p.sampled {
-		from, wait = p.sampledAt, sampleWindow
+	var due time.Time
+	offset := p.wait / 2
+	switch p.phase {
+	case phaseSample:
+		due = p.at.Add(p.wait / 2)
+	case phaseCheck:
+		due = p.at.Add(p.wait)
+	default:
+		due, offset = p.sampledAt.Add(sampleWindow), sampleWindow/2
 	}
-	due := from.Add(wait)
 	if yieldTo(d.own, k) {
-		due = due.Add(wait / 2)
+		due = due.Add(offset)
 	}
 	return due
 }
+
+// The steps of a peer put in.
+const (
+	// phaseSample: its byte counters are read half a wait after it was
+	// put in.
+	phaseSample = iota
+	// phaseCheck: a wait after it was put in, it is put in again without
+	// a handshake since, or with a session that sent and received
+	// nothing since the sample.
+	phaseCheck
+	// phaseWindow: its handshake came after the sample, so it is sampled
+	// again and judged a sampleWindow later.
+	phaseWindow
+)
 
 // putInPeer is a peer put in, waiting for its first handshake since, or
 // watched for a one-sided session after it.
@@ -79,10 +100,9 @@ type putInPeer struct {
 	at time.Time
 	// wait is how long after at it is checked.
 	wait time.Duration
-	// sampled: it has had its handshake, and rx and tx are its byte
-	// counters when that was seen (at sampledAt); the next check, a
-	// sampleWindow later, looks for a one-sided session.
-	sampled   bool
+	// phase is its next step; rx and tx are its byte counters at its
+	// sample (taken at sampledAt).
+	phase     int
 	sampledAt time.Time
 	rx, tx    int64
 }
@@ -121,9 +141,8 @@ func (d *Device) scheduleRehandshake() {
 
 // rehandshakeNow puts in once more every peer due for its check that has
 // had no handshake since it was put in, or whose session since only sent,
-// and checks it again later (twice the wait, up to maxRehandshakeWait); a
-// peer seen with its handshake the first time is sampled, and watched a
-// sampleWindow more.
+// and checks it again later (twice the wait, up to maxRehandshakeWait);
+// it takes the peers' samples too (see dueAt).
 func (d *Device) rehandshakeNow() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -150,16 +169,22 @@ func (d *Device) rehandshakeNow() {
 		if !ok || now.Before(d.dueAt(p.PublicKey, st)) {
 			continue
 		}
-		if p.LastHandshakeTime.After(st.at) {
-			if !st.sampled {
-				st.sampled, st.sampledAt, st.rx, st.tx = true, now, p.ReceiveBytes, p.TransmitBytes
-				d.putIn[p.PublicKey] = st
-				continue
-			}
-			if p.TransmitBytes == st.tx || p.ReceiveBytes != st.rx {
-				delete(d.putIn, p.PublicKey) // traffic both ways, or none to judge by
-				continue
-			}
+		switch {
+		case st.phase == phaseSample:
+			st.phase, st.sampledAt, st.rx, st.tx = phaseCheck, now, p.ReceiveBytes, p.TransmitBytes
+			d.putIn[p.PublicKey] = st
+			continue
+		case !p.LastHandshakeTime.After(st.at):
+			// No handshake since it was put in: put in again, below.
+		case p.LastHandshakeTime.After(st.sampledAt):
+			// The handshake came after the sample: a window of its own.
+			st.phase, st.sampledAt, st.rx, st.tx = phaseWindow, now, p.ReceiveBytes, p.TransmitBytes
+			d.putIn[p.PublicKey] = st
+			continue
+		case p.TransmitBytes == st.tx || p.ReceiveBytes != st.rx:
+			delete(d.putIn, p.PublicKey) // traffic both ways, or none to judge by
+			continue
+		default:
 			d.log.Info("wireguard: a peer's session since its handshake only sends", "peer", p.PublicKey.String(),
 				"sent_bytes", p.TransmitBytes-st.tx, "over", now.Sub(st.sampledAt).Round(time.Millisecond))
 		}

@@ -61,7 +61,7 @@ func testDevice(t *testing.T, fc *fakeClient) *Device {
 func age(d *Device, fc *fakeClient, by time.Duration) {
 	for k, p := range d.putIn {
 		p.at = p.at.Add(-by)
-		if p.sampled {
+		if !p.sampledAt.IsZero() {
 			p.sampledAt = p.sampledAt.Add(-by)
 		}
 		d.putIn[k] = p
@@ -102,15 +102,16 @@ func TestRehandshake(t *testing.T) {
 		{PublicKey: recent, Endpoint: ep},
 	}}}
 	d := testDevice(t, fc)
-	for k, at := range map[wgtypes.Key]time.Time{silent: now.Add(-2 * time.Second), talked: now.Add(-2 * time.Second), recent: now, gone: now.Add(-2 * time.Second)} {
-		d.putIn[k] = putInPeer{at: at, wait: RehandshakeAfter}
+	for k, at := range map[wgtypes.Key]time.Time{silent: now.Add(-2 * time.Second), talked: now.Add(-2 * time.Second), gone: now.Add(-2 * time.Second)} {
+		d.putIn[k] = putInPeer{at: at, wait: RehandshakeAfter, phase: phaseCheck, sampledAt: now.Add(-500 * time.Millisecond)}
 	}
+	d.putIn[recent] = putInPeer{at: now, wait: RehandshakeAfter}
 	d.rehandshakeNow()
 	if len(fc.configs) != 1 || !isPutInAgain(fc.configs[0], silent) {
 		t.Fatalf("configurations %+v, want one: the silent peer removed and put in again as it was", fc.configs)
 	}
-	if _, ok := d.putIn[recent]; !ok || len(d.putIn) != 3 || !d.putIn[talked].sampled {
-		t.Errorf("still waiting for %v, want the recent peer, the silent one and the one that talked (watched for a one-sided session)", d.putIn)
+	if _, ok := d.putIn[recent]; !ok || len(d.putIn) != 2 {
+		t.Errorf("still waiting for %v, want the recent peer and the silent one", d.putIn)
 	}
 	if p := d.putIn[silent]; p.wait != 2*RehandshakeAfter {
 		t.Errorf("the silent peer is checked again after %s, want %s", p.wait, 2*RehandshakeAfter)
@@ -236,11 +237,11 @@ func TestRehandshakeOneSideFirst(t *testing.T) {
 	}
 }
 
-// TestRehandshakeOneSided: a peer that had its handshake is watched for a
-// sampleWindow more; one whose session only sends over it (crossing
+// TestRehandshakeOneSided: a peer put in is sampled half a wait after,
+// and judged at its check; one whose session only sent since (crossing
 // initiations can leave one side with a session the other does not hold,
 // which WireGuard notices only after 15 s) is put in again, one that
-// receives too, or sends nothing, is left alone.
+// received too, or sent nothing, is left alone.
 func TestRehandshakeOneSided(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -260,14 +261,14 @@ func TestRehandshakeOneSided(t *testing.T) {
 				t.Fatal(err)
 			}
 			fc.dev.Peers[0].ReceiveBytes, fc.dev.Peers[0].TransmitBytes = 92, 148 // the handshake
-			age(d, fc, RehandshakeAfter)
+			age(d, fc, RehandshakeAfter/2)
 			d.rehandshakeNow()
-			if len(fc.configs) != 1 || !d.putIn[peer].sampled {
-				t.Fatalf("after the first check: %d configurations, waiting for %+v; want 1, the peer watched", len(fc.configs), d.putIn)
+			if len(fc.configs) != 1 || d.putIn[peer].phase != phaseCheck {
+				t.Fatalf("after its sample: %d configurations, waiting for %+v; want 1, the peer sampled", len(fc.configs), d.putIn)
 			}
 			fc.dev.Peers[0].TransmitBytes += tc.sent
 			fc.dev.Peers[0].ReceiveBytes += tc.recv
-			age(d, fc, sampleWindow)
+			age(d, fc, RehandshakeAfter/2)
 			d.rehandshakeNow()
 			if got := len(fc.configs) == 2 && isPutInAgain(fc.configs[1], peer); got != tc.putInAgain {
 				t.Errorf("put in again: %v, want %v (configurations %+v)", got, tc.putInAgain, fc.configs)
@@ -276,5 +277,32 @@ func TestRehandshakeOneSided(t *testing.T) {
 				t.Errorf("still waiting: %v, want %v", waiting, tc.putInAgain)
 			}
 		})
+	}
+}
+
+// TestRehandshakeLateHandshake: a peer whose handshake came after its
+// sample is sampled again at its check, and judged a sampleWindow later
+// (the sample would count the handshake's own packets).
+func TestRehandshakeLateHandshake(t *testing.T) {
+	fc := &fakeClient{}
+	d := testDevice(t, fc)
+	peer := mustKey(t).PublicKey()
+	if err := d.configure(wgtypes.Config{Peers: []wgtypes.PeerConfig{peerConfig(peer)}}); err != nil {
+		t.Fatal(err)
+	}
+	age(d, fc, RehandshakeAfter/2)
+	d.rehandshakeNow() // the sample, before any handshake
+	fc.dev.Peers[0].LastHandshakeTime = time.Now()
+	fc.dev.Peers[0].ReceiveBytes, fc.dev.Peers[0].TransmitBytes = 92, 148
+	age(d, fc, RehandshakeAfter/2)
+	d.rehandshakeNow()
+	if st := d.putIn[peer]; len(fc.configs) != 1 || st.phase != phaseWindow || st.rx != 92 || st.tx != 148 {
+		t.Fatalf("at its check: %d configurations, waiting for %+v; want 1, the peer sampled again", len(fc.configs), d.putIn)
+	}
+	fc.dev.Peers[0].TransmitBytes += 4096 // pings into a session the other side lacks
+	age(d, fc, sampleWindow)
+	d.rehandshakeNow()
+	if len(fc.configs) != 2 || !isPutInAgain(fc.configs[1], peer) {
+		t.Errorf("configurations %+v, want the peer put in again (its session only sent)", fc.configs)
 	}
 }
