@@ -191,7 +191,7 @@ func (d *Device) rehandshakeNow() {
 		if st.wait > maxRehandshakeWait {
 			// WireGuard's own retries from here on.
 			delete(d.putIn, p.PublicKey)
-			d.log.Warn("wireguard: still no handshake with a peer put in again; left to WireGuard's retries (every 5 s)",
+			d.log.Warn("wireguard: still no session with a peer put in again three times; left to WireGuard's retries (every 5 s)",
 				"peer", p.PublicKey.String(), "endpoint", p.Endpoint, "since", st.at)
 			continue
 		}
@@ -222,5 +222,5 @@ func (d *Device) rehandshakeNow() {
 	for k, wait := range waits {
 		d.putIn[k] = putInPeer{at: at, wait: wait}
 	}
-	d.log.Info("wireguard: peers without a handshake put in again", "peers", again)
+	d.log.Info("wireguard: peers without a handshake, or whose session only sent, put in again", "peers", again)
 }
