@@ -176,7 +176,7 @@ func TestEncryption(t *testing.T) {
 		// 15 s when one side is left with a session the other lacks.
 		if gap > 3*time.Second {
 			t.Errorf("pings stopped for %s across the rotation, want at most 3s; the devices now:\n%s\n%s\n"+
-				"(the agents' logs name the peers put in again for want of a handshake)", gap, wireGuardState(h1), wireGuardState(h2))
+				"(the agents' logs name the peers put in again for want of a handshake or of an answer)", gap, wireGuardState(h1), wireGuardState(h2))
 		}
 		pingAll(ctx, t, cts)
 	})
