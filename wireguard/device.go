@@ -83,8 +83,11 @@ type Device struct {
 	closed bool
 	// putIn are the peers put in and waiting for their first handshake,
 	// with when (rehandshake.go); rehandshake checks them.
-	putIn       map[wgtypes.Key]time.Time
+	putIn       map[wgtypes.Key]putInPeer
 	rehandshake *time.Timer
+	// own is the device's public key as last configured or read: which
+	// side of a peer pair yields (yieldTo).
+	own wgtypes.Key
 }
 
 // configurator is what the device needs of wgctrl's client (a fake in
@@ -109,7 +112,7 @@ func Open(ctx context.Context, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, fmt.Errorf("wireguard: netlink: %w", err)
 	}
-	d := &Device{name: opts.Name, log: opts.Logger.With("device", opts.Name), nl: nl, putIn: map[wgtypes.Key]time.Time{}}
+	d := &Device{name: opts.Name, log: opts.Logger.With("device", opts.Name), nl: nl, putIn: map[wgtypes.Key]putInPeer{}}
 	ok := false
 	defer func() {
 		if !ok {

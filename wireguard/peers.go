@@ -78,11 +78,11 @@ func (d *Device) Apply(ctx context.Context, want *Desired) (Report, error) {
 		return rep, fmt.Errorf("wireguard: read %s: %w", d.name, err)
 	}
 	cfg, changed := planDevice(cur, want, &rep)
+	d.own = want.PrivateKey.PublicKey()
 	if changed {
-		if err := d.client.ConfigureDevice(d.name, cfg); err != nil {
-			return rep, fmt.Errorf("wireguard: configure %s: %w", d.name, err)
+		if err := d.configure(cfg); err != nil {
+			return rep, err
 		}
-		d.notePutIn(&cfg)
 	}
 	link, err := d.nl.LinkByName(d.name)
 	if err != nil {
@@ -101,6 +101,20 @@ func (d *Device) Apply(ctx context.Context, want *Desired) (Report, error) {
 	err = applyRoutes(ctx, d.nl, link.Attrs().Index, want, &rep)
 	rep.Duration = time.Since(start)
 	return rep, err
+}
+
+// configure sends cfg to the device and notes the peers it puts in for
+// the handshake check. The time noted is taken before the call: a peer's
+// first handshake (its keepalive starts one as it is put in) often
+// completes before the call returns, and taken after, it would look like
+// none and the check would tear down the fresh session. d.mu is held.
+func (d *Device) configure(cfg wgtypes.Config) error {
+	at := time.Now()
+	if err := d.client.ConfigureDevice(d.name, cfg); err != nil {
+		return fmt.Errorf("wireguard: configure %s: %w", d.name, err)
+	}
+	d.notePutIn(&cfg, at)
+	return nil
 }
 
 // planDevice is the configuration that takes the device from cur to want
