@@ -45,9 +45,13 @@ func TestFrameReaderReadsWhatIsWritten(t *testing.T) {
 	stream = AppendFrame(stream, FrameEnd, mustJSON(t, Error{Code: CodeGone, Oldest: 5, Message: "gone"}))
 	r := NewFrameReader(bytes.NewReader(stream))
 	want := []func(Frame) bool{
-		func(f Frame) bool { return f.Kind == FrameChanges && f.Changes.Index == 7 && f.Changes.Agents[0].AgentID == "a1" },
+		func(f Frame) bool {
+			return f.Kind == FrameChanges && f.Changes.Index == 7 && f.Changes.Agents[0].AgentID == "a1"
+		},
 		func(f Frame) bool { return f.Kind == FrameHeartbeat && f.Heartbeat.Index == 7 },
-		func(f Frame) bool { return f.Kind == FrameChanges && f.Changes.Since == 3 && f.Changes.ClusterID == "c1" },
+		func(f Frame) bool {
+			return f.Kind == FrameChanges && f.Changes.Since == 3 && f.Changes.ClusterID == "c1"
+		},
 		func(f Frame) bool { return f.Kind == FrameEnd && f.End.Code == CodeGone && f.End.Oldest == 5 },
 	}
 	for i, ok := range want {
