@@ -44,6 +44,9 @@ type masterProxy struct {
 	// proxy answers them 404, as a master of a release before them does,
 	// and the agent long-polls (the states counted here).
 	streams bool
+	// stallStreams answers the changes streams 200 and then nothing, as
+	// a proxy that buffers answers does.
+	stallStreams bool
 	// streamsOpened counts the changes streams passed on, streamsRefused
 	// those answered 404, longPolls the changes long polls passed on.
 	streamsOpened, streamsRefused, longPolls int
@@ -98,6 +101,15 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 				p.streamsRefused++
 			}
 			p.mu.Unlock()
+			p.mu.Lock()
+			stall := p.stallStreams
+			p.mu.Unlock()
+			if stall {
+				w.WriteHeader(http.StatusOK)
+				http.NewResponseController(w).Flush()
+				<-r.Context().Done()
+				return
+			}
 			if !streams {
 				httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, "masterProxy: no such endpoint (a master of a release before the stream)")
 				return
@@ -162,11 +174,12 @@ func (p *masterProxy) switchTo(m *master.Master) {
 	p.backend, p.states = u, 0
 }
 
-// setStreams passes the changes streams on (true) or answers them 404.
-func (p *masterProxy) setStreams(on bool) {
+// setStreams passes the changes streams on (true) or answers them 404;
+// stall answers them 200 and then nothing.
+func (p *masterProxy) setStreams(on, stall bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.streams = on
+	p.streams, p.stallStreams = on, stall
 }
 
 // dropStreams ends the requests being passed on (the changes streams:

@@ -62,6 +62,13 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				a.log.Info("the masters serve no changes stream (a release before it): watching with the long poll", "err", serr, "stream_again_in", streamRetryAfter)
 				longPollUntil = time.Now().Add(streamRetryAfter)
 				continue // the long poll now
+			case out.frames == 0 && errors.Is(serr, api.ErrStreamIdle):
+				// The master sends a stream's first frame at once: none in
+				// three heartbeats is something between that holds the
+				// answer back (a buffering proxy), or a master that hangs.
+				a.log.Warn("no frame came on the changes stream (a proxy that buffers answers, or a master that hangs): watching with the long poll", "err", serr, "stream_again_in", streamRetryAfter)
+				longPollUntil = time.Now().Add(streamRetryAfter)
+				continue
 			case out.full:
 				full, probe = true, true // the whole state now, not after a long poll
 				continue

@@ -5,8 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -201,5 +205,55 @@ func TestChangesStreamRefusesBadQueries(t *testing.T) {
 				t.Fatalf("GET %s: %d %s, want 400 naming %q", tt.query, status, body, tt.want)
 			}
 		})
+	}
+}
+
+// failingWriter is a ResponseWriter whose writes fail from the
+// failFrom'th on, as a write to a client that stopped reading does once
+// its deadline passed.
+type failingWriter struct {
+	header   http.Header
+	status   int
+	mu       sync.Mutex
+	writes   int
+	failFrom int
+}
+
+func (w *failingWriter) Header() http.Header    { return w.header }
+func (w *failingWriter) WriteHeader(status int) { w.status = status }
+func (w *failingWriter) Flush()                 {}
+func (w *failingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writes++
+	if w.writes >= w.failFrom {
+		return 0, os.ErrDeadlineExceeded
+	}
+	return len(p), nil
+}
+
+// TestChangesStreamEndsOnAFailedWrite: a stream whose frame cannot be
+// written (its client did not read until the write deadline) ends there:
+// its handler returns, holding nothing, and writes nothing more, rather
+// than queueing the frames its client does not take.
+func TestChangesStreamEndsOnAFailedWrite(t *testing.T) {
+	c := newTestCluster(t, 1, state.DefaultConfig())
+	c.waitLeader()
+	c.waitConverged()
+	s := &server{m: c.masters[0], log: testLogger(t)}
+	// The first frame (its header and payload) goes out; the first
+	// heartbeat's header fails.
+	w := &failingWriter{header: http.Header{}, failFrom: 3}
+	r := httptest.NewRequest(http.MethodGet, api.StreamPath+"?since=0&heartbeat=100ms", nil)
+	var done atomic.Bool
+	go func() {
+		s.changesStream(w, r)
+		done.Store(true)
+	}()
+	testutil.Eventually(t, 0, "the stream ends at its failed write", testutil.True(done.Load))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.status != http.StatusOK || w.writes != 3 {
+		t.Fatalf("status %d, %d writes: want 200, the first frame and one failed write", w.status, w.writes)
 	}
 }
