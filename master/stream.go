@@ -67,8 +67,16 @@ func (s *server) changesStream(w http.ResponseWriter, r *http.Request) {
 	// revoked is not reused either.
 	w.Header().Set("Connection", "close")
 	w.WriteHeader(http.StatusOK)
-	if reason, err := st.run(); err != nil {
+	reason, err := st.run()
+	switch {
+	case reason == streamEndWrite:
+		// The one end the client is not told of: said where the
+		// operator looks.
 		s.log.Info("dropped a changes stream", "remote", r.RemoteAddr, "client", clientName(r), "index", st.index, "reason", reason, "err", err)
+	case err != nil:
+		// An end frame told the client why (a master stopping ends
+		// thousands at once).
+		s.log.Debug("ended a changes stream", "remote", r.RemoteAddr, "client", clientName(r), "index", st.index, "reason", reason, "err", err)
 	}
 }
 
