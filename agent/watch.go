@@ -18,12 +18,12 @@ import (
 // watchLoop follows the masters' state: one whole state first, then only
 // what changes, which costs a watcher what a change is, not what the
 // cluster is: over one stream (GET /overlay-master/changes/stream,
-// watchstream.go), or, from masters without it (404: a release before it),
-// long polls (GET /overlay-master/changes), one request per change. It reads the whole state again when
-// the masters no longer keep the changes since its index (410: it was away
-// longer than the change log or the tombstone horizon reach), when the
-// cluster id changes (a rebuild), or when a master has no changes route
-// (an older version).
+// watchstream.go), or, from masters without it (404: a release before
+// it), long polls (GET /overlay-master/changes), one request per change.
+// It reads the whole state again when the masters no longer keep the
+// changes since its index (410: it was away longer than the change log or
+// the tombstone horizon reach), when the cluster id changes (a rebuild),
+// or when a master has no changes route (an older version).
 //
 // The first read, and the next after a read that failed or was not
 // applied, does not wait (a probe): masters at the index the agent already
@@ -99,7 +99,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				if api.IsCode(err, api.CodeGone) || api.IsCode(err, api.CodeNotFound) {
 					a.metrics.masterReads.WithLabelValues("gone").Inc()
 				}
-				a.log.Info(why, args...)
+				a.log.Info(why, append(args, "index", index)...)
 				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil:
