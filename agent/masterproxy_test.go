@@ -40,6 +40,16 @@ type masterProxy struct {
 	// inflight cancels the requests being passed on (setDown(true) ends
 	// them, as a master going away ends its long polls).
 	inflight map[*http.Request]context.CancelFunc
+	// streams passes the changes streams on (setStreams); without it the
+	// proxy answers them 404, as a master of a release before them does,
+	// and the agent long-polls (the states counted here).
+	streams bool
+	// stallStreams answers the changes streams 200 and then nothing, as
+	// a proxy that buffers answers does.
+	stallStreams bool
+	// streamsOpened counts the changes streams passed on, streamsRefused
+	// those answered 404, longPolls the changes long polls passed on.
+	streamsOpened, streamsRefused, longPolls int
 }
 
 func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
@@ -77,16 +87,39 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 		p.mu.Lock()
 		refused := p.readsRefused
 		p.mu.Unlock()
-		isRead := r.Method == http.MethodGet && (r.URL.Path == "/overlay-master/state" || r.URL.Path == "/overlay-master/changes")
+		isRead := r.Method == http.MethodGet && (r.URL.Path == "/overlay-master/state" || r.URL.Path == "/overlay-master/changes" || r.URL.Path == api.StreamPath)
 		switch {
 		case refused != nil && isRead:
 			httpapi.WriteError(w, refused.Status, refused.Code, refused.Message)
 			return
+		case r.URL.Path == api.StreamPath:
+			p.mu.Lock()
+			streams := p.streams
+			if streams {
+				p.streamsOpened++
+			} else {
+				p.streamsRefused++
+			}
+			p.mu.Unlock()
+			p.mu.Lock()
+			stall := p.stallStreams
+			p.mu.Unlock()
+			if stall {
+				w.WriteHeader(http.StatusOK)
+				http.NewResponseController(w).Flush()
+				<-r.Context().Done()
+				return
+			}
+			if !streams {
+				httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, "masterProxy: no such endpoint (a master of a release before the stream)")
+				return
+			}
 		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/state":
 			p.serveState(w, r)
 			return
 		case r.Method == http.MethodGet && r.URL.Path == "/overlay-master/changes":
 			p.mu.Lock()
+			p.longPolls++
 			host := p.backend.Host
 			p.mu.Unlock()
 			rec := &statusWriter{ResponseWriter: w, status: http.StatusOK}
@@ -139,6 +172,32 @@ func (p *masterProxy) switchTo(m *master.Master) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.backend, p.states = u, 0
+}
+
+// setStreams passes the changes streams on (true) or answers them 404;
+// stall answers them 200 and then nothing.
+func (p *masterProxy) setStreams(on, stall bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.streams, p.stallStreams = on, stall
+}
+
+// dropStreams ends the requests being passed on (the changes streams:
+// the long polls are ended too), as a master that drops them does.
+func (p *masterProxy) dropStreams() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, cancel := range p.inflight {
+		cancel()
+	}
+}
+
+// watches counts the changes streams passed on and answered 404, and
+// the changes long polls.
+func (p *masterProxy) watches() (opened, refused, longPolls int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streamsOpened, p.streamsRefused, p.longPolls
 }
 
 // setDown has the proxy answer every request 503 no_leader (true) or

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"reflect"
+	"time"
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
@@ -15,12 +16,14 @@ import (
 )
 
 // watchLoop follows the masters' state: one whole state first, then only
-// what changes (GET /overlay-master/changes), which costs a watcher what a
-// change is, not what the cluster is. It reads the whole state again when
-// the masters no longer keep the changes since its index (410: it was away
-// longer than the change log or the tombstone horizon reach), when the
-// cluster id changes (a rebuild), or when a master has no changes route
-// (an older version).
+// what changes, which costs a watcher what a change is, not what the
+// cluster is: over one stream (GET /overlay-master/changes/stream,
+// watchstream.go), or, from masters without it (404: a release before
+// it), long polls (GET /overlay-master/changes), one request per change.
+// It reads the whole state again when the masters no longer keep the
+// changes since its index (410: it was away longer than the change log or
+// the tombstone horizon reach), when the cluster id changes (a rebuild),
+// or when a master has no changes route (an older version).
 //
 // The first read, and the next after a read that failed or was not
 // applied, does not wait (a probe): masters at the index the agent already
@@ -31,6 +34,9 @@ func (a *Agent) watchLoop(ctx context.Context) {
 	b := retry.Backoff{First: firstRetry, Max: maxWatchRetry}
 	full, probe := true, true
 	explained := "" // the last explained failure, said once as an error
+	// Until then the changes are long-polled: the masters answered that
+	// they serve no stream (an older release).
+	var longPollUntil time.Time
 	for ctx.Err() == nil {
 		a.mu.RLock()
 		index, cluster, stateKey, epoch := a.masterIndex, a.clusterID, a.stateKey, a.restoreEpoch
@@ -49,25 +55,51 @@ func (a *Agent) watchLoop(ctx context.Context) {
 				applied = a.applyMasterState(st, true)
 				full = !applied
 			}
+		} else if time.Now().After(longPollUntil) {
+			out, serr := a.followStream(ctx, index)
+			switch {
+			case errors.Is(serr, api.ErrStreamUnsupported):
+				a.log.Info("the masters serve no changes stream (a release before it): watching with the long poll", "err", serr, "stream_again_in", streamRetryAfter)
+				longPollUntil = time.Now().Add(streamRetryAfter)
+				continue // the long poll now
+			case out.frames == 0 && errors.Is(serr, api.ErrStreamIdle):
+				// The master sends a stream's first frame at once: none in
+				// three heartbeats is something between that holds the
+				// answer back (a buffering proxy), or a master that hangs.
+				a.log.Warn("no frame came on the changes stream (a proxy that buffers answers, or a master that hangs): watching with the long poll", "err", serr, "stream_again_in", streamRetryAfter)
+				longPollUntil = time.Now().Add(streamRetryAfter)
+				continue
+			case out.full:
+				full, probe = true, true // the whole state now, not after a long poll
+				continue
+			case out.frames > 0:
+				// The stream was followed, then ended (the master dropped
+				// it, stopped, or went silent): opened again from the
+				// index applied, at once if it lived, after a backoff step
+				// if it ended as it began (not in a loop).
+				a.setReachable(true)
+				probe, explained = false, ""
+				full = a.refusingNow() != ""
+				a.log.Debug("the changes stream ended: opening it again", "err", serr, "frames", out.frames, "lived", out.lived)
+				if out.lived >= streamSteady {
+					b.Reset()
+					continue
+				}
+				if !retry.Sleep(ctx, b.Next()) {
+					return
+				}
+				continue
+			}
+			err = serr
 		} else {
 			var ch *api.Changes
 			ch, err = a.client.Changes(ctx, index, wait)
-			switch {
-			case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
-				a.metrics.masterReads.WithLabelValues("gone").Inc()
-				a.log.Info("reading the whole state: the masters do not serve the changes since this agent's index", "index", index, "err", err)
-				full, probe = true, true // the whole state now, not after a long poll
-				continue
-			case err == nil && ch.ClusterID != cluster:
-				a.log.Info("the changes are of another cluster: reading the whole state", "cluster_id", ch.ClusterID, "was", cluster)
-				full, probe = true, true // the whole state now, not after a long poll
-				continue
-			case err == nil && ch.Restore.RestoreEpoch() != epoch:
-				a.log.Info("the changes are of another restore of the masters' table: reading the whole state", "epoch", ch.Restore.RestoreEpoch(), "was", epoch)
-				full, probe = true, true // the whole state now, not after a long poll
-				continue
-			case err == nil && ch.SigningKey != stateKey:
-				a.log.Info("the masters sign with another key: reading the whole state, re-signed", "key", ch.SigningKey, "was", stateKey)
+			switch why, args := changesNeedFull(ch, err, cluster, stateKey, epoch); {
+			case why != "":
+				if api.IsCode(err, api.CodeGone) || api.IsCode(err, api.CodeNotFound) {
+					a.metrics.masterReads.WithLabelValues("gone").Inc()
+				}
+				a.log.Info(why, append(args, "index", index)...)
 				full, probe = true, true // the whole state now, not after a long poll
 				continue
 			case err == nil:
@@ -106,6 +138,26 @@ func (a *Agent) watchLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// changesNeedFull says why a changes answer (or its error) is not merged
+// but the whole state read instead, with the log's fields; "" to merge it
+// (or, with err set, to retry). It judges the long poll's answers and the
+// stream's frames alike.
+func changesNeedFull(ch *api.Changes, err error, cluster, stateKey string, epoch uint64) (string, []any) {
+	switch {
+	case api.IsCode(err, api.CodeGone), api.IsCode(err, api.CodeNotFound):
+		return "reading the whole state: the masters do not serve the changes since this agent's index", []any{"err", err}
+	case err != nil:
+		return "", nil
+	case ch.ClusterID != cluster:
+		return "the changes are of another cluster: reading the whole state", []any{"cluster_id", ch.ClusterID, "was", cluster}
+	case ch.Restore.RestoreEpoch() != epoch:
+		return "the changes are of another restore of the masters' table: reading the whole state", []any{"epoch", ch.Restore.RestoreEpoch(), "was", epoch}
+	case ch.SigningKey != stateKey:
+		return "the masters sign with another key: reading the whole state, re-signed", []any{"key", ch.SigningKey, "was", stateKey}
+	}
+	return "", nil
 }
 
 // changesState is a changes answer as a (partial) state: without a

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,11 +27,27 @@ import (
 )
 
 // cutProxy passes requests to a master until it is cut: then every answer,
-// even one the master already gave, is replaced by a 503, so the agent
-// behind it hears nothing of what happens meanwhile.
+// even one the master already gave, is replaced by a 503, and the changes
+// streams it passes end, so the agent behind it hears nothing of what
+// happens meanwhile.
 type cutProxy struct {
 	srv *httptest.Server
 	cut atomic.Bool
+
+	mu       sync.Mutex
+	inflight map[*http.Request]context.CancelFunc
+}
+
+// setCut cuts the proxy (true), ending what it passes, or mends it.
+func (p *cutProxy) setCut(cut bool) {
+	p.cut.Store(cut)
+	if cut {
+		p.mu.Lock()
+		for _, cancel := range p.inflight {
+			cancel()
+		}
+		p.mu.Unlock()
+	}
 }
 
 var errCut = errors.New("cut")
@@ -57,7 +74,20 @@ func newCutProxy(t *testing.T, m *master.Master) *cutProxy {
 			httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, "cut")
 			return
 		}
-		rp.ServeHTTP(w, r)
+		ctx, cancel := context.WithCancel(r.Context())
+		defer cancel()
+		p.mu.Lock()
+		if p.inflight == nil {
+			p.inflight = map[*http.Request]context.CancelFunc{}
+		}
+		p.inflight[r] = cancel
+		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			delete(p.inflight, r)
+			p.mu.Unlock()
+		}()
+		rp.ServeHTTP(w, r.WithContext(ctx))
 	}))
 	t.Cleanup(p.srv.Close)
 	return p
@@ -128,7 +158,7 @@ func TestWatcherBehindHorizonResyncs(t *testing.T) {
 	}))
 	goneBefore := masterReads(t, a.Agent, "gone")
 
-	proxy.cut.Store(true)
+	proxy.setCut(true)
 	if err := op.DeleteAgent(ctx, "ghost"); err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +178,7 @@ func TestWatcherBehindHorizonResyncs(t *testing.T) {
 	if _, ok := a.members.Record("ghost"); !ok {
 		t.Fatal("the agent lost ghost while cut off: the test shows nothing")
 	}
-	proxy.cut.Store(false)
+	proxy.setCut(false)
 
 	testutil.Eventually(t, 0, "the agent ends with exactly the masters' state", func() error {
 		if masterReads(t, a.Agent, "gone") <= goneBefore {

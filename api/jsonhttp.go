@@ -60,30 +60,13 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		return answerError(method, url, resp)
+	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
 	if err != nil {
 		return &Error{Message: fmt.Sprintf("read answer of %s %s: %v", method, url, err), Code: CodeInternal,
 			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
-	}
-	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
-		var wire struct {
-			Error   string `json:"error"`
-			Message string `json:"message"`
-			Code    string `json:"code"`
-			Oldest  uint64 `json:"oldest"`
-			Signing string `json:"signing_key"`
-		}
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(data, &wire) == nil {
-			e.Message, e.Code, e.Oldest, e.SigningKey = cmp(wire.Error, wire.Message), wire.Code, wire.Oldest, wire.Signing
-		}
-		if e.Message == "" {
-			e.Message = fmt.Sprintf("%s %s: %s", method, url, strings.TrimSpace(string(data)))
-		}
-		if e.Code == "" {
-			e.Code = CodeInternal
-		}
-		return e
 	}
 	if hdr != nil {
 		*hdr = resp.Header
@@ -95,6 +78,35 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 		return fmt.Errorf("decode answer of %s %s: %w", method, url, err)
 	}
 	return nil
+}
+
+// answerError turns an answer other than 2xx into an *Error carrying the
+// status and the server's message (`{"error","code"}`, or Docker's
+// `{"message"}`).
+func answerError(method, url string, resp *http.Response) error {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
+	if err != nil {
+		return &Error{Message: fmt.Sprintf("read answer of %s %s: %v", method, url, err), Code: CodeInternal,
+			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+	}
+	var wire struct {
+		Error   string `json:"error"`
+		Message string `json:"message"`
+		Code    string `json:"code"`
+		Oldest  uint64 `json:"oldest"`
+		Signing string `json:"signing_key"`
+	}
+	e := &Error{Status: resp.StatusCode}
+	if json.Unmarshal(data, &wire) == nil {
+		e.Message, e.Code, e.Oldest, e.SigningKey = cmp(wire.Error, wire.Message), wire.Code, wire.Oldest, wire.Signing
+	}
+	if e.Message == "" {
+		e.Message = fmt.Sprintf("%s %s: %s", method, url, strings.TrimSpace(string(data)))
+	}
+	if e.Code == "" {
+		e.Code = CodeInternal
+	}
+	return e
 }
 
 // describeTrustFailure says what to do about a TLS handshake that failed on

@@ -29,7 +29,7 @@ import (
 //     only (the {id} of the path; a grant report also needs the agent to
 //     be the donor or the recipient); read the state (plain and blocking,
 //     not consistent=true, which costs the leader a round of heartbeats)
-//     and its changes; read one agent's record; read /cluster/status.
+//     and its changes (the long poll and the stream); read one agent's record; read /cluster/status.
 //   - no certificate, or one without a carve role: 401, except /healthz and
 //     /metrics, which stay open for load balancers and scrapers: they show
 //     aggregate numbers only (counts, Raft role and indexes), no record.
@@ -143,7 +143,7 @@ func (s *server) authorize(next http.Handler) http.Handler {
 			}
 		}
 		switch r.Method + " " + route {
-		case "GET /overlay-master/agents/{id}", "GET /overlay-master/changes", "GET /cluster/status", "GET /healthz", "GET /metrics":
+		case "GET /overlay-master/agents/{id}", "GET /overlay-master/changes", "GET " + api.StreamPath, "GET /cluster/status", "GET /healthz", "GET /metrics":
 		case "GET /overlay-master/state":
 			if c, err := strconv.ParseBool(r.URL.Query().Get("consistent")); err == nil && c {
 				s.refuse(w, r, http.StatusForbidden, api.CodeForbidden, refusedRole,

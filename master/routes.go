@@ -55,6 +55,7 @@ func (m *Master) routes() http.Handler {
 	r.HandleFunc("/overlay-master/agents/{id}/usage", s.usage()).Methods(http.MethodPut)
 	r.HandleFunc("/overlay-master/state", s.state).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-master/changes", s.changes).Methods(http.MethodGet)
+	r.HandleFunc(api.StreamPath, s.changesStream).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/status", s.clusterStatus).Methods(http.MethodGet)
 	r.HandleFunc("/cluster/join", s.join()).Methods(http.MethodPost)
 	r.HandleFunc("/cluster/servers/{id}", s.removeServer()).Methods(http.MethodDelete)

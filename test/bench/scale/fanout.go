@@ -1,17 +1,20 @@
 package main
 
-// The fan-out rows (-only fanout): W synthetic watchers of
-// /overlay-master/changes, spread over the three masters, each on its own
-// connection as an agent holds it; one registration, then a burst of 100,
-// then the leader killed and one registration after it. Each is timed from
-// its last commit (or the kill) until every watcher holds its index. The
-// same measurement runs on the carve of -baseline-rev beside it.
+// The fan-out rows (-only fanout): W synthetic watchers of the changes,
+// spread over the three masters, each on its own connection as an agent
+// holds it: first long polls (GET /overlay-master/changes, an agent of a
+// release before the stream), one registration, then a burst of 100;
+// then the same W as streams (GET /overlay-master/changes/stream,
+// fanoutstream.go), the same two; then the leader killed and one
+// registration after it (streams, where the masters serve them). Each is
+// timed from its last commit (or the kill) until every watcher holds its
+// index. The same measurement runs on the carve of -baseline-rev beside
+// it.
 
 import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -41,6 +44,17 @@ type fanoutFigures struct {
 	failoverP99     time.Duration
 	rssMB, hwmMB    float64 // busiest master: RSS after, and its peak
 	bytesPerWatcher float64 // bytes of one change's answer
+	// The same W watchers as streams (streams: the masters serve them).
+	streams                     bool
+	streamOne, streamOneMax     time.Duration
+	streamBurst, streamBurstMax time.Duration
+	streamRSSMB                 float64 // busiest master's RSS after the streams' burst
+	// From the first request of the change (one registration, or the
+	// burst) rather than its last commit as the registering client saw
+	// it: that client shares the machine with the watchers, and its answer
+	// may come after theirs.
+	oneSent, burstSent, streamOneSent, streamBurstSent time.Duration
+	streamBytes                                        float64 // bytes of one change's frame
 }
 
 // arrival is when a watcher got an answer running to index.
@@ -178,25 +192,21 @@ func (ws *watcherSet) waitAll(ctx context.Context, index uint64, from time.Time,
 	return pct(ds, 99), slices.Max(ds), nil
 }
 
-// startWatchers starts w watchers from index since, watcher i on master
-// i%3 first (the next one when it fails, as an agent fails over); they
-// stop with ctx.
-func startWatchers(ctx context.Context, c *labcluster.Cluster, w int, since uint64) *watcherSet {
-	base := c.HTTPClient().Transport.(*http.Transport).Clone()
-	base.MaxIdleConnsPerHost = w
-	base.MaxConnsPerHost = 0
-	base.ForceAttemptHTTP2 = false
-	// Each watcher stands for a host: the gzip'ed answers are read as they
-	// come, and only their first bytes are decompressed for the index
-	// (gunzipping every answer here would bill the masters' machine for
-	// work spread over the agents' hosts).
-	base.DisableCompression = true
-	base.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
-	hc := &http.Client{Transport: base}
-	urls := c.MasterURLs()
+// newWatcherSet is the set of w watchers, each at index since.
+func newWatcherSet(w int, since uint64) *watcherSet {
 	ws := &watcherSet{mu: make([]sync.Mutex, w), arrivals: make([][]arrival, w), last: make([]atomic.Uint64, w), parked: make([]atomic.Bool, w)}
 	for i := range w {
 		ws.last[i].Store(since)
+	}
+	return ws
+}
+
+// startWatchers starts w long-poll watchers from index since, watcher i
+// on master i%3 first (the next one when it fails, as an agent fails
+// over); they stop with ctx.
+func startWatchers(ctx context.Context, hc *http.Client, urls []string, w int, since uint64) *watcherSet {
+	ws := newWatcherSet(w, since)
+	for i := range w {
 		go watch(ctx, hc, urls, i, since, ws)
 	}
 	return ws
@@ -264,47 +274,90 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	if err != nil {
 		return f, err
 	}
-	progress("%d agents: starting %d watchers at index %d", n, watchers, ch.Index)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ws := startWatchers(wctx, c, watchers, ch.Index)
 	f.watchers = watchers
+	urls := c.MasterURLs()
+	progress("%d agents: starting %d long-poll watchers at index %d", n, watchers, ch.Index)
+	lpctx, lpcancel := context.WithCancel(ctx)
+	defer lpcancel()
+	lpc := watchClient(c, watchers)
+	ws := startWatchers(lpctx, lpc, urls, watchers, ch.Index)
+	var top uint64
+	if f.one, f.oneMax, f.burst, f.burstMax, f.oneSent, f.burstSent, f.bytesPerWatcher, top, err = measureChanges(ctx, op, ws, n, "long poll"); err != nil {
+		return f, err
+	}
+	for _, m := range c.Masters() {
+		f.rssMB = max(f.rssMB, rssMB(m.PID()))
+	}
+
+	if f.streams, err = streamSupported(ctx, c, top); err != nil {
+		return f, err
+	}
+	if f.streams {
+		// The long polls end (their connections closed: one process holds
+		// at most 20,000 descriptors), the same number of streams begin.
+		lpcancel()
+		lpc.CloseIdleConnections()
+		progress("%d agents: starting %d stream watchers at index %d", n, watchers, top)
+		sctx, scancel := context.WithCancel(ctx)
+		defer scancel()
+		sc := watchClient(c, watchers)
+		defer sc.CloseIdleConnections()
+		ws = startStreamWatchers(sctx, sc, urls, watchers, top)
+		if f.streamOne, f.streamOneMax, f.streamBurst, f.streamBurstMax, f.streamOneSent, f.streamBurstSent, f.streamBytes, _, err = measureChanges(ctx, op, ws, n+101, "stream"); err != nil {
+			return f, fmt.Errorf("streams: %w", err)
+		}
+		for _, m := range c.Masters() {
+			f.streamRSSMB = max(f.streamRSSMB, rssMB(m.PID()))
+		}
+	} else {
+		progress("%d agents: the masters serve no changes stream (404): long polls alone", n)
+	}
+	return fanoutFailover(ctx, c, op, ws, n+202, f)
+}
+
+// measureChanges times one registration (synthetic agent first), then a
+// burst of 100 (the next ids), to every watcher of ws; it returns their
+// p99 and slowest delays, the bytes of one change per watcher and the
+// index the burst ran to.
+func measureChanges(ctx context.Context, op *api.Client, ws *watcherSet, first int, how string) (one, oneMax, burst, burstMax, oneSent, burstSent time.Duration, bytesPer float64, top uint64, err error) {
 	// Every watcher parked (connected, its request written) before the
 	// change: on a busy machine thousands of TLS handshakes take a while,
 	// and they are not what is measured.
-	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
-		return f, err
+	if err = ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return
 	}
-
-	// One registration.
 	ws.reset()
 	start := time.Now()
-	info, err := registerRetrying(ctx, op, synthetic(n, false, false))
+	info, err := registerRetrying(ctx, op, synthetic(first, false, false))
 	if err != nil {
-		return f, err
+		return
 	}
 	commit := time.Now()
-	if f.one, f.oneMax, err = ws.waitAll(ctx, info.Version, commit, 2*time.Minute); err != nil {
-		return f, fmt.Errorf("one registration: %w", err)
+	if one, oneMax, err = ws.waitAll(ctx, info.Version, commit, 2*time.Minute); err != nil {
+		err = fmt.Errorf("one registration: %w", err)
+		return
 	}
 	if a := ws.answers.Load(); a > 0 {
-		f.bytesPerWatcher = float64(ws.bytes.Load()) / float64(a)
+		bytesPer = float64(ws.bytes.Load()) / float64(a)
 	}
-	progress("%d agents: one change to %d watchers: p99 %s, slowest %s (commit took %s)", n, watchers, f.one, f.oneMax, commit.Sub(start))
+	if oneSent, _, err = ws.waitAll(ctx, info.Version, start, time.Minute); err != nil {
+		return
+	}
+	progress("%s: one change to %d watchers: p99 %s, slowest %s (commit took %s; p99 %s from the request)", how, len(ws.last), one, oneMax, commit.Sub(start), oneSent)
 
 	// A burst of 100 registrations at once.
-	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
-		return f, err
+	if err = ws.waitParked(ctx, 5*time.Minute); err != nil {
+		return
 	}
 	ws.reset()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var lastCommit time.Time
-	var top uint64
 	errs := make([]error, 100)
+	burstStart := time.Now()
 	for k := range 100 {
 		wg.Go(func() {
-			info, err := registerRetrying(ctx, op, synthetic(n+1+k, false, false))
+			info, err := registerRetrying(ctx, op, synthetic(first+1+k, false, false))
 			errs[k] = err
 			if err == nil {
 				mu.Lock()
@@ -317,16 +370,25 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return f, fmt.Errorf("burst: %w", err)
+	if err = errors.Join(errs...); err != nil {
+		err = fmt.Errorf("burst: %w", err)
+		return
 	}
-	if f.burst, f.burstMax, err = ws.waitAll(ctx, top, lastCommit, 2*time.Minute); err != nil {
-		return f, fmt.Errorf("burst: %w", err)
+	if burst, burstMax, err = ws.waitAll(ctx, top, lastCommit, 2*time.Minute); err != nil {
+		err = fmt.Errorf("burst: %w", err)
+		return
 	}
-	progress("%d agents: burst of 100 to %d watchers: p99 %s, slowest %s after the last commit", n, watchers, f.burst, f.burstMax)
+	if burstSent, _, err = ws.waitAll(ctx, top, burstStart, time.Minute); err != nil {
+		return
+	}
+	progress("%s: burst of 100 to %d watchers: p99 %s, slowest %s after the last commit (p99 %s from the first request)", how, len(ws.last), burst, burstMax, burstSent)
+	return
+}
 
+// fanoutFailover kills the leader, registers synthetic agent id once a
+// leader is back, and times it to every watcher of ws.
+func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *api.Client, ws *watcherSet, id int, f fanoutFigures) (fanoutFigures, error) {
 	for _, m := range c.Masters() {
-		f.rssMB = max(f.rssMB, rssMB(m.PID()))
 		f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
 	}
 
@@ -348,7 +410,7 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer rcancel()
 	for {
-		after, err = op.Register(rctx, synthetic(n+101, false, false))
+		after, err = op.Register(rctx, synthetic(id, false, false))
 		if err == nil || rctx.Err() != nil {
 			break
 		}
@@ -357,11 +419,11 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	if err != nil {
 		return f, fmt.Errorf("register after the failover: %w", err)
 	}
-	progress("%d agents: leader %s killed; registered again after %s", n, leader.ID, time.Since(kill))
+	progress("leader %s killed; registered again after %s", leader.ID, time.Since(kill))
 	if f.failoverP99, f.failover, err = ws.waitAll(ctx, after.Version, kill, 3*time.Minute); err != nil {
 		return f, fmt.Errorf("failover: %w", err)
 	}
-	progress("%d agents: failover: every watcher served again %s after the kill (p99 %s)", n, f.failover, f.failoverP99)
+	progress("failover: every watcher served again %s after the kill (p99 %s)", f.failover, f.failoverP99)
 	for _, m := range c.Masters() {
 		if m.Running() {
 			f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
@@ -433,12 +495,34 @@ func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers 
 		}
 		tbl.Add(r)
 	}
-	row("one registration -> every watcher, p99", ms(f.one), ms(base.one), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.oneMax), ms(base.oneMax)))
-	row("burst of 100 -> every watcher, p99 after the last commit", ms(f.burst), ms(base.burst), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.burstMax), ms(base.burstMax)))
-	row("leader killed -> every watcher holds the next change", ms(f.failover), ms(base.failover), "ms", fmt.Sprintf("p99 %.0f ms (baseline %.0f); includes the election and the watchers' failover", ms(f.failoverP99), ms(base.failoverP99)))
-	row("busiest master RSS after the burst", f.rssMB, base.rssMB, "MB", "goal < 2 GB")
+	row("long poll: one registration -> every watcher, p99", ms(f.one), ms(base.one), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.oneMax), ms(base.oneMax)))
+	row("long poll: burst of 100 -> every watcher, p99 after the last commit", ms(f.burst), ms(base.burst), "ms", fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(f.burstMax), ms(base.burstMax)))
+	// The streams beside the long polls of this same run (and of the
+	// baseline, where it serves streams).
+	srow := func(name string, v, lp, b float64, unit, note string) {
+		r := benchtable.Row{Name: name, Value: v, Unit: unit, Baseline: "long poll, this run", BaseVal: lp, Note: note}
+		switch {
+		case !f.streams:
+			r.Value, r.BaseNA, r.Note = 0, true, "n/a: the masters serve no stream"
+		case base.streams:
+			r.Note += fmt.Sprintf("; carve %s's stream: %.0f %s", rev, b, unit)
+		}
+		tbl.Add(r)
+	}
+	srow("stream: one registration -> every watcher, p99", ms(f.streamOne), ms(f.one), ms(base.streamOne), "ms", fmt.Sprintf("slowest %.0f ms (long poll %.0f); goal < 1 s", ms(f.streamOneMax), ms(f.oneMax)))
+	srow("stream: burst of 100 -> every watcher, p99 after the last commit", ms(f.streamBurst), ms(f.burst), ms(base.streamBurst), "ms", fmt.Sprintf("slowest %.0f ms (long poll %.0f); goal < 1 s", ms(f.streamBurstMax), ms(f.burstMax)))
+	srow("stream: one registration, from its request -> every watcher, p99", ms(f.streamOneSent), ms(f.oneSent), ms(base.streamOneSent), "ms", "the commit included")
+	srow("stream: burst of 100, from its first request -> every watcher, p99", ms(f.streamBurstSent), ms(f.burstSent), ms(base.streamBurstSent), "ms", "the commits included")
+	srow("stream: busiest master RSS after the burst", f.streamRSSMB, f.rssMB, base.streamRSSMB, "MB", "goal < 2 GB")
+	srow("stream: bytes of one change's frame per watcher", f.streamBytes, f.bytesPerWatcher, base.streamBytes, "B", "")
+	failNote := "p99 %.0f ms (baseline %.0f); includes the election and the watchers' failover"
+	if f.streams {
+		failNote += "; stream watchers (the baseline's: its own kind)"
+	}
+	row("leader killed -> every watcher holds the next change", ms(f.failover), ms(base.failover), "ms", fmt.Sprintf(failNote, ms(f.failoverP99), ms(base.failoverP99)))
+	row("long poll: busiest master RSS after the burst", f.rssMB, base.rssMB, "MB", "goal < 2 GB")
 	row("busiest master peak RSS (VmHWM)", f.hwmMB, base.hwmMB, "MB", "through the failover")
-	row("bytes of one change's answer per watcher", f.bytesPerWatcher, base.bytesPerWatcher, "B", "")
+	row("long poll: bytes of one change's answer per watcher", f.bytesPerWatcher, base.bytesPerWatcher, "B", "")
 	return tbl, nil
 }
 
