@@ -20,6 +20,11 @@ type metrics struct {
 	growRefused   *prometheus.CounterVec
 	released      prometheus.Counter
 	trust         *trustMetrics
+	// streams: changes streams open; streamEnds: those that ended, by
+	// why (a write_failed is a client that stopped reading, or a broken
+	// connection: the one end the agent is not told of).
+	streams    prometheus.Gauge
+	streamEnds *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() uint64) *metrics {
@@ -79,6 +84,16 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 	for _, r := range append([]string{refusedNoCertificate, refusedRole, refusedWrongAgent, refusedWrongIP, refusedWrongMeshAddr, refusedWireGuardProof, refusedRevoked}, grantRefusalReasons...) {
 		m.authRefusals.WithLabelValues(r)
 	}
+	m.streams = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "carve_master_change_streams", Help: "Changes streams (GET /overlay-master/changes/stream) this master serves now.",
+	})
+	m.streamEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "carve_master_change_stream_ends_total", Help: "Changes streams ended, by reason: client, write_failed, gone, revoked, stop, failed.",
+	}, []string{"reason"})
+	for _, r := range streamEndLabelValues() {
+		m.streamEnds.WithLabelValues(r)
+	}
+	reg.MustRegister(m.streams, m.streamEnds)
 	agents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_agents", Help: "Agents in the lease table.",
 	}, func() float64 { return float64(t.AgentCount()) })

@@ -67,7 +67,10 @@ func (s *server) changesStream(w http.ResponseWriter, r *http.Request) {
 	// revoked is not reused either.
 	w.Header().Set("Connection", "close")
 	w.WriteHeader(http.StatusOK)
+	s.m.metrics.streams.Inc()
 	reason, err := st.run()
+	s.m.metrics.streams.Dec()
+	s.m.metrics.streamEnds.WithLabelValues(streamEndLabel(reason)).Inc()
 	switch {
 	case reason == streamEndWrite:
 		// The one end the client is not told of: said where the
@@ -140,6 +143,30 @@ const (
 	streamEndStop    = "the master stops"
 	streamEndFailed  = "the changes could not be encoded"
 )
+
+// streamEndLabel is a reason as carve_master_change_stream_ends_total
+// labels it (streamEndLabelValues lists them).
+func streamEndLabel(reason string) string {
+	switch reason {
+	case streamEndClient:
+		return "client"
+	case streamEndWrite:
+		return "write_failed"
+	case streamEndGone:
+		return "gone"
+	case streamEndRevoked:
+		return "revoked"
+	case streamEndStop:
+		return "stop"
+	default:
+		return "failed"
+	}
+}
+
+// streamEndLabelValues are streamEndLabel's answers.
+func streamEndLabelValues() []string {
+	return []string{"client", "write_failed", "gone", "revoked", "stop", "failed"}
+}
 
 // run writes frames until the stream ends; it returns why, and an error
 // when the end was not an orderly one (a write failed, or an end frame).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -137,6 +138,18 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 			break
 		}
 	}
+	// The operator sees the streams end, as revoked, and none left open.
+	testutil.Eventually(t, 0, "the masters count the streams' ends", func() error {
+		var open, revoked float64
+		for _, m := range c.running() {
+			open += promtestutil.ToFloat64(m.metrics.streams)
+			revoked += promtestutil.ToFloat64(m.metrics.streamEnds.WithLabelValues("revoked"))
+		}
+		if open != 0 || revoked != float64(len(streams)) {
+			return fmt.Errorf("carve_master_change_streams %v, revoked ends %v; want 0 and %d", open, revoked, len(streams))
+		}
+		return nil
+	})
 	watcher := c.clientAs((leader+1)%3, "watcher", pki.RoleAgent)
 	testutil.Eventually(t, 0, "a new stream of the revoked watcher is refused", func() error {
 		s, err := watcher.StreamChanges(ctx, 0, api.StreamOptions{})
