@@ -25,6 +25,7 @@ import (
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
@@ -149,7 +150,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
-	if err := state.ValidateConfig(opts.Network); err != nil {
+	if err := netconfig.Validate(opts.Network); err != nil {
 		return nil, err
 	}
 	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: state.NewLeaseTable(), registry: prometheus.NewRegistry(),

@@ -36,8 +36,8 @@ func (t *LeaseTable) AgentTrust(key string, silent map[string]bool) api.AgentTru
 	// leased in that enabled overlay, sorted.
 	versions := map[string][]uint64{}
 	enabled := map[string]bool{}
-	for _, def := range t.net.overlays {
-		enabled[def.api.Name] = def.enabled
+	for def := range t.net.Overlays() {
+		enabled[def.Name()] = def.Enabled()
 	}
 	for _, rec := range t.agents {
 		if !rec.IP.IsValid() {

@@ -296,7 +296,7 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 		return nil, err
 	}
 	if all && t.net != nil {
-		netJSON, err := json.Marshal(t.net.api)
+		netJSON, err := json.Marshal(t.net.Config())
 		if err != nil {
 			return nil, fmt.Errorf("encode network: %w", err)
 		}

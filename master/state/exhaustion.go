@@ -25,24 +25,24 @@ func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
 		return nil
 	}
 	var out []api.ExhaustedOverlay
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
 		for _, fam := range []struct {
 			is4    bool
 			subnet netip.Prefix
-		}{{true, def.subnet}, {false, def.subnet6}} {
-			space := t.spaces[def.api.Name].family(fam.is4)
+		}{{true, def.Subnet()}, {false, def.Subnet6()}} {
+			space := t.spaces[def.Name()].family(fam.is4)
 			if space == nil || !fam.subnet.IsValid() {
 				continue
 			}
-			ex := api.ExhaustedOverlay{Overlay: def.api.Name, Family: 6}
+			ex := api.ExhaustedOverlay{Overlay: def.Name(), Family: 6}
 			if fam.is4 {
 				ex.Family = 4
 			}
 			for _, rec := range t.agents {
-				if l := rec.Leases[def.api.Name]; strings.Contains(l.Failed, "exhausted: no free /") && strings.Contains(l.Failed, " in "+fam.subnet.String()) {
+				if l := rec.Leases[def.Name()]; strings.Contains(l.Failed, "exhausted: no free /") && strings.Contains(l.Failed, " in "+fam.subnet.String()) {
 					ex.UnleasedCount++
 					ex.Unleased = append(ex.Unleased, rec.ID)
 				}
@@ -51,8 +51,8 @@ func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
 			if len(ex.Unleased) > maxNamedUnleased {
 				ex.Unleased = ex.Unleased[:maxNamedUnleased]
 			}
-			if _, growable := space.FirstFree(def.growBits(fam.is4)); !growable {
-				ex.Free, ex.Full = t.usage.freeIn(def.api.Name, fam.is4, t.leasedAgents(def.api.Name, fam.is4))
+			if _, growable := space.FirstFree(def.GrowBits(fam.is4)); !growable {
+				ex.Free, ex.Full = t.usage.freeIn(def.Name(), fam.is4, t.leasedAgents(def.Name(), fam.is4))
 			}
 			if ex.UnleasedCount > 0 || ex.Full {
 				out = append(out, ex)

@@ -138,7 +138,7 @@ func (t *LeaseTable) reclaimOwnSlice(overlay string, space *blockSpace, id strin
 // Only in a family where it was leased a subnet: an agent without one
 // serves nothing there, and its quarantine waits for the usual release.
 func (t *LeaseTable) reclaimOwnQuarantine(rec *agentRecord, def overlayDef, l overlayLease, index uint64) overlayLease {
-	overlay := def.api.Name
+	overlay := def.Name()
 	var keep []quarantined
 	for _, q := range t.quarantine[overlay] {
 		space := t.spaces[overlay].family(q.Prefix.Addr().Is4())
@@ -254,16 +254,6 @@ func coalesce(bs []leaseBlock) []leaseBlock {
 	}
 }
 
-// overlayDef returns the definition of an overlay of the configuration.
-func (n *network) overlay(name string) (overlayDef, bool) {
-	for _, d := range n.overlays {
-		if d.api.Name == name {
-			return d, true
-		}
-	}
-	return overlayDef{}, false
-}
-
 // applyGrow leases one more block, first fit, of the overlay's grow size.
 func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if t.net == nil {
@@ -273,18 +263,18 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if old == nil {
 		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
 	}
-	def, ok := t.net.overlay(c.Overlay)
+	def, ok := t.net.Overlay(c.Overlay)
 	if !ok {
 		return nil, fmt.Errorf("%w: overlay %q is not configured", ErrInvalidBlock, c.Overlay)
 	}
-	if !def.enabled {
+	if !def.Enabled() {
 		return nil, fmt.Errorf("%w: overlay %q is disabled", ErrInvalidBlock, c.Overlay)
 	}
 	space := t.spaces[c.Overlay].family(c.Family == 4)
 	if space == nil {
 		return nil, fmt.Errorf("%w: overlay %q has no IPv%d subnet", ErrInvalidBlock, c.Overlay, c.Family)
 	}
-	bits := def.growBits(c.Family == 4)
+	bits := def.GrowBits(c.Family == 4)
 	p, ok := space.FirstFree(bits)
 	if !ok {
 		return nil, fmt.Errorf("%w: no free /%d left in overlay %q (%s)", ErrOverlayExhausted, bits, c.Overlay, space.Universe())
@@ -545,12 +535,4 @@ func (t *LeaseTable) releaseQuarantine(match func(quarantined) bool) int {
 		}
 	}
 	return n
-}
-
-// growBits is the prefix length of the blocks an agent grows by.
-func (d overlayDef) growBits(is4 bool) int {
-	if is4 {
-		return d.growPrefix
-	}
-	return d.growPrefix6
 }

@@ -42,27 +42,28 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 	if n == nil {
 		return info
 	}
+	cfg := n.Config()
 	vxlan := &api.VXLANInfo{
-		VNI:      n.api.VNI,
-		VTEPName: n.api.VTEPName,
-		VTEPIP:   netip.PrefixFrom(rec.VTEP, n.vtepNet.Bits()).String(),
-		VTEPMAC:  api.VTEPMAC(n.oui, rec.VTEP).String(),
-		VTEPPort: n.api.VTEPPort,
-		VTEPMTU:  n.api.VTEPMTU,
+		VNI:      cfg.VNI,
+		VTEPName: cfg.VTEPName,
+		VTEPIP:   netip.PrefixFrom(rec.VTEP, n.VTEPNet().Bits()).String(),
+		VTEPMAC:  api.VTEPMAC(n.OUI(), rec.VTEP).String(),
+		VTEPPort: cfg.VTEPPort,
+		VTEPMTU:  cfg.VTEPMTU,
 	}
-	if rec.VTEP6.IsValid() && n.vtepNet6.IsValid() {
-		vxlan.VTEPIP6 = netip.PrefixFrom(rec.VTEP6, n.vtepNet6.Bits()).String()
+	if rec.VTEP6.IsValid() && n.VTEPNet6().IsValid() {
+		vxlan.VTEPIP6 = netip.PrefixFrom(rec.VTEP6, n.VTEPNet6().Bits()).String()
 	}
-	for _, def := range n.overlays {
-		l, ok := rec.Leases[def.api.Name]
+	for def := range n.Overlays() {
+		l, ok := rec.Leases[def.Name()]
 		switch {
-		case !def.enabled && (!ok || !l.Subnet.IsValid() && !l.Subnet6.IsValid()):
-			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name,
+		case !def.Enabled() && (!ok || !l.Subnet.IsValid() && !l.Subnet6.IsValid()):
+			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.Name(),
 				Reason: "disabled (enabled: false in the network configuration)"})
 			continue
 		case !ok:
 			continue
-		case !def.enabled:
+		case !def.Enabled():
 			// Draining: the agent keeps its bridges, routes and conflist
 			// while containers are attached, and takes no new one.
 			ov := renderOverlay(def, l, rec.Bridges, vxlan)
@@ -71,7 +72,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 			continue
 		}
 		if l.Failed != "" {
-			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.api.Name, Reason: l.Failed})
+			info.NotLeased = append(info.NotLeased, api.NotLeased{Name: def.Name(), Reason: l.Failed})
 		}
 		if !l.Subnet.IsValid() && !l.Subnet6.IsValid() && len(l.Blocks) == 0 {
 			continue
@@ -83,7 +84,7 @@ func renderAgent(n *network, rec *agentRecord) *api.AgentInfo {
 
 // renderOverlay is one leased overlay of an agent's record in its API form.
 func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfig, vxlan *api.VXLANInfo) api.AgentOverlay {
-	ov := api.AgentOverlay{Info: def.api, Backend: &api.BackendInfo{VXLAN: vxlan},
+	ov := api.AgentOverlay{Info: def.Config(), Backend: &api.BackendInfo{VXLAN: vxlan},
 		State: api.OverlayState{Status: api.StatusConfiguring}}
 	ov.Info.Enabled = nil // enabled; a draining overlay says "enabled": false
 	if l.Subnet.IsValid() {
@@ -93,7 +94,7 @@ func renderOverlay(def overlayDef, l overlayLease, bridges api.AgentNetworkConfi
 		ov.Subnet6 = l.Subnet6.String()
 	}
 	if bridges.MesosBridge || bridges.DockerBridge {
-		m, d := &api.BridgeInfo{Name: "m-" + def.api.Name}, &api.BridgeInfo{Name: "d-" + def.api.Name}
+		m, d := &api.BridgeInfo{Name: "m-" + def.Name()}, &api.BridgeInfo{Name: "d-" + def.Name()}
 		if l.Subnet.IsValid() {
 			a, b := prefixspace.Halves(l.Subnet)
 			m.IP, d.IP = a.String(), b.String()

@@ -182,7 +182,7 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 	netJSON := []byte("{}")
 	if t.net != nil {
 		var err error
-		if netJSON, err = json.Marshal(t.net.api); err != nil {
+		if netJSON, err = json.Marshal(t.net.Config()); err != nil {
 			return nil, fmt.Errorf("encode network: %w", err)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 )
 
 // agentRecord is one agent's committed record. Records are immutable once
@@ -246,7 +247,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
 		n, ok := t.vteps.Allocate(c.AgentID)
 		if !ok {
-			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
+			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.VTEPNet())
 		}
 		rec.VTEP = t.vteps.AddrAt(n)
 	} else {
@@ -313,34 +314,34 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 			rec.VTEP6 = t.vteps6.AddrAt(n)
 		}
 	}
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
-		l := rec.Leases[def.api.Name]
-		sp := t.spaces[def.api.Name]
+		l := rec.Leases[def.Name()]
+		sp := t.spaces[def.Name()]
 		l.Failed = ""
 		var failures []string
-		if def.subnet.IsValid() && !l.Subnet.IsValid() {
-			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v4, rec.ID, def.prefix); ok {
+		if def.Subnet().IsValid() && !l.Subnet.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.Name(), sp.v4, rec.ID, def.Prefix()); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v4.FirstFree(def.prefix); ok {
+			} else if p, ok := sp.v4.FirstFree(def.Prefix()); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
 			} else {
-				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix, def.subnet))
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.Prefix(), def.Subnet()))
 			}
 		}
-		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
-			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v6, rec.ID, def.prefix6); ok {
+		if def.Subnet6().IsValid() && !l.Subnet6.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.Name(), sp.v6, rec.ID, def.Prefix6()); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v6.FirstFree(def.prefix6); ok {
+			} else if p, ok := sp.v6.FirstFree(def.Prefix6()); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
 			} else {
-				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix6, def.subnet6))
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.Prefix6(), def.Subnet6()))
 			}
 		}
 		if len(failures) > 0 {
@@ -349,7 +350,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 				l.Failed += "; " + failures[1]
 			}
 		}
-		rec.Leases[def.api.Name] = t.reclaimOwnQuarantine(rec, def, l, index)
+		rec.Leases[def.Name()] = t.reclaimOwnQuarantine(rec, def, l, index)
 	}
 }
 
@@ -423,7 +424,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result 
 	if err != nil {
 		return Result{Err: err, Warnings: warnings}
 	}
-	if t.net != nil && configEqual(t.net.api, merged.api) {
+	if t.net != nil && netconfig.Equal(t.net.Config(), merged.Config()) {
 		return Result{Warnings: warnings}
 	}
 	t.net = merged
@@ -468,21 +469,21 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 // current definitions are dropped from the allocators but stay in the
 // records until the agent is deleted.
 func (t *LeaseTable) rebuildSpaces() {
-	t.vteps = newHostPool(t.net.vtepNet)
+	t.vteps = newHostPool(t.net.VTEPNet())
 	t.vteps6 = nil
-	if t.net.vtepNet6.IsValid() {
-		t.vteps6 = newHostPool(t.net.vtepNet6)
+	if t.net.VTEPNet6().IsValid() {
+		t.vteps6 = newHostPool(t.net.VTEPNet6())
 	}
 	t.spaces = map[string]*overlaySpace{}
-	for _, d := range t.net.overlays {
+	for d := range t.net.Overlays() {
 		sp := &overlaySpace{}
-		if d.subnet.IsValid() {
-			sp.v4 = newBlockSpace(d.subnet)
+		if d.Subnet().IsValid() {
+			sp.v4 = newBlockSpace(d.Subnet())
 		}
-		if d.subnet6.IsValid() {
-			sp.v6 = newBlockSpace(d.subnet6)
+		if d.Subnet6().IsValid() {
+			sp.v6 = newBlockSpace(d.Subnet6())
 		}
-		t.spaces[d.api.Name] = sp
+		t.spaces[d.Name()] = sp
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		rec := t.agents[id]

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -174,12 +175,12 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
 		return nil, true
 	}
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
-		l, ok := rec.Leases[def.api.Name]
-		if !ok || l.Failed != "" || (def.subnet.IsValid() && !l.Subnet.IsValid()) || (def.subnet6.IsValid() && !l.Subnet6.IsValid()) {
+		l, ok := rec.Leases[def.Name()]
+		if !ok || l.Failed != "" || (def.Subnet().IsValid() && !l.Subnet.IsValid()) || (def.Subnet6().IsValid() && !l.Subnet6.IsValid()) {
 			return nil, true
 		}
 	}
@@ -242,7 +243,7 @@ func (t *LeaseTable) Network() (api.NetworkConfig, bool) {
 	if t.net == nil {
 		return api.NetworkConfig{}, false
 	}
-	return t.net.api, true
+	return t.net.Config(), true
 }
 
 // ConfigChange tells whether proposing cfg would change the committed
@@ -254,7 +255,7 @@ func (t *LeaseTable) ConfigChange(cfg api.NetworkConfig) (bool, []string, error)
 	if err != nil {
 		return false, warnings, err
 	}
-	return t.net == nil || !configEqual(t.net.api, merged.api), warnings, nil
+	return t.net == nil || !netconfig.Equal(t.net.Config(), merged.Config()), warnings, nil
 }
 
 // Server returns the recorded addresses of a master.
@@ -315,7 +316,7 @@ func (t *LeaseTable) State() api.State {
 	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon,
 		SigningChain: t.signer.signingChain()}
 	if t.net != nil {
-		st.Network = t.net.api
+		st.Network = t.net.Config()
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		info := t.render(t.agents[id])

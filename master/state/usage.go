@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/prefixspace"
 )
 
@@ -100,7 +101,7 @@ func ValidateUsage(r *api.UsageReport) error {
 			if n++; n > maxUsageBlocks {
 				return fmt.Errorf("overlays: at most %d blocks in all", maxUsageBlocks)
 			}
-			if _, err := parseCanonicalPrefix(b.Prefix); err != nil {
+			if _, err := netconfig.CanonicalPrefix(b.Prefix); err != nil {
 				return fmt.Errorf("overlays[%d].blocks[%d].prefix: %w", i, j, err)
 			}
 		}
@@ -125,7 +126,7 @@ func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (api.UsageAnswer
 		byPrefix := map[string]api.BlockUsage{}
 		for _, b := range ov.Blocks {
 			byPrefix[b.Prefix] = b
-			p, _ := parseCanonicalPrefix(b.Prefix) // validated
+			p, _ := netconfig.CanonicalPrefix(b.Prefix) // validated
 			if !holds(rec.Leases[ov.Name].Blocks, p) {
 				ans.Unknown = append(ans.Unknown, ov.Name+":"+b.Prefix)
 			}
