@@ -285,8 +285,8 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 	out.WriteString(`,"since":`)
 	out.WriteString(strconv.FormatUint(since, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
-	writeJSONField(&out, "signing_key", t.signer.publicKey())
-	t.signer.writeSigningChain(&out)
+	writeJSONField(&out, "signing_key", t.signer.PublicKey())
+	t.signer.WriteSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))

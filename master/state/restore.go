@@ -213,7 +213,7 @@ func (t *LeaseTable) writeRestoreField(out *bytes.Buffer) error {
 	}
 	r := *t.restore
 	if t.signer != nil {
-		r.Signature = api.Sign(t.signer.key, api.RestoreSigningBytes(r, t.clusterID))
+		r.Signature = t.signer.Sign(api.RestoreSigningBytes(r, t.clusterID))
 	}
 	b, err := json.Marshal(r)
 	if err != nil {

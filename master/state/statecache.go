@@ -193,8 +193,8 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 	out.WriteString(strconv.FormatUint(t.stateIndex, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
 	writeJSONField(&out, "leader", leader)
-	writeJSONField(&out, "signing_key", t.signer.publicKey())
-	t.signer.writeSigningChain(&out)
+	writeJSONField(&out, "signing_key", t.signer.PublicKey())
+	t.signer.WriteSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
@@ -244,7 +244,7 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 		rec := t.agents[stale[i]]
 		gen := t.usage.usageGen(rec.ID, rec.Created)
 		info := t.render(rec)
-		t.signer.signAgent(info, t.clusterID)
+		t.signer.SignAgent(info, t.clusterID)
 		t.usage.fill(info, rec.Created)
 		data, err := json.Marshal(info)
 		if err != nil {
@@ -278,7 +278,7 @@ func (t *LeaseTable) encodeTombstone(id string) ([]byte, error) {
 	c, ok := t.cache.tombstones[id]
 	if !ok || c.version != version {
 		tb := api.Tombstone{AgentID: id, Version: version}
-		t.signer.signTombstone(&tb, t.clusterID)
+		t.signer.SignTombstone(&tb, t.clusterID)
 		data, err := json.Marshal(tb)
 		if err != nil {
 			return nil, fmt.Errorf("encode tombstone %s: %w", id, err)
@@ -340,7 +340,7 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			delete(t.cache.tombstones, id)
 		}
 	}
-	t.signer.prune(func(id string) bool { return t.agents[id] != nil }, func(id string) bool {
+	t.signer.Prune(func(id string) bool { return t.agents[id] != nil }, func(id string) bool {
 		_, ok := t.tombstones[id]
 		return ok
 	})

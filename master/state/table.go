@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
+	"github.com/carve-net/carve/master/recordsign"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -95,7 +96,7 @@ type LeaseTable struct {
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
-	signer *recordSigner
+	signer *recordsign.Signer
 	// signingGen counts SetSigning calls (SigningGeneration).
 	signingGen uint64
 	// restore is the last restore from a snapshot (restore.go); nil when
@@ -313,20 +314,20 @@ func (t *LeaseTable) AgentCount() int {
 func (t *LeaseTable) State() api.State {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon,
-		SigningChain: t.signer.signingChain()}
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.PublicKey(), Horizon: t.horizon,
+		SigningChain: t.signer.SigningChain()}
 	if t.net != nil {
 		st.Network = t.net.Config()
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		info := t.render(t.agents[id])
-		t.signer.signAgent(info, t.clusterID)
+		t.signer.SignAgent(info, t.clusterID)
 		t.usage.fill(info, t.agents[id].Created)
 		st.Agents = append(st.Agents, *info)
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
 		tb := api.Tombstone{AgentID: id, Version: t.tombstones[id]}
-		t.signer.signTombstone(&tb, t.clusterID)
+		t.signer.SignTombstone(&tb, t.clusterID)
 		st.Tombstones = append(st.Tombstones, tb)
 	}
 	st.Quarantine = t.quarantineAPI()
