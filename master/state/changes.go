@@ -235,7 +235,7 @@ func (t *LeaseTable) ChangesBody(since uint64) (*StateBody, error) {
 	}
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	key := changesKey{index: t.stateIndex, usage: t.usage.generation(), signing: t.signingGen}
+	key := changesKey{index: t.stateIndex, usage: t.usage.Generation(), signing: t.signingGen}
 	if t.cache.changesKey != key || t.cache.changes == nil {
 		t.cache.changes, t.cache.changesKey = map[uint64]*StateBody{}, key
 	}

@@ -52,7 +52,7 @@ func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
 				ex.Unleased = ex.Unleased[:maxNamedUnleased]
 			}
 			if _, growable := space.FirstFree(def.GrowBits(fam.is4)); !growable {
-				ex.Free, ex.Full = t.usage.freeIn(def.Name(), fam.is4, t.leasedAgents(def.Name(), fam.is4))
+				ex.Free, ex.Full = t.usage.FreeIn(def.Name(), fam.is4, t.leasedAgents(def.Name(), fam.is4))
 			}
 			if ex.UnleasedCount > 0 || ex.Full {
 				out = append(out, ex)
@@ -81,27 +81,4 @@ func (t *LeaseTable) leasedAgents(overlay string, is4 bool) map[string]uint64 {
 		}
 	}
 	return out
-}
-
-// freeIn sums the free addresses that the agents holding the overlay's
-// family (holders: id to record Created) reported in it; full is true when
-// every holder reported and none has a free address.
-func (u *usageTable) freeIn(overlay string, is4 bool, holders map[string]uint64) (free uint64, full bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(holders) == 0 {
-		return 0, false
-	}
-	for id, created := range holders {
-		a, ok := u.agents[id]
-		if !ok || a.created != created {
-			return 0, false // not every holder has reported: not judged
-		}
-		for prefix, bu := range a.blocks[overlay] {
-			if p, err := netip.ParsePrefix(prefix); err == nil && p.Addr().Is4() == is4 {
-				free += bu.Free
-			}
-		}
-	}
-	return free, free == 0
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/usage"
 )
 
 func growCfg() api.NetworkConfig {
@@ -278,7 +279,7 @@ func FuzzGrowthBodies(f *testing.F) {
 			cmd, err = GrantCommand(req.Recipient, req)
 		default:
 			var req api.UsageReport
-			if !decode(&req) || ValidateUsage(&req) != nil {
+			if !decode(&req) || usage.Validate(&req) != nil {
 				return
 			}
 			if _, err := h.table.RecordUsage("a1", &req); err != nil {

@@ -157,9 +157,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	t.history = history
 	// Holdings acknowledgements are of the table before: a quarantine
 	// release waits for new ones.
-	t.usage.mu.Lock()
-	clear(t.usage.acks)
-	t.usage.mu.Unlock()
+	t.usage.ClearAcks()
 	t.changes.start = index
 	// The compaction's clock marks are of the old history's indexes.
 	t.horizon, t.marks = min(t.horizon, index), nil

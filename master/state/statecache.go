@@ -156,7 +156,7 @@ func (t *LeaseTable) StateBody(leader string) (*StateBody, error) {
 	defer t.mu.RUnlock()
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	usage := t.usage.generation()
+	usage := t.usage.Generation()
 	if b := t.cache.body; b != nil && b.index == t.stateIndex && b.leader == leader && b.usage == usage {
 		return b, nil
 	}
@@ -231,7 +231,7 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	var stale []string
 	for _, id := range ids {
 		rec := t.agents[id]
-		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.usageGen(id, rec.Created) {
+		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.AgentGeneration(id, rec.Created) {
 			stale = append(stale, id)
 		}
 	}
@@ -242,10 +242,10 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	errs := make([]error, len(stale))
 	encode := func(i int) {
 		rec := t.agents[stale[i]]
-		gen := t.usage.usageGen(rec.ID, rec.Created)
+		gen := t.usage.AgentGeneration(rec.ID, rec.Created)
 		info := t.render(rec)
 		t.signer.SignAgent(info, t.clusterID)
-		t.usage.fill(info, rec.Created)
+		t.usage.Fill(info, rec.Created)
 		data, err := json.Marshal(info)
 		if err != nil {
 			errs[i] = fmt.Errorf("encode agent %s: %w", stale[i], err)

@@ -17,6 +17,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/recordsign"
+	"github.com/carve-net/carve/master/usage"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -68,7 +69,7 @@ type LeaseTable struct {
 	// not leasable yet (see applyRelease); replicated.
 	quarantine map[string][]quarantined
 	// usage is what agents last reported of their blocks (not replicated).
-	usage *usageTable
+	usage *usage.Table
 	// reports are the agents' last configuration reports, by agent id.
 	reports map[string]agentReport
 
@@ -119,7 +120,7 @@ var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: newUsageTable(), revokedKick: make(chan struct{}, 1)}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
 	t.reset()
 	return t
 }
@@ -276,7 +277,7 @@ func (t *LeaseTable) Agent(id string) (*api.AgentInfo, bool) {
 		return nil, false
 	}
 	info := t.render(rec)
-	t.usage.fill(info, rec.Created)
+	t.usage.Fill(info, rec.Created)
 	return info, true
 }
 
@@ -322,7 +323,7 @@ func (t *LeaseTable) State() api.State {
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		info := t.render(t.agents[id])
 		t.signer.SignAgent(info, t.clusterID)
-		t.usage.fill(info, t.agents[id].Created)
+		t.usage.Fill(info, t.agents[id].Created)
 		st.Agents = append(st.Agents, *info)
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
