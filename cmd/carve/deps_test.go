@@ -39,7 +39,9 @@ var innerTree = []string{module + "/agent", module + "/master", module + "/raftl
 // them, so none of them imports master/state, the master process or
 // anything that does I/O beyond its job.
 var stateParts = map[string][]string{
+	module + "/master/agenttrust": {module + "/api", module + "/master/record"},
 	module + "/master/netconfig":  {module + "/api"},
+	module + "/master/record":     {module + "/api", module + "/master/netconfig", module + "/prefixspace"},
 	module + "/master/recordsign": {module + "/api"},
 	module + "/master/usage":      {module + "/api", module + "/master/netconfig"},
 }

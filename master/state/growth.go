@@ -23,23 +23,6 @@ var (
 	ErrInvalidBlock = errors.New("invalid block request")
 )
 
-// leaseBlock is one block of an agent's record (api.Block in the API).
-type leaseBlock struct {
-	Bridge string       `json:"bridge"`
-	Prefix netip.Prefix `json:"prefix"`
-	Origin string       `json:"origin"`
-	Donor  string       `json:"donor,omitempty"`
-	// Home is the block as it was committed to this agent, before grants
-	// split it; a granted-away part that comes back rejoins the pieces of
-	// its home block.
-	Home    netip.Prefix `json:"home"`
-	Version uint64       `json:"version"`
-}
-
-func (b leaseBlock) api() api.Block {
-	return api.Block{Bridge: b.Bridge, Prefix: b.Prefix.String(), Origin: b.Origin, Donor: b.Donor, Version: b.Version}
-}
-
 // quarantined is space of a deleted agent that is not leasable yet.
 type quarantined struct {
 	Prefix netip.Prefix `json:"prefix"`
@@ -282,7 +265,7 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if err := checkQuota(def, c.AgentID, old.Leases[c.Overlay].Blocks, p); err != nil {
 		return nil, err
 	}
-	rec := old.clone()
+	rec := old.Clone()
 	blocks := append(slices.Clone(rec.Leases[c.Overlay].Blocks),
 		leaseBlock{Bridge: c.Bridge, Prefix: p, Origin: api.BlockGrown, Home: p, Version: index})
 	if err := t.setBlocks(rec, c.Overlay, blocks); err != nil {
@@ -338,7 +321,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 	if len(give) == 0 {
 		return nil, fmt.Errorf("%w: agent %q holds nothing inside %s in overlay %q", ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay)
 	}
-	rec := old.clone()
+	rec := old.Clone()
 	if err := t.setBlocks(rec, c.Overlay, keep); err != nil {
 		return nil, err
 	}
@@ -368,7 +351,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 	}
 	t.store(index, rec)
 	for _, id := range slices.Sorted(maps.Keys(donors)) {
-		d := t.agents[id].clone()
+		d := t.agents[id].Clone()
 		if err := t.setBlocks(d, c.Overlay, donors[id]); err != nil {
 			return nil, err // cannot happen: the returner freed that space
 		}
@@ -438,7 +421,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 			blocks = append(blocks, cutOut(b, c.Prefix)...)
 		}
 		if !slices.Equal(blocks, donor.Leases[c.Overlay].Blocks) {
-			d := donor.clone()
+			d := donor.Clone()
 			if err := t.setBlocks(d, c.Overlay, blocks); err != nil {
 				return nil, err
 			}
@@ -458,7 +441,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 		}
 	}
 	t.quarantine[c.Overlay] = qs
-	rec := recip.clone()
+	rec := recip.Clone()
 	var blocks []leaseBlock
 	for _, b := range rec.Leases[c.Overlay].Blocks {
 		if !b.Prefix.Overlaps(c.Prefix) {

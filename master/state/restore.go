@@ -135,7 +135,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 		}
 	}
 	for id, rec := range t.agents {
-		r := rec.clone()
+		r := rec.Clone()
 		r.Version = index
 		t.agents[id] = r
 	}

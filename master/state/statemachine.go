@@ -9,67 +9,8 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
+	"github.com/carve-net/carve/master/record"
 )
-
-// agentRecord is one agent's committed record. Records are immutable once
-// stored (copy on write), so snapshots, request outcomes and readers share
-// them freely.
-type agentRecord struct {
-	ID       string
-	Hostname string
-	IP       netip.Addr // invalid when another agent took the IP
-	MeshAddr string
-	Bridges  api.AgentNetworkConfig
-	// Keys and UnderlayMTU are what the agent registered (signed into its
-	// record).
-	Keys        api.AgentKeys
-	UnderlayMTU int
-	VTEP        netip.Addr
-	VTEP6       netip.Addr              // invalid without vtep_subnet6
-	Leases      map[string]overlayLease // by overlay name
-	Version     uint64
-	// Created is the Raft index that created the record (0 for records
-	// from before it was kept): a holdings acknowledgement names it, so
-	// that one of a deleted and re-registered agent is not mistaken for
-	// the new record's.
-	Created uint64
-	// CarveVersion is the carve version the agent registered with
-	// (informational, not signed).
-	CarveVersion string
-}
-
-// overlayLease is an agent's share of one overlay.
-type overlayLease struct {
-	Subnet  netip.Prefix `json:"subnet,omitzero"`
-	Subnet6 netip.Prefix `json:"subnet6,omitzero"`
-	// Failed says why the overlay (or its IPv6 part) was left out.
-	Failed string `json:"failed,omitempty"`
-	// Blocks are every block the agent holds in the overlay, disjoint, in
-	// api.SortBlocks order: the halves of Subnet and Subnet6 (origin
-	// lease), grown and granted blocks. A block part of which was granted
-	// away is replaced by the CIDR decomposition of the rest. Immutable
-	// once stored (records are copied on write).
-	Blocks []leaseBlock `json:"blocks,omitempty"`
-}
-
-func leaseEqual(a, b overlayLease) bool {
-	return a.Subnet == b.Subnet && a.Subnet6 == b.Subnet6 && a.Failed == b.Failed && slices.Equal(a.Blocks, b.Blocks)
-}
-
-func (r *agentRecord) clone() *agentRecord {
-	c := *r
-	c.Leases = maps.Clone(r.Leases)
-	if c.Leases == nil {
-		c.Leases = map[string]overlayLease{}
-	}
-	return &c
-}
-
-func (r *agentRecord) equal(o *agentRecord) bool {
-	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.Keys == o.Keys && r.UnderlayMTU == o.UnderlayMTU && r.CarveVersion == o.CarveVersion &&
-		r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
-}
 
 // overlaySpace is the address space of one overlay: a block allocator per
 // family (nil when the overlay has no subnet of that family).
@@ -201,7 +142,7 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 	}
 	switch c.Op {
 	case opGrow, opReturn, opGrant:
-		return Result{Agent: renderAgent(t.net, o.Agent)}
+		return Result{Agent: record.Render(t.net, o.Agent)}
 	case opRegister:
 		rec := o.Agent
 		if legacy {
@@ -251,14 +192,14 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		}
 		rec.VTEP = t.vteps.AddrAt(n)
 	} else {
-		rec = old.clone()
+		rec = old.Clone()
 	}
 	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
 	rec.Keys, rec.UnderlayMTU, rec.CarveVersion = c.Keys, c.UnderlayMTU, c.CarveVersion
 	// The newest registration takes the IP; the older record keeps its
 	// leases without an IP until it registers again.
 	if other, ok := t.byIP[ip]; ok && other != c.AgentID {
-		o := t.agents[other].clone()
+		o := t.agents[other].Clone()
 		o.IP = netip.Addr{}
 		o.Version = index
 		t.agents[other] = o
@@ -266,7 +207,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		t.stateIndex = index
 	}
 	t.ensureLeases(rec, index)
-	if old != nil && old.equal(rec) {
+	if old != nil && old.Equal(rec) {
 		return old, nil
 	}
 	if old != nil && old.IP.IsValid() && old.IP != ip && t.byIP[old.IP] == c.AgentID {
@@ -436,9 +377,9 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result 
 	// sorted so every replica allocates in the same order.
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		old := t.agents[id]
-		rec := old.clone()
+		rec := old.Clone()
 		t.ensureLeases(rec, index)
-		if !old.equal(rec) {
+		if !old.Equal(rec) {
 			rec.Version = index
 			t.agents[id] = rec
 		}
@@ -520,14 +461,14 @@ func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, erro
 	if rec == nil {
 		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
 	}
-	rep, err := reportOf(c.Report)
+	rep, err := record.ReportOf(c.Report)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadCommand, err)
 	}
 	if rep.Version > rec.Version {
 		return nil, fmt.Errorf("%w: agent %s reported on version %d of its record, which is at version %d", ErrReportAhead, c.AgentID, rep.Version, rec.Version)
 	}
-	if old, ok := t.reports[c.AgentID]; ok && old.equal(rep) {
+	if old, ok := t.reports[c.AgentID]; ok && old.Equal(rep) {
 		return rec, nil
 	}
 	t.reports[c.AgentID] = rep

@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
+	"github.com/carve-net/carve/master/record"
 	"github.com/carve-net/carve/master/recordsign"
 	"github.com/carve-net/carve/master/usage"
 	"github.com/carve-net/carve/raftlog"
@@ -201,8 +202,8 @@ func (t *LeaseTable) ReportWouldChange(agentID string, req api.ReportRequest) (*
 	}
 	rec := t.agents[agentID]
 	old, ok := t.reports[agentID]
-	rep, err := reportOf(req)
-	if rec == nil || !ok || err != nil || !old.equal(rep) {
+	rep, err := record.ReportOf(req)
+	if rec == nil || !ok || err != nil || !old.Equal(rep) {
 		return nil, true
 	}
 	return t.render(rec), false

@@ -2,12 +2,10 @@ package state
 
 import (
 	"fmt"
-	"net/netip"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/usage"
-	"github.com/carve-net/carve/prefixspace"
 )
 
 // RecordUsage keeps an agent's usage report and, when the report is
@@ -25,7 +23,7 @@ func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (api.UsageAnswer
 	for _, ov := range r.Overlays {
 		for _, b := range ov.Blocks {
 			p, _ := netconfig.CanonicalPrefix(b.Prefix) // validated
-			if !holds(rec.Leases[ov.Name].Blocks, p) {
+			if !rec.Leases[ov.Name].Covers(p) {
 				ans.Unknown = append(ans.Unknown, ov.Name+":"+b.Prefix)
 			}
 		}
@@ -35,31 +33,6 @@ func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (api.UsageAnswer
 		ans.Acknowledged = t.usage.Acknowledge(id, usage.Ack{Created: rec.Created, Index: min(r.StateIndex, t.stateIndex)})
 	}
 	return ans, nil
-}
-
-// holds reports whether the blocks cover all of p.
-func holds(blocks []leaseBlock, p netip.Prefix) bool {
-	for _, b := range blocks {
-		if b.Prefix.Contains(p.Addr()) && b.Prefix.Bits() <= p.Bits() {
-			return true
-		}
-	}
-	// p may span several blocks: check that its pieces are all held.
-	if p.Bits() >= p.Addr().BitLen() {
-		return false
-	}
-	inside := false
-	for _, b := range blocks {
-		if p.Contains(b.Prefix.Addr()) && b.Prefix.Bits() > p.Bits() {
-			inside = true
-			break
-		}
-	}
-	if !inside {
-		return false
-	}
-	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
-	return holds(blocks, lo) && holds(blocks, prefixspace.Sibling(lo))
 }
 
 // ReleaseProposal returns the release command the leader may propose: the
