@@ -1,9 +1,18 @@
 // Package state is the masters' replicated lease table and the rules that
 // change it: the Raft state machine (LeaseTable) that applies the commands
-// of the log (Command), the address allocators, the network-config and
-// request validation, snapshots, the change log, and the signed, cached
-// rendering of the table as the API shows it. It has no HTTP and no
-// network: package master serves it and replicates it with raftlog.
+// of the log (Command), who may hold which block (the allocators over
+// prefixspace, leases, growth, grants, returns, quarantine, quotas), the
+// validation of requests into commands, snapshots, the change log, and
+// the cached, signed encoding of the state as the API shows it. It has no
+// HTTP and no network: package master serves it and replicates it with
+// raftlog.
+//
+// What the table consumes but does not decide lives in packages of their
+// own that never import this one: the network configuration
+// (master/netconfig), an agent's record and its rendering (master/record),
+// the signer (master/recordsign), what agents tell the leader outside the
+// log (master/usage) and the judgement of their trust reports
+// (master/agenttrust); cmd/carve/deps_test.go keeps them so.
 package state
 
 import (
