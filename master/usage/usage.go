@@ -19,6 +19,7 @@ package usage
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"sync"
 
@@ -169,11 +170,7 @@ func (u *Table) Acknowledge(id string, ack Ack) uint64 {
 func (u *Table) Acks() map[string]Ack {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	out := make(map[string]Ack, len(u.acks))
-	for id, a := range u.acks {
-		out[id] = a
-	}
-	return out
+	return maps.Clone(u.acks)
 }
 
 // ClearAcks forgets every acknowledgement (they are of a table a restore
