@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -28,7 +28,7 @@ var (
 )
 
 func testNetwork() *api.NetworkConfig {
-	cfg := state.DefaultConfig()
+	cfg := netconfig.Default()
 	cfg.Overlays = []api.OverlayNetwork{
 		{Name: "ov", Subnet: "10.1.0.0/16", Prefix: 24},
 		{Name: "tiny", Subnet: "10.2.0.0/27", Prefix: 28},

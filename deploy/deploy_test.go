@@ -21,7 +21,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -263,15 +263,15 @@ func TestExampleNetworkConfigs(t *testing.T) {
 		t.Fatal("no examples/*.json")
 	}
 	for _, f := range files {
-		if _, err := state.LoadConfig(f); err != nil {
+		if _, err := netconfig.Load(f); err != nil {
 			t.Errorf("carve master --config %s: %v", f, err)
 		}
 	}
-	def, err := state.LoadConfig("examples/network.json")
+	def, err := netconfig.Load("examples/network.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := state.DefaultConfig(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
+	if want := netconfig.Default(); !reflect.DeepEqual(withoutEnabled(def), withoutEnabled(want)) {
 		t.Errorf("examples/network.json is not the default configuration:\n got %+v\nwant %+v", def, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/usage"
 )
 
 // The API's writes of agent records, each a write (write.go): the request
@@ -163,7 +164,7 @@ func (s *server) usage() http.HandlerFunc {
 	return handleWrite(s, write[api.UsageReport, api.UsageAnswer]{
 		body: true,
 		prepare: func(r *http.Request, req *api.UsageReport) (action[api.UsageAnswer], error) {
-			if err := state.ValidateUsage(req); err != nil {
+			if err := usage.Validate(req); err != nil {
 				return nil, err
 			}
 			return func(context.Context) (api.UsageAnswer, uint64, error) {

@@ -16,7 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -69,7 +69,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -192,7 +192,7 @@ func TestClientTrustFailures(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 1, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 1, netconfig.Default(), p)
 	c.waitLeader()
 	foreign := newTestPKI(t)
 	foreignCert := foreign.ClientTLS("operator", pki.RoleOperator)
@@ -235,7 +235,7 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -326,7 +326,7 @@ func TestStartNeedsTLSOrInsecure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			opts := Options{ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0",
-				Peers: []raftlog.Server{{ID: "m1", Address: "127.0.0.1:1"}}, Network: state.DefaultConfig(), Logger: testLogger(t)}
+				Peers: []raftlog.Server{{ID: "m1", Address: "127.0.0.1:1"}}, Network: netconfig.Default(), Logger: testLogger(t)}
 			tt.set(&opts)
 			m, err := Start(context.Background(), opts)
 			if err == nil {
@@ -347,7 +347,7 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := &testCluster{t: t, cfg: state.DefaultConfig(), masters: make([]*Master, 1), pki: p}
+	c := &testCluster{t: t, cfg: netconfig.Default(), masters: make([]*Master, 1), pki: p}
 	c.ids, c.dirs = []string{"m1"}, []string{t.TempDir()}
 	pair := freeAddrs(t, 2)
 	c.raftAddrs, c.httpAddrs = []string{pair[0]}, []string{pair[1]}
@@ -396,7 +396,7 @@ func TestInsecureWarnsAtStart(t *testing.T) {
 	m, err := Start(context.Background(), Options{
 		ID: "m1", DataDir: t.TempDir(), HTTPAddr: "127.0.0.1:0", RaftAddr: raftAddr,
 		Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
-		Network: state.DefaultConfig(), Insecure: true,
+		Network: netconfig.Default(), Insecure: true,
 		Logger: logs.Logger(),
 	})
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -24,7 +24,7 @@ func TestRestartedAloneDoesNotServeItsTable(t *testing.T) {
 	}
 	for _, snapshot := range []bool{false, true} {
 		t.Run(fmt.Sprintf("snapshot=%v", snapshot), func(t *testing.T) {
-			c := newTestCluster(t, 3, state.DefaultConfig())
+			c := newTestCluster(t, 3, netconfig.Default())
 			leader := c.waitLeader()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

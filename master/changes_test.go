@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -24,7 +24,7 @@ func TestChangesWatchOnFollower(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p, func(o *Options) {
+	c := newTestClusterWith(t, 3, netconfig.Default(), p, func(o *Options) {
 		o.TombstoneMaxAge, o.CompactEvery = 300*time.Millisecond, 50*time.Millisecond
 	})
 	leader := c.waitLeader()

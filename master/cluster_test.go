@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -28,7 +28,7 @@ func TestClusterRegistrationsThroughLeaderFailover(t *testing.T) {
 }
 
 func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 
 	const agents = 500
@@ -124,7 +124,7 @@ func TestClusterRestartFromDataDirs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+	cfg := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
 		api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64}}})
 	for _, snapshot := range []bool{false, true} {
 		t.Run(fmt.Sprintf("snapshot=%v", snapshot), func(t *testing.T) {
@@ -175,7 +175,7 @@ func TestHTTPBadInput(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, state.DefaultConfig())
+	c := newTestCluster(t, 3, netconfig.Default())
 	leader := c.waitLeader()
 	ctx := context.Background()
 	if _, err := c.client(leader).Register(ctx, api.RegisterRequest{AgentID: "known", IP: "198.18.0.1"}); err != nil {
@@ -244,7 +244,7 @@ func TestFollowerProxyWatchAndStatus(t *testing.T) {
 }
 
 func testFollowerProxyWatchAndStatus(t *testing.T, p *testPKI) {
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	c.waitConverged()
@@ -330,7 +330,7 @@ func TestNoLeaderAnswers503(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := &testCluster{t: t, cfg: state.DefaultConfig(), masters: make([]*Master, 3)}
+	c := &testCluster{t: t, cfg: netconfig.Default(), masters: make([]*Master, 3)}
 	for i := range 3 {
 		c.addSlot(fmt.Sprintf("m%d", i+1))
 	}
@@ -361,7 +361,7 @@ func TestJoinAndRemoveMaster(t *testing.T) {
 }
 
 func testJoinAndRemoveMaster(t *testing.T, p *testPKI) {
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -420,7 +420,7 @@ func TestConfigHasOneAuthority(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	two := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
+	two := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
 		api.OverlayNetwork{Name: "two", Subnet: "10.2.0.0/16", Prefix: 24}}})
 	c := newTestCluster(t, 3, two)
 	leader := c.waitLeader()
@@ -429,7 +429,7 @@ func TestConfigHasOneAuthority(t *testing.T) {
 	if _, err := registerRetrying(ctx, c.client(leader), api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1"}); err != nil {
 		t.Fatal(err)
 	}
-	three := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
+	three := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "one", Subnet: "10.1.0.0/16", Prefix: 24},
 		api.OverlayNetwork{Name: "three", Subnet: "10.3.0.0/16", Prefix: 24}}})
 	// Every master restarts with another file; the last with none.
 	c.cfg = three
@@ -438,7 +438,7 @@ func TestConfigHasOneAuthority(t *testing.T) {
 	}
 	for i := range c.masters {
 		if i == len(c.masters)-1 {
-			c.cfg = state.DefaultConfig()
+			c.cfg = netconfig.Default()
 		}
 		c.start(i)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -77,7 +78,7 @@ func (s *server) configApply() http.HandlerFunc {
 	apply := handleWrite(s, write[api.NetworkConfig, state.Result]{
 		body: true,
 		prepare: func(r *http.Request, cfg *api.NetworkConfig) (action[state.Result], error) {
-			if err := state.ValidateConfig(*cfg); err != nil {
+			if err := netconfig.Validate(*cfg); err != nil {
 				return nil, err
 			}
 			who, _ := requestIdentity(r)
@@ -103,7 +104,7 @@ func (s *server) configApply() http.HandlerFunc {
 			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}
-		if err := state.ValidateConfig(cfg); err != nil {
+		if err := netconfig.Validate(cfg); err != nil {
 			httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 			return
 		}

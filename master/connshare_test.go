@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 )
 
 // Clients without a certificate that complete a handshake, send one
@@ -29,7 +29,7 @@ func TestLeaderServesThroughAnIdleFloodWithoutCertificates(t *testing.T) {
 	}
 	const maxConns = 24
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p, func(o *Options) { o.HTTPServer.MaxConns = maxConns })
+	c := newTestClusterWith(t, 3, netconfig.Default(), p, func(o *Options) { o.HTTPServer.MaxConns = maxConns })
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	anon := p.ClientTLS("", "")

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/dcosproto"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -21,7 +21,7 @@ import (
 // verbatim (state/testdata/dcos-default-network.json), parsed as a master does.
 func dcosDefaultConfig(t *testing.T) api.NetworkConfig {
 	t.Helper()
-	cfg, err := state.LoadConfig("state/testdata/dcos-default-network.json")
+	cfg, err := netconfig.Load("state/testdata/dcos-default-network.json")
 	if err != nil {
 		t.Fatalf("DC/OS's default configuration refused: %v", err)
 	}
@@ -204,7 +204,7 @@ func notLeased(a *api.AgentInfo, name, reason string) bool {
 func TestAgentReports(t *testing.T) {
 	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -26,7 +26,7 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	c.waitConverged()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -15,7 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/membershiptest"
 )
@@ -51,7 +51,7 @@ func TestGrantNeedsTheDonorsWord(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
+	cfg := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
 	c := newTestClusterWith(t, 1, cfg, p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -147,7 +147,7 @@ func TestGrantReportsAreJudgedByTheLeader(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
+	cfg := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
 	c := newTestClusterWith(t, 3, cfg, p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3

@@ -14,7 +14,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -76,7 +76,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
+	cfg := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}}})
 	c := newTestClusterWith(t, 3, cfg, p)
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

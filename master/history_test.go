@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -42,7 +42,7 @@ func historyRefusals(t *testing.T, m *Master) float64 {
 // beside the new ones; the restored masters never hold an old record.
 func TestWholeRestoreRefusesOldDataDir(t *testing.T) {
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	leader := c.waitLeader()

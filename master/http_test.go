@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -20,7 +21,7 @@ func TestHTTPRequestIDReuseConflict(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, state.DefaultConfig())
+	c := newTestCluster(t, 1, netconfig.Default())
 	c.waitLeader()
 	base := "http://" + c.httpAddrs[0]
 	status, _, data := httpCall(t, "POST", base+"/overlay-master/agents", "application/json",
@@ -47,7 +48,7 @@ func TestUnchangedRegistrationCarriesIndex(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, state.DefaultConfig())
+	c := newTestCluster(t, 3, netconfig.Default())
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	body := `{"agent_id":"a1","ip":"198.18.0.1","hostname":"h1"}`
@@ -81,7 +82,7 @@ func TestStateIndexHeaderMatchesBody(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, state.DefaultConfig())
+	c := newTestCluster(t, 1, netconfig.Default())
 	c.waitLeader()
 	m := c.masters[0]
 	// Changes are applied straight to the table, as raft's FSM goroutine
@@ -141,7 +142,7 @@ func TestWildcardHTTPAddrRefused(t *testing.T) {
 			m, err := Start(context.Background(), Options{
 				ID: "m1", DataDir: t.TempDir(), HTTPAddr: addr, RaftAddr: raftAddr,
 				Peers:   []raftlog.Server{{ID: "m1", Address: raftAddr, Voter: true}},
-				Network: state.DefaultConfig(), Logger: testLogger(t), Insecure: true,
+				Network: netconfig.Default(), Logger: testLogger(t), Insecure: true,
 			})
 			if err == nil {
 				m.Close()
@@ -161,7 +162,7 @@ func TestHTTPRequestsCountedByRoute(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, state.DefaultConfig())
+	c := newTestCluster(t, 1, netconfig.Default())
 	c.waitLeader()
 	base := "http://" + c.httpAddrs[0]
 	for _, path := range []string{"/overlay-master/state", "/overlay-master/agents/nobody", "/cluster/status", "/nothing"} {

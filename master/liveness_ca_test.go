@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/pkitest"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -58,7 +58,7 @@ func TestAgentCANoted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	// Each master names the CA of its own certificate (check-ca compares

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -21,7 +21,7 @@ func TestSilentAgentIsNotOK(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestClusterWith(t, 1, state.DefaultConfig(), nil, func(o *Options) { o.AgentSilentAfter = 3 * time.Second })
+	c := newTestClusterWith(t, 1, netconfig.Default(), nil, func(o *Options) { o.AgentSilentAfter = 3 * time.Second })
 	c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -25,7 +25,9 @@ import (
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/usage"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -85,7 +87,7 @@ type Options struct {
 	// (TombstoneMaxAge/24 when 0).
 	CompactEvery time.Duration
 	// AgentSilentAfter is how long an agent may go unheard before the
-	// leader shows it silent (state.DefaultSilentAfter when 0).
+	// leader shows it silent (usage.DefaultSilentAfter when 0).
 	AgentSilentAfter time.Duration
 	// ChangeLogIDs bounds the change log the changes watch answers from
 	// (state.DefaultChangeLogIDs when 0).
@@ -144,12 +146,12 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		opts.TombstoneMaxAge = DefaultTombstoneMaxAge
 	}
 	if opts.AgentSilentAfter <= 0 {
-		opts.AgentSilentAfter = state.DefaultSilentAfter
+		opts.AgentSilentAfter = usage.DefaultSilentAfter
 	}
 	if opts.CompactEvery <= 0 {
 		opts.CompactEvery = max(opts.TombstoneMaxAge/24, 10*time.Millisecond)
 	}
-	if err := state.ValidateConfig(opts.Network); err != nil {
+	if err := netconfig.Validate(opts.Network); err != nil {
 		return nil, err
 	}
 	m := &Master{opts: opts, log: opts.Logger.With("master", opts.ID), table: state.NewLeaseTable(), registry: prometheus.NewRegistry(),

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/raftlog"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -24,7 +24,7 @@ func TestStartChecksIDAndPeers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 3, state.DefaultConfig())
+	c := newTestCluster(t, 3, netconfig.Default())
 	leader := c.waitLeader()
 
 	// A typo in --id.

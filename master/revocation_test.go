@@ -11,7 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -41,7 +41,7 @@ func revokedRefusalsOf(m *Master, where string) float64 {
 func TestRevokedAgentIsRefused(t *testing.T) {
 	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -104,7 +104,7 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 func TestRevokedMasterIsCutOffRaft(t *testing.T) {
 	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	victim := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

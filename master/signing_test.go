@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -36,7 +36,7 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	cfg := state.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
+	cfg := netconfig.WithDefaults(api.NetworkConfig{Overlays: []api.OverlayNetwork{api.OverlayNetwork{Name: "carve", Subnet: "10.128.0.0/9", Prefix: 24},
 		api.OverlayNetwork{Name: "six", Subnet6: "fd00::/48", Prefix6: 64},
 		api.OverlayNetwork{Name: "dual", Subnet: "10.1.0.0/16", Prefix: 24, Subnet6: "fd01::/48", Prefix6: 64}}})
 	c := newTestClusterWith(t, 3, cfg, p)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -29,7 +30,7 @@ func TestSnapshotSaveAndRestore(t *testing.T) {
 // (signed with TLS); the changes since an index before the restore are
 // gone. Agents may do neither.
 func testSnapshotSaveAndRestore(t *testing.T, p *testPKI) {
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

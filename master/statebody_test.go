@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
 )
@@ -248,7 +248,7 @@ func TestStateConditionalRead(t *testing.T) {
 // an API client with it.
 func secureOperator(t *testing.T) (*mastertest.Secure, *tls.Config, *api.Client) {
 	t.Helper()
-	ms := mastertest.StartSecure(t, t.TempDir(), state.DefaultConfig(), slog.New(slog.DiscardHandler))
+	ms := mastertest.StartSecure(t, t.TempDir(), netconfig.Default(), slog.New(slog.DiscardHandler))
 	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
 	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -21,7 +22,7 @@ func TestVersionsAreVisible(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	c := newTestCluster(t, 1, state.DefaultConfig())
+	c := newTestCluster(t, 1, netconfig.Default())
 	c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

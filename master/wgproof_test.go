@@ -13,7 +13,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -55,7 +55,7 @@ func TestWireGuardKeyTakesAProofOfPossession(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, state.DefaultConfig(), p)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
 	leader := c.waitLeader()
 	follower := (leader + 1) % 3
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

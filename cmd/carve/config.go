@@ -10,7 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 )
 
 const configUsage = `usage:
@@ -53,7 +53,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 	case verb != "show" && len(operands) != 1:
 		return fmt.Errorf("%w: name one configuration file (network.json)\n%s", cli.ErrUsage, configUsage)
 	case verb != "show":
-		if file, err = state.LoadConfig(operands[0]); err != nil {
+		if file, err = netconfig.Load(operands[0]); err != nil {
 			return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 		}
 	}
@@ -79,7 +79,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 		fmt.Fprintf(out, "%s changes nothing: the committed configuration already says it\n", operands[0])
 	case ans.DryRun:
 		fmt.Fprintf(out, "%s would change the committed configuration:\n", operands[0])
-		printConfigDiff(out, ans.Config, state.WithDefaults(file))
+		printConfigDiff(out, ans.Config, netconfig.WithDefaults(file))
 	default:
 		fmt.Fprintf(out, "%s committed: the masters' network configuration is now\n", operands[0])
 		if err := writeJSON(out, ans.Config); err != nil {

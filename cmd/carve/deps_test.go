@@ -2,6 +2,7 @@ package main
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,6 +33,18 @@ var shippedCommands = map[string]bool{
 // innerTree lists the roots internal/ must never import: dependencies point
 // inward, so the shared helpers know nothing of the daemons that use them.
 var innerTree = []string{module + "/agent", module + "/master", module + "/raftlog", module + "/cmd/", module + "/test/"}
+
+// stateParts are the packages cut out of master/state (issue 30), each
+// with the only packages of ours it may import: master/state consumes
+// them, so none of them imports master/state, the master process or
+// anything that does I/O beyond its job.
+var stateParts = map[string][]string{
+	module + "/master/agenttrust": {module + "/api", module + "/master/record"},
+	module + "/master/netconfig":  {module + "/api"},
+	module + "/master/record":     {module + "/api", module + "/master/netconfig", module + "/prefixspace"},
+	module + "/master/recordsign": {module + "/api"},
+	module + "/master/usage":      {module + "/api", module + "/master/netconfig"},
+}
 
 // listPackages runs go list -deps (or plain go list) with a format printing
 // each package's path, its name and its non-test imports.
@@ -85,11 +98,17 @@ func TestNoLabInProductionBinary(t *testing.T) {
 // TestDependenciesPointInward is the tree's import rule as prefixes, over
 // every package of the module (non-test imports): nothing outside test/
 // imports test/; internal/ imports nothing of agent/, master/, raftlog/,
-// cmd/ or test/; cmd/ holds only the shipped binaries.
+// cmd/ or test/; the parts of master/state (stateParts) import only what
+// they list; cmd/ holds only the shipped binaries.
 func TestDependenciesPointInward(t *testing.T) {
 	pkgs := listPackages(t, false, module+"/...")
 	if len(pkgs) < 20 {
 		t.Fatalf("go list %s/... found only %d packages", module, len(pkgs))
+	}
+	for p := range stateParts {
+		if pkgs[p] == nil {
+			t.Errorf("%s, a part of master/state, is not in the module", p)
+		}
 	}
 	for p, nameAndImports := range pkgs {
 		name, imports := nameAndImports[0], nameAndImports[1:]
@@ -97,6 +116,9 @@ func TestDependenciesPointInward(t *testing.T) {
 			t.Errorf("%s is under cmd/, which holds only the shipped binaries; a lab or test command belongs under test/cmd/", p)
 		}
 		for _, imp := range imports {
+			if allowed, ok := stateParts[p]; ok && strings.HasPrefix(imp, module+"/") && !slices.Contains(allowed, imp) {
+				t.Errorf("%s imports %s: a part of master/state imports only %v (master/state consumes it, not the other way)", p, imp, allowed)
+			}
 			if !strings.HasPrefix(p, testTree) && strings.HasPrefix(imp, testTree) {
 				t.Errorf("%s imports %s: a shipped package never imports test/", p, imp)
 			}

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/master"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -21,7 +21,7 @@ import (
 func TestLogLevelAtRunTime(t *testing.T) {
 	var logs testutil.Logs
 	level := new(slog.LevelVar)
-	m := mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), state.DefaultConfig(), logs.Logger(),
+	m := mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), netconfig.Default(), logs.Logger(),
 		func(o *master.Options) { o.LogLevel = level })
 	as := func(name string, role pki.Role) []string {
 		f := m.CA.Files(name, role)

@@ -14,6 +14,7 @@ import (
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
@@ -88,9 +89,9 @@ func runMaster(ctx context.Context, args []string) error {
 		if err != nil {
 			return master.Options{}, err
 		}
-		netCfg := state.DefaultConfig()
+		netCfg := netconfig.Default()
 		if *config != "" {
-			if netCfg, err = state.LoadConfig(*config); err != nil {
+			if netCfg, err = netconfig.Load(*config); err != nil {
 				return master.Options{}, err
 			}
 		} else {

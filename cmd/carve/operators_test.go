@@ -19,7 +19,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
 )
@@ -28,7 +28,7 @@ import (
 // holding a certificate of the role (name: its holder).
 func secureMaster(t *testing.T) *mastertest.Secure {
 	t.Helper()
-	return mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), state.DefaultConfig(), slog.New(slog.DiscardHandler))
+	return mastertest.StartSecure(t, filepath.Join(t.TempDir(), "m1"), netconfig.Default(), slog.New(slog.DiscardHandler))
 }
 
 // clientFlags are --masters and the TLS flags of a certificate of role.

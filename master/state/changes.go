@@ -235,7 +235,7 @@ func (t *LeaseTable) ChangesBody(since uint64) (*StateBody, error) {
 	}
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	key := changesKey{index: t.stateIndex, usage: t.usage.generation(), signing: t.signingGen}
+	key := changesKey{index: t.stateIndex, usage: t.usage.Generation(), signing: t.signingGen}
 	if t.cache.changesKey != key || t.cache.changes == nil {
 		t.cache.changes, t.cache.changesKey = map[uint64]*StateBody{}, key
 	}
@@ -285,8 +285,8 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 	out.WriteString(`,"since":`)
 	out.WriteString(strconv.FormatUint(since, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
-	writeJSONField(&out, "signing_key", t.signer.publicKey())
-	t.signer.writeSigningChain(&out)
+	writeJSONField(&out, "signing_key", t.signer.PublicKey())
+	t.signer.WriteSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
@@ -296,7 +296,7 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 		return nil, err
 	}
 	if all && t.net != nil {
-		netJSON, err := json.Marshal(t.net.api)
+		netJSON, err := json.Marshal(t.net.Config())
 		if err != nil {
 			return nil, fmt.Errorf("encode network: %w", err)
 		}

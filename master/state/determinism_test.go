@@ -244,7 +244,7 @@ func TestStateDigestSeesEveryDifference(t *testing.T) {
 			h.apply(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m1", HTTPAddr: "127.0.0.1:1"}})
 		},
 		"swapped VTEPs": func(h *tableHarness) {
-			a, b := h.table.agents["n0"].clone(), h.table.agents["n1"].clone()
+			a, b := h.table.agents["n0"].Clone(), h.table.agents["n1"].Clone()
 			a.VTEP, b.VTEP = b.VTEP, a.VTEP
 			h.table.agents["n0"], h.table.agents["n1"] = a, b
 		},

@@ -85,7 +85,7 @@ func (t *LeaseTable) stateDigest() string {
 	num(t.stateIndex)
 	str(t.clusterID)
 	if t.net != nil {
-		js(t.net.api)
+		js(t.net.Config())
 	} else {
 		str("")
 	}

@@ -25,24 +25,24 @@ func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
 		return nil
 	}
 	var out []api.ExhaustedOverlay
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
 		for _, fam := range []struct {
 			is4    bool
 			subnet netip.Prefix
-		}{{true, def.subnet}, {false, def.subnet6}} {
-			space := t.spaces[def.api.Name].family(fam.is4)
+		}{{true, def.Subnet()}, {false, def.Subnet6()}} {
+			space := t.spaces[def.Name()].family(fam.is4)
 			if space == nil || !fam.subnet.IsValid() {
 				continue
 			}
-			ex := api.ExhaustedOverlay{Overlay: def.api.Name, Family: 6}
+			ex := api.ExhaustedOverlay{Overlay: def.Name(), Family: 6}
 			if fam.is4 {
 				ex.Family = 4
 			}
 			for _, rec := range t.agents {
-				if l := rec.Leases[def.api.Name]; strings.Contains(l.Failed, "exhausted: no free /") && strings.Contains(l.Failed, " in "+fam.subnet.String()) {
+				if l := rec.Leases[def.Name()]; strings.Contains(l.Failed, "exhausted: no free /") && strings.Contains(l.Failed, " in "+fam.subnet.String()) {
 					ex.UnleasedCount++
 					ex.Unleased = append(ex.Unleased, rec.ID)
 				}
@@ -51,8 +51,8 @@ func (t *LeaseTable) Exhausted() []api.ExhaustedOverlay {
 			if len(ex.Unleased) > maxNamedUnleased {
 				ex.Unleased = ex.Unleased[:maxNamedUnleased]
 			}
-			if _, growable := space.FirstFree(def.growBits(fam.is4)); !growable {
-				ex.Free, ex.Full = t.usage.freeIn(def.api.Name, fam.is4, t.leasedAgents(def.api.Name, fam.is4))
+			if _, growable := space.FirstFree(def.GrowBits(fam.is4)); !growable {
+				ex.Free, ex.Full = t.usage.FreeIn(def.Name(), fam.is4, t.leasedAgents(def.Name(), fam.is4))
 			}
 			if ex.UnleasedCount > 0 || ex.Full {
 				out = append(out, ex)
@@ -81,27 +81,4 @@ func (t *LeaseTable) leasedAgents(overlay string, is4 bool) map[string]uint64 {
 		}
 	}
 	return out
-}
-
-// freeIn sums the free addresses that the agents holding the overlay's
-// family (holders: id to record Created) reported in it; full is true when
-// every holder reported and none has a free address.
-func (u *usageTable) freeIn(overlay string, is4 bool, holders map[string]uint64) (free uint64, full bool) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if len(holders) == 0 {
-		return 0, false
-	}
-	for id, created := range holders {
-		a, ok := u.agents[id]
-		if !ok || a.created != created {
-			return 0, false // not every holder has reported: not judged
-		}
-		for prefix, bu := range a.blocks[overlay] {
-			if p, err := netip.ParsePrefix(prefix); err == nil && p.Addr().Is4() == is4 {
-				free += bu.Free
-			}
-		}
-	}
-	return free, free == 0
 }

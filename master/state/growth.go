@@ -23,23 +23,6 @@ var (
 	ErrInvalidBlock = errors.New("invalid block request")
 )
 
-// leaseBlock is one block of an agent's record (api.Block in the API).
-type leaseBlock struct {
-	Bridge string       `json:"bridge"`
-	Prefix netip.Prefix `json:"prefix"`
-	Origin string       `json:"origin"`
-	Donor  string       `json:"donor,omitempty"`
-	// Home is the block as it was committed to this agent, before grants
-	// split it; a granted-away part that comes back rejoins the pieces of
-	// its home block.
-	Home    netip.Prefix `json:"home"`
-	Version uint64       `json:"version"`
-}
-
-func (b leaseBlock) api() api.Block {
-	return api.Block{Bridge: b.Bridge, Prefix: b.Prefix.String(), Origin: b.Origin, Donor: b.Donor, Version: b.Version}
-}
-
 // quarantined is space of a deleted agent that is not leasable yet.
 type quarantined struct {
 	Prefix netip.Prefix `json:"prefix"`
@@ -138,7 +121,7 @@ func (t *LeaseTable) reclaimOwnSlice(overlay string, space *blockSpace, id strin
 // Only in a family where it was leased a subnet: an agent without one
 // serves nothing there, and its quarantine waits for the usual release.
 func (t *LeaseTable) reclaimOwnQuarantine(rec *agentRecord, def overlayDef, l overlayLease, index uint64) overlayLease {
-	overlay := def.api.Name
+	overlay := def.Name()
 	var keep []quarantined
 	for _, q := range t.quarantine[overlay] {
 		space := t.spaces[overlay].family(q.Prefix.Addr().Is4())
@@ -254,16 +237,6 @@ func coalesce(bs []leaseBlock) []leaseBlock {
 	}
 }
 
-// overlayDef returns the definition of an overlay of the configuration.
-func (n *network) overlay(name string) (overlayDef, bool) {
-	for _, d := range n.overlays {
-		if d.api.Name == name {
-			return d, true
-		}
-	}
-	return overlayDef{}, false
-}
-
 // applyGrow leases one more block, first fit, of the overlay's grow size.
 func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if t.net == nil {
@@ -273,18 +246,18 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if old == nil {
 		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
 	}
-	def, ok := t.net.overlay(c.Overlay)
+	def, ok := t.net.Overlay(c.Overlay)
 	if !ok {
 		return nil, fmt.Errorf("%w: overlay %q is not configured", ErrInvalidBlock, c.Overlay)
 	}
-	if !def.enabled {
+	if !def.Enabled() {
 		return nil, fmt.Errorf("%w: overlay %q is disabled", ErrInvalidBlock, c.Overlay)
 	}
 	space := t.spaces[c.Overlay].family(c.Family == 4)
 	if space == nil {
 		return nil, fmt.Errorf("%w: overlay %q has no IPv%d subnet", ErrInvalidBlock, c.Overlay, c.Family)
 	}
-	bits := def.growBits(c.Family == 4)
+	bits := def.GrowBits(c.Family == 4)
 	p, ok := space.FirstFree(bits)
 	if !ok {
 		return nil, fmt.Errorf("%w: no free /%d left in overlay %q (%s)", ErrOverlayExhausted, bits, c.Overlay, space.Universe())
@@ -292,7 +265,7 @@ func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
 	if err := checkQuota(def, c.AgentID, old.Leases[c.Overlay].Blocks, p); err != nil {
 		return nil, err
 	}
-	rec := old.clone()
+	rec := old.Clone()
 	blocks := append(slices.Clone(rec.Leases[c.Overlay].Blocks),
 		leaseBlock{Bridge: c.Bridge, Prefix: p, Origin: api.BlockGrown, Home: p, Version: index})
 	if err := t.setBlocks(rec, c.Overlay, blocks); err != nil {
@@ -348,7 +321,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 	if len(give) == 0 {
 		return nil, fmt.Errorf("%w: agent %q holds nothing inside %s in overlay %q", ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay)
 	}
-	rec := old.clone()
+	rec := old.Clone()
 	if err := t.setBlocks(rec, c.Overlay, keep); err != nil {
 		return nil, err
 	}
@@ -378,7 +351,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 	}
 	t.store(index, rec)
 	for _, id := range slices.Sorted(maps.Keys(donors)) {
-		d := t.agents[id].clone()
+		d := t.agents[id].Clone()
 		if err := t.setBlocks(d, c.Overlay, donors[id]); err != nil {
 			return nil, err // cannot happen: the returner freed that space
 		}
@@ -448,7 +421,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 			blocks = append(blocks, cutOut(b, c.Prefix)...)
 		}
 		if !slices.Equal(blocks, donor.Leases[c.Overlay].Blocks) {
-			d := donor.clone()
+			d := donor.Clone()
 			if err := t.setBlocks(d, c.Overlay, blocks); err != nil {
 				return nil, err
 			}
@@ -468,7 +441,7 @@ func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error)
 		}
 	}
 	t.quarantine[c.Overlay] = qs
-	rec := recip.clone()
+	rec := recip.Clone()
 	var blocks []leaseBlock
 	for _, b := range rec.Leases[c.Overlay].Blocks {
 		if !b.Prefix.Overlaps(c.Prefix) {
@@ -545,12 +518,4 @@ func (t *LeaseTable) releaseQuarantine(match func(quarantined) bool) int {
 		}
 	}
 	return n
-}
-
-// growBits is the prefix length of the blocks an agent grows by.
-func (d overlayDef) growBits(is4 bool) int {
-	if is4 {
-		return d.growPrefix
-	}
-	return d.growPrefix6
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/usage"
 )
 
 func growCfg() api.NetworkConfig {
@@ -207,27 +208,8 @@ func TestRestoreFormat2SnapshotGetsLeaseBlocks(t *testing.T) {
 	checkTable(t, tbl)
 }
 
+// Grown blocks take the configured size (netconfig checks grow_prefix).
 func TestGrowPrefixConfig(t *testing.T) {
-	tests := []struct {
-		name string
-		o    api.OverlayNetwork
-		want string // error substring; "" for valid
-	}{
-		{"default", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24}, ""},
-		{"smaller blocks", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 28}, ""},
-		{"a whole prefix", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 24}, ""},
-		{"larger than prefix", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 23}, "grow_prefix: 23 must be between"},
-		{"too long", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, GrowPrefix: 31}, "grow_prefix: 31"},
-		{"without subnet", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64, GrowPrefix: 25}, "grow_prefix: set without subnet"},
-		{"v6", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64, GrowPrefix6: 127}, "grow_prefix6: 127"},
-	}
-	for _, tt := range tests {
-		_, err := parseNetwork(cfgWith(tt.o))
-		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
-			t.Errorf("%s: %v, want %q", tt.name, err, tt.want)
-		}
-	}
-	// Grown blocks take the configured size.
 	h := newHarness(t, cfgWith(api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24, GrowPrefix: 27}))
 	h.mustRegister("a1", "198.18.0.1")
 	if res := h.apply(command{Op: opGrow, Grow: &growCmd{AgentID: "a1", Overlay: "g", Bridge: api.BridgeMesos, Family: 4}}); res.Err != nil ||
@@ -297,7 +279,7 @@ func FuzzGrowthBodies(f *testing.F) {
 			cmd, err = GrantCommand(req.Recipient, req)
 		default:
 			var req api.UsageReport
-			if !decode(&req) || ValidateUsage(&req) != nil {
+			if !decode(&req) || usage.Validate(&req) != nil {
 				return
 			}
 			if _, err := h.table.RecordUsage("a1", &req); err != nil {

@@ -13,34 +13,13 @@ import (
 // space in an overlay than the overlay's quota_prefix allows (409 quota).
 var ErrQuota = errors.New("quota")
 
-// quotaPrefix validates a quota_prefix: 0 means the default (prefix-4,
-// never shorter than the subnet's); else between the subnet's length (the
-// whole overlay) and the grow prefix (at least one grown block).
-func quotaPrefix(field string, quota int, subnet netip.Prefix, prefix, grow int) (int, error) {
-	if quota == 0 {
-		return api.DefaultQuotaPrefix(subnet, prefix), nil
-	}
-	if quota < subnet.Bits() || quota > grow {
-		return 0, configErr(field, "%d must be between the subnet's /%d and the grow prefix /%d (one grown block)", quota, subnet.Bits(), grow)
-	}
-	return quota, nil
-}
-
-// quotaBits is the prefix length of an agent's quota in one family.
-func (d overlayDef) quotaBits(is4 bool) int {
-	if is4 {
-		return d.quotaPrefix
-	}
-	return d.quotaPrefix6
-}
-
 // checkQuota refuses to give agent the block add in the overlay of def
 // when its grown and granted blocks of add's family (blocks: what it holds
 // now) would then hold more addresses than its quota. The origin lease
 // does not count: every agent has one.
 func checkQuota(def overlayDef, agent string, blocks []leaseBlock, add netip.Prefix) error {
 	is4 := add.Addr().Is4()
-	bits := def.quotaBits(is4)
+	bits := def.QuotaBits(is4)
 	if bits == 0 {
 		return nil // no subnet of that family: the grow or grant is refused elsewhere
 	}
@@ -56,7 +35,7 @@ func checkQuota(def overlayDef, agent string, blocks []leaseBlock, add netip.Pre
 		return nil
 	}
 	return fmt.Errorf("%w: agent %q would hold %s addresses of grown and granted space in overlay %q with %s, beyond its quota of a /%d (%s addresses): return blocks it no longer needs, or raise the overlay's quota_prefix%s in the network configuration",
-		ErrQuota, agent, held, def.api.Name, add, bits, limit, map[bool]string{true: "", false: "6"}[is4])
+		ErrQuota, agent, held, def.Name(), add, bits, limit, map[bool]string{true: "", false: "6"}[is4])
 }
 
 // addresses is the number of addresses of p, whose family is width bits.
@@ -67,7 +46,7 @@ func addresses(p netip.Prefix, width int) *big.Int {
 // grantWithinQuota checks a grant against its recipient's quota: the
 // recipient's blocks that the granted prefix overlaps are replaced by it.
 func (t *LeaseTable) grantWithinQuota(c *grantCmd, recip *agentRecord) error {
-	def, ok := t.net.overlay(c.Overlay)
+	def, ok := t.net.Overlay(c.Overlay)
 	if !ok {
 		return fmt.Errorf("%w: overlay %q is not configured", ErrInvalidBlock, c.Overlay)
 	}

@@ -9,38 +9,6 @@ import (
 	"github.com/carve-net/carve/api"
 )
 
-// quota_prefix defaults to 16 times an agent's subnet (never more than the
-// overlay) and is validated between the subnet and the grow prefix.
-func TestQuotaPrefixConfig(t *testing.T) {
-	tests := []struct {
-		name      string
-		o         api.OverlayNetwork
-		want      string // error substring; "" for valid
-		bits, bt6 int
-	}{
-		{"default", api.OverlayNetwork{Name: "g", Subnet: "10.128.0.0/9", Prefix: 24}, "", 20, 0},
-		{"default within a small overlay", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/22", Prefix: 24}, "", 22, 0},
-		{"set", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, QuotaPrefix: 23}, "", 23, 0},
-		{"one grown block", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, QuotaPrefix: 25}, "", 25, 0},
-		{"v6 default", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64}, "", 0, 60},
-		{"smaller than a grown block", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, QuotaPrefix: 26}, "quota_prefix: 26 must be between the subnet's /16 and the grow prefix /25", 0, 0},
-		{"larger than the overlay", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, QuotaPrefix: 15}, "quota_prefix: 15", 0, 0},
-		{"without subnet", api.OverlayNetwork{Name: "g", Subnet6: "fd09::/48", Prefix6: 64, QuotaPrefix: 20}, "quota_prefix: set without subnet", 0, 0},
-		{"v6 without subnet6", api.OverlayNetwork{Name: "g", Subnet: "10.9.0.0/16", Prefix: 24, QuotaPrefix6: 60}, "quota_prefix6: set without subnet6", 0, 0},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			n, err := parseNetwork(cfgWith(tt.o))
-			if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
-				t.Fatalf("%v, want %q", err, tt.want)
-			}
-			if err == nil && (n.overlays[0].quotaPrefix != tt.bits || n.overlays[0].quotaPrefix6 != tt.bt6) {
-				t.Errorf("quota /%d and /%d, want /%d and /%d", n.overlays[0].quotaPrefix, n.overlays[0].quotaPrefix6, tt.bits, tt.bt6)
-			}
-		})
-	}
-}
-
 // An agent grows and receives grants up to its quota; beyond it the grow
 // or grant is refused with ErrQuota naming the cap, and changes nothing.
 // Its origin lease does not count; returning space makes room again.

@@ -135,7 +135,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 		}
 	}
 	for id, rec := range t.agents {
-		r := rec.clone()
+		r := rec.Clone()
 		r.Version = index
 		t.agents[id] = r
 	}
@@ -157,9 +157,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	t.history = history
 	// Holdings acknowledgements are of the table before: a quarantine
 	// release waits for new ones.
-	t.usage.mu.Lock()
-	clear(t.usage.acks)
-	t.usage.mu.Unlock()
+	t.usage.ClearAcks()
 	t.changes.start = index
 	// The compaction's clock marks are of the old history's indexes.
 	t.horizon, t.marks = min(t.horizon, index), nil
@@ -213,7 +211,7 @@ func (t *LeaseTable) writeRestoreField(out *bytes.Buffer) error {
 	}
 	r := *t.restore
 	if t.signer != nil {
-		r.Signature = api.Sign(t.signer.key, api.RestoreSigningBytes(r, t.clusterID))
+		r.Signature = t.signer.Sign(api.RestoreSigningBytes(r, t.clusterID))
 	}
 	b, err := json.Marshal(r)
 	if err != nil {

@@ -18,7 +18,7 @@ func TestSigningOncePerRecord(t *testing.T) {
 	for i := range 100 {
 		h.mustRegister(fmt.Sprintf("a%03d", i), fmt.Sprintf("198.18.0.%d", i+1))
 	}
-	signed := func() uint64 { return h.table.signer.signed.Load() }
+	signed := func() uint64 { return h.table.signer.Signatures() }
 	read := func() {
 		t.Helper()
 		if _, _, err := h.table.StateJSON(""); err != nil {

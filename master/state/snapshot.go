@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -167,7 +168,7 @@ func (s *tableSnapshot) WriteTo(w io.Writer) (int64, error) {
 		Horizon: s.horizon, Marks: s.marks, Revoked: s.revoked, Restore: s.restore, UsedStatements: s.statements,
 		History: s.history}
 	if s.net != nil {
-		cfg := s.net.api
+		cfg := s.net.Config()
 		d.Network = &cfg
 	}
 	d.Agents = make([]snapshotAgent, len(s.agents))
@@ -251,7 +252,7 @@ func decodeSnapshot(d snapshotData) (*decodedSnapshot, error) {
 	dec := &decodedSnapshot{d: d}
 	if d.Network != nil {
 		var err error
-		if dec.net, err = parseNetwork(*d.Network); err != nil {
+		if dec.net, err = netconfig.New(*d.Network); err != nil {
 			return nil, fmt.Errorf("snapshot network config: %w", err)
 		}
 	}

@@ -156,7 +156,7 @@ func (t *LeaseTable) StateBody(leader string) (*StateBody, error) {
 	defer t.mu.RUnlock()
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
-	usage := t.usage.generation()
+	usage := t.usage.Generation()
 	if b := t.cache.body; b != nil && b.index == t.stateIndex && b.leader == leader && b.usage == usage {
 		return b, nil
 	}
@@ -182,7 +182,7 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 	netJSON := []byte("{}")
 	if t.net != nil {
 		var err error
-		if netJSON, err = json.Marshal(t.net.api); err != nil {
+		if netJSON, err = json.Marshal(t.net.Config()); err != nil {
 			return nil, fmt.Errorf("encode network: %w", err)
 		}
 	}
@@ -193,8 +193,8 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 	out.WriteString(strconv.FormatUint(t.stateIndex, 10))
 	writeJSONField(&out, "cluster_id", t.clusterID)
 	writeJSONField(&out, "leader", leader)
-	writeJSONField(&out, "signing_key", t.signer.publicKey())
-	t.signer.writeSigningChain(&out)
+	writeJSONField(&out, "signing_key", t.signer.PublicKey())
+	t.signer.WriteSigningChain(&out)
 	if t.horizon > 0 {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
@@ -231,7 +231,7 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	var stale []string
 	for _, id := range ids {
 		rec := t.agents[id]
-		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.usageGen(id, rec.Created) {
+		if c, ok := t.cache.agents[id]; !ok || c.rec != rec || c.usageGen != t.usage.AgentGeneration(id, rec.Created) {
 			stale = append(stale, id)
 		}
 	}
@@ -242,10 +242,10 @@ func (t *LeaseTable) encodeChangedAgents(ids []string) error {
 	errs := make([]error, len(stale))
 	encode := func(i int) {
 		rec := t.agents[stale[i]]
-		gen := t.usage.usageGen(rec.ID, rec.Created)
+		gen := t.usage.AgentGeneration(rec.ID, rec.Created)
 		info := t.render(rec)
-		t.signer.signAgent(info, t.clusterID)
-		t.usage.fill(info, rec.Created)
+		t.signer.SignAgent(info, t.clusterID)
+		t.usage.Fill(info, rec.Created)
 		data, err := json.Marshal(info)
 		if err != nil {
 			errs[i] = fmt.Errorf("encode agent %s: %w", stale[i], err)
@@ -278,7 +278,7 @@ func (t *LeaseTable) encodeTombstone(id string) ([]byte, error) {
 	c, ok := t.cache.tombstones[id]
 	if !ok || c.version != version {
 		tb := api.Tombstone{AgentID: id, Version: version}
-		t.signer.signTombstone(&tb, t.clusterID)
+		t.signer.SignTombstone(&tb, t.clusterID)
 		data, err := json.Marshal(tb)
 		if err != nil {
 			return nil, fmt.Errorf("encode tombstone %s: %w", id, err)
@@ -340,7 +340,7 @@ func (t *LeaseTable) encodeAgentsAndTombstones() ([]byte, error) {
 			delete(t.cache.tombstones, id)
 		}
 	}
-	t.signer.prune(func(id string) bool { return t.agents[id] != nil }, func(id string) bool {
+	t.signer.Prune(func(id string) bool { return t.agents[id] != nil }, func(id string) bool {
 		_, ok := t.tombstones[id]
 		return ok
 	})

@@ -8,67 +8,9 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
+	"github.com/carve-net/carve/master/record"
 )
-
-// agentRecord is one agent's committed record. Records are immutable once
-// stored (copy on write), so snapshots, request outcomes and readers share
-// them freely.
-type agentRecord struct {
-	ID       string
-	Hostname string
-	IP       netip.Addr // invalid when another agent took the IP
-	MeshAddr string
-	Bridges  api.AgentNetworkConfig
-	// Keys and UnderlayMTU are what the agent registered (signed into its
-	// record).
-	Keys        api.AgentKeys
-	UnderlayMTU int
-	VTEP        netip.Addr
-	VTEP6       netip.Addr              // invalid without vtep_subnet6
-	Leases      map[string]overlayLease // by overlay name
-	Version     uint64
-	// Created is the Raft index that created the record (0 for records
-	// from before it was kept): a holdings acknowledgement names it, so
-	// that one of a deleted and re-registered agent is not mistaken for
-	// the new record's.
-	Created uint64
-	// CarveVersion is the carve version the agent registered with
-	// (informational, not signed).
-	CarveVersion string
-}
-
-// overlayLease is an agent's share of one overlay.
-type overlayLease struct {
-	Subnet  netip.Prefix `json:"subnet,omitzero"`
-	Subnet6 netip.Prefix `json:"subnet6,omitzero"`
-	// Failed says why the overlay (or its IPv6 part) was left out.
-	Failed string `json:"failed,omitempty"`
-	// Blocks are every block the agent holds in the overlay, disjoint, in
-	// api.SortBlocks order: the halves of Subnet and Subnet6 (origin
-	// lease), grown and granted blocks. A block part of which was granted
-	// away is replaced by the CIDR decomposition of the rest. Immutable
-	// once stored (records are copied on write).
-	Blocks []leaseBlock `json:"blocks,omitempty"`
-}
-
-func leaseEqual(a, b overlayLease) bool {
-	return a.Subnet == b.Subnet && a.Subnet6 == b.Subnet6 && a.Failed == b.Failed && slices.Equal(a.Blocks, b.Blocks)
-}
-
-func (r *agentRecord) clone() *agentRecord {
-	c := *r
-	c.Leases = maps.Clone(r.Leases)
-	if c.Leases == nil {
-		c.Leases = map[string]overlayLease{}
-	}
-	return &c
-}
-
-func (r *agentRecord) equal(o *agentRecord) bool {
-	return r.ID == o.ID && r.Hostname == o.Hostname && r.IP == o.IP && r.MeshAddr == o.MeshAddr &&
-		r.Bridges == o.Bridges && r.Keys == o.Keys && r.UnderlayMTU == o.UnderlayMTU && r.CarveVersion == o.CarveVersion &&
-		r.VTEP == o.VTEP && r.VTEP6 == o.VTEP6 && r.Created == o.Created && maps.EqualFunc(r.Leases, o.Leases, leaseEqual)
-}
 
 // overlaySpace is the address space of one overlay: a block allocator per
 // family (nil when the overlay has no subnet of that family).
@@ -200,7 +142,7 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 	}
 	switch c.Op {
 	case opGrow, opReturn, opGrant:
-		return Result{Agent: renderAgent(t.net, o.Agent)}
+		return Result{Agent: record.Render(t.net, o.Agent)}
 	case opRegister:
 		rec := o.Agent
 		if legacy {
@@ -246,18 +188,18 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		rec = &agentRecord{ID: c.AgentID, Leases: map[string]overlayLease{}, Created: index}
 		n, ok := t.vteps.Allocate(c.AgentID)
 		if !ok {
-			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.vtepNet)
+			return nil, fmt.Errorf("%w in vtep_subnet %s", ErrVTEPExhausted, t.net.VTEPNet())
 		}
 		rec.VTEP = t.vteps.AddrAt(n)
 	} else {
-		rec = old.clone()
+		rec = old.Clone()
 	}
 	rec.Hostname, rec.IP, rec.MeshAddr, rec.Bridges = c.Hostname, ip, c.MeshAddr, c.Bridges
 	rec.Keys, rec.UnderlayMTU, rec.CarveVersion = c.Keys, c.UnderlayMTU, c.CarveVersion
 	// The newest registration takes the IP; the older record keeps its
 	// leases without an IP until it registers again.
 	if other, ok := t.byIP[ip]; ok && other != c.AgentID {
-		o := t.agents[other].clone()
+		o := t.agents[other].Clone()
 		o.IP = netip.Addr{}
 		o.Version = index
 		t.agents[other] = o
@@ -265,7 +207,7 @@ func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, 
 		t.stateIndex = index
 	}
 	t.ensureLeases(rec, index)
-	if old != nil && old.equal(rec) {
+	if old != nil && old.Equal(rec) {
 		return old, nil
 	}
 	if old != nil && old.IP.IsValid() && old.IP != ip && t.byIP[old.IP] == c.AgentID {
@@ -313,34 +255,34 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 			rec.VTEP6 = t.vteps6.AddrAt(n)
 		}
 	}
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
-		l := rec.Leases[def.api.Name]
-		sp := t.spaces[def.api.Name]
+		l := rec.Leases[def.Name()]
+		sp := t.spaces[def.Name()]
 		l.Failed = ""
 		var failures []string
-		if def.subnet.IsValid() && !l.Subnet.IsValid() {
-			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v4, rec.ID, def.prefix); ok {
+		if def.Subnet().IsValid() && !l.Subnet.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.Name(), sp.v4, rec.ID, def.Prefix()); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v4.FirstFree(def.prefix); ok {
+			} else if p, ok := sp.v4.FirstFree(def.Prefix()); ok {
 				l.Subnet = p
 				l.Blocks = t.takeLeaseBlocks(sp.v4, rec.ID, l.Blocks, p, index)
 			} else {
-				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix, def.subnet))
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.Prefix(), def.Subnet()))
 			}
 		}
-		if def.subnet6.IsValid() && !l.Subnet6.IsValid() {
-			if p, ok := t.reclaimOwnSlice(def.api.Name, sp.v6, rec.ID, def.prefix6); ok {
+		if def.Subnet6().IsValid() && !l.Subnet6.IsValid() {
+			if p, ok := t.reclaimOwnSlice(def.Name(), sp.v6, rec.ID, def.Prefix6()); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
-			} else if p, ok := sp.v6.FirstFree(def.prefix6); ok {
+			} else if p, ok := sp.v6.FirstFree(def.Prefix6()); ok {
 				l.Subnet6 = p
 				l.Blocks = t.takeLeaseBlocks(sp.v6, rec.ID, l.Blocks, p, index)
 			} else {
-				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.prefix6, def.subnet6))
+				failures = append(failures, fmt.Sprintf("exhausted: no free /%d left in %s", def.Prefix6(), def.Subnet6()))
 			}
 		}
 		if len(failures) > 0 {
@@ -349,7 +291,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 				l.Failed += "; " + failures[1]
 			}
 		}
-		rec.Leases[def.api.Name] = t.reclaimOwnQuarantine(rec, def, l, index)
+		rec.Leases[def.Name()] = t.reclaimOwnQuarantine(rec, def, l, index)
 	}
 }
 
@@ -423,7 +365,7 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result 
 	if err != nil {
 		return Result{Err: err, Warnings: warnings}
 	}
-	if t.net != nil && configEqual(t.net.api, merged.api) {
+	if t.net != nil && netconfig.Equal(t.net.Config(), merged.Config()) {
 		return Result{Warnings: warnings}
 	}
 	t.net = merged
@@ -435,9 +377,9 @@ func (t *LeaseTable) applySetConfig(index uint64, cfg api.NetworkConfig) Result 
 	// sorted so every replica allocates in the same order.
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		old := t.agents[id]
-		rec := old.clone()
+		rec := old.Clone()
 		t.ensureLeases(rec, index)
-		if !old.equal(rec) {
+		if !old.Equal(rec) {
 			rec.Version = index
 			t.agents[id] = rec
 		}
@@ -468,21 +410,21 @@ func (t *LeaseTable) applySetClusterID(index uint64, id string) {
 // current definitions are dropped from the allocators but stay in the
 // records until the agent is deleted.
 func (t *LeaseTable) rebuildSpaces() {
-	t.vteps = newHostPool(t.net.vtepNet)
+	t.vteps = newHostPool(t.net.VTEPNet())
 	t.vteps6 = nil
-	if t.net.vtepNet6.IsValid() {
-		t.vteps6 = newHostPool(t.net.vtepNet6)
+	if t.net.VTEPNet6().IsValid() {
+		t.vteps6 = newHostPool(t.net.VTEPNet6())
 	}
 	t.spaces = map[string]*overlaySpace{}
-	for _, d := range t.net.overlays {
+	for d := range t.net.Overlays() {
 		sp := &overlaySpace{}
-		if d.subnet.IsValid() {
-			sp.v4 = newBlockSpace(d.subnet)
+		if d.Subnet().IsValid() {
+			sp.v4 = newBlockSpace(d.Subnet())
 		}
-		if d.subnet6.IsValid() {
-			sp.v6 = newBlockSpace(d.subnet6)
+		if d.Subnet6().IsValid() {
+			sp.v6 = newBlockSpace(d.Subnet6())
 		}
-		t.spaces[d.api.Name] = sp
+		t.spaces[d.Name()] = sp
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		rec := t.agents[id]
@@ -519,14 +461,14 @@ func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, erro
 	if rec == nil {
 		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
 	}
-	rep, err := reportOf(c.Report)
+	rep, err := record.ReportOf(c.Report)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadCommand, err)
 	}
 	if rep.Version > rec.Version {
 		return nil, fmt.Errorf("%w: agent %s reported on version %d of its record, which is at version %d", ErrReportAhead, c.AgentID, rep.Version, rec.Version)
 	}
-	if old, ok := t.reports[c.AgentID]; ok && old.equal(rep) {
+	if old, ok := t.reports[c.AgentID]; ok && old.Equal(rep) {
 		return rec, nil
 	}
 	t.reports[c.AgentID] = rep

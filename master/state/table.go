@@ -1,9 +1,18 @@
 // Package state is the masters' replicated lease table and the rules that
 // change it: the Raft state machine (LeaseTable) that applies the commands
-// of the log (Command), the address allocators, the network-config and
-// request validation, snapshots, the change log, and the signed, cached
-// rendering of the table as the API shows it. It has no HTTP and no
-// network: package master serves it and replicates it with raftlog.
+// of the log (Command), who may hold which block (the allocators over
+// prefixspace, leases, growth, grants, returns, quarantine, quotas), the
+// validation of requests into commands, snapshots, the change log, and
+// the cached, signed encoding of the state as the API shows it. It has no
+// HTTP and no network: package master serves it and replicates it with
+// raftlog.
+//
+// What the table consumes but does not decide lives in packages of their
+// own that never import this one: the network configuration
+// (master/netconfig), an agent's record and its rendering (master/record),
+// the signer (master/recordsign), what agents tell the leader outside the
+// log (master/usage) and the judgement of their trust reports
+// (master/agenttrust); cmd/carve/deps_test.go keeps them so.
 package state
 
 import (
@@ -15,6 +24,10 @@ import (
 	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
+	"github.com/carve-net/carve/master/record"
+	"github.com/carve-net/carve/master/recordsign"
+	"github.com/carve-net/carve/master/usage"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -66,7 +79,7 @@ type LeaseTable struct {
 	// not leasable yet (see applyRelease); replicated.
 	quarantine map[string][]quarantined
 	// usage is what agents last reported of their blocks (not replicated).
-	usage *usageTable
+	usage *usage.Table
 	// reports are the agents' last configuration reports, by agent id.
 	reports map[string]agentReport
 
@@ -94,7 +107,7 @@ type LeaseTable struct {
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
-	signer *recordSigner
+	signer *recordsign.Signer
 	// signingGen counts SetSigning calls (SigningGeneration).
 	signingGen uint64
 	// restore is the last restore from a snapshot (restore.go); nil when
@@ -117,7 +130,7 @@ var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: newUsageTable(), revokedKick: make(chan struct{}, 1)}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
 	t.reset()
 	return t
 }
@@ -174,12 +187,12 @@ func (t *LeaseTable) WouldChange(req api.RegisterRequest) (*api.AgentInfo, bool)
 	if t.vteps6 != nil && !rec.VTEP6.IsValid() {
 		return nil, true
 	}
-	for _, def := range t.net.overlays {
-		if !def.enabled {
+	for def := range t.net.Overlays() {
+		if !def.Enabled() {
 			continue
 		}
-		l, ok := rec.Leases[def.api.Name]
-		if !ok || l.Failed != "" || (def.subnet.IsValid() && !l.Subnet.IsValid()) || (def.subnet6.IsValid() && !l.Subnet6.IsValid()) {
+		l, ok := rec.Leases[def.Name()]
+		if !ok || l.Failed != "" || (def.Subnet().IsValid() && !l.Subnet.IsValid()) || (def.Subnet6().IsValid() && !l.Subnet6.IsValid()) {
 			return nil, true
 		}
 	}
@@ -198,8 +211,8 @@ func (t *LeaseTable) ReportWouldChange(agentID string, req api.ReportRequest) (*
 	}
 	rec := t.agents[agentID]
 	old, ok := t.reports[agentID]
-	rep, err := reportOf(req)
-	if rec == nil || !ok || err != nil || !old.equal(rep) {
+	rep, err := record.ReportOf(req)
+	if rec == nil || !ok || err != nil || !old.Equal(rep) {
 		return nil, true
 	}
 	return t.render(rec), false
@@ -242,7 +255,7 @@ func (t *LeaseTable) Network() (api.NetworkConfig, bool) {
 	if t.net == nil {
 		return api.NetworkConfig{}, false
 	}
-	return t.net.api, true
+	return t.net.Config(), true
 }
 
 // ConfigChange tells whether proposing cfg would change the committed
@@ -254,7 +267,7 @@ func (t *LeaseTable) ConfigChange(cfg api.NetworkConfig) (bool, []string, error)
 	if err != nil {
 		return false, warnings, err
 	}
-	return t.net == nil || !configEqual(t.net.api, merged.api), warnings, nil
+	return t.net == nil || !netconfig.Equal(t.net.Config(), merged.Config()), warnings, nil
 }
 
 // Server returns the recorded addresses of a master.
@@ -274,7 +287,7 @@ func (t *LeaseTable) Agent(id string) (*api.AgentInfo, bool) {
 		return nil, false
 	}
 	info := t.render(rec)
-	t.usage.fill(info, rec.Created)
+	t.usage.Fill(info, rec.Created)
 	return info, true
 }
 
@@ -312,20 +325,20 @@ func (t *LeaseTable) AgentCount() int {
 func (t *LeaseTable) State() api.State {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.publicKey(), Horizon: t.horizon,
-		SigningChain: t.signer.signingChain()}
+	st := api.State{Index: t.stateIndex, ClusterID: t.clusterID, SigningKey: t.signer.PublicKey(), Horizon: t.horizon,
+		SigningChain: t.signer.SigningChain()}
 	if t.net != nil {
-		st.Network = t.net.api
+		st.Network = t.net.Config()
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.agents)) {
 		info := t.render(t.agents[id])
-		t.signer.signAgent(info, t.clusterID)
-		t.usage.fill(info, t.agents[id].Created)
+		t.signer.SignAgent(info, t.clusterID)
+		t.usage.Fill(info, t.agents[id].Created)
 		st.Agents = append(st.Agents, *info)
 	}
 	for _, id := range slices.Sorted(maps.Keys(t.tombstones)) {
 		tb := api.Tombstone{AgentID: id, Version: t.tombstones[id]}
-		t.signer.signTombstone(&tb, t.clusterID)
+		t.signer.SignTombstone(&tb, t.clusterID)
 		st.Tombstones = append(st.Tombstones, tb)
 	}
 	st.Quarantine = t.quarantineAPI()

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/netconfig"
 )
 
 // maxRequestIDLen bounds a request id.
@@ -73,7 +74,7 @@ func validBridge(b string) error {
 
 // parseBlockPrefix parses a request's prefix: a CIDR without host bits.
 func parseBlockPrefix(field, s string) (netip.Prefix, error) {
-	p, err := parseCanonicalPrefix(s)
+	p, err := netconfig.CanonicalPrefix(s)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("%s: %w", field, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/record"
 )
 
 // The commands the masters propose, each built from its request. A
@@ -38,7 +39,7 @@ func ReportCommand(agentID string, req api.ReportRequest) (Command, error) {
 	if err := api.ValidateAgentID(agentID); err != nil {
 		return Command{}, err
 	}
-	if _, err := reportOf(req); err != nil {
+	if _, err := record.ReportOf(req); err != nil {
 		return Command{}, err
 	}
 	if err := validateRequestID(req.RequestID); err != nil {

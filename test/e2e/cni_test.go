@@ -10,7 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/cni/netconf"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
@@ -43,7 +43,7 @@ import (
 //     checkIPAMAfterChurn).
 func TestCNI(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays[0].Prefix = 22
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix, Network: &netCfg})
 	step := func(name string, fn func(t *testing.T)) {

@@ -8,7 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -31,7 +31,7 @@ import (
 //     container detached.
 func TestOverlayDrain(t *testing.T) {
 	const extra = "extra"
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays = append(netCfg.Overlays, api.OverlayNetwork{Name: extra, Subnet: "10.64.0.0/16", Prefix: 24})
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, Network: &netCfg})
 	h1, h2 := c.Host(1), c.Host(2)

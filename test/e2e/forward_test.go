@@ -11,7 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -78,7 +78,7 @@ func TestForwardPolicyDrop(t *testing.T) {
 }
 
 func forwardPolicyDrop(t *testing.T, encryption string) {
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Encryption = encryption
 	// A resync every second: the repair is seen soon.
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, Network: &netCfg, AgentArgs: []string{"--resync-interval", "1s"}})

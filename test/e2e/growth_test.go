@@ -14,7 +14,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
@@ -59,7 +59,7 @@ const (
 //     `carve ipam check` reports the cluster clean.
 func TestGrowth(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays = []api.OverlayNetwork{
 		{Name: roomy, Subnet: "10.128.0.0/22", Prefix: 27},
 		{Name: full, Subnet: "10.129.0.0/25", Prefix: 27, GrowPrefix: 30},

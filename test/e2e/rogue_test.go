@@ -18,7 +18,7 @@ import (
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
@@ -125,7 +125,7 @@ func rogueKnobs(t *testing.T) ([]uint64, time.Duration) {
 // rogueScenario is one seed's run: its own cluster, the rogue acting for
 // dur beside the honest churn, then the checker.
 func rogueScenario(t *testing.T, seed uint64, dur time.Duration) {
-	cfg := state.DefaultConfig()
+	cfg := netconfig.Default()
 	cfg.Overlays = append(cfg.Overlays, api.OverlayNetwork{Name: rogueOtherOverlay, Subnet: "10.96.0.0/16", Prefix: 24})
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 1, Prefix: prefix, Network: &cfg})
 	ctx := within(t, 4*converge+dur)

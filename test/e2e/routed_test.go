@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/netnslab"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -88,7 +88,7 @@ func waitModes(ctx context.Context, t *testing.T, c *labcluster.Cluster, want fu
 //     the switch and a second after every agent reports the new mode).
 func TestRoutedMixed(t *testing.T) {
 	ctx := within(t, 5*converge)
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Dataplane = api.DataplaneRouted
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 1, Prefix: prefix, Network: &netCfg})
 	mixedUnderlay(t, c)

@@ -15,7 +15,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -52,7 +52,7 @@ func TestTroubleshootingForwardDrop(t *testing.T) {
 	requireCommand(t, cmds, "iptables -S CARVE-FORWARD-OUT")
 	logLine := startingWithLine(t, cmds, "journalctl -u carve-agent")
 	res := o.runAll(ctx, t, h1, cmds, nil)
-	vtep := state.DefaultConfig().VTEPName
+	vtep := netconfig.Default().VTEPName
 	for cmd, want := range map[string][]string{
 		"iptables -S FORWARD":           {"-P FORWARD DROP", "-A FORWARD -j CARVE-FORWARD"},
 		"iptables -S CARVE-FORWARD ":    {"-i " + vtep + " -j CARVE-FORWARD-OUT"},
@@ -131,7 +131,7 @@ func TestTroubleshootingContainerKernel(t *testing.T) {
 	cs := containerPerHost(ctx, t, c)
 	waitPings(ctx, t, cs)
 
-	cfg := state.DefaultConfig()
+	cfg := netconfig.Default()
 	var kernel []string
 	for _, l := range codeLines(sec.Commands) {
 		if strings.HasPrefix(l, "ip ") || strings.HasPrefix(l, "bridge ") {
@@ -189,7 +189,7 @@ func TestTroubleshootingContainerKernel(t *testing.T) {
 func TestTroubleshootingFullOverlay(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	sec := readGuide(t).section(t, "A full overlay")
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/27", Prefix: 28}}
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 1, Masters: 1, Prefix: prefix, Network: &netCfg})
 	o := newOperator(t, c, readGuide(t))
@@ -295,7 +295,7 @@ func TestTroubleshootingFullOverlay(t *testing.T) {
 func TestTroubleshootingIsolatedAddresses(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	sec := readGuide(t).section(t, "Isolated addresses")
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	// Four /28s: one leased to each host, two left to grow into.
 	netCfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/26", Prefix: 28}}
 	// A resync every 5 s: the isolation metric follows the DEL at the next

@@ -17,7 +17,7 @@ import (
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
@@ -131,7 +131,7 @@ func waitMetricAbove(ctx context.Context, t *testing.T, what string, floor, min 
 //     to h1, no address is held twice, and an agent registered next still
 //     gets a subnet.
 func TestCompromisedAgentCertificate(t *testing.T) {
-	cfg := state.DefaultConfig()
+	cfg := netconfig.Default()
 	cfg.Overlays[0].QuotaPrefix = 23
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix, Network: &cfg,
 		MasterArgs: []string{"--max-connections", "1000"}})

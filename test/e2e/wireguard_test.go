@@ -16,7 +16,7 @@ import (
 	"golang.zx2c4.com/wireguard/wgctrl"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -25,7 +25,7 @@ import (
 // network's defaults), and where the marked datagrams go (nothing
 // listens: they cross the overlay anyway).
 const (
-	vxlanPort     = state.DefaultVTEPPort
+	vxlanPort     = netconfig.DefaultVTEPPort
 	wireGuardPort = api.DefaultWireGuardPort
 	markerPort    = 9
 )
@@ -35,7 +35,7 @@ const (
 // the cleartext peer of a rolling enable), and a container on every host.
 func encryptedCluster(ctx context.Context, t *testing.T, mode string) (*labcluster.Cluster, []*labcluster.Container) {
 	t.Helper()
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Encryption = mode
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 1, Prefix: prefix, Network: &netCfg})
 	if err := c.Start(ctx); err != nil {

@@ -42,7 +42,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/netnslab"
@@ -88,7 +88,7 @@ func run(ctx context.Context, cycles, rounds, parallel, allocs int, binary, cniP
 	}
 	defer br.Close()
 	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays[0].Prefix = 22
 	opts := labcluster.Options{Binary: binary, Hosts: 1, Masters: 1, Prefix: prefix, LogLevel: "warn",
 		Network: &netCfg, CNIPath: []string{cniPath}, Dir: filepath.Join(dir, "lab")}

@@ -33,7 +33,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/netnslab"
@@ -42,7 +42,7 @@ import (
 // prefix names the benchmark's namespaces.
 const prefix = "carvebenchdp"
 
-// overlay is the lab's overlay (state.DefaultConfig's).
+// overlay is the lab's overlay (netconfig.Default's).
 const overlay = "carve"
 
 // options are the command line's.
@@ -141,7 +141,7 @@ func run(ctx context.Context, o options) error {
 // container on each of its two hosts, and measures both paths (and with
 // o.tweaks, the tweaks).
 func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf string, v variant, o options) (_ []benchtable.Table, err error) {
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	if v.configure != nil {
 		v.configure(&netCfg)
 	}

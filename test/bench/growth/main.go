@@ -33,7 +33,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/netnslab"
@@ -74,7 +74,7 @@ func run(ctx context.Context, leaseAdds, ringAdds int, binary, cniPath string) (
 	}
 	defer br.Close()
 	dir, binary, cniPath := br.Dir, br.Binary, br.CNIPath
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	netCfg.Overlays = []api.OverlayNetwork{
 		// /27 per agent: a /28 first block (13 containers), /28 grown blocks.
 		{Name: leaseOverlay, Subnet: "10.128.0.0/20", Prefix: 27},

@@ -37,7 +37,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 	"github.com/carve-net/carve/test/lab/benchtable"
@@ -235,7 +235,7 @@ func startCluster(dir string, sec *security) (*cluster, error) {
 		ln := lns[i]
 		opts := master.Options{
 			ID: peers[i].ID, DataDir: filepath.Join(dir, peers[i].ID), HTTPAddr: "127.0.0.1:0",
-			RaftAddr: peers[i].Address, Peers: peers, Network: state.DefaultConfig(), Logger: quiet,
+			RaftAddr: peers[i].Address, Peers: peers, Network: netconfig.Default(), Logger: quiet,
 			TuneRaft: func(rc *raftlog.Config) { rc.Listener = ln },
 		}
 		sec.secure(&opts)

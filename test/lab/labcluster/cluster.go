@@ -35,7 +35,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/cni/netconf"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/dockerlab"
 	"github.com/carve-net/carve/test/lab/netnslab"
@@ -74,7 +74,7 @@ type Options struct {
 	// most Hosts).
 	Masters int
 	// Network is the masters' network configuration (default
-	// state.DefaultConfig(): overlay "carve", 10.128.0.0/9, /24 per agent).
+	// netconfig.Default(): overlay "carve", 10.128.0.0/9, /24 per agent).
 	Network *api.NetworkConfig
 	// Dir holds data dirs, sockets, configs and logs. Empty: a new temporary
 	// directory, removed by Close.
@@ -164,11 +164,11 @@ func New(opts Options) (_ *Cluster, err error) {
 	if opts.LogLevel == "" {
 		opts.LogLevel = "info"
 	}
-	netCfg := state.DefaultConfig()
+	netCfg := netconfig.Default()
 	if opts.Network != nil {
 		netCfg = *opts.Network
 	}
-	netCfg = state.WithDefaults(netCfg)
+	netCfg = netconfig.WithDefaults(netCfg)
 	c := &Cluster{opts: opts, network: netCfg, log: opts.Logger}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)

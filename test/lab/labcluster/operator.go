@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 )
 
 // RunCarve runs the cluster's carve binary with args from inside host h's
@@ -46,6 +46,6 @@ func (c *Cluster) ApplyConfig(ctx context.Context, h *Host, cfg api.NetworkConfi
 	if _, err := c.RunCarve(ctx, h, args...); err != nil {
 		return err
 	}
-	c.network = state.WithDefaults(cfg)
+	c.network = netconfig.WithDefaults(cfg)
 	return nil
 }

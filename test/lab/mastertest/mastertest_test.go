@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 )
 
 // A secure master serves its signed state to an agent's certificate.
 func TestStartSecure(t *testing.T) {
-	m := StartSecure(t, t.TempDir(), state.DefaultConfig(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	m := StartSecure(t, t.TempDir(), netconfig.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	m.CA.IssueAgent("a1", netip.MustParseAddr("198.18.0.1"))
 	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
 	if err != nil {

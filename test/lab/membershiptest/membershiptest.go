@@ -37,7 +37,7 @@ func Agent(id string, v uint64, ip string) *api.AgentInfo {
 }
 
 // SignedAgent is the record of a second agent, "b", as the masters render
-// it for state.DefaultConfig, signed with key for cluster (unsigned with
+// it for netconfig.Default, signed with key for cluster (unsigned with
 // a nil key); mutate changes it before it is signed.
 func SignedAgent(key ed25519.PrivateKey, cluster string, mutate ...func(*api.AgentInfo)) *api.AgentInfo {
 	info := &api.AgentInfo{AgentID: "b", Hostname: "unsigned-host", IP: "198.18.0.11", MeshAddr: "198.18.0.11:6783", Version: 9,

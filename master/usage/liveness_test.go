@@ -1,4 +1,4 @@
-package state
+package usage
 
 import (
 	"reflect"
@@ -12,7 +12,8 @@ import (
 // one seen (an agent reloaded with a new certificate may still present
 // its old one on a connection opened before), an older one only once the
 // newer was not seen for presentedStaleAfter; agents never seen are
-// under "", silent ones left out, and deleted ones forgotten.
+// under "", and deleted ones forgotten. (master/state's TestAgentCAsLeaveOutSilent
+// checks that the table leaves out the silent ones.)
 func TestNoteCA(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	older, newer := t0.Add(-48*time.Hour), t0.Add(-time.Hour)
@@ -36,34 +37,29 @@ func TestNoteCA(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHarness(t, DefaultConfig())
-			h.mustRegister("a1", "198.18.0.1")
+			u := New()
 			for _, n := range tt.notes {
-				h.table.NoteCA("a1", n.ca, n.notBefore, t0.Add(n.at))
+				u.NoteCA("a1", n.ca, n.notBefore, t0.Add(n.at))
 			}
 			want := []api.AgentCA{{CA: tt.want, Count: 1, Agents: []string{"a1"}}}
-			if got := h.table.AgentCAs(nil); !reflect.DeepEqual(got, want) {
+			if got := u.AgentCAs([]string{"a1"}); !reflect.DeepEqual(got, want) {
 				t.Errorf("AgentCAs = %+v, want %+v", got, want)
 			}
 		})
 	}
-	t.Run("silent left out, deleted forgotten", func(t *testing.T) {
-		h := newHarness(t, DefaultConfig())
+	t.Run("only the agents asked for, deleted forgotten", func(t *testing.T) {
+		u := New()
 		for _, id := range []string{"a1", "a2", "a3"} {
-			h.mustRegister(id, "198.18.0."+id[1:])
-			h.table.NoteCA(id, "ca", t0, t0)
+			u.NoteCA(id, "ca", t0, t0)
 		}
 		want := []api.AgentCA{{CA: "ca", Count: 2, Agents: []string{"a1", "a3"}}}
-		if got := h.table.AgentCAs(map[string]bool{"a2": true}); !reflect.DeepEqual(got, want) {
-			t.Errorf("AgentCAs with a2 silent = %+v, want %+v", got, want)
+		if got := u.AgentCAs([]string{"a1", "a3"}); !reflect.DeepEqual(got, want) {
+			t.Errorf("AgentCAs of a1 and a3 = %+v, want %+v", got, want)
 		}
-		if res := h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a3"}}}); res.Err != nil {
-			t.Fatal(res.Err)
-		}
-		h.table.JudgeSilence(t0, time.Hour, t0)
-		h.table.usage.mu.Lock()
-		_, kept := h.table.usage.live.cas["a3"]
-		h.table.usage.mu.Unlock()
+		u.JudgeSilence([]string{"a1", "a2"}, t0, time.Hour, t0) // a3 deleted
+		u.mu.Lock()
+		_, kept := u.live.cas["a3"]
+		u.mu.Unlock()
 		if kept {
 			t.Error("a deleted agent's certificate is still noted")
 		}

@@ -1,4 +1,4 @@
-package state
+package netconfig
 
 import (
 	"errors"
@@ -21,15 +21,15 @@ func TestEncryptionConfig(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(tt.json))
+			_, err := Parse([]byte(tt.json))
 			if tt.want == "" {
 				if err != nil {
-					t.Fatalf("ParseConfig(%s): %v", tt.json, err)
+					t.Fatalf("Parse(%s): %v", tt.json, err)
 				}
 				return
 			}
 			if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("ParseConfig(%s) = %v, want an invalid-config error naming %s", tt.json, err, tt.want)
+				t.Fatalf("Parse(%s) = %v, want an invalid-config error naming %s", tt.json, err, tt.want)
 			}
 		})
 	}
