@@ -97,7 +97,22 @@ func (a *Allocator) apply(next state) error {
 		return err
 	}
 	a.ring.commit(next)
+	a.reclaimIsolated()
 	return nil
+}
+
+// reclaimIsolated takes back, in use, the address of every isolated
+// allocation that the space owns again (the masters' records gave the
+// range back: a restore, a grant recorded again): its attachment still
+// holds it, and a regained range comes back free, so that the next
+// allocation there would hand the address out a second time. It is an
+// allocation of this peer's like any other again.
+func (a *Allocator) reclaimIsolated() {
+	for at := range a.isolated {
+		if a.space.Claim(a.byAttach[at]) == nil {
+			delete(a.isolated, at)
+		}
+	}
 }
 
 // Seed joins the master's lease table and tombstones into the ring (see

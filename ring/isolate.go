@@ -69,7 +69,9 @@ func (a *Allocator) SeedSetsIsolating(sets []LeaseSet, tombstones []Tombstone) (
 
 // Isolated returns the allocations whose address the masters' records took
 // from this peer (SeedSetsIsolating), in address order: held still,
-// released when their attachment leaves, never handed out again here.
+// released when their attachment leaves, never handed out again here. One
+// whose range the records give back is in use in the space again, and no
+// longer isolated (Allocator.apply).
 func (a *Allocator) Isolated() []Allocation {
 	var out []Allocation
 	for at := range a.isolated {

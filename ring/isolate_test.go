@@ -2,6 +2,7 @@ package ring
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 )
@@ -90,4 +91,71 @@ func (a *Allocator) clone(t *testing.T) *Allocator {
 		}
 	}
 	return c
+}
+
+// TestIsolatedAddressRegained: the masters' records take a range holding
+// an allocation (isolated), then give it back to the peer (a restore, or a
+// grant recorded again). The isolated address is in use again in the
+// space: no allocation of the subnet gets it while its attachment holds
+// it (the container still uses it), and releasing the attachment frees it.
+// Before, the regained range came back wholly free, and the next
+// allocations handed the address out a second time on the same peer.
+func TestIsolatedAddressRegained(t *testing.T) {
+	u := netip.MustParsePrefix("10.0.0.0/24")
+	block := netip.MustParsePrefix("10.0.0.64/28")
+	held := netip.MustParseAddr("10.0.0.70")
+	tests := []struct {
+		name string
+		back []LeaseSet // the records that give the range back
+	}{
+		{"the records give it back", []LeaseSet{{Owner: "a", Version: 9, Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/26"), block}},
+			{Owner: "b", Version: 9}}},
+		{"a newer record of its holder leaves it out", []LeaseSet{{Owner: "a", Version: 9, Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/26"), block}},
+			{Owner: "b", Version: 10}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := NewAllocator("a", u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := LeaseSet{Owner: "a", Version: 1, Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/26"), block}}
+			if _, err := a.SeedSets([]LeaseSet{first}, nil); err != nil {
+				t.Fatal(err)
+			}
+			lost := Attachment{"lost", "eth0"}
+			if err := a.Claim(lost, held); err != nil {
+				t.Fatal(err)
+			}
+			taken := []LeaseSet{{Owner: "a", Version: 5, Prefixes: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/26")}},
+				{Owner: "b", Version: 6, Prefixes: []netip.Prefix{block}}}
+			if _, isolated, err := a.SeedSetsIsolating(taken, nil); err != nil || len(isolated) != 1 {
+				t.Fatalf("SeedSetsIsolating: isolated %v, %v", isolated, err)
+			}
+			if _, isolated, err := a.SeedSetsIsolating(tt.back, nil); err != nil || len(isolated) != 0 {
+				t.Fatalf("the range given back: isolated %v, %v", isolated, err)
+			}
+			if owner, _ := a.Ring().Owner(held); owner != "a" {
+				t.Fatalf("%s's owner is %q, want a again", held, owner)
+			}
+			for i := range 12 { // the /28's 13 addresses to hand out (no gateway), one held
+				addr, err := a.Allocate(Attachment{fmt.Sprintf("new-%d", i), "eth0"}, block)
+				if err != nil {
+					t.Fatalf("allocation %d in %s: %v", i, block, err)
+				}
+				if addr == held {
+					t.Fatalf("allocation %d got %s, which %v still holds", i, held, lost)
+				}
+			}
+			if addr, err := a.Allocate(Attachment{"one-too-many", "eth0"}, block); err == nil {
+				t.Errorf("a 14th allocation in %s got %s", block, addr)
+			}
+			if addr, ok := a.Release(lost); !ok || addr != held {
+				t.Fatalf("release of %v: %s %t", lost, addr, ok)
+			}
+			if addr, err := a.Allocate(Attachment{"after", "eth0"}, block); err != nil || addr != held {
+				t.Errorf("after its release, %s: got %s %v, want it handed out", held, addr, err)
+			}
+		})
+	}
 }

@@ -120,6 +120,9 @@ type cluster struct {
 	masters *mastersStandIn
 	// source, when set, is the agents' BlockSource instead of masters.
 	source BlockSource
+	// view, when set, is an agent's first view instead of growthView's
+	// (and of the stand-in's grants).
+	view   func(id string) View
 	nodes  map[string]*node
 	growth GrowthConfig
 }
@@ -169,11 +172,14 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 	}
 	nd.svc.UseChannel(ch)
 	v := growthView(id)
+	if c.view != nil {
+		v = c.view(id)
+	}
 	// As the masters' record does, the view lists the grants to this
 	// agent that the masters recorded (a restart with a lost data dir
 	// takes them back from there: mayAdopt).
 	for _, g := range c.masters.reported() {
-		if g.Recipient == id {
+		if g.Recipient == id && c.view == nil {
 			bridge := g.Bridge
 			if bridge == "" {
 				bridge = api.BridgeMesos

@@ -90,6 +90,13 @@ type heldBlock struct {
 	Donor string `json:"donor,omitempty"`
 	// Version is the Raft index of the masters' lease (OriginGrow).
 	Version uint64 `json:"version,omitempty"`
+	// Recorded is set once the masters' record of this agent listed the
+	// block: from then on that record is its authority, and a record that
+	// no longer lists it (a restore) takes it away, whatever the ring
+	// shows (syncBlocks). A block not recorded yet (a grant whose report
+	// is on its way, a grow whose record the watch has not brought) is
+	// held on the ring's word.
+	Recorded bool `json:"recorded,omitempty"`
 	// idleSince is when the block was last seen without an allocation
 	// (zero while it holds one); in memory only.
 	idleSince time.Time

@@ -119,13 +119,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		writes, _ := o.syncBlocks(sy, fam)
 		b.add(change{writes: writes})
 	}
-	isolatedNow := 0
-	for fam := range families {
-		if o.alloc[fam] != nil {
-			isolatedNow += len(o.alloc[fam].Isolated())
-		}
-	}
-	s.metrics.isolated.WithLabelValues(name).Set(float64(isolatedNow))
+	s.metrics.isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
 	switch o.seedErr = errors.Join(errs...); {
 	case errors.Is(o.seedErr, errRingUnread):
 		s.log.Error("overlay not served: its persisted ring could not be read", "overlay", name, "err", o.seedErr)
@@ -339,7 +333,7 @@ func (o *overlay) learnMasterBlocks(blocks []MasterBlock, returned map[netip.Pre
 			// record as a grant to it: it is part of a first block.
 			continue
 		}
-		hb := &heldBlock{Overlay: o.name, Family: fam, Bridge: mb.Bridge, Prefix: mb.Prefix, Origin: OriginGrow, Version: mb.Version}
+		hb := &heldBlock{Overlay: o.name, Family: fam, Bridge: mb.Bridge, Prefix: mb.Prefix, Origin: OriginGrow, Version: mb.Version, Recorded: true}
 		if mb.Donor != "" {
 			hb.Origin, hb.Donor, hb.Version = OriginGrant, mb.Donor, 0
 		}
@@ -379,6 +373,11 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 			sy.log.Warn("a block is no longer this agent's in the ring: dropped", "overlay", o.name, "block", b.Prefix, "origin", b.Origin, "owner", owner)
 			writes = append(writes, deleteBlock(b))
 			continue
+		}
+		judged, ok := o.judgeRecorded(sy, fam, b)
+		writes = append(writes, judged...)
+		if !ok {
+			continue // the records took it back (recorded.go)
 		}
 		keep = append(keep, b)
 	}
@@ -420,7 +419,8 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 				}
 				continue
 			}
-			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p)}
+			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p),
+				Recorded: sy.recorded != nil && sy.recorded(p)}
 			o.blocks[fam] = append(o.blocks[fam], b)
 			writes = append(writes, putBlock(b))
 			adopted = true
@@ -536,6 +536,10 @@ type overlaySync struct {
 	// expected tells whether p is (inside) a grant this agent asked for
 	// and holds the donor's verified statement of (mayAdopt).
 	expected func(p netip.Prefix) bool
+	// recorded tells whether the masters' record of this agent lists a
+	// grown or granted block holding p; nil while the view has no record
+	// of it (judgeRecorded judges nothing then).
+	recorded func(p netip.Prefix) bool
 	// refused counts a range not adopted, by reason; growing tells whether
 	// a growth of the family is in flight (its answer's ring may come by
 	// gossip before the answer: not yet a refusal).
@@ -561,6 +565,9 @@ func (s *Service) overlaySync(name string) overlaySync {
 			}
 			return false
 		}}
+	if s.view.Self != nil {
+		sy.recorded = func(p netip.Prefix) bool { return recordedBlock(s.view.Blocks, name, p) }
+	}
 	if !s.staleRings {
 		sy.disk = ringStore{s.db, s.dbPath}
 	}
