@@ -155,4 +155,3 @@ func newWatcherSet(w int, since uint64) *watcherSet {
 	}
 	return ws
 }
-
