@@ -9,7 +9,7 @@
 // config.go (its configuration), register.go (registration), watch.go (the
 // masters' state), gossip.go and meshpeers.go (membership gossip and the
 // mesh connections), verify.go (the signing key and refusals), persist.go
-// and store.go (the disk), reconcile.go and report.go (the kernel and what
+// (what is saved, and when: package store holds the disk), reconcile.go and report.go (the kernel and what
 // the masters are told of it), ipam*.go and growth.go (the address
 // service's side), wireguard.go and wireguardrotate.go (encryption between
 // hosts: the key, which peers go through WireGuard, rotation; package
@@ -39,6 +39,7 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/firewall"
 	"github.com/carve-net/carve/gossip"
@@ -61,7 +62,7 @@ type Agent struct {
 	log      *slog.Logger
 	id       string
 	ip       netip.Addr
-	store    *Store
+	store    *store.Store
 	client   *api.Client
 	router   Router
 	channel  gossip.Channel
@@ -211,7 +212,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, err
 		}
 	}
-	if a.store, err = OpenStore(cfg.DataDir); err != nil {
+	if a.store, err = store.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	ok := false
