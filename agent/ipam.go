@@ -49,7 +49,7 @@ type ipamService interface {
 	Close()
 	// BridgeGateways are a bridge's gateways in the blocks it grew, and
 	// PeerBlocks the blocks the rings give other agents beyond the subnets
-	// the masters route to them (reconcile.go routes both).
+	// the masters route to them (package kernel routes both: kernel.Growth).
 	BridgeGateways(network, bridge string) []netip.Prefix
 	PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix
 	// BlockCounts are the used and free counts of the blocks of an overlay

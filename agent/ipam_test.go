@@ -5,7 +5,22 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/api"
 )
+
+// selfInfo is an agent's own record: overlay "carve" leased, both bridges
+// (the Docker one dual-stack) and a VTEP.
+func selfInfo() *api.AgentInfo {
+	return &api.AgentInfo{AgentID: "self", IP: "198.18.0.10", Version: 3, Overlays: []api.AgentOverlay{{
+		Info:         api.OverlayNetwork{Name: "carve"},
+		Subnet:       "10.128.0.0/24",
+		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
+		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25", IP6: "fd00::8000:0:0:0/65"},
+		Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.1/16",
+			VTEPMAC: "70:b3:d5:40:00:01", VTEPPort: 4789, VTEPMTU: 1450}},
+		State: api.OverlayState{Status: api.StatusOK},
+	}}}
+}
 
 // TestIPAMViewHasOwnLease: the IPAM serves addresses from the agent's own
 // leases, which it finds among the view's peers. The agent's own record

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 )
@@ -170,25 +171,25 @@ func (a *Agent) reportLoop(ctx context.Context) {
 
 // overlayResults is the local configuration result of every overlay of
 // self: FAILED with the error when the agent refuses the masters' records
-// (its kernel is as it was, taking no change), when the last reconcile
-// failed for it (its VTEP, its bridges or their addresses) or its IPAM
-// cannot serve it, CONFIGURING until the kernel holds this version of the
-// record, OK then.
-// The caller holds a.mu (read); ipamReady is read before, without it.
-func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) []api.OverlayReport {
+// (refusing: its kernel is as it was, taking no change), when the last
+// reconcile failed for it (its VTEP, its bridges or their addresses) or its
+// IPAM cannot serve it, CONFIGURING until the kernel holds this version of
+// the record, OK then; last is the last reconcile's result, ipamErr the
+// IPAM's (ipamErrors).
+func overlayResults(self *api.AgentInfo, last *kernel.Result, refusing string, ipamErr map[string]string) []api.OverlayReport {
 	out := make([]api.OverlayReport, 0, len(self.Overlays))
 	for i := range self.Overlays {
 		ov := &self.Overlays[i]
 		r := api.OverlayReport{Name: ov.Info.Name, Status: api.StatusOK}
-		switch msg := a.overlayError(ov); {
-		case a.refusing != "":
+		switch msg := last.OverlayError(ov); {
+		case refusing != "":
 			// Not OK, though the kernel works with the peers it had: no
 			// change of the masters reaches it (a new peer, a moved
 			// lease), and ipam show must not say otherwise.
-			r.Status, r.Error = api.StatusFailed, "refusing the masters' records, the kernel kept as it was: "+a.refusing
+			r.Status, r.Error = api.StatusFailed, "refusing the masters' records, the kernel kept as it was: "+refusing
 		case msg != "":
 			r.Status, r.Error = api.StatusFailed, msg
-		case a.attemptedSelf < self.Version:
+		case last.Version < self.Version:
 			// The kernel has not been worked on for this version yet (a
 			// reconcile that failed for one overlay still configured the
 			// others: their result is theirs).
@@ -226,14 +227,15 @@ func (a *Agent) ipamErrors(self *api.AgentInfo) map[string]string {
 // masters' index.
 func (a *Agent) noteReconciled(self *api.AgentInfo) {
 	ipamErr := a.ipamErrors(self)
+	last := a.kernel.Last()
 	a.mu.RLock()
-	req := api.ReportRequest{Version: self.Version, Overlays: a.overlayResults(self, ipamErr), Refusing: a.refusing}
+	req := api.ReportRequest{Version: self.Version, Overlays: overlayResults(self, last, a.refusing, ipamErr), Refusing: a.refusing}
 	if a.signingKey != nil {
 		req.SigningKey = api.EncodeSigningKey(a.signingKey)
 	}
 	if a.refusing == "" {
-		n := len(a.programmed)
-		req.ProgrammedPeers, req.PeersIndex = &n, a.programmedIndex
+		n := last.ProgrammedCount()
+		req.ProgrammedPeers, req.PeersIndex = &n, last.Index
 	}
 	a.mu.RUnlock()
 	a.reports.note(req)
@@ -288,9 +290,7 @@ func (a *Agent) overlayInfo() *api.AgentInfo {
 	var info api.AgentInfo
 	data, _ := json.Marshal(self)
 	_ = json.Unmarshal(data, &info)
-	a.mu.RLock()
-	results := a.overlayResults(&info, ipamErr)
-	a.mu.RUnlock()
+	results := overlayResults(&info, a.kernel.Last(), a.refusingNow(), ipamErr)
 	for i, r := range results {
 		info.Overlays[i].State = api.OverlayState{Status: r.Status, Error: r.Error}
 		fillBlockCounts(&info.Overlays[i], a.ipam.BlockCounts(info.Overlays[i].Info.Name))

@@ -2,15 +2,12 @@ package agent
 
 import (
 	"net/http"
-	"net/netip"
-	"slices"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/loglevel"
-	"github.com/carve-net/carve/vxlan"
 )
 
 func (a *Agent) routes() http.Handler {
@@ -44,65 +41,6 @@ func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, a.Overlay())
 }
 
-// overlayError names the last reconcile's failure that concerns this
-// overlay: its VTEP, its bridges or their addresses. Failures of single peer
-// entries show in /overlay-agent/peers instead.
-func (a *Agent) overlayError(ov *api.AgentOverlay) string {
-	if a.lastErr == nil {
-		return ""
-	}
-	if a.lastReport == nil { // the desired state itself could not be computed
-		return a.lastErr.Error()
-	}
-	var names []string
-	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
-		if br != nil {
-			names = append(names, br.Name)
-		}
-	}
-	for _, e := range a.lastReport.Errors {
-		switch e.Kind {
-		case vxlan.KindVTEP, vxlan.KindSysctl:
-			return e.Error()
-		case vxlan.KindBridge:
-			// By exact name: the bridges of "dcos" are not those of "dcos6".
-			if e.Key == "*" || slices.Contains(names, e.Key) {
-				return e.Error()
-			}
-		case vxlan.KindAddress:
-			if addressOf(ov, e.Key) {
-				return e.Error()
-			}
-		}
-	}
-	return ""
-}
-
-// addressOf tells whether an address (in CIDR form, as the dataplane names
-// it in its errors) is one of the overlay's: its VTEP's, or a gateway
-// inside one of its bridges' sub-subnets.
-func addressOf(ov *api.AgentOverlay, key string) bool {
-	p, err := netip.ParsePrefix(key)
-	if err != nil {
-		return false
-	}
-	var mine []string
-	if ov.Backend != nil && ov.Backend.VXLAN != nil {
-		mine = append(mine, ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPIP6)
-	}
-	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
-		if br != nil {
-			mine = append(mine, br.IP, br.IP6)
-		}
-	}
-	for _, s := range mine {
-		if q, err := netip.ParsePrefix(s); err == nil && q.Masked().Contains(p.Addr()) && q.Bits() == p.Bits() {
-			return true
-		}
-	}
-	return false
-}
-
 func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, a.Peers())
 }
@@ -110,6 +48,7 @@ func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
 // Peers is the agent's membership view with what is programmed.
 func (a *Agent) Peers() *api.AgentPeers {
 	st := a.members.State()
+	last := a.kernel.Last()
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, ClusterID: a.clusterID, MastersReachable: a.mastersReachable,
@@ -118,10 +57,10 @@ func (a *Agent) Peers() *api.AgentPeers {
 		if p.ID == a.id {
 			continue
 		}
-		v, ok := a.programmed[p.ID]
+		v, ok := last.Programmed(p.ID)
 		vtepIP, vtepMAC := p.VTEP()
 		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: vtepIP, VTEPMAC: vtepMAC,
-			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version, Mode: a.peerModeLocked(p.ID)})
+			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version, Mode: last.Mode(p.ID)})
 	}
 	return out
 }
