@@ -44,6 +44,8 @@ import (
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/meshpeers"
+	"github.com/carve-net/carve/agent/report"
 	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/firewall"
@@ -61,18 +63,20 @@ const GossipChannel = "carve-agents"
 
 // Agent is a running agent.
 type Agent struct {
-	cfg      Config
-	sec      *security
-	log      *slog.Logger
-	id       string
-	ip       netip.Addr
-	store    *store.Store
-	client   *api.Client
-	router   Router
-	channel  gossip.Channel
-	dp       *vxlan.Dataplane
-	members  *membership.Membership
-	registry *prometheus.Registry
+	cfg    Config
+	sec    *security
+	log    *slog.Logger
+	id     string
+	ip     netip.Addr
+	store  *store.Store
+	client *api.Client
+	router Router
+	// meshPeers are the peers the router is kept connected to.
+	meshPeers *meshpeers.Set
+	channel   gossip.Channel
+	dp        *vxlan.Dataplane
+	members   *membership.Membership
+	registry  *prometheus.Registry
 	// claimKey signs this agent's claims on address space (ring entries,
 	// grants); its public half is registered (pki.ClaimKeyFile).
 	claimKey ed25519.PrivateKey
@@ -128,10 +132,8 @@ type Agent struct {
 	refusals         *logLimiter
 	mastersReachable bool
 	registered       bool
-	lostIPAt         time.Time            // when the agent last registered again for a record without its IP
-	revoked          map[string]uint64    // agents the masters revoked, from their state (membership.RevokedAgents)
-	connected        map[string]string    // mesh address handed to the router -> agent id
-	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
+	lostIPAt         time.Time         // when the agent last registered again for a record without its IP
+	revoked          map[string]uint64 // agents the masters revoked, from their state (membership.RevokedAgents)
 
 	// refusing says why the agent refuses what the masters serve, "" when
 	// it holds a verified state (verify.go, setRefusing); unverified are
@@ -142,7 +144,7 @@ type Agent struct {
 	connectCh chan struct{}
 
 	// reports is the configuration result reportLoop sends the masters.
-	reports *reporter
+	reports *report.Reporter
 
 	// cniVersion is the spec version of the conflists, fixed once by the
 	// reconcile loop before its first reconcile, and used by it only
@@ -184,12 +186,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: membership.New(), registry: prometheus.NewRegistry(),
-		connected: map[string]string{}, dialing: map[string]time.Time{}, refusals: newLogLimiter(time.Minute),
-		reports:     newReporter(),
+		refusals:    newLogLimiter(time.Minute),
+		reports:     report.New(),
 		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
-	a.reports.setMesh(meshFingerprints(cfg.MeshPassword, cfg.MeshAcceptedPasswords))
+	a.reports.SetMesh(meshFingerprints(cfg.MeshPassword, cfg.MeshAcceptedPasswords))
 	// Gossip may arrive as soon as the router exists: metrics come first.
 	a.metrics = newMetrics(a.registry)
 	if cfg.TLS.Enabled() {
@@ -218,6 +220,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.log = cfg.Logger.With("agent", a.id)
+	a.meshPeers = meshpeers.New(a.id, cfg.MeshPeers)
 	if len(sec.insecure) > 0 {
 		a.log.Warn("--insecure: the agent runs without " + strings.Join(sec.insecure, ", without ") + "; for a throwaway lab only")
 	}

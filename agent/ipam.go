@@ -34,7 +34,7 @@ type ipamService interface {
 	// Serve serves the unix-socket API until ctx ends.
 	Serve(ctx context.Context, ln net.Listener)
 	// List, Status and BridgeSubnets are read for the HTTP API's IPAM view
-	// (ipamhttp.go).
+	// (package ipamview).
 	List(network string) *api.Allocations
 	// Unclaimed lists the records of the store the IPAM could not claim
 	// back, for carve ipam check.

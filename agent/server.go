@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/carve-net/carve/agent/ipamview"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/loglevel"
@@ -15,7 +16,11 @@ func (a *Agent) routes() http.Handler {
 	r.HandleFunc("/overlay-agent/overlay", a.handleOverlay).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-agent/overlays", a.handleOverlay).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-agent/peers", a.handlePeers).Methods(http.MethodGet)
-	a.ipamRoutes(r)
+	v := &ipamview.View{AgentID: a.id, IPAM: a.ipam, CNICacheDir: a.cfg.CNICacheDir, Overlays: a.overlayNames}
+	if a.dp != nil {
+		v.Links = a.dp
+	}
+	v.Routes(r) // the IPAM read-only, for operators
 	a.wireGuardRoutes(r)
 	r.HandleFunc("/overlay-agent/docker", func(w http.ResponseWriter, _ *http.Request) {
 		if a.docker == nil {
@@ -35,6 +40,15 @@ func (a *Agent) routes() http.Handler {
 		return r // --insecure without TLS files: plain http, open
 	}
 	return a.requireClientCert(r)
+}
+
+// overlayNames are the names of the overlays of the agent's record.
+func (a *Agent) overlayNames() []string {
+	var names []string
+	for _, ov := range a.Overlay().Overlays {
+		names = append(names, ov.Info.Name)
+	}
+	return names
 }
 
 func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {

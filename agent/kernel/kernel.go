@@ -62,8 +62,9 @@ type Options struct {
 }
 
 // Kernel programs one host's kernel from an agent's verified records.
-// Drain and Reconcile belong to one caller, the agent's reconcile loop;
-// the other methods are safe for concurrent use.
+// Drain, Reconcile and RemoveForwardRules belong to one caller at a time
+// (the agent's reconcile loop, then its Run once the loop has ended); the
+// other methods are safe for concurrent use.
 type Kernel struct {
 	dp      *vxlan.Dataplane
 	fw      *firewall.Forward
@@ -215,8 +216,8 @@ type Input struct {
 	Divert func(want *vxlan.Desired) (device string)
 }
 
-// Reconcile brings the kernel to the state in wants (the difference, or a
-// full resync) and keeps the FORWARD accept rules; the Result it returns
+// Reconcile brings the kernel to the state in describes (the difference,
+// or a full resync) and keeps the FORWARD accept rules; the Result it returns
 // is also Last's. Its error is the dataplane's (which logs what it
 // changed), or why the desired state cannot be computed: then Result.Report
 // is nil and nothing reached the kernel.
