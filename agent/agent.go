@@ -1,33 +1,37 @@
 // Package agent is the carve agent daemon: it registers with the masters,
 // learns every other agent from the masters' state watch and from mesh
 // gossip into its membership (package membership: merged by record
-// version, with tombstones), keeps its last known state on disk so that it
-// works while no master answers, and reconciles its kernel (package vxlan)
-// to the desired dataplane on every change and on a periodic full resync.
+// version, with tombstones), keeps its last known state on disk (package
+// store) so that it works while no master answers, and reconciles its
+// kernel (package kernel, through package vxlan) to the desired dataplane
+// on every change and on a periodic full resync.
 //
 // This file wires the agent and runs it; the other files are its jobs:
 // config.go (its configuration), register.go (registration), watch.go (the
 // masters' state), gossip.go and meshpeers.go (membership gossip and the
-// mesh connections), verify.go (the signing key and refusals), persist.go
-// and store.go (the disk), reconcile.go and report.go (the kernel and what
-// the masters are told of it), ipam*.go and growth.go (the address
-// service's side), wireguard.go and wireguardrotate.go (encryption between
-// hosts: the key, which peers go through WireGuard, rotation; package
-// wireguard programs the device), forward.go (the accept rules in the
-// host's FORWARD chain; package firewall writes them), server.go,
-// security.go, debug.go and metrics.go (the HTTP API, TLS, profiles and
-// metrics).
+// mesh connections), verify.go and restore.go (the signing key, refusals,
+// the history before a restore), persist.go (what is saved, and when),
+// reconcile.go and report.go (the reconcile loop around package kernel,
+// and what the masters are told of it), cniconf.go (the CNI conflists),
+// ipam*.go and growth.go (the address service's side), wireguard.go and
+// wireguardrotate.go (encryption between hosts: the key, which peers go
+// through WireGuard, rotation; package wireguard programs the device),
+// server.go, security.go, rotate.go, debug.go and metrics.go (the HTTP
+// API, TLS, rotation without a restart, profiles and metrics).
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,14 +42,17 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/agent/ipam"
+	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/meshpeers"
+	"github.com/carve-net/carve/agent/report"
+	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/firewall"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/goroutines"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/internal/ratelog"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/vxlan"
@@ -56,18 +63,20 @@ const GossipChannel = "carve-agents"
 
 // Agent is a running agent.
 type Agent struct {
-	cfg      Config
-	sec      *security
-	log      *slog.Logger
-	id       string
-	ip       netip.Addr
-	store    *Store
-	client   *api.Client
-	router   Router
-	channel  gossip.Channel
-	dp       *vxlan.Dataplane
-	members  *membership.Membership
-	registry *prometheus.Registry
+	cfg    Config
+	sec    *security
+	log    *slog.Logger
+	id     string
+	ip     netip.Addr
+	store  *store.Store
+	client *api.Client
+	router Router
+	// meshPeers are the peers the router is kept connected to.
+	meshPeers *meshpeers.Set
+	channel   gossip.Channel
+	dp        *vxlan.Dataplane
+	members   *membership.Membership
+	registry  *prometheus.Registry
 	// claimKey signs this agent's claims on address space (ring entries,
 	// grants); its public half is registered (pki.ClaimKeyFile).
 	claimKey ed25519.PrivateKey
@@ -79,17 +88,13 @@ type Agent struct {
 	docker   *dockeripam.Service
 	wg       *wgAgent // encryption between hosts (wireguard.go)
 	fw       *firewall.Forward
-	// fwState is the reconcile loop's knowledge of the FORWARD accept
-	// rules (forward.go).
-	fwState forwardState
+	// kernel programs the kernel through dp and fw (package kernel).
+	kernel *kernel.Kernel
 
 	// onRebuild is the IPAM's rebuild hook: called with the new cluster id
 	// once a rebuild of the masters' cluster has reset the membership
 	// (nil: nothing to tell).
 	onRebuild func(clusterID string)
-
-	// mtu is what the MTUs were last computed from (see withMTUs).
-	mtu mtuState
 
 	mu      sync.RWMutex
 	self    *api.AgentInfo
@@ -129,17 +134,7 @@ type Agent struct {
 	registered       bool
 	lostIPAt         time.Time         // when the agent last registered again for a record without its IP
 	revoked          map[string]uint64 // agents the masters revoked, from their state (membership.RevokedAgents)
-	lastReport       *vxlan.Report
-	lastErr          error
-	reconciledSelf   uint64               // self.Version covered by the last successful reconcile
-	attemptedSelf    uint64               // self.Version the last reconcile that reached the kernel was for
-	programmed       map[string]uint64    // peer id -> version programmed in the kernel
-	connected        map[string]string    // mesh address handed to the router -> agent id
-	dialing          map[string]time.Time // chosen mesh peer not connected yet -> since when
 
-	// programmedIndex is the mergedIndex the membership held when
-	// programmed was set (reported with its count).
-	programmedIndex uint64
 	// refusing says why the agent refuses what the masters serve, "" when
 	// it holds a verified state (verify.go, setRefusing); unverified are
 	// the saved records it refused at start, programmed meanwhile.
@@ -149,11 +144,7 @@ type Agent struct {
 	connectCh chan struct{}
 
 	// reports is the configuration result reportLoop sends the masters.
-	reports *reporter
-
-	// drainState is, per disabled overlay, "draining" or "drained" as last
-	// logged (drain.go); the reconcile loop's own.
-	drainState map[string]string
+	reports *report.Reporter
 
 	// cniVersion is the spec version of the conflists, fixed once by the
 	// reconcile loop before its first reconcile, and used by it only
@@ -195,12 +186,12 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{
 		cfg: cfg, sec: sec, client: client, members: membership.New(), registry: prometheus.NewRegistry(),
-		programmed: map[string]uint64{}, connected: map[string]string{}, dialing: map[string]time.Time{}, refusals: newLogLimiter(time.Minute),
-		reports: newReporter(), drainState: map[string]string{},
+		refusals:    newLogLimiter(time.Minute),
+		reports:     report.New(),
 		connectCh:   make(chan struct{}, 1),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), reregisterCh: make(chan struct{}, 1),
 	}
-	a.reports.setMesh(meshFingerprints(cfg.MeshPassword, cfg.MeshAcceptedPasswords))
+	a.reports.SetMesh(meshFingerprints(cfg.MeshPassword, cfg.MeshAcceptedPasswords))
 	// Gossip may arrive as soon as the router exists: metrics come first.
 	a.metrics = newMetrics(a.registry)
 	if cfg.TLS.Enabled() {
@@ -211,7 +202,7 @@ func New(cfg Config) (*Agent, error) {
 			return nil, err
 		}
 	}
-	if a.store, err = OpenStore(cfg.DataDir); err != nil {
+	if a.store, err = store.Open(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	ok := false
@@ -229,6 +220,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.log = cfg.Logger.With("agent", a.id)
+	a.meshPeers = meshpeers.New(a.id, cfg.MeshPeers)
 	if len(sec.insecure) > 0 {
 		a.log.Warn("--insecure: the agent runs without " + strings.Join(sec.insecure, ", without ") + "; for a throwaway lab only")
 	}
@@ -305,7 +297,7 @@ func New(cfg Config) (*Agent, error) {
 	if a.fw, err = firewall.New(firewall.Options{NetNS: cfg.NetNS, Logger: a.log, Registerer: a.registry}); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	a.fwState.errLog = ratelog.New(time.Minute)
+	a.kernel = kernel.New(kernel.Options{Dataplane: a.dp, Firewall: a.fw, ID: a.id, Local: a.ip, Logger: a.log, Registerer: a.registry})
 	if a.httpLn, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("agent: listen on --http-addr %s: %w", cfg.HTTPAddr, err)
 	}
@@ -364,19 +356,21 @@ func underlayIP(masterURL string) (netip.Addr, error) {
 }
 
 // overlayMTU is the overlay MTU the agent programs: the one the last
-// reconcile computed (see withMTUs), or computed now before the first.
+// reconcile computed (kernel.Kernel.WithMTUs), or computed now before the
+// first.
 func (a *Agent) overlayMTU() int {
-	a.mtu.mu.Lock()
-	mtu := a.mtu.overlay
-	a.mtu.mu.Unlock()
-	if mtu > 0 {
+	if mtu := a.kernel.OverlayMTU(); mtu > 0 {
 		return mtu
 	}
 	a.mu.RLock()
 	network := a.network
 	a.mu.RUnlock()
-	return a.withMTUs(network, a.members.State()).OverlayMTU
+	return a.kernel.WithMTUs(network, a.members.State().Records).OverlayMTU
 }
+
+// refreshUnderlayMTU reads this agent's underlay MTU, registered and
+// planned with (kernel.Kernel.RefreshUnderlayMTU).
+func (a *Agent) refreshUnderlayMTU() int { return a.kernel.RefreshUnderlayMTU() }
 
 // ID is the agent's id.
 func (a *Agent) ID() string { return a.id }
@@ -469,7 +463,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	_ = a.router.Stop()
 	bg.Stop()
 	// The reconcile loop has ended: nothing puts the rules back.
-	a.removeForwardRules()
+	a.kernel.RemoveForwardRules()
 	a.save("final save")
 	a.log.Info("agent stopped; the kernel state is left in place, but for the FORWARD accept rules")
 	return nil
@@ -508,4 +502,22 @@ func (a *Agent) trigger(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default:
 	}
+}
+
+// urlHostPort returns HOST:PORT of a master URL (port 80 when absent).
+func urlHostPort(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return "", fmt.Errorf("master URL %q: want http://HOST:PORT", raw)
+	}
+	if u.Port() == "" {
+		return net.JoinHostPort(u.Hostname(), "80"), nil
+	}
+	return u.Host, nil
+}
+
+func jsonEqual(a, b any) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return bytes.Equal(ja, jb)
 }

@@ -1,14 +1,16 @@
 package agent
 
-// What the agent learns once at start about the CNI runtimes of its host:
-// the spec version its conflists declare, and what would keep a runtime
-// from loading them.
+// The CNI configurations the agent writes for the runtimes of its host:
+// the spec version they declare (chosen once at start), what would keep a
+// runtime from loading them, and keeping one per overlay served here.
 
 import (
 	"context"
 	"fmt"
 	"strings"
 
+	"github.com/carve-net/carve/agent/kernel"
+	"github.com/carve-net/carve/api"
 	cni "github.com/carve-net/carve/cni/netconf"
 )
 
@@ -60,10 +62,73 @@ func checkCNIConfig(cfg Config) error {
 		}
 	}
 	if cfg.CNIConfPrefix != "" {
-		c := cni.Conflist{Overlay: "x", MTU: defaultOverlayMTU, FilePrefix: cfg.CNIConfPrefix}
+		c := cni.Conflist{Overlay: "x", MTU: kernel.DefaultOverlayMTU, FilePrefix: cfg.CNIConfPrefix}
 		if err := c.Validate(); err != nil {
 			return fmt.Errorf("agent: --cni-conf-prefix: %w", err)
 		}
 	}
 	return nil
+}
+
+// writeConflists keeps one CNI network config per overlay that has a mesos
+// bridge here, and removes carve's configs of overlays that went away: the
+// conflist in CNIConfDir (in the spec version chosen at start, named with
+// CNIConfPrefix) and, with MesosCNIConfDir, the single-plugin .conf of the
+// Mesos CNI isolator. A config is written only once the overlay has its
+// lease, so a runtime never sees a network the agent cannot serve.
+func (a *Agent) writeConflists(self *api.AgentInfo, network *api.NetworkConfig) {
+	mtu := kernel.DefaultOverlayMTU
+	if network != nil && network.OverlayMTU > 0 {
+		mtu = network.OverlayMTU
+	}
+	var keep []string
+	for _, ov := range self.Overlays {
+		if kernel.Leased(&ov) && ov.MesosBridge != nil {
+			keep = append(keep, ov.Info.Name)
+		}
+	}
+	conflist := func(ov string) cni.Conflist {
+		return cni.Conflist{Overlay: ov, MTU: mtu, Socket: a.cfg.Socket, CNIVersion: a.cniVersion, FilePrefix: a.cfg.CNIConfPrefix}
+	}
+	for _, w := range []struct {
+		dir   string
+		what  string
+		write func(dir string, c cni.Conflist) (bool, error)
+		path  func(dir string, c cni.Conflist) string
+		prune func(dir string, keep []string) ([]string, error)
+	}{
+		{a.cfg.CNIConfDir, "CNI config", cni.WriteConflist,
+			func(dir string, c cni.Conflist) string { return cni.ConflistPath(dir, c.FilePrefix, c.Overlay) },
+			func(dir string, keep []string) ([]string, error) {
+				return cni.PruneConflists(dir, a.cfg.CNIConfPrefix, keep)
+			}},
+		{a.cfg.MesosCNIConfDir, "Mesos CNI config", cni.WriteConf,
+			func(dir string, c cni.Conflist) string { return cni.ConfPath(dir, c.Overlay) }, cni.PruneConfs},
+	} {
+		if w.dir == "" {
+			continue
+		}
+		wroteAny := false
+		for _, ov := range keep {
+			wrote, err := w.write(w.dir, conflist(ov))
+			if err != nil {
+				a.log.Error("write "+w.what, "overlay", ov, "dir", w.dir, "err", err)
+				continue
+			}
+			if wrote {
+				wroteAny = true
+				a.log.Info(w.what+" written", "path", w.path(w.dir, conflist(ov)), "cni_version", a.cniVersion)
+			}
+		}
+		removed, err := w.prune(w.dir, keep)
+		if err != nil {
+			a.log.Error("prune "+w.what+"s", "dir", w.dir, "err", err)
+		}
+		for _, path := range removed {
+			a.log.Info(w.what+" removed (overlay gone)", "path", path)
+		}
+		if wroteAny && w.dir == a.cfg.CNIConfDir {
+			a.warnNotFirst(w.dir)
+		}
+	}
 }

@@ -11,9 +11,14 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/carve-net/carve/agent/ipam"
+	"github.com/carve-net/carve/agent/meshpeers"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/pki"
 )
+
+// DefaultMeshPeers is how many peers an agent keeps mesh connections to
+// (meshpeers.DefaultPeers says why).
+const DefaultMeshPeers = meshpeers.DefaultPeers
 
 // Defaults of the agent's timing.
 const (

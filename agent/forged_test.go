@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
@@ -31,14 +28,27 @@ type mute struct{ parrot }
 
 func (mute) Gossip() gossip.Data { return nil }
 
-// reconcileCount reads how many reconciles of a mode (apply, resync) ended.
+// reconcileCount reads how many reconciles of a mode (apply, resync) ended,
+// from the agent's registry (package kernel counts them).
 func reconcileCount(t *testing.T, a *Agent, mode string) uint64 {
 	t.Helper()
-	var m dto.Metric
-	if err := a.metrics.reconcile.WithLabelValues(mode).(prometheus.Metric).Write(&m); err != nil {
+	families, err := a.Registry().Gather()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return m.GetHistogram().GetSampleCount()
+	for _, f := range families {
+		if f.GetName() != "carve_agent_reconcile_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "mode" && l.GetValue() == mode {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // readKernel reads the VTEP and carve's entries in host's kernel.

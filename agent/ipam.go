@@ -34,7 +34,7 @@ type ipamService interface {
 	// Serve serves the unix-socket API until ctx ends.
 	Serve(ctx context.Context, ln net.Listener)
 	// List, Status and BridgeSubnets are read for the HTTP API's IPAM view
-	// (ipamhttp.go).
+	// (package ipamview).
 	List(network string) *api.Allocations
 	// Unclaimed lists the records of the store the IPAM could not claim
 	// back, for carve ipam check.
@@ -49,7 +49,7 @@ type ipamService interface {
 	Close()
 	// BridgeGateways are a bridge's gateways in the blocks it grew, and
 	// PeerBlocks the blocks the rings give other agents beyond the subnets
-	// the masters route to them (reconcile.go routes both).
+	// the masters route to them (package kernel routes both: kernel.Growth).
 	BridgeGateways(network, bridge string) []netip.Prefix
 	PeerBlocks(known map[string][]netip.Prefix) map[string][]netip.Prefix
 	// BlockCounts are the used and free counts of the blocks of an overlay

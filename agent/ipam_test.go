@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/test/lab/membershiptest"
 )
 
 // TestIPAMViewHasOwnLease: the IPAM serves addresses from the agent's own
@@ -13,7 +14,7 @@ import (
 // state), and a newer one may be pending there; the view carries the
 // record the agent runs with in any case.
 func TestIPAMViewHasOwnLease(t *testing.T) {
-	self := selfInfo()
+	self := membershiptest.Agent("self", 3, "198.18.0.10")
 	older := membership.NewPeerRecord(self)
 	older.Version, older.Overlays[0].Subnet = self.Version-1, "10.128.9.0/24"
 	tests := []struct {
@@ -33,7 +34,7 @@ func TestIPAMViewHasOwnLease(t *testing.T) {
 					own = append(own, fmt.Sprintf("%d %v", p.Version, p.Subnets))
 				}
 			}
-			if want := fmt.Sprintf("%d [10.128.0.0/24]", self.Version); len(own) != 1 || own[0] != want {
+			if want := fmt.Sprintf("%d [10.128.2.0/24]", self.Version); len(own) != 1 || own[0] != want {
 				t.Errorf("own leases in the IPAM's view: %v, want [%s]", own, want)
 			}
 			if len(v.Peers) != 2 {

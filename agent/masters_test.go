@@ -101,6 +101,16 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// gaugeValue reads a gauge.
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
 // gossipCount reads an agent's gossip message counter of one result.
 func gossipCount(t *testing.T, a *Agent, result string) float64 {
 	t.Helper()

@@ -18,6 +18,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/meshpeers"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/master/state"
@@ -34,12 +35,12 @@ type meshAgent struct {
 	deaf   *atomic.Bool
 }
 
-func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, network *api.NetworkConfig) *meshAgent {
+func startMeshAgent(t *testing.T, id, cluster string, key ed25519.PublicKey, network *api.NetworkConfig, k int) *meshAgent {
 	t.Helper()
 	a := &Agent{id: id, log: slog.New(slog.DiscardHandler), members: membership.New(), metrics: newMetrics(prometheus.NewRegistry()),
 		sec: &security{}, clusterID: cluster, signingKey: key, network: network, refusals: newLogLimiter(time.Minute),
 		reconcileCh: make(chan struct{}, 1), persistCh: make(chan struct{}, 1), connectCh: make(chan struct{}, 1),
-		connected: map[string]string{}, dialing: map[string]time.Time{}, cfg: Config{MeshPeers: 3}}
+		meshPeers: meshpeers.New(id, k)}
 	deaf := &atomic.Bool{}
 	r, addr := meshtest.Start(t, id, gossip.MeshConfig{NoDiscovery: true, GossipInterval: 200 * time.Millisecond}, func(r *gossip.MeshRouter) (err error) {
 		a.channel, err = r.Channel(GossipChannel, meshtest.Deaf((*gossipHandler)(a), deaf))
@@ -66,7 +67,7 @@ func meshRecord(priv ed25519.PrivateKey, cluster string, i int, addr string, v u
 }
 
 // TestMeshBoundedConnectionsDeltasAndAntiEntropy: 30 agents on real mesh
-// routers, each dialling only the 3 peers pickMeshPeers chooses (mesh's
+// routers, each dialling only the 3 peers package meshpeers chooses (mesh's
 // discovery off), form one topology; a change broadcast as a delta reaches
 // all of them through it; while a third of them is cut off (drops all it
 // receives), each side learns something the other lacks, and after the
@@ -84,8 +85,7 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 	var agents []*meshAgent
 	var st membership.State
 	for i := range n {
-		ma := startMeshAgent(t, fmt.Sprintf("agent-%02d", i), "c1", pub, &network)
-		ma.a.cfg.MeshPeers = k
+		ma := startMeshAgent(t, fmt.Sprintf("agent-%02d", i), "c1", pub, &network, k)
 		agents = append(agents, ma)
 		st.Records = append(st.Records, meshRecord(priv, "c1", i, ma.addr, 10))
 	}
@@ -94,7 +94,7 @@ func TestMeshBoundedConnectionsDeltasAndAntiEntropy(t *testing.T) {
 			t.Fatalf("%s merged %d records", ma.a.id, len(news.Records))
 		}
 		ma.a.connectPeers()
-		if got := len(ma.a.connected); got != k {
+		if got := int(gaugeValue(t, ma.a.metrics.meshTargets)); got != k {
 			t.Fatalf("%s dials %d peers, want %d", ma.a.id, got, k)
 		}
 	}

@@ -6,15 +6,11 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/internal/buildinfo"
-	"github.com/carve-net/carve/vxlan"
 )
 
+// metrics are the agent's metrics but for the reconciles' (package
+// kernel's) and the IPAM's, the firewall's and WireGuard's own.
 type metrics struct {
-	reconcile        *prometheus.HistogramVec
-	changes          *prometheus.CounterVec
-	netlinkErrors    *prometheus.CounterVec
-	peersKnown       prometheus.Gauge
-	peersProgrammed  prometheus.Gauge
 	registrations    *prometheus.CounterVec
 	lostIP           prometheus.Counter
 	tlsFailures      prometheus.Counter
@@ -34,9 +30,6 @@ type metrics struct {
 	gossipSent       *prometheus.CounterVec
 	antiEntropy      *prometheus.CounterVec
 	meshTargets      prometheus.Gauge
-	// peersByMode counts the peers of the last reconcile by dataplane
-	// mode (vxlan.Modes).
-	peersByMode *prometheus.GaugeVec
 	// signingKeyFollowed counts new signing keys taken through the
 	// masters' chain (rotations).
 	signingKeyFollowed prometheus.Counter
@@ -55,25 +48,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 			Name: "carve_agent_master_reads_total",
 			Help: "Answers of the masters' watch, by kind: state (the whole state: the first read, or after gone), changes (only what changed), gone (410: the changes since the agent's index are not kept; a whole state read follows).",
 		}, []string{"kind"}),
-		reconcile: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "carve_agent_reconcile_duration_seconds", Help: "Kernel reconciles, by mode (apply: the difference; resync: full read-back).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"mode"}),
-		changes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_kernel_changes_total", Help: "Kernel objects added, updated or removed, by kind.",
-		}, []string{"kind"}),
-		netlinkErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_netlink_errors_total", Help: "Failed netlink operations, by kind of object.",
-		}, []string{"kind"}),
-		peersKnown: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "carve_agent_peers", Help: "Other agents in the desired dataplane.",
-		}),
-		peersByMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "carve_agent_peers_by_mode", Help: "Other agents in the last reconcile, by how the dataplane reaches them: vxlan (through the VTEP) or routed (via their underlay IP, no encapsulation); peers reached through WireGuard are in carve_wireguard_peers.",
-		}, []string{"mode"}),
-		peersProgrammed: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "carve_agent_peers_programmed", Help: "Other agents whose neighbour, FDB and routes are in the kernel.",
-		}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_registrations_total", Help: "Registration attempts, by result.",
 		}, []string{"result"}),
@@ -145,10 +119,6 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 	for _, k := range []string{membership.EventDigest, membership.EventBuckets, membership.EventPush, membership.EventOtherCluster, membership.EventLegacy} {
 		m.antiEntropy.WithLabelValues(k)
 	}
-	for _, k := range vxlan.Kinds {
-		m.changes.WithLabelValues(string(k))
-		m.netlinkErrors.WithLabelValues(string(k))
-	}
 	for _, r := range []string{"ok", "error"} {
 		m.registrations.WithLabelValues(r)
 		m.reports.WithLabelValues(r)
@@ -166,33 +136,12 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 		m.statesRefused.WithLabelValues(r)
 	}
 	m.httpRefused.WithLabelValues("no_certificate")
-	for _, mode := range vxlan.Modes {
-		m.peersByMode.WithLabelValues(string(mode))
-	}
 	for _, k := range []string{"state", "changes", "gone"} {
 		m.masterReads.WithLabelValues(k)
 	}
-	reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.registrations, m.lostIP, m.tlsFailures, m.reports,
+	reg.MustRegister(m.registrations, m.lostIP, m.tlsFailures, m.reports,
 		m.mastersReachable, m.gossip, m.gossipRefused, m.masterRefused, m.statesRefused, m.meshRefused, m.gossipPeers, m.staleStates, m.rebuilds, m.restores, m.httpRefused, m.masterReads,
-		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, m.peersByMode, m.refusing, buildinfo.Collector(buildinfo.Get()),
+		m.gossipSent, m.antiEntropy, m.meshTargets, m.signingKeyFollowed, m.refusing, buildinfo.Collector(buildinfo.Get()),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
-}
-
-// observe records one reconcile's report.
-func (m *metrics) observe(mode string, rep *vxlan.Report) {
-	m.reconcile.WithLabelValues(mode).Observe(rep.Duration.Seconds())
-	if rep.Modes != nil { // nil: the reconcile stopped before the peers
-		for k, n := range rep.PeersByMode() {
-			m.peersByMode.WithLabelValues(string(k)).Set(float64(n))
-		}
-	}
-	for k, c := range rep.ByKind() {
-		if n := c.Changes(); n > 0 {
-			m.changes.WithLabelValues(string(k)).Add(float64(n))
-		}
-		if c.Failed > 0 {
-			m.netlinkErrors.WithLabelValues(string(k)).Add(float64(c.Failed))
-		}
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/store"
 )
 
 // persistLoop writes the state whenever it changed (coalesced).
@@ -35,10 +36,10 @@ func (a *Agent) save(what string) {
 	}
 }
 
-func (a *Agent) snapshot() persisted {
+func (a *Agent) snapshot() store.State {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
-	return persisted{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
+	return store.State{ID: a.id, Self: a.self, Network: a.network, Membership: a.members.State(),
 		MasterIndex: a.masterIndex, ClusterID: a.clusterID, RestoreEpoch: a.restoreEpoch, RestoreFloor: a.restoreFloor, SigningKey: a.signingKey, FromMasters: a.members.FromMasters(),
 		Horizon: a.members.Horizon()}
 }
@@ -47,7 +48,7 @@ func (a *Agent) snapshot() persisted {
 // the store holds what was verified, unless it was written by a version
 // of the agent that kept no signatures, or with another key. It returns
 // what it refused.
-func (a *Agent) loadMembership(p persisted) []membership.Refusal {
+func (a *Agent) loadMembership(p store.State) []membership.Refusal {
 	tr := a.trustLocked()
 	if tr.ClusterID == "" {
 		tr.Required = false // nothing of a cluster yet; nothing persisted either

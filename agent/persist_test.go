@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/state"
 )
@@ -29,7 +30,7 @@ func TestLoadMembershipKeepsWhatVerifies(t *testing.T) {
 	tomb := signedTombstone(priv, "c1", "gone", 4)
 	a := &Agent{sec: &security{}, members: membership.New(), log: quietLogger(), refusals: newLogLimiter(time.Minute),
 		clusterID: "c1", signingKey: pub, network: &network}
-	a.loadMembership(persisted{
+	a.loadMembership(store.State{
 		Membership:  membership.State{Records: []membership.PeerRecord{good, c, unsigned, foreign}, Tombstones: []api.Tombstone{tomb, {AgentID: "x", Version: 9}}},
 		FromMasters: []string{"b"},
 	})

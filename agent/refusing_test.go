@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/agent/membership"
@@ -51,11 +50,7 @@ func peerRoutes(t *testing.T, host *netnslab.Host) []string {
 // refusingGauge reads carve_agent_refusing_masters.
 func refusingGauge(t *testing.T, a *Agent) float64 {
 	t.Helper()
-	var m dto.Metric
-	if err := a.metrics.refusing.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
+	return gaugeValue(t, a.metrics.refusing)
 }
 
 // masterSeesRefusing tells whether the master's status names the agent
@@ -110,8 +105,10 @@ func TestRefusingAgentKeepsItsKernel(t *testing.T) {
 	if got := peerRoutes(t, hosts[0]); !slices.Equal(got, routes) {
 		t.Errorf("while refusing the masters the agent's kernel routes %v, want what it had: %v", got, routes)
 	}
-	if p := a.reports.pending(); p != nil && !strings.Contains(p.Refusing, "do not verify") && !strings.Contains(p.Refusing, "signing key") {
-		t.Errorf("the report to the masters says refusing %q", p.Refusing)
+	for _, r := range m.ClusterStatus().AgentTrust.Refusing {
+		if r.AgentID == a.ID() && !strings.Contains(r.Reason, "do not verify") && !strings.Contains(r.Reason, "signing key") {
+			t.Errorf("the report to the masters says refusing %q", r.Reason)
+		}
 	}
 	// Its overlays are not shown OK (ipam show and the DC/OS endpoint
 	// read these): no change of the masters reaches them.
@@ -152,40 +149,6 @@ func TestRefusingAgentKeepsItsKernel(t *testing.T) {
 	})
 	if got := peerRoutes(t, hosts[0]); !slices.Equal(got, routes) {
 		t.Errorf("the agent's kernel routes %v, want %v", got, routes)
-	}
-}
-
-// TestReporterPeerCounts: of the programmed peer count alone, a fall is
-// sent to the masters, and a rise back towards the most held; a rise past
-// it (every join) is not worth a write. A new key or a refusal always is.
-func TestReporterPeerCounts(t *testing.T) {
-	n := func(v int) *int { return &v }
-	tests := []struct {
-		name string
-		next api.ReportRequest
-		sent bool
-	}{
-		{"first", api.ReportRequest{ProgrammedPeers: n(3), PeersIndex: 5}, true},
-		{"a rise (a join)", api.ReportRequest{ProgrammedPeers: n(4), PeersIndex: 6}, false},
-		{"a fall", api.ReportRequest{ProgrammedPeers: n(2), PeersIndex: 7}, true},
-		{"a rise back towards the peak", api.ReportRequest{ProgrammedPeers: n(3), PeersIndex: 8}, true},
-		{"back at the peak", api.ReportRequest{ProgrammedPeers: n(4), PeersIndex: 9}, true},
-		{"past the peak", api.ReportRequest{ProgrammedPeers: n(5), PeersIndex: 10}, false},
-		{"a new key", api.ReportRequest{ProgrammedPeers: n(5), PeersIndex: 10, SigningKey: "k"}, true},
-		{"refusing", api.ReportRequest{SigningKey: "k", Refusing: "why"}, true},
-		{"refusing still", api.ReportRequest{SigningKey: "k", Refusing: "why"}, false},
-	}
-	r := newReporter()
-	for _, tt := range tests {
-		before := r.pending()
-		r.note(tt.next)
-		got := r.pending()
-		if sent := got != nil && (before == nil || got.RequestID != before.RequestID); sent != tt.sent {
-			t.Errorf("%s: a new report %v, want %v (pending %+v)", tt.name, sent, tt.sent, got)
-		}
-		if got != nil {
-			r.acknowledged(got)
-		}
 	}
 }
 

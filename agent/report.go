@@ -4,191 +4,48 @@ import (
 	"context"
 	"encoding/json"
 	"net/netip"
-	"slices"
-	"sync"
-	"time"
 
+	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 )
 
-// reportTimeout bounds one report call to the masters.
-const reportTimeout = 15 * time.Second
-
-// reporter holds the agent's configuration result, as it reports it to the
-// masters (PUT /overlay-master/agents/{id}/report): after each reconcile
-// the agent computes it, and reportLoop sends it when it changed. The
-// reconcile never waits on the masters.
-type reporter struct {
-	mu sync.Mutex
-	// attempts counts the reconciles of the record version attemptsFor.
-	attempts    uint32
-	attemptsFor uint64
-	// want is the latest result; sent the last one the masters acknowledged.
-	want, sent *api.ReportRequest
-	// peak is the most peers a reconcile programmed (sameResult).
-	peak int
-	// meshPassword and meshAccepted are the fingerprints of the mesh
-	// passwords the agent sends with and accepts besides
-	// (api.MeshPasswordFingerprint), carried by every result (setMesh).
-	meshPassword, meshAccepted string
-	wake                       chan struct{}
-}
-
-func newReporter() *reporter { return &reporter{wake: make(chan struct{}, 1)} }
-
-// sameResult tells whether two reports say the same (attempts and request
-// ids aside: a change of the count alone is not worth a Raft write). Of
-// the programmed peers, only a fall is news, or a rise back towards the
-// most the agent held (peak): a report of an older index is never judged
-// short for what came after it (state.LeaseTable.AgentTrust), so a rise
-// that every join brings is not worth a write on every agent.
-func sameResult(x, y *api.ReportRequest, peak int) bool {
-	if x == nil || y == nil || x.Version != y.Version || !slices.Equal(x.Overlays, y.Overlays) ||
-		x.SigningKey != y.SigningKey || x.Refusing != y.Refusing || (x.ProgrammedPeers == nil) != (y.ProgrammedPeers == nil) ||
-		x.MeshPassword != y.MeshPassword || x.MeshAccepted != y.MeshAccepted {
-		return false
-	}
-	if x.ProgrammedPeers == nil {
-		return true
-	}
-	next, was := *x.ProgrammedPeers, *y.ProgrammedPeers
-	return next == was || (next > was && was >= peak)
-}
-
-// note records the result of a reconcile of the record at next.Version.
-func (r *reporter) note(next api.ReportRequest) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if next.Version != r.attemptsFor {
-		r.attempts, r.attemptsFor = 0, next.Version
-	}
-	r.attempts++
-	next.ConfigurationAttempts = r.attempts
-	next.MeshPassword, next.MeshAccepted = r.meshPassword, r.meshAccepted
-	same := sameResult(&next, r.want, r.peak)
-	if next.ProgrammedPeers != nil {
-		r.peak = max(r.peak, *next.ProgrammedPeers)
-	}
-	if same {
-		return
-	}
-	r.replace(&next)
-}
-
-// setMesh records the fingerprints of the mesh passwords the agent now
-// sends with and accepts besides; when they changed, the last result is
-// sent again with them (the operator's check of a round of a mesh
-// password change waits for it), without waiting for a reconcile.
-func (r *reporter) setMesh(password, accepted string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.meshPassword == password && r.meshAccepted == accepted {
-		return
-	}
-	r.meshPassword, r.meshAccepted = password, accepted
-	if r.want == nil {
-		return // the first result carries them
-	}
-	next := *r.want
-	next.MeshPassword, next.MeshAccepted = password, accepted
-	r.replace(&next)
-}
-
-// replace makes next the result to send, under a request id of its own
-// (kept across its retries), and wakes reportLoop. The caller holds r.mu.
-func (r *reporter) replace(next *api.ReportRequest) {
-	next.RequestID = api.NewRequestID()
-	r.want = next
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}
-
-// configurationAttempts is the count of reconciles of the record version.
-func (r *reporter) configurationAttempts(version uint64) uint32 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if version != r.attemptsFor {
-		return 0
-	}
-	return r.attempts
-}
-
-// pending is the result to send, or nil when the masters have it.
-func (r *reporter) pending() *api.ReportRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.want == nil || (r.sent != nil && r.want.RequestID == r.sent.RequestID) {
-		return nil
-	}
-	c := *r.want
-	return &c
-}
-
-func (r *reporter) acknowledged(req *api.ReportRequest) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sent = req
-}
-
 // reportLoop sends the agent's configuration result to the masters when it
-// changed, retrying with backoff; a newer result replaces one not yet
-// sent.
+// changed (package report), retrying with backoff.
 func (a *Agent) reportLoop(ctx context.Context) {
-	b := retry.Backoff{First: firstRetry, Max: maxRetry}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-a.reports.wake:
-		}
-		for ctx.Err() == nil {
-			req := a.reports.pending()
-			if req == nil {
-				b.Reset()
-				break
-			}
-			cctx, cancel := context.WithTimeout(ctx, reportTimeout)
-			_, err := a.client.Report(cctx, a.id, *req)
-			cancel()
-			if err == nil {
-				a.reports.acknowledged(req)
-				a.metrics.reports.WithLabelValues("ok").Inc()
-				a.log.Debug("configuration reported", "version", req.Version, "overlays", req.Overlays, "attempts", req.ConfigurationAttempts)
-				continue
-			}
+	a.reports.Run(ctx, retry.Backoff{First: firstRetry, Max: maxRetry}, func(ctx context.Context, req api.ReportRequest) error {
+		if _, err := a.client.Report(ctx, a.id, req); err != nil {
 			a.metrics.reports.WithLabelValues("error").Inc()
 			a.log.Warn("report the configuration result to the masters", "version", req.Version, "err", err)
-			if !retry.Sleep(ctx, b.Next()) {
-				return
-			}
+			return err
 		}
-	}
+		a.metrics.reports.WithLabelValues("ok").Inc()
+		a.log.Debug("configuration reported", "version", req.Version, "overlays", req.Overlays, "attempts", req.ConfigurationAttempts)
+		return nil
+	})
 }
 
 // overlayResults is the local configuration result of every overlay of
 // self: FAILED with the error when the agent refuses the masters' records
-// (its kernel is as it was, taking no change), when the last reconcile
-// failed for it (its VTEP, its bridges or their addresses) or its IPAM
-// cannot serve it, CONFIGURING until the kernel holds this version of the
-// record, OK then.
-// The caller holds a.mu (read); ipamReady is read before, without it.
-func (a *Agent) overlayResults(self *api.AgentInfo, ipamErr map[string]string) []api.OverlayReport {
+// (refusing: its kernel is as it was, taking no change), when the last
+// reconcile failed for it (its VTEP, its bridges or their addresses) or its
+// IPAM cannot serve it, CONFIGURING until the kernel holds this version of
+// the record, OK then; last is the last reconcile's result, ipamErr the
+// IPAM's (ipamErrors).
+func overlayResults(self *api.AgentInfo, last *kernel.Result, refusing string, ipamErr map[string]string) []api.OverlayReport {
 	out := make([]api.OverlayReport, 0, len(self.Overlays))
 	for i := range self.Overlays {
 		ov := &self.Overlays[i]
 		r := api.OverlayReport{Name: ov.Info.Name, Status: api.StatusOK}
-		switch msg := a.overlayError(ov); {
-		case a.refusing != "":
+		switch msg := last.OverlayError(ov); {
+		case refusing != "":
 			// Not OK, though the kernel works with the peers it had: no
 			// change of the masters reaches it (a new peer, a moved
 			// lease), and ipam show must not say otherwise.
-			r.Status, r.Error = api.StatusFailed, "refusing the masters' records, the kernel kept as it was: "+a.refusing
+			r.Status, r.Error = api.StatusFailed, "refusing the masters' records, the kernel kept as it was: "+refusing
 		case msg != "":
 			r.Status, r.Error = api.StatusFailed, msg
-		case a.attemptedSelf < self.Version:
+		case last.Version < self.Version:
 			// The kernel has not been worked on for this version yet (a
 			// reconcile that failed for one overlay still configured the
 			// others: their result is theirs).
@@ -226,17 +83,18 @@ func (a *Agent) ipamErrors(self *api.AgentInfo) map[string]string {
 // masters' index.
 func (a *Agent) noteReconciled(self *api.AgentInfo) {
 	ipamErr := a.ipamErrors(self)
+	last := a.kernel.Last()
 	a.mu.RLock()
-	req := api.ReportRequest{Version: self.Version, Overlays: a.overlayResults(self, ipamErr), Refusing: a.refusing}
+	req := api.ReportRequest{Version: self.Version, Overlays: overlayResults(self, last, a.refusing, ipamErr), Refusing: a.refusing}
 	if a.signingKey != nil {
 		req.SigningKey = api.EncodeSigningKey(a.signingKey)
 	}
 	if a.refusing == "" {
-		n := len(a.programmed)
-		req.ProgrammedPeers, req.PeersIndex = &n, a.programmedIndex
+		n := last.ProgrammedCount()
+		req.ProgrammedPeers, req.PeersIndex = &n, last.Index
 	}
 	a.mu.RUnlock()
-	a.reports.note(req)
+	a.reports.Note(req)
 }
 
 // Overlay is the agent's record (DC/OS's agent endpoint: ip, overlays,
@@ -288,13 +146,11 @@ func (a *Agent) overlayInfo() *api.AgentInfo {
 	var info api.AgentInfo
 	data, _ := json.Marshal(self)
 	_ = json.Unmarshal(data, &info)
-	a.mu.RLock()
-	results := a.overlayResults(&info, ipamErr)
-	a.mu.RUnlock()
+	results := overlayResults(&info, a.kernel.Last(), a.refusingNow(), ipamErr)
 	for i, r := range results {
 		info.Overlays[i].State = api.OverlayState{Status: r.Status, Error: r.Error}
 		fillBlockCounts(&info.Overlays[i], a.ipam.BlockCounts(info.Overlays[i].Info.Name))
 	}
-	info.ConfigurationAttempts = a.reports.configurationAttempts(info.Version)
+	info.ConfigurationAttempts = a.reports.ConfigurationAttempts(info.Version)
 	return &info
 }

@@ -48,7 +48,7 @@ func (a *Agent) SetMeshPasswords(password []byte, accepted [][]byte) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	sent, acc := meshFingerprints(password, accepted)
-	a.reports.setMesh(sent, acc)
+	a.reports.SetMesh(sent, acc)
 	a.log.Info("mesh passwords replaced for new connections", "accepted_besides", len(accepted),
 		"password_fingerprint", sent, "accepted_fingerprint", acc)
 	return nil

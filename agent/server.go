@@ -2,15 +2,13 @@ package agent
 
 import (
 	"net/http"
-	"net/netip"
-	"slices"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/carve-net/carve/agent/ipamview"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/internal/loglevel"
-	"github.com/carve-net/carve/vxlan"
 )
 
 func (a *Agent) routes() http.Handler {
@@ -18,7 +16,11 @@ func (a *Agent) routes() http.Handler {
 	r.HandleFunc("/overlay-agent/overlay", a.handleOverlay).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-agent/overlays", a.handleOverlay).Methods(http.MethodGet)
 	r.HandleFunc("/overlay-agent/peers", a.handlePeers).Methods(http.MethodGet)
-	a.ipamRoutes(r)
+	v := &ipamview.View{AgentID: a.id, IPAM: a.ipam, CNICacheDir: a.cfg.CNICacheDir, Overlays: a.overlayNames}
+	if a.dp != nil {
+		v.Links = a.dp
+	}
+	v.Routes(r) // the IPAM read-only, for operators
 	a.wireGuardRoutes(r)
 	r.HandleFunc("/overlay-agent/docker", func(w http.ResponseWriter, _ *http.Request) {
 		if a.docker == nil {
@@ -40,67 +42,17 @@ func (a *Agent) routes() http.Handler {
 	return a.requireClientCert(r)
 }
 
+// overlayNames are the names of the overlays of the agent's record.
+func (a *Agent) overlayNames() []string {
+	var names []string
+	for _, ov := range a.Overlay().Overlays {
+		names = append(names, ov.Info.Name)
+	}
+	return names
+}
+
 func (a *Agent) handleOverlay(w http.ResponseWriter, _ *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, a.Overlay())
-}
-
-// overlayError names the last reconcile's failure that concerns this
-// overlay: its VTEP, its bridges or their addresses. Failures of single peer
-// entries show in /overlay-agent/peers instead.
-func (a *Agent) overlayError(ov *api.AgentOverlay) string {
-	if a.lastErr == nil {
-		return ""
-	}
-	if a.lastReport == nil { // the desired state itself could not be computed
-		return a.lastErr.Error()
-	}
-	var names []string
-	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
-		if br != nil {
-			names = append(names, br.Name)
-		}
-	}
-	for _, e := range a.lastReport.Errors {
-		switch e.Kind {
-		case vxlan.KindVTEP, vxlan.KindSysctl:
-			return e.Error()
-		case vxlan.KindBridge:
-			// By exact name: the bridges of "dcos" are not those of "dcos6".
-			if e.Key == "*" || slices.Contains(names, e.Key) {
-				return e.Error()
-			}
-		case vxlan.KindAddress:
-			if addressOf(ov, e.Key) {
-				return e.Error()
-			}
-		}
-	}
-	return ""
-}
-
-// addressOf tells whether an address (in CIDR form, as the dataplane names
-// it in its errors) is one of the overlay's: its VTEP's, or a gateway
-// inside one of its bridges' sub-subnets.
-func addressOf(ov *api.AgentOverlay, key string) bool {
-	p, err := netip.ParsePrefix(key)
-	if err != nil {
-		return false
-	}
-	var mine []string
-	if ov.Backend != nil && ov.Backend.VXLAN != nil {
-		mine = append(mine, ov.Backend.VXLAN.VTEPIP, ov.Backend.VXLAN.VTEPIP6)
-	}
-	for _, br := range []*api.BridgeInfo{ov.MesosBridge, ov.DockerBridge} {
-		if br != nil {
-			mine = append(mine, br.IP, br.IP6)
-		}
-	}
-	for _, s := range mine {
-		if q, err := netip.ParsePrefix(s); err == nil && q.Masked().Contains(p.Addr()) && q.Bits() == p.Bits() {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
@@ -110,6 +62,7 @@ func (a *Agent) handlePeers(w http.ResponseWriter, _ *http.Request) {
 // Peers is the agent's membership view with what is programmed.
 func (a *Agent) Peers() *api.AgentPeers {
 	st := a.members.State()
+	last := a.kernel.Last()
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, ClusterID: a.clusterID, MastersReachable: a.mastersReachable,
@@ -118,10 +71,10 @@ func (a *Agent) Peers() *api.AgentPeers {
 		if p.ID == a.id {
 			continue
 		}
-		v, ok := a.programmed[p.ID]
+		v, ok := last.Programmed(p.ID)
 		vtepIP, vtepMAC := p.VTEP()
 		out.Peers = append(out.Peers, api.AgentPeer{AgentID: p.ID, IP: p.IP, VTEPIP: vtepIP, VTEPMAC: vtepMAC,
-			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version, Mode: a.peerModeLocked(p.ID)})
+			Subnets: p.Subnets(), Version: p.Version, Programmed: ok && v >= p.Version, Mode: last.Mode(p.ID)})
 	}
 	return out
 }

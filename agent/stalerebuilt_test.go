@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/membership"
+	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/test/lab/fakegossip"
@@ -110,7 +111,7 @@ func TestStaleMasterIsIgnored(t *testing.T) {
 	// Host 2 reboots while only the stale master answers: its disk holds
 	// the last good state, and it programs its routes from there.
 	agents[1].stop(t)
-	s, err := OpenStore(filepath.Join(dir, "a1"))
+	s, err := store.Open(filepath.Join(dir, "a1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +317,7 @@ func TestRebuiltClusterResetsMembership(t *testing.T) {
 
 	// The new cluster id is on disk.
 	agents[0].stop(t)
-	s, err := OpenStore(filepath.Join(dir, "a0"))
+	s, err := store.Open(filepath.Join(dir, "a0"))
 	if err != nil {
 		t.Fatal(err)
 	}

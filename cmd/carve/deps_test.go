@@ -46,6 +46,21 @@ var stateParts = map[string][]string{
 	module + "/master/usage":      {module + "/api", module + "/master/netconfig"},
 }
 
+// agentDaemon is the agent daemon's package: it wires its parts, which
+// never import it (no package under agent/ does).
+const agentDaemon = module + "/agent"
+
+// agentParts are the parts of the agent moved out of package agent, each
+// with one job; of what is under agent/ they import only these (the
+// membership's records), so that each can be read and tested alone.
+var agentParts = map[string][]string{
+	module + "/agent/store":     {module + "/agent/membership"},
+	module + "/agent/kernel":    {module + "/agent/membership"},
+	module + "/agent/report":    nil,
+	module + "/agent/ipamview":  nil,
+	module + "/agent/meshpeers": {module + "/agent/membership"},
+}
+
 // listPackages runs go list -deps (or plain go list) with a format printing
 // each package's path, its name and its non-test imports.
 func listPackages(t *testing.T, deps bool, pattern string) map[string][]string {
@@ -99,7 +114,9 @@ func TestNoLabInProductionBinary(t *testing.T) {
 // every package of the module (non-test imports): nothing outside test/
 // imports test/; internal/ imports nothing of agent/, master/, raftlog/,
 // cmd/ or test/; the parts of master/state (stateParts) import only what
-// they list; cmd/ holds only the shipped binaries.
+// they list; nothing under agent/ imports the agent daemon, and the
+// agent's parts (agentParts) import of agent/ only what they list; cmd/
+// holds only the shipped binaries.
 func TestDependenciesPointInward(t *testing.T) {
 	pkgs := listPackages(t, false, module+"/...")
 	if len(pkgs) < 20 {
@@ -121,6 +138,12 @@ func TestDependenciesPointInward(t *testing.T) {
 			}
 			if !strings.HasPrefix(p, testTree) && strings.HasPrefix(imp, testTree) {
 				t.Errorf("%s imports %s: a shipped package never imports test/", p, imp)
+			}
+			if strings.HasPrefix(p, agentDaemon+"/") && imp == agentDaemon {
+				t.Errorf("%s imports %s: the agent daemon wires the packages under agent/, which never import it", p, imp)
+			}
+			if allowed, ok := agentParts[p]; ok && strings.HasPrefix(imp, agentDaemon+"/") && !slices.Contains(allowed, imp) {
+				t.Errorf("%s imports %s: of agent/, it imports only %v (add the dependency to agentParts, and say why, if it belongs)", p, imp, allowed)
 			}
 			if strings.HasPrefix(p, module+"/internal/") {
 				for _, outer := range innerTree {

@@ -1,4 +1,4 @@
-package agent
+package kernel
 
 import (
 	"net/netip"

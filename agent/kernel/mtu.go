@@ -1,4 +1,4 @@
-package agent
+package kernel
 
 import (
 	"fmt"
@@ -21,9 +21,9 @@ import (
 // record arrives; running containers keep their interface's MTU (see
 // docs/operations.md).
 
-// mtuState is the agent's own underlay MTU as last read, and what was last
-// logged about the MTUs, so that the agreed MTUs and a conflicting
-// configuration are said once per change.
+// mtuState is the agent's own underlay MTU as last read, the overlay MTU
+// last computed, and what was last logged about the MTUs, so that the
+// agreed MTUs and a conflicting configuration are said once per change.
 type mtuState struct {
 	mu      sync.Mutex
 	own     int // this agent's underlay MTU, as last read (0: unknown)
@@ -83,7 +83,7 @@ func planMTUs(network *api.NetworkConfig, local netip.Addr, ownID string, own in
 	case limit > 0:
 		p.VTEP = limit
 	default: // nothing known yet: DESIGN.md's former defaults
-		p.VTEP = defaultVTEPMTU
+		p.VTEP = DefaultVTEPMTU
 	}
 	switch {
 	case cfgOverlay > 0:
@@ -91,7 +91,7 @@ func planMTUs(network *api.NetworkConfig, local netip.Addr, ownID string, own in
 	case cfgVTEP > 0 || limit > 0:
 		p.Overlay = p.VTEP // bridges route into the VTEP: the same MTU fits
 	default:
-		p.Overlay = defaultOverlayMTU
+		p.Overlay = DefaultOverlayMTU
 	}
 	if limit > 0 {
 		for _, c := range []struct {
@@ -107,59 +107,4 @@ func planMTUs(network *api.NetworkConfig, local netip.Addr, ownID string, own in
 		}
 	}
 	return p
-}
-
-// refreshUnderlayMTU reads the MTU of this agent's underlay device, the
-// one it registers, and remembers it (0 when it cannot be read: the MTUs
-// then follow the other agents' records).
-func (a *Agent) refreshUnderlayMTU() int {
-	mtu, link, err := a.dp.UnderlayMTU(a.ip)
-	switch {
-	case err != nil:
-		a.log.Warn("cannot read the underlay MTU; the MTUs follow the other agents' records", "ip", a.ip, "err", err)
-		mtu = 0
-	case api.ValidateUnderlayMTU(mtu) != nil:
-		a.log.Warn("underlay MTU out of range: not registered", "link", link, "mtu", mtu)
-		mtu = 0
-	}
-	a.mtu.mu.Lock()
-	a.mtu.own = mtu
-	a.mtu.mu.Unlock()
-	return mtu
-}
-
-// withMTUs returns a copy of network whose vtep_mtu and overlay_mtu are the
-// ones to program (logging the agreed MTUs and any conflict when they
-// change), so that the VTEP, the bridges, the conflists and the IPAM all
-// read them from one place.
-func (a *Agent) withMTUs(network *api.NetworkConfig, members membership.State) *api.NetworkConfig {
-	p := planMTUs(network, a.ip, a.id, a.ownUnderlayMTU(), members.Records)
-	var out api.NetworkConfig
-	if network != nil {
-		out = *network
-	}
-	out.VTEPMTU, out.OverlayMTU = p.VTEP, p.Overlay
-	a.mtu.mu.Lock()
-	defer a.mtu.mu.Unlock()
-	a.mtu.overlay = p.Overlay
-	if s := fmt.Sprint(p.VTEP, p.Overlay, p.Underlay, p.From); s != a.mtu.logged {
-		a.mtu.logged = s
-		a.log.Info("MTUs", "vtep", p.VTEP, "overlay", p.Overlay, "smallest_underlay", p.Underlay, "of_agent", p.From)
-	}
-	if s := fmt.Sprint(p.Conflicts); s != a.mtu.warned {
-		a.mtu.warned = s
-		for _, c := range p.Conflicts {
-			a.log.Warn("network configuration: " + c)
-		}
-	}
-	return &out
-}
-
-// ownUnderlayMTU is this agent's underlay MTU as last read (see
-// refreshUnderlayMTU).
-func (a *Agent) ownUnderlayMTU() int {
-	a.mtu.mu.Lock()
-	own := a.mtu.own
-	a.mtu.mu.Unlock()
-	return own
 }

@@ -1,4 +1,13 @@
-package agent
+// Package ipamview is what an agent tells operators of its addresses on
+// its HTTP API (GET /overlay-agent/ipam/status and /allocations, read by
+// carve ipam show and carve ipam check, over the network with a
+// certificate of the cluster CA; the IPAM's unix socket is local): the use
+// of each overlay's bridges (addresses used and free, blocks), and every
+// allocation with what the host says of its container: whether a CNI
+// runtime still holds it (libcni's cache of ADD results, its network
+// namespace), and whether its host veth is still on the overlay's bridge.
+// It reads; it changes nothing.
+package ipamview
 
 import (
 	"encoding/json"
@@ -17,12 +26,41 @@ import (
 	"github.com/carve-net/carve/internal/httpapi"
 )
 
-// ipamRoutes serves the IPAM read-only on the agent's HTTP API, for
-// operators (carve ipam show and check): the unix socket is local, these
-// are reached over the network with a certificate of the cluster CA.
-func (a *Agent) ipamRoutes(r *mux.Router) {
-	r.HandleFunc("/overlay-agent/ipam/status", a.handleIPAMStatus).Methods(http.MethodGet)
-	r.HandleFunc("/overlay-agent/ipam/allocations", a.handleIPAMAllocations).Methods(http.MethodGet)
+// IPAM is what the view reads of the agent's address service (package
+// ipam's Service).
+type IPAM interface {
+	// List is the allocations of a network ("": every one), Unclaimed the
+	// records of the IPAM's store it could not claim back.
+	List(network string) *api.Allocations
+	Unclaimed(network string) []api.Allocation
+	// Status is a network's readiness, free counts and blocks, and
+	// BridgeSubnets the subnets a bridge of it serves.
+	Status(network string) *api.IPAMStatus
+	BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok bool)
+}
+
+// Links tells which bridge a host interface is on (vxlan.Dataplane).
+type Links interface {
+	LinkMaster(name string) (master string, exists bool, err error)
+}
+
+// View is one agent's IPAM as operators see it.
+type View struct {
+	AgentID string
+	IPAM    IPAM
+	// Overlays are the names of the overlays of the agent's record.
+	Overlays func() []string
+	// CNICacheDir is libcni's cache directory ("": CNI attachments are
+	// not checked).
+	CNICacheDir string
+	// Links reads the host veths' bridges (nil: not checked).
+	Links Links
+}
+
+// Routes serves the view read-only on the agent's HTTP API.
+func (v *View) Routes(r *mux.Router) {
+	r.HandleFunc("/overlay-agent/ipam/status", v.handleStatus).Methods(http.MethodGet)
+	r.HandleFunc("/overlay-agent/ipam/allocations", v.handleAllocations).Methods(http.MethodGet)
 }
 
 // networkParam returns ?network= ("" for every overlay) and false after
@@ -45,12 +83,12 @@ func networkParam(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return network, true
 }
 
-func (a *Agent) handleIPAMStatus(w http.ResponseWriter, r *http.Request) {
+func (v *View) handleStatus(w http.ResponseWriter, r *http.Request) {
 	network, ok := networkParam(w, r)
 	if !ok {
 		return
 	}
-	st := a.IPAMUsage(network)
+	st := v.Usage(network)
 	if network != "" && len(st.Networks) == 0 {
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, fmt.Sprintf("this agent has no lease and no allocation on overlay %q", network))
 		return
@@ -58,24 +96,21 @@ func (a *Agent) handleIPAMStatus(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, st)
 }
 
-func (a *Agent) handleIPAMAllocations(w http.ResponseWriter, r *http.Request) {
+func (v *View) handleAllocations(w http.ResponseWriter, r *http.Request) {
 	network, ok := networkParam(w, r)
 	if !ok {
 		return
 	}
-	httpapi.WriteJSON(w, http.StatusOK, a.IPAMAllocations(network))
+	httpapi.WriteJSON(w, http.StatusOK, v.Allocations(network))
 }
 
-// IPAMUsage is the agent's address use per overlay (one overlay, or every
-// one when network is empty): the overlays of its record and those it still
+// Usage is the agent's address use per overlay (one overlay, or every one
+// when network is empty): the overlays of its record and those it still
 // holds allocations on.
-func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
-	out := &api.AgentIPAMStatus{AgentID: a.id, Networks: []api.IPAMNetworkUsage{}}
-	allocs := a.ipam.List(network).Allocations
-	var names []string
-	for _, ov := range a.Overlay().Overlays {
-		names = append(names, ov.Info.Name)
-	}
+func (v *View) Usage(network string) *api.AgentIPAMStatus {
+	out := &api.AgentIPAMStatus{AgentID: v.AgentID, Networks: []api.IPAMNetworkUsage{}}
+	allocs := v.IPAM.List(network).Allocations
+	names := v.Overlays()
 	for _, al := range allocs {
 		names = append(names, al.Network)
 	}
@@ -84,11 +119,11 @@ func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
 		if network != "" && name != network {
 			continue
 		}
-		st := a.ipam.Status(name)
+		st := v.IPAM.Status(name)
 		u := api.IPAMNetworkUsage{Network: name, Ready: st.Ready, Error: st.Error, Bridges: []api.IPAMBridgeUsage{}}
 		for _, kind := range []string{api.BridgeMesos, api.BridgeDocker} {
 			b := api.IPAMBridgeUsage{Bridge: kind}
-			v4, v6, served := a.ipam.BridgeSubnets(name, kind)
+			v4, v6, served := v.IPAM.BridgeSubnets(name, kind)
 			if v4.IsValid() {
 				b.Subnet = v4.String()
 			}
@@ -124,28 +159,28 @@ func (a *Agent) IPAMUsage(network string) *api.AgentIPAMStatus {
 	return out
 }
 
-// IPAMAllocations is every allocation of the agent (of one overlay when
+// Allocations is every allocation of the agent (of one overlay when
 // network is set), then the records of its store it could not claim back,
 // with what the agent can tell of their containers.
-func (a *Agent) IPAMAllocations(network string) *api.AgentAllocations {
-	allocs := a.ipam.List(network).Allocations
+func (v *View) Allocations(network string) *api.AgentAllocations {
+	allocs := v.IPAM.List(network).Allocations
 	claimed := len(allocs)
-	allocs = append(allocs, a.ipam.Unclaimed(network)...)
-	cache, cacheErr := readCNICache(a.cfg.CNICacheDir)
-	out := &api.AgentAllocations{AgentID: a.id, Allocations: make([]api.AgentAllocation, 0, len(allocs))}
+	allocs = append(allocs, v.IPAM.Unclaimed(network)...)
+	cache, cacheErr := readCNICache(v.CNICacheDir)
+	out := &api.AgentAllocations{AgentID: v.AgentID, Allocations: make([]api.AgentAllocation, 0, len(allocs))}
 	for i, al := range allocs {
 		aa := api.AgentAllocation{Allocation: al, Container: api.ContainerUnknown, Unclaimed: i >= claimed}
 		switch {
 		case al.Bridge != api.BridgeMesos:
 			aa.ContainerDetail = "a " + al.Bridge + " allocation: only CNI attachments are checked"
-		case a.cfg.CNICacheDir == "":
+		case v.CNICacheDir == "":
 			aa.ContainerDetail = "the agent runs without --cni-cache-dir"
 		case cacheErr != nil:
 			aa.ContainerDetail = cacheErr.Error()
 		default:
 			aa.Container, aa.ContainerDetail = cache.container(al)
 			if aa.Container == api.ContainerLive && !aa.Unclaimed {
-				aa.Detached = a.detached(al, cache[cniAttachment{al.Network, al.ContainerID, al.IfName}])
+				aa.Detached = v.detached(al, cache[cniAttachment{al.Network, al.ContainerID, al.IfName}])
 			}
 		}
 		out.Allocations = append(out.Allocations, aa)
@@ -218,8 +253,8 @@ func readCNICache(dir string) (cniCache, error) {
 // overlay's mesos bridge: its host veth (in the runtime's cache entry) is
 // gone, on no bridge or on another; "" when it is on it, or when the cache
 // names no host veth or the kernel cannot be read.
-func (a *Agent) detached(al api.Allocation, entry cniEntry) string {
-	if a.dp == nil {
+func (v *View) detached(al api.Allocation, entry cniEntry) string {
+	if v.Links == nil {
 		return ""
 	}
 	bridge := "m-" + al.Network
@@ -227,7 +262,7 @@ func (a *Agent) detached(al api.Allocation, entry cniEntry) string {
 		if name == bridge {
 			continue
 		}
-		master, exists, err := a.dp.LinkMaster(name)
+		master, exists, err := v.Links.LinkMaster(name)
 		switch {
 		case err != nil:
 			return ""

@@ -1,4 +1,4 @@
-package agent
+package kernel
 
 import (
 	"encoding/json"
@@ -8,8 +8,28 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/test/lab/membershiptest"
 	"github.com/carve-net/carve/vxlan"
 )
+
+// selfInfo is an agent's own record: overlay "carve" leased, both bridges
+// (the Docker one dual-stack) and a VTEP.
+func selfInfo() *api.AgentInfo {
+	return &api.AgentInfo{AgentID: "self", IP: "198.18.0.10", Version: 3, Overlays: []api.AgentOverlay{{
+		Info:         api.OverlayNetwork{Name: "carve"},
+		Subnet:       "10.128.0.0/24",
+		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
+		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25", IP6: "fd00::8000:0:0:0/65"},
+		Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.1/16",
+			VTEPMAC: "70:b3:d5:40:00:01", VTEPPort: 4789, VTEPMTU: 1450}},
+		State: api.OverlayState{Status: api.StatusOK},
+	}}}
+}
+
+// rec is an unsigned record of agent id at version v with underlay ip.
+func rec(id string, v uint64, ip string) membership.PeerRecord {
+	return membership.NewPeerRecord(membershiptest.Agent(id, v, ip))
+}
 
 // FuzzDecodeMembership: remote gossip never panics the decoder, and what it
 // accepts merges and yields a usable desired state.
@@ -31,18 +51,6 @@ func FuzzDecodeMembership(f *testing.F) {
 		m.Merge(st.State)
 		_, _, _ = desiredState(selfInfo(), nil, netip.MustParseAddr("198.18.0.10"), m.State(), nil)
 	})
-}
-
-func selfInfo() *api.AgentInfo {
-	return &api.AgentInfo{AgentID: "self", IP: "198.18.0.10", Version: 3, Overlays: []api.AgentOverlay{{
-		Info:         api.OverlayNetwork{Name: "carve"},
-		Subnet:       "10.128.0.0/24",
-		MesosBridge:  &api.BridgeInfo{Name: "m-carve", IP: "10.128.0.0/25"},
-		DockerBridge: &api.BridgeInfo{Name: "d-carve", IP: "10.128.0.128/25", IP6: "fd00::8000:0:0:0/65"},
-		Backend: &api.BackendInfo{VXLAN: &api.VXLANInfo{VNI: 1024, VTEPName: "vtep1024", VTEPIP: "100.64.0.1/16",
-			VTEPMAC: "70:b3:d5:40:00:01", VTEPPort: 4789, VTEPMTU: 1450}},
-		State: api.OverlayState{Status: api.StatusOK},
-	}}}
 }
 
 func TestDesiredState(t *testing.T) {

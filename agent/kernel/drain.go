@@ -1,4 +1,4 @@
-package agent
+package kernel
 
 import (
 	"slices"
@@ -68,33 +68,28 @@ func peerWithout(r membership.PeerRecord, drop map[string]bool) membership.PeerR
 	return r
 }
 
-// attachedHere counts the attachments of a network on this host.
-func (a *Agent) attachedHere(network string) int {
-	return len(a.ipam.List(network).Allocations)
-}
-
 // noteDrained logs, once per change, which disabled overlays this host
 // still serves containers on and which it drained.
-func (a *Agent) noteDrained(self *api.AgentInfo, network *api.NetworkConfig, drained map[string]bool) {
+func (k *Kernel) noteDrained(self *api.AgentInfo, network *api.NetworkConfig, drained map[string]bool, attached func(network string) int) {
 	for name := range disabledOverlays(self, network) {
 		state := "draining"
 		if drained[name] {
 			state = "drained"
 		}
-		if a.drainState[name] == state {
+		if k.drainLogged[name] == state {
 			continue
 		}
 		switch state {
 		case "draining":
-			a.log.Warn("overlay disabled: it keeps its bridges, routes and conflist while containers are attached here, and takes no new one", "overlay", name, "attached", a.attachedHere(name))
+			k.log.Warn("overlay disabled: it keeps its bridges, routes and conflist while containers are attached here, and takes no new one", "overlay", name, "attached", attached(name))
 		default:
-			a.log.Info("overlay disabled and drained: no container left here; its bridges, routes and conflist are removed", "overlay", name)
+			k.log.Info("overlay disabled and drained: no container left here; its bridges, routes and conflist are removed", "overlay", name)
 		}
-		a.drainState[name] = state
+		k.drainLogged[name] = state
 	}
-	for name := range a.drainState {
+	for name := range k.drainLogged {
 		if !disabledOverlays(self, network)[name] {
-			delete(a.drainState, name)
+			delete(k.drainLogged, name)
 		}
 	}
 }

@@ -1,4 +1,13 @@
-package agent
+// Package store is the agent's data dir on disk: one bbolt file holding its
+// id, its last known state (its own record, the network configuration, the
+// masters' index, cluster id and restore epoch, the signing key it pinned)
+// and the membership, one entry per agent id, written in one fsynced
+// transaction per change, so that an agent restarted while no master
+// answers programs its kernel from what it knew. The agent's IPAM shares
+// the file (DB) for its own buckets. The store checks nothing: what it
+// holds was verified before it was saved, and the agent checks it again
+// when it loads it.
+package store
 
 import (
 	"crypto/ed25519"
@@ -89,7 +98,8 @@ func memberEntries(st membership.State, fromMasters []string) map[string]*member
 
 // Store is the agent's persistent state: its id, its last known leases, the
 // network configuration, and the membership, so that a restart with every
-// master down keeps the dataplane working.
+// master down keeps the dataplane working. Its methods are safe for
+// concurrent use.
 type Store struct {
 	db *bolt.DB
 	// mu guards saved: the membership as last written (or loaded), which
@@ -98,8 +108,8 @@ type Store struct {
 	saved map[string]*memberEntry
 }
 
-// persisted is what the agent keeps across restarts.
-type persisted struct {
+// State is what the agent keeps across restarts.
+type State struct {
 	ID          string
 	Self        *api.AgentInfo
 	Network     *api.NetworkConfig
@@ -107,7 +117,9 @@ type persisted struct {
 	MasterIndex uint64
 	// RestoreEpoch is the masters' restore epoch of MasterIndex (0: none).
 	RestoreEpoch uint64
-	// RestoreFloor is the agent's restoreFloor (restore.go).
+	// RestoreFloor is the highest version the agent knew when it followed
+	// the last restore of the masters' table (gossip at or below it that
+	// the agent does not hold is of the history before the restore).
 	RestoreFloor uint64
 	// ClusterID is the masters' cluster all of the above comes from.
 	ClusterID string
@@ -122,8 +134,9 @@ type persisted struct {
 	Horizon uint64
 }
 
-// OpenStore opens (or creates) the store in dir.
-func OpenStore(dir string) (*Store, error) {
+// Open opens (or creates) the store in dir; an agent running with that
+// dir holds it open, and a second one is refused with an error saying so.
+func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create data dir: %w", err)
 	}
@@ -187,8 +200,8 @@ func (s *Store) LoadOrCreateID(fixed, from string) (string, error) {
 }
 
 // Load reads the persisted state (zero values when absent).
-func (s *Store) Load() (persisted, error) {
-	var p persisted
+func (s *Store) Load() (State, error) {
+	var p State
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(agentBucket))
 		p.ID = string(b.Get([]byte(keyID)))
@@ -247,7 +260,7 @@ func (s *Store) Load() (persisted, error) {
 
 // loadMembers reads the membership: one entry per agent id, or the whole
 // membership in one value as earlier versions wrote it.
-func loadMembers(tx *bolt.Tx, p *persisted) error {
+func loadMembers(tx *bolt.Tx, p *State) error {
 	b := tx.Bucket([]byte(agentBucket))
 	if v := b.Get([]byte(keyMembers)); v != nil {
 		// Our own disk: no bound but the cluster's size.
@@ -286,7 +299,7 @@ func loadMembers(tx *bolt.Tx, p *persisted) error {
 // since the last Save (a change costs what it is, not the cluster's size).
 // A nil own record or network configuration is deleted: after a rebuild of
 // the masters' cluster the old ones must not come back on restart.
-func (s *Store) Save(p persisted) error {
+func (s *Store) Save(p State) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	entries := memberEntries(p.Membership, p.FromMasters)
