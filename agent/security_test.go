@@ -24,8 +24,10 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/fakegossip"
+	"github.com/carve-net/carve/test/lab/mastertest"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
 
@@ -120,7 +122,11 @@ func (tm *tlsMaster) callers(key string) []string {
 // a certificate of another CA fails the handshake. Its sockets are mode
 // 0660 in the group it was given.
 func TestAgentOverTLS(t *testing.T) {
-	hosts, dir, m := hostsWithMaster(t, 1)
+	hosts, dir, _ := hostsWithMaster(t, 1)
+	// With TLS the agent takes only signed records (an unsigned state is
+	// refused, and a refusing agent's overlay is not OK): a signing master.
+	signingPub, signingKey := testKey(t)
+	m := mastertest.StartSigning(t, filepath.Join(dir, "signing"), state.DefaultConfig(), quietLogger(), signingKey)
 	ca := newTestCA(t)
 	tm := newTLSMaster(t, m, ca.files(pki.RoleMaster, "m1", "127.0.0.1"))
 	agentFiles := ca.files(pki.RoleAgent, "h1-agent", "127.0.0.1")
@@ -129,7 +135,7 @@ func TestAgentOverTLS(t *testing.T) {
 	const socketGID = 12345 // any group id will do: no /etc/group entry needed
 	pluginSocket := filepath.Join(dir, "docker", "carve.sock")
 	a := runAgent(t, newTestAgent(t, hosts[0], tm.srv.URL, filepath.Join(dir, "a0"), gnet, func(c *Config) {
-		c.ID, c.TLS, c.MeshPassword, c.Insecure = "", agentFiles, []byte("s3cret"), false
+		c.ID, c.TLS, c.MeshPassword, c.Insecure, c.SigningKey = "", agentFiles, []byte("s3cret"), false, signingPub
 		c.SocketGID = socketGID
 		c.LogLevel = new(slog.LevelVar)
 		c.DockerPluginSocket, c.DockerHost = pluginSocket, "unix://"+filepath.Join(dir, "no-docker-engine.sock")
