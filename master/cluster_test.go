@@ -69,8 +69,11 @@ func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
 	}
 	t.Logf("new leader %s; %d registrations acknowledged", c.ids[newLeader], ackCount.Load())
 
-	st, err := c.client(newLeader).State(ctx, api.StateOptions{Consistent: true})
-	if err != nil {
+	var st *api.State
+	if err := callRetrying(ctx, func() (err error) {
+		st, err = c.client(newLeader).State(ctx, api.StateOptions{Consistent: true})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if len(st.Agents) != agents {
@@ -101,7 +104,9 @@ func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
 	for i := range agents {
 		id := fmt.Sprintf("agent-%03d", i)
 		before, _ := acked.Load(id)
-		info, err := c.client(i).Register(ctx, api.RegisterRequest{AgentID: id, Hostname: fmt.Sprintf("h%d", i),
+		// The old leader's return may cost an election on a loaded
+		// machine: retried as an agent retries.
+		info, err := registerRetrying(ctx, c.client(i), api.RegisterRequest{AgentID: id, Hostname: fmt.Sprintf("h%d", i),
 			IP: fmt.Sprintf("198.18.%d.%d", i/200, i%200+1), NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}})
 		if err != nil {
 			t.Fatalf("re-register %s: %v", id, err)
@@ -111,8 +116,11 @@ func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
 		}
 	}
 	idx := st.Index
-	st2, err := c.client(0).State(ctx, api.StateOptions{Consistent: true})
-	if err != nil {
+	var st2 *api.State
+	if err := callRetrying(ctx, func() (err error) {
+		st2, err = c.client(0).State(ctx, api.StateOptions{Consistent: true})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if st2.Index != idx {
