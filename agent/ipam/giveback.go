@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -53,8 +54,8 @@ func (s *Service) Run(ctx context.Context) {
 			if s.grow.cfg.IdleReturn > 0 {
 				s.returnIdle(time.Now())
 			}
-		case <-s.announceKick:
-			s.announce()
+		case <-s.gossip.Kicked():
+			s.gossip.Announce()
 			continue
 		case <-persistTicker.C:
 			s.persistDirtyRings()
@@ -94,7 +95,7 @@ func (s *Service) watchHost(ctx context.Context) {
 		case now := <-reclaim:
 			s.reclaimGone(now)
 		case now := <-warn.C:
-			s.warnLowSpace(now)
+			s.capacity.WarnLowSpace(now)
 		}
 	}
 }
@@ -183,7 +184,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// donor holds that no more), never as a block of its own.
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
@@ -198,7 +199,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		s.grow.returned[hb.Prefix] = hb.Version
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -210,7 +211,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 	}
 	s.metrics.returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
-	s.announce()
+	s.gossip.Announce()
 	s.kickOutbox()
 	s.changed()
 }

@@ -62,12 +62,8 @@ type growState struct {
 	// returned: grown blocks given back, by prefix, with their lease
 	// version: a masters' record that still lists one is stale.
 	returned map[netip.Prefix]uint64
-	// fullSince: overlays whose last IPv4 growth found space nowhere, and
-	// lowWarned when their low space was last logged (capacity.go).
-	fullSince map[string]time.Time
-	lowWarned map[string]time.Time
-	kick      chan struct{}
-	usage     usageState // Run's alone
+	kick     chan struct{}
+	usage    usageState // Run's alone
 }
 
 func newGrowState(cfg GrowthConfig) growState {
@@ -97,7 +93,6 @@ func newGrowState(cfg GrowthConfig) growState {
 		inflight: map[growKey]*growth{}, asking: map[[2]string]string{}, waiting: map[string]waiter{},
 		refused: map[[2]string]peerRefusal{}, granted: map[[2]string]netip.Prefix{},
 		returned: map[netip.Prefix]uint64{}, kick: make(chan struct{}, 1),
-		fullSince: map[string]time.Time{}, lowWarned: map[string]time.Time{},
 	}
 }
 
@@ -207,7 +202,9 @@ func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
 	}
 	s.mu.Lock()
 	delete(s.grow.inflight, k)
-	s.noteGrowth(k, err, time.Now())
+	if k.fam == 0 {
+		s.capacity.NoteGrowth(k.overlay, err == nil, errors.Is(err, errOverlayFull), time.Now())
+	}
 	g.err = err
 	close(g.done)
 	s.mu.Unlock()
@@ -321,6 +318,6 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 	if err := s.flush(b); err != nil {
 		return fmt.Errorf("persist block: %w", err)
 	}
-	s.announce()
+	s.gossip.Announce()
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -165,7 +166,7 @@ func (s *Service) askPeer(ctx context.Context, peer string, k growKey, bits int)
 	}()
 	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: clusterID, From: s.id, ID: id,
 		Overlay: k.overlay, Family: familyName(k.fam), Bits: bits}
-	s.signSpaceRequest(&req)
+	s.claims.SignSpaceRequest(&req)
 	msg := ipamwire.EncodeSpaceMessage(req)
 	for range 3 {
 		if err := channel.Unicast(peer, msg); err != nil {
@@ -194,7 +195,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
 	s.mu.Lock()
 	deleted := s.tombstoned(peer)
-	stmtErr := s.checkGrantStatement(k.overlay, peer, p, ans.ID, ans, time.Now())
+	stmtErr := s.claims.CheckGrantStatement(s.clusterID, k.overlay, peer, p, ans.ID, ans, time.Now())
 	s.mu.Unlock()
 	if deleted {
 		// Obligation 2 (docs/design.md): no grant from a deleted donor.
@@ -231,7 +232,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage
 		s.mu.Unlock()
 		return &refusedError{peer: peer, reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
 	}
-	b := s.enqueue(change{writes: []write{putOutbox(outboxEntry{Kind: outboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
+	b := s.enqueue(change{writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
 		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID, Expires: ans.Expires, DonorSignature: ans.GrantSig})}})
 	s.mu.Unlock()
 	s.metrics.grantsReceived.Inc()
