@@ -6,7 +6,6 @@ package ipam
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -42,7 +41,6 @@ func (s *Service) Run(ctx context.Context) {
 	defer persistTicker.Stop()
 	defer s.persistDirtyRings()
 	defer s.Close() // before the last ring write: a growth may still write
-	backoff := newOutboxBackoff()
 	var watch sync.WaitGroup
 	defer watch.Wait()
 	watch.Go(func() { s.watchHost(ctx) })
@@ -60,18 +58,12 @@ func (s *Service) Run(ctx context.Context) {
 		case <-persistTicker.C:
 			s.persistDirtyRings()
 			continue
-		case <-s.grow.kick:
+		case <-s.reports.Kicked():
 		case <-retry.C:
 		case <-usageTicker.C:
 		}
-		// Grants go to the masters before a usage report lists them.
-		if err := s.flushOutbox(ctx); err != nil {
-			retry.Reset(backoff.Next())
-			continue
-		}
-		backoff.Reset()
-		if err := s.sendUsage(ctx, time.Now()); err != nil {
-			s.log.Debug("usage report to the masters", "err", err)
+		if wait := s.reports.Send(ctx, time.Now()); wait > 0 {
+			retry.Reset(wait)
 		}
 	}
 }
@@ -84,7 +76,7 @@ func (s *Service) watchHost(ctx context.Context) {
 	defer warn.Stop()
 	var reclaim <-chan time.Time
 	if s.reclaim.cfg.After > 0 {
-		t := time.NewTicker(s.reclaim.every())
+		t := time.NewTicker(s.reclaim.missing.Every())
 		defer t.Stop()
 		reclaim = t.C
 	}
@@ -147,7 +139,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		return // taken meanwhile
 	}
 	var writes []write
-	id := fmt.Sprintf("%s-%016x", s.id, s.grow.rng.Uint64())
+	id := s.asker.RequestID()
 	switch hb.Origin {
 	case OriginGrant:
 		to := leaseOwner(a.Ring(), s.id, hb.Prefix)
@@ -212,6 +204,6 @@ func (s *Service) giveBack(hb *heldBlock) {
 	s.metrics.returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
 	s.gossip.Announce()
-	s.kickOutbox()
+	s.reports.Kick()
 	s.changed()
 }

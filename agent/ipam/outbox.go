@@ -1,75 +1,60 @@
 package ipam
 
+// The reports to the masters (package masterreport): the outbox of grants
+// made through the ring and blocks given back, written in the same group
+// commit as the change it reports (ipamstore.OutboxEntry), and the usage
+// reports; here is what they read and settle of the Service.
+
 import (
 	"context"
-	"errors"
-	"fmt"
-	"time"
 
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
-	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/agent/ipam/masterreport"
+	"github.com/carve-net/carve/api"
 )
 
-// The outbox holds what the masters must learn and may not be reachable
-// for: grants made through the ring (reported on behalf of the recipient)
-// and grown blocks given back (ipamstore.OutboxEntry). It is written in
-// the same group commit as the change it reports, and emptied as the
-// masters acknowledge.
-
-// outboxCallTimeout bounds one report to the masters.
-const outboxCallTimeout = 10 * time.Second
-
-func newOutboxBackoff() *retry.Backoff {
-	return &retry.Backoff{First: time.Second, Max: time.Minute}
+// newReporter returns the reporter of the Service's growth configuration.
+func (s *Service) newReporter() *masterreport.Reporter {
+	cfg := masterreport.Config{Host: (*reportHost)(s), Interval: s.grow.cfg.UsageInterval, Refresh: s.grow.cfg.UsageRefresh,
+		Reports: s.metrics.reports, Log: s.log}
+	if src := s.grow.cfg.Source; src != nil {
+		cfg.Masters = sourceReports{src}
+	}
+	if rep, ok := s.grow.cfg.Source.(UsageReporter); ok {
+		cfg.Usage = rep.ReportUsage
+	}
+	return masterreport.New(cfg)
 }
 
-// kickOutbox makes Run send the outbox now.
-func (s *Service) kickOutbox() {
-	select {
-	case s.grow.kick <- struct{}{}:
-	default:
-	}
+// sourceReports is a BlockSource as the reports' masters.
+type sourceReports struct{ BlockSource }
+
+func (m sourceReports) ReportGrant(ctx context.Context, e ipamstore.OutboxEntry) error {
+	return m.BlockSource.ReportGrant(ctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, Bridge: e.Bridge,
+		RequestID: e.RequestID, Expires: e.Expires, DonorSignature: e.DonorSignature})
 }
 
-// flushOutbox sends every pending report; it stops at the first failure
-// (the masters are unreachable: the caller retries later).
-func (s *Service) flushOutbox(ctx context.Context) error {
-	src := s.grow.cfg.Source
-	if src == nil {
-		return nil
+// reportHost is the Service as what its reports read and settle
+// (masterreport.Host).
+type reportHost Service
+
+func (h *reportHost) Outbox() ([]ipamstore.OutboxEntry, error) { return ipamstore.ReadOutbox(h.db) }
+
+func (h *reportHost) Sent(requestID string) error {
+	s := (*Service)(h)
+	s.mu.Lock()
+	b := s.enqueue(change{writes: []write{ipamstore.DeleteOutbox(requestID)}})
+	s.mu.Unlock()
+	return s.flush(b)
+}
+
+func (h *reportHost) Usage() (api.UsageReport, bool) {
+	s := (*Service)(h)
+	s.mu.Lock()
+	synced := s.synced
+	s.mu.Unlock()
+	if !synced {
+		return api.UsageReport{}, false
 	}
-	entries, err := ipamstore.ReadOutbox(s.db)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		cctx, cancel := context.WithTimeout(ctx, outboxCallTimeout)
-		switch e.Kind {
-		case ipamstore.OutboxReturn:
-			err = src.Return(cctx, e.Overlay, e.Prefix, e.RequestID)
-		default:
-			err = src.ReportGrant(cctx, GrantReport{Overlay: e.Overlay, Prefix: e.Prefix, Donor: e.Donor, Recipient: e.Recipient, Bridge: e.Bridge,
-				RequestID: e.RequestID, Expires: e.Expires, DonorSignature: e.DonorSignature})
-		}
-		cancel()
-		switch {
-		case err != nil && !errors.Is(err, ErrReportRefused):
-			s.metrics.reports.WithLabelValues(e.Kind, "error").Inc()
-			return fmt.Errorf("report %s of %s to the masters: %w", e.Kind, e.Prefix, err)
-		case err != nil:
-			// The masters refused it for good (a conflict names the other
-			// holder): retrying would block every later report.
-			s.metrics.reports.WithLabelValues(e.Kind, "refused").Inc()
-			s.log.Error("the masters refused a report: dropped", "kind", e.Kind, "overlay", e.Overlay, "block", e.Prefix, "err", err)
-		default:
-			s.metrics.reports.WithLabelValues(e.Kind, "ok").Inc()
-		}
-		s.mu.Lock()
-		b := s.enqueue(change{writes: []write{ipamstore.DeleteOutbox(e.RequestID)}})
-		s.mu.Unlock()
-		if err := s.flush(b); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.usageReport(), true
 }

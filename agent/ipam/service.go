@@ -23,7 +23,9 @@ import (
 	"github.com/carve-net/carve/agent/ipam/capacity"
 	"github.com/carve-net/carve/agent/ipam/claimkeys"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
+	"github.com/carve-net/carve/agent/ipam/masterreport"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
+	"github.com/carve-net/carve/agent/ipam/spaceask"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/goroutines"
@@ -68,6 +70,8 @@ type Service struct {
 	// only ranges beyond the masters' records it may adopt (mayAdopt).
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
+	asker          *spaceask.Asker        // asks peers for space (growth through the ring)
+	reports        *masterreport.Reporter // Run's reports to the masters
 	capacity       *capacity.Tracker
 	reclaim        reclaimState
 	// gossip is the ring gossip (ringgossip), the served rings' own.
@@ -127,6 +131,9 @@ func New(cfg Config) (*Service, error) {
 	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.ringGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
+	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
+		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.grows, Refused: m.refused})
+	s.reports = s.newReporter()
 	s.capacity = capacity.New(s.readCapacity, s.log)
 	s.released.load(st.released)
 	s.reclaim = newReclaimState(cfg.Reclaim)

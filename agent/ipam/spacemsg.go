@@ -51,17 +51,7 @@ func (s *Service) onSpaceMessage(src string, msg []byte) error {
 		}
 		return nil
 	}
-	s.mu.Lock()
-	w, ok := s.grow.waiting[m.ID]
-	s.mu.Unlock()
-	if !ok || w.peer != src {
-		return fmt.Errorf("%w: answer %q from %s matches no request in flight", ipamwire.ErrBadSpaceMessage, m.ID, src)
-	}
-	select {
-	case w.ch <- m:
-	default: // a duplicate answer
-	}
-	return nil
+	return s.asker.Answer(src, m)
 }
 
 // donate answers a space request: a block of the bridges' first
