@@ -5,6 +5,8 @@ package ipam
 // reads back (load).
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -54,15 +56,12 @@ func deleteReleased(key string) write { return ipamstore.DeleteReleased(key) }
 
 func putRing(overlay string, fam int, enc []byte) write { return ipamstore.PutRing(overlay, fam, enc) }
 
-func putBlock(b *heldBlock) write { return ipamstore.PutBlock(b.record()) }
-
-func deleteBlock(b *heldBlock) write { return ipamstore.DeleteBlock(b.record()) }
-
-// record is a held block as the store keeps it.
-func (b *heldBlock) record() ipamstore.Block {
-	return ipamstore.Block{Overlay: b.Overlay, Family: b.Family, Bridge: b.Bridge, Prefix: b.Prefix, Origin: b.Origin,
-		Donor: b.Donor, Version: b.Version, Recorded: b.Recorded}
+func putBlock(b *heldBlock) write {
+	data, _ := json.Marshal(b) // strings, numbers and a prefix: cannot fail
+	return ipamstore.PutBlock(b.Overlay, b.Family, b.Prefix, data)
 }
+
+func deleteBlock(b *heldBlock) write { return ipamstore.DeleteBlock(b.Overlay, b.Family, b.Prefix) }
 
 // loaded is what the IPAM finds in the store when it starts.
 type loaded struct {
@@ -77,22 +76,25 @@ type loaded struct {
 // (ipamstore.Load). The rings themselves are read when their overlay is
 // seeded (ringStore).
 func load(db *bolt.DB) (loaded, error) {
-	st, err := ipamstore.Load(db, releaseMemory)
+	blocks := map[string][]*heldBlock{}
+	st, err := ipamstore.Load(db, releaseMemory, func(k, v []byte) error {
+		var b heldBlock
+		if err := json.Unmarshal(v, &b); err != nil || !b.Prefix.IsValid() || b.Family < 0 || b.Family >= families ||
+			ipamstore.BlockKey(b.Overlay, b.Family, b.Prefix) != string(k) {
+			return fmt.Errorf("corrupt block record %q", k)
+		}
+		blocks[b.Overlay] = append(blocks[b.Overlay], &b)
+		return nil
+	})
 	if err != nil {
 		return loaded{}, err
 	}
-	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, blocks: map[string][]*heldBlock{},
+	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, blocks: blocks,
 		granted: st.Granted, clusterID: st.ClusterID, released: st.Released}
 	for network, m := range st.Allocations {
 		out.allocations[network] = make(map[ring.Attachment]allocRecord, len(m))
 		for at, rec := range m {
 			out.allocations[network][at] = allocRecord(rec)
-		}
-	}
-	for overlay, bs := range st.Blocks {
-		for _, b := range bs {
-			out.blocks[overlay] = append(out.blocks[overlay], &heldBlock{Overlay: b.Overlay, Family: b.Family, Bridge: b.Bridge,
-				Prefix: b.Prefix, Origin: b.Origin, Donor: b.Donor, Version: b.Version, Recorded: b.Recorded})
 		}
 	}
 	return out, nil

@@ -60,19 +60,6 @@ type Alloc struct {
 	Owner  *api.Owner `json:"owner,omitempty"`
 }
 
-// Block is a persisted block a bridge holds beyond its first sub-subnet
-// (the IPAM's heldBlock without what it keeps in memory only).
-type Block struct {
-	Overlay  string       `json:"overlay"`
-	Family   int          `json:"family"` // 0: IPv4, 1: IPv6
-	Bridge   string       `json:"bridge"`
-	Prefix   netip.Prefix `json:"prefix"`
-	Origin   string       `json:"origin"`
-	Donor    string       `json:"donor,omitempty"`
-	Version  uint64       `json:"version,omitempty"`
-	Recorded bool         `json:"recorded,omitempty"`
-}
-
 // Kinds of outbox entries.
 const (
 	OutboxGrant  = "grant"
@@ -119,7 +106,8 @@ func familyName(fam int) string {
 // ringKey is a ring's key in RingBucket.
 func ringKey(overlay string, fam int) string { return overlay + "/" + familyName(fam) }
 
-func blockKey(overlay string, fam int, p netip.Prefix) string {
+// BlockKey is a held block's key in BlocksBucket.
+func BlockKey(overlay string, fam int, p netip.Prefix) string {
 	return overlay + "/" + familyName(fam) + "/" + p.String()
 }
 
@@ -171,15 +159,15 @@ func PutRing(overlay string, fam int, enc []byte) Write {
 	return Write{Bucket: RingBucket, Key: ringKey(overlay, fam), Value: enc}
 }
 
-// PutBlock writes a held block.
-func PutBlock(b Block) Write {
-	data, _ := json.Marshal(b) // strings, numbers and a prefix: cannot fail
-	return Write{Bucket: BlocksBucket, Key: blockKey(b.Overlay, b.Family, b.Prefix), Value: data}
+// PutBlock writes a held block's record (its JSON, the IPAM's format) of
+// an overlay family (0: IPv4, 1: IPv6).
+func PutBlock(overlay string, fam int, p netip.Prefix, record []byte) Write {
+	return Write{Bucket: BlocksBucket, Key: BlockKey(overlay, fam, p), Value: record}
 }
 
 // DeleteBlock deletes a held block.
-func DeleteBlock(b Block) Write {
-	return Write{Bucket: BlocksBucket, Key: blockKey(b.Overlay, b.Family, b.Prefix)}
+func DeleteBlock(overlay string, fam int, p netip.Prefix) Write {
+	return Write{Bucket: BlocksBucket, Key: BlockKey(overlay, fam, p)}
 }
 
 // PutOutbox queues a report to the masters.
@@ -213,17 +201,17 @@ func Apply(tx *bolt.Tx, writes []Write) error {
 // Loaded is what the IPAM finds in the store when it starts.
 type Loaded struct {
 	Allocations map[string]map[ring.Attachment]Alloc // by overlay
-	Blocks      map[string][]Block                   // by overlay
 	Granted     map[[2]string]netip.Prefix           // (from, request id) -> block
 	ClusterID   string
 	Released    map[string]time.Time // AllocKey -> release, ReleasedBucket
 }
 
-// Load creates the IPAM's buckets and reads the allocations, the held
-// blocks, the granted requests, the releases of the last releaseMemory
-// (older ones are deleted) and the cluster id of the rings. The rings
-// themselves are read when their overlay is seeded (RingStore).
-func Load(db *bolt.DB, releaseMemory time.Duration) (Loaded, error) {
+// Load creates the IPAM's buckets and reads the allocations, the granted
+// requests, the releases of the last releaseMemory (older ones are
+// deleted) and the cluster id of the rings, and hands every held block's
+// record to block, whose error fails the load (and its transaction). The
+// rings themselves are read when their overlay is seeded (RingStore).
+func Load(db *bolt.DB, releaseMemory time.Duration, block func(key, record []byte) error) (Loaded, error) {
 	out := Loaded{Allocations: map[string]map[ring.Attachment]Alloc{}, Granted: map[[2]string]netip.Prefix{},
 		Released: map[string]time.Time{}}
 	err := db.Update(func(tx *bolt.Tx) error {
@@ -250,8 +238,7 @@ func Load(db *bolt.DB, releaseMemory time.Duration) (Loaded, error) {
 				}
 			}
 		}
-		var err error
-		if out.Blocks, err = loadBlocks(tx); err != nil {
+		if err := tx.Bucket([]byte(BlocksBucket)).ForEach(block); err != nil {
 			return err
 		}
 		if err := tx.Bucket([]byte(GrantedBucket)).ForEach(func(k, v []byte) error {
@@ -282,21 +269,6 @@ func Load(db *bolt.DB, releaseMemory time.Duration) (Loaded, error) {
 		return Loaded{}, fmt.Errorf("ipam: load allocations: %w", err)
 	}
 	return out, nil
-}
-
-// loadBlocks reads the persisted blocks, by overlay.
-func loadBlocks(tx *bolt.Tx) (map[string][]Block, error) {
-	out := map[string][]Block{}
-	err := tx.Bucket([]byte(BlocksBucket)).ForEach(func(k, v []byte) error {
-		var b Block
-		if err := json.Unmarshal(v, &b); err != nil || !b.Prefix.IsValid() || b.Family < 0 || b.Family > 1 ||
-			blockKey(b.Overlay, b.Family, b.Prefix) != string(k) {
-			return fmt.Errorf("corrupt block record %q", k)
-		}
-		out[b.Overlay] = append(out[b.Overlay], b)
-		return nil
-	})
-	return out, err
 }
 
 // RingStore reads the persisted rings; Path is the store's file, named in
