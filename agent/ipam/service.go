@@ -8,6 +8,13 @@
 //
 // It knows nothing of the agent: the agent hands it a View of what it
 // learned (its own record, every peer's leases, the tombstones) with Sync.
+//
+// It keeps the overlay table and its lock, and every change to it; the
+// jobs beneath it are its parts, none of which imports it: the store's
+// record formats (ipamstore), the rings' gossip (ringgossip), asking peers
+// for space (spaceask), the claim keys (claimkeys), the reports to the
+// masters (masterreport), the capacity gauges (capacity), the reclaims'
+// memory (reclaimwatch) and the unix-socket API (ipamsock).
 package ipam
 
 import (
@@ -70,12 +77,13 @@ type Service struct {
 	// only ranges beyond the masters' records it may adopt (mayAdopt).
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
-	asker          *spaceask.Asker        // asks peers for space (growth through the ring)
-	reports        *masterreport.Reporter // Run's reports to the masters
-	capacity       *capacity.Tracker
 	reclaim        reclaimState
-	// gossip is the ring gossip (ringgossip), the served rings' own.
-	gossip *ringgossip.Gossip
+	// asker, capacity and gossip keep their state under their own locks,
+	// taken after s.mu, never the other way; reports is Run's alone.
+	asker    *spaceask.Asker        // asks peers for space (growth through the ring)
+	reports  *masterreport.Reporter // the outbox and usage reports to the masters
+	capacity *capacity.Tracker      // the capacity gauges and the low-space WARN
+	gossip   *ringgossip.Gossip     // the served rings' gossip
 	// dirtyRings changed by other agents' entries only since they were
 	// written; Run writes them every ringPersistEvery.
 	dirtyRings map[ringID]bool
