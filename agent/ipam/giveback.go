@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -197,8 +198,8 @@ func (s *Service) giveBack(hb *heldBlock) {
 		}
 		s.grow.returned[hb.Prefix] = hb.Version
 		enc := a.EncodeRing()
-		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), putReturned(hb.Prefix, hb.Version),
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: hb.Version}))
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -213,4 +214,28 @@ func (s *Service) giveBack(hb *heldBlock) {
 	s.announce()
 	s.kickOutbox()
 	s.changed()
+}
+
+// forgetReturned drops the returns of o's blocks that a record of the
+// masters newer than the returned lease no longer lists: the masters took
+// them (a later lease of the same block has a higher version, and is this
+// agent's again). Until then a record that lists one is stale, after a
+// restart too (returnedBucket). The caller has quiesced.
+func (s *Service) forgetReturned(o *overlay, v View) []write {
+	if v.Self == nil {
+		return nil
+	}
+	var writes []write
+	for p, version := range s.grow.returned {
+		u := o.universe[familyOf(p.Addr())]
+		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.name, p) {
+			continue
+		}
+		if version != math.MaxUint64 && v.Self.Version <= version {
+			continue // a record older than the lease given back
+		}
+		delete(s.grow.returned, p)
+		writes = append(writes, deleteReturned(p))
+	}
+	return writes
 }

@@ -193,6 +193,17 @@ func TestGrowthIdleReturn(t *testing.T) {
 	if got := counterValue(t, a.reg, "carve_agent_ipam_blocks_returned_total"); got < 1 {
 		t.Errorf("blocks returned %v", got)
 	}
+	// Until the masters take the return, a's record still lists the
+	// grant: a sync with it must not take the block back, only for the
+	// ring to drop it again (a warning and two writes at every sync for
+	// as long as the masters are away).
+	stale := []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: reports[0].Prefix, Version: 1, Donor: reports[0].Donor}}
+	a.svc.mu.Lock()
+	writes := a.svc.overlays["carve"].learnMasterBlocks("a", stale, a.svc.grow.returned)
+	a.svc.mu.Unlock()
+	if len(writes) != 0 {
+		t.Errorf("a stale record took the grant given back to %s back: %d writes", reports[0].Donor, len(writes))
+	}
 }
 
 // TestGrowthFromMasters: a block the masters lease (the stand-in's Grow

@@ -38,6 +38,10 @@ type outboxEntry struct {
 	// api.GrantSigningBytes), which the masters require of a recipient.
 	Expires        int64  `json:"expires,omitempty"`
 	DonorSignature string `json:"donor_signature,omitempty"`
+	// Version is a returned grown block's lease version: until the masters
+	// take the return, their record still lists the block, and a restart
+	// must not take it back from that record (learnMasterBlocks).
+	Version uint64 `json:"version,omitempty"`
 }
 
 // outboxCallTimeout bounds one report to the masters.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"time"
@@ -31,6 +32,12 @@ const (
 	// allocation's deletion, so that a restarted agent knows what the one
 	// before it released (recentReleases).
 	releasedBucket = "ipam-released"
+	// returnedBucket holds the grown blocks this agent gave back, until a
+	// record of the masters no longer lists them: "<prefix>" -> the
+	// block's lease version (8 bytes). Until then the record a restart
+	// loads may still list one, and it is not taken back from there
+	// (learnMasterBlocks): the masters free it as the return lands.
+	returnedBucket = "ipam-returned"
 	keyClusterID   = "cluster_id"
 )
 
@@ -102,6 +109,14 @@ func deleteReleased(key string) write {
 	return write{bucket: releasedBucket, key: key}
 }
 
+func putReturned(p netip.Prefix, version uint64) write {
+	return write{bucket: returnedBucket, key: p.String(), value: binary.BigEndian.AppendUint64(nil, version)}
+}
+
+func deleteReturned(p netip.Prefix) write {
+	return write{bucket: returnedBucket, key: p.String()}
+}
+
 func putGranted(from, id string, p netip.Prefix) write {
 	return write{bucket: grantedBucket, key: from + "\x00" + id, value: []byte(p.String())}
 }
@@ -136,6 +151,7 @@ type loaded struct {
 	allocations map[string]map[ring.Attachment]allocRecord // by overlay
 	blocks      map[string][]*heldBlock                    // by overlay
 	granted     map[[2]string]netip.Prefix                 // (from, request id) -> block
+	returned    map[netip.Prefix]uint64                    // returnedBucket: grown blocks given back, lease versions
 	clusterID   string
 	released    map[string]time.Time // allocKey -> release, releasedBucket
 }
@@ -145,9 +161,9 @@ type loaded struct {
 // is seeded.
 func load(db *bolt.DB) (loaded, error) {
 	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, granted: map[[2]string]netip.Prefix{},
-		released: map[string]time.Time{}}
+		returned: map[netip.Prefix]uint64{}, released: map[string]time.Time{}}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket, grantedBucket, releasedBucket} {
+		for _, b := range []string{allocBucket, ringBucket, metaBucket, blocksBucket, outboxBucket, grantedBucket, releasedBucket, returnedBucket} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
@@ -172,6 +188,35 @@ func load(db *bolt.DB) (loaded, error) {
 		}
 		var err error
 		if out.blocks, err = loadBlocks(tx); err != nil {
+			return err
+		}
+		if err := tx.Bucket([]byte(returnedBucket)).ForEach(func(k, v []byte) error {
+			p, err := netip.ParsePrefix(string(k))
+			if err != nil || len(v) != 8 {
+				return fmt.Errorf("corrupt return record %q", k)
+			}
+			out.returned[p] = max(out.returned[p], binary.BigEndian.Uint64(v))
+			return nil
+		}); err != nil {
+			return err
+		}
+		// The returns an agent of a release before returnedBucket left in
+		// its outbox: the masters have not taken them yet.
+		if err := tx.Bucket([]byte(outboxBucket)).ForEach(func(k, v []byte) error {
+			var e outboxEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("corrupt outbox entry %q: %w", k, err)
+			}
+			if e.Kind != outboxReturn || !e.Prefix.IsValid() {
+				return nil
+			}
+			version := e.Version
+			if version == 0 {
+				version = math.MaxUint64 // written before versions were: any lease of it
+			}
+			out.returned[e.Prefix] = max(out.returned[e.Prefix], version)
+			return nil
+		}); err != nil {
 			return err
 		}
 		if err := tx.Bucket([]byte(grantedBucket)).ForEach(func(k, v []byte) error {
