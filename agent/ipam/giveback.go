@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -196,10 +197,15 @@ func (s *Service) giveBack(hb *heldBlock) {
 			s.log.Warn("an idle block could not be released in the ring", "overlay", hb.Overlay, "block", hb.Prefix, "err", err)
 			return
 		}
-		s.grow.returned[hb.Prefix] = hb.Version
+		// The version the masters' record lists the block at now, when it
+		// is newer than the one held (a record re-versions its blocks, a
+		// held block keeps the version it was taken at): a record that
+		// lists it at no newer version is stale.
+		version := max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix))
+		s.grow.returned[hb.Prefix] = version
 		enc := a.EncodeRing()
-		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), putReturned(hb.Prefix, hb.Version),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: hb.Version}))
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), putReturned(hb.Prefix, version),
+			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -238,4 +244,15 @@ func (s *Service) forgetReturned(o *overlay, v View) []write {
 		writes = append(writes, deleteReturned(p))
 	}
 	return writes
+}
+
+// recordedVersion is the version at which the masters' record lists the
+// block p of overlay (0 when it does not).
+func recordedVersion(blocks []MasterBlock, overlay string, p netip.Prefix) uint64 {
+	for _, mb := range blocks {
+		if mb.Overlay == overlay && mb.Prefix == p {
+			return mb.Version
+		}
+	}
+	return 0
 }

@@ -224,6 +224,47 @@ func TestGrowthFromMasters(t *testing.T) {
 	}
 }
 
+// TestReturnedAtTheRecordsVersion: a grown block held at the version it
+// was leased at, which a later record lists at a newer one (the masters
+// re-version an agent's blocks when it registers again after a delete),
+// is given back. A record that still lists it at that version, until the
+// masters take the return, must not give it back to the agent: the
+// version remembered is the record's (seed 158195 of
+// TestGrowthInvariantAcrossAgents handed out addresses there).
+func TestReturnedAtTheRecordsVersion(t *testing.T) {
+	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
+	src := &leasingStandIn{next: netip.MustParsePrefix("10.128.0.192/27")}
+	nd := c.startSource("a", t.TempDir(), src)
+	for i := range 31 {
+		nd.alloc(t, fmt.Sprint("c", i))
+	}
+	grown := netip.MustParsePrefix("10.128.0.192/27")
+	v := growthView("a")
+	v.Self.Version = 150
+	v.Blocks = []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: grown, Version: 150}}
+	nd.svc.Sync(v)
+	for i := range 31 {
+		if _, err := nd.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nd.svc.mu.Lock()
+	o := nd.svc.overlays["carve"]
+	hb := o.held(0, grown)
+	nd.svc.mu.Unlock()
+	if hb == nil || hb.Version != 100 {
+		t.Fatalf("the grown block held: %+v, want it at the version it was leased at (100)", hb)
+	}
+	nd.svc.giveBack(hb)
+	nd.svc.mu.Lock()
+	writes := o.learnMasterBlocks("a", v.Blocks, nd.svc.grow.returned)
+	held := o.held(0, grown)
+	nd.svc.mu.Unlock()
+	if held != nil || len(writes) != 0 {
+		t.Fatalf("a record listing the block given back at version 150 gave it back to the agent (%d writes)", len(writes))
+	}
+}
+
 // leasingStandIn is a TEST DOUBLE standing in for the masters that lease
 // one block (the masters' grow route is another change's).
 type leasingStandIn struct {
