@@ -173,8 +173,10 @@ func (h *growthHistory) start(a *propAgent) {
 		switch {
 		case st != nil && st.Ready:
 			a.unserved = false
-		case st != nil && (strings.Contains(st.Error, "no longer leased") || strings.Contains(st.Error, "has no such overlay")) && h.m != nil:
-			a.unserved = true // the overlay has no whole slice free for it
+		case st != nil && (strings.Contains(st.Error, "no longer leased") || strings.Contains(st.Error, "has no such overlay")) && (h.m != nil || a.unserved):
+			// The overlay has no whole slice free for it; or it had
+			// none before it restarted during an outage.
+			a.unserved = true
 		default:
 			return fmt.Errorf("IPAM status %+v; %s", st, h.describeMaster())
 		}
@@ -413,7 +415,7 @@ func (h *growthHistory) waitIdleReturn() {
 					// Only the masters' blocks: see the branch report
 					// for an adopted grant that never went back.
 					if b.Origin == api.BlockGrown && b.Used == 0 {
-						return fmt.Errorf("agent %s still holds idle %s block %s on %s", a.ra.id, b.Origin, b.Prefix, bridge)
+						return fmt.Errorf("agent %s still holds idle %s block %s on %s (free %d)\n%s", a.ra.id, b.Origin, b.Prefix, bridge, b.Free, h.describeRings())
 					}
 				}
 			}
@@ -478,7 +480,7 @@ func (h *growthHistory) check(when string) {
 			}
 			holder[addr] = id + "/" + c
 			if owner, _ := r.Owner(addr); owner != id {
-				t.Fatalf("%s: agent %s holds %s (container %s), which its own ring gives to %q\n%s", when, id, addr, c, owner, h.describe())
+				t.Fatalf("%s: agent %s holds %s (container %s), which its own ring gives to %q\n%s\n%s", when, id, addr, c, owner, h.describe(), h.describeRings())
 			}
 		}
 	}
@@ -566,6 +568,26 @@ func (h *growthHistory) describeMaster() string {
 		for _, q := range st.Quarantine {
 			fmt.Fprintf(&b, "master: quarantine %s of %s\n", q.Prefix, q.From)
 		}
+	}
+	return b.String()
+}
+
+// describeRings is every agent's IPv4 ring (its view, leases and lease-set
+// versions, tombstones), for a failure.
+func (h *growthHistory) describeRings() string {
+	var b strings.Builder
+	for _, a := range h.agents {
+		enc, ok := a.ra.IPAM().Rings()["carve/4"]
+		if !ok {
+			fmt.Fprintf(&b, "agent %s: no ring\n", a.ra.id)
+			continue
+		}
+		r, err := ring.Decode(enc)
+		if err != nil {
+			fmt.Fprintf(&b, "agent %s: ring: %v\n", a.ra.id, err)
+			continue
+		}
+		fmt.Fprintf(&b, "agent %s: %s\n  leases %v\n  tombstones %v\n", a.ra.id, r, r.Leases(), r.Tombstones())
 	}
 	return b.String()
 }

@@ -33,6 +33,9 @@ type masterProxy struct {
 	// down answers every request 503 no_leader, as a master without a
 	// quorum does.
 	down bool
+	// unavailable, when set, answers the requests it matches 503
+	// no_leader (a master that cannot commit them now), the others pass.
+	unavailable func(r *http.Request) bool
 	// readsRefused, when set, answers the state and changes reads with
 	// it (a master that refuses the agent's certificate from now on);
 	// registrations still pass.
@@ -63,7 +66,7 @@ func newMasterProxy(t *testing.T, m *master.Master) *masterProxy {
 	}}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p.mu.Lock()
-		down := p.down
+		down := p.down || (p.unavailable != nil && p.unavailable(r))
 		p.mu.Unlock()
 		if down {
 			httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, "masterProxy: down")
@@ -259,4 +262,12 @@ func masterClient(t *testing.T, m *master.Master) *api.Client {
 		t.Fatal(err)
 	}
 	return cl
+}
+
+// setUnavailable answers the requests f matches 503 no_leader from now on
+// (nil: none).
+func (p *masterProxy) setUnavailable(f func(r *http.Request) bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unavailable = f
 }

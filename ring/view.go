@@ -156,12 +156,16 @@ func attributed(raw []rawToken, leases []leaseEntry) []rawToken {
 
 // lesseeAt returns the lessee of offset x in leases (effective: sorted and
 // disjoint), "" when none.
-func lesseeAt(leases []leaseEntry, x Uint128) string {
+func lesseeAt(leases []leaseEntry, x Uint128) string { return leaseAt(leases, x).owner }
+
+// leaseAt returns the lease of offset x in leases (effective: sorted and
+// disjoint), the zero entry when none.
+func leaseAt(leases []leaseEntry, x Uint128) leaseEntry {
 	i := sort.Search(len(leases), func(i int) bool { return x.Less(leases[i].end) })
 	if i < len(leases) && !x.Less(leases[i].start) {
-		return leases[i].owner
+		return leases[i]
 	}
-	return ""
+	return leaseEntry{}
 }
 
 // computeView derives the ring queries see from the replicated state: the

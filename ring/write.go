@@ -82,13 +82,21 @@ func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 	if t.owner != self || e.Less(b) {
 		return state{}, fmt.Errorf("%w: %v is not inside one range of %s", ErrNotOwner, p, self)
 	}
-	if l := lesseeAt(r.st.eff, s); l != self {
+	l := leaseAt(r.st.eff, s)
+	if l.owner != self {
 		// A token of anyone but the lessee changes nothing (attributed):
 		// a grant not recorded by the masters yet stays as its donor
 		// wrote it.
-		return state{}, fmt.Errorf("%w: %v is %s's lease, not %s's (a grant the masters have not recorded yet)", ErrNotLessee, p, cmp.Or(l, "nobody"), self)
+		return state{}, fmt.Errorf("%w: %v is %s's lease, not %s's (a grant the masters have not recorded yet)", ErrNotLessee, p, cmp.Or(l.owner, "nobody"), self)
 	}
-	w, err := bump(t.version, 1)
+	// Above the lease's index too, not only above the range's token: the
+	// view gives a range of nobody to its lessee when the lease is newer,
+	// and a lease set of a later record re-versions every lease of the
+	// agent (a grow of another block), while the range's token may still
+	// carry the epoch of the lease it was written under. A release below
+	// the lease's index would be void: the range its own again, handed
+	// out after a restart while the masters free it.
+	w, err := bump(max(t.version, l.index<<epochShift), 1)
 	if err != nil {
 		return state{}, err
 	}

@@ -130,3 +130,43 @@ func TestReportFree(t *testing.T) {
 	}
 	checkValid(t, r)
 }
+
+// TestReleaseAfterANewerLeaseSet: a block grown at index 8, whose token
+// its owner rewrote there (a free count), then a record of index 9 (the
+// next grow) that re-versions every lease of the agent. Releasing the
+// block must leave it to nobody: a release below the lease's index is
+// outbid by the lease, and the agent would own (and, after a restart,
+// hand out) a block the masters free. Likewise a grant must count.
+func TestReleaseAfterANewerLeaseSet(t *testing.T) {
+	for _, to := range []string{"", "b"} {
+		t.Run("to="+to, func(t *testing.T) {
+			r, err := NewRing(pfx(t, "10.128.0.0/26"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, grown, next := pfx(t, "10.128.0.0/29"), pfx(t, "10.128.0.16/30"), pfx(t, "10.128.0.20/30")
+			if _, err := r.SeedSets([]LeaseSet{{Owner: "a", Version: 8, Prefixes: []netip.Prefix{first, grown}}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if changed, err := r.ReportFree("a", map[netip.Addr]Uint128{grown.Addr(): U128(1)}); err != nil || !changed {
+				t.Fatalf("free count written: %v %v", changed, err)
+			}
+			if _, err := r.SeedSets([]LeaseSet{{Owner: "a", Version: 9, Prefixes: []netip.Prefix{first, grown, next}}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			if to == "" {
+				err = r.Release("a", grown)
+			} else {
+				err = r.Grant("a", to, grown)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for addr := grown.Addr(); grown.Contains(addr); addr = addr.Next() {
+				if owner, _ := r.Owner(addr); owner != to {
+					t.Fatalf("after giving %s to %q, %s is %q's: %s", grown, to, addr, owner, r)
+				}
+			}
+		})
+	}
+}

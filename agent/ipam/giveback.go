@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -188,10 +190,15 @@ func (s *Service) giveBack(hb *heldBlock) {
 			s.log.Warn("an idle block could not be released in the ring", "overlay", hb.Overlay, "block", hb.Prefix, "err", err)
 			return
 		}
-		s.grow.returned[hb.Prefix] = hb.Version
+		// The version the masters' record lists the block at now, when it
+		// is newer than the one held (a record re-versions its blocks, a
+		// held block keeps the version it was taken at): a record that
+		// lists it at no newer version is stale.
+		version := max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix))
+		s.grow.returned[hb.Prefix] = version
 		enc := a.EncodeRing()
-		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), ipamstore.PutReturned(hb.Prefix, version),
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -206,4 +213,39 @@ func (s *Service) giveBack(hb *heldBlock) {
 	s.gossip.Announce()
 	s.reports.Kick()
 	s.changed()
+}
+
+// forgetReturned drops the returns of o's blocks that a record of the
+// masters newer than the returned lease no longer lists: the masters took
+// them (a later lease of the same block has a higher version, and is this
+// agent's again). Until then a record that lists one is stale, after a
+// restart too (ipamstore.ReturnedBucket). The caller has quiesced.
+func (s *Service) forgetReturned(o *overlay, v View) []write {
+	if v.Self == nil {
+		return nil
+	}
+	var writes []write
+	for p, version := range s.grow.returned {
+		u := o.universe[familyOf(p.Addr())]
+		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.name, p) {
+			continue
+		}
+		if version != math.MaxUint64 && v.Self.Version <= version {
+			continue // a record older than the lease given back
+		}
+		delete(s.grow.returned, p)
+		writes = append(writes, ipamstore.DeleteReturned(p))
+	}
+	return writes
+}
+
+// recordedVersion is the version at which the masters' record lists the
+// block p of overlay (0 when it does not).
+func recordedVersion(blocks []MasterBlock, overlay string, p netip.Prefix) uint64 {
+	for _, mb := range blocks {
+		if mb.Overlay == overlay && mb.Prefix == p {
+			return mb.Version
+		}
+	}
+	return 0
 }

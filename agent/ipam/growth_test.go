@@ -193,6 +193,17 @@ func TestGrowthIdleReturn(t *testing.T) {
 	if got := counterValue(t, a.reg, "carve_agent_ipam_blocks_returned_total"); got < 1 {
 		t.Errorf("blocks returned %v", got)
 	}
+	// Until the masters take the return, a's record still lists the
+	// grant: a sync with it must not take the block back, only for the
+	// ring to drop it again (a warning and two writes at every sync for
+	// as long as the masters are away).
+	stale := []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: reports[0].Prefix, Version: 1, Donor: reports[0].Donor}}
+	a.svc.mu.Lock()
+	writes := a.svc.overlays["carve"].learnMasterBlocks("a", stale, a.svc.grow.returned)
+	a.svc.mu.Unlock()
+	if len(writes) != 0 {
+		t.Errorf("a stale record took the grant given back to %s back: %d writes", reports[0].Donor, len(writes))
+	}
 }
 
 // TestGrowthFromMasters: a block the masters lease (the stand-in's Grow
@@ -210,6 +221,47 @@ func TestGrowthFromMasters(t *testing.T) {
 	}
 	if gws := nd.svc.BridgeGateways("carve", api.BridgeMesos); fmt.Sprint(gws) != "[10.128.0.193/27]" {
 		t.Errorf("gateways %v", gws)
+	}
+}
+
+// TestReturnedAtTheRecordsVersion: a grown block held at the version it
+// was leased at, which a later record lists at a newer one (the masters
+// re-version an agent's blocks when it registers again after a delete),
+// is given back. A record that still lists it at that version, until the
+// masters take the return, must not give it back to the agent: the
+// version remembered is the record's (seed 158195 of
+// TestGrowthInvariantAcrossAgents handed out addresses there).
+func TestReturnedAtTheRecordsVersion(t *testing.T) {
+	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
+	src := &leasingStandIn{next: netip.MustParsePrefix("10.128.0.192/27")}
+	nd := c.startSource("a", t.TempDir(), src)
+	for i := range 31 {
+		nd.alloc(t, fmt.Sprint("c", i))
+	}
+	grown := netip.MustParsePrefix("10.128.0.192/27")
+	v := growthView("a")
+	v.Self.Version = 150
+	v.Blocks = []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: grown, Version: 150}}
+	nd.svc.Sync(v)
+	for i := range 31 {
+		if _, err := nd.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nd.svc.mu.Lock()
+	o := nd.svc.overlays["carve"]
+	hb := o.held(0, grown)
+	nd.svc.mu.Unlock()
+	if hb == nil || hb.Version != 100 {
+		t.Fatalf("the grown block held: %+v, want it at the version it was leased at (100)", hb)
+	}
+	nd.svc.giveBack(hb)
+	nd.svc.mu.Lock()
+	writes := o.learnMasterBlocks("a", v.Blocks, nd.svc.grow.returned)
+	held := o.held(0, grown)
+	nd.svc.mu.Unlock()
+	if held != nil || len(writes) != 0 {
+		t.Fatalf("a record listing the block given back at version 150 gave it back to the agent (%d writes)", len(writes))
 	}
 }
 

@@ -105,7 +105,8 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		p[1], _ = netip.ParsePrefix(br.IP6)
 		o.bridges[kind] = p
 	}
-	b.add(change{writes: o.learnMasterBlocks(v.Blocks, s.grow.returned)})
+	b.add(change{writes: o.learnMasterBlocks(s.id, v.Blocks, s.grow.returned)})
+	b.add(change{writes: s.forgetReturned(o, v)})
 	errs := parseErrs
 	sy := s.overlaySync(name)
 	o.unreserveGateways()
@@ -315,8 +316,13 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 
 // learnMasterBlocks adds the grown blocks the masters' record lists that
 // this agent does not hold (after a lost data dir), and returns their
-// writes. The caller has quiesced.
-func (o *overlay) learnMasterBlocks(blocks []MasterBlock, returned map[netip.Prefix]uint64) (writes []write) {
+// writes. Not one it gave back (returned, or a grant its ring gives to
+// another agent already): until the masters take the return their record
+// still lists it, and taking it from there would hand out addresses the
+// masters free (a grow block after a restart), or drop it again at once
+// (a grant, at every sync while the masters are away). The caller has
+// quiesced.
+func (o *overlay) learnMasterBlocks(self string, blocks []MasterBlock, returned map[netip.Prefix]uint64) (writes []write) {
 	for _, mb := range blocks {
 		if mb.Overlay != o.name || !mb.Prefix.IsValid() {
 			continue
@@ -327,6 +333,11 @@ func (o *overlay) learnMasterBlocks(blocks []MasterBlock, returned map[netip.Pre
 		}
 		if _, ok := o.bridges[mb.Bridge]; !ok || !o.universe[fam].IsValid() {
 			continue
+		}
+		if a := o.alloc[fam]; a != nil {
+			if owner, _ := a.Ring().Owner(gatewayOf(mb.Prefix)); owner != "" && owner != self {
+				continue // given to another agent in the ring (given back)
+			}
 		}
 		if _, inside := overlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
 			// A block this agent granted and got back, which the masters

@@ -151,6 +151,7 @@ func New(cfg Config) (*Service, error) {
 		}
 	}
 	s.grow.granted = st.granted
+	s.grow.returned = st.returned
 	n := 0
 	for _, m := range s.persist {
 		n += len(m)

@@ -68,6 +68,7 @@ type loaded struct {
 	allocations map[string]map[ring.Attachment]allocRecord // by overlay
 	blocks      map[string][]*heldBlock                    // by overlay
 	granted     map[[2]string]netip.Prefix                 // (from, request id) -> block
+	returned    map[netip.Prefix]uint64                    // grown blocks given back, lease versions
 	clusterID   string
 	released    map[string]time.Time // allocKey -> release
 }
@@ -90,7 +91,7 @@ func load(db *bolt.DB) (loaded, error) {
 		return loaded{}, err
 	}
 	out := loaded{allocations: map[string]map[ring.Attachment]allocRecord{}, blocks: blocks,
-		granted: st.Granted, clusterID: st.ClusterID, released: st.Released}
+		granted: st.Granted, returned: st.Returned, clusterID: st.ClusterID, released: st.Released}
 	for network, m := range st.Allocations {
 		out.allocations[network] = make(map[ring.Attachment]allocRecord, len(m))
 		for at, rec := range m {

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"time"
@@ -43,6 +44,12 @@ const (
 	// BlocksBucket holds the blocks a bridge holds beyond its first
 	// sub-subnet: "<overlay>/<family>/<prefix>" -> Block.
 	BlocksBucket = "ipam-blocks"
+	// ReturnedBucket holds the grown blocks this agent gave back, until a
+	// record of the masters no longer lists them: "<prefix>" -> the
+	// block's lease version (8 bytes). Until then the record a restart
+	// loads may still list one, and it is not taken back from there: the
+	// masters free it as the return lands.
+	ReturnedBucket = "ipam-returned"
 	// OutboxBucket holds what the masters must learn and may not be
 	// reachable for (request id -> OutboxEntry): written in the same
 	// group commit as the change it reports, emptied as the masters
@@ -79,6 +86,10 @@ type OutboxEntry struct {
 	// api.GrantSigningBytes), which the masters require of a recipient.
 	Expires        int64  `json:"expires,omitempty"`
 	DonorSignature string `json:"donor_signature,omitempty"`
+	// Version is a returned grown block's lease version: until the masters
+	// take the return, their record still lists the block, and a restart
+	// must not take it back from that record.
+	Version uint64 `json:"version,omitempty"`
 }
 
 // AllocKey is an attachment's key in AllocBucket (and the IPAM's key of
@@ -144,6 +155,16 @@ func DeleteReleased(key string) Write {
 	return Write{Bucket: ReleasedBucket, Key: key}
 }
 
+// PutReturned remembers a grown block given back, at its lease version.
+func PutReturned(p netip.Prefix, version uint64) Write {
+	return Write{Bucket: ReturnedBucket, Key: p.String(), Value: binary.BigEndian.AppendUint64(nil, version)}
+}
+
+// DeleteReturned forgets a grown block given back.
+func DeleteReturned(p netip.Prefix) Write {
+	return Write{Bucket: ReturnedBucket, Key: p.String()}
+}
+
 // PutGranted remembers the block granted on a peer's space request.
 func PutGranted(from, id string, p netip.Prefix) Write {
 	return Write{Bucket: GrantedBucket, Key: from + "\x00" + id, Value: []byte(p.String())}
@@ -202,20 +223,22 @@ func Apply(tx *bolt.Tx, writes []Write) error {
 type Loaded struct {
 	Allocations map[string]map[ring.Attachment]Alloc // by overlay
 	Granted     map[[2]string]netip.Prefix           // (from, request id) -> block
+	Returned    map[netip.Prefix]uint64              // ReturnedBucket: grown blocks given back, lease versions
 	ClusterID   string
 	Released    map[string]time.Time // AllocKey -> release, ReleasedBucket
 }
 
 // Load creates the IPAM's buckets and reads the allocations, the granted
-// requests, the releases of the last releaseMemory (older ones are
+// requests, the grown blocks given back (ReturnedBucket, and the returns
+// in the outbox), the releases of the last releaseMemory (older ones are
 // deleted) and the cluster id of the rings, and hands every held block's
 // record to block, whose error fails the load (and its transaction). The
 // rings themselves are read when their overlay is seeded (RingStore).
 func Load(db *bolt.DB, releaseMemory time.Duration, block func(key, record []byte) error) (Loaded, error) {
 	out := Loaded{Allocations: map[string]map[ring.Attachment]Alloc{}, Granted: map[[2]string]netip.Prefix{},
-		Released: map[string]time.Time{}}
+		Returned: map[netip.Prefix]uint64{}, Released: map[string]time.Time{}}
 	err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range []string{AllocBucket, RingBucket, MetaBucket, BlocksBucket, OutboxBucket, GrantedBucket, ReleasedBucket} {
+		for _, b := range []string{AllocBucket, RingBucket, MetaBucket, BlocksBucket, OutboxBucket, GrantedBucket, ReleasedBucket, ReturnedBucket} {
 			if _, err := tx.CreateBucketIfNotExists([]byte(b)); err != nil {
 				return err
 			}
@@ -239,6 +262,35 @@ func Load(db *bolt.DB, releaseMemory time.Duration, block func(key, record []byt
 			}
 		}
 		if err := tx.Bucket([]byte(BlocksBucket)).ForEach(block); err != nil {
+			return err
+		}
+		if err := tx.Bucket([]byte(ReturnedBucket)).ForEach(func(k, v []byte) error {
+			p, err := netip.ParsePrefix(string(k))
+			if err != nil || len(v) != 8 {
+				return fmt.Errorf("corrupt return record %q", k)
+			}
+			out.Returned[p] = max(out.Returned[p], binary.BigEndian.Uint64(v))
+			return nil
+		}); err != nil {
+			return err
+		}
+		// The returns an agent of a release before ReturnedBucket left in
+		// its outbox: the masters have not taken them yet.
+		if err := tx.Bucket([]byte(OutboxBucket)).ForEach(func(k, v []byte) error {
+			var e OutboxEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("corrupt outbox entry %q: %w", k, err)
+			}
+			if e.Kind != OutboxReturn || !e.Prefix.IsValid() {
+				return nil
+			}
+			version := e.Version
+			if version == 0 {
+				version = math.MaxUint64 // written before versions were: any lease of it
+			}
+			out.Returned[e.Prefix] = max(out.Returned[e.Prefix], version)
+			return nil
+		}); err != nil {
 			return err
 		}
 		if err := tx.Bucket([]byte(GrantedBucket)).ForEach(func(k, v []byte) error {

@@ -1,6 +1,8 @@
 package ipamstore
 
 import (
+	"maps"
+	"math"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -95,5 +97,26 @@ func TestLoadRefusesCorruptRecords(t *testing.T) {
 				t.Fatal("a corrupt record loaded")
 			}
 		})
+	}
+}
+
+// TestLoadReturned: the grown blocks given back load at their highest
+// version, with the returns still in the outbox; one written before
+// versions were counts for any lease of its block.
+func TestLoadReturned(t *testing.T) {
+	db := openDB(t)
+	if _, err := Load(db, time.Minute, noBlocks); err != nil {
+		t.Fatal(err)
+	}
+	p, q, r := netip.MustParsePrefix("10.128.1.0/28"), netip.MustParsePrefix("10.128.2.0/28"), netip.MustParsePrefix("10.128.3.0/28")
+	apply(t, db, PutReturned(p, 7), PutOutbox(OutboxEntry{Kind: OutboxReturn, Prefix: p, RequestID: "r1", Version: 9}),
+		PutOutbox(OutboxEntry{Kind: OutboxReturn, Prefix: q, RequestID: "r2"}),
+		PutOutbox(OutboxEntry{Kind: OutboxGrant, Prefix: r, RequestID: "r3", Version: 3}))
+	st, err := Load(db, time.Minute, noBlocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[netip.Prefix]uint64{p: 9, q: math.MaxUint64}; !maps.Equal(st.Returned, want) {
+		t.Errorf("returned %v, want %v", st.Returned, want)
 	}
 }
