@@ -1,10 +1,10 @@
 // Package ipamstore is the IPAM's part of the agent's bbolt store: its
 // buckets, their keys and record formats (allocations, held blocks, rings,
-// granted requests, recent releases, the outbox of reports due to the
-// masters), the writes a group commit applies in one transaction, and what
-// the IPAM reads back when it starts. It decides nothing: the IPAM (package
-// ipam) chooses what to write and when; this package only says how it lies
-// on disk.
+// granted requests, grown blocks given back, recent releases, the outbox
+// of reports due to the masters), the writes a group commit applies in one
+// transaction, and what the IPAM reads back when it starts. It decides
+// nothing: the IPAM (package ipam) chooses what to write and when; this
+// package only says how it lies on disk.
 //
 // Its exported surface is this file.
 package ipamstore
