@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // The change log and tombstone compaction.
@@ -23,7 +25,7 @@ import (
 // compaction horizon, are gone (410): the client reads the whole state.
 //
 // Tombstones are compacted by a command the leader proposes now and then
-// with its clock (compactCmd): the table keeps clock marks (Raft index,
+// with its clock (logcmd.Compact): the table keeps clock marks (Raft index,
 // leader time) from those commands, and drops the tombstones at or below
 // the newest mark older than the command's max age. The highest index
 // compacted is the horizon, published in the state.
@@ -152,13 +154,6 @@ func (t *LeaseTable) OldestChanges() uint64 {
 	return max(t.changes.start, t.horizon)
 }
 
-// compactCmd compacts tombstones: Now is the leader's clock, MaxAge the age
-// (both in milliseconds) beyond which a tombstone is dropped.
-type compactCmd struct {
-	Now    int64 `json:"now"`
-	MaxAge int64 `json:"max_age"`
-}
-
 // clockMark ties a Raft index to the leader's clock when it was applied.
 type clockMark struct {
 	Index uint64 `json:"index"`
@@ -168,7 +163,7 @@ type clockMark struct {
 // applyCompact records a clock mark and drops the tombstones at or below
 // the newest mark older than MaxAge. Deterministic: the time comes from the
 // command.
-func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
+func (t *LeaseTable) applyCompact(index uint64, c *logcmd.Compact) {
 	t.marks = append(t.marks, clockMark{Index: index, Time: c.Now})
 	t.pruneRevoked(index, c.Now/1000)
 	// A used grant statement is forgotten once it expired: it no longer

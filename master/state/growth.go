@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/prefixspace"
 )
 
@@ -238,7 +239,7 @@ func coalesce(bs []leaseBlock) []leaseBlock {
 }
 
 // applyGrow leases one more block, first fit, of the overlay's grow size.
-func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyGrow(index uint64, c *logcmd.Grow) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -287,7 +288,7 @@ func (t *LeaseTable) store(index uint64, rec *agentRecord) {
 // to the free space; a granted one to its donor when the donor still holds
 // pieces of the block it was cut from, else to the free space. A first
 // lease block cannot be returned.
-func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyReturn(index uint64, c *logcmd.Return) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -365,7 +366,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 // blocks, or its quarantined space when it was deleted since) or inside
 // the recipient's; nothing of it may be another agent's. A grant already
 // recorded changes nothing.
-func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyGrant(index uint64, c *logcmd.Grant) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -479,7 +480,7 @@ func cutOut(b leaseBlock, p netip.Prefix) []leaseBlock {
 // acknowledgement covers: those of agents deleted at or before the lowest
 // acknowledged index. An agent without a valid acknowledgement (none, or
 // one of an earlier record of its id) holds everything back.
-func (t *LeaseTable) applyRelease(index uint64, c *releaseCmd) int {
+func (t *LeaseTable) applyRelease(index uint64, c *logcmd.Release) int {
 	floor := ^uint64(0)
 	for id, rec := range t.agents {
 		a, ok := c.Acks[id]

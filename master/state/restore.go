@@ -9,9 +9,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // Restoring the table from a snapshot (carve snapshot save / restore) as
@@ -19,19 +19,9 @@ import (
 // master is left behind with the old table, and the restore is an event
 // (api.Restore) that agents recognise.
 
-// opRestore replaces the table with a snapshot.
-const opRestore = "restore"
-
 // ErrBadSnapshot marks a snapshot that cannot be restored (undecodable,
 // of an unknown format, of another cluster, without a configuration).
 var ErrBadSnapshot = errors.New("bad snapshot")
-
-// restoreCmd is a restore: the snapshot as GET /cluster/snapshot wrote it,
-// and the epoch the leader chose (restoreEpoch).
-type restoreCmd struct {
-	Epoch    uint64          `json:"epoch"`
-	Snapshot json.RawMessage `json:"snapshot"`
-}
 
 // WriteSnapshot writes the table as a snapshot file (what a Raft snapshot
 // holds): carve snapshot save. The caller makes it consistent (a read
@@ -69,18 +59,12 @@ func CheckSnapshot(data []byte) (SnapshotInfo, error) {
 	return SnapshotInfo{ClusterID: d.ClusterID, StateIndex: d.StateIndex, Agents: len(d.Agents)}, nil
 }
 
-// RestoreCommand restores the snapshot data (CheckSnapshot it first) at
-// the epoch now gives, when that is above the table's last one.
-func RestoreCommand(data []byte, now time.Time) Command {
-	return Command{command{Op: opRestore, Restore: &restoreCmd{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data}}}
-}
-
 // applyRestore replaces the table with the snapshot, keeps the servers of
 // this cluster, and records the restore. Every record is versioned at
 // index (newer than anything an agent heard before, so the restored table
 // wins over gossip of the old one), and every agent the table knew that
 // the snapshot lacks gets a tombstone at index. The caller holds t.mu.
-func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
+func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	var d snapshotData
 	if err := json.Unmarshal(c.Snapshot, &d); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)

@@ -3,49 +3,13 @@ package state
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
-
-// opRevoke puts a certificate on the deny list (revokeCmd).
-const opRevoke = "revoke"
-
-// revokeCmd revokes the certificate of Serial (api.CanonicalSerial); with
-// an agent Identity, that agent's record is deleted in the same entry.
-type revokeCmd struct {
-	Serial   string `json:"serial"`
-	Identity string `json:"identity,omitempty"`
-	NotAfter int64  `json:"not_after,omitempty"`
-}
-
-// RevokeCommand puts a certificate on the deny list, after checking the
-// request: a hex serial, an identity of the form role/name when given.
-func RevokeCommand(req api.RevokeRequest) (Command, error) {
-	serial, err := api.CanonicalSerial(req.Serial)
-	if err != nil {
-		return Command{}, err
-	}
-	if req.Identity != "" {
-		role, name, ok := strings.Cut(req.Identity, "/")
-		if !ok || (role != "master" && role != "agent" && role != "operator") {
-			return Command{}, fmt.Errorf("identity %q: want role/name with role master, agent or operator", req.Identity)
-		}
-		if err := api.ValidateAgentID(name); err != nil {
-			return Command{}, fmt.Errorf("identity %q: %w", req.Identity, err)
-		}
-	}
-	if req.NotAfter < 0 {
-		return Command{}, fmt.Errorf("not_after %d: want Unix seconds", req.NotAfter)
-	}
-	if err := validateRequestID(req.RequestID); err != nil {
-		return Command{}, err
-	}
-	return Command{command{Op: opRevoke, RequestID: req.RequestID, Revoke: &revokeCmd{Serial: serial, Identity: req.Identity, NotAfter: req.NotAfter}}}, nil
-}
 
 // revokedAgent is the agent id a revocation names, or "".
 func revokedAgent(identity string) string {
@@ -58,7 +22,7 @@ func revokedAgent(identity string) string {
 // applyRevoke adds the certificate to the deny list (once: a repeat
 // changes nothing) and deletes the agent it names, so that the agent's
 // routes go and, its certificate refused, it cannot register again.
-func (t *LeaseTable) applyRevoke(index uint64, c *revokeCmd) ([]string, error) {
+func (t *LeaseTable) applyRevoke(index uint64, c *logcmd.Revoke) ([]string, error) {
 	if _, ok := t.revoked[c.Serial]; ok {
 		return nil, nil
 	}
@@ -67,7 +31,7 @@ func (t *LeaseTable) applyRevoke(index uint64, c *revokeCmd) ([]string, error) {
 	t.signalRevoked()
 	t.stateIndex = index
 	if id := revokedAgent(c.Identity); id != "" {
-		return t.applyDelete(index, &deleteCmd{Agents: []string{id}})
+		return t.applyDelete(index, &logcmd.Delete{Agents: []string{id}})
 	}
 	return nil, nil
 }

@@ -1,14 +1,15 @@
 // Package state is the masters' replicated lease table and the rules that
 // change it: the Raft state machine (LeaseTable) that applies the commands
-// of the log (Command), who may hold which block (the allocators over
-// prefixspace, leases, growth, grants, returns, quarantine, quotas), the
-// validation of requests into commands, snapshots, the change log, and
-// the cached, signed encoding of the state as the API shows it. It has no
+// of the log (master/logcmd), who may hold which block (the allocators over
+// prefixspace, leases, growth, grants, returns, quarantine, quotas),
+// snapshots, the change log, and the cached, signed encoding of the state
+// as the API shows it. It has no
 // HTTP and no network: package master serves it and replicates it with
 // raftlog.
 //
 // What the table consumes but does not decide lives in packages of their
-// own that never import this one: the network configuration
+// own that never import this one: the log's commands, made from validated
+// requests, and their decoding (master/logcmd), the network configuration
 // (master/netconfig), an agent's record and its rendering (master/record),
 // the signer (master/recordsign), what agents tell the leader outside the
 // log (master/usage) and the judgement of their trust reports
@@ -24,6 +25,7 @@ import (
 	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/record"
 	"github.com/carve-net/carve/master/recordsign"
@@ -39,8 +41,9 @@ var (
 	ErrNoConfig = errors.New("the network configuration is not committed yet")
 	// ErrUnknownAgent: no agent by that id or IP.
 	ErrUnknownAgent = errors.New("unknown agent")
-	// ErrBadCommand: a log entry that cannot be decoded (never written by us).
-	ErrBadCommand = errors.New("undecodable command")
+	// ErrBadCommand: a log entry that cannot be decoded (never written by
+	// us), logcmd's.
+	ErrBadCommand = logcmd.ErrBadCommand
 	// ErrRequestIDReused: a request id already named another request (another
 	// command, or the same command with another body).
 	ErrRequestIDReused = errors.New("request_id already used by another request")
@@ -127,6 +130,9 @@ type LeaseTable struct {
 }
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
+
+// ServerMeta is a master's addresses as the log records them.
+type ServerMeta = logcmd.ServerMeta
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
