@@ -142,7 +142,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	// Holdings acknowledgements are of the table before: a quarantine
 	// release waits for new ones.
 	t.usage.ClearAcks()
-	t.changes.start = index
+	t.changes.Restart(index)
 	// The compaction's clock marks are of the old history's indexes.
 	t.horizon, t.marks = min(t.horizon, index), nil
 	if t.net != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/master/logcmd"
 )
 
@@ -66,7 +67,7 @@ func TestRestoreCommand(t *testing.T) {
 	if _, ok := h.table.Server("m1"); !ok {
 		t.Error("the restore dropped the servers")
 	}
-	if _, _, err := h.table.ChangesJSON(before); !errors.Is(err, ErrGone) {
+	if _, _, err := h.table.ChangesJSON(before); !errors.Is(err, changelog.ErrGone) {
 		t.Errorf("changes since %d, before the restore: %v, want gone", before, err)
 	}
 	if !h.table.AheadOfRestore(r+5) || h.table.AheadOfRestore(r) {

@@ -221,7 +221,7 @@ func (t *LeaseTable) Restore(index uint64, r io.Reader) error {
 	t.restore, t.history = d.Restore, d.History
 	// The change log starts here: what changed before the snapshot is not
 	// known one by one (a watcher further behind reads the whole state).
-	t.changes.start = d.StateIndex
+	t.changes.Restart(d.StateIndex)
 	if t.net != nil {
 		t.rebuildSpaces()
 	}

@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/record"
@@ -88,14 +89,14 @@ type LeaseTable struct {
 
 	// changes is the log of what each state index changed (changes.go);
 	// touched and touchedAll collect it while a command applies.
-	changes    changeLog
+	changes    changelog.Log
 	touched    []string
 	touchedAll bool
 	// horizon is the highest index tombstones were compacted up to; marks
 	// tie indexes to the leader's clock for the next compaction.
 	horizon uint64
 	marks   []clockMark
-	// changeLogIDs bounds changes (DefaultChangeLogIDs; tests lower it).
+	// changeLogIDs bounds changes (changelog.DefaultIDs; tests lower it).
 	changeLogIDs int
 
 	// changed is closed and replaced whenever stateIndex moves (watchers).
@@ -136,7 +137,7 @@ type ServerMeta = logcmd.ServerMeta
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: changelog.DefaultIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
 	t.reset()
 	return t
 }
@@ -153,7 +154,7 @@ func (t *LeaseTable) reset() {
 	t.quarantine = map[string][]quarantined{}
 	t.reports = map[string]agentReport{}
 	t.cache = newStateCache()
-	t.changes = changeLog{max: t.changeLogIDs}
+	t.changes = changelog.New(t.changeLogIDs)
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
 	t.revoked = map[string]api.Revocation{}
 	t.usedStatements = map[string]int64{}
