@@ -45,6 +45,7 @@ var stateParts = map[string][]string{
 	module + "/master/netconfig":  {module + "/api"},
 	module + "/master/record":     {module + "/api", module + "/master/netconfig", module + "/prefixspace"},
 	module + "/master/recordsign": {module + "/api"},
+	module + "/master/snapshot":   {module + "/api", module + "/master/logcmd", module + "/master/record"},
 	module + "/master/usage":      {module + "/api", module + "/master/netconfig"},
 }
 

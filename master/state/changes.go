@@ -72,12 +72,6 @@ func (t *LeaseTable) OldestChanges() uint64 {
 	return max(t.changes.Start(), t.horizon)
 }
 
-// clockMark ties a Raft index to the leader's clock when it was applied.
-type clockMark struct {
-	Index uint64 `json:"index"`
-	Time  int64  `json:"time"`
-}
-
 // applyCompact records a clock mark and drops the tombstones at or below
 // the newest mark older than MaxAge. Deterministic: the time comes from the
 // command.

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/snapshot"
 )
 
 // DigestEvery is how often, in Raft indexes, the table records a digest of
@@ -99,7 +100,7 @@ func (t *LeaseTable) stateDigest() string {
 		rec := t.agents[id]
 		sum, ok := t.digests.records[rec]
 		if !ok {
-			b, err := json.Marshal(snapshotAgentOf(rec))
+			b, err := json.Marshal(snapshot.AgentOf(rec))
 			if err != nil {
 				b = []byte("unencodable: " + err.Error())
 			}

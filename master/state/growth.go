@@ -24,22 +24,6 @@ var (
 	ErrInvalidBlock = errors.New("invalid block request")
 )
 
-// quarantined is space of a deleted agent that is not leasable yet.
-type quarantined struct {
-	Prefix netip.Prefix `json:"prefix"`
-	From   string       `json:"from"`  // the deleted agent
-	Since  uint64       `json:"since"` // the deletion's Raft index
-	// Bridge is the bridge the block served (empty in snapshots written
-	// before it was kept: the mesos bridge).
-	Bridge string `json:"bridge,omitempty"`
-	// ClaimKey is the deleted agent's claim key (api.AgentKeys.Claim),
-	// kept with its quarantined space: a grant it made before its
-	// deletion is reported by its recipient under its signature, which
-	// the masters verify with this key (empty in snapshots written before
-	// it was kept).
-	ClaimKey string `json:"claim_key,omitempty"`
-}
-
 // sortBlocks puts blocks in api.SortBlocks order (the signed order).
 func sortBlocks(bs []leaseBlock) {
 	slices.SortFunc(bs, func(x, y leaseBlock) int {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/logcmd"
+	"github.com/carve-net/carve/master/snapshot"
 )
 
 // Restoring the table from a snapshot (carve snapshot save / restore) as
@@ -46,7 +47,7 @@ type SnapshotInfo struct {
 // CheckSnapshot decodes a snapshot file and tells what it holds; the error
 // (ErrBadSnapshot) says why it cannot be restored.
 func CheckSnapshot(data []byte) (SnapshotInfo, error) {
-	var d snapshotData
+	var d snapshot.Data
 	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&d); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("%w: not a carve snapshot (the output of carve snapshot save): %v", ErrBadSnapshot, err)
 	}
@@ -65,7 +66,7 @@ func CheckSnapshot(data []byte) (SnapshotInfo, error) {
 // wins over gossip of the old one), and every agent the table knew that
 // the snapshot lacks gets a tombstone at index. The caller holds t.mu.
 func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
-	var d snapshotData
+	var d snapshot.Data
 	if err := json.Unmarshal(c.Snapshot, &d); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
