@@ -41,6 +41,7 @@ var innerTree = []string{module + "/agent", module + "/master", module + "/raftl
 var stateParts = map[string][]string{
 	module + "/master/agenttrust": {module + "/api", module + "/master/record"},
 	module + "/master/changelog":  nil,
+	module + "/master/denylist":   {module + "/api"},
 	module + "/master/logcmd":     {module + "/api", module + "/master/netconfig", module + "/master/record"},
 	module + "/master/netconfig":  {module + "/api"},
 	module + "/master/record":     {module + "/api", module + "/master/netconfig", module + "/prefixspace"},

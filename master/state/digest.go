@@ -117,7 +117,7 @@ func (t *LeaseTable) stateDigest() string {
 	js(t.reports)
 	num(t.horizon)
 	js(t.marks)
-	h.Write(t.revokedJSON)
+	h.Write(t.denied.Field())
 	// usedStatements are left out: masters of the previous release apply
 	// grant reports without keeping them, so after a rolling upgrade the
 	// replicas may differ there, for the grants reported during it, until

@@ -96,20 +96,15 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	for id := range t.tombstones {
 		gone = append(gone, id)
 	}
-	revoked := t.revoked     // a restore never takes a revocation back
-	used := t.usedStatements // nor lets a used grant statement move space again
+	revoked := t.denied.Sorted() // a restore never takes a revocation back
+	used := t.usedStatements     // nor lets a used grant statement move space again
 	t.reset()
 	t.install(dec)
 	maps.Copy(t.usedStatements, used)
-	for serial, r := range revoked {
-		if _, ok := t.revoked[serial]; !ok {
-			t.revoked[serial] = r
-		}
-	}
-	t.revokedChanged()
+	t.denied.Keep(revoked)
 	// A snapshot from before a revocation holds the revoked agent's
 	// record: it stays deleted (tombstoned below, with the others gone).
-	for _, r := range t.revoked {
+	for _, r := range t.denied.Sorted() {
 		if id := revokedAgent(r.Identity); id != "" && t.agents[id] != nil {
 			if ip := t.agents[id].IP; ip.IsValid() && t.byIP[ip] == id {
 				delete(t.byIP, ip)

@@ -55,7 +55,7 @@ func (t *LeaseTable) Snapshot() (raftlog.Snapshot, error) {
 		replaced:   map[int]*agentRecord{},
 		horizon:    t.horizon,
 		marks:      slices.Clone(t.marks),
-		revoked:    t.revokedList(),
+		revoked:    t.denied.Sorted(),
 		restore:    t.restore,
 		history:    t.history,
 		statements: maps.Clone(t.usedStatements),
@@ -202,12 +202,6 @@ func (t *LeaseTable) install(dec *decodedSnapshot) {
 	if d.Quarantine != nil {
 		t.quarantine = d.Quarantine
 	}
-	for _, r := range d.Revoked {
-		t.revoked[r.Serial] = r
-	}
 	maps.Copy(t.usedStatements, d.UsedStatements)
-	t.revokedChanged()
-	if len(t.revoked) > 0 {
-		t.signalRevoked()
-	}
+	t.denied.Load(d.Revoked)
 }

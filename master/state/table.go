@@ -2,14 +2,16 @@
 // change it: the Raft state machine (LeaseTable) that applies the commands
 // of the log (master/logcmd), who may hold which block (the allocators over
 // prefixspace, leases, growth, grants, returns, quarantine, quotas),
-// snapshots, the change log, and the cached, signed encoding of the state
-// as the API shows it. It has no
-// HTTP and no network: package master serves it and replicates it with
-// raftlog.
+// snapshots and restores, what each index changed and the tombstone
+// compaction, revocations, and the cached, signed encoding of the state as
+// the API shows it. It has no HTTP and no network: package master serves
+// it and replicates it with raftlog.
 //
 // What the table consumes but does not decide lives in packages of their
 // own that never import this one: the log's commands, made from validated
-// requests, and their decoding (master/logcmd), the network configuration
+// requests, and their decoding (master/logcmd), the snapshot format
+// (master/snapshot), the bounded change log (master/changelog), the deny
+// list of certificates (master/denylist), the network configuration
 // (master/netconfig), an agent's record and its rendering (master/record),
 // the signer (master/recordsign), what agents tell the leader outside the
 // log (master/usage) and the judgement of their trust reports
@@ -22,10 +24,10 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/changelog"
+	"github.com/carve-net/carve/master/denylist"
 	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/record"
@@ -102,12 +104,9 @@ type LeaseTable struct {
 	// changed is closed and replaced whenever stateIndex moves (watchers).
 	changed chan struct{}
 	cache   stateCache
-	// revoked is the deny list of certificates, by serial (revocation.go);
-	// revokedSet and revokedJSON are what readers see of it.
-	revoked     map[string]api.Revocation
-	revokedSet  atomic.Pointer[map[string]struct{}]
-	revokedJSON []byte
-	revokedKick chan struct{} // see Revocations; not replicated, so reset leaves it
+	// denied is the deny list of certificates (revocation.go); reset
+	// empties it and keeps its signal (not replicated).
+	denied *denylist.List
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
@@ -137,7 +136,7 @@ type ServerMeta = logcmd.ServerMeta
 
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: changelog.DefaultIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: changelog.DefaultIDs, usage: usage.New(), denied: denylist.New()}
 	t.reset()
 	return t
 }
@@ -156,9 +155,8 @@ func (t *LeaseTable) reset() {
 	t.cache = newStateCache()
 	t.changes = changelog.New(t.changeLogIDs)
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
-	t.revoked = map[string]api.Revocation{}
 	t.usedStatements = map[string]int64{}
-	t.revokedChanged()
+	t.denied.Reset()
 	t.restore, t.history = nil, ""
 }
 
@@ -349,7 +347,7 @@ func (t *LeaseTable) State() api.State {
 		st.Tombstones = append(st.Tombstones, tb)
 	}
 	st.Quarantine = t.quarantineAPI()
-	st.Revoked = t.revokedList()
+	st.Revoked = t.denied.Sorted()
 	return st
 }
 
