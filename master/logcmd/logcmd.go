@@ -1,13 +1,13 @@
 // Package logcmd is what enters the masters' Raft log: the commands (their
 // wire types, whose JSON is the log's format), the constructors that
 // validate an API request into one and name the bad field and its fix,
-// their encoding, and the decoding of a log entry that every replica
-// applies (Decode: a command with the body its op needs, or an error
-// wrapping ErrBadCommand). Everything non-deterministic (request ids, the
-// cluster id, the leader's configuration file, the leader's clock) is
-// decided here, before the command enters the log: applying it (package
-// master/state) depends only on the state and the command. It imports
-// nothing of ours but api, master/netconfig's prefix parsing and
+// their encoding and digest, and the decoding of a log entry that every
+// replica applies (Decode: a command with the body its op needs, or an
+// error wrapping ErrBadCommand). Everything non-deterministic (request
+// ids, the cluster id, the leader's configuration file, the leader's
+// clock) is in the command before it enters the log, so that applying it
+// (package master/state) depends only on the state and the command. It
+// imports nothing of ours but api, master/netconfig's prefix parsing and
 // master/record's report validation.
 package logcmd
 
