@@ -11,6 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/master/usage"
 )
@@ -41,7 +42,7 @@ func countByResult(vec *prometheus.CounterVec) func(writeOutcome, error) {
 func (s *server) register() http.HandlerFunc {
 	return handleWrite(s, write[api.RegisterRequest, state.Result]{
 		body:    true,
-		prepare: proposeBody(s, state.RegisterCommand),
+		prepare: proposeBody(s, logcmd.RegisterCommand),
 		unchanged: func(_ *http.Request, req *api.RegisterRequest) (*api.AgentInfo, bool) {
 			return s.m.table.WouldChange(*req)
 		},
@@ -64,7 +65,7 @@ func (s *server) register() http.HandlerFunc {
 func (s *server) report() http.HandlerFunc {
 	return handleWrite(s, write[api.ReportRequest, state.Result]{
 		body:    true,
-		prepare: proposeForAgent(s, state.ReportCommand),
+		prepare: proposeForAgent(s, logcmd.ReportCommand),
 		unchanged: func(r *http.Request, req *api.ReportRequest) (*api.AgentInfo, bool) {
 			return s.m.table.ReportWouldChange(mux.Vars(r)["id"], *req)
 		},
@@ -78,7 +79,7 @@ func (s *server) report() http.HandlerFunc {
 func (s *server) deleteAgent() http.HandlerFunc {
 	return handleWrite(s, write[struct{}, state.Result]{
 		prepare: func(r *http.Request, _ *struct{}) (action[state.Result], error) {
-			return s.proposal(state.DeleteAgentCommand(mux.Vars(r)["id"])), nil
+			return s.proposal(logcmd.DeleteAgentCommand(mux.Vars(r)["id"])), nil
 		},
 		answer: func(w http.ResponseWriter, res state.Result) {
 			httpapi.WriteJSON(w, http.StatusOK, map[string]any{"deleted": res.Deleted})
@@ -90,7 +91,7 @@ func (s *server) deleteAgent() http.HandlerFunc {
 func (s *server) deleteAgents() http.HandlerFunc {
 	return handleWrite(s, write[api.DeleteAgentsRequest, state.Result]{
 		body:    true,
-		prepare: proposeBody(s, state.DeleteAgentsCommand),
+		prepare: proposeBody(s, logcmd.DeleteAgentsCommand),
 		answer:  func(w http.ResponseWriter, _ state.Result) { s.writeState(w) },
 	})
 }
@@ -99,7 +100,7 @@ func (s *server) deleteAgents() http.HandlerFunc {
 func (s *server) grow() http.HandlerFunc {
 	return handleWrite(s, write[api.GrowRequest, state.Result]{
 		body:     true,
-		prepare:  proposeForAgent(s, state.GrowCommand),
+		prepare:  proposeForAgent(s, logcmd.GrowCommand),
 		servable: true,
 		answer:   s.answerAgent,
 		count: func(o writeOutcome, err error) {
@@ -128,7 +129,7 @@ func (s *server) grow() http.HandlerFunc {
 func (s *server) returnBlock() http.HandlerFunc {
 	return handleWrite(s, write[api.ReturnRequest, state.Result]{
 		body:     true,
-		prepare:  proposeForAgent(s, state.ReturnCommand),
+		prepare:  proposeForAgent(s, logcmd.ReturnCommand),
 		servable: true,
 		answer:   s.answerAgent,
 		count:    countDone(s.m.metrics.returned),
@@ -139,7 +140,7 @@ func (s *server) returnBlock() http.HandlerFunc {
 func (s *server) reportGrant() http.HandlerFunc {
 	return handleWrite(s, write[api.GrantReport, state.Result]{
 		body:              true,
-		prepare:           proposeForAgent(s, state.GrantCommand),
+		prepare:           proposeForAgent(s, logcmd.GrantCommand),
 		authorize:         s.authorizeGrantCaller,
 		authorizeOnLeader: s.authorizeGrant,
 		servable:          true,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -45,7 +46,7 @@ func (s *server) join() http.HandlerFunc {
 				if req.HTTPAddr != "" {
 					meta := state.ServerMeta{ID: req.ID, RaftAddr: req.RaftAddr, HTTPAddr: req.HTTPAddr}
 					var err error
-					if _, index, err = s.proposal(state.ServerMetaCommand(meta))(ctx); err != nil {
+					if _, index, err = s.proposal(logcmd.ServerMetaCommand(meta))(ctx); err != nil {
 						return struct{}{}, 0, err
 					}
 				}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 )
@@ -39,7 +40,7 @@ func (m *Master) configDiffers() string {
 
 // commitBootstrapConfig commits this leader's file when the cluster has no
 // configuration yet, and otherwise only says whether the file differs.
-func (m *Master) commitBootstrapConfig(ctxApply func(state.Command) (state.Result, error)) error {
+func (m *Master) commitBootstrapConfig(ctxApply func(logcmd.Command) (state.Result, error)) error {
 	if _, ok := m.table.Network(); ok {
 		// Said once per difference (this runs at every leader tick).
 		why := m.configDiffers()
@@ -49,7 +50,7 @@ func (m *Master) commitBootstrapConfig(ctxApply func(state.Command) (state.Resul
 		m.configDiffersSaid = why
 		return nil
 	}
-	res, err := ctxApply(state.SetConfigCommand(m.opts.Network))
+	res, err := ctxApply(logcmd.SetConfigCommand(m.opts.Network))
 	if err != nil {
 		return fmt.Errorf("commit network config: %w", err)
 	}
@@ -83,7 +84,7 @@ func (s *server) configApply() http.HandlerFunc {
 			}
 			who, _ := requestIdentity(r)
 			s.log.Warn("network configuration change asked for", "by", who.String(), "overlays", len(cfg.Overlays))
-			return s.proposal(state.SetConfigCommand(*cfg)), nil
+			return s.proposal(logcmd.SetConfigCommand(*cfg)), nil
 		},
 		answer: func(w http.ResponseWriter, res state.Result) {
 			cfg, _ := s.m.table.Network()

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
-	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -98,7 +98,7 @@ func TestStateIndexHeaderMatchesBody(t *testing.T) {
 				return
 			default:
 			}
-			cmd, err := state.RegisterCommand(api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1", Hostname: fmt.Sprint("h", i)})
+			cmd, err := logcmd.RegisterCommand(api.RegisterRequest{AgentID: "a1", IP: "198.18.0.1", Hostname: fmt.Sprint("h", i)})
 			if err != nil {
 				panic(err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -58,7 +59,7 @@ func (m *Master) proposeCompaction(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	before := m.table.Horizon()
-	if _, _, err := m.apply(ctx, state.CompactCommand(time.Now(), m.opts.TombstoneMaxAge)); err != nil {
+	if _, _, err := m.apply(ctx, logcmd.CompactCommand(time.Now(), m.opts.TombstoneMaxAge)); err != nil {
 		if ctx.Err() == nil {
 			m.log.Warn("propose tombstone compaction", "err", err)
 		}
@@ -81,20 +82,20 @@ func (m *Master) leaderSetup(ctx context.Context) error {
 			return err
 		}
 		// Should another leader have committed one first, that one stays.
-		if _, _, err := m.apply(ctx, state.ClusterIDCommand(id)); err != nil {
+		if _, _, err := m.apply(ctx, logcmd.ClusterIDCommand(id)); err != nil {
 			return fmt.Errorf("commit cluster id: %w", err)
 		}
 		m.log.Info("cluster id committed", "cluster_id", m.table.ClusterID())
 	}
 	self := state.ServerMeta{ID: m.opts.ID, RaftAddr: m.node.Addr(), HTTPAddr: m.HTTPAddr()}
 	if cur, ok := m.table.Server(m.opts.ID); !ok || cur != self {
-		if _, _, err := m.apply(ctx, state.ServerMetaCommand(self)); err != nil {
+		if _, _, err := m.apply(ctx, logcmd.ServerMetaCommand(self)); err != nil {
 			return fmt.Errorf("publish http address: %w", err)
 		}
 	}
 	// The configuration's one authority is the committed one: an election
 	// commits this master's file only into a cluster that has none.
-	return m.commitBootstrapConfig(func(cmd state.Command) (state.Result, error) {
+	return m.commitBootstrapConfig(func(cmd logcmd.Command) (state.Result, error) {
 		res, _, err := m.apply(ctx, cmd)
 		return res, err
 	})
@@ -132,7 +133,7 @@ func (m *Master) releaseQuarantine(ctx context.Context) error {
 // apply proposes a command and returns its result, with the log index
 // that applied it; the error is the table's (Result.Err), or a
 // *proposeError when Raft did not apply the command here.
-func (m *Master) apply(ctx context.Context, cmd state.Command) (state.Result, uint64, error) {
+func (m *Master) apply(ctx context.Context, cmd logcmd.Command) (state.Result, uint64, error) {
 	data, err := cmd.Encode()
 	if err != nil {
 		return state.Result{}, 0, err

@@ -90,7 +90,7 @@ type Options struct {
 	// leader shows it silent (usage.DefaultSilentAfter when 0).
 	AgentSilentAfter time.Duration
 	// ChangeLogIDs bounds the change log the changes watch answers from
-	// (state.DefaultChangeLogIDs when 0).
+	// (changelog.DefaultIDs when 0).
 	ChangeLogIDs int
 }
 

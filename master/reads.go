@@ -13,7 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -268,7 +268,7 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b, err := s.m.table.ChangesBody(since)
-	var gone *state.GoneError
+	var gone *changelog.GoneError
 	switch {
 	case errors.As(err, &gone):
 		s.writeGone(w, since, gone.Oldest)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
@@ -34,7 +35,7 @@ const (
 func (s *server) revoke() http.HandlerFunc {
 	return handleWrite(s, write[api.RevokeRequest, state.Result]{
 		body:    true,
-		prepare: proposeBody(s, state.RevokeCommand),
+		prepare: proposeBody(s, logcmd.RevokeCommand),
 		answer: func(w http.ResponseWriter, res state.Result) {
 			httpapi.WriteJSON(w, http.StatusOK, api.Revocations{Revoked: s.m.table.Revoked(), Deleted: res.Deleted})
 		},

@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -29,7 +30,7 @@ func (s *server) snapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 // restore replaces the lease table with a snapshot, as a command of the
-// log (state.RestoreCommand), and answers the restore.
+// log (logcmd.RestoreCommand), and answers the restore.
 func (s *server) restore() http.HandlerFunc {
 	return handleWrite(s, write[api.RestoreRequest, state.Result]{
 		body: true,
@@ -41,7 +42,7 @@ func (s *server) restore() http.HandlerFunc {
 			if err != nil {
 				return nil, err
 			}
-			act := s.proposal(state.RestoreCommand(req.Snapshot, time.Now()))
+			act := s.proposal(logcmd.RestoreCommand(req.Snapshot, time.Now()))
 			return func(ctx context.Context) (state.Result, uint64, error) {
 				res, index, err := act(ctx)
 				if err == nil {
@@ -65,7 +66,7 @@ func (m *Master) restoreFrom(ctx context.Context) error {
 	if len(m.opts.RestoreFrom) == 0 || m.table.ClusterID() != "" {
 		return nil
 	}
-	if _, _, err := m.apply(ctx, state.RestoreCommand(m.opts.RestoreFrom, time.Now())); err != nil {
+	if _, _, err := m.apply(ctx, logcmd.RestoreCommand(m.opts.RestoreFrom, time.Now())); err != nil {
 		return fmt.Errorf("restore from the snapshot of --restore-from: %w", err)
 	}
 	r := m.table.LastRestore()

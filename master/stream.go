@@ -10,7 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
-	"github.com/carve-net/carve/master/state"
+	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -227,7 +227,7 @@ func (st *changeStream) changes() (string, error) {
 		return streamEndRevoked, st.end(http.StatusUnauthorized, api.Error{Code: api.CodeRevoked, Message: why})
 	}
 	b, err := st.s.m.table.ChangesBody(st.index)
-	var gone *state.GoneError
+	var gone *changelog.GoneError
 	switch {
 	case errors.As(err, &gone):
 		return streamEndGone, st.end(http.StatusGone, api.Error{Code: api.CodeGone, Oldest: gone.Oldest,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -153,7 +154,7 @@ func handleWrite[T, R any](s *server, wr write[T, R]) http.HandlerFunc {
 
 // proposeBody is the prepare of a write that proposes the command build
 // makes of its body.
-func proposeBody[T any](s *server, build func(req T) (state.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
+func proposeBody[T any](s *server, build func(req T) (logcmd.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
 	return func(_ *http.Request, req *T) (action[state.Result], error) {
 		cmd, err := build(*req)
 		return s.proposal(cmd), err
@@ -162,7 +163,7 @@ func proposeBody[T any](s *server, build func(req T) (state.Command, error)) fun
 
 // proposeForAgent is the prepare of a write that proposes the command
 // build makes of the path's agent id and the body.
-func proposeForAgent[T any](s *server, build func(agentID string, req T) (state.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
+func proposeForAgent[T any](s *server, build func(agentID string, req T) (logcmd.Command, error)) func(*http.Request, *T) (action[state.Result], error) {
 	return func(r *http.Request, req *T) (action[state.Result], error) {
 		cmd, err := build(mux.Vars(r)["id"], *req)
 		return s.proposal(cmd), err
@@ -170,7 +171,7 @@ func proposeForAgent[T any](s *server, build func(agentID string, req T) (state.
 }
 
 // proposal is the action that proposes cmd.
-func (s *server) proposal(cmd state.Command) action[state.Result] {
+func (s *server) proposal(cmd logcmd.Command) action[state.Result] {
 	return func(ctx context.Context) (state.Result, uint64, error) {
 		res, index, err := s.m.apply(ctx, cmd)
 		for _, warn := range res.Warnings {
@@ -247,7 +248,7 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, body []byte,
 		httpapi.WriteError(w, http.StatusNotFound, api.CodeNotFound, err.Error())
 	case errors.Is(err, state.ErrNoConfig):
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeUnavailable, err.Error())
-	case errors.Is(err, state.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock), errors.Is(err, state.ErrBadSnapshot):
+	case errors.Is(err, logcmd.ErrBadCommand), errors.Is(err, state.ErrInvalidBlock), errors.Is(err, state.ErrBadSnapshot):
 		httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, err.Error())
 	default:
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())

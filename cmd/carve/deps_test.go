@@ -40,9 +40,13 @@ var innerTree = []string{module + "/agent", module + "/master", module + "/raftl
 // anything that does I/O beyond its job.
 var stateParts = map[string][]string{
 	module + "/master/agenttrust": {module + "/api", module + "/master/record"},
+	module + "/master/changelog":  nil,
+	module + "/master/denylist":   {module + "/api"},
+	module + "/master/logcmd":     {module + "/api", module + "/master/netconfig", module + "/master/record"},
 	module + "/master/netconfig":  {module + "/api"},
 	module + "/master/record":     {module + "/api", module + "/master/netconfig", module + "/prefixspace"},
 	module + "/master/recordsign": {module + "/api"},
+	module + "/master/snapshot":   {module + "/api", module + "/master/logcmd", module + "/master/record"},
 	module + "/master/usage":      {module + "/api", module + "/master/netconfig"},
 }
 

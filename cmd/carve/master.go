@@ -14,8 +14,8 @@ import (
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
+	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/master/netconfig"
-	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
 )
@@ -35,7 +35,7 @@ func runMaster(ctx context.Context, args []string) error {
 	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP; an absent file: no chain (set the flag for good, the file exists during a rotation only)")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
 	maxConns := fs.Int("max-connections", httpapi.DefaultMaxConns, "most HTTP connections held at once (every agent holds one for its watch; lowered to the descriptor limit less 1024); clients without a certificate get an eighth, the oldest closed beyond it; more wait in the listen backlog")
-	changeLog := fs.Int("change-log-size", state.DefaultChangeLogIDs, "agent ids the change log keeps for the changes watch; a watcher further behind reads the whole state")
+	changeLog := fs.Int("change-log-size", changelog.DefaultIDs, "agent ids the change log keeps for the changes watch; a watcher further behind reads the whole state")
 	tombstoneAge := fs.Duration("tombstone-max-age", master.DefaultTombstoneMaxAge, "how long a deleted agent's tombstone is kept (by the leader's clock); an agent away longer reads the whole state when it comes back")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	restoreFrom := fs.String("restore-from", "", "a snapshot (carve snapshot save) that the first leader of a new cluster commits before anything else: a whole-cluster restore onto empty data directories (ignored once the cluster has a log); see docs/operations.md")

@@ -3,12 +3,13 @@ package state
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
+
+	"github.com/carve-net/carve/master/changelog"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // The change log and tombstone compaction.
@@ -16,26 +17,17 @@ import (
 // Every master applies the same Raft log, so every master derives the same
 // change log from it: per state index, the agents whose record or tombstone
 // changed there. GET /overlay-master/changes?since=N answers from it with
-// only what changed after N. The log is bounded (DefaultChangeLogIDs agent
-// ids in all); it starts where this master's table started: index 0 for a
-// table built from the whole log, the snapshot's state index after a
-// restore. Changes since an index older than that, or older than the
+// only what changed after N. The log (master/changelog) is bounded
+// (changelog.DefaultIDs agent ids in all); it starts where this master's
+// table started: index 0 for a table built from the whole log, the
+// snapshot's state index after a restore. Changes since an index older than that, or older than the
 // compaction horizon, are gone (410): the client reads the whole state.
 //
 // Tombstones are compacted by a command the leader proposes now and then
-// with its clock (compactCmd): the table keeps clock marks (Raft index,
+// with its clock (logcmd.Compact): the table keeps clock marks (Raft index,
 // leader time) from those commands, and drops the tombstones at or below
 // the newest mark older than the command's max age. The highest index
 // compacted is the horizon, published in the state.
-
-// DefaultChangeLogIDs bounds the change log: agent ids held in all (a
-// configuration change counts as one). A watcher further behind reads the
-// whole state once. 65,536 covers a change of every agent at 50,000 (say
-// all re-registering after an upgrade) with room for churn, so that a
-// watcher that missed it (its master failed over) is answered the changes
-// rather than 2.6 MB of state; each id costs about 40 bytes (2.5 MB in
-// all), a state read at 50,000 readers 130 GB of writes.
-const DefaultChangeLogIDs = 65536
 
 // SetChangeLogIDs bounds the change log to n agent ids (at least 1), before
 // the table applies its first command: the bound is this master's, not
@@ -44,84 +36,12 @@ func (t *LeaseTable) SetChangeLogIDs(n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.changeLogIDs = max(n, 1)
-	t.changes.max = t.changeLogIDs
+	t.changes.SetMax(t.changeLogIDs)
 }
 
 // maxClockMarks bounds the clock marks kept for compaction; dropping the
 // oldest only delays compaction.
 const maxClockMarks = 1024
-
-// ErrGone: changes since that index are not kept any more.
-var ErrGone = errors.New("changes since that index are not kept")
-
-// GoneError says which index is the oldest the masters can serve changes
-// since (it wraps ErrGone).
-type GoneError struct{ Oldest uint64 }
-
-func (e *GoneError) Error() string {
-	return fmt.Sprintf("%v: the oldest index served is %d", ErrGone, e.Oldest)
-}
-
-// Unwrap makes errors.Is(err, ErrGone) hold.
-func (e *GoneError) Unwrap() error { return ErrGone }
-
-// changeEntry is what one state index changed.
-type changeEntry struct {
-	index uint64
-	ids   []string
-	// all: every record was re-rendered (configuration or cluster id).
-	all bool
-}
-
-// changeLog is the bounded log of changes, by ascending index.
-type changeLog struct {
-	entries []changeEntry
-	// start: every change after it is in entries.
-	start uint64
-	ids   int // ids held (an all entry counts one)
-	max   int
-}
-
-func (l *changeLog) add(e changeEntry) {
-	l.entries = append(l.entries, e)
-	l.ids += max(1, len(e.ids))
-	if l.ids <= l.max {
-		return
-	}
-	// Drop the oldest down to three quarters, so that the copy is rare.
-	n := 0
-	for l.ids > l.max*3/4 && n < len(l.entries)-1 {
-		l.ids -= max(1, len(l.entries[n].ids))
-		l.start = l.entries[n].index
-		n++
-	}
-	l.entries = slices.Clone(l.entries[n:])
-}
-
-// trim drops the entries at or below index (the compaction horizon).
-func (l *changeLog) trim(index uint64) {
-	n := sort.Search(len(l.entries), func(i int) bool { return l.entries[i].index > index })
-	for _, e := range l.entries[:n] {
-		l.ids -= max(1, len(e.ids))
-	}
-	l.entries = slices.Clone(l.entries[n:])
-	l.start = max(l.start, index)
-}
-
-// since returns the ids changed after index, and whether every record was.
-func (l *changeLog) since(index uint64) ([]string, bool) {
-	n := sort.Search(len(l.entries), func(i int) bool { return l.entries[i].index > index })
-	set := map[string]bool{}
-	for _, e := range l.entries[n:] {
-		if e.all {
-			return nil, true
-		}
-		for _, id := range e.ids {
-			set[id] = true
-		}
-	}
-	return slices.Sorted(maps.Keys(set)), false
-}
 
 // touch notes that id's record or tombstone changes in the command being
 // applied; the caller holds t.mu.
@@ -133,7 +53,7 @@ func (t *LeaseTable) touchAll() { t.touchedAll = true }
 // logChanges appends what the command at index changed; the caller holds t.mu.
 func (t *LeaseTable) logChanges(index uint64) {
 	if len(t.touched) > 0 || t.touchedAll {
-		t.changes.add(changeEntry{index: index, ids: slices.Compact(slices.Sorted(slices.Values(t.touched))), all: t.touchedAll})
+		t.changes.Add(index, slices.Compact(slices.Sorted(slices.Values(t.touched))), t.touchedAll)
 	}
 	t.touched, t.touchedAll = nil, false
 }
@@ -149,26 +69,13 @@ func (t *LeaseTable) Horizon() uint64 {
 func (t *LeaseTable) OldestChanges() uint64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return max(t.changes.start, t.horizon)
-}
-
-// compactCmd compacts tombstones: Now is the leader's clock, MaxAge the age
-// (both in milliseconds) beyond which a tombstone is dropped.
-type compactCmd struct {
-	Now    int64 `json:"now"`
-	MaxAge int64 `json:"max_age"`
-}
-
-// clockMark ties a Raft index to the leader's clock when it was applied.
-type clockMark struct {
-	Index uint64 `json:"index"`
-	Time  int64  `json:"time"`
+	return max(t.changes.Start(), t.horizon)
 }
 
 // applyCompact records a clock mark and drops the tombstones at or below
 // the newest mark older than MaxAge. Deterministic: the time comes from the
 // command.
-func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
+func (t *LeaseTable) applyCompact(index uint64, c *logcmd.Compact) {
 	t.marks = append(t.marks, clockMark{Index: index, Time: c.Now})
 	t.pruneRevoked(index, c.Now/1000)
 	// A used grant statement is forgotten once it expired: it no longer
@@ -203,12 +110,12 @@ func (t *LeaseTable) applyCompact(index uint64, c *compactCmd) {
 	if dropped && cutoff > t.horizon {
 		t.horizon = cutoff
 		t.stateIndex = index
-		t.changes.trim(cutoff)
+		t.changes.Trim(cutoff)
 	}
 }
 
 // ChangesJSON encodes what changed after since (api.Changes), with the
-// index it runs to; a *GoneError when since is older than what is kept.
+// index it runs to; a *changelog.GoneError when since is older than what is kept.
 // The bytes are shared (see ChangesBody): not to be changed.
 func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 	b, err := t.ChangesBody(since)
@@ -219,7 +126,7 @@ func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 }
 
 // ChangesBody is what changed after since (api.Changes) as one answer,
-// with its index and its gzip encoding made once; a *GoneError when since
+// with its index and its gzip encoding made once; a *changelog.GoneError when since
 // is older than what is kept. The answer is encoded once per since and
 // state (index, usage and signing generations) and shared by every
 // watcher asking for it: at 10,000 watchers of one burst, each would
@@ -228,10 +135,10 @@ func (t *LeaseTable) ChangesJSON(since uint64) ([]byte, uint64, error) {
 func (t *LeaseTable) ChangesBody(since uint64) (*StateBody, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if oldest := max(t.changes.start, t.horizon); since < oldest || (t.restore != nil && since > t.stateIndex) {
+	if oldest := max(t.changes.Start(), t.horizon); since < oldest || (t.restore != nil && since > t.stateIndex) {
 		// (A watcher past a restored table's index saw the history before
 		// the restore: it reads the whole state.)
-		return nil, &GoneError{Oldest: oldest}
+		return nil, &changelog.GoneError{Oldest: oldest}
 	}
 	t.cache.mu.Lock()
 	defer t.cache.mu.Unlock()
@@ -259,7 +166,7 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 	var ids []string
 	all := false
 	if since < t.stateIndex {
-		ids, all = t.changes.since(since)
+		ids, all = t.changes.Since(since)
 	}
 	if all {
 		ids = slices.Sorted(maps.Keys(t.agents))
@@ -291,7 +198,7 @@ func (t *LeaseTable) encodeChanges(since uint64) ([]byte, error) {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
-	t.writeRevoked(&out)
+	out.Write(t.denied.Field())
 	if err := t.writeRestoreField(&out); err != nil {
 		return nil, err
 	}

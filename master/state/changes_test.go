@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/changelog"
 )
 
 // changesOf decodes the table's changes since index.
@@ -105,8 +106,8 @@ func TestChangeLogBoundAndRestore(t *testing.T) {
 		h.mustRegister(fmt.Sprintf("a%d", i), fmt.Sprintf("198.18.1.%d", i+1))
 	}
 	_, err := changesOf(t, h.table, 1)
-	var gone *GoneError
-	if !errors.As(err, &gone) || gone.Oldest <= 1 || !errors.Is(err, ErrGone) {
+	var gone *changelog.GoneError
+	if !errors.As(err, &gone) || gone.Oldest <= 1 || !errors.Is(err, changelog.ErrGone) {
 		t.Fatalf("changes since 1 with a log of 8 after 20 registrations: %v, want gone", err)
 	}
 	ch, err := changesOf(t, h.table, gone.Oldest)
@@ -175,7 +176,7 @@ func TestCompaction(t *testing.T) {
 	if err != nil || !bytes.Contains(data, []byte(fmt.Sprintf(`"horizon":%d`, a.table.Horizon()))) {
 		t.Fatalf("the state's JSON lacks the horizon: %s %v", data, err)
 	}
-	var gone *GoneError
+	var gone *changelog.GoneError
 	if _, err := changesOf(t, a.table, a.table.Horizon()-1); !errors.As(err, &gone) || gone.Oldest != a.table.Horizon() {
 		t.Fatalf("changes since below the horizon: %v, want gone with oldest %d", err, a.table.Horizon())
 	}

@@ -55,7 +55,7 @@ func TestSharedChangesAreWhatEachWatcherWouldGet(t *testing.T) {
 func checkSharedChanges(t *testing.T, rng *rand.Rand) {
 	t.Helper()
 	h := newHarness(t, DefaultConfig())
-	h.table.changes.max = 24 // small, so that changes go gone along the way
+	h.table.changes.SetMax(24) // small, so that changes go gone along the way
 	h.table.SetSigningKey(ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, ed25519.SeedSize)))
 	var live []string
 	next := 0

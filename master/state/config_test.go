@@ -7,44 +7,9 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 )
-
-func TestValidateRegistration(t *testing.T) {
-	ok := api.RegisterRequest{AgentID: "a1-S0", IP: "198.18.0.1", Hostname: "h1", MeshAddr: "198.18.0.1:6783"}
-	if err := ValidateRegistration(&ok); err != nil {
-		t.Fatalf("valid request refused: %v", err)
-	}
-	tests := []struct {
-		name  string
-		mod   func(r *api.RegisterRequest)
-		field string
-	}{
-		{"missing agent_id", func(r *api.RegisterRequest) { r.AgentID = "" }, "agent_id"},
-		{"agent_id with slash", func(r *api.RegisterRequest) { r.AgentID = "a/b" }, "agent_id"},
-		{"agent_id with space", func(r *api.RegisterRequest) { r.AgentID = "a b" }, "agent_id"},
-		{"missing ip", func(r *api.RegisterRequest) { r.IP = "" }, "ip"},
-		{"invalid ip", func(r *api.RegisterRequest) { r.IP = "198.18.0.300" }, "ip"},
-		{"loopback ip", func(r *api.RegisterRequest) { r.IP = "127.0.0.1" }, "ip"},
-		{"unspecified ip", func(r *api.RegisterRequest) { r.IP = "0.0.0.0" }, "ip"},
-		{"multicast ip", func(r *api.RegisterRequest) { r.IP = "224.0.0.1" }, "ip"},
-		{"mapped ip", func(r *api.RegisterRequest) { r.IP = "::ffff:198.18.0.1" }, "ip"},
-		{"mesh_addr no port", func(r *api.RegisterRequest) { r.MeshAddr = "198.18.0.1" }, "mesh_addr"},
-		{"mesh_addr bad port", func(r *api.RegisterRequest) { r.MeshAddr = "198.18.0.1:99999" }, "mesh_addr"},
-		{"hostname control char", func(r *api.RegisterRequest) { r.Hostname = "a\nb" }, "hostname"},
-		{"request id too long", func(r *api.RegisterRequest) { r.RequestID = strings.Repeat("x", 129) }, "request_id"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r := ok
-			tt.mod(&r)
-			err := ValidateRegistration(&r)
-			if err == nil || !strings.Contains(err.Error(), tt.field) {
-				t.Errorf("error %v, want one naming %s", err, tt.field)
-			}
-		})
-	}
-}
 
 // FuzzParseConfig: any input is either refused with an error or gives a
 // configuration that validates again and that the lease table applies and
@@ -99,7 +64,7 @@ func FuzzRegistrationDecode(f *testing.F) {
 		if err := api.DecodeStrict(strings.NewReader(string(data)), &req); err != nil {
 			return
 		}
-		if err := ValidateRegistration(&req); err != nil {
+		if err := logcmd.ValidateRegistration(&req); err != nil {
 			return
 		}
 		tbl := NewLeaseTable()

@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/snapshot"
 )
 
 // DigestEvery is how often, in Raft indexes, the table records a digest of
@@ -99,7 +100,7 @@ func (t *LeaseTable) stateDigest() string {
 		rec := t.agents[id]
 		sum, ok := t.digests.records[rec]
 		if !ok {
-			b, err := json.Marshal(snapshotAgentOf(rec))
+			b, err := json.Marshal(snapshot.AgentOf(rec))
 			if err != nil {
 				b = []byte("unencodable: " + err.Error())
 			}
@@ -116,7 +117,7 @@ func (t *LeaseTable) stateDigest() string {
 	js(t.reports)
 	num(t.horizon)
 	js(t.marks)
-	h.Write(t.revokedJSON)
+	h.Write(t.denied.Field())
 	// usedStatements are left out: masters of the previous release apply
 	// grant reports without keeping them, so after a rolling upgrade the
 	// replicas may differ there, for the grants reported during it, until

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 var updateGolden = flag.Bool("update-golden", false, "rewrite testdata/golden-table.json (only for a deliberate format change)")
@@ -71,7 +72,7 @@ func goldenRun(t *testing.T) goldenTable {
 	tbl.SetSigningKey(ed25519.NewKeyFromSeed(seed[:]))
 	out := goldenTable{}
 	var index uint64
-	apply := func(name string, c Command, mkErr error) Result {
+	apply := func(name string, c logcmd.Command, mkErr error) Result {
 		t.Helper()
 		if mkErr != nil {
 			t.Fatalf("%s: %v", name, mkErr)
@@ -96,29 +97,29 @@ func goldenRun(t *testing.T) goldenTable {
 		{Name: "six", Subnet: "10.200.0.0/16", Prefix: 24, Subnet6: "fd02::/48", Prefix6: 64},
 		{Name: "off", Subnet: "10.201.0.0/16", Prefix: 24, Enabled: new(false)},
 	}
-	apply("set config", SetConfigCommand(cfg), nil)
-	apply("cluster id", ClusterIDCommand("golden-cluster"), nil)
-	apply("server meta", ServerMetaCommand(ServerMeta{ID: "m1", RaftAddr: "198.18.0.100:7000", HTTPAddr: "198.18.0.100:7001"}), nil)
+	apply("set config", logcmd.SetConfigCommand(cfg), nil)
+	apply("cluster id", logcmd.ClusterIDCommand("golden-cluster"), nil)
+	apply("server meta", logcmd.ServerMetaCommand(ServerMeta{ID: "m1", RaftAddr: "198.18.0.100:7000", HTTPAddr: "198.18.0.100:7001"}), nil)
 	for i, id := range []string{"a1", "a2", "a3"} {
-		c, err := RegisterCommand(api.RegisterRequest{AgentID: id, IP: "198.18.0." + string(rune('1'+i)), Hostname: "host-" + id,
+		c, err := logcmd.RegisterCommand(api.RegisterRequest{AgentID: id, IP: "198.18.0." + string(rune('1'+i)), Hostname: "host-" + id,
 			MeshAddr: "198.18.0." + string(rune('1'+i)) + ":6783", NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: i != 1},
 			UnderlayMTU: 1500, CarveVersion: "v0.4.0", RequestID: "reg-" + id})
 		apply("register "+id, c, err)
 	}
-	c, err := GrowCommand("a1", api.GrowRequest{Overlay: "carve", Bridge: api.BridgeMesos, Family: "4", RequestID: "grow-a1"})
+	c, err := logcmd.GrowCommand("a1", api.GrowRequest{Overlay: "carve", Bridge: api.BridgeMesos, Family: "4", RequestID: "grow-a1"})
 	apply("grow a1", c, err)
 	a2, _ := tbl.Agent("a2")
 	give := a2.Overlay("carve").Blocks[0].Prefix
-	c, err = GrantCommand("a1", api.GrantReport{Overlay: "carve", Prefix: give, Donor: "a2", Recipient: "a1", Bridge: api.BridgeMesos})
+	c, err = logcmd.GrantCommand("a1", api.GrantReport{Overlay: "carve", Prefix: give, Donor: "a2", Recipient: "a1", Bridge: api.BridgeMesos})
 	apply("grant a2 to a1", c, err)
 	a1, _ := tbl.Agent("a1")
-	c, err = ReportCommand("a1", api.ReportRequest{Version: a1.Version, ConfigurationAttempts: 1, PeersIndex: index, ProgrammedPeers: new(2),
+	c, err = logcmd.ReportCommand("a1", api.ReportRequest{Version: a1.Version, ConfigurationAttempts: 1, PeersIndex: index, ProgrammedPeers: new(2),
 		Overlays: []api.OverlayReport{{Name: "carve", Status: api.StatusOK}, {Name: "six", Status: api.StatusFailed, Error: "no route"}}})
 	apply("report a1", c, err)
-	apply("delete a3", DeleteAgentCommand("a3"), nil)
-	c, err = RevokeCommand(api.RevokeRequest{Serial: "0a1b2c", Identity: "operator/alice", NotAfter: 1900000000})
+	apply("delete a3", logcmd.DeleteAgentCommand("a3"), nil)
+	c, err = logcmd.RevokeCommand(api.RevokeRequest{Serial: "0a1b2c", Identity: "operator/alice", NotAfter: 1900000000})
 	apply("revoke", c, err)
-	apply("compact", CompactCommand(time.UnixMilli(1800000000000), time.Hour), nil)
+	apply("compact", logcmd.CompactCommand(time.UnixMilli(1800000000000), time.Hour), nil)
 
 	// What agents tell the leader outside the log shows in the state.
 	if _, err := tbl.RecordUsage("a1", &api.UsageReport{Overlays: []api.OverlayUsage{{Name: "carve",
@@ -171,7 +172,7 @@ func goldenRun(t *testing.T) goldenTable {
 
 	// A restore of the snapshot, as carve snapshot restore proposes it:
 	// the table's restore field is signed.
-	apply("restore", RestoreCommand(snap.Bytes(), time.Unix(1800000000, 0)), nil)
+	apply("restore", logcmd.RestoreCommand(snap.Bytes(), time.Unix(1800000000, 0)), nil)
 	state, _, err = tbl.StateJSON("m1")
 	if err != nil {
 		t.Fatal(err)

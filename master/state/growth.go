@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/prefixspace"
 )
 
@@ -22,22 +23,6 @@ var (
 	// ErrInvalidBlock: the request names no block it could act on (400).
 	ErrInvalidBlock = errors.New("invalid block request")
 )
-
-// quarantined is space of a deleted agent that is not leasable yet.
-type quarantined struct {
-	Prefix netip.Prefix `json:"prefix"`
-	From   string       `json:"from"`  // the deleted agent
-	Since  uint64       `json:"since"` // the deletion's Raft index
-	// Bridge is the bridge the block served (empty in snapshots written
-	// before it was kept: the mesos bridge).
-	Bridge string `json:"bridge,omitempty"`
-	// ClaimKey is the deleted agent's claim key (api.AgentKeys.Claim),
-	// kept with its quarantined space: a grant it made before its
-	// deletion is reported by its recipient under its signature, which
-	// the masters verify with this key (empty in snapshots written before
-	// it was kept).
-	ClaimKey string `json:"claim_key,omitempty"`
-}
 
 // sortBlocks puts blocks in api.SortBlocks order (the signed order).
 func sortBlocks(bs []leaseBlock) {
@@ -238,7 +223,7 @@ func coalesce(bs []leaseBlock) []leaseBlock {
 }
 
 // applyGrow leases one more block, first fit, of the overlay's grow size.
-func (t *LeaseTable) applyGrow(index uint64, c *growCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyGrow(index uint64, c *logcmd.Grow) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -287,7 +272,7 @@ func (t *LeaseTable) store(index uint64, rec *agentRecord) {
 // to the free space; a granted one to its donor when the donor still holds
 // pieces of the block it was cut from, else to the free space. A first
 // lease block cannot be returned.
-func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyReturn(index uint64, c *logcmd.Return) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -365,7 +350,7 @@ func (t *LeaseTable) applyReturn(index uint64, c *returnCmd) (*agentRecord, erro
 // blocks, or its quarantined space when it was deleted since) or inside
 // the recipient's; nothing of it may be another agent's. A grant already
 // recorded changes nothing.
-func (t *LeaseTable) applyGrant(index uint64, c *grantCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyGrant(index uint64, c *logcmd.Grant) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -479,7 +464,7 @@ func cutOut(b leaseBlock, p netip.Prefix) []leaseBlock {
 // acknowledgement covers: those of agents deleted at or before the lowest
 // acknowledged index. An agent without a valid acknowledgement (none, or
 // one of an earlier record of its id) holds everything back.
-func (t *LeaseTable) applyRelease(index uint64, c *releaseCmd) int {
+func (t *LeaseTable) applyRelease(index uint64, c *logcmd.Release) int {
 	floor := ^uint64(0)
 	for id, rec := range t.agents {
 		a, ok := c.Acks[id]

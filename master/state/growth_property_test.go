@@ -228,7 +228,7 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 				return fail("usage: %v", err)
 			}
 			if cmd, ok := h.table.ReleaseProposal(); ok {
-				res := h.apply(cmd.c)
+				res := h.apply(cmd)
 				history = append(history, fmt.Sprintf("release: %d", res.Released))
 			}
 		case op == 9: // snapshot and restore into a new table

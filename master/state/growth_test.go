@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/usage"
 )
 
@@ -256,7 +257,7 @@ func FuzzGrowthBodies(f *testing.F) {
 		h.mustRegister("a1", "198.18.0.1")
 		h.mustRegister("a2", "198.18.0.2")
 		decode := func(v any) bool { return api.DecodeStrict(strings.NewReader(string(data)), v) == nil }
-		var cmd Command
+		var cmd logcmd.Command
 		var err error
 		switch kind & 3 {
 		case 0:
@@ -264,19 +265,19 @@ func FuzzGrowthBodies(f *testing.F) {
 			if !decode(&req) {
 				return
 			}
-			cmd, err = GrowCommand("a1", req)
+			cmd, err = logcmd.GrowCommand("a1", req)
 		case 1:
 			var req api.ReturnRequest
 			if !decode(&req) {
 				return
 			}
-			cmd, err = ReturnCommand("a1", req)
+			cmd, err = logcmd.ReturnCommand("a1", req)
 		case 2:
 			var req api.GrantReport
 			if !decode(&req) {
 				return
 			}
-			cmd, err = GrantCommand(req.Recipient, req)
+			cmd, err = logcmd.GrantCommand(req.Recipient, req)
 		default:
 			var req api.UsageReport
 			if !decode(&req) || usage.Validate(&req) != nil {
@@ -286,8 +287,8 @@ func FuzzGrowthBodies(f *testing.F) {
 				t.Fatalf("usage of a known agent: %v", err)
 			}
 		}
-		if err == nil && cmd.c.Op != "" {
-			h.apply(cmd.c)
+		if err == nil && cmd.Op != "" {
+			h.apply(cmd)
 		}
 		checkTable(t, h.table)
 	})
@@ -380,7 +381,7 @@ func TestGrantStatementUsedOnce(t *testing.T) {
 	if err := h.table.WriteSnapshot(&before); err != nil {
 		t.Fatal(err)
 	}
-	statement := StatementID("donor's signature")
+	statement := logcmd.StatementID("donor's signature")
 	grant := func(requestID string) Result {
 		return h.apply(command{Op: opGrant, RequestID: requestID, Grant: &grantCmd{Overlay: "g", Prefix: netip.MustParsePrefix("10.9.0.32/27"),
 			Donor: "donor", Recipient: "recip", Statement: statement, Expires: 2_000_000_000}})

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // TestHistory: the table names the Raft log it was applied from (issue
@@ -27,7 +29,7 @@ func TestHistory(t *testing.T) {
 	}
 	restore := func(h *tableHarness, epoch int64) {
 		t.Helper()
-		data, err := RestoreCommand(snap.Bytes(), time.Unix(0, epoch)).Encode()
+		data, err := logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, epoch)).Encode()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 func testKey(seed byte) string {
@@ -64,7 +65,7 @@ func TestRegistrationKeysValidated(t *testing.T) {
 		{"mtu too small", api.RegisterRequest{UnderlayMTU: 100}, "underlay_mtu"},
 	} {
 		tt.req.AgentID, tt.req.IP = "a1", "198.18.0.1"
-		if _, err := RegisterCommand(tt.req); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := logcmd.RegisterCommand(tt.req); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.want)
 		}
 	}

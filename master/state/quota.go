@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // ErrQuota: a grow or a grant would give an agent more grown and granted
@@ -45,7 +46,7 @@ func addresses(p netip.Prefix, width int) *big.Int {
 
 // grantWithinQuota checks a grant against its recipient's quota: the
 // recipient's blocks that the granted prefix overlaps are replaced by it.
-func (t *LeaseTable) grantWithinQuota(c *grantCmd, recip *agentRecord) error {
+func (t *LeaseTable) grantWithinQuota(c *logcmd.Grant, recip *agentRecord) error {
 	def, ok := t.net.Overlay(c.Overlay)
 	if !ok {
 		return fmt.Errorf("%w: overlay %q is not configured", ErrInvalidBlock, c.Overlay)

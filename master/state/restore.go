@@ -9,9 +9,10 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
+	"github.com/carve-net/carve/master/snapshot"
 )
 
 // Restoring the table from a snapshot (carve snapshot save / restore) as
@@ -19,19 +20,9 @@ import (
 // master is left behind with the old table, and the restore is an event
 // (api.Restore) that agents recognise.
 
-// opRestore replaces the table with a snapshot.
-const opRestore = "restore"
-
 // ErrBadSnapshot marks a snapshot that cannot be restored (undecodable,
 // of an unknown format, of another cluster, without a configuration).
 var ErrBadSnapshot = errors.New("bad snapshot")
-
-// restoreCmd is a restore: the snapshot as GET /cluster/snapshot wrote it,
-// and the epoch the leader chose (restoreEpoch).
-type restoreCmd struct {
-	Epoch    uint64          `json:"epoch"`
-	Snapshot json.RawMessage `json:"snapshot"`
-}
 
 // WriteSnapshot writes the table as a snapshot file (what a Raft snapshot
 // holds): carve snapshot save. The caller makes it consistent (a read
@@ -56,7 +47,7 @@ type SnapshotInfo struct {
 // CheckSnapshot decodes a snapshot file and tells what it holds; the error
 // (ErrBadSnapshot) says why it cannot be restored.
 func CheckSnapshot(data []byte) (SnapshotInfo, error) {
-	var d snapshotData
+	var d snapshot.Data
 	if err := json.NewDecoder(bytes.NewReader(data)).Decode(&d); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("%w: not a carve snapshot (the output of carve snapshot save): %v", ErrBadSnapshot, err)
 	}
@@ -69,19 +60,13 @@ func CheckSnapshot(data []byte) (SnapshotInfo, error) {
 	return SnapshotInfo{ClusterID: d.ClusterID, StateIndex: d.StateIndex, Agents: len(d.Agents)}, nil
 }
 
-// RestoreCommand restores the snapshot data (CheckSnapshot it first) at
-// the epoch now gives, when that is above the table's last one.
-func RestoreCommand(data []byte, now time.Time) Command {
-	return Command{command{Op: opRestore, Restore: &restoreCmd{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data}}}
-}
-
 // applyRestore replaces the table with the snapshot, keeps the servers of
 // this cluster, and records the restore. Every record is versioned at
 // index (newer than anything an agent heard before, so the restored table
 // wins over gossip of the old one), and every agent the table knew that
 // the snapshot lacks gets a tombstone at index. The caller holds t.mu.
-func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
-	var d snapshotData
+func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
+	var d snapshot.Data
 	if err := json.Unmarshal(c.Snapshot, &d); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
@@ -111,20 +96,15 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	for id := range t.tombstones {
 		gone = append(gone, id)
 	}
-	revoked := t.revoked     // a restore never takes a revocation back
-	used := t.usedStatements // nor lets a used grant statement move space again
+	revoked := t.denied.Sorted() // a restore never takes a revocation back
+	used := t.usedStatements     // nor lets a used grant statement move space again
 	t.reset()
 	t.install(dec)
 	maps.Copy(t.usedStatements, used)
-	for serial, r := range revoked {
-		if _, ok := t.revoked[serial]; !ok {
-			t.revoked[serial] = r
-		}
-	}
-	t.revokedChanged()
+	t.denied.Keep(revoked)
 	// A snapshot from before a revocation holds the revoked agent's
 	// record: it stays deleted (tombstoned below, with the others gone).
-	for _, r := range t.revoked {
+	for _, r := range t.denied.Sorted() {
 		if id := revokedAgent(r.Identity); id != "" && t.agents[id] != nil {
 			if ip := t.agents[id].IP; ip.IsValid() && t.byIP[ip] == id {
 				delete(t.byIP, ip)
@@ -158,7 +138,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *restoreCmd) error {
 	// Holdings acknowledgements are of the table before: a quarantine
 	// release waits for new ones.
 	t.usage.ClearAcks()
-	t.changes.start = index
+	t.changes.Restart(index)
 	// The compaction's clock marks are of the old history's indexes.
 	t.horizon, t.marks = min(t.horizon, index), nil
 	if t.net != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/changelog"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // TestRestoreCommand: a restore replaces the table with the snapshot,
@@ -35,7 +37,7 @@ func TestRestoreCommand(t *testing.T) {
 	h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a1"}}})
 	before := h.index
 
-	data, _ := RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
+	data, _ := logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
 	h.index++
 	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
 		t.Fatal(res.Err)
@@ -65,7 +67,7 @@ func TestRestoreCommand(t *testing.T) {
 	if _, ok := h.table.Server("m1"); !ok {
 		t.Error("the restore dropped the servers")
 	}
-	if _, _, err := h.table.ChangesJSON(before); !errors.Is(err, ErrGone) {
+	if _, _, err := h.table.ChangesJSON(before); !errors.Is(err, changelog.ErrGone) {
 		t.Errorf("changes since %d, before the restore: %v, want gone", before, err)
 	}
 	if !h.table.AheadOfRestore(r+5) || h.table.AheadOfRestore(r) {
@@ -78,7 +80,7 @@ func TestRestoreCommand(t *testing.T) {
 	}
 
 	// Again, with a clock behind: the epoch still moves on.
-	data, _ = RestoreCommand(snap.Bytes(), time.Unix(0, 50)).Encode()
+	data, _ = logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, 50)).Encode()
 	h.index++
 	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
 		t.Fatal(res.Err)
@@ -89,7 +91,7 @@ func TestRestoreCommand(t *testing.T) {
 
 	// Another cluster's snapshot.
 	other := strings.Replace(snap.String(), `"cluster_id":"c1"`, `"cluster_id":"c2"`, 1)
-	data, _ = RestoreCommand([]byte(other), time.Now()).Encode()
+	data, _ = logcmd.RestoreCommand([]byte(other), time.Now()).Encode()
 	h.index++
 	idx := h.table.Index()
 	if res := h.table.Apply(h.index, data).(Result); !errors.Is(res.Err, ErrBadSnapshot) || !strings.Contains(res.Err.Error(), "of cluster c2, this cluster is c1") {
@@ -130,14 +132,14 @@ func TestRestoreKeepsRevocations(t *testing.T) {
 	if err := h.table.WriteSnapshot(&snap); err != nil {
 		t.Fatal(err)
 	}
-	c, err := RevokeCommand(api.RevokeRequest{Serial: "0a", Identity: "agent/h1"})
+	c, err := logcmd.RevokeCommand(api.RevokeRequest{Serial: "0a", Identity: "agent/h1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := h.apply(c.c); res.Err != nil {
+	if res := h.apply(c); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	data, _ := RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
+	data, _ := logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
 	h.index++
 	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
 		t.Fatal(res.Err)

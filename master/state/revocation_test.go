@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 )
 
 // RevokeCommand checks the serial and the identity, naming the field.
@@ -25,15 +26,15 @@ func TestRevokeCommandValidates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := RevokeCommand(tt.req)
+			c, err := logcmd.RevokeCommand(tt.req)
 			if tt.mention != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.mention) {
-					t.Fatalf("RevokeCommand(%+v) = %v, want an error with %q", tt.req, err, tt.mention)
+					t.Fatalf("logcmd.RevokeCommand(%+v) = %v, want an error with %q", tt.req, err, tt.mention)
 				}
 				return
 			}
-			if err != nil || c.c.Revoke.Serial != tt.serial {
-				t.Fatalf("RevokeCommand(%+v) = %+v, %v; want serial %s", tt.req, c.c.Revoke, err, tt.serial)
+			if err != nil || c.Revoke.Serial != tt.serial {
+				t.Fatalf("logcmd.RevokeCommand(%+v) = %+v, %v; want serial %s", tt.req, c.Revoke, err, tt.serial)
 			}
 		})
 	}
@@ -49,11 +50,11 @@ func TestRevocation(t *testing.T) {
 	since := h.index
 	revoke := func(serial, identity string, notAfter int64) Result {
 		t.Helper()
-		c, err := RevokeCommand(api.RevokeRequest{Serial: serial, Identity: identity, NotAfter: notAfter})
+		c, err := logcmd.RevokeCommand(api.RevokeRequest{Serial: serial, Identity: identity, NotAfter: notAfter})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return h.apply(c.c)
+		return h.apply(c)
 	}
 	res := revoke("0A", "agent/a1", 0)
 	if res.Err != nil || len(res.Deleted) != 1 || res.Deleted[0] != "a1" {
@@ -90,7 +91,7 @@ func TestRevocation(t *testing.T) {
 		t.Errorf("after a snapshot: revoked %+v", restored.Revoked())
 	}
 	// A compaction drops the expired certificate's entry, not the other.
-	if res := h.apply(CompactCommand(time.Now(), time.Hour).c); res.Err != nil {
+	if res := h.apply(logcmd.CompactCommand(time.Now(), time.Hour)); res.Err != nil {
 		t.Fatal(res.Err)
 	}
 	if !h.table.IsRevoked("a") || h.table.IsRevoked("b") {
@@ -118,11 +119,11 @@ func TestRevocationsSignal(t *testing.T) {
 	}
 	revoke := func(serial string) {
 		t.Helper()
-		c, err := RevokeCommand(api.RevokeRequest{Serial: serial, Identity: "master/m9"})
+		c, err := logcmd.RevokeCommand(api.RevokeRequest{Serial: serial, Identity: "master/m9"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res := h.apply(c.c); res.Err != nil {
+		if res := h.apply(c); res.Err != nil {
 			t.Fatal(res.Err)
 		}
 	}

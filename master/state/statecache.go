@@ -199,7 +199,7 @@ func (t *LeaseTable) encodeState(leader string, usage uint64) ([]byte, error) {
 		out.WriteString(`,"horizon":`)
 		out.WriteString(strconv.FormatUint(t.horizon, 10))
 	}
-	t.writeRevoked(&out)
+	out.Write(t.denied.Field())
 	if err := t.writeRestoreField(&out); err != nil {
 		return nil, err
 	}

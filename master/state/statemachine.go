@@ -1,13 +1,13 @@
 package state
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/record"
 )
@@ -31,11 +31,8 @@ func (s *overlaySpace) family(is4 bool) *blockSpace {
 
 // Apply applies one command at a Raft index (raftlog.StateMachine).
 func (t *LeaseTable) Apply(index uint64, data []byte) any {
-	var c command
-	if err := json.Unmarshal(data, &c); err != nil {
-		return Result{Err: fmt.Errorf("%w: %v", ErrBadCommand, err)}
-	}
-	if err := c.validate(); err != nil {
+	c, err := logcmd.Decode(data)
+	if err != nil {
 		return Result{Err: err}
 	}
 	t.mu.Lock()
@@ -57,10 +54,10 @@ func (t *LeaseTable) Apply(index uint64, data []byte) any {
 }
 
 // applyCommand applies a validated command; the caller holds t.mu.
-func (t *LeaseTable) applyCommand(index uint64, c command) Result {
+func (t *LeaseTable) applyCommand(index uint64, c logcmd.Command) Result {
 	var digest string
 	if c.RequestID != "" {
-		digest = commandDigest(c)
+		digest = c.Digest()
 		if o, ok := t.requests.lookup(c.RequestID); ok {
 			return t.repeatedRequest(c, digest, o)
 		}
@@ -68,17 +65,17 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 	outcome := requestOutcome{Index: index, Op: c.Op, Digest: digest}
 	var res Result
 	switch c.Op {
-	case opRegister:
+	case logcmd.OpRegister:
 		rec, err := t.applyRegister(index, c.Register)
 		if err != nil {
 			return Result{Err: err}
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
-	case opDelete, opRevoke:
+	case logcmd.OpDelete, logcmd.OpRevoke:
 		var deleted []string
 		var err error
-		if c.Op == opDelete {
+		if c.Op == logcmd.OpDelete {
 			deleted, err = t.applyDelete(index, c.Delete)
 		} else {
 			deleted, err = t.applyRevoke(index, c.Revoke)
@@ -88,19 +85,19 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		}
 		outcome.Deleted = deleted
 		res.Deleted = deleted
-	case opReport:
+	case logcmd.OpReport:
 		rec, err := t.applyReport(index, c.Report)
 		if err != nil {
 			return Result{Err: err}
 		}
 		res.Agent = t.render(rec)
-	case opGrow, opReturn, opGrant:
+	case logcmd.OpGrow, logcmd.OpReturn, logcmd.OpGrant:
 		var rec *agentRecord
 		var err error
 		switch c.Op {
-		case opGrow:
+		case logcmd.OpGrow:
 			rec, err = t.applyGrow(index, c.Grow)
-		case opReturn:
+		case logcmd.OpReturn:
 			rec, err = t.applyReturn(index, c.Return)
 		default:
 			rec, err = t.applyGrant(index, c.Grant)
@@ -110,17 +107,17 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 		}
 		outcome.Agent = rec
 		res.Agent = t.render(rec)
-	case opRelease:
+	case logcmd.OpRelease:
 		res.Released = t.applyRelease(index, c.Release)
-	case opSetConfig:
+	case logcmd.OpSetConfig:
 		res = t.applySetConfig(index, *c.SetConfig)
-	case opSetClusterID:
+	case logcmd.OpSetClusterID:
 		t.applySetClusterID(index, c.ClusterID)
-	case opServerMeta:
+	case logcmd.OpServerMeta:
 		t.servers[c.ServerMeta.ID] = *c.ServerMeta
-	case opCompact:
+	case logcmd.OpCompact:
 		t.applyCompact(index, c.Compact)
-	case opRestore:
+	case logcmd.OpRestore:
 		if err := t.applyRestore(index, c.Restore); err != nil {
 			return Result{Err: err}
 		}
@@ -134,16 +131,16 @@ func (t *LeaseTable) applyCommand(index uint64, c command) Result {
 // repeatedRequest answers a request id seen before: a retry of the same
 // request (after an unknown outcome) gets that request's own outcome, and the
 // state does not change again; another request reusing the id is refused.
-func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome) Result {
+func (t *LeaseTable) repeatedRequest(c logcmd.Command, digest string, o requestOutcome) Result {
 	legacy := o.Digest == "" // restored from a snapshot that kept no outcomes
 	if !legacy && o.Digest != digest {
 		return Result{Err: fmt.Errorf("%w: request_id %q named a %s request applied at index %d, not this %s request; give every new request a new request_id",
 			ErrRequestIDReused, c.RequestID, o.Op, o.Index, c.Op)}
 	}
 	switch c.Op {
-	case opGrow, opReturn, opGrant:
+	case logcmd.OpGrow, logcmd.OpReturn, logcmd.OpGrant:
 		return Result{Agent: record.Render(t.net, o.Agent)}
-	case opRegister:
+	case logcmd.OpRegister:
 		rec := o.Agent
 		if legacy {
 			if rec = t.agents[c.Register.AgentID]; rec == nil {
@@ -151,25 +148,25 @@ func (t *LeaseTable) repeatedRequest(c command, digest string, o requestOutcome)
 			}
 		}
 		return Result{Agent: t.render(rec)}
-	case opReport:
+	case logcmd.OpReport:
 		rec := t.agents[c.Report.AgentID]
 		if rec == nil {
 			return Result{Err: fmt.Errorf("%w %q", ErrUnknownAgent, c.Report.AgentID)}
 		}
 		return Result{Agent: t.render(rec)}
-	case opDelete:
+	case logcmd.OpDelete:
 		if legacy {
 			return Result{Deleted: c.Delete.Agents}
 		}
 		return Result{Deleted: o.Deleted}
-	case opRevoke:
+	case logcmd.OpRevoke:
 		return Result{Deleted: o.Deleted}
 	}
 	return Result{}
 }
 
 // applyRegister creates or updates an agent's record and returns it.
-func (t *LeaseTable) applyRegister(index uint64, c *registerCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyRegister(index uint64, c *logcmd.Register) (*agentRecord, error) {
 	if t.net == nil {
 		return nil, ErrNoConfig
 	}
@@ -297,7 +294,7 @@ func (t *LeaseTable) ensureLeases(rec *agentRecord, index uint64) {
 
 // applyDelete removes agents (by id or underlay IP) and returns the ids it
 // removed.
-func (t *LeaseTable) applyDelete(index uint64, c *deleteCmd) ([]string, error) {
+func (t *LeaseTable) applyDelete(index uint64, c *logcmd.Delete) ([]string, error) {
 	var deleted []string
 	for _, name := range c.Agents {
 		id := name
@@ -456,7 +453,7 @@ func (t *LeaseTable) rebuildSpaces() {
 // applyReport records an agent's configuration report. It changes the
 // state (and its index) only when the report differs from the last one,
 // and never the record's version: peers act on records, not on reports.
-func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, error) {
+func (t *LeaseTable) applyReport(index uint64, c *logcmd.Report) (*agentRecord, error) {
 	rec := t.agents[c.AgentID]
 	if rec == nil {
 		return nil, fmt.Errorf("%w %q", ErrUnknownAgent, c.AgentID)
@@ -481,4 +478,16 @@ func (t *LeaseTable) applyReport(index uint64, c *reportCmd) (*agentRecord, erro
 	delete(t.cache.agents, c.AgentID)
 	t.cache.mu.Unlock()
 	return rec, nil
+}
+
+// Result is what applying a command hands back to its proposer.
+type Result struct {
+	Agent    *api.AgentInfo
+	Deleted  []string
+	Warnings []string
+	// ConfigChanged: a configuration command changed the committed one.
+	ConfigChanged bool
+	// Released is the number of quarantined blocks a release freed.
+	Released int
+	Err      error
 }

@@ -1,14 +1,17 @@
 // Package state is the masters' replicated lease table and the rules that
 // change it: the Raft state machine (LeaseTable) that applies the commands
-// of the log (Command), who may hold which block (the allocators over
-// prefixspace, leases, growth, grants, returns, quarantine, quotas), the
-// validation of requests into commands, snapshots, the change log, and
-// the cached, signed encoding of the state as the API shows it. It has no
-// HTTP and no network: package master serves it and replicates it with
-// raftlog.
+// of the log (master/logcmd), who may hold which block (the allocators over
+// prefixspace, leases, growth, grants, returns, quarantine, quotas),
+// snapshots and restores, what each index changed and the tombstone
+// compaction, revocations, and the cached, signed encoding of the state as
+// the API shows it. It has no HTTP and no network: package master serves
+// it and replicates it with raftlog.
 //
 // What the table consumes but does not decide lives in packages of their
-// own that never import this one: the network configuration
+// own that never import this one: the log's commands, made from validated
+// requests, and their decoding (master/logcmd), the snapshot format
+// (master/snapshot), the bounded change log (master/changelog), the deny
+// list of certificates (master/denylist), the network configuration
 // (master/netconfig), an agent's record and its rendering (master/record),
 // the signer (master/recordsign), what agents tell the leader outside the
 // log (master/usage) and the judgement of their trust reports
@@ -21,9 +24,11 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/changelog"
+	"github.com/carve-net/carve/master/denylist"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/record"
 	"github.com/carve-net/carve/master/recordsign"
@@ -39,8 +44,9 @@ var (
 	ErrNoConfig = errors.New("the network configuration is not committed yet")
 	// ErrUnknownAgent: no agent by that id or IP.
 	ErrUnknownAgent = errors.New("unknown agent")
-	// ErrBadCommand: a log entry that cannot be decoded (never written by us).
-	ErrBadCommand = errors.New("undecodable command")
+	// ErrBadCommand: a log entry that cannot be decoded (never written by
+	// us), logcmd's.
+	ErrBadCommand = logcmd.ErrBadCommand
 	// ErrRequestIDReused: a request id already named another request (another
 	// command, or the same command with another body).
 	ErrRequestIDReused = errors.New("request_id already used by another request")
@@ -85,25 +91,22 @@ type LeaseTable struct {
 
 	// changes is the log of what each state index changed (changes.go);
 	// touched and touchedAll collect it while a command applies.
-	changes    changeLog
+	changes    changelog.Log
 	touched    []string
 	touchedAll bool
 	// horizon is the highest index tombstones were compacted up to; marks
 	// tie indexes to the leader's clock for the next compaction.
 	horizon uint64
 	marks   []clockMark
-	// changeLogIDs bounds changes (DefaultChangeLogIDs; tests lower it).
+	// changeLogIDs bounds changes (changelog.DefaultIDs; tests lower it).
 	changeLogIDs int
 
 	// changed is closed and replaced whenever stateIndex moves (watchers).
 	changed chan struct{}
 	cache   stateCache
-	// revoked is the deny list of certificates, by serial (revocation.go);
-	// revokedSet and revokedJSON are what readers see of it.
-	revoked     map[string]api.Revocation
-	revokedSet  atomic.Pointer[map[string]struct{}]
-	revokedJSON []byte
-	revokedKick chan struct{} // see Revocations; not replicated, so reset leaves it
+	// denied is the deny list of certificates (revocation.go); reset
+	// empties it and keeps its signal (not replicated).
+	denied *denylist.List
 
 	// signer signs what the API shows (nil: nothing is signed); not part of
 	// the replicated state, so reset leaves it.
@@ -128,9 +131,12 @@ type LeaseTable struct {
 
 var _ raftlog.StateMachine = (*LeaseTable)(nil)
 
+// ServerMeta is a master's addresses as the log records them.
+type ServerMeta = logcmd.ServerMeta
+
 // NewLeaseTable returns an empty table (no configuration yet).
 func NewLeaseTable() *LeaseTable {
-	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: DefaultChangeLogIDs, usage: usage.New(), revokedKick: make(chan struct{}, 1)}
+	t := &LeaseTable{changed: make(chan struct{}), changeLogIDs: changelog.DefaultIDs, usage: usage.New(), denied: denylist.New()}
 	t.reset()
 	return t
 }
@@ -147,11 +153,10 @@ func (t *LeaseTable) reset() {
 	t.quarantine = map[string][]quarantined{}
 	t.reports = map[string]agentReport{}
 	t.cache = newStateCache()
-	t.changes = changeLog{max: t.changeLogIDs}
+	t.changes = changelog.New(t.changeLogIDs)
 	t.touched, t.touchedAll, t.horizon, t.marks = nil, false, 0, nil
-	t.revoked = map[string]api.Revocation{}
 	t.usedStatements = map[string]int64{}
-	t.revokedChanged()
+	t.denied.Reset()
 	t.restore, t.history = nil, ""
 }
 
@@ -342,7 +347,7 @@ func (t *LeaseTable) State() api.State {
 		st.Tombstones = append(st.Tombstones, tb)
 	}
 	st.Quarantine = t.quarantineAPI()
-	st.Revoked = t.revokedList()
+	st.Revoked = t.denied.Sorted()
 	return st
 }
 

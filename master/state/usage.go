@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/usage"
 )
@@ -38,31 +39,31 @@ func (t *LeaseTable) RecordUsage(id string, r *api.UsageReport) (api.UsageAnswer
 // ReleaseProposal returns the release command the leader may propose: the
 // acknowledgements it holds, when quarantined space exists that they
 // release. false when there is nothing to release.
-func (t *LeaseTable) ReleaseProposal() (Command, bool) {
+func (t *LeaseTable) ReleaseProposal() (logcmd.Command, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if len(t.quarantine) == 0 {
-		return Command{}, false
+		return logcmd.Command{}, false
 	}
 	held := t.usage.Acks()
-	acks := map[string]holdingsAck{}
+	acks := map[string]logcmd.HoldingsAck{}
 	floor := ^uint64(0)
 	for id, rec := range t.agents {
 		a, ok := held[id]
 		if !ok || a.Created != rec.Created {
-			return Command{}, false
+			return logcmd.Command{}, false
 		}
-		acks[id] = holdingsAck{Created: a.Created, Index: a.Index}
+		acks[id] = logcmd.HoldingsAck{Created: a.Created, Index: a.Index}
 		floor = min(floor, a.Index)
 	}
 	for _, qs := range t.quarantine {
 		for _, q := range qs {
 			if q.Since <= floor {
-				return Command{command{Op: opRelease, Release: &releaseCmd{Acks: acks}}}, true
+				return logcmd.ReleaseCommand(acks), true
 			}
 		}
 	}
-	return Command{}, false
+	return logcmd.Command{}, false
 }
 
 // QuarantinedCount is the number of quarantined blocks (metrics).

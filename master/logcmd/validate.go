@@ -1,12 +1,8 @@
-package state
+package logcmd
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/netconfig"
@@ -15,46 +11,52 @@ import (
 // maxRequestIDLen bounds a request id.
 const maxRequestIDLen = 128
 
-// ValidateRegistration checks a registration and names the bad field.
-func ValidateRegistration(req *api.RegisterRequest) error {
-	if req.AgentID == "" {
-		return errors.New("agent_id is required")
-	}
-	if err := api.ValidateAgentID(req.AgentID); err != nil {
-		return fmt.Errorf("agent_id: %w", err)
-	}
-	if req.IP == "" {
-		return errors.New("ip is required (the agent's underlay address)")
-	}
-	ip, err := netip.ParseAddr(req.IP)
-	if err != nil || ip.Zone() != "" {
-		return fmt.Errorf("ip %q is not an IP address", req.IP)
-	}
-	if ip.Is4In6() {
-		return fmt.Errorf("ip %q: write IPv4 addresses in dotted form", req.IP)
-	}
-	if ip.IsUnspecified() || ip.IsMulticast() || ip.IsLoopback() || (ip.Is4() && ip == netip.AddrFrom4([4]byte{255, 255, 255, 255})) {
-		return fmt.Errorf("ip %q cannot be an agent's underlay address", req.IP)
-	}
-	if len(req.Hostname) > 253 || strings.ContainsFunc(req.Hostname, func(r rune) bool { return r <= ' ' || r > '~' }) {
-		return fmt.Errorf("hostname %q: want at most 253 printable characters", req.Hostname)
-	}
-	if req.MeshAddr != "" {
-		host, port, err := net.SplitHostPort(req.MeshAddr)
-		if err != nil || host == "" {
-			return fmt.Errorf("mesh_addr %q: want HOST:PORT", req.MeshAddr)
+// maxClusterIDLen bounds a cluster id in the log.
+const maxClusterIDLen = 64
+
+// validate checks that a decoded command carries the body its op needs.
+func (c Command) validate() error {
+	missing := false
+	switch c.Op {
+	case OpRegister:
+		missing = c.Register == nil
+	case OpDelete:
+		missing = c.Delete == nil
+	case OpSetConfig:
+		missing = c.SetConfig == nil
+	case OpServerMeta:
+		missing = c.ServerMeta == nil
+	case OpCompact:
+		missing = c.Compact == nil
+		if !missing && (c.Compact.Now <= 0 || c.Compact.MaxAge <= 0) {
+			return fmt.Errorf("%w: compact with now %d and max_age %d: want both positive", ErrBadCommand, c.Compact.Now, c.Compact.MaxAge)
 		}
-		if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
-			return fmt.Errorf("mesh_addr %q: port must be 1-65535", req.MeshAddr)
+	case OpReport:
+		missing = c.Report == nil
+	case OpGrow:
+		missing = c.Grow == nil
+	case OpReturn:
+		missing = c.Return == nil
+	case OpGrant:
+		missing = c.Grant == nil
+	case OpRelease:
+		missing = c.Release == nil
+	case OpRevoke:
+		missing = c.Revoke == nil
+	case OpRestore:
+		missing = c.Restore == nil
+	case OpSetClusterID:
+		if len(c.ClusterID) > maxClusterIDLen {
+			return fmt.Errorf("%w: cluster_id longer than %d bytes", ErrBadCommand, maxClusterIDLen)
 		}
+		missing = c.ClusterID == ""
+	default:
+		return fmt.Errorf("%w: unknown op %q", ErrBadCommand, c.Op)
 	}
-	if err := req.Keys.Validate(); err != nil {
-		return err
+	if missing {
+		return fmt.Errorf("%w: %s without body", ErrBadCommand, c.Op)
 	}
-	if err := api.ValidateUnderlayMTU(req.UnderlayMTU); err != nil {
-		return err
-	}
-	return validateRequestID(req.RequestID)
+	return nil
 }
 
 func validateRequestID(id string) error {
