@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -108,7 +109,7 @@ func TestRingAntiEntropy(t *testing.T) {
 	// lack them). Announce them now, so that what follows measures the
 	// lease alone (which of the two agents pushed first varies by run).
 	for _, svc := range svcs {
-		svc.announce()
+		svc.gossip.Announce()
 	}
 	if err := gnet.WaitIdle(ctx); err != nil {
 		t.Fatal(err)
@@ -183,7 +184,7 @@ func TestRingGossipInProportionToChange(t *testing.T) {
 	if _, err := svcs["self"].Allocate(req("c1")); err != nil {
 		t.Fatal(err)
 	}
-	svcs["self"].announce()
+	svcs["self"].gossip.Announce()
 	idle()
 	b, n := sent["self"].reset()
 	if n["delta"] != 1 || b["delta"] == 0 || b["delta"] > whole/16 {
@@ -192,7 +193,7 @@ func TestRingGossipInProportionToChange(t *testing.T) {
 	if !equal() {
 		t.Fatalf("rings differ after the delta (seed %d)", gnet.Seed())
 	}
-	svcs["self"].announce()
+	svcs["self"].gossip.Announce()
 	if b, _ := sent["self"].reset(); b["delta"] != 0 {
 		t.Errorf("announced %d bytes with nothing new", b["delta"])
 	}
@@ -423,7 +424,7 @@ func TestGrantedRequestsForgotten(t *testing.T) {
 			stored := func() int {
 				n := 0
 				_ = donor.db.View(func(tx *bolt.Tx) error {
-					n = tx.Bucket([]byte(grantedBucket)).Stats().KeyN
+					n = tx.Bucket([]byte(ipamstore.GrantedBucket)).Stats().KeyN
 					return nil
 				})
 				return n

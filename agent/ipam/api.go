@@ -40,6 +40,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/agent/ipam/cnihost"
+	"github.com/carve-net/carve/agent/ipam/masterreport"
+	"github.com/carve-net/carve/agent/ipam/spaceask"
 	"github.com/carve-net/carve/api"
 )
 
@@ -177,17 +179,15 @@ var (
 	// grown and granted space it may, so it asks no peer either (the
 	// masters would refuse the grant's report just the same).
 	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
-	// errOverlayFull marks a growth that found space nowhere: not at the
-	// masters, and no peer reports a free address in the ring (the
-	// overlay's whole space is in use).
-	errOverlayFull = errors.New("overlay full")
+	// errOverlayFull marks a growth that found space nowhere
+	// (spaceask.ErrOverlayFull).
+	errOverlayFull = spaceask.ErrOverlayFull
 	// errNoDonor marks a growth that got no block although peers report
-	// free addresses: each refused (it keeps what it needs), did not
-	// answer or could not be reached.
-	errNoDonor = errors.New("no peer granted space")
+	// free addresses (spaceask.ErrNoDonor).
+	errNoDonor = spaceask.ErrNoDonor
 	// ErrReportRefused is a BlockSource's answer when the masters refused
 	// a grant report or a return for good (not worth sending again).
-	ErrReportRefused = errors.New("refused by the masters")
+	ErrReportRefused = masterreport.ErrRefused
 )
 
 // GrowthConfig configures growth; the zero value grows through the ring only.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/claimkeys"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -83,8 +84,8 @@ func TestForgedClaimsChangeNothing(t *testing.T) {
 		refused float64
 		owner   string
 	}{
-		{"unsigned, in b's name", forgedClaims(t, "b", b, nil), claimUnsigned, 2, "b"},
-		{"b's name, another key", forgedClaims(t, "b", b, stranger), claimBadSignature, 2, "b"},
+		{"unsigned, in b's name", forgedClaims(t, "b", b, nil), claimkeys.ReasonUnsigned, 2, "b"},
+		{"b's name, another key", forgedClaims(t, "b", b, stranger), claimkeys.ReasonBadSignature, 2, "b"},
 		{"a's own key in b's lease", forgedClaims(t, "a", av, claimKeyOf("a")), ring.RefusedNotLessee, 1, "b"},
 		{"b's key, past b's record", forgedClaims(t, "b", b+1000, claimKeyOf("b")), ring.RefusedRecordAhead, 2, "b"},
 		{"an unknown writer", forgedClaims(t, "x", b, stranger), ring.RefusedNotLessee, 2, "b"},
@@ -94,7 +95,7 @@ func TestForgedClaimsChangeNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := claimsRefused(t, a, tt.reason)
-			if _, err := (*ringHandler)(a.svc).receive("", tt.msg); err != nil {
+			if _, err := a.svc.gossip.Receive("", tt.msg); err != nil {
 				t.Fatal(err)
 			}
 			if tt.reason != "" {
@@ -118,7 +119,7 @@ func TestSpaceRequestSigned(t *testing.T) {
 	a, b := c.nodes["a"].svc, c.nodes["b"].svc
 	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "b", ID: "r1", Overlay: "carve", Family: "4", Bits: 27}
 	signed := req
-	b.signSpaceRequest(&signed)
+	b.claims.SignSpaceRequest(&signed)
 	forged := req
 	forged.Sig = api.Sign(claimKeyOf("c"), ipamwire.SpaceRequestSigningBytes(req))
 	tampered := signed
@@ -129,13 +130,13 @@ func TestSpaceRequestSigned(t *testing.T) {
 		reason string
 	}{
 		{"signed by its sender", signed, ""},
-		{"unsigned", req, claimUnsigned},
-		{"signed by another", forged, claimBadSignature},
-		{"changed after signing", tampered, claimBadSignature},
+		{"unsigned", req, claimkeys.ReasonUnsigned},
+		{"signed by another", forged, claimkeys.ReasonBadSignature},
+		{"changed after signing", tampered, claimkeys.ReasonBadSignature},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			a.mu.Lock()
-			reason, ok := a.checkSpaceRequest(tt.m)
+			reason, ok := a.claims.CheckSpaceRequest(tt.m)
 			a.mu.Unlock()
 			if ok != (tt.reason == "") || reason != tt.reason {
 				t.Fatalf("check = %q, %v; want %q", reason, ok, tt.reason)
@@ -160,7 +161,7 @@ func TestHonestGrowthRefusesNothing(t *testing.T) {
 	}
 	recordGrant(t, c, reports[0])
 	for _, nd := range c.nodes {
-		for _, r := range claimReasons {
+		for _, r := range claimkeys.Reasons() {
 			if r == ring.RefusedRecordAhead {
 				continue
 			}

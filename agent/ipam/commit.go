@@ -4,6 +4,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 )
 
 // Group commit. A request decides its change in memory under s.mu, queues
@@ -119,7 +121,7 @@ func (s *Service) commit(b *batch) error {
 	}
 	start := time.Now()
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if err := apply(tx, b.writes); err != nil {
+		if err := ipamstore.Apply(tx, b.writes); err != nil {
 			return err
 		}
 		if s.inTransaction != nil {

@@ -6,7 +6,6 @@ package ipam
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"net/netip"
@@ -14,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -43,7 +43,6 @@ func (s *Service) Run(ctx context.Context) {
 	defer persistTicker.Stop()
 	defer s.persistDirtyRings()
 	defer s.Close() // before the last ring write: a growth may still write
-	backoff := newOutboxBackoff()
 	var watch sync.WaitGroup
 	defer watch.Wait()
 	watch.Go(func() { s.watchHost(ctx) })
@@ -55,24 +54,18 @@ func (s *Service) Run(ctx context.Context) {
 			if s.grow.cfg.IdleReturn > 0 {
 				s.returnIdle(time.Now())
 			}
-		case <-s.announceKick:
-			s.announce()
+		case <-s.gossip.Kicked():
+			s.gossip.Announce()
 			continue
 		case <-persistTicker.C:
 			s.persistDirtyRings()
 			continue
-		case <-s.grow.kick:
+		case <-s.reports.Kicked():
 		case <-retry.C:
 		case <-usageTicker.C:
 		}
-		// Grants go to the masters before a usage report lists them.
-		if err := s.flushOutbox(ctx); err != nil {
-			retry.Reset(backoff.Next())
-			continue
-		}
-		backoff.Reset()
-		if err := s.sendUsage(ctx, time.Now()); err != nil {
-			s.log.Debug("usage report to the masters", "err", err)
+		if wait := s.reports.Send(ctx, time.Now()); wait > 0 {
+			retry.Reset(wait)
 		}
 	}
 }
@@ -85,7 +78,7 @@ func (s *Service) watchHost(ctx context.Context) {
 	defer warn.Stop()
 	var reclaim <-chan time.Time
 	if s.reclaim.cfg.After > 0 {
-		t := time.NewTicker(s.reclaim.every())
+		t := time.NewTicker(s.reclaim.missing.Every())
 		defer t.Stop()
 		reclaim = t.C
 	}
@@ -96,7 +89,7 @@ func (s *Service) watchHost(ctx context.Context) {
 		case now := <-reclaim:
 			s.reclaimGone(now)
 		case now := <-warn.C:
-			s.warnLowSpace(now)
+			s.capacity.WarnLowSpace(now)
 		}
 	}
 }
@@ -148,7 +141,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		return // taken meanwhile
 	}
 	var writes []write
-	id := fmt.Sprintf("%s-%016x", s.id, s.grow.rng.Uint64())
+	id := s.asker.RequestID()
 	switch hb.Origin {
 	case OriginGrant:
 		to := leaseOwner(a.Ring(), s.id, hb.Prefix)
@@ -185,7 +178,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// donor holds that no more), never as a block of its own.
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
@@ -204,8 +197,8 @@ func (s *Service) giveBack(hb *heldBlock) {
 		version := max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix))
 		s.grow.returned[hb.Prefix] = version
 		enc := a.EncodeRing()
-		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), putReturned(hb.Prefix, version),
-			putOutbox(outboxEntry{Kind: outboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
+		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), ipamstore.PutReturned(hb.Prefix, version),
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
@@ -217,8 +210,8 @@ func (s *Service) giveBack(hb *heldBlock) {
 	}
 	s.metrics.returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
-	s.announce()
-	s.kickOutbox()
+	s.gossip.Announce()
+	s.reports.Kick()
 	s.changed()
 }
 
@@ -226,7 +219,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 // masters newer than the returned lease no longer lists: the masters took
 // them (a later lease of the same block has a higher version, and is this
 // agent's again). Until then a record that lists one is stale, after a
-// restart too (returnedBucket). The caller has quiesced.
+// restart too (ipamstore.ReturnedBucket). The caller has quiesced.
 func (s *Service) forgetReturned(o *overlay, v View) []write {
 	if v.Self == nil {
 		return nil
@@ -241,7 +234,7 @@ func (s *Service) forgetReturned(o *overlay, v View) []write {
 			continue // a record older than the lease given back
 		}
 		delete(s.grow.returned, p)
-		writes = append(writes, deleteReturned(p))
+		writes = append(writes, ipamstore.DeleteReturned(p))
 	}
 	return writes
 }

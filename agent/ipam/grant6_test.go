@@ -37,7 +37,7 @@ func TestNoIPv6GrantThroughRing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The asking side does not ask for IPv6 at all.
-	err := c.nodes["a"].svc.growFromRing(t.Context(), growKey{overlay: "carve", bridge: "mesos", fam: 1}, nil)
+	err := c.nodes["a"].svc.asker.Ask(t.Context(), "carve", "mesos", 1, nil)
 	if err == nil || !errors.Is(err, errOverlayFull) {
 		t.Errorf("growing IPv6 through the ring: %v, want errOverlayFull", err)
 	}

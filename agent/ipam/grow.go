@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -43,31 +42,14 @@ type growth struct {
 	asked []string
 }
 
-// waiter is a space request waiting for its answer.
-type waiter struct {
-	peer string
-	ch   chan ipamwire.SpaceMessage
-}
-
 // growState is the growth part of a Service, under s.mu.
 type growState struct {
 	cfg      GrowthConfig
-	rng      *rand.Rand
 	inflight map[growKey]*growth
-	// asking: the bridge an overlay family asks space for now.
-	asking  map[[2]string]string
-	waiting map[string]waiter
-	refused map[[2]string]peerRefusal // overlay, peer -> its last refusal
-	granted map[[2]string]netip.Prefix
+	granted  map[[2]string]netip.Prefix
 	// returned: grown blocks given back, by prefix, with their lease
 	// version: a masters' record that still lists one is stale.
 	returned map[netip.Prefix]uint64
-	// fullSince: overlays whose last IPv4 growth found space nowhere, and
-	// lowWarned when their low space was last logged (capacity.go).
-	fullSince map[string]time.Time
-	lowWarned map[string]time.Time
-	kick      chan struct{}
-	usage     usageState // Run's alone
 }
 
 func newGrowState(cfg GrowthConfig) growState {
@@ -93,11 +75,8 @@ func newGrowState(cfg GrowthConfig) growState {
 		cfg.UsageRefresh = defaultUsageRefresh
 	}
 	return growState{
-		cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6772)),
-		inflight: map[growKey]*growth{}, asking: map[[2]string]string{}, waiting: map[string]waiter{},
-		refused: map[[2]string]peerRefusal{}, granted: map[[2]string]netip.Prefix{},
-		returned: map[netip.Prefix]uint64{}, kick: make(chan struct{}, 1),
-		fullSince: map[string]time.Time{}, lowWarned: map[string]time.Time{},
+		cfg: cfg, inflight: map[growKey]*growth{}, granted: map[[2]string]netip.Prefix{},
+		returned: map[netip.Prefix]uint64{},
 	}
 }
 
@@ -207,7 +186,9 @@ func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
 	}
 	s.mu.Lock()
 	delete(s.grow.inflight, k)
-	s.noteGrowth(k, err, time.Now())
+	if k.fam == 0 {
+		s.capacity.NoteGrowth(k.overlay, err == nil, errors.Is(err, errOverlayFull), time.Now())
+	}
 	g.err = err
 	close(g.done)
 	s.mu.Unlock()
@@ -227,7 +208,7 @@ func (s *Service) changed() {
 // set, keeps what it asked so far.
 func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 	if src := s.grow.cfg.Source; src != nil {
-		lb, err := src.Grow(ctx, k.overlay, k.bridge, familyNumber(k.fam), s.requestID())
+		lb, err := src.Grow(ctx, k.overlay, k.bridge, familyNumber(k.fam), s.asker.RequestID())
 		switch {
 		case err == nil:
 			if err = s.addGrownBlock(k, lb); err == nil {
@@ -250,7 +231,15 @@ func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)
 		}
 	}
-	return s.growFromRing(ctx, k, g)
+	var note func(string)
+	if g != nil {
+		note = func(asked string) {
+			s.mu.Lock()
+			g.asked = append(g.asked, asked)
+			s.mu.Unlock()
+		}
+	}
+	return s.asker.Ask(ctx, k.overlay, k.bridge, k.fam, note)
 }
 
 // familyNumber is 4 or 6.
@@ -259,13 +248,6 @@ func familyNumber(fam int) int {
 		return 6
 	}
 	return 4
-}
-
-// requestID is a fresh id for a request to the masters or a peer.
-func (s *Service) requestID() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return fmt.Sprintf("%s-%016x", s.id, s.grow.rng.Uint64())
 }
 
 // addGrownBlock makes a block the masters leased a block of the bridge: a
@@ -321,6 +303,6 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 	if err := s.flush(b); err != nil {
 		return fmt.Errorf("persist block: %w", err)
 	}
-	s.announce()
+	s.gossip.Announce()
 	return nil
 }

@@ -153,7 +153,7 @@ func newPropertyCluster(t *testing.T, seed uint64, ids []string) *propertyCluste
 func (pc *propertyCluster) report() {
 	pc.t.Helper()
 	for _, id := range pc.ids {
-		if err := pc.nodes[id].svc.flushOutbox(context.Background()); err != nil {
+		if err := pc.nodes[id].svc.reports.FlushOutbox(context.Background()); err != nil {
 			pc.t.Fatalf("%s: outbox: %v", id, err)
 		}
 	}

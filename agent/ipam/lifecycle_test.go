@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/carve-net/carve/agent/ipam/ringgossip"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -173,7 +174,7 @@ func TestRebuildForgetsRings(t *testing.T) {
 			dir := t.TempDir()
 			h := newHarness(t, dir, harnessOptions{view: &oldView})
 			old := h.alloc("c1", "eth0", "")
-			oldMsg := ringData{msg: h.svc.rings()}.Encode()[0]
+			oldMsg := ringgossip.Data{Msg: h.svc.rings()}.Encode()[0]
 			if how == "Rebuild" {
 				h.svc.Rebuild("new-cluster")
 			}
@@ -216,10 +217,10 @@ func TestRebuildForgetsRings(t *testing.T) {
 
 			// The old cluster's gossip is refused and counted.
 			_, err := h.svc.RingGossip().OnGossip(oldMsg)
-			if !errors.Is(err, errOtherCluster) {
+			if !errors.Is(err, ringgossip.ErrOtherCluster) {
 				t.Errorf("old cluster's ring message: %v, want errOtherCluster", err)
 			}
-			if n := h.counter("carve_agent_ring_gossip_messages_total", "result", gossipOtherCluster); n != 1 {
+			if n := h.counter("carve_agent_ring_gossip_messages_total", "result", ringgossip.ResultOtherCluster); n != 1 {
 				t.Errorf("other_cluster messages counted: %v", n)
 			}
 			check(h.svc, "after the old cluster's gossip")

@@ -4,15 +4,9 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Ring gossip results, the label of carve_agent_ring_gossip_messages_total.
-const (
-	gossipNews         = "news"          // changed at least one ring
-	gossipKnown        = "known"         // changed nothing
-	gossipBad          = "bad"           // could not be decoded
-	gossipOtherCluster = "other_cluster" // from another masters' cluster: refused
-	gossipRefused      = "refused"       // a ring refused (takeover, other universe, invalid)
+	"github.com/carve-net/carve/agent/ipam/claimkeys"
+	"github.com/carve-net/carve/agent/ipam/ringgossip"
 )
 
 type metrics struct {
@@ -50,9 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_commit_errors_total", Help: "Group commits that failed (their changes were taken back).",
 		}),
-		ringGossip: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "carve_agent_ring_gossip_messages_total", Help: "Ring gossip received, by result (news, known, bad, other_cluster, refused).",
-		}, []string{"result"}),
+		ringGossip: ringgossip.NewResultsCounter(),
 		grows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_grows_total", Help: "Attempts to grow a bridge, by path (master, ring) and result.",
 		}, []string{"path", "result"}),
@@ -78,7 +70,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "carve_agent_ipam_netns_reclaims_total", Help: "Allocations of containers whose network namespace was gone for --reclaim-after, by result (released; dry_run: reported by --reclaim-dry-run, not released).",
 		}, []string{"result"}),
 	}
-	m.claimsRefused = newClaimsRefused()
+	m.claimsRefused = claimkeys.NewRefusedCounter()
 	m.isolated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "carve_agent_ipam_isolated_addresses",
 		Help: "Addresses of this agent's containers in space the masters' records took from it (a restore, a lease moved): the containers keep them, the agent hands out nothing there, and the rest of the overlay is served; carve ipam check names them.",
@@ -88,9 +80,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, r := range []string{"released", "dry_run"} {
 		m.netnsReclaims.WithLabelValues(r)
-	}
-	for _, r := range []string{gossipNews, gossipKnown, gossipBad, gossipOtherCluster, gossipRefused} {
-		m.ringGossip.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/cnihost"
+	"github.com/carve-net/carve/agent/ipam/reclaimwatch"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -27,24 +28,13 @@ import (
 
 // reclaimState is what the reclaim remembers between scans, under s.mu.
 type reclaimState struct {
-	cfg ReclaimConfig
-	// missingSince: when the namespace of an allocation (allocKey) was
-	// first seen missing, with the path seen.
-	missingSince map[string]missing
-	// reported: dry-run findings already logged (once each).
-	reported map[string]bool
-	// scans counts the scans made (tests wait on it).
-	scans uint64
-}
-
-type missing struct {
-	netns string
-	since time.Time
+	cfg     ReclaimConfig
+	missing *reclaimwatch.Missing
 }
 
 func newReclaimState(cfg ReclaimConfig) reclaimState {
 	cfg.NetNSDirs = cnihost.NetNSDirs(cfg.NetNSDirs)
-	return reclaimState{cfg: cfg, missingSince: map[string]missing{}, reported: map[string]bool{}}
+	return reclaimState{cfg: cfg, missing: reclaimwatch.NewMissing(cfg.After)}
 }
 
 // reclaimCandidate is an allocation whose namespace the scan checks.
@@ -97,28 +87,14 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r := &s.reclaim
-	r.scans++
-	seen := map[string]bool{}
+	r.missing.Begin()
 	var out []api.Allocation
 	var b *batch
 	released := 0
 	for _, c := range cands {
 		key := allocKey(c.overlay, c.at)
-		seen[key] = true
-		m, was := r.missingSince[key]
-		if !gone[key] || (was && m.netns != c.netns) {
-			delete(r.missingSince, key)
-			delete(r.reported, key)
-			if !gone[key] {
-				continue
-			}
-			was = false
-		}
-		if !was {
-			r.missingSince[key] = missing{netns: c.netns, since: now}
-			continue
-		}
-		if now.Sub(m.since) < r.cfg.After {
+		since, due := r.missing.Due(key, c.netns, gone[key], now)
+		if !due {
 			continue
 		}
 		o := s.overlays[c.overlay]
@@ -128,28 +104,22 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 		}
 		al := *s.render(o, c.at, rec)
 		if r.cfg.DryRun {
-			if !r.reported[key] {
-				r.reported[key] = true
+			if r.missing.FirstReport(key) {
 				s.metrics.netnsReclaims.WithLabelValues("dry_run").Inc()
 				s.log.Warn("dry run: would release the addresses of a container whose network namespace is gone",
-					"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", m.since)
+					"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", since)
 			}
 			out = append(out, al)
 			continue
 		}
 		s.log.Warn("released the addresses of a container whose network namespace is gone (no DEL came)",
-			"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", m.since)
+			"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", since)
 		b = s.release(o, c.at)
 		released++
-		delete(r.missingSince, key)
+		r.missing.Released(key)
 		out = append(out, al)
 	}
-	for key := range r.missingSince {
-		if !seen[key] {
-			delete(r.missingSince, key)
-			delete(r.reported, key)
-		}
-	}
+	r.missing.End()
 	return out, released, b
 }
 
@@ -162,15 +132,9 @@ func ipList(al api.Allocation) string {
 	return strings.Join(out, ",")
 }
 
-// reclaimEvery is the period of the namespace scan: a quarter of the
-// grace, between 10ms and 30s.
-func (r *reclaimState) every() time.Duration {
-	return min(max(r.cfg.After/4, 10*time.Millisecond), 30*time.Second)
-}
-
 // reclaimScans is how many scans reclaimGone made.
 func (s *Service) reclaimScans() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.reclaim.scans
+	return s.reclaim.missing.Scans()
 }

@@ -181,7 +181,7 @@ func (s *Service) retire(o *overlay) {
 		}
 	}
 	delete(s.overlays, o.name)
-	s.forgetGossip(o.name)
+	s.gossip.Forget(o.name)
 }
 
 // seed creates (or re-seeds) the allocator of one overlay family from the
@@ -562,7 +562,7 @@ type overlaySync struct {
 // overlaySync is the layers beneath a sync of an overlay; the caller holds
 // s.mu.
 func (s *Service) overlaySync(name string) overlaySync {
-	sy := overlaySync{self: s.id, sign: s.signClaim(), ownClaim: s.ownClaimValid(), known: s, log: s.log,
+	sy := overlaySync{self: s.id, sign: s.claims.Signer(), ownClaim: s.claims.OwnClaimValid(), known: s, log: s.log,
 		asking: func(fam int) string { return s.askingBridge(name, fam) },
 		expected: func(p netip.Prefix) bool {
 			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)

@@ -110,7 +110,7 @@ func TestNoDonationAfterClose(t *testing.T) {
 	b.svc.Close()
 	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: "c1", From: "a", ID: "a-1", Overlay: "carve", Family: "4", Bits: 28}
 	req.Sig = api.Sign(claimKeyOf("a"), ipamwire.SpaceRequestSigningBytes(req))
-	err := (*ringHandler)(b.svc).onSpaceMessage("a", ipamwire.EncodeSpaceMessage(req))
+	err := b.svc.onSpaceMessage("a", ipamwire.EncodeSpaceMessage(req))
 	if !errors.Is(err, errStopping) {
 		t.Fatalf("a space request to a closed service: %v; want it refused as stopping", err)
 	}

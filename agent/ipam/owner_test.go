@@ -10,6 +10,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/api"
 )
 
@@ -111,7 +112,7 @@ func TestOwnerPersisted(t *testing.T) {
 	}
 	old, _ := json.Marshal(map[string]string{"bridge": "mesos", "v4": "10.128.2.50"})
 	if err := db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(allocBucket)).Put([]byte("carve\x00old\x00eth0"), old)
+		return tx.Bucket([]byte(ipamstore.AllocBucket)).Put([]byte("carve\x00old\x00eth0"), old)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestCapacityMetrics(t *testing.T) {
 			}
 		})
 	}
-	// Full: the free fraction is under lowFreeRatio and the last growth
+	// Full: the free fraction is under capacity.LowFreeRatio and the last growth
 	// found no space. Fill the docker bridge and most of the mesos one.
 	for i := range 252 {
 		h.alloc("dd"+strconv.Itoa(i), "eth0", api.BridgeDocker)
@@ -218,9 +219,7 @@ func TestCapacityMetrics(t *testing.T) {
 	if got, _ := h.gauge("carve_agent_ipam_overlay_full", map[string]string{"overlay": "carve"}); got != 0 {
 		t.Errorf("full before any growth failed: %v", got)
 	}
-	h.svc.mu.Lock()
-	h.svc.noteGrowth(growKey{overlay: "carve", fam: 0}, errOverlayFull, time.Now())
-	h.svc.mu.Unlock()
+	h.svc.capacity.NoteGrowth("carve", false, true, time.Now()) // a growth found no space
 	if got, _ := h.gauge("carve_agent_ipam_overlay_full", map[string]string{"overlay": "carve"}); got != 1 {
 		t.Errorf("full after a growth found no space: %v", got)
 	}

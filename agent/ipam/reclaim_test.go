@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
-	"time"
 )
 
 // writeCacheEntry writes libcni's cached ADD result of an attachment on the
@@ -81,44 +79,5 @@ func TestReclaimSkipsReleasedAttachments(t *testing.T) {
 				t.Errorf("the live container's cached address was not reclaimed: %v", got)
 			}
 		})
-	}
-}
-
-// TestRecentReleasesExpire: a release is remembered for releaseMemory, a
-// later release of the same attachment restarts it, an allocation forgets
-// it, and prune returns what it forgot (to delete from disk) once.
-func TestRecentReleasesExpire(t *testing.T) {
-	t0 := time.Unix(1_700_000_000, 0)
-	var r recentReleases
-	r.mark("a", t0)
-	r.mark("b", t0)
-	r.mark("a", t0.Add(releaseMemory/2)) // released again
-	r.mark("c", t0.Add(releaseMemory/2))
-	if !r.forget("c") || r.forget("c") { // allocated again
-		t.Error("forget of c did not report its release once")
-	}
-	later := t0.Add(releaseMemory + time.Second)
-	if got := r.prune(later); !slices.Equal(got, []string{"b"}) {
-		t.Errorf("prune forgot %v, want [b] (a's first release is superseded, c was allocated again)", got)
-	}
-	r.mark("d", later)
-	for _, tc := range []struct {
-		key  string
-		at   time.Time
-		want bool
-	}{
-		{"a", later, true},
-		{"a", t0.Add(releaseMemory*3/2 + time.Second), false},
-		{"b", later, false},
-		{"c", later, false},
-		{"d", later, true},
-		{"e", later, false},
-	} {
-		if got := r.released(tc.key, tc.at); got != tc.want {
-			t.Errorf("released(%s, t0+%s) = %v, want %v", tc.key, tc.at.Sub(t0), got, tc.want)
-		}
-	}
-	if got := r.prune(later); len(got) != 0 {
-		t.Errorf("a second prune forgot %v", got)
 	}
 }

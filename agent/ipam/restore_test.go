@@ -200,7 +200,7 @@ func TestRestoreTakesBackARecordedGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	if _, err := (*ringHandler)(honest.svc).receive("", l.rogueGrants(unasked)); err != nil {
+	if _, err := honest.svc.gossip.Receive("", l.rogueGrants(unasked)); err != nil {
 		t.Fatal(err)
 	}
 	if held := heldOverlapping(honest.svc, unasked); len(held) > 0 {

@@ -8,11 +8,17 @@
 //
 // It knows nothing of the agent: the agent hands it a View of what it
 // learned (its own record, every peer's leases, the tombstones) with Sync.
+//
+// It keeps the overlay table and its lock, and every change to it; the
+// jobs beneath it are its parts, none of which imports it: the store's
+// record formats (ipamstore), the rings' gossip (ringgossip), asking peers
+// for space (spaceask), the claim keys (claimkeys), the reports to the
+// masters (masterreport), the capacity gauges (capacity), the reclaims'
+// memory (reclaimwatch) and the unix-socket API (ipamsock).
 package ipam
 
 import (
 	"context"
-	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +27,12 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/capacity"
+	"github.com/carve-net/carve/agent/ipam/claimkeys"
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
+	"github.com/carve-net/carve/agent/ipam/masterreport"
+	"github.com/carve-net/carve/agent/ipam/ringgossip"
+	"github.com/carve-net/carve/agent/ipam/spaceask"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/goroutines"
@@ -66,21 +78,21 @@ type Service struct {
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
 	reclaim        reclaimState
-	onSent         func(kind string, n int)
-	// gossipState is what the gossip of each served ring keeps.
-	gossipState map[ringID]*ringGossip
-	// announceKick asks Run to announce ring changes.
-	announceKick chan struct{}
+	// asker, capacity and gossip keep their state under their own locks,
+	// taken after s.mu, never the other way; reports is Run's alone.
+	asker    *spaceask.Asker        // asks peers for space (growth through the ring)
+	reports  *masterreport.Reporter // the outbox and usage reports to the masters
+	capacity *capacity.Tracker      // the capacity gauges and the low-space WARN
+	gossip   *ringgossip.Gossip     // the served rings' gossip
 	// dirtyRings changed by other agents' entries only since they were
 	// written; Run writes them every ringPersistEvery.
 	dirtyRings map[ringID]bool
 	// released are the attachments whose cached CNI result must not be
 	// reclaimed: their DEL may still be finishing (see released.go).
 	released recentReleases
-	// claimKey signs this agent's claims (nil: none); claimKeys are the
-	// peers' claim keys, from the view's records (claims.go).
-	claimKey  ed25519.PrivateKey
-	claimKeys map[string]ed25519.PublicKey
+	// claims are this agent's claim key and the peers', from the view's
+	// records (claims.go), under s.mu.
+	claims *claimkeys.Keys
 	// onForget is Config.ForgetNeighbour.
 	onForget func(bridge string, addr netip.Addr)
 
@@ -103,7 +115,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.DB == nil {
 		return nil, errors.New("ipam: no store (Config.DB)")
 	}
-	if err := validClaimKey(cfg.ClaimKey); err != nil {
+	if err := claimkeys.Valid(cfg.ClaimKey); err != nil {
 		return nil, err
 	}
 	if cfg.Logger == nil {
@@ -120,15 +132,21 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks, onSent: cfg.OnSent, onForget: cfg.ForgetNeighbour, gossipState: map[ringID]*ringGossip{},
-		announceKick: make(chan struct{}, 1), dirtyRings: map[ringID]bool{}, claimKey: cfg.ClaimKey, expectedGrants: map[string][]netip.Prefix{},
+		pending: map[string]*batch{}, savedBlocks: st.blocks, onForget: cfg.ForgetNeighbour,
+		dirtyRings: map[ringID]bool{}, expectedGrants: map[string][]netip.Prefix{},
 		bg: goroutines.New(context.Background()),
 	}
+	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.ringGossip, OnSent: cfg.OnSent})
+	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
+	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
+		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.grows, Refused: m.refused})
+	s.reports = s.newReporter()
+	s.capacity = capacity.New(s.readCapacity, s.log)
 	s.released.load(st.released)
 	s.reclaim = newReclaimState(cfg.Reclaim)
 	if cfg.Registerer != nil {
-		if err := cfg.Registerer.Register(capacityCollector{s}); err != nil {
+		if err := cfg.Registerer.Register(s.capacity); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}
 	}
@@ -174,7 +192,7 @@ func (s *Service) UseChannel(ch gossip.Channel) {
 // another cluster than the rings' rebuilds first.
 func (s *Service) Sync(v View) {
 	s.sync(v)
-	s.announce()
+	s.gossip.Announce()
 }
 
 // sync holds both locks across its one commit: it reshapes the state, and
@@ -189,7 +207,7 @@ func (s *Service) sync(v View) {
 	case s.clusterID == "":
 		// The first cluster id this agent learns: its rings are that cluster's.
 		s.clusterID = v.ClusterID
-		b.add(change{writes: []write{{bucket: metaBucket, key: keyClusterID, value: []byte(v.ClusterID)}}})
+		b.add(change{writes: []write{ipamstore.PutClusterID(v.ClusterID)}})
 	default:
 		s.log.Warn("the masters' cluster changed: forgetting every ring", "was", s.clusterID, "now", v.ClusterID)
 		s.rebuildLocked(v.ClusterID)
@@ -229,7 +247,7 @@ func (s *Service) pruneGranted(v View, b *batch) {
 	for key, p := range s.grow.granted {
 		if deleted[key[0]] || recorded[[2]string{key[0], p.String()}] {
 			delete(s.grow.granted, key)
-			b.add(change{writes: []write{deleteGranted(key[0], key[1])}})
+			b.add(change{writes: []write{ipamstore.DeleteGranted(key[0], key[1])}})
 		}
 	}
 }
@@ -259,7 +277,7 @@ func (s *Service) rebuildLocked(clusterID string) {
 // forgetRings deletes the persisted rings; until it succeeds (Sync tries
 // again) no ring is read back from disk. The caller holds s.mu.
 func (s *Service) forgetRings() {
-	if err := forgetRings(s.db, s.clusterID); err != nil {
+	if err := ipamstore.ForgetRings(s.db, s.clusterID); err != nil {
 		s.log.Error("forget the persisted rings of the old cluster", "err", err)
 		s.staleRings = true
 		return

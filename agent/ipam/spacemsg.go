@@ -13,33 +13,34 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ringgossip"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
 
 // onSpaceMessage handles a space request or answer (by unicast).
-func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
-	s := (*Service)(h)
+func (s *Service) onSpaceMessage(src string, msg []byte) error {
 	m, err := ipamwire.DecodeSpaceMessage(msg)
 	if err != nil {
-		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
+		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
 		return err
 	}
 	if m.From != src {
-		s.metrics.ringGossip.WithLabelValues(gossipBad).Inc()
+		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
 		return fmt.Errorf("%w: sent as %q by peer %q", ipamwire.ErrBadSpaceMessage, m.From, src)
 	}
 	s.mu.Lock()
 	cluster := s.clusterID
 	s.mu.Unlock()
 	if cluster != "" && m.ClusterID != cluster {
-		s.metrics.ringGossip.WithLabelValues(gossipOtherCluster).Inc()
-		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", errOtherCluster, m.ClusterID, cluster)
+		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultOtherCluster).Inc()
+		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ringgossip.ErrOtherCluster, m.ClusterID, cluster)
 	}
 	if m.Kind == ipamwire.KindRequest {
 		s.mu.Lock()
-		reason, ok := s.checkSpaceRequest(m)
+		reason, ok := s.claims.CheckSpaceRequest(m)
 		s.mu.Unlock()
 		if !ok {
 			s.metrics.claimsRefused.WithLabelValues(reason).Inc()
@@ -50,17 +51,7 @@ func (h *ringHandler) onSpaceMessage(src string, msg []byte) error {
 		}
 		return nil
 	}
-	s.mu.Lock()
-	w, ok := s.grow.waiting[m.ID]
-	s.mu.Unlock()
-	if !ok || w.peer != src {
-		return fmt.Errorf("%w: answer %q from %s matches no request in flight", ipamwire.ErrBadSpaceMessage, m.ID, src)
-	}
-	select {
-	case w.ch <- m:
-	default: // a duplicate answer
-	}
-	return nil
+	return s.asker.Answer(src, m)
 }
 
 // donate answers a space request: a block of the bridges' first
@@ -81,7 +72,7 @@ func (s *Service) donate(ctx context.Context, m ipamwire.SpaceMessage) {
 	}
 	if ans.Kind == ipamwire.KindGrant {
 		s.metrics.grantsGiven.Inc()
-		s.announce()
+		s.gossip.Announce()
 		s.changed()
 	}
 	s.mu.Lock()
@@ -129,10 +120,10 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		}
 		// The donor's word for the masters (the recipient reports the
 		// grant with it).
-		ans.Expires, ans.GrantSig = s.signGrant(m.Overlay, p, m.From, m.ID, time.Now())
+		ans.Expires, ans.GrantSig = s.claims.SignGrant(s.clusterID, m.Overlay, p, m.From, m.ID, time.Now())
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
-		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), putGranted(m.From, m.ID, p)}})
+		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), ipamstore.PutGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {

@@ -15,10 +15,8 @@ func TestForgedSpaceAnswer(t *testing.T) {
 	c := newCluster(t, 9, GrowthConfig{IdleReturn: -1})
 	a := c.start("a", t.TempDir(), "")
 	h := a.svc.RingGossip()
-	a.svc.mu.Lock()
-	ch := make(chan ipamwire.SpaceMessage, 1)
-	a.svc.grow.waiting["a-1"] = waiter{peer: "b", ch: ch}
-	a.svc.mu.Unlock()
+	ch, done := a.svc.asker.Expect("a-1", "b")
+	defer done()
 	grant := `{"v":1,"kind":"grant","cluster_id":"c1","from":"%s","id":"a-1","overlay":"carve","family":"4","prefix":"10.128.0.64/27","ring":"AAEC"}`
 	for _, tt := range []struct{ name, src, msg string }{
 		{"from a peer not asked", "c", strings.Replace(grant, "%s", "c", 1)},

@@ -26,7 +26,7 @@ func TestUnsolicitedGrantIsNotAdopted(t *testing.T) {
 	b, recipient := c.nodes["b"].svc.view.Self.Version, c.nodes["c"]
 	granted := netip.MustParsePrefix("10.128.0.64/28")
 	before := claimsRefused(t, recipient, unsolicitedGrant)
-	if _, err := (*ringHandler)(recipient.svc).receive("", forgedClaims(t, "b", b, claimKeyOf("b"))); err != nil {
+	if _, err := recipient.svc.gossip.Receive("", forgedClaims(t, "b", b, claimKeyOf("b"))); err != nil {
 		t.Fatal(err)
 	}
 	recipient.svc.mu.Lock()

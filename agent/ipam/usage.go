@@ -3,7 +3,6 @@ package ipam
 import (
 	"context"
 	"net/netip"
-	"reflect"
 	"slices"
 	"time"
 
@@ -31,12 +30,6 @@ const (
 	defaultUsageInterval = 5 * time.Second
 	defaultUsageRefresh  = time.Minute
 )
-
-// usageState is what Run remembers of the reports it sent.
-type usageState struct {
-	last     *api.UsageReport // the last report the masters took
-	lastSent time.Time
-}
 
 // tombstoned tells whether the masters deleted an agent, as far as the
 // view says. The caller holds s.mu.
@@ -120,43 +113,4 @@ func (s *Service) BlockCounts(network string) map[string][2]uint64 {
 		}
 	}
 	return out
-}
-
-// sendUsage sends a usage report when it changed since the last one the
-// masters took and UsageInterval has passed, or UsageRefresh has.
-func (s *Service) sendUsage(ctx context.Context, now time.Time) error {
-	rep, ok := s.grow.cfg.Source.(UsageReporter)
-	if !ok || s.grow.cfg.UsageInterval < 0 {
-		return nil
-	}
-	s.mu.Lock()
-	synced := s.synced
-	s.mu.Unlock()
-	if !synced {
-		return nil
-	}
-	r := s.usageReport()
-	u := &s.grow.usage
-	due := u.last == nil || now.Sub(u.lastSent) >= s.grow.cfg.UsageRefresh ||
-		(now.Sub(u.lastSent) >= s.grow.cfg.UsageInterval && !reflect.DeepEqual(u.last, &r))
-	if !due {
-		return nil
-	}
-	cctx, cancel := context.WithTimeout(ctx, outboxCallTimeout)
-	defer cancel()
-	ans, err := rep.ReportUsage(cctx, r)
-	if err != nil {
-		s.metrics.reports.WithLabelValues("usage", "error").Inc()
-		return err
-	}
-	s.metrics.reports.WithLabelValues("usage", "ok").Inc()
-	u.lastSent = now
-	if len(ans.Unknown) > 0 {
-		// Grants not reported yet: the outbox sends them; report again soon.
-		s.log.Debug("the masters do not know some blocks yet", "blocks", ans.Unknown)
-		u.last = nil
-		return nil
-	}
-	u.last = &r
-	return nil
 }

@@ -65,6 +65,24 @@ var agentParts = map[string][]string{
 	module + "/agent/meshpeers": {module + "/agent/membership"},
 }
 
+// ipamService is the IPAM's package: the parts cut out of it never import it.
+const ipamService = module + "/agent/ipam"
+
+// ipamParts are the packages cut out of agent/ipam (issue 30), each with
+// one job behind a narrow interface the IPAM implements; of agent/ipam's
+// tree they import only what they list (the wire format, the store's
+// records), never agent/ipam itself.
+var ipamParts = map[string][]string{
+	module + "/agent/ipam/capacity":     nil,
+	module + "/agent/ipam/claimkeys":    {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/ipamsock":     nil,
+	module + "/agent/ipam/ipamstore":    nil,
+	module + "/agent/ipam/masterreport": {module + "/agent/ipam/ipamstore"},
+	module + "/agent/ipam/reclaimwatch": nil,
+	module + "/agent/ipam/ringgossip":   {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire"},
+}
+
 // listPackages runs go list -deps (or plain go list) with a format printing
 // each package's path, its name and its non-test imports.
 func listPackages(t *testing.T, deps bool, pattern string) map[string][]string {
@@ -119,8 +137,9 @@ func TestNoLabInProductionBinary(t *testing.T) {
 // imports test/; internal/ imports nothing of agent/, master/, raftlog/,
 // cmd/ or test/; the parts of master/state (stateParts) import only what
 // they list; nothing under agent/ imports the agent daemon, and the
-// agent's parts (agentParts) import of agent/ only what they list; cmd/
-// holds only the shipped binaries.
+// agent's parts (agentParts) import of agent/ only what they list, and the
+// IPAM's parts (ipamParts) of agent/ipam/ only what they list; cmd/ holds
+// only the shipped binaries.
 func TestDependenciesPointInward(t *testing.T) {
 	pkgs := listPackages(t, false, module+"/...")
 	if len(pkgs) < 20 {
@@ -129,6 +148,11 @@ func TestDependenciesPointInward(t *testing.T) {
 	for p := range stateParts {
 		if pkgs[p] == nil {
 			t.Errorf("%s, a part of master/state, is not in the module", p)
+		}
+	}
+	for p := range ipamParts {
+		if pkgs[p] == nil {
+			t.Errorf("%s, a part of agent/ipam, is not in the module", p)
 		}
 	}
 	for p, nameAndImports := range pkgs {
@@ -148,6 +172,9 @@ func TestDependenciesPointInward(t *testing.T) {
 			}
 			if allowed, ok := agentParts[p]; ok && strings.HasPrefix(imp, agentDaemon+"/") && !slices.Contains(allowed, imp) {
 				t.Errorf("%s imports %s: of agent/, it imports only %v (add the dependency to agentParts, and say why, if it belongs)", p, imp, allowed)
+			}
+			if allowed, ok := ipamParts[p]; ok && (imp == ipamService || strings.HasPrefix(imp, ipamService+"/")) && !slices.Contains(allowed, imp) {
+				t.Errorf("%s imports %s: of agent/ipam/, it imports only %v (the IPAM wires its parts, which never import it; add the dependency to ipamParts, and say why, if it belongs)", p, imp, allowed)
 			}
 			if strings.HasPrefix(p, module+"/internal/") {
 				for _, outer := range innerTree {
