@@ -36,9 +36,10 @@ import (
 // certificate was revoked since the stream began: checked before every
 // frame), unavailable (the master stops).
 
-// streamWriteTimeout bounds the write of one frame: a client that does
+// DefaultStreamWriteTimeout is Options.StreamWriteTimeout's default: it
+// bounds, past the heartbeat, the write of one frame: a client that does
 // not read for that long (its socket buffers full) is dropped.
-const streamWriteTimeout = 15 * time.Second
+const DefaultStreamWriteTimeout = 15 * time.Second
 
 // streamContentType names the frames' format (api/stream.go).
 const streamContentType = "application/x-carve-changes-stream"
@@ -269,7 +270,7 @@ func (st *changeStream) end(status int, e api.Error) error {
 	return fmt.Errorf("ended with %s (HTTP %d): %s", e.Code, status, e.Message)
 }
 
-// frame writes one frame and flushes it, within streamWriteTimeout.
+// frame writes one frame and flushes it, within the write timeout.
 func (st *changeStream) frame(kind string, payload []byte) error {
 	if err := st.extend(); err != nil {
 		return err
@@ -291,5 +292,13 @@ func (st *changeStream) frame(kind string, payload []byte) error {
 // deadline bounds a write to a client that does not read; the read
 // deadline's expiry would cancel the request while the stream waits.
 func (st *changeStream) extend() error {
-	return httpapi.ExtendDeadlines(st.w, st.hb+streamWriteTimeout)
+	return httpapi.ExtendDeadlines(st.w, st.hb+st.s.streamWriteTimeout())
+}
+
+// streamWriteTimeout is Options.StreamWriteTimeout, defaulted.
+func (s *server) streamWriteTimeout() time.Duration {
+	if d := s.m.opts.StreamWriteTimeout; d > 0 {
+		return d
+	}
+	return DefaultStreamWriteTimeout
 }
