@@ -350,15 +350,11 @@ type rawStream struct {
 	local string // the client's address, as the master sees it
 }
 
-// openRawStream opens a changes stream at base since index since as the
-// client of cfg, asking for heartbeats every hb.
-func openRawStream(ctx context.Context, t *testing.T, base string, cfg *tls.Config, since uint64, hb time.Duration) *rawStream {
-	t.Helper()
-	u, err := url.Parse(base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+// smallReceiveBuffer is a dialer whose connections have a receive buffer
+// of streamTestBuffer, set before they connect (so the window they
+// announce is small from the start).
+func smallReceiveBuffer() *net.Dialer {
+	return &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 		var serr error
 		if err := rc.Control(func(fd uintptr) {
 			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, streamTestBuffer)
@@ -367,9 +363,25 @@ func openRawStream(ctx context.Context, t *testing.T, base string, cfg *tls.Conf
 		}
 		return serr
 	}}
+}
+
+// openRawStream opens a changes stream at base since index since as the
+// client of cfg, asking for heartbeats every hb; wrap, when set, wraps
+// the TCP connection under TLS.
+func openRawStream(ctx context.Context, t *testing.T, base string, cfg *tls.Config, since uint64, hb time.Duration, wrap func(net.Conn) net.Conn) *rawStream {
+	t.Helper()
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := smallReceiveBuffer()
 	raw, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
 		t.Fatal(err)
+	}
+	local := raw.LocalAddr().String()
+	if wrap != nil {
+		raw = wrap(raw)
 	}
 	cfg = cfg.Clone()
 	cfg.ServerName = u.Hostname()
@@ -393,7 +405,7 @@ func openRawStream(ctx context.Context, t *testing.T, base string, cfg *tls.Conf
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("open a raw stream: %s", resp.Status)
 	}
-	return &rawStream{conn: conn, resp: resp, local: raw.LocalAddr().String()}
+	return &rawStream{conn: conn, resp: resp, local: local}
 }
 
 // readAll reads the stream's frames into v until it ends; the error is
@@ -488,15 +500,7 @@ func (sc *streamCluster) slowClient(name string, ip int) (*api.Client, *atomic.P
 	sc.t.Helper()
 	sc.p.IssueAgent(name, netip.AddrFrom4([4]byte{198, 18, 0, byte(ip)}))
 	var conn atomic.Pointer[slowConn]
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		if err := rc.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, streamTestBuffer)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
+	d := smallReceiveBuffer()
 	tr := &http.Transport{
 		TLSClientConfig: sc.p.ClientTLS(name, pki.RoleAgent),
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -515,4 +519,40 @@ func (sc *streamCluster) slowClient(name string, ip int) (*api.Client, *atomic.P
 		sc.t.Fatal(err)
 	}
 	return cl, &conn
+}
+
+// pacedConn is a client's connection over a slow link: each read waits
+// for the next tick and takes at most pacedBytes.
+type pacedConn struct {
+	net.Conn
+	tick   *time.Ticker
+	closed chan struct{}
+	once   sync.Once
+}
+
+// pacedBytes per pacedEvery: about 50 KB/s.
+const (
+	pacedBytes = 1024
+	pacedEvery = 20 * time.Millisecond
+)
+
+func newPacedConn(c net.Conn) net.Conn {
+	return &pacedConn{Conn: c, tick: time.NewTicker(pacedEvery), closed: make(chan struct{})}
+}
+
+func (c *pacedConn) Read(p []byte) (int, error) {
+	select {
+	case <-c.tick.C:
+	case <-c.closed:
+		return 0, net.ErrClosed
+	}
+	return c.Conn.Read(p[:min(len(p), pacedBytes)])
+}
+
+func (c *pacedConn) Close() error {
+	c.once.Do(func() {
+		c.tick.Stop()
+		close(c.closed)
+	})
+	return c.Conn.Close()
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"sync/atomic"
@@ -51,7 +52,7 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 		fast = append(fast, follow(t, name, s, since, &stalledConn))
 	}
 	sc.p.IssueAgent("stalled", netip.MustParseAddr("198.18.0.70"))
-	stalled := openRawStream(ctx, t, base, sc.p.ClientTLS("stalled", pki.RoleAgent), since, time.Second)
+	stalled := openRawStream(ctx, t, base, sc.p.ClientTLS("stalled", pki.RoleAgent), since, time.Second, nil)
 	testutil.Eventually(t, 0, "the master accepted the stalled client's connection", func() error {
 		bc, err := sc.lns[sc.follower].conn(stalled.local)
 		if err == nil {
@@ -77,6 +78,13 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 		case <-p.done:
 			return retry.Permanent(fmt.Errorf("the registrations ended (%v): %w", p.err, err))
 		default:
+		}
+		var ends float64
+		for _, reason := range streamEndLabelValues() {
+			ends += sc.streamEnds(reason)
+		}
+		if ends > 0 && sc.streamEnds("write_failed") != ends {
+			return retry.Permanent(fmt.Errorf("a stream ended for another reason than a failed write: %w", err))
 		}
 		if !bc.hasFailed() || sc.openStreams() != 3 || sc.streamEnds("write_failed") != 1 {
 			return err
@@ -224,4 +232,70 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	if n := sc.streamEnds("write_failed"); n != 0 {
 		t.Fatalf("%v streams dropped, want none: the slow reader read", n)
 	}
+}
+
+// TestChangesStreamKeepsASlowLinkReading: a stream's first frame holds
+// 400 agents' records (a few hundred KB), to a client over a slow link
+// (about 50 KB/s, a small receive buffer) that takes several times the
+// master's write timeout (2 s here) to read it, reading all along. The
+// write timeout bounds how long a client may go without reading, not how
+// long a frame takes: the stream is not dropped, and the client gets the
+// frame whole. (A frame of every record is tens of MB at 50,000 agents:
+// timed as one write, an agent that reads it slower than that would be
+// dropped at every attempt.)
+func TestChangesStreamKeepsASlowLinkReading(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	sc := newStreamCluster(t, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	since := sc.masters[sc.follower].table.Index()
+	p := sc.push(ctx, "far", 400, nil)
+	<-p.done
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	sc.waitConverged()
+	want := sc.masterView(ctx)
+
+	sc.p.IssueAgent("slow-link", netip.MustParseAddr("198.18.0.72"))
+	rs := openRawStream(ctx, t, sc.urls()[sc.follower], sc.p.ClientTLS("slow-link", pki.RoleAgent), since, api.MinStreamHeartbeat, newPacedConn)
+	counted := &countingReader{r: rs.resp.Body}
+	frames := api.NewFrameReader(counted)
+	v := newStreamView(since)
+	start := time.Now()
+	for v.index < want.index {
+		fr, err := frames.Next()
+		if err != nil {
+			t.Fatalf("after %d frames, %d bytes in %s: %v (%v streams dropped)", v.frames, counted.n, time.Since(start), err, sc.streamEnds("write_failed"))
+		}
+		if fr.Kind == api.FrameEnd {
+			t.Fatalf("the stream ended: %v", fr.End)
+		}
+		if fr.Kind == api.FrameChanges {
+			if err := v.apply(fr.Changes); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Logf("%d frames, %d bytes in %s", v.frames, counted.n, time.Since(start))
+	if err := v.same(want); err != nil {
+		t.Fatal(err)
+	}
+	if n := sc.streamEnds("write_failed"); n != 0 {
+		t.Fatalf("%v streams dropped, want none", n)
+	}
+}
+
+// countingReader counts what it reads.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
