@@ -31,11 +31,12 @@ import (
 // whose client does not read blocks in a write until its deadline and is
 // dropped (logged with the reason); its agent opens it again from its
 // index. The deadline is moved at every frameChunk written: a client that
-// reads a large frame slowly is not dropped. The stream ends with an end frame carrying the error code the
-// long poll would have answered: gone (410: the changes since its index are
-// not kept, or the table was restored behind it), revoked (the client's
-// certificate was revoked since the stream began: checked before every
-// frame), unavailable (the master stops).
+// reads a large frame slowly is not dropped. The stream ends with an end
+// frame carrying the error code the long poll would have answered: gone
+// (410: the changes since its index are not kept, or the table was
+// restored behind it), revoked (the client's certificate was revoked since
+// the stream began: checked before every frame), unavailable (the master
+// stops).
 
 // DefaultStreamWriteTimeout is Options.StreamWriteTimeout's default: it
 // bounds, past the heartbeat, the write of each frameChunk of a frame: a
@@ -309,8 +310,8 @@ func (st *changeStream) frame(kind string, payload []byte) error {
 
 // extend moves the connection's deadlines past the next frame (or chunk
 // of one): the write deadline bounds a write to a client that does not
-// read; the read
-// deadline's expiry would cancel the request while the stream waits.
+// read; the read deadline's expiry would cancel the request while the
+// stream waits.
 func (st *changeStream) extend() error {
 	return httpapi.ExtendDeadlines(st.w, st.hb+st.s.streamWriteTimeout())
 }
