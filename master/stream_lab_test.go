@@ -458,7 +458,7 @@ type slowConn struct {
 }
 
 // slowReadBytes is what a slowed read takes at most.
-const slowReadBytes = 256
+const slowReadBytes = 64
 
 func (c *slowConn) Read(p []byte) (int, error) {
 	if c.slowed.Load() {

@@ -169,13 +169,17 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 
 // TestChangesStreamCoalescesForASlowReader: on a secure 3-master cluster,
 // an agent streams a follower's changes at full speed and another reads
-// its stream slowly (a small receive buffer, a few hundred bytes read per
-// registration, less than each registration's frame) while agents
+// its stream slowly (a small receive buffer, 64 bytes read per
+// registration, a tenth of a registration's record) while 300 agents
 // register one after another. The slow stream is not queued: once its
 // buffers are full, each frame it gets holds everything since the one
-// before, so it reads fewer frames than there were changes, none lost,
-// and it is not dropped; once it reads at full speed again it ends at the
-// same index and state as the fast one, the master's.
+// before, so it reads fewer frames than the fast one (whose frames the
+// rounds coalesce too) and than there were changes, none lost, and it is
+// not dropped; once it reads at full speed again it ends at the same
+// index and state as the fast one, the master's. (With 100 registrations
+// and 256 bytes read for each, a quiet machine registered them in rounds
+// of ten, and the buffers held all but the last few rounds: both read ten
+// frames.)
 func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
@@ -202,7 +206,7 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	slowConn.slowed.Store(true)
 	slow := follow(t, "slow", s, since, &none)
 
-	const changes = 100
+	const changes = 300
 	p := sc.push(ctx, "slow", changes, slowConn.token)
 	<-p.done
 	if p.err != nil {
