@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -28,9 +29,9 @@ const (
 // long poll (Client.Changes) instead.
 var ErrStreamUnsupported = errors.New("the master serves no changes stream")
 
-// ErrStreamIdle marks a stream on which no frame came for longer than its
+// ErrStreamIdle marks a stream on which nothing came for longer than its
 // heartbeats allow: the connection or the master is dead.
-var ErrStreamIdle = errors.New("no frame on the changes stream for longer than its heartbeats allow")
+var ErrStreamIdle = errors.New("nothing on the changes stream for longer than its heartbeats allow")
 
 // ErrStreamEnded marks a stream the master closed without an end frame
 // (it dropped a stream that did not keep up, or it stopped): open it again
@@ -41,20 +42,20 @@ var ErrStreamEnded = errors.New("the master closed the changes stream")
 type StreamOptions struct {
 	// Heartbeat is how often the master is asked to send a heartbeat when
 	// nothing changes (0: DefaultStreamHeartbeat). The stream is dropped
-	// (ErrStreamIdle) when no frame came for three of them.
+	// (ErrStreamIdle) when nothing came for three of them: a frame still
+	// coming, however slowly, keeps it.
 	Heartbeat time.Duration
 }
 
 // ChangeStream is an open changes stream of one master: Next returns each
 // changes frame as it comes. Not safe for concurrent use; Close it.
 type ChangeStream struct {
-	master    string
-	ctx       context.Context
-	cancel    context.CancelCauseFunc
-	resp      *http.Response
-	frames    *FrameReader
-	idle      *time.Timer
-	idleAfter time.Duration
+	master string
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	resp   *http.Response
+	frames *FrameReader
+	idle   *time.Timer
 }
 
 // StreamChanges opens a changes stream after index since (GET
@@ -138,7 +139,27 @@ func (c *Client) openStream(ctx context.Context, base, path string, hb time.Dura
 		defer resp.Body.Close()
 		return fail(answerError(http.MethodGet, base+path, resp))
 	}
-	return &ChangeStream{master: base, ctx: sctx, cancel: cancel, resp: resp, frames: NewFrameReader(resp.Body), idle: idle, idleAfter: idleAfter}, nil
+	body := &activeReader{r: resp.Body, idle: idle, after: idleAfter}
+	return &ChangeStream{master: base, ctx: sctx, cancel: cancel, resp: resp, frames: NewFrameReader(body), idle: idle}, nil
+}
+
+// activeReader reads a stream's body, putting off its idle timer at every
+// byte that comes: what is idle is a stream on which nothing comes, not
+// one whose frame is still coming (a frame of every record is tens of MB
+// at 50,000 agents, which a slow link takes longer than three heartbeats
+// to bring: timed per frame, it was dropped at every attempt).
+type activeReader struct {
+	r     io.Reader
+	idle  *time.Timer
+	after time.Duration
+}
+
+func (a *activeReader) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.idle.Reset(a.after)
+	}
+	return n, err
 }
 
 // Master is the base URL of the master that serves the stream.
@@ -164,7 +185,6 @@ func (s *ChangeStream) Next() (*Changes, error) {
 			return nil, &Error{Message: fmt.Sprintf("changes stream of %s: %v", s.master, err), Code: CodeInternal,
 				cause: fmt.Errorf("%w: %w: %w", ErrUnreachable, ErrStreamEnded, err)}
 		}
-		s.idle.Reset(s.idleAfter)
 		switch fr.Kind {
 		case FrameHeartbeat:
 			continue

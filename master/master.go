@@ -92,6 +92,10 @@ type Options struct {
 	// ChangeLogIDs bounds the change log the changes watch answers from
 	// (changelog.DefaultIDs when 0).
 	ChangeLogIDs int
+	// StreamWriteTimeout is how long past its heartbeat a changes stream
+	// may go without its client reading before it is dropped
+	// (DefaultStreamWriteTimeout when 0; see stream.go). Tests shorten it.
+	StreamWriteTimeout time.Duration
 }
 
 // DefaultTombstoneMaxAge is Options.TombstoneMaxAge's default.

@@ -134,6 +134,14 @@ func (r *statusRecorder) Flush() {
 	}
 }
 
+// FlushError flushes and says whether it could: http.ResponseController
+// prefers it to Flush, which has no error to return. Without it a changes
+// stream took a frame whose flush failed (its client stopped reading) for
+// written (stream.go).
+func (r *statusRecorder) FlushError() error {
+	return http.NewResponseController(r.ResponseWriter).Flush()
+}
+
 // servable writes a 503 and returns false while this master's table is not
 // the cluster's to serve: it has not caught up with a leader since it
 // started (restarted without quorum, say: its table is empty or a snapshot's

@@ -30,15 +30,19 @@ import (
 // stream that fell behind gets one frame of everything it missed, and one
 // whose client does not read blocks in a write until its deadline and is
 // dropped (logged with the reason); its agent opens it again from its
-// index. The stream ends with an end frame carrying the error code the
-// long poll would have answered: gone (410: the changes since its index are
-// not kept, or the table was restored behind it), revoked (the client's
-// certificate was revoked since the stream began: checked before every
-// frame), unavailable (the master stops).
+// index. The deadline is moved at every frameChunk written: a client that
+// reads a large frame slowly is not dropped. The stream ends with an end
+// frame carrying the error code the long poll would have answered: gone
+// (410: the changes since its index are not kept, or the table was
+// restored behind it), revoked (the client's certificate was revoked since
+// the stream began: checked before every frame), unavailable (the master
+// stops).
 
-// streamWriteTimeout bounds the write of one frame: a client that does
-// not read for that long (its socket buffers full) is dropped.
-const streamWriteTimeout = 15 * time.Second
+// DefaultStreamWriteTimeout is Options.StreamWriteTimeout's default: it
+// bounds, past the heartbeat, the write of each frameChunk of a frame: a
+// client that does not read for that long (its socket buffers full) is
+// dropped.
+const DefaultStreamWriteTimeout = 15 * time.Second
 
 // streamContentType names the frames' format (api/stream.go).
 const streamContentType = "application/x-carve-changes-stream"
@@ -269,7 +273,16 @@ func (st *changeStream) end(status int, e api.Error) error {
 	return fmt.Errorf("ended with %s (HTTP %d): %s", e.Code, status, e.Message)
 }
 
-// frame writes one frame and flushes it, within streamWriteTimeout.
+// frameChunk is how much of a frame is written within one extension of
+// the deadlines. The write timeout bounds how long a client may go
+// without reading, not how long a frame takes: a frame of every record is
+// tens of MB at 50,000 agents, and an agent that reads it, slower than
+// that size within one timeout, was dropped at every attempt when the
+// deadline bounded the whole frame. (A TLS record's worth.)
+const frameChunk = 16 << 10
+
+// frame writes one frame and flushes it, each frameChunk of it within the
+// write timeout.
 func (st *changeStream) frame(kind string, payload []byte) error {
 	if err := st.extend(); err != nil {
 		return err
@@ -278,8 +291,16 @@ func (st *changeStream) frame(kind string, payload []byte) error {
 	if _, err := st.w.Write(st.header); err != nil {
 		return fmt.Errorf("write a %s frame: %w", kind, err)
 	}
-	if _, err := st.w.Write(payload); err != nil {
-		return fmt.Errorf("write a %s frame: %w", kind, err)
+	for len(payload) > 0 {
+		n := min(len(payload), frameChunk)
+		if _, err := st.w.Write(payload[:n]); err != nil {
+			return fmt.Errorf("write a %s frame: %w", kind, err)
+		}
+		if payload = payload[n:]; len(payload) > 0 {
+			if err := st.extend(); err != nil {
+				return err
+			}
+		}
 	}
 	if err := st.rc.Flush(); err != nil {
 		return fmt.Errorf("flush a %s frame: %w", kind, err)
@@ -287,9 +308,18 @@ func (st *changeStream) frame(kind string, payload []byte) error {
 	return nil
 }
 
-// extend moves the connection's deadlines past the next frame: the write
-// deadline bounds a write to a client that does not read; the read
-// deadline's expiry would cancel the request while the stream waits.
+// extend moves the connection's deadlines past the next frame (or chunk
+// of one): the write deadline bounds a write to a client that does not
+// read; the read deadline's expiry would cancel the request while the
+// stream waits.
 func (st *changeStream) extend() error {
-	return httpapi.ExtendDeadlines(st.w, st.hb+streamWriteTimeout)
+	return httpapi.ExtendDeadlines(st.w, st.hb+st.s.streamWriteTimeout())
+}
+
+// streamWriteTimeout is Options.StreamWriteTimeout, defaulted.
+func (s *server) streamWriteTimeout() time.Duration {
+	if d := s.m.opts.StreamWriteTimeout; d > 0 {
+		return d
+	}
+	return DefaultStreamWriteTimeout
 }

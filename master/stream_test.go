@@ -270,3 +270,53 @@ func TestChangesStreamEndsOnAFailedWrite(t *testing.T) {
 		t.Fatalf("status %d, %d writes: want 200, the first frame and one failed write", w.status, w.writes)
 	}
 }
+
+// flushFailingWriter is a ResponseWriter whose writes go into its
+// buffer and whose every flush fails, as the flush of a frame to a client
+// that stopped reading does once the write deadline passed (the
+// connection's buffered writer holds what the frame's writes put in it).
+type flushFailingWriter struct {
+	header  http.Header
+	mu      sync.Mutex
+	flushes int
+}
+
+func (w *flushFailingWriter) Header() http.Header         { return w.header }
+func (w *flushFailingWriter) WriteHeader(int)             {}
+func (w *flushFailingWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *flushFailingWriter) Flush()                      { _ = w.FlushError() }
+func (w *flushFailingWriter) FlushError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.flushes++
+	return os.ErrDeadlineExceeded
+}
+
+// TestChangesStreamEndsOnAFailedFlush: behind the master's request
+// counting (instrument, which wraps every answer's ResponseWriter), a
+// frame whose flush fails ends the stream there, counted write_failed.
+// The wrapper used to pass the flush on but drop its error: the stream
+// took the frame for written and went on, and ended only when the
+// connection's context was cancelled, counted as its client's doing
+// (client) and not logged as a drop; with this fake writer, never.
+func TestChangesStreamEndsOnAFailedFlush(t *testing.T) {
+	c := newTestCluster(t, 1, state.DefaultConfig())
+	c.waitLeader()
+	c.waitConverged()
+	m := c.masters[0]
+	s := &server{m: m, log: testLogger(t)}
+	w := &flushFailingWriter{header: http.Header{}}
+	r := httptest.NewRequest(http.MethodGet, api.StreamPath+"?since=0&heartbeat=100ms", nil)
+	var done atomic.Bool
+	go func() {
+		s.instrument(http.HandlerFunc(s.changesStream)).ServeHTTP(w, r)
+		done.Store(true)
+	}()
+	testutil.Eventually(t, 0, "the stream ends at its failed flush", testutil.True(done.Load))
+	ends := promtestutil.ToFloat64(m.metrics.streamEnds.WithLabelValues("write_failed"))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ends != 1 || w.flushes != 1 {
+		t.Fatalf("%v write_failed ends after %d flushes: want 1 after the first frame's", ends, w.flushes)
+	}
+}
