@@ -530,10 +530,10 @@ type pacedConn struct {
 	once   sync.Once
 }
 
-// pacedBytes per pacedEvery: about 50 KB/s.
+// pacedBytes per pacedEvery: about 25 KB/s.
 const (
 	pacedBytes = 1024
-	pacedEvery = 20 * time.Millisecond
+	pacedEvery = 40 * time.Millisecond
 )
 
 func newPacedConn(c net.Conn) net.Conn {

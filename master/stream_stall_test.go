@@ -240,8 +240,9 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 
 // TestChangesStreamKeepsASlowLinkReading: a stream's first frame holds
 // 400 agents' records (a few hundred KB), to a client over a slow link
-// (about 50 KB/s, a small receive buffer) that takes several times the
-// master's write timeout (3 s here) to read it, reading all along. The
+// (about 25 KB/s, a small receive buffer) that takes longer than the
+// master's write timeout (8 s here: a busy machine may starve the reader
+// for a while) to read it, reading all along. The
 // write timeout bounds how long a client may go without reading, not how
 // long a frame takes: the stream is not dropped, and the client gets the
 // frame whole. (A frame of every record is tens of MB at 50,000 agents:
@@ -251,7 +252,7 @@ func TestChangesStreamKeepsASlowLinkReading(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
-	sc := newStreamCluster(t, 3*time.Second)
+	sc := newStreamCluster(t, 8*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	since := sc.masters[sc.follower].table.Index()
