@@ -177,7 +177,7 @@ func TestReleaseAfterANewerLeaseSet(t *testing.T) {
 // in the ring: a token at .12 it wrote while .12/30 was a lease of its own,
 // voided by its deletion at 97 and filled again by its lease set of 131,
 // and one at .8 it wrote after registering again at 99.
-func spannedRing(t *testing.T) *Ring {
+func spannedRing(t testing.TB) *Ring {
 	t.Helper()
 	r := newRing(t, "10.128.0.0/26")
 	mustSeedSets(t, r, []LeaseSet{{Owner: "host-1", Version: 90, Prefixes: []netip.Prefix{pfx(t, "10.128.0.8/30"), pfx(t, "10.128.0.12/30")}},
@@ -199,7 +199,7 @@ func spannedRing(t *testing.T) *Ring {
 
 // twoRanges is a ring where a's lease 10.0.0.0/26 holds two ranges: its
 // free count at .32, written when .32/27 was a lease of its own.
-func twoRanges(t *testing.T) *Ring {
+func twoRanges(t testing.TB) *Ring {
 	t.Helper()
 	r := newRing(t, "10.0.0.0/24")
 	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/27"), pfx(t, "10.0.0.32/27")}}})
@@ -215,7 +215,7 @@ func twoRanges(t *testing.T) *Ring {
 
 // holeRanges is a ring where a's lease 10.0.0.0/26 holds three ranges: .37
 // released, then filled again by a lease set of a later index.
-func holeRanges(t *testing.T) *Ring {
+func holeRanges(t testing.TB) *Ring {
 	t.Helper()
 	r := newRing(t, "10.0.0.0/24")
 	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/26")}}})
@@ -237,7 +237,7 @@ func holeRanges(t *testing.T) *Ring {
 func TestGiveAcrossRanges(t *testing.T) {
 	tests := []struct {
 		name     string
-		ring     func(t *testing.T) *Ring
+		ring     func(t testing.TB) *Ring
 		self, to string
 		give     string
 		want     error
@@ -251,7 +251,7 @@ func TestGiveAcrossRanges(t *testing.T) {
 		{"grant a part of the first and last of three ranges", holeRanges, "a", "b", "10.0.0.36/30", nil},
 		{"into another's range", spannedRing, "host-1", "", "10.128.0.0/27", ErrNotOwner},
 		{"into nobody's range", spannedRing, "host-1", "", "10.128.0.0/26", ErrNotOwner},
-		{"into a range granted but not recorded", func(t *testing.T) *Ring {
+		{"into a range granted but not recorded", func(t testing.TB) *Ring {
 			r := newRing(t, "10.0.0.0/24")
 			mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/27")}},
 				{Owner: "b", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.32/27")}}})
@@ -265,12 +265,7 @@ func TestGiveAcrossRanges(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := tt.ring(t)
 			before := r.Clone()
-			var err error
-			if tt.to == "" {
-				err = r.Release(tt.self, pfx(t, tt.give))
-			} else {
-				err = r.Grant(tt.self, tt.to, pfx(t, tt.give))
-			}
+			err := give(r, tt.self, tt.to, pfx(t, tt.give))
 			if !errors.Is(err, tt.want) {
 				t.Fatalf("give %s from %s to %q = %v, want %v\n%v", tt.give, tt.self, tt.to, err, tt.want, before)
 			}
