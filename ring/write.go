@@ -70,8 +70,9 @@ func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
 
 // tryGive moves p from self to to ("" for nobody). p may span several
 // consecutive ranges of the view (a block whole at the masters whose ring
-// still holds a token inside it, from a grant given back, a release or an
-// older lease set): each must be self's and in self's lease. Tokens are
+// still holds a token inside it: Sweep's over a grant given back, a
+// release filled again by a later lease, a free count of an older lease
+// set): each must be self's and in self's lease. Tokens are
 // never removed (the raw tokens join position by position), so the give
 // writes to's token at p's start and at each range start inside p.
 func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {

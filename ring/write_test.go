@@ -174,9 +174,11 @@ func TestReleaseAfterANewerLeaseSet(t *testing.T) {
 // spannedRing is the ring of agent host-1 in the failing growth property
 // test (seed 3): its block 10.128.0.8/29, whole at the masters (a piece
 // granted to host-2 came back and merged into it), holds two of its ranges
-// in the ring: a token at .12 it wrote while .12/30 was a lease of its own,
-// voided by its deletion at 97 and filled again by its lease set of 131,
-// and one at .8 it wrote after registering again at 99.
+// in the ring: a token at .12 its Sweep wrote over host-2's return token
+// (see sweptRing; here a free count written when .12/30 was a lease of its
+// own stands for it), voided by its deletion at 97 and filled again by its
+// lease set of 131, and one at .8 it wrote after registering again at 99
+// (the masters gave it its quarantined /29 back as a grown block).
 func spannedRing(t testing.TB) *Ring {
 	t.Helper()
 	r := newRing(t, "10.128.0.0/26")
@@ -229,6 +231,49 @@ func holeRanges(t testing.TB) *Ring {
 	return r
 }
 
+// sweptRing is host-1's ring after the path that cut its /29 in the
+// growth test: it granted .12/30 to host-2, which gave it back when the
+// masters had recorded the grant; the masters' return made the /29 whole
+// again, and host-1's Sweep wrote its own token over host-2's return token
+// at .12 (which the view ignores), a cut inside its range.
+func sweptRing(t testing.TB) *Ring {
+	t.Helper()
+	h1, h2 := mustAllocator(t, "host-1", "10.128.0.0/26"), mustAllocator(t, "host-2", "10.128.0.0/26")
+	seed := func(sets ...LeaseSet) {
+		t.Helper()
+		for _, a := range []*Allocator{h1, h2} {
+			if _, err := a.SeedSets(sets, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	block, piece := pfx(t, "10.128.0.8/29"), pfx(t, "10.128.0.12/30")
+	seed(LeaseSet{Owner: "host-1", Version: 5, Prefixes: []netip.Prefix{block}}, LeaseSet{Owner: "host-2", Version: 5})
+	if err := h1.Grant("host-2", piece); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h2.Merge(h1.Ring()); err != nil {
+		t.Fatal(err)
+	}
+	seed(LeaseSet{Owner: "host-1", Version: 6, Prefixes: []netip.Prefix{pfx(t, "10.128.0.8/30")}},
+		LeaseSet{Owner: "host-2", Version: 6, Prefixes: []netip.Prefix{piece}})
+	if err := h2.Grant("host-1", piece); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h1.Merge(h2.Ring()); err != nil {
+		t.Fatal(err)
+	}
+	seed(LeaseSet{Owner: "host-1", Version: 7, Prefixes: []netip.Prefix{block}}, LeaseSet{Owner: "host-2", Version: 7})
+	if changed, err := h1.Sweep(); err != nil || !changed {
+		t.Fatalf("sweep = %v, %v", changed, err)
+	}
+	r := h1.Ring()
+	if got := r.RangesOf("host-1"); len(got) != 2 {
+		t.Fatalf("want host-1's /29 in two ranges after the sweep: %v\n%v", got, r)
+	}
+	return r
+}
+
 // TestGiveAcrossRanges: a prefix that lies in consecutive ranges of the
 // view, all the giver's and all in its leases, is released or granted
 // whole, and the give dominates (a peer that holds the ring before it
@@ -244,6 +289,8 @@ func TestGiveAcrossRanges(t *testing.T) {
 	}{
 		{"release the log's block", spannedRing, "host-1", "", "10.128.0.8/29", nil},
 		{"grant the log's block", spannedRing, "host-1", "host-3", "10.128.0.8/29", nil},
+		{"release a block swept after a grant came back", sweptRing, "host-1", "", "10.128.0.8/29", nil},
+		{"grant a block swept after a grant came back", sweptRing, "host-1", "host-2", "10.128.0.8/29", nil},
 		{"release two leases", spannedRing, "host-1", "", "10.128.0.0/29", nil},
 		{"release three ranges of two leases", spannedRing, "host-1", "", "10.128.0.0/28", nil},
 		{"release a lease in two ranges", twoRanges, "a", "", "10.0.0.0/26", nil},
