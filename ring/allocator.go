@@ -143,8 +143,8 @@ func (a *Allocator) SeedSets(sets []LeaseSet, tombstones []Tombstone) (changed b
 	return true, nil
 }
 
-// ReleaseBlock gives p, which must lie inside one range of this peer and
-// hold no address in use, back to nobody (see Ring.Release).
+// ReleaseBlock gives p, which must lie inside ranges of this peer in its
+// leases and hold no address in use, back to nobody (see Ring.Release).
 func (a *Allocator) ReleaseBlock(p netip.Prefix) error {
 	start, end, err := a.ring.u.prefixSpan(p)
 	if err != nil {
@@ -189,8 +189,9 @@ func (a *Allocator) MergeEncoded(b []byte) (changed bool, err error) {
 	return a.Merge(remote)
 }
 
-// Grant gives the CIDR-aligned prefix p, which must lie inside one range of
-// this peer and hold no address in use, to peer to.
+// Grant gives the CIDR-aligned prefix p, which must lie inside ranges of
+// this peer in its leases and hold no address in use, to peer to (see
+// Ring.Grant).
 func (a *Allocator) Grant(to string, p netip.Prefix) error {
 	start, end, err := a.ring.u.prefixSpan(p)
 	if err != nil {

@@ -38,6 +38,21 @@ func fuzzSeeds(f *testing.F) [][]byte {
 		f.Fatal(err)
 	}
 	out = append(out, ov.Encode())
+	// A block in several ranges of its owner (the growth property test's
+	// seed 3), released and granted whole.
+	for _, to := range []string{"", "host-3"} {
+		sp := spannedRing(f)
+		out = append(out, sp.Encode())
+		if err := give(sp, "host-1", to, pfx(f, "10.128.0.8/29")); err != nil {
+			f.Fatal(err)
+		}
+		out = append(out, sp.Encode())
+	}
+	hr := holeRanges(f)
+	if err := hr.Grant("a", "b", pfx(f, "10.0.0.36/30")); err != nil {
+		f.Fatal(err)
+	}
+	out = append(out, hr.Encode())
 	v6 := newRing(f, "fd00::/48")
 	mustSeed(f, v6, []Lease{{"a", pfx(f, "fd00:0:0:1::/64"), 1}}, nil)
 	out = append(out, v6.Encode())

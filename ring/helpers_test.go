@@ -133,3 +133,11 @@ func checkInvariant(t testing.TB, a *Allocator) {
 	}
 	checkValid(t, a.ring)
 }
+
+// give releases p (to "") or grants it to to.
+func give(r *Ring, self, to string, p netip.Prefix) error {
+	if to == "" {
+		return r.Release(self, p)
+	}
+	return r.Grant(self, to, p)
+}

@@ -2,6 +2,7 @@ package ring
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -79,12 +80,74 @@ func merged(t testing.TB, a, b *Ring) *Ring {
 	return c
 }
 
+// randomGive has an owner of r give (release or grant) a random prefix,
+// often one that spans several of its ranges; it returns r's clone after
+// the give, or r when no attempt succeeded, and how many ranges the given
+// prefix spanned (0 for none).
+func randomGive(t testing.TB, rng *rand.Rand, r *Ring) (*Ring, int) {
+	t.Helper()
+	peers := r.Peers()
+	if len(peers) == 0 {
+		return r, 0
+	}
+	for range 20 {
+		self := peers[rng.IntN(len(peers))]
+		to := []string{"", "a", "b", "c"}[rng.IntN(4)]
+		bits := 24 + rng.IntN(9)
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(rng.IntN(256))}), bits).Masked()
+		if bs := r.Blocks(self); len(bs) > 0 && rng.IntN(2) == 0 {
+			p = bs[rng.IntN(len(bs))] // self's adjacent ranges joined: often several
+		}
+		a, b, err := r.u.prefixSpan(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spans := 0
+		for i := find(r.st.view, a); i < len(r.st.view) && r.st.view[i].start.Less(b); i++ {
+			spans++
+		}
+		c := r.Clone()
+		if err := give(c, self, to, p); err != nil {
+			if !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrNotLessee) && !errors.Is(err, ErrInvalid) &&
+				!errors.Is(err, ErrDeparted) && !errors.Is(err, ErrVersionExhausted) {
+				t.Fatalf("give %v from %s to %q: %v", p, self, to, err)
+			}
+			if !c.Equal(r) {
+				t.Fatalf("a refused give of %v from %s to %q changed the ring", p, self, to)
+			}
+			continue
+		}
+		checkValid(t, c)
+		for _, addr := range []netip.Addr{p.Addr(), lastAddr(p)} {
+			if owner, _ := c.Owner(addr); owner != to {
+				t.Fatalf("after giving %v from %s to %q, %v is %q's:\n%v\n%v", p, self, to, addr, owner, r, c)
+			}
+		}
+		return c, spans
+	}
+	return r, 0
+}
+
 // TestCRDTLaws checks commutativity, associativity and idempotence of Merge
-// on arbitrary states, comparing encodings byte for byte.
+// on arbitrary states, and on the states a give (a release or a grant,
+// across several ranges too) makes of them, comparing encodings byte for
+// byte.
 func TestCRDTLaws(t *testing.T) {
+	multi := 0
 	for seed := uint64(1); seed <= 300; seed++ {
 		rng := rand.New(rand.NewPCG(seed, 1))
 		a, b, c := randomRing(t, rng), randomRing(t, rng), randomRing(t, rng)
+		if rng.IntN(2) == 0 {
+			var n int
+			// Another peer's ring before or after the give, or this
+			// peer's: a and b then hold versions of one ring.
+			if a, n = randomGive(t, rng, a); n > 1 {
+				multi++
+			}
+			if rng.IntN(2) == 0 {
+				b, _ = randomGive(t, rng, a)
+			}
+		}
 		ab, ba := merged(t, a, b), merged(t, b, a)
 		if !bytes.Equal(ab.Encode(), ba.Encode()) {
 			t.Fatalf("seed %d: merge not commutative:\n%v\n%v", seed, ab, ba)
@@ -104,6 +167,10 @@ func TestCRDTLaws(t *testing.T) {
 			t.Fatalf("seed %d: equal states, different views", seed)
 		}
 	}
+	if multi == 0 {
+		t.Fatalf("no give across several ranges in 300 seeds: the laws were not checked on one")
+	}
+	t.Logf("%d of 300 seeds gave a prefix across several ranges", multi)
 }
 
 // history drives several peers through random grants, seeds,
@@ -121,6 +188,7 @@ type history struct {
 	nextNet int
 	sent    []*Ring // every ring ever sent, for stale and duplicate deliveries
 	nextID  int
+	multi   int // gives across several ranges
 }
 
 func newHistory(t testing.TB, seed uint64) *history {
@@ -207,6 +275,19 @@ func (h *history) step() {
 		if _, err := h.peers[from].DonateBlock(to, within, h.rng.IntN(9)); err != nil && !isNothing(err) {
 			h.fatalf("donate %s to %s: %v", from, to, err)
 		}
+	case op == 3: // a give back or a grant, often across ranges
+		h.give()
+	case op == 9: // a record re-versions a peer's leases
+		id := h.pick(h.live)
+		h.index++
+		for _, l := range slices.Clone(h.leases) {
+			if l.Owner == id {
+				// As a grow of another block does: the ranges the
+				// peer released in its lease are its own again.
+				h.leases = append(h.leases, Lease{id, l.Prefix, h.index})
+			}
+		}
+		h.seedPeer(id)
 	case op <= 7: // allocations and releases
 		a := h.peers[h.pick(h.live)]
 		at := Attachment{fmt.Sprint("c", h.rng.IntN(40)), "eth0"}
@@ -240,6 +321,84 @@ func (h *history) step() {
 }
 
 func isNothing(err error) bool { return err == ErrNothingToDonate }
+
+// give has a live peer release a prefix of its lease, or grant it to
+// another live peer: the smallest prefix across the cut between two of its
+// ranges (a release filled again by a newer lease leaves such cuts), one of
+// its blocks (its adjacent ranges joined) or a random part of its lease.
+// The give must dominate the ring before it.
+func (h *history) give() {
+	id := h.pick(h.live)
+	a := h.peers[id]
+	var p netip.Prefix
+	var cuts []netip.Addr // starts of id's ranges that follow one of id's
+	for i, t := range a.ring.st.view {
+		if i > 0 && t.owner == id && a.ring.st.view[i-1].owner == id {
+			cuts = append(cuts, a.ring.u.addr(t.start))
+		}
+	}
+	bs := a.ring.Blocks(id)
+	switch k := h.rng.IntN(3); {
+	case k == 0 && len(cuts) > 0:
+		// The smallest prefix across a cut: the fewest addresses in use.
+		x := cuts[h.rng.IntN(len(cuts))]
+		for bits := 31; bits >= 0; bits-- {
+			if q := netip.PrefixFrom(x, bits).Masked(); q.Contains(x.Prev()) {
+				p = q
+				break
+			}
+		}
+	case k == 1 && len(bs) > 0:
+		p = bs[h.rng.IntN(len(bs))]
+	default:
+		for _, l := range h.leases {
+			if l.Owner == id {
+				bits := l.Prefix.Bits() + h.rng.IntN(9)
+				off := h.rng.IntN(1 << (bits - l.Prefix.Bits()))
+				b := l.Prefix.Addr().As4()
+				p = netip.PrefixFrom(netip.AddrFrom4([4]byte{b[0], b[1], b[2], byte(off << (32 - bits))}), bits)
+				break
+			}
+		}
+	}
+	if !p.IsValid() {
+		return
+	}
+	to := ""
+	if h.rng.IntN(2) == 0 {
+		to = h.pick(h.live)
+	}
+	before := a.Ring()
+	x, y, err := a.ring.u.prefixSpan(p)
+	if err != nil {
+		h.fatalf("%v: %v", p, err)
+	}
+	spans := 0
+	for i := find(a.ring.st.view, x); i < len(a.ring.st.view) && a.ring.st.view[i].start.Less(y); i++ {
+		spans++
+	}
+	switch {
+	case to == id:
+		return
+	case to == "":
+		err = a.ReleaseBlock(p)
+	default:
+		err = a.Grant(to, p)
+	}
+	if err != nil {
+		if !errors.Is(err, ErrNotOwner) && !errors.Is(err, ErrNotLessee) && !errors.Is(err, ErrAddressInUse) && !errors.Is(err, ErrDeparted) {
+			h.fatalf("give %v from %s to %q: %v", p, id, to, err)
+		}
+		return
+	}
+	if spans > 1 {
+		h.multi++
+	}
+	after := a.Ring()
+	if changed, err := before.Merge(after); err != nil || !before.Equal(after) {
+		h.fatalf("the give of %v from %s to %q does not dominate the ring before it (%v, %v):\n%v\n%v", p, id, to, changed, err, before, after)
+	}
+}
 
 // check asserts that no address is owned by two live peers, each judged by
 // its own ring, and that every allocator's space matches its ring.
@@ -323,6 +482,7 @@ func historySeeds(t *testing.T) uint64 {
 func TestHistories(t *testing.T) {
 	n := historySeeds(t)
 	t.Logf("seeds 1..%d (%s=N runs more)", n, historySeedsEnv)
+	multi := 0
 	for seed := uint64(1); seed <= n; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			h := newHistory(t, seed)
@@ -330,6 +490,7 @@ func TestHistories(t *testing.T) {
 				h.step()
 				h.check()
 			}
+			multi += h.multi
 			h.converge()
 			h.check()
 			// Two newcomers that merge every ring ever sent and the
@@ -353,6 +514,10 @@ func TestHistories(t *testing.T) {
 			}
 		})
 	}
+	if multi == 0 && !t.Failed() {
+		t.Fatalf("no give across several ranges in %d histories", n)
+	}
+	t.Logf("%d gives across several ranges", multi)
 }
 
 // TestSeedOrderIndependence checks that peers given the same lease table in

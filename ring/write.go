@@ -33,10 +33,11 @@ func bump(v, step uint64) (uint64, error) {
 	return v + step, nil
 }
 
-// Grant gives the CIDR-aligned part p of a range owned by self to peer to:
-// the whole range, its start, its end or a hole in the middle. It inserts at
-// most two tokens, and rewrites the range's own token so that its free count
-// stays possible. The free counts of self's remaining parts are estimates
+// Grant gives the CIDR-aligned part p of the ranges owned by self to peer
+// to: a whole range, its start, its end or a hole in the middle, or a span
+// of consecutive ranges all self's and all in self's leases. It inserts at
+// most two tokens, and rewrites the tokens at the ranges' starts so that
+// their free counts stay possible. The free counts of self's remaining parts are estimates
 // (the ring does not know where the allocations are): Allocator corrects them.
 func (r *Ring) Grant(self, to string, p netip.Prefix) error {
 	next, err := r.tryGrant(self, to, p)
@@ -47,9 +48,10 @@ func (r *Ring) Grant(self, to string, p netip.Prefix) error {
 	return nil
 }
 
-// Release gives the CIDR-aligned part p of a range owned by self back to
-// nobody (a grown block returned to the masters): a lease of a later index
-// may then fill it, whatever free counts self wrote there before.
+// Release gives the CIDR-aligned part p of the ranges owned by self (as for
+// Grant) back to nobody (a grown block returned to the masters): a lease of
+// a later index may then fill it, whatever free counts self wrote there
+// before.
 func (r *Ring) Release(self string, p netip.Prefix) error {
 	next, err := r.tryGive(self, "", p)
 	if err != nil {
@@ -66,7 +68,13 @@ func (r *Ring) tryGrant(self, to string, p netip.Prefix) (state, error) {
 	return r.tryGive(self, to, p)
 }
 
-// tryGive moves p from self to to ("" for nobody).
+// tryGive moves p from self to to ("" for nobody). p may span several
+// consecutive ranges of the view (a block whole at the masters whose ring
+// still holds a token inside it: Sweep's over a grant given back, a
+// release filled again by a later lease, a free count of an older lease
+// set): each must be self's and in self's lease. Tokens are
+// never removed (the raw tokens join position by position), so the give
+// writes to's token at p's start and at each range start inside p.
 func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 	if self == "" || self == to {
 		return state{}, fmt.Errorf("%w: grant from %q to %q", ErrInvalid, self, to)
@@ -76,53 +84,62 @@ func (r *Ring) tryGive(self, to string, p netip.Prefix) (state, error) {
 		return state{}, err
 	}
 	view := r.st.view
-	i := find(view, a)
-	t := view[i]
-	s, e := t.start, rangeEnd(r.u, view, i)
-	if t.owner != self || e.Less(b) {
-		return state{}, fmt.Errorf("%w: %v is not inside one range of %s", ErrNotOwner, p, self)
+	first := find(view, a)
+	last := first
+	// Above the leases' indexes too, not only above the ranges' tokens:
+	// the view gives a range of nobody to its lessee when the lease is
+	// newer, and a lease set of a later record re-versions every lease of
+	// the agent (a grow of another block), while a range's token may
+	// still carry the epoch of the lease it was written under. A release
+	// below the lease's index would be void: the range its own again,
+	// handed out after a restart while the masters free it. One version
+	// for every token written, above each of theirs.
+	var top uint64
+	for i := first; i < len(view) && view[i].start.Less(b); i++ {
+		t := view[i]
+		if t.owner != self {
+			return state{}, fmt.Errorf("%w: %v is not inside ranges of %s (%v is %s's)", ErrNotOwner, p, self,
+				r.u.addr(maxU(a, t.start)), cmp.Or(t.owner, "nobody"))
+		}
+		l := leaseAt(r.st.eff, t.start)
+		if l.owner != self {
+			// A token of anyone but the lessee changes nothing
+			// (attributed): a grant not recorded by the masters yet
+			// stays as its donor wrote it.
+			return state{}, fmt.Errorf("%w: %v is %s's lease, not %s's (a grant the masters have not recorded yet)", ErrNotLessee, p, cmp.Or(l.owner, "nobody"), self)
+		}
+		top = max(top, t.version, l.index<<epochShift)
+		last = i
 	}
-	l := leaseAt(r.st.eff, s)
-	if l.owner != self {
-		// A token of anyone but the lessee changes nothing (attributed):
-		// a grant not recorded by the masters yet stays as its donor
-		// wrote it.
-		return state{}, fmt.Errorf("%w: %v is %s's lease, not %s's (a grant the masters have not recorded yet)", ErrNotLessee, p, cmp.Or(l.owner, "nobody"), self)
-	}
-	// Above the lease's index too, not only above the range's token: the
-	// view gives a range of nobody to its lessee when the lease is newer,
-	// and a lease set of a later record re-versions every lease of the
-	// agent (a grow of another block), while the range's token may still
-	// carry the epoch of the lease it was written under. A release below
-	// the lease's index would be void: the range its own again, handed
-	// out after a restart while the masters free it.
-	w, err := bump(max(t.version, l.index<<epochShift), 1)
+	w, err := bump(top, 1)
 	if err != nil {
 		return state{}, err
 	}
 	if d := tombIndex(r.st.tombs, to); to != "" && voids(d, w) {
 		return state{}, fmt.Errorf("%w: %s at %d", ErrDeparted, to, d)
 	}
-	size := b.Sub(a)
-	if to == "" {
-		size = Uint128{} // nobody's ranges count nothing free
-	}
-	left := Uint128{}
-	if size.Less(t.free) {
-		left = t.free.Sub(size)
-	}
 	var writes []rawToken
-	if a == s {
-		writes = append(writes, rawToken{start: s, owner: to, version: w, free: size})
-	} else {
-		f1 := minU(left, a.Sub(s))
-		left = left.Sub(f1)
-		writes = append(writes,
-			rawToken{start: s, owner: self, version: w, free: f1},
-			rawToken{start: a, owner: to, version: w, free: size})
-	}
-	if b != e {
-		writes = append(writes, rawToken{start: b, owner: self, version: w, free: minU(left, e.Sub(b))})
+	for i := first; i <= last; i++ {
+		t := view[i]
+		s, e := t.start, rangeEnd(r.u, view, i)
+		lo, hi := maxU(a, s), minU(b, e) // the part of p in this range
+		size := hi.Sub(lo)
+		left := Uint128{}
+		if size.Less(t.free) {
+			left = t.free.Sub(size)
+		}
+		if to == "" {
+			size = Uint128{} // nobody's ranges count nothing free
+		}
+		if lo != s { // only in the first range: self keeps its head
+			f := minU(left, lo.Sub(s))
+			left = left.Sub(f)
+			writes = append(writes, rawToken{start: s, owner: self, version: w, free: f})
+		}
+		writes = append(writes, rawToken{start: lo, owner: to, version: w, free: size})
+		if hi != e { // only in the last range: self keeps its tail
+			writes = append(writes, rawToken{start: hi, owner: self, version: w, free: minU(left, e.Sub(hi))})
+		}
 	}
 	return r.derive(upsert(r.u, r.st.raw, r.signAll(self, writes)...), r.st.leases, r.st.sets, r.st.tombs), nil
 }

@@ -170,3 +170,197 @@ func TestReleaseAfterANewerLeaseSet(t *testing.T) {
 		})
 	}
 }
+
+// spannedRing is the ring of agent host-1 in the failing growth property
+// test (seed 3): its block 10.128.0.8/29, whole at the masters (a piece
+// granted to host-2 came back and merged into it), holds two of its ranges
+// in the ring: a token at .12 its Sweep wrote over host-2's return token
+// (see sweptRing; here a free count written when .12/30 was a lease of its
+// own stands for it), voided by its deletion at 97 and filled again by its
+// lease set of 131, and one at .8 it wrote after registering again at 99
+// (the masters gave it its quarantined /29 back as a grown block).
+func spannedRing(t testing.TB) *Ring {
+	t.Helper()
+	r := newRing(t, "10.128.0.0/26")
+	mustSeedSets(t, r, []LeaseSet{{Owner: "host-1", Version: 90, Prefixes: []netip.Prefix{pfx(t, "10.128.0.8/30"), pfx(t, "10.128.0.12/30")}},
+		{Owner: "host-2", Version: 90, Prefixes: []netip.Prefix{pfx(t, "10.128.0.16/29")}}})
+	if _, err := r.ReportFree("host-1", map[netip.Addr]Uint128{ip(t, "10.128.0.12"): U128(3)}); err != nil {
+		t.Fatal(err)
+	}
+	mustSeed(t, r, nil, []Tombstone{{"host-1", 97}})
+	mustSeedSets(t, r, []LeaseSet{{Owner: "host-1", Version: 99, Prefixes: []netip.Prefix{pfx(t, "10.128.0.8/29")}}})
+	if _, err := r.ReportFree("host-1", map[netip.Addr]Uint128{ip(t, "10.128.0.8"): U128(3)}); err != nil {
+		t.Fatal(err)
+	}
+	mustSeedSets(t, r, []LeaseSet{{Owner: "host-1", Version: 131, Prefixes: []netip.Prefix{pfx(t, "10.128.0.0/30"), pfx(t, "10.128.0.4/30"), pfx(t, "10.128.0.8/29")}}})
+	if got := r.RangesOf("host-1"); len(got) != 4 {
+		t.Fatalf("want host-1's /29 in two ranges of the view (and .0/30, .4/30): %v\n%v", got, r)
+	}
+	return r
+}
+
+// twoRanges is a ring where a's lease 10.0.0.0/26 holds two ranges: its
+// free count at .32, written when .32/27 was a lease of its own.
+func twoRanges(t testing.TB) *Ring {
+	t.Helper()
+	r := newRing(t, "10.0.0.0/24")
+	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/27"), pfx(t, "10.0.0.32/27")}}})
+	if _, err := r.ReportFree("a", map[netip.Addr]Uint128{ip(t, "10.0.0.32"): U128(5)}); err != nil {
+		t.Fatal(err)
+	}
+	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 4, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/26")}}})
+	if got := r.RangesOf("a"); len(got) != 2 {
+		t.Fatalf("want a's lease in two ranges: %v\n%v", got, r)
+	}
+	return r
+}
+
+// holeRanges is a ring where a's lease 10.0.0.0/26 holds three ranges: .37
+// released, then filled again by a lease set of a later index.
+func holeRanges(t testing.TB) *Ring {
+	t.Helper()
+	r := newRing(t, "10.0.0.0/24")
+	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/26")}}})
+	if err := r.Release("a", pfx(t, "10.0.0.37/32")); err != nil {
+		t.Fatal(err)
+	}
+	mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 5, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/26")}}})
+	if got := r.RangesOf("a"); len(got) != 3 {
+		t.Fatalf("want a's lease in three ranges: %v\n%v", got, r)
+	}
+	return r
+}
+
+// sweptRing is host-1's ring after the path that cut its /29 in the
+// growth test: it granted .12/30 to host-2, which gave it back when the
+// masters had recorded the grant; the masters' return made the /29 whole
+// again, and host-1's Sweep wrote its own token over host-2's return token
+// at .12 (which the view ignores), a cut inside its range.
+func sweptRing(t testing.TB) *Ring {
+	t.Helper()
+	h1, h2 := mustAllocator(t, "host-1", "10.128.0.0/26"), mustAllocator(t, "host-2", "10.128.0.0/26")
+	seed := func(sets ...LeaseSet) {
+		t.Helper()
+		for _, a := range []*Allocator{h1, h2} {
+			if _, err := a.SeedSets(sets, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	block, piece := pfx(t, "10.128.0.8/29"), pfx(t, "10.128.0.12/30")
+	seed(LeaseSet{Owner: "host-1", Version: 5, Prefixes: []netip.Prefix{block}}, LeaseSet{Owner: "host-2", Version: 5})
+	if err := h1.Grant("host-2", piece); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h2.Merge(h1.Ring()); err != nil {
+		t.Fatal(err)
+	}
+	seed(LeaseSet{Owner: "host-1", Version: 6, Prefixes: []netip.Prefix{pfx(t, "10.128.0.8/30")}},
+		LeaseSet{Owner: "host-2", Version: 6, Prefixes: []netip.Prefix{piece}})
+	if err := h2.Grant("host-1", piece); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h1.Merge(h2.Ring()); err != nil {
+		t.Fatal(err)
+	}
+	seed(LeaseSet{Owner: "host-1", Version: 7, Prefixes: []netip.Prefix{block}}, LeaseSet{Owner: "host-2", Version: 7})
+	if changed, err := h1.Sweep(); err != nil || !changed {
+		t.Fatalf("sweep = %v, %v", changed, err)
+	}
+	r := h1.Ring()
+	if got := r.RangesOf("host-1"); len(got) != 2 {
+		t.Fatalf("want host-1's /29 in two ranges after the sweep: %v\n%v", got, r)
+	}
+	return r
+}
+
+// TestGiveAcrossRanges: a prefix that lies in consecutive ranges of the
+// view, all the giver's and all in its leases, is released or granted
+// whole, and the give dominates (a peer that holds the ring before it
+// merges the ring after it and sees the same). Before, a give had to lie
+// in one range: the /29 of spannedRing could never go back to the masters.
+func TestGiveAcrossRanges(t *testing.T) {
+	tests := []struct {
+		name     string
+		ring     func(t testing.TB) *Ring
+		self, to string
+		give     string
+		want     error
+	}{
+		{"release the log's block", spannedRing, "host-1", "", "10.128.0.8/29", nil},
+		{"grant the log's block", spannedRing, "host-1", "host-3", "10.128.0.8/29", nil},
+		{"release a block swept after a grant came back", sweptRing, "host-1", "", "10.128.0.8/29", nil},
+		{"grant a block swept after a grant came back", sweptRing, "host-1", "host-2", "10.128.0.8/29", nil},
+		{"release two leases", spannedRing, "host-1", "", "10.128.0.0/29", nil},
+		{"release three ranges of two leases", spannedRing, "host-1", "", "10.128.0.0/28", nil},
+		{"release a lease in two ranges", twoRanges, "a", "", "10.0.0.0/26", nil},
+		{"release a part of the first and last of three ranges", holeRanges, "a", "", "10.0.0.36/30", nil},
+		{"grant a part of the first and last of three ranges", holeRanges, "a", "b", "10.0.0.36/30", nil},
+		{"into another's range", spannedRing, "host-1", "", "10.128.0.0/27", ErrNotOwner},
+		{"into nobody's range", spannedRing, "host-1", "", "10.128.0.0/26", ErrNotOwner},
+		{"into a range granted but not recorded", func(t testing.TB) *Ring {
+			r := newRing(t, "10.0.0.0/24")
+			mustSeedSets(t, r, []LeaseSet{{Owner: "a", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.0/27")}},
+				{Owner: "b", Version: 3, Prefixes: []netip.Prefix{pfx(t, "10.0.0.32/27")}}})
+			if err := r.Grant("b", "a", pfx(t, "10.0.0.32/27")); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}, "a", "", "10.0.0.0/26", ErrNotLessee},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := tt.ring(t)
+			before := r.Clone()
+			err := give(r, tt.self, tt.to, pfx(t, tt.give))
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("give %s from %s to %q = %v, want %v\n%v", tt.give, tt.self, tt.to, err, tt.want, before)
+			}
+			if tt.want != nil {
+				if !r.Equal(before) {
+					t.Fatalf("a refused give changed the ring:\n%v\n%v", before, r)
+				}
+				return
+			}
+			checkValid(t, r)
+			p := pfx(t, tt.give)
+			for addr := p.Addr(); p.Contains(addr); addr = addr.Next() {
+				if owner, _ := r.Owner(addr); owner != tt.to {
+					t.Fatalf("after giving %s to %q, %s is %q's:\n%v", p, tt.to, addr, owner, r)
+				}
+			}
+			// What the giver keeps around p stays its own.
+			for _, x := range before.RangesOf(tt.self) {
+				for addr := x.First; addr.Compare(x.Last) <= 0; addr = addr.Next() {
+					if owner, _ := r.Owner(addr); !p.Contains(addr) && owner != tt.self {
+						t.Fatalf("%s, outside %s, went from %s to %q:\n%v", addr, p, tt.self, owner, r)
+					}
+				}
+			}
+			var free Uint128
+			for _, tk := range r.Tokens() {
+				if p.Contains(tk.Start) {
+					free = free.Add(tk.Free)
+				}
+			}
+			if want := U128(0); tt.to != "" {
+				want = U128(uint64(1) << (32 - p.Bits()))
+				if free != want {
+					t.Errorf("%s's free count in %s = %v, want %v (all of it)", tt.to, p, free, want)
+				}
+			} else if free != want {
+				t.Errorf("nobody's free count in %s = %v, want 0", p, free)
+			}
+			// The giver's free counts only shrink: what it gave was
+			// free, the rest is as free as it was.
+			if got, was := r.freeByPeer()[tt.self], before.freeByPeer()[tt.self]; was.Less(got) {
+				t.Errorf("%s's free count grew from %v to %v:\n%v\n%v", tt.self, was, got, before, r)
+			}
+			// The give is an inflation: the ring before it, merged with
+			// the ring after it, is the ring after it.
+			if _, err := before.Merge(r); err != nil || !before.Equal(r) {
+				t.Fatalf("merging the give into the ring before it = %v:\n%v\n%v", err, before, r)
+			}
+		})
+	}
+}
