@@ -97,7 +97,7 @@ func (s *Service) allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	if err != nil || b == nil {
 		return out, err
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist allocation: %v", err)
 	}
 	s.metrics.ops.WithLabelValues("allocate").Inc()
@@ -111,7 +111,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 	key := allocKey(req.Network, at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(key) {
+	for s.commits.WaitPending(key) {
 	}
 	o, err := s.overlayFor(req.Network, true)
 	if err != nil {
@@ -141,7 +141,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 	if s.released.forget(key) {
 		writes = append(writes, deleteReleased(key))
 	}
-	b := s.enqueue(change{key: key, writes: writes, undo: func() { forget(o, at) }})
+	b := s.commits.Enqueue(change{Key: key, Writes: writes, Undo: func() { forget(o, at) }})
 	return s.render(o, at, rec), b, nil
 }
 
@@ -334,10 +334,10 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 			held[fam] = addr
 		}
 	}
-	return s.enqueue(change{
-		key:    key,
-		writes: writes,
-		durable: func() {
+	return s.commits.Enqueue(change{
+		Key:    key,
+		Writes: writes,
+		Durable: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
 					s.forgetNeighbour(o.name, rec.Bridge, addr) // before anyone can get it
@@ -345,7 +345,7 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 				}
 			}
 		},
-		undo: func() {
+		Undo: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
 					o.alloc[fam].Unreserve(addr)
@@ -368,7 +368,7 @@ func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
 	s.metrics.ops.WithLabelValues("release").Inc()
@@ -381,7 +381,7 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	key := allocKey(req.Network, at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(key) {
+	for s.commits.WaitPending(key) {
 	}
 	// Whatever it releases (maybe nothing, after a lost data dir), a DEL
 	// answered OK is one the runtime will not send again.
@@ -401,7 +401,7 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	}
 	delete(s.persist[req.Network], at)
 	out.Released = append(out.Released, api.Allocation{Network: req.Network, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge})
-	return out, s.enqueue(change{key: key, writes: []write{deleteAlloc(req.Network, at)}, undo: func() {
+	return out, s.commits.Enqueue(change{Key: key, Writes: []write{deleteAlloc(req.Network, at)}, Undo: func() {
 		if s.persist[req.Network] == nil {
 			s.persist[req.Network] = map[ring.Attachment]allocRecord{}
 		}
@@ -417,7 +417,7 @@ func (s *Service) ReleaseAddress(network string, addr netip.Addr) (*api.Released
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
 	s.metrics.ops.WithLabelValues("release").Add(float64(len(out.Released)))
@@ -440,14 +440,14 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 			if rec := o.attached[at]; rec.V4 != addr && rec.V6 != addr {
 				continue
 			}
-			if key := allocKey(network, at); s.pending[key] != nil {
+			if key := allocKey(network, at); s.commits.Pending(key) {
 				busy = key
 				break
 			}
 			holders = append(holders, at)
 		}
 		if busy != "" {
-			s.waitPending(busy) // lets s.mu go: look again
+			s.commits.WaitPending(busy) // lets s.mu go: look again
 			continue
 		}
 		var b *batch
@@ -478,7 +478,7 @@ func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist gc: %v", err)
 	}
 	s.log.Info("gc released stale allocations", "network", req.Network, "count", len(out.Released))
@@ -498,7 +498,7 @@ func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (
 	var b *batch
 	for _, at := range sortedAttachments(o.attached) {
 		rec := o.attached[at]
-		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.pending[allocKey(o.name, at)] != nil {
+		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.commits.Pending(allocKey(o.name, at)) {
 			continue
 		}
 		out.Released = append(out.Released, *s.render(o, at, rec))
@@ -515,7 +515,7 @@ func (s *Service) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
 	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(allocKey(req.Network, at)) {
+	for s.commits.WaitPending(allocKey(req.Network, at)) {
 	}
 	o := s.overlays[req.Network]
 	if o == nil {

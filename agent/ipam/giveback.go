@@ -202,9 +202,9 @@ func (s *Service) giveBack(hb *heldBlock) {
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
-	b := s.enqueue(change{writes: writes})
+	b := s.commits.Enqueue(change{Writes: writes})
 	s.mu.Unlock()
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		s.log.Error("persist the return of a block", "err", err)
 		return
 	}

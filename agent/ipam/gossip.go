@@ -100,7 +100,7 @@ func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error)
 func (s *Service) mergeRings(m ipamwire.RingMessage) (ipamwire.RingMessage, error) {
 	news, b, err := s.decideMerge(m)
 	if b != nil {
-		if ferr := s.flush(b); ferr != nil {
+		if ferr := s.commits.Flush(b); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("persist rings: %w", ferr))
 		}
 	}
@@ -120,12 +120,12 @@ func (s *Service) persistDirtyRings() {
 	}) {
 		delete(s.dirtyRings, k)
 		if a := s.allocatorOf(k.overlay, k.family); a != nil {
-			b = s.enqueue(change{writes: []write{putRing(k.overlay, familyIndex(k.family), a.EncodeRing())}})
+			b = s.commits.Enqueue(change{Writes: []write{putRing(k.overlay, familyIndex(k.family), a.EncodeRing())}})
 		}
 	}
 	s.mu.Unlock()
 	if b != nil {
-		if err := s.flush(b); err != nil {
+		if err := s.commits.Flush(b); err != nil {
 			s.log.Warn("persist rings", "err", err)
 		}
 	}
@@ -177,7 +177,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 			// What this agent owns moved: durable before anything is
 			// allocated from it.
 			delete(s.dirtyRings, k)
-			b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
+			b = s.commits.Enqueue(change{Writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
 		} else {
 			// Other agents' entries only (free counts, their grants): a
 			// crash loses nothing anti-entropy does not bring back, and
@@ -189,7 +189,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 			// A grant, or one this agent held before it lost its data dir:
 			// take back the addresses its containers hold there first.
 			s.claimPersisted(o, slog.LevelDebug)
-			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
+			s.reclaimFromCNICache(o, func(c change) { b = s.commits.Enqueue(c) })
 		}
 		if d, ok := a.Ring().Delta(before); ok {
 			news.Rings = append(news.Rings, ipamwire.RingEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Claims().Encode()})

@@ -297,10 +297,10 @@ func (s *Service) addGrownBlock(k growKey, lb LeasedBlock) error {
 	slices.SortFunc(o.blocks[k.fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
 	o.reserveGateways()
 	enc := a.EncodeRing()
-	b := s.enqueue(change{writes: []write{putBlock(hb), putRing(k.overlay, k.fam, enc)}})
+	b := s.commits.Enqueue(change{Writes: []write{putBlock(hb), putRing(k.overlay, k.fam, enc)}})
 	s.mu.Unlock()
 	s.log.Info("block leased by the masters", "overlay", k.overlay, "bridge", k.bridge, "block", lb.Prefix)
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return fmt.Errorf("persist block: %w", err)
 	}
 	s.gossip.Announce()

@@ -101,11 +101,11 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage
 		s.mu.Unlock()
 		return &spaceask.RefusedError{Peer: peer, Reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
 	}
-	b := s.enqueue(change{writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
+	b := s.commits.Enqueue(change{Writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
 		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID, Expires: ans.Expires, DonorSignature: ans.GrantSig})}})
 	s.mu.Unlock()
 	s.metrics.grantsReceived.Inc()
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		s.log.Error("persist the report of a grant", "err", err)
 	}
 	s.reports.Kick()

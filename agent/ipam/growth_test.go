@@ -316,7 +316,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 		nd := c.nodes["b"]
 		ans, b := nd.svc.decideDonation(req)
 		if b != nil {
-			if err := nd.svc.flush(b); err != nil {
+			if err := nd.svc.commits.Flush(b); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -71,7 +71,7 @@ func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 	}
 	out, released, b := s.decideReclaim(cands, gone, now)
 	if b != nil {
-		if err := s.flush(b); err != nil {
+		if err := s.commits.Flush(b); err != nil {
 			s.log.Error("release the allocations of gone containers", "err", err)
 			return nil
 		}
@@ -99,7 +99,7 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 		}
 		o := s.overlays[c.overlay]
 		rec, ok := o.attached[c.at]
-		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.pending[key] != nil {
+		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.commits.Pending(key) {
 			continue
 		}
 		al := *s.render(o, c.at, rec)

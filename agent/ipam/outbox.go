@@ -43,9 +43,9 @@ func (h *reportHost) Outbox() ([]ipamstore.OutboxEntry, error) { return ipamstor
 func (h *reportHost) Sent(requestID string) error {
 	s := (*Service)(h)
 	s.mu.Lock()
-	b := s.enqueue(change{writes: []write{ipamstore.DeleteOutbox(requestID)}})
+	b := s.commits.Enqueue(change{Writes: []write{ipamstore.DeleteOutbox(requestID)}})
 	s.mu.Unlock()
-	return s.flush(b)
+	return s.commits.Flush(b)
 }
 
 func (h *reportHost) Usage() (api.UsageReport, bool) {

@@ -105,8 +105,8 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		p[1], _ = netip.ParsePrefix(br.IP6)
 		o.bridges[kind] = p
 	}
-	b.add(change{writes: o.learnMasterBlocks(s.id, v.Blocks, s.grow.returned)})
-	b.add(change{writes: s.forgetReturned(o, v)})
+	b.Add(change{Writes: o.learnMasterBlocks(s.id, v.Blocks, s.grow.returned)})
+	b.Add(change{Writes: s.forgetReturned(o, v)})
 	errs := parseErrs
 	sy := s.overlaySync(name)
 	o.unreserveGateways()
@@ -118,7 +118,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	o.reserveGateways()
 	for fam := range families {
 		writes, _ := o.syncBlocks(sy, fam)
-		b.add(change{writes: writes})
+		b.Add(change{Writes: writes})
 	}
 	s.metrics.isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
 	switch o.seedErr = errors.Join(errs...); {
@@ -133,7 +133,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	}
 	s.claimPersisted(o, level)
 	if created {
-		s.reclaimFromCNICache(o, b.add)
+		s.reclaimFromCNICache(o, b.Add)
 	}
 }
 
@@ -591,7 +591,7 @@ func (s *Service) ringWritten(k ringID, ringWrite []write, dirty bool, b *batch)
 	switch {
 	case len(ringWrite) > 0:
 		delete(s.dirtyRings, k)
-		b.add(change{writes: ringWrite})
+		b.Add(change{Writes: ringWrite})
 	case dirty:
 		s.dirtyRings[k] = true
 	}

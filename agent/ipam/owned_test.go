@@ -203,7 +203,7 @@ func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
 	if ans.Kind != ipamwire.KindGrant || batch == nil {
 		t.Fatalf("answer %+v", ans)
 	}
-	if err := b.flush(batch); err != nil {
+	if err := b.commits.Flush(batch); err != nil {
 		t.Fatal(err)
 	}
 	granted := netip.MustParsePrefix(ans.Prefix)

@@ -53,8 +53,8 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 			continue
 		}
 		o.attached[at] = rec
-		add(change{key: allocKey(o.name, at), writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) },
-			durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
+		add(change{Key: allocKey(o.name, at), Writes: []write{putAlloc(o.name, at, rec)}, Undo: func() { forget(o, at) },
+			Durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}
 	if claimed > 0 {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam/capacity"
 	"github.com/carve-net/carve/agent/ipam/claimkeys"
+	"github.com/carve-net/carve/agent/ipam/groupcommit"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
@@ -51,9 +52,6 @@ type Service struct {
 	log         *slog.Logger
 	metrics     *metrics
 
-	// commitMu is held by the one goroutine writing a batch (see commit.go).
-	commitMu sync.Mutex
-
 	mu        sync.Mutex // the state below; never held across an fsync of a request
 	synced    bool       // a View arrived
 	view      View
@@ -67,9 +65,10 @@ type Service struct {
 	// claimed yet (its overlay is not served, or the ring does not give the
 	// address to this agent).
 	persist map[string]map[ring.Attachment]allocRecord
-	pending map[string]*batch // allocKey -> the batch with its change in flight
-	open    *batch            // the batch requests queue into
-	channel gossip.Channel    // ring gossip; nil until UseChannel
+	// commits is the group commit of the changes decided under s.mu
+	// (commit.go); its own lock is taken before s.mu, never after.
+	commits *groupcommit.Queue[write]
+	channel gossip.Channel // ring gossip; nil until UseChannel
 	// savedBlocks are the persisted blocks of overlays not created yet.
 	savedBlocks map[string][]*heldBlock
 	// expectedGrants are the grants this agent asked for and whose donor's
@@ -132,10 +131,11 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks, onForget: cfg.ForgetNeighbour,
+		savedBlocks: st.blocks, onForget: cfg.ForgetNeighbour,
 		dirtyRings: map[ringID]bool{}, expectedGrants: map[string][]netip.Prefix{},
 		bg: goroutines.New(context.Background()),
 	}
+	s.commits = groupcommit.New(&s.mu, s.writeBatch)
 	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.ringGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
@@ -198,16 +198,16 @@ func (s *Service) Sync(v View) {
 // sync holds both locks across its one commit: it reshapes the state, and
 // runs only when the agent's view changes and on its periodic resync.
 func (s *Service) sync(v View) {
-	s.quiesce()
-	defer s.commitMu.Unlock()
+	s.commits.Quiesce()
+	defer s.commits.Release()
 	defer s.mu.Unlock()
-	b := newBatch()
+	b := groupcommit.NewBatch[write]()
 	switch {
 	case v.ClusterID == "" || v.ClusterID == s.clusterID:
 	case s.clusterID == "":
 		// The first cluster id this agent learns: its rings are that cluster's.
 		s.clusterID = v.ClusterID
-		b.add(change{writes: []write{ipamstore.PutClusterID(v.ClusterID)}})
+		b.Add(change{Writes: []write{ipamstore.PutClusterID(v.ClusterID)}})
 	default:
 		s.log.Warn("the masters' cluster changed: forgetting every ring", "was", s.clusterID, "now", v.ClusterID)
 		s.rebuildLocked(v.ClusterID)
@@ -223,7 +223,7 @@ func (s *Service) sync(v View) {
 	}
 	s.syncOverlays(v, b)
 	s.pruneGranted(v, b)
-	s.finish(b, s.commit(b))
+	_ = s.commits.CommitQuiesced(b) // a failure took the changes back, and was logged
 }
 
 // pruneGranted forgets the space requests this agent granted whose block
@@ -247,7 +247,7 @@ func (s *Service) pruneGranted(v View, b *batch) {
 	for key, p := range s.grow.granted {
 		if deleted[key[0]] || recorded[[2]string{key[0], p.String()}] {
 			delete(s.grow.granted, key)
-			b.add(change{writes: []write{ipamstore.DeleteGranted(key[0], key[1])}})
+			b.Add(change{Writes: []write{ipamstore.DeleteGranted(key[0], key[1])}})
 		}
 	}
 }
@@ -258,8 +258,8 @@ func (s *Service) pruneGranted(v View, b *batch) {
 // leases. The allocations are kept, and claimed back by the next Sync where
 // the new leases give their addresses to this agent.
 func (s *Service) Rebuild(clusterID string) {
-	s.quiesce()
-	defer s.commitMu.Unlock()
+	s.commits.Quiesce()
+	defer s.commits.Release()
 	defer s.mu.Unlock()
 	s.log.Warn("the masters' cluster was rebuilt: forgetting every ring", "was", s.clusterID, "now", clusterID)
 	s.rebuildLocked(clusterID)

@@ -65,7 +65,7 @@ func (s *Service) donate(ctx context.Context, m ipamwire.SpaceMessage) {
 	}
 	ans, b := s.decideDonation(m)
 	if b != nil {
-		if err := s.flush(b); err != nil {
+		if err := s.commits.Flush(b); err != nil {
 			s.log.Error("persist a grant: not answered", "to", m.From, "err", err)
 			return
 		}
@@ -123,7 +123,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		ans.Expires, ans.GrantSig = s.claims.SignGrant(s.clusterID, m.Overlay, p, m.From, m.ID, time.Now())
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
-		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), ipamstore.PutGranted(m.From, m.ID, p)}})
+		return ans, s.commits.Enqueue(change{Writes: []write{putRing(m.Overlay, fam, enc), ipamstore.PutGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {

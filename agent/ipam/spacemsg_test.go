@@ -64,7 +64,7 @@ func FuzzSpaceMessageHandler(f *testing.F) {
 			// a goroutine).
 			_, b := s.decideDonation(m)
 			if b != nil {
-				_ = s.flush(b)
+				_ = s.commits.Flush(b)
 			}
 		}
 		_ = s.RingGossip().OnUnicast(m.From, data)
