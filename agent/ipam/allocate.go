@@ -51,7 +51,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 				// runtime retries once it is back.
 				return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s, and it cannot grow now: %v", full.Message, errStopping)
 			}
-			s.metrics.exhausted.Inc()
+			s.metrics.Exhausted.Inc()
 			if gerr != nil {
 				if errors.Is(gerr, ErrQuota) {
 					// The masters' answer names the cap and the fix.
@@ -100,7 +100,7 @@ func (s *Service) allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist allocation: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("allocate").Inc()
+	s.metrics.Ops.WithLabelValues("allocate").Inc()
 	return out, nil
 }
 
@@ -371,7 +371,7 @@ func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
 	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("release").Inc()
+	s.metrics.Ops.WithLabelValues("release").Inc()
 	s.drainedNow(req.Network)
 	return out, nil
 }
@@ -420,7 +420,7 @@ func (s *Service) ReleaseAddress(network string, addr netip.Addr) (*api.Released
 	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("release").Add(float64(len(out.Released)))
+	s.metrics.Ops.WithLabelValues("release").Add(float64(len(out.Released)))
 	s.drainedNow(network)
 	return out, nil
 }
@@ -483,7 +483,7 @@ func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
 	}
 	s.log.Info("gc released stale allocations", "network", req.Network, "count", len(out.Released))
 	s.drainedNow(req.Network)
-	s.metrics.ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
+	s.metrics.Ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
 	return out, nil
 }
 

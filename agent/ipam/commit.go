@@ -31,10 +31,10 @@ func (s *Service) writeBatch(writes []write) error {
 		}
 		return nil
 	})
-	s.metrics.commitSeconds.Observe(time.Since(start).Seconds())
-	s.metrics.commitWrites.Observe(float64(len(writes)))
+	s.metrics.CommitSeconds.Observe(time.Since(start).Seconds())
+	s.metrics.CommitWrites.Observe(float64(len(writes)))
 	if err != nil {
-		s.metrics.commitErrors.Inc()
+		s.metrics.CommitErrors.Inc()
 		s.log.Error("commit of allocations failed: taking them back", "writes", len(writes), "err", err)
 	}
 	return err

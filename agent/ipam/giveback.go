@@ -208,7 +208,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		s.log.Error("persist the return of a block", "err", err)
 		return
 	}
-	s.metrics.returned.Inc()
+	s.metrics.Returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
 	s.gossip.Announce()
 	s.reports.Kick()

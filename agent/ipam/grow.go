@@ -212,22 +212,22 @@ func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 		switch {
 		case err == nil:
 			if err = s.addGrownBlock(k, lb); err == nil {
-				s.metrics.grows.WithLabelValues("master", "ok").Inc()
+				s.metrics.Grows.WithLabelValues("master", "ok").Inc()
 				return nil
 			}
-			s.metrics.grows.WithLabelValues("master", "error").Inc()
+			s.metrics.Grows.WithLabelValues("master", "error").Inc()
 			s.log.Error("the masters' block could not be used", "overlay", k.overlay, "block", lb.Prefix, "err", err)
 		case errors.Is(err, ErrMastersExhausted):
-			s.metrics.grows.WithLabelValues("master", "exhausted").Inc()
-			s.metrics.refused.WithLabelValues("masters_exhausted").Inc()
+			s.metrics.Grows.WithLabelValues("master", "exhausted").Inc()
+			s.metrics.Refused.WithLabelValues("masters_exhausted").Inc()
 		case errors.Is(err, ErrQuota):
-			s.metrics.grows.WithLabelValues("master", "quota").Inc()
-			s.metrics.refused.WithLabelValues("quota").Inc()
+			s.metrics.Grows.WithLabelValues("master", "quota").Inc()
+			s.metrics.Refused.WithLabelValues("quota").Inc()
 			return err
 		case ctx.Err() != nil:
 			return fmt.Errorf("growth stopped: %w", err) // the service stops, or the growth ran out of time
 		default:
-			s.metrics.grows.WithLabelValues("master", "unreachable").Inc()
+			s.metrics.Grows.WithLabelValues("master", "unreachable").Inc()
 			s.log.Warn("no master answered a grow request: asking a peer", "overlay", k.overlay, "err", err)
 		}
 	}

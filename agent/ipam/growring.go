@@ -104,7 +104,7 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage
 	b := s.commits.Enqueue(change{Writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
 		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID, Expires: ans.Expires, DonorSignature: ans.GrantSig})}})
 	s.mu.Unlock()
-	s.metrics.grantsReceived.Inc()
+	s.metrics.GrantsReceived.Inc()
 	if err := s.commits.Flush(b); err != nil {
 		s.log.Error("persist the report of a grant", "err", err)
 	}

@@ -387,7 +387,7 @@ func TestGrowthAnswerAfterWatch(t *testing.T) {
 	// the answer may still be on its way when the last ADD returns.
 	grows := func(result string) float64 {
 		var m dto.Metric
-		if err := nd.svc.metrics.grows.WithLabelValues("master", result).Write(&m); err != nil {
+		if err := nd.svc.metrics.Grows.WithLabelValues("master", result).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetCounter().GetValue()

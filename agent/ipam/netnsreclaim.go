@@ -75,7 +75,7 @@ func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 			s.log.Error("release the allocations of gone containers", "err", err)
 			return nil
 		}
-		s.metrics.netnsReclaims.WithLabelValues("released").Add(float64(released))
+		s.metrics.NetnsReclaims.WithLabelValues("released").Add(float64(released))
 	}
 	return out
 }
@@ -105,7 +105,7 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 		al := *s.render(o, c.at, rec)
 		if r.cfg.DryRun {
 			if r.missing.FirstReport(key) {
-				s.metrics.netnsReclaims.WithLabelValues("dry_run").Inc()
+				s.metrics.NetnsReclaims.WithLabelValues("dry_run").Inc()
 				s.log.Warn("dry run: would release the addresses of a container whose network namespace is gone",
 					"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", since)
 			}

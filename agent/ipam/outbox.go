@@ -16,7 +16,7 @@ import (
 // newReporter returns the reporter of the Service's growth configuration.
 func (s *Service) newReporter() *masterreport.Reporter {
 	cfg := masterreport.Config{Host: (*reportHost)(s), Interval: s.grow.cfg.UsageInterval, Refresh: s.grow.cfg.UsageRefresh,
-		Reports: s.metrics.reports, Log: s.log}
+		Reports: s.metrics.Reports, Log: s.log}
 	if src := s.grow.cfg.Source; src != nil {
 		cfg.Masters = sourceReports{src}
 	}

@@ -120,7 +120,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		writes, _ := o.syncBlocks(sy, fam)
 		b.Add(change{Writes: writes})
 	}
-	s.metrics.isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
+	s.metrics.Isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
 	switch o.seedErr = errors.Join(errs...); {
 	case errors.Is(o.seedErr, errRingUnread):
 		s.log.Error("overlay not served: its persisted ring could not be read", "overlay", name, "err", o.seedErr)
@@ -567,7 +567,7 @@ func (s *Service) overlaySync(name string) overlaySync {
 		expected: func(p netip.Prefix) bool {
 			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)
 		},
-		refused: func(reason string) { s.metrics.claimsRefused.WithLabelValues(reason).Inc() },
+		refused: func(reason string) { s.metrics.ClaimsRefused.WithLabelValues(reason).Inc() },
 		growing: func(fam int) bool {
 			for k := range s.grow.inflight {
 				if k.overlay == name && k.fam == fam {

@@ -54,7 +54,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		}
 		o.attached[at] = rec
 		add(change{Key: allocKey(o.name, at), Writes: []write{putAlloc(o.name, at, rec)}, Undo: func() { forget(o, at) },
-			Durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
+			Durable: func() { s.metrics.Ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}
 	if claimed > 0 {

@@ -30,6 +30,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam/capacity"
 	"github.com/carve-net/carve/agent/ipam/claimkeys"
 	"github.com/carve-net/carve/agent/ipam/groupcommit"
+	"github.com/carve-net/carve/agent/ipam/ipammetrics"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
@@ -50,7 +51,7 @@ type Service struct {
 	dbPath      string // db's file, for errors
 	cniCacheDir string
 	log         *slog.Logger
-	metrics     *metrics
+	metrics     *ipammetrics.Metrics
 
 	mu        sync.Mutex // the state below; never held across an fsync of a request
 	synced    bool       // a View arrived
@@ -120,7 +121,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := ipammetrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -136,11 +137,11 @@ func New(cfg Config) (*Service, error) {
 		bg: goroutines.New(context.Background()),
 	}
 	s.commits = groupcommit.New(&s.mu, s.writeBatch)
-	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.ringGossip, OnSent: cfg.OnSent})
+	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.RingGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
 	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
-		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.grows, Refused: m.refused})
+		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.Grows, Refused: m.Refused})
 	s.reports = s.newReporter()
 	s.capacity = capacity.New(s.readCapacity, s.log)
 	s.released.load(st.released)

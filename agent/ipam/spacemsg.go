@@ -24,18 +24,18 @@ import (
 func (s *Service) onSpaceMessage(src string, msg []byte) error {
 	m, err := ipamwire.DecodeSpaceMessage(msg)
 	if err != nil {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
+		s.metrics.RingGossip.WithLabelValues(ringgossip.ResultBad).Inc()
 		return err
 	}
 	if m.From != src {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
+		s.metrics.RingGossip.WithLabelValues(ringgossip.ResultBad).Inc()
 		return fmt.Errorf("%w: sent as %q by peer %q", ipamwire.ErrBadSpaceMessage, m.From, src)
 	}
 	s.mu.Lock()
 	cluster := s.clusterID
 	s.mu.Unlock()
 	if cluster != "" && m.ClusterID != cluster {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultOtherCluster).Inc()
+		s.metrics.RingGossip.WithLabelValues(ringgossip.ResultOtherCluster).Inc()
 		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ringgossip.ErrOtherCluster, m.ClusterID, cluster)
 	}
 	if m.Kind == ipamwire.KindRequest {
@@ -43,7 +43,7 @@ func (s *Service) onSpaceMessage(src string, msg []byte) error {
 		reason, ok := s.claims.CheckSpaceRequest(m)
 		s.mu.Unlock()
 		if !ok {
-			s.metrics.claimsRefused.WithLabelValues(reason).Inc()
+			s.metrics.ClaimsRefused.WithLabelValues(reason).Inc()
 			return fmt.Errorf("%w: request %q from %s: %s", ipamwire.ErrBadSpaceMessage, m.ID, src, reason)
 		}
 		if !s.bg.Go(func(ctx context.Context) { s.donate(ctx, m) }) {
@@ -71,7 +71,7 @@ func (s *Service) donate(ctx context.Context, m ipamwire.SpaceMessage) {
 		}
 	}
 	if ans.Kind == ipamwire.KindGrant {
-		s.metrics.grantsGiven.Inc()
+		s.metrics.GrantsGiven.Inc()
 		s.gossip.Announce()
 		s.changed()
 	}
@@ -164,7 +164,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		return grant(p, before)
 	}
 	if overQuota {
-		s.metrics.claimsRefused.WithLabelValues(ipamwire.ReasonRecipientQuota).Inc()
+		s.metrics.ClaimsRefused.WithLabelValues(ipamwire.ReasonRecipientQuota).Inc()
 		return refuse(ipamwire.ReasonRecipientQuota)
 	}
 	return refuse("no_space")
