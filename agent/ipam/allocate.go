@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -155,11 +156,11 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 	for fam := range families {
 		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
 		claim := claims[fam]
-		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam))) {
+		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != ipfamily.Name(fam))) {
 			forget(o, at)
 			return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "requested address %s: the %s bridge of %q has no IPv%d range", claim, req.Bridge, req.Network, 4+2*fam)
 		}
-		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam)) {
+		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != ipfamily.Name(fam)) {
 			continue
 		}
 		var addr netip.Addr

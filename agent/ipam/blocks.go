@@ -85,14 +85,6 @@ func describeBlocks(ps []netip.Prefix) string {
 	return strings.Join(out, ", ")
 }
 
-// familyOf is the family index of an address.
-func familyOf(a netip.Addr) int {
-	if a.Is4() {
-		return 0
-	}
-	return 1
-}
-
 // hostCount is how many addresses of a block Allocate may hand out.
 func hostCount(p netip.Prefix) ring.Uint128 {
 	n := ring.U128(1).Lsh(uint(p.Addr().BitLen() - p.Bits())).Sub(ring.U128(2))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -226,7 +227,7 @@ func (s *Service) forgetReturned(o *overlay, v View) []write {
 	}
 	var writes []write
 	for p, version := range s.grow.returned {
-		u := o.universe[familyOf(p.Addr())]
+		u := o.universe[ipfamily.Of(p.Addr())]
 		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.name, p) {
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
@@ -69,7 +70,7 @@ func (s *Service) Rings() map[string][]byte {
 func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocator)) {
 	for _, name := range sortedKeys(s.overlays) {
 		for fam := range families {
-			a := s.allocatorOf(name, familyName(fam))
+			a := s.allocatorOf(name, ipfamily.Name(fam))
 			if a == nil {
 				continue
 			}
@@ -78,7 +79,7 @@ func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocat
 					s.log.Warn("ring free counts", "overlay", name, "err", err)
 				}
 			}
-			f(ringID{name, familyName(fam)}, a)
+			f(ringID{name, ipfamily.Name(fam)}, a)
 		}
 	}
 }
@@ -88,7 +89,7 @@ func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocat
 // read back from disk), so that it is never broadcast; s.mu is held.
 func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error) {
 	if a := o.alloc[fam]; a != nil {
-		s.gossip.Known(ringID{o.name, familyName(fam)}.gossipID(), a, f)
+		s.gossip.Known(ringID{o.name, ipfamily.Name(fam)}.gossipID(), a, f)
 	}
 }
 
@@ -120,7 +121,7 @@ func (s *Service) persistDirtyRings() {
 	}) {
 		delete(s.dirtyRings, k)
 		if a := s.allocatorOf(k.overlay, k.family); a != nil {
-			b = s.commits.Enqueue(change{Writes: []write{putRing(k.overlay, familyIndex(k.family), a.EncodeRing())}})
+			b = s.commits.Enqueue(change{Writes: []write{putRing(k.overlay, ipfamily.Index(k.family), a.EncodeRing())}})
 		}
 	}
 	s.mu.Unlock()
@@ -170,7 +171,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 			// adopted now, from the answer: mayAdopt.)
 			continue
 		}
-		fam := familyIndex(e.Family)
+		fam := ipfamily.Index(e.Family)
 		o := s.overlays[e.Overlay]
 		writes, adopted := o.syncBlocks(s.overlaySync(o.name), fam)
 		if len(writes) > 0 || adopted || !slices.Equal(ownedBefore, a.Owned()) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -182,7 +183,7 @@ func (s *Service) runGrowth(ctx context.Context, k growKey, g *growth) {
 	defer cancel()
 	err := s.growOnce(ctx, k, g)
 	if err != nil {
-		s.log.Warn("a bridge could not grow", "overlay", k.overlay, "bridge", k.bridge, "family", familyName(k.fam), "err", err)
+		s.log.Warn("a bridge could not grow", "overlay", k.overlay, "bridge", k.bridge, "family", ipfamily.Name(k.fam), "err", err)
 	}
 	s.mu.Lock()
 	delete(s.grow.inflight, k)
@@ -208,7 +209,7 @@ func (s *Service) changed() {
 // set, keeps what it asked so far.
 func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 	if src := s.grow.cfg.Source; src != nil {
-		lb, err := src.Grow(ctx, k.overlay, k.bridge, familyNumber(k.fam), s.asker.RequestID())
+		lb, err := src.Grow(ctx, k.overlay, k.bridge, ipfamily.Number(k.fam), s.asker.RequestID())
 		switch {
 		case err == nil:
 			if err = s.addGrownBlock(k, lb); err == nil {
@@ -240,14 +241,6 @@ func (s *Service) growOnce(ctx context.Context, k growKey, g *growth) error {
 		}
 	}
 	return s.asker.Ask(ctx, k.overlay, k.bridge, k.fam, note)
-}
-
-// familyNumber is 4 or 6.
-func familyNumber(fam int) int {
-	if fam == 1 {
-		return 6
-	}
-	return 4
 }
 
 // addGrownBlock makes a block the masters leased a block of the bridge: a

@@ -6,29 +6,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
 
 // families: index 0 is IPv4, 1 is IPv6, in every [2] array of this package.
-const families = 2
-
-// familyName is the family as the API and the ring messages write it.
-func familyName(fam int) string {
-	if fam == 1 {
-		return "6"
-	}
-	return "4"
-}
-
-// familyIndex is the index of a family name ("4", "6"; checked by the
-// caller).
-func familyIndex(name string) int {
-	if name == "6" {
-		return 1
-	}
-	return 0
-}
+const families = ipfamily.Count
 
 // overlay is the address space of one overlay on this agent: one ring
 // allocator per address family, seeded from the masters' leases.

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -113,7 +114,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	for fam := range families {
 		ringWrite, dirty, err := o.seed(sy, fam, v)
 		errs = append(errs, err)
-		s.ringWritten(ringID{name, familyName(fam)}, ringWrite, dirty, b)
+		s.ringWritten(ringID{name, ipfamily.Name(fam)}, ringWrite, dirty, b)
 	}
 	o.reserveGateways()
 	for fam := range families {
@@ -270,7 +271,7 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 		// persisted one back.
 		merged, err := alloc.MergeEncoded(saved)
 		if err != nil {
-			sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
+			sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 		} else {
 			sy.known.markKnown(o, fam, func(k *ring.Ring) error {
 				r, err := ring.Decode(saved)
@@ -287,9 +288,9 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	// key only.
 	if fresh && sy.ownClaim != nil {
 		if resigned, err := alloc.Resign(sy.ownClaim); err != nil {
-			sy.log.Warn("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam), "err", err)
+			sy.log.Warn("ring claims signed again with the new claim key", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 		} else if resigned {
-			sy.log.Info("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam))
+			sy.log.Info("ring claims signed again with the new claim key", "overlay", o.name, "family", ipfamily.Name(fam))
 			changed = true
 		}
 	}
@@ -298,7 +299,7 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	// grant of its own counts again anywhere (ring.Allocator.Sweep);
 	// announced with the sync.
 	if swept, err := alloc.Sweep(); err != nil {
-		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", familyName(fam), "err", err)
+		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 	} else {
 		changed = changed || swept
 	}
@@ -327,7 +328,7 @@ func (o *overlay) learnMasterBlocks(self string, blocks []MasterBlock, returned 
 		if mb.Overlay != o.name || !mb.Prefix.IsValid() {
 			continue
 		}
-		fam := familyOf(mb.Prefix.Addr())
+		fam := ipfamily.Of(mb.Prefix.Addr())
 		if o.held(fam, mb.Prefix) != nil || mb.Version <= returned[mb.Prefix] {
 			continue
 		}
@@ -495,7 +496,7 @@ func (s *Service) claimPersisted(o *overlay, level slog.Level) {
 				continue
 			}
 			if o.alloc[fam] == nil {
-				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, familyName(fam), addr))
+				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, ipfamily.Name(fam), addr))
 				continue
 			}
 			if err := o.alloc[fam].Claim(at, addr); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -94,7 +95,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		s.log.Info("refused a space request", "from", m.From, "overlay", m.Overlay, "family", m.Family, "reason", reason)
 		return ans, nil
 	}
-	fam := familyIndex(m.Family)
+	fam := ipfamily.Index(m.Family)
 	a := s.allocatorOf(m.Overlay, m.Family)
 	if a == nil || m.From == s.id {
 		return refuse("not_served")

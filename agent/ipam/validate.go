@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 )
 
@@ -88,7 +89,7 @@ func requestedAddrs(req api.IPAMRequest) ([families]netip.Addr, error) {
 		return out, fmt.Errorf("addresses: %w", err)
 	}
 	for _, a := range addrs {
-		out[familyOf(a)] = a
+		out[ipfamily.Of(a)] = a
 	}
 	return out, nil
 }

@@ -75,12 +75,15 @@ const ipamService = module + "/agent/ipam"
 var ipamParts = map[string][]string{
 	module + "/agent/ipam/capacity":     nil,
 	module + "/agent/ipam/claimkeys":    {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/groupcommit":  nil,
 	module + "/agent/ipam/ipamsock":     nil,
-	module + "/agent/ipam/ipamstore":    nil,
+	module + "/agent/ipam/ipammetrics":  {module + "/agent/ipam/claimkeys", module + "/agent/ipam/ringgossip"},
+	module + "/agent/ipam/ipamstore":    {module + "/agent/ipam/ipfamily"},
+	module + "/agent/ipam/ipfamily":     nil,
 	module + "/agent/ipam/masterreport": {module + "/agent/ipam/ipamstore"},
 	module + "/agent/ipam/reclaimwatch": nil,
 	module + "/agent/ipam/ringgossip":   {module + "/agent/ipam/ipamwire"},
-	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily"},
 }
 
 // listPackages runs go list -deps (or plain go list) with a format printing
