@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/ipamvalidate"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -19,7 +20,7 @@ import (
 // growth it starts; one that falls below its low-water mark grows in the
 // background.
 func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	a, err := s.allocate(req)
@@ -122,7 +123,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		if rec.Bridge != req.Bridge {
 			return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds addresses on the %s bridge", at.ContainerID, at.Interface, rec.Bridge)
 		}
-		claims, _ := requestedAddrs(req) // validated
+		claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 		for fam, c := range claims {
 			if c.IsValid() && rec.addr(fam) != c {
 				return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds %s, not the requested %s (release it first)", at.ContainerID, at.Interface, rec.addr(fam), c)
@@ -151,7 +152,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 // sub-subnet, then those it grew); a requested address is given exactly or
 // not at all; on failure nothing stays taken.
 func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, error) {
-	claims, _ := requestedAddrs(req) // validated
+	claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 	rec := allocRecord{Bridge: req.Bridge, Owner: req.Owner}
 	for fam := range families {
 		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
@@ -362,7 +363,7 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 
 // Release frees an attachment's addresses; releasing nothing succeeds.
 func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	out, b := s.decideRelease(req)
@@ -464,7 +465,7 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 // in one commit. Attachments with a change in flight are left alone: they
 // are being allocated or released right now.
 func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
-	if err := validateGC(req); err != nil {
+	if err := ipamvalidate.GC(req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	keep := map[ring.Attachment]bool{}
@@ -510,7 +511,7 @@ func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (
 
 // Lookup returns an attachment's addresses.
 func (s *Service) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}

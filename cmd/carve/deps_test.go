@@ -79,6 +79,7 @@ var ipamParts = map[string][]string{
 	module + "/agent/ipam/ipamsock":     nil,
 	module + "/agent/ipam/ipammetrics":  {module + "/agent/ipam/claimkeys", module + "/agent/ipam/ringgossip"},
 	module + "/agent/ipam/ipamstore":    {module + "/agent/ipam/ipfamily"},
+	module + "/agent/ipam/ipamvalidate": {module + "/agent/ipam/ipfamily"},
 	module + "/agent/ipam/ipfamily":     nil,
 	module + "/agent/ipam/masterreport": {module + "/agent/ipam/ipamstore"},
 	module + "/agent/ipam/reclaimwatch": nil,
