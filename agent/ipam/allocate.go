@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamvalidate"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
@@ -38,7 +39,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 			if len(gs) == 0 && round > 0 {
 				break
 			}
-			growErrs = s.waitGrowths(wait, gs)
+			growErrs = s.grower.Wait(wait, gs)
 			// Again even when no growth is in flight: one may have
 			// ended since the first try, leaving space (startGrowth
 			// found it).
@@ -71,7 +72,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 					// a block within Wait.
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no peer granted space within %s although peers report free addresses (%v): a peer keeps at least as much as it gives and grants blocks of at least 4 addresses, so release the addresses of containers that are gone or add an overlay with a new subnet (carve config apply); a peer that did not answer may be cut off from this host (carve cluster status)", full.Message, s.grow.cfg.Wait, gerr)
 				}
-				if errors.Is(gerr, errStillGrowing) {
+				if errors.Is(gerr, growth.ErrStillGrowing) {
 					// Not full: the growth goes on, and the runtime may
 					// retry once it brought space.
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no space came within %s: %v", full.Message, s.grow.cfg.Wait, gerr)

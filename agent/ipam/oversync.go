@@ -569,14 +569,7 @@ func (s *Service) overlaySync(name string) overlaySync {
 			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)
 		},
 		refused: func(reason string) { s.metrics.ClaimsRefused.WithLabelValues(reason).Inc() },
-		growing: func(fam int) bool {
-			for k := range s.grow.inflight {
-				if k.overlay == name && k.fam == fam {
-					return true
-				}
-			}
-			return false
-		}}
+		growing: func(fam int) bool { return s.grower.Growing(name, fam) }}
 	if s.view.Self != nil {
 		sy.recorded = func(p netip.Prefix) bool { return recordedBlock(s.view.Blocks, name, p) }
 	}

@@ -55,7 +55,7 @@ func (b *blockingSource) inFlight() int32 { return b.inGrow[0].Load() + b.inGrow
 func (s *Service) inflightGrowths() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.grow.inflight)
+	return s.grower.InFlight()
 }
 
 // TestRunWaitsForTheGrowthInFlight: a growth in flight when Run's context

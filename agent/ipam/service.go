@@ -30,6 +30,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam/capacity"
 	"github.com/carve-net/carve/agent/ipam/claimkeys"
 	"github.com/carve-net/carve/agent/ipam/groupcommit"
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipammetrics"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
@@ -77,6 +78,7 @@ type Service struct {
 	// only ranges beyond the masters' records it may adopt (mayAdopt).
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
+	grower         *growth.Runner // the growths in flight, under s.mu
 	reclaim        reclaimState
 	// asker, capacity and gossip keep their state under their own locks,
 	// taken after s.mu, never the other way; reports is Run's alone.
@@ -140,6 +142,7 @@ func New(cfg Config) (*Service, error) {
 	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.RingGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
+	s.grower = growth.NewRunner(s.grow.cfg, &s.mu, (*growTable)(s), s.log, growth.Metrics{Grows: m.Grows, Refused: m.Refused})
 	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
 		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.Grows, Refused: m.Refused})
 	s.reports = s.newReporter()
