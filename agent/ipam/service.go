@@ -79,6 +79,7 @@ type Service struct {
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
 	grower         *growth.Runner // the growths in flight, under s.mu
+	donor          *growth.Donor  // answers peers' space requests
 	reclaim        reclaimState
 	// asker, capacity and gossip keep their state under their own locks,
 	// taken after s.mu, never the other way; reports is Run's alone.
@@ -142,6 +143,7 @@ func New(cfg Config) (*Service, error) {
 	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.RingGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
+	s.donor = growth.NewDonor((*donorTable)(s), s.log, growth.DonorMetrics{RingGossip: m.RingGossip, ClaimsRefused: m.ClaimsRefused, GrantsGiven: m.GrantsGiven}, s.changed)
 	s.grower = growth.NewRunner(s.grow.cfg, &s.mu, (*growTable)(s), s.log, growth.Metrics{Grows: m.Grows, Refused: m.Refused})
 	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
 		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.Grows, Refused: m.Refused})

@@ -76,7 +76,7 @@ var ipamParts = map[string][]string{
 	module + "/agent/ipam/capacity":     nil,
 	module + "/agent/ipam/claimkeys":    {module + "/agent/ipam/ipamwire"},
 	module + "/agent/ipam/groupcommit":  nil,
-	module + "/agent/ipam/growth":       {module + "/agent/ipam/ipfamily"},
+	module + "/agent/ipam/growth":       {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily", module + "/agent/ipam/ringgossip"},
 	module + "/agent/ipam/ipamsock":     nil,
 	module + "/agent/ipam/ipammetrics":  {module + "/agent/ipam/claimkeys", module + "/agent/ipam/ringgossip"},
 	module + "/agent/ipam/ipamstore":    {module + "/agent/ipam/ipfamily"},
