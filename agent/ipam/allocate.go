@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamvalidate"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
@@ -169,18 +170,18 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 		var err error
 		if claim.IsValid() {
 			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
-				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
-			} else if p, edge := bridgeAddressOf(blocks, claim); edge {
-				err = bridgeAddressError(claim, req.Bridge, p)
+				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, blockaddr.Describe(blocks))
+			} else if p, edge := blockaddr.BridgeAddressOf(blocks, claim); edge {
+				err = blockaddr.BridgeAddressError(claim, req.Bridge, p)
 			} else if err = alloc.Claim(at, claim); err == nil {
 				addr = claim
 			}
 		} else {
-			addr, err = allocateHost(alloc, at, blocks)
+			addr, err = blockaddr.AllocateHost(alloc, at, blocks)
 		}
 		if err != nil {
 			forget(o, at)
-			return allocRecord{}, claimError(o, fam, err, req, describeBlocks(blocks), claim)
+			return allocRecord{}, claimError(o, fam, err, req, blockaddr.Describe(blocks), claim)
 		}
 		rec.setAddr(fam, addr)
 	}
@@ -206,7 +207,7 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 			}
 		}
 		return failure(http.StatusConflict, api.CodeTaken, "requested address %s is taken by %s (carve ipam show --ip %s)", claim, holder, claim)
-	case errors.Is(err, errBridgeAddress):
+	case errors.Is(err, blockaddr.ErrBridgeAddress):
 		return failure(http.StatusConflict, api.CodeBridgeAddress, "%v", err)
 	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
 		if !o.universe[fam].Contains(claim) {
@@ -224,68 +225,9 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 	return allocError(err, req.Bridge, subnet, claim)
 }
 
-// errBridgeAddress refuses an address the bridge itself answers for.
-var errBridgeAddress = errors.New("the bridge answers for it")
-
-// bridgeAddressError refuses a requested address that is block p's network,
-// broadcast or gateway address (bridgeAddressOf): it says which, and the
-// host addresses of the block to ask for instead.
-func bridgeAddressError(claim netip.Addr, bridge string, p netip.Prefix) error {
-	what := "gateway"
-	switch {
-	case claim == p.Masked().Addr():
-		what = "network address"
-	case claim.Is4() && claim == lastAddr(p):
-		what = "broadcast address"
-	}
-	first, last := gatewayOf(p).Next(), lastAddr(p)
-	if last.Is4() {
-		last = last.Prev()
-	}
-	fix := "ask for none and carve chooses one"
-	if first.IsValid() && last.IsValid() && first.Compare(last) <= 0 {
-		fix = fmt.Sprintf("ask for one from %s to %s, or for none and carve chooses one", first, last)
-	}
-	return fmt.Errorf("requested address %s is the %s of the %s bridge's block %s (%w): %s", claim, what, bridge, p.Masked(), errBridgeAddress, fix)
-}
-
-// allocateHost allocates the attachment an address of the bridge's blocks,
-// in order, that is no block's network, broadcast or gateway address (see
-// bridgeAddressOf): the rule holds whatever the blocks are, even nested
-// ones. Such an address the allocator offers is reserved while the others
-// are tried, then given back to the free space.
-func allocateHost(alloc *ring.Allocator, at ring.Attachment, blocks []netip.Prefix) (netip.Addr, error) {
-	var skipped []netip.Addr
-	defer func() {
-		for _, a := range skipped {
-			alloc.Unreserve(a)
-		}
-	}()
-	for _, p := range blocks {
-		for {
-			addr, err := alloc.Allocate(at, p)
-			if errors.Is(err, ring.ErrFull) {
-				break
-			}
-			if err != nil {
-				return netip.Addr{}, err
-			}
-			if _, edge := bridgeAddressOf(blocks, addr); !edge {
-				return addr, nil
-			}
-			alloc.Release(at)
-			if err := alloc.Reserve(addr); err != nil {
-				return netip.Addr{}, err
-			}
-			skipped = append(skipped, addr)
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("%w: no host address left", ring.ErrFull)
-}
-
 func allocError(err error, bridge string, subnet string, claim netip.Addr) error {
 	switch {
-	case errors.Is(err, errBridgeAddress):
+	case errors.Is(err, blockaddr.ErrBridgeAddress):
 		return failure(http.StatusConflict, api.CodeConflict, "%v", err)
 	case errors.Is(err, ring.ErrFull):
 		return failure(http.StatusConflict, api.CodeExhausted, "exhausted: the %s bridge's %s has no free address", bridge, subnet)

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/ring"
@@ -108,7 +109,7 @@ func (s *Service) returnIdle(now time.Time) {
 				continue
 			}
 			for _, hb := range o.blocks[fam] {
-				if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+				if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
 					hb.idleSince = time.Time{}
 					continue
 				}
@@ -137,7 +138,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		return
 	}
 	a := o.alloc[hb.Family]
-	if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+	if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
 		s.mu.Unlock()
 		return // taken meanwhile
 	}
@@ -145,7 +146,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 	id := s.asker.RequestID()
 	switch hb.Origin {
 	case OriginGrant:
-		to := leaseOwner(a.Ring(), s.id, hb.Prefix)
+		to := blockaddr.LeaseOwner(a.Ring(), s.id, hb.Prefix)
 		if to == "" {
 			to = hb.Donor
 		}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/ring"
 )
@@ -103,7 +104,7 @@ func (s *Service) addGrownBlock(k growth.Key, lb LeasedBlock) error {
 	}
 	u := o.universe[k.Fam]
 	if !lb.Prefix.IsValid() || lb.Prefix.Masked() != lb.Prefix || !u.Contains(lb.Prefix.Addr()) || lb.Prefix.Bits() <= u.Bits() ||
-		lb.Prefix.Bits() > minBlockBits(k.Fam) || lb.Version == 0 {
+		lb.Prefix.Bits() > blockaddr.MinBits(k.Fam) || lb.Version == 0 {
 		s.mu.Unlock()
 		return fmt.Errorf("block %v (version %d) is not a block of %v", lb.Prefix, lb.Version, u)
 	}

@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -36,7 +37,7 @@ func TestGrowthThroughRing(t *testing.T) {
 		p, gw := v4(t, al)
 		if !first.Contains(p.Addr()) {
 			grown = append(grown, al)
-			if p.Bits() <= first.Bits() || gw != gatewayOf(p.Masked()) || p.Addr() == gw {
+			if p.Bits() <= first.Bits() || gw != blockaddr.Gateway(p.Masked()) || p.Addr() == gw {
 				t.Fatalf("%s in a granted block has gateway %s", p, gw)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -166,7 +167,7 @@ func (o *overlay) reserveGateways() {
 		}
 		for kind := range o.bridges {
 			for _, p := range o.bridgeBlocks(kind, fam) {
-				gw := gatewayOf(p)
+				gw := blockaddr.Gateway(p)
 				if o.gateways[gw] {
 					continue
 				}
@@ -180,7 +181,7 @@ func (o *overlay) reserveGateways() {
 
 // unreserveGateway gives a block's gateway back to the free space.
 func (o *overlay) unreserveGateway(fam int, p netip.Prefix) {
-	gw := gatewayOf(p)
+	gw := blockaddr.Gateway(p)
 	if o.gateways[gw] && o.alloc[fam] != nil {
 		o.alloc[fam].Unreserve(gw)
 		delete(o.gateways, gw)
@@ -200,21 +201,6 @@ func (o *overlay) unreserveGateways() {
 		}
 		delete(o.gateways, gw)
 	}
-}
-
-// bridgeAddressOf returns the prefix of a bridge (its blocks) of which
-// addr is the network, broadcast (IPv4) or gateway address: an address no
-// container may hold, since the kernel routes it as the bridge's own.
-func bridgeAddressOf(blocks []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
-	for _, p := range blocks {
-		if !p.Contains(addr) {
-			continue
-		}
-		if addr == p.Masked().Addr() || addr == gatewayOf(p) || (addr.Is4() && addr == lastAddr(p)) {
-			return p, true
-		}
-	}
-	return netip.Prefix{}, false
 }
 
 // blockUsage is one block of a bridge as the status shows it.
@@ -238,4 +224,12 @@ func (s *Service) blockUsage(o *overlay, bridge string, fam int) []api.IPAMBlock
 		out = append(out, u)
 	}
 	return out
+}
+
+// satAdd adds counts of addresses, saturating at the largest.
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return ^uint64(0)
+	}
+	return a + b
 }

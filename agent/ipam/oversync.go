@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
@@ -336,11 +337,11 @@ func (o *overlay) learnMasterBlocks(self string, blocks []MasterBlock, returned 
 			continue
 		}
 		if a := o.alloc[fam]; a != nil {
-			if owner, _ := a.Ring().Owner(gatewayOf(mb.Prefix)); owner != "" && owner != self {
+			if owner, _ := a.Ring().Owner(blockaddr.Gateway(mb.Prefix)); owner != "" && owner != self {
 				continue // given to another agent in the ring (given back)
 			}
 		}
-		if _, inside := overlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
+		if _, inside := blockaddr.OverlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
 			// A block this agent granted and got back, which the masters
 			// record as a grant to it: it is part of a first block.
 			continue
@@ -372,7 +373,7 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 	firsts := o.firstBlocks(fam)
 	var keep []*heldBlock
 	for _, b := range o.blocks[fam] {
-		if first, inside := overlapsAny(firsts, b.Prefix); inside {
+		if first, inside := blockaddr.OverlapsAny(firsts, b.Prefix); inside {
 			// A block this agent granted, given back: it is part of
 			// the bridge's first sub-subnet again, not a prefix of its own.
 			o.unreserveGateway(fam, b.Prefix)
@@ -380,7 +381,7 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 			writes = append(writes, deleteBlock(b))
 			continue
 		}
-		if owner, _ := r.Owner(gatewayOf(b.Prefix)); owner != sy.self {
+		if owner, _ := r.Owner(blockaddr.Gateway(b.Prefix)); owner != sy.self {
 			o.unreserveGateway(fam, b.Prefix)
 			sy.log.Warn("a block is no longer this agent's in the ring: dropped", "overlay", o.name, "block", b.Prefix, "origin", b.Origin, "owner", owner)
 			writes = append(writes, deleteBlock(b))
@@ -410,9 +411,9 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 	if _, ok := o.bridges[bridge]; !ok {
 		bridge = sortedKeys(o.bridges)[len(o.bridges)-1] // mesos sorts after docker
 	}
-	minBits := minBlockBits(fam)
+	minBits := blockaddr.MinBits(fam)
 	for _, owned := range r.Blocks(sy.self) {
-		for _, p := range uncovered(owned, covers) {
+		for _, p := range blockaddr.Uncovered(owned, covers) {
 			if p.Bits() > minBits {
 				continue // too small to hold a gateway and a container
 			}
@@ -427,11 +428,11 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 					o.unsolicited[p] = true
 					sy.refused(unsolicitedGrant)
 					sy.log.Warn("the ring gives this agent a range it did not ask for: not used", "overlay", o.name, "block", p,
-						"granted_by", leaseOwner(r, sy.self, p), "why", why)
+						"granted_by", blockaddr.LeaseOwner(r, sy.self, p), "why", why)
 				}
 				continue
 			}
-			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p),
+			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: blockaddr.LeaseOwner(r, sy.self, p),
 				Recorded: sy.recorded != nil && sy.recorded(p)}
 			o.blocks[fam] = append(o.blocks[fam], b)
 			writes = append(writes, putBlock(b))

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
@@ -115,7 +116,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 			free = free.Add(a.FreeHosts(p))
 		}
 	}
-	p, refusal := growth.ChooseBlock(growth.Space{Alloc: a, Within: within, Free: free, Universe: o.universe[fam], Info: o.info, MinBits: minBlockBits(fam)}, m.From, m.Bits)
+	p, refusal := growth.ChooseBlock(growth.Space{Alloc: a, Within: within, Free: free, Universe: o.universe[fam], Info: o.info, MinBits: blockaddr.MinBits(fam)}, m.From, m.Bits)
 	switch refusal {
 	case "":
 		s.grow.granted[key] = p

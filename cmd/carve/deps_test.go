@@ -73,6 +73,7 @@ const ipamService = module + "/agent/ipam"
 // tree they import only what they list (the wire format, the store's
 // records), never agent/ipam itself.
 var ipamParts = map[string][]string{
+	module + "/agent/ipam/blockaddr":    nil,
 	module + "/agent/ipam/capacity":     nil,
 	module + "/agent/ipam/claimkeys":    {module + "/agent/ipam/ipamwire"},
 	module + "/agent/ipam/groupcommit":  nil,
