@@ -252,7 +252,7 @@ func forget(o *overlay, at ring.Attachment) {
 }
 
 // release frees an attachment and queues the deletion of its record. Its
-// addresses stay reserved until the deletion is durable (see commit.go).
+// addresses stay reserved until the deletion is durable (see package groupcommit).
 // The caller holds s.mu and flushes the batch.
 func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 	key, now := allocKey(o.name, at), time.Now()

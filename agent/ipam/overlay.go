@@ -25,7 +25,7 @@ type overlay struct {
 	bridges  map[string][families]netip.Prefix // bridge kind -> its sub-subnets
 	attached map[ring.Attachment]allocRecord
 	// blocks are the blocks the bridges hold beyond their first
-	// sub-subnet, per family, in address order (see blocks.go).
+	// sub-subnet, per family, in address order (see package growth).
 	blocks [families][]*heldBlock
 	// gateways are the bridge gateways reserved in the allocators.
 	gateways map[netip.Addr]bool

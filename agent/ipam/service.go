@@ -11,10 +11,13 @@
 //
 // It keeps the overlay table and its lock, and every change to it; the
 // jobs beneath it are its parts, none of which imports it: the store's
-// record formats (ipamstore), the rings' gossip (ringgossip), asking peers
-// for space (spaceask), the claim keys (claimkeys), the reports to the
-// masters (masterreport), the capacity gauges (capacity), the reclaims'
-// memory (reclaimwatch) and the unix-socket API (ipamsock).
+// record formats (ipamstore), the group commit (groupcommit), growth and
+// the donor's side of it (growth), the rings' gossip (ringgossip), asking
+// peers for space (spaceask), the claim keys (claimkeys), the reports to
+// the masters (masterreport), the capacity gauges (capacity), the
+// reclaims' memory (reclaimwatch), the unix-socket API (ipamsock), the
+// requests' checks (ipamvalidate), the metrics (ipammetrics), the blocks'
+// arithmetic (blockaddr) and the families' names (ipfamily).
 package ipam
 
 import (
