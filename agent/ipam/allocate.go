@@ -9,6 +9,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
+	"github.com/carve-net/carve/agent/ipam/growth"
+	"github.com/carve-net/carve/agent/ipam/ipamvalidate"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -18,7 +22,7 @@ import (
 // growth it starts; one that falls below its low-water mark grows in the
 // background.
 func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	a, err := s.allocate(req)
@@ -36,7 +40,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 			if len(gs) == 0 && round > 0 {
 				break
 			}
-			growErrs = s.waitGrowths(wait, gs)
+			growErrs = s.grower.Wait(wait, gs)
 			// Again even when no growth is in flight: one may have
 			// ended since the first try, leaving space (startGrowth
 			// found it).
@@ -51,7 +55,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 				// runtime retries once it is back.
 				return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s, and it cannot grow now: %v", full.Message, errStopping)
 			}
-			s.metrics.exhausted.Inc()
+			s.metrics.Exhausted.Inc()
 			if gerr != nil {
 				if errors.Is(gerr, ErrQuota) {
 					// The masters' answer names the cap and the fix.
@@ -69,7 +73,7 @@ func (s *Service) Allocate(req api.IPAMRequest) (*api.Allocation, error) {
 					// a block within Wait.
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no peer granted space within %s although peers report free addresses (%v): a peer keeps at least as much as it gives and grants blocks of at least 4 addresses, so release the addresses of containers that are gone or add an overlay with a new subnet (carve config apply); a peer that did not answer may be cut off from this host (carve cluster status)", full.Message, s.grow.cfg.Wait, gerr)
 				}
-				if errors.Is(gerr, errStillGrowing) {
+				if errors.Is(gerr, growth.ErrStillGrowing) {
 					// Not full: the growth goes on, and the runtime may
 					// retry once it brought space.
 					return nil, failure(http.StatusConflict, api.CodeExhausted, "%s, and no space came within %s: %v", full.Message, s.grow.cfg.Wait, gerr)
@@ -97,10 +101,10 @@ func (s *Service) allocate(req api.IPAMRequest) (*api.Allocation, error) {
 	if err != nil || b == nil {
 		return out, err
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist allocation: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("allocate").Inc()
+	s.metrics.Ops.WithLabelValues("allocate").Inc()
 	return out, nil
 }
 
@@ -111,7 +115,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 	key := allocKey(req.Network, at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(key) {
+	for s.commits.WaitPending(key) {
 	}
 	o, err := s.overlayFor(req.Network, true)
 	if err != nil {
@@ -121,7 +125,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 		if rec.Bridge != req.Bridge {
 			return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds addresses on the %s bridge", at.ContainerID, at.Interface, rec.Bridge)
 		}
-		claims, _ := requestedAddrs(req) // validated
+		claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 		for fam, c := range claims {
 			if c.IsValid() && rec.addr(fam) != c {
 				return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds %s, not the requested %s (release it first)", at.ContainerID, at.Interface, rec.addr(fam), c)
@@ -141,7 +145,7 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 	if s.released.forget(key) {
 		writes = append(writes, deleteReleased(key))
 	}
-	b := s.enqueue(change{key: key, writes: writes, undo: func() { forget(o, at) }})
+	b := s.commits.Enqueue(change{Key: key, Writes: writes, Undo: func() { forget(o, at) }})
 	return s.render(o, at, rec), b, nil
 }
 
@@ -150,34 +154,34 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 // sub-subnet, then those it grew); a requested address is given exactly or
 // not at all; on failure nothing stays taken.
 func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, error) {
-	claims, _ := requestedAddrs(req) // validated
+	claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 	rec := allocRecord{Bridge: req.Bridge, Owner: req.Owner}
 	for fam := range families {
 		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
 		claim := claims[fam]
-		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam))) {
+		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != ipfamily.Name(fam))) {
 			forget(o, at)
 			return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "requested address %s: the %s bridge of %q has no IPv%d range", claim, req.Bridge, req.Network, 4+2*fam)
 		}
-		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != familyName(fam)) {
+		if alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != ipfamily.Name(fam)) {
 			continue
 		}
 		var addr netip.Addr
 		var err error
 		if claim.IsValid() {
 			if !slices.ContainsFunc(blocks, func(p netip.Prefix) bool { return p.Contains(claim) }) {
-				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, describeBlocks(blocks))
-			} else if p, edge := bridgeAddressOf(blocks, claim); edge {
-				err = bridgeAddressError(claim, req.Bridge, p)
+				err = fmt.Errorf("%w: %s is outside the %s bridge's %s", ring.ErrNotOwned, claim, req.Bridge, blockaddr.Describe(blocks))
+			} else if p, edge := blockaddr.BridgeAddressOf(blocks, claim); edge {
+				err = blockaddr.BridgeAddressError(claim, req.Bridge, p)
 			} else if err = alloc.Claim(at, claim); err == nil {
 				addr = claim
 			}
 		} else {
-			addr, err = allocateHost(alloc, at, blocks)
+			addr, err = blockaddr.AllocateHost(alloc, at, blocks)
 		}
 		if err != nil {
 			forget(o, at)
-			return allocRecord{}, claimError(o, fam, err, req, describeBlocks(blocks), claim)
+			return allocRecord{}, claimError(o, fam, err, req, blockaddr.Describe(blocks), claim)
 		}
 		rec.setAddr(fam, addr)
 	}
@@ -203,7 +207,7 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 			}
 		}
 		return failure(http.StatusConflict, api.CodeTaken, "requested address %s is taken by %s (carve ipam show --ip %s)", claim, holder, claim)
-	case errors.Is(err, errBridgeAddress):
+	case errors.Is(err, blockaddr.ErrBridgeAddress):
 		return failure(http.StatusConflict, api.CodeBridgeAddress, "%v", err)
 	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
 		if !o.universe[fam].Contains(claim) {
@@ -221,68 +225,9 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 	return allocError(err, req.Bridge, subnet, claim)
 }
 
-// errBridgeAddress refuses an address the bridge itself answers for.
-var errBridgeAddress = errors.New("the bridge answers for it")
-
-// bridgeAddressError refuses a requested address that is block p's network,
-// broadcast or gateway address (bridgeAddressOf): it says which, and the
-// host addresses of the block to ask for instead.
-func bridgeAddressError(claim netip.Addr, bridge string, p netip.Prefix) error {
-	what := "gateway"
-	switch {
-	case claim == p.Masked().Addr():
-		what = "network address"
-	case claim.Is4() && claim == lastAddr(p):
-		what = "broadcast address"
-	}
-	first, last := gatewayOf(p).Next(), lastAddr(p)
-	if last.Is4() {
-		last = last.Prev()
-	}
-	fix := "ask for none and carve chooses one"
-	if first.IsValid() && last.IsValid() && first.Compare(last) <= 0 {
-		fix = fmt.Sprintf("ask for one from %s to %s, or for none and carve chooses one", first, last)
-	}
-	return fmt.Errorf("requested address %s is the %s of the %s bridge's block %s (%w): %s", claim, what, bridge, p.Masked(), errBridgeAddress, fix)
-}
-
-// allocateHost allocates the attachment an address of the bridge's blocks,
-// in order, that is no block's network, broadcast or gateway address (see
-// bridgeAddressOf): the rule holds whatever the blocks are, even nested
-// ones. Such an address the allocator offers is reserved while the others
-// are tried, then given back to the free space.
-func allocateHost(alloc *ring.Allocator, at ring.Attachment, blocks []netip.Prefix) (netip.Addr, error) {
-	var skipped []netip.Addr
-	defer func() {
-		for _, a := range skipped {
-			alloc.Unreserve(a)
-		}
-	}()
-	for _, p := range blocks {
-		for {
-			addr, err := alloc.Allocate(at, p)
-			if errors.Is(err, ring.ErrFull) {
-				break
-			}
-			if err != nil {
-				return netip.Addr{}, err
-			}
-			if _, edge := bridgeAddressOf(blocks, addr); !edge {
-				return addr, nil
-			}
-			alloc.Release(at)
-			if err := alloc.Reserve(addr); err != nil {
-				return netip.Addr{}, err
-			}
-			skipped = append(skipped, addr)
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("%w: no host address left", ring.ErrFull)
-}
-
 func allocError(err error, bridge string, subnet string, claim netip.Addr) error {
 	switch {
-	case errors.Is(err, errBridgeAddress):
+	case errors.Is(err, blockaddr.ErrBridgeAddress):
 		return failure(http.StatusConflict, api.CodeConflict, "%v", err)
 	case errors.Is(err, ring.ErrFull):
 		return failure(http.StatusConflict, api.CodeExhausted, "exhausted: the %s bridge's %s has no free address", bridge, subnet)
@@ -307,7 +252,7 @@ func forget(o *overlay, at ring.Attachment) {
 }
 
 // release frees an attachment and queues the deletion of its record. Its
-// addresses stay reserved until the deletion is durable (see commit.go).
+// addresses stay reserved until the deletion is durable (see package groupcommit).
 // The caller holds s.mu and flushes the batch.
 func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 	key, now := allocKey(o.name, at), time.Now()
@@ -334,10 +279,10 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 			held[fam] = addr
 		}
 	}
-	return s.enqueue(change{
-		key:    key,
-		writes: writes,
-		durable: func() {
+	return s.commits.Enqueue(change{
+		Key:    key,
+		Writes: writes,
+		Durable: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
 					s.forgetNeighbour(o.name, rec.Bridge, addr) // before anyone can get it
@@ -345,7 +290,7 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 				}
 			}
 		},
-		undo: func() {
+		Undo: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
 					o.alloc[fam].Unreserve(addr)
@@ -361,17 +306,17 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 
 // Release frees an attachment's addresses; releasing nothing succeeds.
 func (s *Service) Release(req api.IPAMRequest) (*api.Released, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	out, b := s.decideRelease(req)
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("release").Inc()
+	s.metrics.Ops.WithLabelValues("release").Inc()
 	s.drainedNow(req.Network)
 	return out, nil
 }
@@ -381,7 +326,7 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	key := allocKey(req.Network, at)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(key) {
+	for s.commits.WaitPending(key) {
 	}
 	// Whatever it releases (maybe nothing, after a lost data dir), a DEL
 	// answered OK is one the runtime will not send again.
@@ -401,7 +346,7 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	}
 	delete(s.persist[req.Network], at)
 	out.Released = append(out.Released, api.Allocation{Network: req.Network, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge})
-	return out, s.enqueue(change{key: key, writes: []write{deleteAlloc(req.Network, at)}, undo: func() {
+	return out, s.commits.Enqueue(change{Key: key, Writes: []write{deleteAlloc(req.Network, at)}, Undo: func() {
 		if s.persist[req.Network] == nil {
 			s.persist[req.Network] = map[ring.Attachment]allocRecord{}
 		}
@@ -417,10 +362,10 @@ func (s *Service) ReleaseAddress(network string, addr netip.Addr) (*api.Released
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist release: %v", err)
 	}
-	s.metrics.ops.WithLabelValues("release").Add(float64(len(out.Released)))
+	s.metrics.Ops.WithLabelValues("release").Add(float64(len(out.Released)))
 	s.drainedNow(network)
 	return out, nil
 }
@@ -440,14 +385,14 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 			if rec := o.attached[at]; rec.V4 != addr && rec.V6 != addr {
 				continue
 			}
-			if key := allocKey(network, at); s.pending[key] != nil {
+			if key := allocKey(network, at); s.commits.Pending(key) {
 				busy = key
 				break
 			}
 			holders = append(holders, at)
 		}
 		if busy != "" {
-			s.waitPending(busy) // lets s.mu go: look again
+			s.commits.WaitPending(busy) // lets s.mu go: look again
 			continue
 		}
 		var b *batch
@@ -463,7 +408,7 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 // in one commit. Attachments with a change in flight are left alone: they
 // are being allocated or released right now.
 func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
-	if err := validateGC(req); err != nil {
+	if err := ipamvalidate.GC(req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	keep := map[ring.Attachment]bool{}
@@ -478,12 +423,12 @@ func (s *Service) GC(req api.GCRequest) (*api.Released, error) {
 	if b == nil {
 		return out, nil
 	}
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return nil, failure(http.StatusInternalServerError, api.CodeInternal, "persist gc: %v", err)
 	}
 	s.log.Info("gc released stale allocations", "network", req.Network, "count", len(out.Released))
 	s.drainedNow(req.Network)
-	s.metrics.ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
+	s.metrics.Ops.WithLabelValues("gc_release").Add(float64(len(out.Released)))
 	return out, nil
 }
 
@@ -498,7 +443,7 @@ func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (
 	var b *batch
 	for _, at := range sortedAttachments(o.attached) {
 		rec := o.attached[at]
-		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.pending[allocKey(o.name, at)] != nil {
+		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.commits.Pending(allocKey(o.name, at)) {
 			continue
 		}
 		out.Released = append(out.Released, *s.render(o, at, rec))
@@ -509,13 +454,13 @@ func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (
 
 // Lookup returns an attachment's addresses.
 func (s *Service) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
-	if err := validateRequest(&req); err != nil {
+	if err := ipamvalidate.Request(&req); err != nil {
 		return nil, failure(http.StatusBadRequest, api.CodeBadRequest, "%v", err)
 	}
 	at := ring.Attachment{ContainerID: req.ContainerID, Interface: req.IfName}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.waitPending(allocKey(req.Network, at)) {
+	for s.commits.WaitPending(allocKey(req.Network, at)) {
 	}
 	o := s.overlays[req.Network]
 	if o == nil {

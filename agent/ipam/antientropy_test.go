@@ -362,7 +362,7 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	if ans.Kind != ipamwire.KindGrant {
 		t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
 	}
-	if err := donor.flush(b); err != nil {
+	if err := donor.commits.Flush(b); err != nil {
 		t.Fatal(err)
 	}
 	if len(ans.Ring) > whole/8 {
@@ -418,7 +418,7 @@ func TestGrantedRequestsForgotten(t *testing.T) {
 			if ans.Kind != ipamwire.KindGrant {
 				t.Fatalf("answered %s %q, want a grant", ans.Kind, ans.Reason)
 			}
-			if err := donor.flush(b); err != nil {
+			if err := donor.commits.Flush(b); err != nil {
 				t.Fatal(err)
 			}
 			stored := func() int {

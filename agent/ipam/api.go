@@ -28,10 +28,8 @@ package ipam
 // GrantReport); the wire format of RingChannel is package ipamwire.
 
 import (
-	"context"
 	"crypto/ed25519"
 	"encoding/base64"
-	"errors"
 	"log/slog"
 	"net/netip"
 	"time"
@@ -40,6 +38,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/agent/ipam/cnihost"
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
 	"github.com/carve-net/carve/agent/ipam/spaceask"
 	"github.com/carve-net/carve/api"
@@ -118,45 +117,16 @@ type View struct {
 	StateIndex uint64
 }
 
-// BlockSource is the masters' side of growth. The agent wires it to its
-// masters' client; ipam knows nothing of HTTP or Raft.
-type BlockSource interface {
-	// Grow asks for another block for a bridge of an overlay (family 4 or
-	// 6), committed before the answer. ErrMastersExhausted: the masters
-	// have no free block left; any other error: no master answered.
-	Grow(ctx context.Context, overlay, bridge string, family int, requestID string) (LeasedBlock, error)
-	// Return gives a grown block back to the masters' free pool.
-	Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error
-	// ReportGrant tells the masters of a grant made through the ring, so
-	// that they never lease that space to anyone else.
-	ReportGrant(ctx context.Context, g GrantReport) error
-}
+// BlockSource is the masters' side of growth (growth.BlockSource).
+type BlockSource = growth.BlockSource
 
-// LeasedBlock is a block the masters leased on a grow request.
-type LeasedBlock struct {
-	Prefix netip.Prefix
-	// Version is the Raft index of the lease (its version in the ring).
-	Version uint64
-	// Held, when set, are every block of the agent's record in the
-	// overlay family, at Version (the record the grow answered): the
-	// agent's complete lease set, seeded as such.
-	Held []netip.Prefix
-}
+// LeasedBlock is a block the masters leased on a grow request
+// (growth.LeasedBlock).
+type LeasedBlock = growth.LeasedBlock
 
-// GrantReport is a grant through the ring, as the masters learn it.
-type GrantReport struct {
-	Overlay   string
-	Prefix    netip.Prefix
-	Donor     string
-	Recipient string
-	// Bridge is the recipient's bridge the block serves ("": mesos).
-	Bridge    string
-	RequestID string
-	// Expires and DonorSignature are the donor's signed statement of the
-	// grant (api.GrantSigningBytes), reported with it.
-	Expires        int64
-	DonorSignature string
-}
+// GrantReport is a grant through the ring, as the masters learn it
+// (growth.GrantReport).
+type GrantReport = growth.GrantReport
 
 // MasterBlock is a grown or granted block the masters' record of this
 // agent lists.
@@ -172,13 +142,11 @@ type MasterBlock struct {
 // Errors of growth, for callers that branch.
 var (
 	// ErrMastersExhausted is BlockSource.Grow's answer when the masters have
-	// no free block left for the overlay.
-	ErrMastersExhausted = errors.New("the masters have no free block left")
+	// no free block left for the overlay (growth.ErrMastersExhausted).
+	ErrMastersExhausted = growth.ErrMastersExhausted
 	// ErrQuota is BlockSource.Grow's answer when the masters refused the
-	// block for the agent's quota (quota_prefix): the agent holds all the
-	// grown and granted space it may, so it asks no peer either (the
-	// masters would refuse the grant's report just the same).
-	ErrQuota = errors.New("this agent holds its quota of grown and granted space")
+	// block for the agent's quota (growth.ErrQuota).
+	ErrQuota = growth.ErrQuota
 	// errOverlayFull marks a growth that found space nowhere
 	// (spaceask.ErrOverlayFull).
 	errOverlayFull = spaceask.ErrOverlayFull
@@ -190,38 +158,9 @@ var (
 	ErrReportRefused = masterreport.ErrRefused
 )
 
-// GrowthConfig configures growth; the zero value grows through the ring only.
-type GrowthConfig struct {
-	// Source is the masters; nil: only peers are asked.
-	Source BlockSource
-	// LowWater is the number of free addresses of a bridge (per family)
-	// below which it grows in the background; 0: max(2, 1/8 of its first
-	// block); negative: only when an allocation finds it full.
-	LowWater int
-	// Wait bounds how long an allocation that finds its bridge full waits
-	// for the growth in flight; 0: 10s.
-	Wait time.Duration
-	// IdleReturn is how long a grown block stays empty before it goes
-	// back; 0: 10 minutes; negative: never.
-	IdleReturn time.Duration
-	// AnswerTimeout is how long a space request waits for an answer before
-	// it is sent again (three sends per peer); 0: 1s.
-	AnswerTimeout time.Duration
-	// RefuseMemory is how long a peer that refused is not asked again
-	// while its free count in the ring stays as it was; 0: 1m.
-	RefuseMemory time.Duration
-	// UsageInterval is the least time between two usage reports to the
-	// masters (sent when the counts change; see usage.go); 0: 5s;
-	// negative: none.
-	UsageInterval time.Duration
-	// UsageRefresh is the most time between two usage reports; 0: 1m.
-	UsageRefresh time.Duration
-	// Seed seeds the choice of the peer to ask; 0 draws one.
-	Seed uint64
-	// OnChange is called, without locks held, when blocks or rings changed
-	// (the agent reconciles gateways and routes).
-	OnChange func()
-}
+// GrowthConfig configures growth; the zero value grows through the ring
+// only (growth.Config).
+type GrowthConfig = growth.Config
 
 // DefaultReclaimNetNSDirs are the directories where runtimes keep network
 // namespaces: iproute2, CNI's and Podman's /run/netns (netns-*),

@@ -22,7 +22,7 @@ const unsolicitedGrant = claimkeys.ReasonUnsolicitedGrant
 func (s *Service) admit(a *ring.Allocator, e ipamwire.RingEntry, remote *ring.Ring) *ring.Ring {
 	admitted, refused := a.Ring().Admit(remote, s.claims.CheckClaim)
 	for _, r := range refused {
-		s.metrics.claimsRefused.WithLabelValues(r.Reason).Inc()
+		s.metrics.ClaimsRefused.WithLabelValues(r.Reason).Inc()
 	}
 	if len(refused) > 0 {
 		first := refused[0]

@@ -38,10 +38,7 @@ func (g *gate) inTransaction() error {
 func queued(s *Service) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.open == nil {
-		return 0
-	}
-	return len(s.open.pending)
+	return s.commits.Queued()
 }
 
 // histogram reads a histogram of the harness's registry: samples and sum.

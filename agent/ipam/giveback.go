@@ -13,7 +13,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -107,7 +109,7 @@ func (s *Service) returnIdle(now time.Time) {
 				continue
 			}
 			for _, hb := range o.blocks[fam] {
-				if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+				if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
 					hb.idleSince = time.Time{}
 					continue
 				}
@@ -136,7 +138,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 		return
 	}
 	a := o.alloc[hb.Family]
-	if a.FreeHosts(hb.Prefix) != hostCount(hb.Prefix) {
+	if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
 		s.mu.Unlock()
 		return // taken meanwhile
 	}
@@ -144,7 +146,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 	id := s.asker.RequestID()
 	switch hb.Origin {
 	case OriginGrant:
-		to := leaseOwner(a.Ring(), s.id, hb.Prefix)
+		to := blockaddr.LeaseOwner(a.Ring(), s.id, hb.Prefix)
 		if to == "" {
 			to = hb.Donor
 		}
@@ -202,13 +204,13 @@ func (s *Service) giveBack(hb *heldBlock) {
 	}
 	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, deleteBlock(hb))
-	b := s.enqueue(change{writes: writes})
+	b := s.commits.Enqueue(change{Writes: writes})
 	s.mu.Unlock()
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		s.log.Error("persist the return of a block", "err", err)
 		return
 	}
-	s.metrics.returned.Inc()
+	s.metrics.Returned.Inc()
 	s.log.Info("idle block given back", "overlay", hb.Overlay, "bridge", hb.Bridge, "block", hb.Prefix, "origin", hb.Origin)
 	s.gossip.Announce()
 	s.reports.Kick()
@@ -226,7 +228,7 @@ func (s *Service) forgetReturned(o *overlay, v View) []write {
 	}
 	var writes []write
 	for p, version := range s.grow.returned {
-		u := o.universe[familyOf(p.Addr())]
+		u := o.universe[ipfamily.Of(p.Addr())]
 		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.name, p) {
 			continue
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
@@ -69,7 +70,7 @@ func (s *Service) Rings() map[string][]byte {
 func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocator)) {
 	for _, name := range sortedKeys(s.overlays) {
 		for fam := range families {
-			a := s.allocatorOf(name, familyName(fam))
+			a := s.allocatorOf(name, ipfamily.Name(fam))
 			if a == nil {
 				continue
 			}
@@ -78,7 +79,7 @@ func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocat
 					s.log.Warn("ring free counts", "overlay", name, "err", err)
 				}
 			}
-			f(ringID{name, familyName(fam)}, a)
+			f(ringID{name, ipfamily.Name(fam)}, a)
 		}
 	}
 }
@@ -88,7 +89,7 @@ func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocat
 // read back from disk), so that it is never broadcast; s.mu is held.
 func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error) {
 	if a := o.alloc[fam]; a != nil {
-		s.gossip.Known(ringID{o.name, familyName(fam)}.gossipID(), a, f)
+		s.gossip.Known(ringID{o.name, ipfamily.Name(fam)}.gossipID(), a, f)
 	}
 }
 
@@ -100,7 +101,7 @@ func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error)
 func (s *Service) mergeRings(m ipamwire.RingMessage) (ipamwire.RingMessage, error) {
 	news, b, err := s.decideMerge(m)
 	if b != nil {
-		if ferr := s.flush(b); ferr != nil {
+		if ferr := s.commits.Flush(b); ferr != nil {
 			err = errors.Join(err, fmt.Errorf("persist rings: %w", ferr))
 		}
 	}
@@ -120,12 +121,12 @@ func (s *Service) persistDirtyRings() {
 	}) {
 		delete(s.dirtyRings, k)
 		if a := s.allocatorOf(k.overlay, k.family); a != nil {
-			b = s.enqueue(change{writes: []write{putRing(k.overlay, familyIndex(k.family), a.EncodeRing())}})
+			b = s.commits.Enqueue(change{Writes: []write{putRing(k.overlay, ipfamily.Index(k.family), a.EncodeRing())}})
 		}
 	}
 	s.mu.Unlock()
 	if b != nil {
-		if err := s.flush(b); err != nil {
+		if err := s.commits.Flush(b); err != nil {
 			s.log.Warn("persist rings", "err", err)
 		}
 	}
@@ -170,14 +171,14 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 			// adopted now, from the answer: mayAdopt.)
 			continue
 		}
-		fam := familyIndex(e.Family)
+		fam := ipfamily.Index(e.Family)
 		o := s.overlays[e.Overlay]
 		writes, adopted := o.syncBlocks(s.overlaySync(o.name), fam)
 		if len(writes) > 0 || adopted || !slices.Equal(ownedBefore, a.Owned()) {
 			// What this agent owns moved: durable before anything is
 			// allocated from it.
 			delete(s.dirtyRings, k)
-			b = s.enqueue(change{writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
+			b = s.commits.Enqueue(change{Writes: append([]write{putRing(e.Overlay, fam, a.EncodeRing())}, writes...)})
 		} else {
 			// Other agents' entries only (free counts, their grants): a
 			// crash loses nothing anti-entropy does not bring back, and
@@ -189,7 +190,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 			// A grant, or one this agent held before it lost its data dir:
 			// take back the addresses its containers hold there first.
 			s.claimPersisted(o, slog.LevelDebug)
-			s.reclaimFromCNICache(o, func(c change) { b = s.enqueue(c) })
+			s.reclaimFromCNICache(o, func(c change) { b = s.commits.Enqueue(c) })
 		}
 		if d, ok := a.Ring().Delta(before); ok {
 			news.Rings = append(news.Rings, ipamwire.RingEntry{Overlay: e.Overlay, Family: e.Family, Ring: d.Claims().Encode()})

@@ -33,7 +33,7 @@ func TestNoIPv6GrantThroughRing(t *testing.T) {
 	if ans.Kind != ipamwire.KindGrant {
 		t.Fatalf("IPv4 space request answered %s %q, want a grant", ans.Kind, ans.Reason)
 	}
-	if err := b.svc.flush(bt); err != nil {
+	if err := b.svc.commits.Flush(bt); err != nil {
 		t.Fatal(err)
 	}
 	// The asking side does not ask for IPv6 at all.

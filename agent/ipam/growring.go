@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/agent/ipam/spaceask"
@@ -52,19 +53,19 @@ func (h *askHost) Channel() (gossip.Channel, string) {
 func (h *askHost) Sign(m *ipamwire.SpaceMessage) { (*Service)(h).claims.SignSpaceRequest(m) }
 
 func (h *askHost) Accept(overlay, bridge string, fam int, peer string, ans ipamwire.SpaceMessage) error {
-	return (*Service)(h).acceptAnswer(growKey{overlay, bridge, fam}, peer, ans)
+	return (*Service)(h).acceptAnswer(growth.Key{Overlay: overlay, Bridge: bridge, Fam: fam}, peer, ans)
 }
 
 // acceptAnswer merges a grant's ring; the block counts only if the ring
 // then gives it to this agent. A grant is reported to the masters.
-func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage) error {
+func (s *Service) acceptAnswer(k growth.Key, peer string, ans ipamwire.SpaceMessage) error {
 	if ans.Kind == ipamwire.KindRefuse {
 		return &spaceask.RefusedError{Peer: peer, Reason: ans.Reason}
 	}
 	p, _ := netip.ParsePrefix(ans.Prefix) // validated
 	s.mu.Lock()
 	deleted := s.tombstoned(peer)
-	stmtErr := s.claims.CheckGrantStatement(s.clusterID, k.overlay, peer, p, ans.ID, ans, time.Now())
+	stmtErr := s.claims.CheckGrantStatement(s.clusterID, k.Overlay, peer, p, ans.ID, ans, time.Now())
 	s.mu.Unlock()
 	if deleted {
 		// Obligation 2 (docs/design.md): no grant from a deleted donor.
@@ -79,33 +80,33 @@ func (s *Service) acceptAnswer(k growKey, peer string, ans ipamwire.SpaceMessage
 	// The one range beyond the masters' records this agent may adopt: the
 	// grant it asked for, whose statement it just verified (mayAdopt).
 	s.mu.Lock()
-	s.expectedGrants[k.overlay] = append(s.expectedGrants[k.overlay], p)
+	s.expectedGrants[k.Overlay] = append(s.expectedGrants[k.Overlay], p)
 	s.mu.Unlock()
-	_, mergeErr := s.mergeRings(ipamwire.RingMessage{ClusterID: ans.ClusterID, Rings: []ipamwire.RingEntry{{Overlay: k.overlay, Family: ans.Family, Ring: ans.Ring}}})
+	_, mergeErr := s.mergeRings(ipamwire.RingMessage{ClusterID: ans.ClusterID, Rings: []ipamwire.RingEntry{{Overlay: k.Overlay, Family: ans.Family, Ring: ans.Ring}}})
 	s.mu.Lock()
-	s.expectedGrants[k.overlay] = slices.DeleteFunc(s.expectedGrants[k.overlay], func(e netip.Prefix) bool { return e == p })
-	if len(s.expectedGrants[k.overlay]) == 0 {
-		delete(s.expectedGrants, k.overlay)
+	s.expectedGrants[k.Overlay] = slices.DeleteFunc(s.expectedGrants[k.Overlay], func(e netip.Prefix) bool { return e == p })
+	if len(s.expectedGrants[k.Overlay]) == 0 {
+		delete(s.expectedGrants, k.Overlay)
 	}
 	s.mu.Unlock()
 	if mergeErr != nil {
 		return &spaceask.RefusedError{Peer: peer, Reason: "bad_ring: " + mergeErr.Error()}
 	}
 	s.mu.Lock()
-	o := s.overlays[k.overlay]
+	o := s.overlays[k.Overlay]
 	var hb *heldBlock
 	if o != nil {
-		hb = o.held(k.fam, p)
+		hb = o.held(k.Fam, p)
 	}
 	if hb == nil || !hb.Prefix.Contains(p.Addr()) {
 		s.mu.Unlock()
 		return &spaceask.RefusedError{Peer: peer, Reason: fmt.Sprintf("bad_grant: the ring does not give %s to this agent", p)}
 	}
-	b := s.enqueue(change{writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.overlay, Prefix: hb.Prefix,
+	b := s.commits.Enqueue(change{Writes: []write{ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxGrant, Overlay: k.Overlay, Prefix: hb.Prefix,
 		Donor: peer, Recipient: s.id, Bridge: hb.Bridge, RequestID: ans.ID, Expires: ans.Expires, DonorSignature: ans.GrantSig})}})
 	s.mu.Unlock()
-	s.metrics.grantsReceived.Inc()
-	if err := s.flush(b); err != nil {
+	s.metrics.GrantsReceived.Inc()
+	if err := s.commits.Flush(b); err != nil {
 		s.log.Error("persist the report of a grant", "err", err)
 	}
 	s.reports.Kick()

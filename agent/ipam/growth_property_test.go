@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -52,7 +53,7 @@ func newRecordingMasters(ids []string) *recordingMasters {
 func (r *masterRecord) cut(p netip.Prefix) {
 	var leases []netip.Prefix
 	for _, l := range r.leases {
-		leases = append(leases, uncovered(l, []netip.Prefix{p})...)
+		leases = append(leases, blockaddr.Uncovered(l, []netip.Prefix{p})...)
 	}
 	r.leases = leases
 	r.blocks = slices.DeleteFunc(r.blocks, func(b MasterBlock) bool { return b.Prefix.Overlaps(p) })
@@ -201,7 +202,7 @@ func (pc *propertyCluster) checkBridgeAddresses(what string) {
 					if !addr.IsValid() {
 						continue
 					}
-					if p, ok := bridgeAddressOf(o.bridgeBlocks(rec.Bridge, fam), addr); ok {
+					if p, ok := blockaddr.BridgeAddressOf(o.bridgeBlocks(rec.Bridge, fam), addr); ok {
 						errs = append(errs, fmt.Sprintf("%s/%s holds %s, the network, broadcast or gateway address of the %s bridge's %s", at.ContainerID, at.Interface, addr, rec.Bridge, p))
 					}
 				}
@@ -356,14 +357,14 @@ func TestAllocateHostSkipsBridgeAddresses(t *testing.T) {
 			}
 			n := 0
 			for ; ; n++ {
-				addr, err := allocateHost(alloc, ring.Attachment{ContainerID: fmt.Sprint("c", n), Interface: "eth0"}, blocks)
+				addr, err := blockaddr.AllocateHost(alloc, ring.Attachment{ContainerID: fmt.Sprint("c", n), Interface: "eth0"}, blocks)
 				if errors.Is(err, ring.ErrFull) {
 					break
 				}
 				if err != nil {
 					t.Fatal(err)
 				}
-				if p, edge := bridgeAddressOf(blocks, addr); edge {
+				if p, edge := blockaddr.BridgeAddressOf(blocks, addr); edge {
 					t.Fatalf("handed out %s, an address of the bridge's %s", addr, p)
 				}
 			}

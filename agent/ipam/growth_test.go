@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -36,7 +37,7 @@ func TestGrowthThroughRing(t *testing.T) {
 		p, gw := v4(t, al)
 		if !first.Contains(p.Addr()) {
 			grown = append(grown, al)
-			if p.Bits() <= first.Bits() || gw != gatewayOf(p.Masked()) || p.Addr() == gw {
+			if p.Bits() <= first.Bits() || gw != blockaddr.Gateway(p.Masked()) || p.Addr() == gw {
 				t.Fatalf("%s in a granted block has gateway %s", p, gw)
 			}
 		}
@@ -316,7 +317,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 		nd := c.nodes["b"]
 		ans, b := nd.svc.decideDonation(req)
 		if b != nil {
-			if err := nd.svc.flush(b); err != nil {
+			if err := nd.svc.commits.Flush(b); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -387,7 +388,7 @@ func TestGrowthAnswerAfterWatch(t *testing.T) {
 	// the answer may still be on its way when the last ADD returns.
 	grows := func(result string) float64 {
 		var m dto.Metric
-		if err := nd.svc.metrics.grows.WithLabelValues("master", result).Write(&m); err != nil {
+		if err := nd.svc.metrics.Grows.WithLabelValues("master", result).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		return m.GetCounter().GetValue()

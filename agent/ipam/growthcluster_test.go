@@ -210,9 +210,9 @@ func (c *cluster) stop(id string) {
 	<-nd.done
 	nd.cancel = nil
 	// Quiesce: no commit in flight when the store closes.
-	nd.svc.quiesce()
+	nd.svc.commits.Quiesce()
 	nd.svc.mu.Unlock()
-	nd.svc.commitMu.Unlock()
+	nd.svc.commits.Release()
 	nd.db.Close()
 	delete(c.nodes, id)
 }

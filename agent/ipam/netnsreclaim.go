@@ -71,11 +71,11 @@ func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 	}
 	out, released, b := s.decideReclaim(cands, gone, now)
 	if b != nil {
-		if err := s.flush(b); err != nil {
+		if err := s.commits.Flush(b); err != nil {
 			s.log.Error("release the allocations of gone containers", "err", err)
 			return nil
 		}
-		s.metrics.netnsReclaims.WithLabelValues("released").Add(float64(released))
+		s.metrics.NetnsReclaims.WithLabelValues("released").Add(float64(released))
 	}
 	return out
 }
@@ -99,13 +99,13 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 		}
 		o := s.overlays[c.overlay]
 		rec, ok := o.attached[c.at]
-		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.pending[key] != nil {
+		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.commits.Pending(key) {
 			continue
 		}
 		al := *s.render(o, c.at, rec)
 		if r.cfg.DryRun {
 			if r.missing.FirstReport(key) {
-				s.metrics.netnsReclaims.WithLabelValues("dry_run").Inc()
+				s.metrics.NetnsReclaims.WithLabelValues("dry_run").Inc()
 				s.log.Warn("dry run: would release the addresses of a container whose network namespace is gone",
 					"overlay", c.overlay, "addresses", ipList(al), "owner", rec.Owner.String(), "netns", c.netns, "missing_since", since)
 			}

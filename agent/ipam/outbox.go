@@ -16,7 +16,7 @@ import (
 // newReporter returns the reporter of the Service's growth configuration.
 func (s *Service) newReporter() *masterreport.Reporter {
 	cfg := masterreport.Config{Host: (*reportHost)(s), Interval: s.grow.cfg.UsageInterval, Refresh: s.grow.cfg.UsageRefresh,
-		Reports: s.metrics.reports, Log: s.log}
+		Reports: s.metrics.Reports, Log: s.log}
 	if src := s.grow.cfg.Source; src != nil {
 		cfg.Masters = sourceReports{src}
 	}
@@ -43,9 +43,9 @@ func (h *reportHost) Outbox() ([]ipamstore.OutboxEntry, error) { return ipamstor
 func (h *reportHost) Sent(requestID string) error {
 	s := (*Service)(h)
 	s.mu.Lock()
-	b := s.enqueue(change{writes: []write{ipamstore.DeleteOutbox(requestID)}})
+	b := s.commits.Enqueue(change{Writes: []write{ipamstore.DeleteOutbox(requestID)}})
 	s.mu.Unlock()
-	return s.flush(b)
+	return s.commits.Flush(b)
 }
 
 func (h *reportHost) Usage() (api.UsageReport, bool) {

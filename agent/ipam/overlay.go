@@ -6,29 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
 
 // families: index 0 is IPv4, 1 is IPv6, in every [2] array of this package.
-const families = 2
-
-// familyName is the family as the API and the ring messages write it.
-func familyName(fam int) string {
-	if fam == 1 {
-		return "6"
-	}
-	return "4"
-}
-
-// familyIndex is the index of a family name ("4", "6"; checked by the
-// caller).
-func familyIndex(name string) int {
-	if name == "6" {
-		return 1
-	}
-	return 0
-}
+const families = ipfamily.Count
 
 // overlay is the address space of one overlay on this agent: one ring
 // allocator per address family, seeded from the masters' leases.
@@ -40,7 +25,7 @@ type overlay struct {
 	bridges  map[string][families]netip.Prefix // bridge kind -> its sub-subnets
 	attached map[ring.Attachment]allocRecord
 	// blocks are the blocks the bridges hold beyond their first
-	// sub-subnet, per family, in address order (see blocks.go).
+	// sub-subnet, per family, in address order (see package growth).
 	blocks [families][]*heldBlock
 	// gateways are the bridge gateways reserved in the allocators.
 	gateways map[netip.Addr]bool
@@ -182,7 +167,7 @@ func (o *overlay) reserveGateways() {
 		}
 		for kind := range o.bridges {
 			for _, p := range o.bridgeBlocks(kind, fam) {
-				gw := gatewayOf(p)
+				gw := blockaddr.Gateway(p)
 				if o.gateways[gw] {
 					continue
 				}
@@ -196,7 +181,7 @@ func (o *overlay) reserveGateways() {
 
 // unreserveGateway gives a block's gateway back to the free space.
 func (o *overlay) unreserveGateway(fam int, p netip.Prefix) {
-	gw := gatewayOf(p)
+	gw := blockaddr.Gateway(p)
 	if o.gateways[gw] && o.alloc[fam] != nil {
 		o.alloc[fam].Unreserve(gw)
 		delete(o.gateways, gw)
@@ -216,21 +201,6 @@ func (o *overlay) unreserveGateways() {
 		}
 		delete(o.gateways, gw)
 	}
-}
-
-// bridgeAddressOf returns the prefix of a bridge (its blocks) of which
-// addr is the network, broadcast (IPv4) or gateway address: an address no
-// container may hold, since the kernel routes it as the bridge's own.
-func bridgeAddressOf(blocks []netip.Prefix, addr netip.Addr) (netip.Prefix, bool) {
-	for _, p := range blocks {
-		if !p.Contains(addr) {
-			continue
-		}
-		if addr == p.Masked().Addr() || addr == gatewayOf(p) || (addr.Is4() && addr == lastAddr(p)) {
-			return p, true
-		}
-	}
-	return netip.Prefix{}, false
 }
 
 // blockUsage is one block of a bridge as the status shows it.
@@ -254,4 +224,12 @@ func (s *Service) blockUsage(o *overlay, bridge string, fam int) []api.IPAMBlock
 		out = append(out, u)
 	}
 	return out
+}
+
+// satAdd adds counts of addresses, saturating at the largest.
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return ^uint64(0)
+	}
+	return a + b
 }

@@ -16,6 +16,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -105,22 +107,22 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 		p[1], _ = netip.ParsePrefix(br.IP6)
 		o.bridges[kind] = p
 	}
-	b.add(change{writes: o.learnMasterBlocks(s.id, v.Blocks, s.grow.returned)})
-	b.add(change{writes: s.forgetReturned(o, v)})
+	b.Add(change{Writes: o.learnMasterBlocks(s.id, v.Blocks, s.grow.returned)})
+	b.Add(change{Writes: s.forgetReturned(o, v)})
 	errs := parseErrs
 	sy := s.overlaySync(name)
 	o.unreserveGateways()
 	for fam := range families {
 		ringWrite, dirty, err := o.seed(sy, fam, v)
 		errs = append(errs, err)
-		s.ringWritten(ringID{name, familyName(fam)}, ringWrite, dirty, b)
+		s.ringWritten(ringID{name, ipfamily.Name(fam)}, ringWrite, dirty, b)
 	}
 	o.reserveGateways()
 	for fam := range families {
 		writes, _ := o.syncBlocks(sy, fam)
-		b.add(change{writes: writes})
+		b.Add(change{Writes: writes})
 	}
-	s.metrics.isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
+	s.metrics.Isolated.WithLabelValues(name).Set(float64(o.isolatedCount(ownRecordBlocks(v, s.id))))
 	switch o.seedErr = errors.Join(errs...); {
 	case errors.Is(o.seedErr, errRingUnread):
 		s.log.Error("overlay not served: its persisted ring could not be read", "overlay", name, "err", o.seedErr)
@@ -133,7 +135,7 @@ func (s *Service) syncOverlay(ov *api.AgentOverlay, v View, b *batch) {
 	}
 	s.claimPersisted(o, level)
 	if created {
-		s.reclaimFromCNICache(o, b.add)
+		s.reclaimFromCNICache(o, b.Add)
 	}
 }
 
@@ -270,7 +272,7 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 		// persisted one back.
 		merged, err := alloc.MergeEncoded(saved)
 		if err != nil {
-			sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", familyName(fam), "err", err)
+			sy.log.Warn("persisted ring not merged", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 		} else {
 			sy.known.markKnown(o, fam, func(k *ring.Ring) error {
 				r, err := ring.Decode(saved)
@@ -287,9 +289,9 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	// key only.
 	if fresh && sy.ownClaim != nil {
 		if resigned, err := alloc.Resign(sy.ownClaim); err != nil {
-			sy.log.Warn("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam), "err", err)
+			sy.log.Warn("ring claims signed again with the new claim key", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 		} else if resigned {
-			sy.log.Info("ring claims signed again with the new claim key", "overlay", o.name, "family", familyName(fam))
+			sy.log.Info("ring claims signed again with the new claim key", "overlay", o.name, "family", ipfamily.Name(fam))
 			changed = true
 		}
 	}
@@ -298,7 +300,7 @@ func (o *overlay) seed(sy overlaySync, fam int, v View) (ringWrite []write, dirt
 	// grant of its own counts again anywhere (ring.Allocator.Sweep);
 	// announced with the sync.
 	if swept, err := alloc.Sweep(); err != nil {
-		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", familyName(fam), "err", err)
+		sy.log.Warn("ring sweep of this agent's leases", "overlay", o.name, "family", ipfamily.Name(fam), "err", err)
 	} else {
 		changed = changed || swept
 	}
@@ -327,7 +329,7 @@ func (o *overlay) learnMasterBlocks(self string, blocks []MasterBlock, returned 
 		if mb.Overlay != o.name || !mb.Prefix.IsValid() {
 			continue
 		}
-		fam := familyOf(mb.Prefix.Addr())
+		fam := ipfamily.Of(mb.Prefix.Addr())
 		if o.held(fam, mb.Prefix) != nil || mb.Version <= returned[mb.Prefix] {
 			continue
 		}
@@ -335,11 +337,11 @@ func (o *overlay) learnMasterBlocks(self string, blocks []MasterBlock, returned 
 			continue
 		}
 		if a := o.alloc[fam]; a != nil {
-			if owner, _ := a.Ring().Owner(gatewayOf(mb.Prefix)); owner != "" && owner != self {
+			if owner, _ := a.Ring().Owner(blockaddr.Gateway(mb.Prefix)); owner != "" && owner != self {
 				continue // given to another agent in the ring (given back)
 			}
 		}
-		if _, inside := overlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
+		if _, inside := blockaddr.OverlapsAny(o.firstBlocks(fam), mb.Prefix); inside {
 			// A block this agent granted and got back, which the masters
 			// record as a grant to it: it is part of a first block.
 			continue
@@ -371,7 +373,7 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 	firsts := o.firstBlocks(fam)
 	var keep []*heldBlock
 	for _, b := range o.blocks[fam] {
-		if first, inside := overlapsAny(firsts, b.Prefix); inside {
+		if first, inside := blockaddr.OverlapsAny(firsts, b.Prefix); inside {
 			// A block this agent granted, given back: it is part of
 			// the bridge's first sub-subnet again, not a prefix of its own.
 			o.unreserveGateway(fam, b.Prefix)
@@ -379,7 +381,7 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 			writes = append(writes, deleteBlock(b))
 			continue
 		}
-		if owner, _ := r.Owner(gatewayOf(b.Prefix)); owner != sy.self {
+		if owner, _ := r.Owner(blockaddr.Gateway(b.Prefix)); owner != sy.self {
 			o.unreserveGateway(fam, b.Prefix)
 			sy.log.Warn("a block is no longer this agent's in the ring: dropped", "overlay", o.name, "block", b.Prefix, "origin", b.Origin, "owner", owner)
 			writes = append(writes, deleteBlock(b))
@@ -409,9 +411,9 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 	if _, ok := o.bridges[bridge]; !ok {
 		bridge = sortedKeys(o.bridges)[len(o.bridges)-1] // mesos sorts after docker
 	}
-	minBits := minBlockBits(fam)
+	minBits := blockaddr.MinBits(fam)
 	for _, owned := range r.Blocks(sy.self) {
-		for _, p := range uncovered(owned, covers) {
+		for _, p := range blockaddr.Uncovered(owned, covers) {
 			if p.Bits() > minBits {
 				continue // too small to hold a gateway and a container
 			}
@@ -426,11 +428,11 @@ func (o *overlay) syncBlocks(sy overlaySync, fam int) (writes []write, adopted b
 					o.unsolicited[p] = true
 					sy.refused(unsolicitedGrant)
 					sy.log.Warn("the ring gives this agent a range it did not ask for: not used", "overlay", o.name, "block", p,
-						"granted_by", leaseOwner(r, sy.self, p), "why", why)
+						"granted_by", blockaddr.LeaseOwner(r, sy.self, p), "why", why)
 				}
 				continue
 			}
-			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: leaseOwner(r, sy.self, p),
+			b := &heldBlock{Overlay: o.name, Family: fam, Bridge: bridge, Prefix: p, Origin: OriginGrant, Donor: blockaddr.LeaseOwner(r, sy.self, p),
 				Recorded: sy.recorded != nil && sy.recorded(p)}
 			o.blocks[fam] = append(o.blocks[fam], b)
 			writes = append(writes, putBlock(b))
@@ -495,7 +497,7 @@ func (s *Service) claimPersisted(o *overlay, level slog.Level) {
 				continue
 			}
 			if o.alloc[fam] == nil {
-				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, familyName(fam), addr))
+				errs = append(errs, fmt.Errorf("%w: the overlay has no IPv%s subnet for %s", ring.ErrNotOwned, ipfamily.Name(fam), addr))
 				continue
 			}
 			if err := o.alloc[fam].Claim(at, addr); err != nil {
@@ -567,15 +569,8 @@ func (s *Service) overlaySync(name string) overlaySync {
 		expected: func(p netip.Prefix) bool {
 			return expectedGrant(s.expectedGrants[name], p) || recordedBlock(s.view.Blocks, name, p)
 		},
-		refused: func(reason string) { s.metrics.claimsRefused.WithLabelValues(reason).Inc() },
-		growing: func(fam int) bool {
-			for k := range s.grow.inflight {
-				if k.overlay == name && k.fam == fam {
-					return true
-				}
-			}
-			return false
-		}}
+		refused: func(reason string) { s.metrics.ClaimsRefused.WithLabelValues(reason).Inc() },
+		growing: func(fam int) bool { return s.grower.Growing(name, fam) }}
 	if s.view.Self != nil {
 		sy.recorded = func(p netip.Prefix) bool { return recordedBlock(s.view.Blocks, name, p) }
 	}
@@ -591,7 +586,7 @@ func (s *Service) ringWritten(k ringID, ringWrite []write, dirty bool, b *batch)
 	switch {
 	case len(ringWrite) > 0:
 		delete(s.dirtyRings, k)
-		b.add(change{writes: ringWrite})
+		b.Add(change{Writes: ringWrite})
 	case dirty:
 		s.dirtyRings[k] = true
 	}

@@ -15,6 +15,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -28,7 +29,7 @@ type blockingSource struct {
 }
 
 func (b *blockingSource) Grow(ctx context.Context, _, _ string, family int, _ string) (LeasedBlock, error) {
-	n := &b.inGrow[familyIndex(fmt.Sprint(family))]
+	n := &b.inGrow[ipfamily.Index(fmt.Sprint(family))]
 	n.Add(1)
 	defer n.Add(-1)
 	<-ctx.Done()
@@ -40,7 +41,7 @@ func (b *blockingSource) hanging(t *testing.T, families ...int) {
 	t.Helper()
 	testutil.Eventually(t, 10*time.Second, "growths hanging at the masters", func() error {
 		for _, fam := range families {
-			if b.inGrow[familyIndex(fmt.Sprint(fam))].Load() == 0 {
+			if b.inGrow[ipfamily.Index(fmt.Sprint(fam))].Load() == 0 {
 				return fmt.Errorf("no IPv%d growth at the masters", fam)
 			}
 		}
@@ -54,7 +55,7 @@ func (b *blockingSource) inFlight() int32 { return b.inGrow[0].Load() + b.inGrow
 func (s *Service) inflightGrowths() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.grow.inflight)
+	return s.grower.InFlight()
 }
 
 // TestRunWaitsForTheGrowthInFlight: a growth in flight when Run's context
@@ -203,7 +204,7 @@ func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
 	if ans.Kind != ipamwire.KindGrant || batch == nil {
 		t.Fatalf("answer %+v", ans)
 	}
-	if err := b.flush(batch); err != nil {
+	if err := b.commits.Flush(batch); err != nil {
 		t.Fatal(err)
 	}
 	granted := netip.MustParsePrefix(ans.Prefix)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/netip"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -51,7 +52,7 @@ func (s *Service) render(o *overlay, at ring.Attachment, rec allocRecord) *api.A
 			continue
 		}
 		sub := o.blockOf(rec.Bridge, addr)
-		gw := gatewayOf(sub)
+		gw := blockaddr.Gateway(sub)
 		out.IPs = append(out.IPs, api.IPConfig{Address: netip.PrefixFrom(addr, sub.Bits()).String(), Gateway: gw.String()})
 		dst := "0.0.0.0/0"
 		if fam == 1 {
@@ -136,7 +137,7 @@ func (s *Service) BridgeGateways(network, bridge string) []netip.Prefix {
 	for fam := range families {
 		for _, b := range o.blocks[fam] {
 			if b.Bridge == bridge {
-				out = append(out, netip.PrefixFrom(gatewayOf(b.Prefix), b.Prefix.Bits()))
+				out = append(out, netip.PrefixFrom(blockaddr.Gateway(b.Prefix), b.Prefix.Bits()))
 			}
 		}
 	}
@@ -164,7 +165,7 @@ func (s *Service) PeerBlocks(known map[string][]netip.Prefix) map[string][]netip
 					continue
 				}
 				for _, p := range r.Blocks(peer) {
-					out[peer] = append(out[peer], uncovered(p, known[peer])...)
+					out[peer] = append(out[peer], blockaddr.Uncovered(p, known[peer])...)
 				}
 			}
 		}

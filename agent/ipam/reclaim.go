@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/cnihost"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -28,7 +29,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		return
 	}
 	inBridge := func(addr netip.Addr) bool {
-		for _, p := range o.bridgeBlocks(api.BridgeMesos, familyOf(addr)) {
+		for _, p := range o.bridgeBlocks(api.BridgeMesos, ipfamily.Of(addr)) {
 			if p.Contains(addr) {
 				return true
 			}
@@ -44,7 +45,7 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 		}
 		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.Owner}
 		for _, addr := range e.Addrs {
-			fam := familyOf(addr)
+			fam := ipfamily.Of(addr)
 			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && inBridge(addr) && o.alloc[fam].Claim(at, addr) == nil {
 				rec.setAddr(fam, addr)
 			}
@@ -53,8 +54,8 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 			continue
 		}
 		o.attached[at] = rec
-		add(change{key: allocKey(o.name, at), writes: []write{putAlloc(o.name, at, rec)}, undo: func() { forget(o, at) },
-			durable: func() { s.metrics.ops.WithLabelValues("reclaim").Inc() }})
+		add(change{Key: allocKey(o.name, at), Writes: []write{putAlloc(o.name, at, rec)}, Undo: func() { forget(o, at) },
+			Durable: func() { s.metrics.Ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}
 	if claimed > 0 {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
@@ -193,8 +194,8 @@ func TestRestoreTakesBackARecordedGrant(t *testing.T) {
 	l := newRestoreLab(t)
 	honest := l.c.nodes["honest"]
 	rogueSub := netip.MustParsePrefix(l.record("rogue").Overlays[0].Subnet)
-	unasked := netip.PrefixFrom(rogueSub.Addr(), 27)                                       // the rogue's first /27
-	granted := netip.PrefixFrom(lastAddr(netip.PrefixFrom(unasked.Addr(), 28)).Next(), 28) // its upper /28
+	unasked := netip.PrefixFrom(rogueSub.Addr(), 27)                                             // the rogue's first /27
+	granted := netip.PrefixFrom(blockaddr.Last(netip.PrefixFrom(unasked.Addr(), 28)).Next(), 28) // its upper /28
 	snapshot, err := l.client.Snapshot(l.ctx)
 	if err != nil {
 		t.Fatal(err)

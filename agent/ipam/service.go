@@ -11,10 +11,13 @@
 //
 // It keeps the overlay table and its lock, and every change to it; the
 // jobs beneath it are its parts, none of which imports it: the store's
-// record formats (ipamstore), the rings' gossip (ringgossip), asking peers
-// for space (spaceask), the claim keys (claimkeys), the reports to the
-// masters (masterreport), the capacity gauges (capacity), the reclaims'
-// memory (reclaimwatch) and the unix-socket API (ipamsock).
+// record formats (ipamstore), the group commit (groupcommit), growth and
+// the donor's side of it (growth), the rings' gossip (ringgossip), asking
+// peers for space (spaceask), the claim keys (claimkeys), the reports to
+// the masters (masterreport), the capacity gauges (capacity), the
+// reclaims' memory (reclaimwatch), the unix-socket API (ipamsock), the
+// requests' checks (ipamvalidate), the metrics (ipammetrics), the blocks'
+// arithmetic (blockaddr) and the families' names (ipfamily).
 package ipam
 
 import (
@@ -29,6 +32,9 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam/capacity"
 	"github.com/carve-net/carve/agent/ipam/claimkeys"
+	"github.com/carve-net/carve/agent/ipam/groupcommit"
+	"github.com/carve-net/carve/agent/ipam/growth"
+	"github.com/carve-net/carve/agent/ipam/ipammetrics"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
@@ -49,10 +55,7 @@ type Service struct {
 	dbPath      string // db's file, for errors
 	cniCacheDir string
 	log         *slog.Logger
-	metrics     *metrics
-
-	// commitMu is held by the one goroutine writing a batch (see commit.go).
-	commitMu sync.Mutex
+	metrics     *ipammetrics.Metrics
 
 	mu        sync.Mutex // the state below; never held across an fsync of a request
 	synced    bool       // a View arrived
@@ -67,9 +70,10 @@ type Service struct {
 	// claimed yet (its overlay is not served, or the ring does not give the
 	// address to this agent).
 	persist map[string]map[ring.Attachment]allocRecord
-	pending map[string]*batch // allocKey -> the batch with its change in flight
-	open    *batch            // the batch requests queue into
-	channel gossip.Channel    // ring gossip; nil until UseChannel
+	// commits is the group commit of the changes decided under s.mu
+	// (commit.go); its own lock is taken before s.mu, never after.
+	commits *groupcommit.Queue[write]
+	channel gossip.Channel // ring gossip; nil until UseChannel
 	// savedBlocks are the persisted blocks of overlays not created yet.
 	savedBlocks map[string][]*heldBlock
 	// expectedGrants are the grants this agent asked for and whose donor's
@@ -77,6 +81,8 @@ type Service struct {
 	// only ranges beyond the masters' records it may adopt (mayAdopt).
 	expectedGrants map[string][]netip.Prefix
 	grow           growState
+	grower         *growth.Runner // the growths in flight, under s.mu
+	donor          *growth.Donor  // answers peers' space requests
 	reclaim        reclaimState
 	// asker, capacity and gossip keep their state under their own locks,
 	// taken after s.mu, never the other way; reports is Run's alone.
@@ -121,7 +127,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := ipammetrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -132,15 +138,18 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{
 		id: cfg.AgentID, db: cfg.DB, dbPath: cfg.DB.Path(), cniCacheDir: cfg.CNICacheDir, log: cfg.Logger.With("component", "ipam"), metrics: m,
 		mtu: defaultMTU, clusterID: st.clusterID, overlays: map[string]*overlay{}, persist: st.allocations,
-		pending: map[string]*batch{}, savedBlocks: st.blocks, onForget: cfg.ForgetNeighbour,
+		savedBlocks: st.blocks, onForget: cfg.ForgetNeighbour,
 		dirtyRings: map[ringID]bool{}, expectedGrants: map[string][]netip.Prefix{},
 		bg: goroutines.New(context.Background()),
 	}
-	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.ringGossip, OnSent: cfg.OnSent})
+	s.commits = groupcommit.New(&s.mu, s.writeBatch)
+	s.gossip = ringgossip.New(ringgossip.Config{Self: s.id, Rings: (*ringOwner)(s), Log: s.log, Results: m.RingGossip, OnSent: cfg.OnSent})
 	s.claims = claimkeys.New(s.id, cfg.ClaimKey, s.tombstoned)
 	s.grow = newGrowState(cfg.Growth)
+	s.donor = growth.NewDonor((*donorTable)(s), s.log, growth.DonorMetrics{RingGossip: m.RingGossip, ClaimsRefused: m.ClaimsRefused, GrantsGiven: m.GrantsGiven}, s.changed)
+	s.grower = growth.NewRunner(s.grow.cfg, &s.mu, (*growTable)(s), s.log, growth.Metrics{Grows: m.Grows, Refused: m.Refused})
 	s.asker = spaceask.New(spaceask.Config{Self: s.id, Host: (*askHost)(s), Seed: s.grow.cfg.Seed, AnswerTimeout: s.grow.cfg.AnswerTimeout,
-		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.grows, Refused: m.refused})
+		RefuseMemory: s.grow.cfg.RefuseMemory, Grows: m.Grows, Refused: m.Refused})
 	s.reports = s.newReporter()
 	s.capacity = capacity.New(s.readCapacity, s.log)
 	s.released.load(st.released)
@@ -198,16 +207,16 @@ func (s *Service) Sync(v View) {
 // sync holds both locks across its one commit: it reshapes the state, and
 // runs only when the agent's view changes and on its periodic resync.
 func (s *Service) sync(v View) {
-	s.quiesce()
-	defer s.commitMu.Unlock()
+	s.commits.Quiesce()
+	defer s.commits.Release()
 	defer s.mu.Unlock()
-	b := newBatch()
+	b := groupcommit.NewBatch[write]()
 	switch {
 	case v.ClusterID == "" || v.ClusterID == s.clusterID:
 	case s.clusterID == "":
 		// The first cluster id this agent learns: its rings are that cluster's.
 		s.clusterID = v.ClusterID
-		b.add(change{writes: []write{ipamstore.PutClusterID(v.ClusterID)}})
+		b.Add(change{Writes: []write{ipamstore.PutClusterID(v.ClusterID)}})
 	default:
 		s.log.Warn("the masters' cluster changed: forgetting every ring", "was", s.clusterID, "now", v.ClusterID)
 		s.rebuildLocked(v.ClusterID)
@@ -223,7 +232,7 @@ func (s *Service) sync(v View) {
 	}
 	s.syncOverlays(v, b)
 	s.pruneGranted(v, b)
-	s.finish(b, s.commit(b))
+	_ = s.commits.CommitQuiesced(b) // a failure took the changes back, and was logged
 }
 
 // pruneGranted forgets the space requests this agent granted whose block
@@ -247,7 +256,7 @@ func (s *Service) pruneGranted(v View, b *batch) {
 	for key, p := range s.grow.granted {
 		if deleted[key[0]] || recorded[[2]string{key[0], p.String()}] {
 			delete(s.grow.granted, key)
-			b.add(change{writes: []write{ipamstore.DeleteGranted(key[0], key[1])}})
+			b.Add(change{Writes: []write{ipamstore.DeleteGranted(key[0], key[1])}})
 		}
 	}
 }
@@ -258,8 +267,8 @@ func (s *Service) pruneGranted(v View, b *batch) {
 // leases. The allocations are kept, and claimed back by the next Sync where
 // the new leases give their addresses to this agent.
 func (s *Service) Rebuild(clusterID string) {
-	s.quiesce()
-	defer s.commitMu.Unlock()
+	s.commits.Quiesce()
+	defer s.commits.Release()
 	defer s.mu.Unlock()
 	s.log.Warn("the masters' cluster was rebuilt: forgetting every ring", "was", s.clusterID, "now", clusterID)
 	s.rebuildLocked(clusterID)

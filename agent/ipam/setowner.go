@@ -20,7 +20,7 @@ func (s *Service) SetOwner(network, containerID, ifName string, owner *api.Owner
 	at := ring.Attachment{ContainerID: containerID, Interface: ifName}
 	key := allocKey(network, at)
 	s.mu.Lock()
-	for s.waitPending(key) {
+	for s.commits.WaitPending(key) {
 	}
 	o := s.overlays[network]
 	var rec allocRecord
@@ -39,13 +39,13 @@ func (s *Service) SetOwner(network, containerID, ifName string, owner *api.Owner
 	prev := rec
 	rec.Owner = owner
 	o.attached[at] = rec
-	b := s.enqueue(change{key: key, writes: []write{putAlloc(network, at, rec)}, undo: func() {
+	b := s.commits.Enqueue(change{Key: key, Writes: []write{putAlloc(network, at, rec)}, Undo: func() {
 		if cur, ok := o.attached[at]; ok && reflect.DeepEqual(cur.Owner, owner) {
 			o.attached[at] = prev
 		}
 	}})
 	s.mu.Unlock()
-	if err := s.flush(b); err != nil {
+	if err := s.commits.Flush(b); err != nil {
 		return failure(http.StatusInternalServerError, api.CodeInternal, "persist owner: %v", err)
 	}
 	return nil

@@ -1,90 +1,66 @@
 package ipam
 
-// Space requests and answers (their wire format: package ipamwire): a
-// donor's decision on a request, and the routing of an answer to the
-// growth waiting for it. An answer carries the donor's ring, merged like
-// any ring gossip (a merge that would take addresses in use is refused):
-// only the ring decides what the recipient owns.
+// Space requests (package growth's Donor answers them): the Service as the
+// donor's overlay table, and its decision on a request under s.mu.
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/netip"
 	"time"
 
+	"github.com/carve-net/carve/agent/ipam/blockaddr"
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
-	"github.com/carve-net/carve/agent/ipam/ringgossip"
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
+	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
 )
 
 // onSpaceMessage handles a space request or answer (by unicast).
 func (s *Service) onSpaceMessage(src string, msg []byte) error {
-	m, err := ipamwire.DecodeSpaceMessage(msg)
-	if err != nil {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
-		return err
-	}
-	if m.From != src {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultBad).Inc()
-		return fmt.Errorf("%w: sent as %q by peer %q", ipamwire.ErrBadSpaceMessage, m.From, src)
-	}
-	s.mu.Lock()
-	cluster := s.clusterID
-	s.mu.Unlock()
-	if cluster != "" && m.ClusterID != cluster {
-		s.metrics.ringGossip.WithLabelValues(ringgossip.ResultOtherCluster).Inc()
-		return fmt.Errorf("%w: space message of cluster %q, this agent's is %q", ringgossip.ErrOtherCluster, m.ClusterID, cluster)
-	}
-	if m.Kind == ipamwire.KindRequest {
-		s.mu.Lock()
-		reason, ok := s.claims.CheckSpaceRequest(m)
-		s.mu.Unlock()
-		if !ok {
-			s.metrics.claimsRefused.WithLabelValues(reason).Inc()
-			return fmt.Errorf("%w: request %q from %s: %s", ipamwire.ErrBadSpaceMessage, m.ID, src, reason)
-		}
-		if !s.bg.Go(func(ctx context.Context) { s.donate(ctx, m) }) {
-			return fmt.Errorf("request %q from %s: %w", m.ID, src, errStopping) // the asker asks again, or another peer
-		}
-		return nil
-	}
-	return s.asker.Answer(src, m)
+	return s.donor.OnSpaceMessage(src, msg)
 }
 
-// donate answers a space request: a block of the bridges' first
-// sub-subnets, as large as asked or smaller, never more than half of what
-// is free there, persisted and broadcast before the answer. It runs in a
-// goroutine of s.bg: a service that stopped (ctx ended) decides nothing
-// more, and its grant, once persisted, is still answered.
-func (s *Service) donate(ctx context.Context, m ipamwire.SpaceMessage) {
-	if ctx.Err() != nil {
-		return // stopping: the asker's request times out and goes elsewhere
-	}
+// donorTable is the Service as the overlay table of its donor
+// (growth.DonorTable).
+type donorTable Service
+
+func (t *donorTable) ClusterID() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.clusterID
+}
+
+func (t *donorTable) CheckRequest(m ipamwire.SpaceMessage) (string, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.claims.CheckSpaceRequest(m)
+}
+
+func (t *donorTable) Decide(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage, func() error) {
+	s := (*Service)(t)
 	ans, b := s.decideDonation(m)
-	if b != nil {
-		if err := s.flush(b); err != nil {
-			s.log.Error("persist a grant: not answered", "to", m.From, "err", err)
-			return
-		}
+	if b == nil {
+		return ans, nil
 	}
-	if ans.Kind == ipamwire.KindGrant {
-		s.metrics.grantsGiven.Inc()
-		s.gossip.Announce()
-		s.changed()
-	}
-	s.mu.Lock()
-	ch := s.channel
-	s.mu.Unlock()
-	if ch != nil {
-		if err := ch.Unicast(m.From, ipamwire.EncodeSpaceMessage(ans)); err != nil {
-			s.log.Warn("answer a space request", "to", m.From, "err", err)
-		}
-	}
+	return ans, func() error { return s.commits.Flush(b) }
 }
 
+func (t *donorTable) Granted() { t.gossip.Announce() }
+
+func (t *donorTable) Answer(src string, m ipamwire.SpaceMessage) error { return t.asker.Answer(src, m) }
+
+func (t *donorTable) Channel() gossip.Channel {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.channel
+}
+
+func (t *donorTable) Go(f func(ctx context.Context)) error { return (*growTable)(t).Go(f) }
+
+// decideDonation decides the answer to a space request, and queues a
+// grant's writes (the caller flushes the batch).
 func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage, *batch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -94,7 +70,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		s.log.Info("refused a space request", "from", m.From, "overlay", m.Overlay, "family", m.Family, "reason", reason)
 		return ans, nil
 	}
-	fam := familyIndex(m.Family)
+	fam := ipfamily.Index(m.Family)
 	a := s.allocatorOf(m.Overlay, m.Family)
 	if a == nil || m.From == s.id {
 		return refuse("not_served")
@@ -123,7 +99,7 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 		ans.Expires, ans.GrantSig = s.claims.SignGrant(s.clusterID, m.Overlay, p, m.From, m.ID, time.Now())
 		// The request id is remembered in the grant's commit: a request
 		// repeated after a restart gets this block again, not another.
-		return ans, s.enqueue(change{writes: []write{putRing(m.Overlay, fam, enc), ipamstore.PutGranted(m.From, m.ID, p)}})
+		return ans, s.commits.Enqueue(change{Writes: []write{putRing(m.Overlay, fam, enc), ipamstore.PutGranted(m.From, m.ID, p)}})
 	}
 	key := [2]string{m.From, m.ID}
 	if p, ok := s.grow.granted[key]; ok {
@@ -140,54 +116,14 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 			free = free.Add(a.FreeHosts(p))
 		}
 	}
-	width := o.universe[fam].Addr().BitLen()
-	room, limited := quotaRoom(o.info, before, m.From)
-	overQuota := false
-	for bits := max(m.Bits, o.universe[fam].Bits()+1); bits <= minBlockBits(fam); bits++ {
-		log2 := width - bits
-		if free.Rsh(1).Less(ring.U128(1).Lsh(uint(log2))) {
-			continue // the donor keeps at least as much as it gives
-		}
-		if limited && room < 1<<log2 {
-			overQuota = true
-			continue
-		}
-		p, err := a.DonateBlock(m.From, within, log2)
-		if errors.Is(err, ring.ErrNothingToDonate) {
-			continue
-		}
-		if err != nil {
-			return refuse("cannot_grant: " + err.Error())
-		}
+	p, refusal := growth.ChooseBlock(growth.Space{Alloc: a, Within: within, Free: free, Universe: o.universe[fam], Info: o.info, MinBits: blockaddr.MinBits(fam)}, m.From, m.Bits)
+	switch refusal {
+	case "":
 		s.grow.granted[key] = p
 		s.log.Info("granted a block through the ring", "to", m.From, "overlay", m.Overlay, "block", p)
 		return grant(p, before)
+	case ipamwire.ReasonRecipientQuota:
+		s.metrics.ClaimsRefused.WithLabelValues(ipamwire.ReasonRecipientQuota).Inc()
 	}
-	if overQuota {
-		s.metrics.claimsRefused.WithLabelValues(ipamwire.ReasonRecipientQuota).Inc()
-		return refuse(ipamwire.ReasonRecipientQuota)
-	}
-	return refuse("no_space")
-}
-
-// quotaRoom is how many more IPv4 addresses of grown and granted space
-// recipient may hold in the overlay of info by its quota, as the ring r
-// sees what it owns beyond its origin lease (one subnet of the overlay's
-// prefix): grants not yet reported to the masters count too. limited is
-// false when no quota applies (no IPv4 subnet).
-func quotaRoom(info api.OverlayNetwork, r *ring.Ring, recipient string) (room uint64, limited bool) {
-	bits, u := info.QuotaBits(false), r.Universe()
-	if bits == 0 || !u.Addr().Is4() || info.Prefix < u.Bits() || info.Prefix > 32 {
-		return 0, false
-	}
-	var held uint64
-	for _, p := range r.Blocks(recipient) {
-		held += 1 << (32 - p.Bits())
-	}
-	held -= min(held, 1<<(32-info.Prefix))
-	quota := uint64(1) << (32 - bits)
-	if held >= quota {
-		return 0, true
-	}
-	return quota - held, true
+	return refuse(refusal)
 }

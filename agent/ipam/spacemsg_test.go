@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/api"
 )
@@ -33,7 +34,7 @@ func TestForgedSpaceAnswer(t *testing.T) {
 	// A grant whose ring does not give the block to a: refused, nothing owned.
 	b := c.start("b", t.TempDir(), "")
 	ans := ipamwire.SpaceMessage{V: 1, Kind: ipamwire.KindGrant, ClusterID: "c1", From: "b", ID: "a-1", Overlay: "carve", Family: "4", Prefix: "10.128.0.64/27", Ring: b.svc.Rings()["carve/4"]}
-	if err := a.svc.acceptAnswer(growKey{"carve", "mesos", 0}, "b", ans); err == nil {
+	if err := a.svc.acceptAnswer(growth.Key{Overlay: "carve", Bridge: "mesos", Fam: 0}, "b", ans); err == nil {
 		t.Fatal("a grant the ring does not make was accepted")
 	}
 	if bs := a.svc.Status("carve").Blocks[api.BridgeMesos]; len(bs) != 1 {
@@ -64,7 +65,7 @@ func FuzzSpaceMessageHandler(f *testing.F) {
 			// a goroutine).
 			_, b := s.decideDonation(m)
 			if b != nil {
-				_ = s.flush(b)
+				_ = s.commits.Flush(b)
 			}
 		}
 		_ = s.RingGossip().OnUnicast(m.From, data)

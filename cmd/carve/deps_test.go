@@ -73,14 +73,20 @@ const ipamService = module + "/agent/ipam"
 // tree they import only what they list (the wire format, the store's
 // records), never agent/ipam itself.
 var ipamParts = map[string][]string{
+	module + "/agent/ipam/blockaddr":    nil,
 	module + "/agent/ipam/capacity":     nil,
 	module + "/agent/ipam/claimkeys":    {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/groupcommit":  nil,
+	module + "/agent/ipam/growth":       {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily", module + "/agent/ipam/ringgossip"},
 	module + "/agent/ipam/ipamsock":     nil,
-	module + "/agent/ipam/ipamstore":    nil,
+	module + "/agent/ipam/ipammetrics":  {module + "/agent/ipam/claimkeys", module + "/agent/ipam/ringgossip"},
+	module + "/agent/ipam/ipamstore":    {module + "/agent/ipam/ipfamily"},
+	module + "/agent/ipam/ipamvalidate": {module + "/agent/ipam/ipfamily"},
+	module + "/agent/ipam/ipfamily":     nil,
 	module + "/agent/ipam/masterreport": {module + "/agent/ipam/ipamstore"},
 	module + "/agent/ipam/reclaimwatch": nil,
 	module + "/agent/ipam/ringgossip":   {module + "/agent/ipam/ipamwire"},
-	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire"},
+	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily"},
 }
 
 // listPackages runs go list -deps (or plain go list) with a format printing

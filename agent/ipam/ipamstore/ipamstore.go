@@ -21,6 +21,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
 )
@@ -106,20 +107,12 @@ func parseAllocKey(k []byte) (string, ring.Attachment, bool) {
 	return parts[0], ring.Attachment{ContainerID: parts[1], Interface: parts[2]}, true
 }
 
-// familyName is a family index (0: IPv4, 1: IPv6) as the keys write it.
-func familyName(fam int) string {
-	if fam == 1 {
-		return "6"
-	}
-	return "4"
-}
-
 // ringKey is a ring's key in RingBucket.
-func ringKey(overlay string, fam int) string { return overlay + "/" + familyName(fam) }
+func ringKey(overlay string, fam int) string { return overlay + "/" + ipfamily.Name(fam) }
 
 // BlockKey is a held block's key in BlocksBucket.
 func BlockKey(overlay string, fam int, p netip.Prefix) string {
-	return overlay + "/" + familyName(fam) + "/" + p.String()
+	return overlay + "/" + ipfamily.Name(fam) + "/" + p.String()
 }
 
 // Write is one change of a transaction; a nil value deletes the key.
@@ -353,7 +346,7 @@ func (st RingStore) SavedRing(overlay string, fam int) ([]byte, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: overlay %q, IPv%s, from %s: %w; the overlay is not served until it is read (a fresh ring would forget the blocks this agent granted to peers): make the file readable (disk, permissions) and the agent reads it again at its next sync, or restart it; do not delete it",
-			ErrRingUnread, overlay, familyName(fam), st.Path, err)
+			ErrRingUnread, overlay, ipfamily.Name(fam), st.Path, err)
 	}
 	return out, nil
 }

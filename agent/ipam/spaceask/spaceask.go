@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/ring"
 )
@@ -139,16 +140,8 @@ func (a *Asker) RequestID() string {
 func (a *Asker) AskingBridge(overlay string, fam int) (string, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	b, ok := a.asking[[2]string{overlay, familyName(fam)}]
+	b, ok := a.asking[[2]string{overlay, ipfamily.Name(fam)}]
 	return b, ok
-}
-
-// familyName is a family index (0: IPv4, 1: IPv6) as messages write it.
-func familyName(fam int) string {
-	if fam == 1 {
-		return "6"
-	}
-	return "4"
 }
 
 // freeByPeer sums each peer's free counts in a ring (a lease it has not
@@ -272,7 +265,7 @@ func (a *Asker) askPeer(ctx context.Context, peer, overlay, bridge string, fam, 
 	id := a.RequestID()
 	ch, done := a.Expect(id, peer)
 	defer done()
-	key := [2]string{overlay, familyName(fam)}
+	key := [2]string{overlay, ipfamily.Name(fam)}
 	a.mu.Lock()
 	a.asking[key] = bridge
 	a.mu.Unlock()
@@ -283,7 +276,7 @@ func (a *Asker) askPeer(ctx context.Context, peer, overlay, bridge string, fam, 
 	}()
 	channel, clusterID := a.cfg.Host.Channel()
 	req := ipamwire.SpaceMessage{V: ipamwire.SpaceVersion, Kind: ipamwire.KindRequest, ClusterID: clusterID, From: a.cfg.Self, ID: id,
-		Overlay: overlay, Family: familyName(fam), Bits: bits}
+		Overlay: overlay, Family: ipfamily.Name(fam), Bits: bits}
 	a.cfg.Host.Sign(&req)
 	msg := ipamwire.EncodeSpaceMessage(req)
 	for range 3 {

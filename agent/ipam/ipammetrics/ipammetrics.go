@@ -1,4 +1,10 @@
-package ipam
+// Package ipammetrics is the IPAM's Prometheus metrics: its operations, its
+// group commits, growth (grows, grants, returns, refusals, exhaustion), the
+// reports to the masters, the reclaims, the refused claims and the isolated
+// addresses, each registered once; the IPAM counts, this package only names
+// and registers. The ring gossip's and the claim keys' counters are made by
+// their packages (ringgossip, claimkeys).
+package ipammetrics
 
 import (
 	"fmt"
@@ -9,83 +15,85 @@ import (
 	"github.com/carve-net/carve/agent/ipam/ringgossip"
 )
 
-type metrics struct {
-	ops           *prometheus.CounterVec
-	commitSeconds prometheus.Histogram
-	commitWrites  prometheus.Histogram
-	commitErrors  prometheus.Counter
-	ringGossip    *prometheus.CounterVec
+// Metrics are the IPAM's collectors.
+type Metrics struct {
+	Ops           *prometheus.CounterVec
+	CommitSeconds prometheus.Histogram
+	CommitWrites  prometheus.Histogram
+	CommitErrors  prometheus.Counter
+	RingGossip    *prometheus.CounterVec
 
-	grows          *prometheus.CounterVec
-	grantsGiven    prometheus.Counter
-	grantsReceived prometheus.Counter
-	returned       prometheus.Counter
-	refused        *prometheus.CounterVec
-	exhausted      prometheus.Counter
-	reports        *prometheus.CounterVec
-	netnsReclaims  *prometheus.CounterVec
-	claimsRefused  *prometheus.CounterVec
-	isolated       *prometheus.GaugeVec
+	Grows          *prometheus.CounterVec
+	GrantsGiven    prometheus.Counter
+	GrantsReceived prometheus.Counter
+	Returned       prometheus.Counter
+	Refused        *prometheus.CounterVec
+	Exhausted      prometheus.Counter
+	Reports        *prometheus.CounterVec
+	NetnsReclaims  *prometheus.CounterVec
+	ClaimsRefused  *prometheus.CounterVec
+	Isolated       *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		ops: prometheus.NewCounterVec(prometheus.CounterOpts{
+// New makes the collectors and registers them with reg (nil: none).
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		Ops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_operations_total", Help: "Container address operations, by kind.",
 		}, []string{"op"}),
-		commitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+		CommitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "carve_agent_ipam_commit_duration_seconds", Help: "Group commits of the IPAM: one bbolt transaction and fsync each.",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 14),
 		}),
-		commitWrites: prometheus.NewHistogram(prometheus.HistogramOpts{
+		CommitWrites: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "carve_agent_ipam_commit_writes", Help: "Writes (allocations, releases, rings) per group commit.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
 		}),
-		commitErrors: prometheus.NewCounter(prometheus.CounterOpts{
+		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_commit_errors_total", Help: "Group commits that failed (their changes were taken back).",
 		}),
-		ringGossip: ringgossip.NewResultsCounter(),
-		grows: prometheus.NewCounterVec(prometheus.CounterOpts{
+		RingGossip: ringgossip.NewResultsCounter(),
+		Grows: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_grows_total", Help: "Attempts to grow a bridge, by path (master, ring) and result.",
 		}, []string{"path", "result"}),
-		grantsGiven: prometheus.NewCounter(prometheus.CounterOpts{
+		GrantsGiven: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_grants_given_total", Help: "Blocks this agent granted to peers through the ring.",
 		}),
-		grantsReceived: prometheus.NewCounter(prometheus.CounterOpts{
+		GrantsReceived: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_grants_received_total", Help: "Blocks peers granted this agent through the ring.",
 		}),
-		returned: prometheus.NewCounter(prometheus.CounterOpts{
+		Returned: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_blocks_returned_total", Help: "Idle grown blocks given back (to their donor or the masters).",
 		}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_grow_refused_total", Help: "Requests for space that were refused or unanswered, by reason.",
 		}, []string{"reason"}),
-		exhausted: prometheus.NewCounter(prometheus.CounterOpts{
+		Exhausted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_exhausted_total", Help: "Allocations that failed because no space could be found.",
 		}),
-		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_master_reports_total", Help: "Grants and returns reported to the masters, by kind and result.",
 		}, []string{"kind", "result"}),
-		netnsReclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+		NetnsReclaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_agent_ipam_netns_reclaims_total", Help: "Allocations of containers whose network namespace was gone for --reclaim-after, by result (released; dry_run: reported by --reclaim-dry-run, not released).",
 		}, []string{"result"}),
 	}
-	m.claimsRefused = claimkeys.NewRefusedCounter()
-	m.isolated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	m.ClaimsRefused = claimkeys.NewRefusedCounter()
+	m.Isolated = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "carve_agent_ipam_isolated_addresses",
 		Help: "Addresses of this agent's containers in space the masters' records took from it (a restore, a lease moved): the containers keep them, the agent hands out nothing there, and the rest of the overlay is served; carve ipam check names them.",
 	}, []string{"overlay"})
 	for _, op := range []string{"allocate", "release", "gc_release", "reclaim"} {
-		m.ops.WithLabelValues(op)
+		m.Ops.WithLabelValues(op)
 	}
 	for _, r := range []string{"released", "dry_run"} {
-		m.netnsReclaims.WithLabelValues(r)
+		m.NetnsReclaims.WithLabelValues(r)
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.ops, m.commitSeconds, m.commitWrites, m.commitErrors, m.ringGossip,
-		m.grows, m.grantsGiven, m.grantsReceived, m.returned, m.refused, m.exhausted, m.reports, m.netnsReclaims, m.claimsRefused, m.isolated} {
+	for _, c := range []prometheus.Collector{m.Ops, m.CommitSeconds, m.CommitWrites, m.CommitErrors, m.RingGossip,
+		m.Grows, m.GrantsGiven, m.GrantsReceived, m.Returned, m.Refused, m.Exhausted, m.Reports, m.NetnsReclaims, m.ClaimsRefused, m.Isolated} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ipam: register metrics: %w", err)
 		}

@@ -1,17 +1,23 @@
-package ipam
+// Package ipamvalidate checks what the IPAM's callers ask (an attachment
+// request, a collection request) before anything is decided: each error
+// names the bad field and what it wants, and a request that passes has its
+// default bridge filled in. Pure: it imports nothing of ours but api and
+// ipfamily.
+package ipamvalidate
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
 
+	"github.com/carve-net/carve/agent/ipam/ipfamily"
 	"github.com/carve-net/carve/api"
 )
 
-// validateRequest checks an attachment request, names the bad field, and
+// Request checks an attachment request, names the bad field, and
 // fills in the default bridge.
-func validateRequest(req *api.IPAMRequest) error {
-	if err := validateNetwork(req.Network); err != nil {
+func Request(req *api.IPAMRequest) error {
+	if err := network(req.Network); err != nil {
 		return err
 	}
 	if err := api.ValidateContainerID(req.ContainerID); err != nil {
@@ -32,7 +38,7 @@ func validateRequest(req *api.IPAMRequest) error {
 			return fmt.Errorf("address %q is not an IP address", req.Address)
 		}
 	}
-	if _, err := requestedAddrs(*req); err != nil {
+	if _, err := RequestedAddrs(*req); err != nil {
 		return err
 	}
 	if err := req.Owner.Validate(); err != nil {
@@ -44,9 +50,9 @@ func validateRequest(req *api.IPAMRequest) error {
 	return nil
 }
 
-// validateGC checks a collection request and names the bad field.
-func validateGC(req api.GCRequest) error {
-	if err := validateNetwork(req.Network); err != nil {
+// GC checks a collection request and names the bad field.
+func GC(req api.GCRequest) error {
+	if err := network(req.Network); err != nil {
 		return err
 	}
 	if req.Bridge != "" && req.Bridge != api.BridgeMesos && req.Bridge != api.BridgeDocker {
@@ -65,7 +71,7 @@ func validateGC(req api.GCRequest) error {
 	return nil
 }
 
-func validateNetwork(name string) error {
+func network(name string) error {
 	if name == "" {
 		return errors.New("network is required (the overlay name)")
 	}
@@ -75,10 +81,10 @@ func validateNetwork(name string) error {
 	return nil
 }
 
-// requestedAddrs returns the request's requested addresses (Address and
+// RequestedAddrs returns the request's requested addresses (Address and
 // Addresses) by family (invalid where none is requested).
-func requestedAddrs(req api.IPAMRequest) ([families]netip.Addr, error) {
-	var out [families]netip.Addr
+func RequestedAddrs(req api.IPAMRequest) ([ipfamily.Count]netip.Addr, error) {
+	var out [ipfamily.Count]netip.Addr
 	list := req.Addresses
 	if req.Address != "" {
 		list = append([]string{req.Address}, list...)
@@ -88,7 +94,7 @@ func requestedAddrs(req api.IPAMRequest) ([families]netip.Addr, error) {
 		return out, fmt.Errorf("addresses: %w", err)
 	}
 	for _, a := range addrs {
-		out[familyOf(a)] = a
+		out[ipfamily.Of(a)] = a
 	}
 	return out, nil
 }
