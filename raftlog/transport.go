@@ -200,6 +200,19 @@ func newTransport(cfg Config, logger *slog.Logger, tlsFailures *prometheus.Count
 			MaxPool: transportMaxPool,
 			Timeout: transportTimeout,
 			Logger:  newHCLogger(logger, "raft-net"),
+			// One AppendEntries in flight per follower: raft's pipelined
+			// replication can deadlock. When a follower refuses an append
+			// (its disk full), the pipeline's decoder stops reading
+			// responses; if the leader's sender, woken by a new write
+			// before it notices, hands over one more request, the two
+			// park on each other's unbuffered channel for good, and the
+			// leader never sends that follower another entry while its
+			// heartbeats go on (hashicorp/raft issue 612). Without
+			// pipelining a refused append is retried with back-off, and
+			// raft's own measurements find pipelining of little use with
+			// batching (raft.NetworkTransportConfig.MaxRPCsInFlight).
+			// TestFollowerCatchesUpOnceItsDiskIsFreed.
+			MaxRPCsInFlight: 1,
 		}),
 		rpcs:     make(chan raft.RPC),
 		onCommit: onCommit,
