@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
-	"golang.org/x/sys/unix"
 
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -47,7 +45,7 @@ func TestFollowerCatchesUpOnceItsDiskIsFreed(t *testing.T) {
 		refused[fmt.Sprintf("n%d", i+1)] = &refusedAppends{}
 		tn := c.newTestNode()
 		c.peers = append(c.peers, Server{ID: tn.id, Address: tn.addr, Voter: true})
-		smallTmpfs(t, tn.dir, "64m")
+		testutil.SmallDisk(t, tn.dir, "64m")
 	}
 	var nodes []*Node
 	for _, tn := range c.nodes {
@@ -62,7 +60,7 @@ func TestFollowerCatchesUpOnceItsDiskIsFreed(t *testing.T) {
 		c.waitLeader()
 		follower := c.followers()[0]
 		before := refused[follower.id].count.Load()
-		filler := fillDisk(t, follower.dir)
+		filler := (&testutil.Disk{Dir: follower.dir}).Fill(t)
 		testutil.Eventually(t, time.Minute, fmt.Sprintf("cycle %d: %s refusing an append with its disk full", cycle, follower.id), func() error {
 			if refused[follower.id].count.Load() == before {
 				return fmt.Errorf("%s has refused no append yet (last index %d)", follower.id, follower.node.Status().LastIndex)
@@ -151,53 +149,6 @@ func TestTransportDoesNotPipeline(t *testing.T) {
 	if !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
 		t.Fatalf("AppendEntriesPipeline: err = %v, want raft.ErrPipelineReplicationNotSupported", err)
 	}
-}
-
-// smallTmpfs mounts a tmpfs of size (mount(8)'s size=, such as "16m") on
-// dir, created if needed, until the test ends.
-func smallTmpfs(t *testing.T, dir, size string) {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("carve-raftlog-test", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+size+",mode=0700"); err != nil {
-		t.Fatalf("mount a tmpfs on %s: %v", dir, err)
-	}
-	// Registered after newTestNode's cleanup, so it runs before it: lazy,
-	// as the node may still hold its files open.
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-}
-
-// fillDisk writes a file in dir until its file system has no space left,
-// and returns its path (remove it to free the space).
-func fillDisk(t *testing.T, dir string) string {
-	t.Helper()
-	path := filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	// What a partial page left: nothing more fits.
-	for {
-		if _, err := f.Write(buf[:512]); err != nil {
-			break
-		}
-	}
-	return path
 }
 
 // flood applies commands on whichever of nodes leads from writers

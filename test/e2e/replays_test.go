@@ -8,7 +8,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -25,7 +24,6 @@ import (
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // pinnedConfig is a network configuration unlike the built-in default: an
@@ -333,12 +331,12 @@ func TestReplayFullDiskFollower(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	m3 := c.Masters()[2]
-	disk := smallDisk(t, m3.DataDir, "16m")
+	disk := testutil.SmallDisk(t, m3.DataDir, "16m")
 	ctx := within(t, 6*converge)
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	filler := disk.fill(t)
+	filler := disk.Fill(t)
 	// At once, before any write: m3's own probe of its data dir.
 	testutil.Eventually(t, converge, "carve cluster status reports that m3 cannot write its data dir", func() error {
 		out, healthy := clusterStatus(ctx, t, c)
@@ -356,55 +354,6 @@ func TestReplayFullDiskFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHealthy(ctx, t, c)
-}
-
-// tmpfsDisk is a small file system mounted by a test.
-type tmpfsDisk struct{ dir string }
-
-// smallDisk mounts a tmpfs of size (mount's size=) on dir (created),
-// unmounted (lazily: a process may still hold it) when the test ends.
-func smallDisk(t *testing.T, dir, size string) tmpfsDisk {
-	t.Helper()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("carve-e2e-disk", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size="+size+",mode=0700"); err != nil {
-		t.Fatalf("mount a tmpfs on %s: %v", dir, err)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return tmpfsDisk{dir: dir}
-}
-
-// fill writes a file until the file system has no space left, and returns
-// its path (remove it to free the space).
-func (d tmpfsDisk) fill(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(d.dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	// What a partial page left, byte by byte: nothing more fits.
-	for {
-		if _, err := f.Write(buf[:512]); err != nil {
-			break
-		}
-	}
-	return path
 }
 
 // clusterStatus runs carve cluster status from host 1 as an operator and

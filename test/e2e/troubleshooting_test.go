@@ -333,12 +333,12 @@ func TestTroubleshootingMasterBehind(t *testing.T) {
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	o := newOperator(t, c, readGuide(t))
 	m3 := c.Masters()[2]
-	disk := smallDisk(t, m3.DataDir, "16m")
+	disk := testutil.SmallDisk(t, m3.DataDir, "16m")
 	ctx := within(t, 6*converge)
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	filler := disk.fill(t)
+	filler := disk.Fill(t)
 	// Both problem lines of the section: the probe's, and the lag once
 	// the cluster committed enough more.
 	driveUntil(ctx, t, c, c.Masters()[:2], "carve cluster status reports m3 unable to write and behind",
