@@ -45,7 +45,7 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 	var fast []*follower
 	for i := range 3 {
 		name := fmt.Sprintf("fast-%d", i)
-		s, err := sc.streamClient(name, 60+i).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 2 * time.Second})
+		s, err := sc.streamClient(name, 60+i).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("open %s's stream: %v", name, err)
 		}
@@ -136,7 +136,7 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := cl.StreamChanges(ctx, v.index, api.StreamOptions{Heartbeat: 2 * time.Second})
+	again, err := cl.StreamChanges(ctx, v.index, api.StreamOptions{Heartbeat: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	since := sc.masters[sc.follower].table.Index()
 	var none atomic.Pointer[bufferConn]
 
-	s, err := sc.streamClient("fast", 60).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 2 * time.Second})
+	s, err := sc.streamClient("fast", 60).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 		if st, err = watcher.State(ctx, api.StateOptions{Index: doomed.Version - 1, Wait: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		s, err := watcher.StreamChanges(ctx, st.Index, api.StreamOptions{Heartbeat: time.Second})
+		s, err := watcher.StreamChanges(ctx, st.Index, api.StreamOptions{Heartbeat: 3 * time.Second})
 		if err != nil {
 			t.Fatalf("open a stream on follower %d: %v", f, err)
 		}
