@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -32,14 +33,14 @@ var errOnOtherCA = errors.New("not every certificate in use is of the new CA")
 func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve certs check-ca")
 	newCA := fs.String("new-ca-file", "", "the CA file step 3 of a CA rotation installs (NEW/ca.pem): every live agent must present a certificate of a CA it holds")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *newCA == "" {
 		return fmt.Errorf("%w: --new-ca-file is required: the CA file step 3 installs (NEW/ca.pem of carve certs ca --dir NEW)", cli.ErrUsage)
 	}
-	if *mf.masters == "" {
+	if *mf.Masters == "" {
 		return fmt.Errorf("%w: --masters is required, with an operator certificate: only the leader knows which CA every live agent presents", cli.ErrUsage)
 	}
 	newCAs, err := readCAs(*newCA)
@@ -63,7 +64,7 @@ func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 	// Step 3 cuts off every certificate of another CA: the masters' (each
 	// says which CA issued its own), this operator's, and the agents'.
 	problems := judgeMasterCAs(rep.Masters, *newCA, cas)
-	if p := judgeOwnCA(mf.tls.Cert, *newCA, newCAs); p != "" {
+	if p := judgeOwnCA(mf.TLS.Cert, *newCA, newCAs); p != "" {
 		problems = append(problems, p)
 	}
 	n, err := judgeAgentCAs(leader, *newCA, cas)

@@ -11,6 +11,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // errAgentsOnOtherMeshRound: a round of a mesh password change is not
@@ -37,14 +38,14 @@ func runCertsCheckMesh(ctx context.Context, args []string, out io.Writer) error 
 	fs := cli.NewFlagSet("carve certs check-mesh")
 	passwordFile := fs.String("password-file", "", "the mesh password file this round gave every agent (their --mesh-password-file): every live agent must send that password")
 	acceptedFile := fs.String("accepted-file", "", "the accepted password file this round gave every agent (their --mesh-accepted-password-file): every live agent must accept that password besides; absent or empty: none")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *passwordFile == "" {
 		return fmt.Errorf("%w: --password-file is required: the mesh password file the round just finished gave every agent", cli.ErrUsage)
 	}
-	if *mf.masters == "" {
+	if *mf.Masters == "" {
 		return fmt.Errorf("%w: --masters is required, with an operator certificate: only the leader knows which mesh passwords every live agent reports", cli.ErrUsage)
 	}
 	round, err := readMeshRound(*passwordFile, *acceptedFile)

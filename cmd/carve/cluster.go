@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -17,6 +16,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -27,12 +27,8 @@ const clusterUsage = `usage:
   carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
 `
 
-// errUnhealthy is returned after a report that found problems: the command
-// exits 1.
-var errUnhealthy = errors.New("problems found")
-
 func runCluster(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
+	return cli.Subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
 		"status": func(args []string) error { return runClusterStatus(ctx, args, out) },
 		"join":   func(args []string) error { return runClusterJoin(ctx, args, out) },
 		"remove": func(args []string) error { return runClusterRemove(ctx, args, out) },
@@ -82,7 +78,7 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve cluster status")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each master")
-	mf := addMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -94,19 +90,19 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := printReport(out, *asJSON, rep, printClusterReport); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printClusterReport); err != nil {
 		return err
 	}
 	if !rep.Healthy {
-		return fmt.Errorf("%w: %d (the cluster is not healthy)", errUnhealthy, len(rep.Problems))
+		return fmt.Errorf("%w: %d (the cluster is not healthy)", cli.ErrUnhealthy, len(rep.Problems))
 	}
 	return nil
 }
 
 // askClusterStatus asks every master of mf's --masters for its status,
 // each within timeout, and judges the answers (collectClusterStatus).
-func askClusterStatus(ctx context.Context, mf *masterFlags, timeout time.Duration) (*clusterReport, error) {
-	client, opts, err := mf.client()
+func askClusterStatus(ctx context.Context, mf *opclient.MasterFlags, timeout time.Duration) (*clusterReport, error) {
+	client, opts, err := mf.Client()
 	if err != nil {
 		return nil, err
 	}
@@ -504,7 +500,7 @@ func describeGroups(groups map[string][]string, verb string) string {
 }
 
 func printClusterReport(out io.Writer, rep *clusterReport) error {
-	fmt.Fprintf(out, "leader %s, cluster id %s, history %s\n", orDash(rep.Leader), orDash(rep.ClusterID), orDash(rep.History))
+	fmt.Fprintf(out, "leader %s, cluster id %s, history %s\n", cli.OrDash(rep.Leader), cli.OrDash(rep.ClusterID), cli.OrDash(rep.History))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tCARVE")
 	for _, v := range rep.Masters {

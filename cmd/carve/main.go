@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/loglevel"
+	"github.com/carve-net/carve/ipamcmd"
 )
 
 const usage = `carve: a VXLAN overlay control plane
@@ -84,7 +85,7 @@ func main() {
 	case "snapshot":
 		err = runSnapshot(ctx, args, os.Stdout)
 	case "ipam":
-		err = runIPAM(ctx, args, os.Stdout)
+		err = ipamcmd.Run(ctx, args, os.Stdout)
 	case "certs":
 		err = runCerts(ctx, args, os.Stdout)
 	case "log-level":
