@@ -9,7 +9,6 @@ import (
 	neturl "net/url"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -35,20 +34,13 @@ func runCluster(ctx context.Context, args []string, out io.Writer) error {
 	})
 }
 
-// masterView is one master's answer to GET /cluster/status, or why there is none.
-type masterView struct {
-	URL    string             `json:"url"`
-	Status *api.ClusterStatus `json:"status,omitempty"`
-	Error  string             `json:"error,omitempty"`
-}
-
 // clusterReport is what carve cluster status prints.
 type clusterReport struct {
 	// Masters are the masters asked: those given, then the servers they
 	// name that were not given.
-	Masters   []masterView `json:"masters"`
-	Leader    string       `json:"leader,omitempty"`
-	ClusterID string       `json:"cluster_id,omitempty"`
+	Masters   []opclient.MasterView `json:"masters"`
+	Leader    string                `json:"leader,omitempty"`
+	ClusterID string                `json:"cluster_id,omitempty"`
 	// History is the history the masters' logs belong to, when they agree
 	// (api.ClusterStatus.History).
 	History  string   `json:"history,omitempty"`
@@ -100,68 +92,15 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // askClusterStatus asks every master of mf's --masters for its status,
-// each within timeout, and judges the answers (collectClusterStatus).
+// each within timeout (opclient.AskMasters), and judges the answers.
 func askClusterStatus(ctx context.Context, mf *opclient.MasterFlags, timeout time.Duration) (*clusterReport, error) {
-	client, opts, err := mf.Client()
+	views, err := opclient.AskMasters(ctx, mf, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return collectClusterStatus(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return c.ClusterStatus(ctx)
-	}), nil
-}
-
-// collectClusterStatus asks every given master, then every server they name
-// that answered from no given URL, and judges the answers.
-func collectClusterStatus(ctx context.Context, urls []string, ask func(context.Context, string) (*api.ClusterStatus, error)) *clusterReport {
-	rep := &clusterReport{}
-	askAll := func(urls []string) {
-		views := make([]masterView, len(urls))
-		var wg sync.WaitGroup
-		for i, u := range urls {
-			wg.Go(func() {
-				views[i].URL = u
-				st, err := ask(ctx, u)
-				if err != nil {
-					views[i].Error = err.Error()
-					return
-				}
-				views[i].Status = st
-			})
-		}
-		wg.Wait()
-		rep.Masters = append(rep.Masters, views...)
-	}
-	askAll(urls)
-	// Servers known to the answers but not asked yet (by id and by URL).
-	asked, answered := map[string]bool{}, map[string]bool{}
-	for _, v := range rep.Masters {
-		asked[v.URL] = true
-		if v.Status != nil {
-			answered[v.Status.ID] = true
-		}
-	}
-	var more []string
-	for _, v := range rep.Masters {
-		if v.Status == nil {
-			continue
-		}
-		for _, s := range v.Status.Servers {
-			if !answered[s.ID] && s.URL != "" && !asked[s.URL] {
-				asked[s.URL] = true
-				more = append(more, s.URL)
-			}
-		}
-	}
-	askAll(more)
+	rep := &clusterReport{Masters: views}
 	judgeCluster(rep)
-	return rep
+	return rep, nil
 }
 
 // judgeCluster fills the report's leader, cluster id and problems (a master
@@ -414,7 +353,7 @@ func judgeVersions(rep *clusterReport) {
 // that did not answer: the server of that URL, or else the one server that
 // did not answer either, whose URL is unknown, and whose HTTP or Raft
 // address is on url's host; "" when there is no such server.
-func serverAt(views []masterView, url string) string {
+func serverAt(views []opclient.MasterView, url string) string {
 	answered := map[string]bool{}
 	for _, v := range views {
 		if v.Status != nil {

@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/carve-net/carve/internal/certscmd"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/loglevel"
 	"github.com/carve-net/carve/ipamcmd"
@@ -87,7 +88,7 @@ func main() {
 	case "ipam":
 		err = ipamcmd.Run(ctx, args, os.Stdout)
 	case "certs":
-		err = runCerts(ctx, args, os.Stdout)
+		err = certscmd.Run(ctx, args, os.Stdout)
 	case "log-level":
 		err = runLogLevel(ctx, args, os.Stdout)
 	case "install-cni":

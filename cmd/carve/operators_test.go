@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
@@ -133,18 +134,18 @@ func TestJudgeCluster(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		masters []masterView
+		masters []opclient.MasterView
 		leader  string
 		want    []string
 	}{
-		{"healthy", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m1", "c", true)}}, "m1", nil},
-		{"no leader", []masterView{{URL: "https://m1", Status: status("m1", "", "c", true)}, {URL: "https://m2", Status: status("m2", "", "c", true)}}, "",
+		{"healthy", []opclient.MasterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m1", "c", true)}}, "m1", nil},
+		{"no leader", []opclient.MasterView{{URL: "https://m1", Status: status("m1", "", "c", true)}, {URL: "https://m2", Status: status("m2", "", "c", true)}}, "",
 			[]string{"master m1 (https://m1): sees no leader", "master m2 (https://m2): sees no leader", "no leader"}},
-		{"split views", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m2", "d", false)}}, "",
+		{"split views", []opclient.MasterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Status: status("m2", "m2", "d", false)}}, "",
 			[]string{"master m2 (https://m2): has not caught up with the log (it answers state reads with 503)",
 				"the masters disagree on the leader: m1 seen by m1; m2 seen by m2",
 				"the masters report different cluster ids (a rebuilt cluster?): c on m1; d on m2"}},
-		{"unreachable", []masterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Error: "refused"}}, "m1",
+		{"unreachable", []opclient.MasterView{{URL: "https://m1", Status: status("m1", "m1", "c", true)}, {URL: "https://m2", Error: "refused"}}, "m1",
 			[]string{"master m2 (https://m2): down or unreachable: refused"}},
 	}
 	for _, tc := range tests {
@@ -166,16 +167,16 @@ func TestJudgeCluster(t *testing.T) {
 // Raft index and got different ones hold different states (issue 26, item
 // 0); digests at indexes only one master took say nothing.
 func TestJudgeClusterDigests(t *testing.T) {
-	view := func(id string, ds ...api.StateDigest) masterView {
+	view := func(id string, ds ...api.StateDigest) opclient.MasterView {
 		l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
-		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &l,
+		return opclient.MasterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &l,
 			Servers:      []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}, {ID: "m3", URL: "https://m3", Voter: true}},
 			StateDigests: ds}}
 	}
 	d := func(index uint64, digest string) api.StateDigest {
 		return api.StateDigest{Index: index, Digest: digest}
 	}
-	agree := []masterView{view("m1", d(1024, "aaaa"), d(2048, "bbbb")), view("m2", d(2048, "bbbb"), d(3072, "cccc")), view("m3", d(3073, "dddd"))}
+	agree := []opclient.MasterView{view("m1", d(1024, "aaaa"), d(2048, "bbbb")), view("m2", d(2048, "bbbb"), d(3072, "cccc")), view("m3", d(3073, "dddd"))}
 	rep := &clusterReport{Masters: agree}
 	judgeCluster(rep)
 	if !rep.Healthy {
@@ -187,7 +188,7 @@ func TestJudgeClusterDigests(t *testing.T) {
 	if !rep.Healthy || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "master m3 (https://m3): this master's --config file differs") {
 		t.Errorf("a master whose file differs: healthy %t, warnings %q; want healthy with one warning naming m3", rep.Healthy, rep.Warnings)
 	}
-	diverged := []masterView{view("m1", d(2048, "bbbb")), view("m2", d(2048, "bbbb")), view("m3", d(2048, "eeee"))}
+	diverged := []opclient.MasterView{view("m1", d(2048, "bbbb")), view("m2", d(2048, "bbbb")), view("m3", d(2048, "eeee"))}
 	rep = &clusterReport{Masters: diverged}
 	judgeCluster(rep)
 	want := "the masters hold different states at Raft index 2048 (state digests bbbb on m1,m2; eeee on m3)"
@@ -200,13 +201,13 @@ func TestJudgeClusterDigests(t *testing.T) {
 // leader's commit index (a full disk stops its writes) is a problem, named
 // with both indexes; one a little behind is not.
 func TestJudgeClusterLag(t *testing.T) {
-	view := func(id, role string, commit, applied uint64) masterView {
+	view := func(id, role string, commit, applied uint64) opclient.MasterView {
 		l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
-		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
+		return opclient.MasterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
 			CommitIndex: commit, AppliedIndex: applied,
 			Servers: []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}, {ID: "m3", URL: "https://m3", Voter: true}}}}
 	}
-	rep := &clusterReport{Masters: []masterView{view("m1", "leader", 90000, 90000), view("m2", "follower", 89990, 89950), view("m3", "follower", 20000, 20000)}}
+	rep := &clusterReport{Masters: []opclient.MasterView{view("m1", "leader", 90000, 90000), view("m2", "follower", 89990, 89950), view("m3", "follower", 20000, 20000)}}
 	judgeCluster(rep)
 	want := "master m3 (https://m3) is 70000 entries behind (applied 20000, leader m1 committed 90000)"
 	if rep.Healthy || len(rep.Problems) != 1 || !strings.HasPrefix(rep.Problems[0], want) {
@@ -219,8 +220,8 @@ func TestJudgeClusterLag(t *testing.T) {
 func TestJudgeClusterDataDir(t *testing.T) {
 	l := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
 	servers := []api.ServerInfo{l, {ID: "m2", URL: "https://m2", Voter: true}}
-	view := func(id, role, dataDirError string) masterView {
-		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
+	view := func(id, role, dataDirError string) opclient.MasterView {
+		return opclient.MasterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &l,
 			CommitIndex: 10, AppliedIndex: 10, Servers: servers, DataDirError: dataDirError}}
 	}
 	for _, tc := range []struct {
@@ -233,7 +234,7 @@ func TestJudgeClusterDataDir(t *testing.T) {
 			[]string{"master m2 (https://m2): cannot write its --data-dir /var/lib/carve-master (no space left on device) (docs/troubleshooting.md, a master behind)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := &clusterReport{Masters: []masterView{view("m1", "leader", ""), view("m2", "follower", tc.m2)}}
+			rep := &clusterReport{Masters: []opclient.MasterView{view("m1", "leader", ""), view("m2", "follower", tc.m2)}}
 			judgeCluster(rep)
 			if rep.Healthy != (len(tc.want) == 0) || !slices.Equal(rep.Problems, tc.want) {
 				t.Errorf("healthy %t, problems %q; want %q", rep.Healthy, rep.Problems, tc.want)
@@ -255,7 +256,7 @@ func TestJudgeClusterNamesADownMaster(t *testing.T) {
 	up := func(id string) *api.ClusterStatus {
 		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &servers[0], Servers: servers}
 	}
-	rep := &clusterReport{Masters: []masterView{
+	rep := &clusterReport{Masters: []opclient.MasterView{
 		{URL: "https://198.18.0.11:8080", Status: up("m1")},
 		{URL: "https://198.18.0.12:8080", Status: up("m2")},
 		{URL: "https://198.18.0.13:8080", Error: "connection refused"},
@@ -276,7 +277,7 @@ func TestJudgeClusterNamesADownMaster(t *testing.T) {
 	// Two masters that did not answer on one host: which URL is which is
 	// not guessed.
 	same := []api.ServerInfo{servers[0], {ID: "m2", RaftAddr: "127.0.0.1:8301", Voter: true}, {ID: "m3", RaftAddr: "127.0.0.1:8302", Voter: true}}
-	rep = &clusterReport{Masters: []masterView{
+	rep = &clusterReport{Masters: []opclient.MasterView{
 		{URL: "https://198.18.0.11:8080", Status: &api.ClusterStatus{ID: "m1", ClusterID: "c", CaughtUp: true, Leader: &same[0], Servers: same}},
 		{URL: "https://127.0.0.1:8081", Error: "connection refused"},
 	}}
@@ -297,7 +298,7 @@ func TestJudgeClusterVotersDisagree(t *testing.T) {
 	st := func(id string, servers []api.ServerInfo) *api.ClusterStatus {
 		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &three[0], Servers: servers}
 	}
-	rep := &clusterReport{Masters: []masterView{
+	rep := &clusterReport{Masters: []opclient.MasterView{
 		{URL: "https://m1", Status: st("m1", three)}, {URL: "https://m2", Status: st("m2", three)}, {URL: "https://m3", Status: st("m3", two)},
 	}}
 	judgeCluster(rep)
@@ -413,7 +414,7 @@ func TestJudgeClusterVersions(t *testing.T) {
 		return &api.ClusterStatus{ID: id, ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers,
 			Build: &api.BuildInfo{Version: version}, AgentVersions: map[string]int{"v0.3.1": 4, "v0.1.0": 1, "unknown": 2}}
 	}
-	rep := &clusterReport{Masters: []masterView{{URL: "https://m1", Status: st("m1", "v0.3.0")}, {URL: "https://m2", Status: st("m2", "v0.2.0")}}}
+	rep := &clusterReport{Masters: []opclient.MasterView{{URL: "https://m1", Status: st("m1", "v0.3.0")}, {URL: "https://m2", Status: st("m2", "v0.2.0")}}}
 	judgeCluster(rep)
 	if !rep.Healthy || len(rep.Warnings) != 2 {
 		t.Fatalf("healthy %t, warnings %q; want healthy with 2 warnings", rep.Healthy, rep.Warnings)
@@ -446,7 +447,7 @@ func TestJudgeClusterSilentAgents(t *testing.T) {
 	leader := &api.ClusterStatus{ID: "m1", Role: "leader", ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers, SilentAfter: "3m0s",
 		SilentAgents: []api.SilentAgent{{AgentID: "h4", LastHeard: "2026-11-27T10:00:00Z"}, {AgentID: "h5"}}}
 	follower := &api.ClusterStatus{ID: "m2", Role: "follower", ClusterID: "c", CaughtUp: true, Leader: &lead, Servers: servers}
-	rep := &clusterReport{Masters: []masterView{{URL: "https://m2", Status: follower}, {URL: "https://m1", Status: leader}}}
+	rep := &clusterReport{Masters: []opclient.MasterView{{URL: "https://m2", Status: follower}, {URL: "https://m1", Status: leader}}}
 	judgeCluster(rep)
 	want := "2 agents not heard from for over 3m0s, as leader m1 sees it (their overlays show STATUS_FAILED): h4 (last heard 2026-11-27T10:00:00Z), h5"
 	if !rep.Healthy || len(rep.Warnings) != 1 || !strings.HasPrefix(rep.Warnings[0], want) || len(rep.SilentAgents) != 2 {
@@ -478,8 +479,8 @@ func TestVersionCommand(t *testing.T) {
 // overlay and the agents, as the leader sees it.
 func TestJudgeClusterExhaustion(t *testing.T) {
 	servers := []api.ServerInfo{{ID: "m1", URL: "https://m1", Voter: true}, {ID: "m2", URL: "https://m2", Voter: true}}
-	view := func(id, role string, ex ...api.ExhaustedOverlay) masterView {
-		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &servers[0],
+	view := func(id, role string, ex ...api.ExhaustedOverlay) opclient.MasterView {
+		return opclient.MasterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, Role: role, ClusterID: "c", CaughtUp: true, Leader: &servers[0],
 			Servers: servers, ExhaustedOverlays: ex}}
 	}
 	unleased := api.ExhaustedOverlay{Overlay: "small", Family: 4, UnleasedCount: 12, Unleased: []string{"a1", "a2"}}
@@ -489,10 +490,10 @@ func TestJudgeClusterExhaustion(t *testing.T) {
 		rep  *clusterReport
 		want []string
 	}{
-		{name: "healthy", rep: &clusterReport{Masters: []masterView{view("m1", "leader"), view("m2", "follower")}}},
-		{name: "agents without a subnet", rep: &clusterReport{Masters: []masterView{view("m1", "leader", unleased), view("m2", "follower", unleased)}},
+		{name: "healthy", rep: &clusterReport{Masters: []opclient.MasterView{view("m1", "leader"), view("m2", "follower")}}},
+		{name: "agents without a subnet", rep: &clusterReport{Masters: []opclient.MasterView{view("m1", "leader", unleased), view("m2", "follower", unleased)}},
 			want: []string{"overlay small (IPv4) is exhausted: 12 agents have no subnet of it (a1, a2 and 10 more)"}},
-		{name: "full, as the leader judges", rep: &clusterReport{Masters: []masterView{view("m2", "follower", unleased), view("m1", "leader", full)}},
+		{name: "full, as the leader judges", rep: &clusterReport{Masters: []opclient.MasterView{view("m2", "follower", unleased), view("m1", "leader", full)}},
 			want: []string{"overlay small (IPv4) is exhausted", "overlay small (IPv4) is full: no block is left to grow into"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Subcommand runs the subcommand that args[0] names: name is the command
@@ -51,6 +52,15 @@ var ErrUnhealthy = errors.New("problems found")
 func OrDash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return s
+}
+
+// Listed joins the names listed, saying how many more there are of count.
+func Listed(names []string, count int) string {
+	s := strings.Join(names, ", ")
+	if more := count - len(names); more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
 	}
 	return s
 }

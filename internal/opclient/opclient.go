@@ -1,8 +1,9 @@
 // Package opclient reaches carve's masters and agents for the operator
 // commands (carve ipam, carve cluster, carve certs check-*, ...): the
 // --masters and TLS flags and their checks, the masters' client built from
-// them (which accepts only servers of role master), the agents' HTTP APIs
-// read at their underlay IPs, and the masters' state read within a timeout.
+// them (which accepts only servers of role master), every master's status
+// (those given and those they name), the agents' HTTP APIs read at their
+// underlay IPs, and the masters' state read within a timeout.
 package opclient
 
 import (
@@ -268,4 +269,77 @@ func FindAgent(st *api.State, name string) *api.AgentInfo {
 		}
 	}
 	return nil
+}
+
+// MasterView is one master's answer to GET /cluster/status, or why there is none.
+type MasterView struct {
+	URL    string             `json:"url"`
+	Status *api.ClusterStatus `json:"status,omitempty"`
+	Error  string             `json:"error,omitempty"`
+}
+
+// AskMasters asks every master of mf's --masters for its status, each
+// within timeout, then every server they name that answered from no given
+// URL (collectMasters).
+func AskMasters(ctx context.Context, mf *MasterFlags, timeout time.Duration) ([]MasterView, error) {
+	client, opts, err := mf.Client()
+	if err != nil {
+		return nil, err
+	}
+	return collectMasters(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
+		c, err := api.NewClientWith([]string{url}, opts)
+		if err != nil {
+			return nil, err
+		}
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return c.ClusterStatus(ctx)
+	}), nil
+}
+
+// collectMasters asks every given master, then every server they name
+// that answered from no given URL: the masters given first, then those
+// found.
+func collectMasters(ctx context.Context, urls []string, ask func(context.Context, string) (*api.ClusterStatus, error)) []MasterView {
+	var views []MasterView
+	askAll := func(urls []string) {
+		asked := make([]MasterView, len(urls))
+		var wg sync.WaitGroup
+		for i, u := range urls {
+			wg.Go(func() {
+				asked[i].URL = u
+				st, err := ask(ctx, u)
+				if err != nil {
+					asked[i].Error = err.Error()
+					return
+				}
+				asked[i].Status = st
+			})
+		}
+		wg.Wait()
+		views = append(views, asked...)
+	}
+	askAll(urls)
+	// Servers known to the answers but not asked yet (by id and by URL).
+	seen, answered := map[string]bool{}, map[string]bool{}
+	for _, v := range views {
+		seen[v.URL] = true
+		if v.Status != nil {
+			answered[v.Status.ID] = true
+		}
+	}
+	var more []string
+	for _, v := range views {
+		if v.Status == nil {
+			continue
+		}
+		for _, s := range v.Status.Servers {
+			if !answered[s.ID] && s.URL != "" && !seen[s.URL] {
+				seen[s.URL] = true
+				more = append(more, s.URL)
+			}
+		}
+	}
+	askAll(more)
+	return views
 }

@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -86,13 +86,13 @@ func checkAgentsOnKey(ctx context.Context, dir string, mf *opclient.MasterFlags)
 		return err
 	}
 	key := api.EncodeSigningKey(pub)
-	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
+	masters, err := opclient.AskMasters(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	var leader *api.ClusterStatus
 	var behind []string
-	for _, v := range rep.Masters {
+	for _, v := range masters {
 		switch {
 		case v.Status == nil:
 			behind = append(behind, fmt.Sprintf("%s (no answer: %s)", v.URL, v.Error))

@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -52,12 +52,12 @@ func runCertsCheckMesh(ctx context.Context, args []string, out io.Writer) error 
 	if err != nil {
 		return err
 	}
-	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
+	masters, err := opclient.AskMasters(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	var leader *api.ClusterStatus
-	for _, v := range rep.Masters {
+	for _, v := range masters {
 		if v.Status != nil && v.Status.Role == "leader" {
 			leader = v.Status
 		}
@@ -138,11 +138,11 @@ func judgeAgentMesh(leader *api.ClusterStatus, round meshRound) (int, error) {
 		}
 		problems = append(problems, fmt.Sprintf("%d live agents are not on this round, which %s: %s; the next round would cut them off from gossip: "+
 			"give them this round's files (%s) and SIGHUP them (kill -HUP), then check again",
-			t.otherCount, round.describe(round.password, round.accepted), listed(t.other, t.otherCount), fix))
+			t.otherCount, round.describe(round.password, round.accepted), cli.Listed(t.other, t.otherCount), fix))
 	}
 	if t.unreportedCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents report no mesh password to the leader %s: %s; they run without --mesh-password-file, predate this report (upgrade them), or have not reported since they started: retry in a minute",
-			t.unreportedCount, leader.ID, listed(t.unreported, t.unreportedCount)))
+			t.unreportedCount, leader.ID, cli.Listed(t.unreported, t.unreportedCount)))
 	}
 	if len(problems) > 0 {
 		return t.live, fmt.Errorf("%w: %s", errAgentsOnOtherMeshRound, strings.Join(problems, "; "))

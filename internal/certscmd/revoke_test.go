@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 )
 
 func certsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
-	return runCerts(ctx, args, out)
+	return Run(ctx, args, out)
 }
 
 // carve certs revoke by name reads the issued certificate, revokes it at
