@@ -7,12 +7,10 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
@@ -31,26 +29,13 @@ func secureMaster(t *testing.T) *mastertest.Secure {
 
 // clientFlags are --masters and the TLS flags of a certificate of role.
 func clientFlags(m *mastertest.Secure, name string, role pki.Role) []string {
-	f := m.CA.Files(name, role)
-	return []string{"--masters", "https://" + m.HTTPAddr(), "--ca-file", f.CA, "--cert-file", f.Cert, "--key-file", f.Key}
+	return m.ClientFlags(name, role)
 }
 
 // registerAgents registers agents id -> underlay IP with their own certificates.
 func registerAgents(t *testing.T, m *mastertest.Secure, agents map[string]string) {
 	t.Helper()
-	for id, ip := range agents {
-		m.CA.IssueAgent(id, netip.MustParseAddr(ip))
-		c, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS(id, pki.RoleAgent)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err = c.Register(ctx, api.RegisterRequest{AgentID: id, IP: ip, NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}})
-		cancel()
-		if err != nil {
-			t.Fatalf("register %s: %v", id, err)
-		}
-	}
+	m.RegisterAgents(t, agents)
 }
 
 // run runs a command function and returns its output and exit code.
