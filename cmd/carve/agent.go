@@ -17,6 +17,7 @@ import (
 	"github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/internal/unixsock"
 	"github.com/carve-net/carve/pki"
 )
@@ -54,7 +55,7 @@ func runAgent(ctx context.Context, args []string) error {
 	reclaimDirs := fs.String("reclaim-netns-dirs", strings.Join(ipam.DefaultReclaimNetNSDirs, ","), "the runtime directories, comma separated, whose network namespaces --reclaim-after watches (a namespace elsewhere is never reclaimed)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	tlsFiles := tlsFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
+	tlsFiles := opclient.TLSFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it; read again on SIGHUP")
 	meshAcceptedFile := fs.String("mesh-accepted-password-file", "", "during a change of the mesh password, a file holding a second password accepted from peers (never sent); an empty or absent file: none (set the flag for good); read again on SIGHUP (docs/security.md, \"Rotation\")")
 	signingPubFile := fs.String("signing-pub-file", "", "the masters' public record-signing key (signing.pub of carve certs ca, PEM): agent records and tombstones, from gossip or from the masters, are taken only when they verify with it, and a master state signed with another key is refused, unless the masters' signing key chain leads to it from this one (default: the key of the first master state read, pinned in --data-dir)")
@@ -74,7 +75,7 @@ func runAgent(ctx context.Context, args []string) error {
 		if *dataDir == "" {
 			return agent.Config{}, fmt.Errorf("%w: --data-dir is required", cli.ErrUsage)
 		}
-		urls, err := splitMasters(*masters)
+		urls, err := opclient.SplitMasters(*masters)
 		if err != nil {
 			return agent.Config{}, err
 		}

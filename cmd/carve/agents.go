@@ -11,6 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 const agentsUsage = `usage:
@@ -19,7 +20,7 @@ const agentsUsage = `usage:
 `
 
 func runAgents(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve agents", agentsUsage, args, out, map[string]func([]string) error{
+	return cli.Subcommand("carve agents", agentsUsage, args, out, map[string]func([]string) error{
 		"delete": func(args []string) error { return runAgentsDelete(ctx, args, out) },
 	})
 }
@@ -53,7 +54,7 @@ func runAgentsDelete(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve agents delete")
 	asJSON := fs.Bool("json", false, "print the outcome as JSON")
 	requestID := fs.String("request-id", "", "the request id of the bulk delete (default: a new one); give an earlier attempt's to retry it with one effect")
-	mf := addMasterFlags(fs, "an operator certificate (carve certs issue --role operator --name NAME): the masters refuse deletes from other roles")
+	mf := opclient.AddMasterFlags(fs, "an operator certificate (carve certs issue --role operator --name NAME): the masters refuse deletes from other roles")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), agentsUsage); fs.PrintDefaults() }
 	names, err := cli.ParseOperands(fs, args)
 	if err != nil {
@@ -70,7 +71,7 @@ func runAgentsDelete(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w: %q is neither an IP address nor an agent id: %v", cli.ErrUsage, n, err)
 		}
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}
@@ -97,7 +98,7 @@ func runAgentsDelete(ctx context.Context, args []string, out io.Writer) error {
 		rep.Index = after.Index
 		judgeDeletes(rep, after)
 	}
-	if err := printReport(out, *asJSON, rep, printDeleteReport); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printDeleteReport); err != nil {
 		return err
 	}
 	for _, a := range rep.Agents {
@@ -117,7 +118,7 @@ func resolveDeletes(st *api.State, names []string) (*deleteReport, []string, err
 	queued := map[string]bool{}
 	for _, name := range names {
 		// As the masters resolve a name: an agent id first, then an IP.
-		a := findAgent(st, name)
+		a := opclient.FindAgent(st, name)
 		switch {
 		case a != nil:
 			if !queued[a.AgentID] {
@@ -143,7 +144,7 @@ func resolveDeletes(st *api.State, names []string) (*deleteReport, []string, err
 func judgeDeletes(rep *deleteReport, after *api.State) {
 	for i := range rep.Agents {
 		a := &rep.Agents[i]
-		if a.Result != deleteFailed || findAgent(after, a.AgentID) != nil {
+		if a.Result != deleteFailed || opclient.FindAgent(after, a.AgentID) != nil {
 			continue
 		}
 		a.Result = deleteDone
@@ -151,26 +152,6 @@ func judgeDeletes(rep *deleteReport, after *api.State) {
 			a.Version = ts.Version
 		}
 	}
-}
-
-// findAgent returns the agent whose id is name or, failing that, whose
-// underlay IP is name; nil when none.
-func findAgent(st *api.State, name string) *api.AgentInfo {
-	for i := range st.Agents {
-		if st.Agents[i].AgentID == name {
-			return &st.Agents[i]
-		}
-	}
-	ip, err := netip.ParseAddr(name)
-	if err != nil {
-		return nil
-	}
-	for i := range st.Agents {
-		if a, err := netip.ParseAddr(st.Agents[i].IP); err == nil && a.Unmap() == ip.Unmap() {
-			return &st.Agents[i]
-		}
-	}
-	return nil
 }
 
 // tombstoneOf returns the tombstone of agent id, or nil.
@@ -196,7 +177,7 @@ func printDeleteReport(out io.Writer, rep *deleteReport) error {
 		case deleteFailed:
 			result = "NOT deleted"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Name, a.AgentID, orDash(a.IP), result)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", a.Name, a.AgentID, cli.OrDash(a.IP), result)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -10,13 +9,13 @@ import (
 	neturl "net/url"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -27,32 +26,21 @@ const clusterUsage = `usage:
   carve cluster remove ID --masters URL[,URL...] OPERATOR_TLS
 `
 
-// errUnhealthy is returned after a report that found problems: the command
-// exits 1.
-var errUnhealthy = errors.New("problems found")
-
 func runCluster(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
+	return cli.Subcommand("carve cluster", clusterUsage, args, out, map[string]func([]string) error{
 		"status": func(args []string) error { return runClusterStatus(ctx, args, out) },
 		"join":   func(args []string) error { return runClusterJoin(ctx, args, out) },
 		"remove": func(args []string) error { return runClusterRemove(ctx, args, out) },
 	})
 }
 
-// masterView is one master's answer to GET /cluster/status, or why there is none.
-type masterView struct {
-	URL    string             `json:"url"`
-	Status *api.ClusterStatus `json:"status,omitempty"`
-	Error  string             `json:"error,omitempty"`
-}
-
 // clusterReport is what carve cluster status prints.
 type clusterReport struct {
 	// Masters are the masters asked: those given, then the servers they
 	// name that were not given.
-	Masters   []masterView `json:"masters"`
-	Leader    string       `json:"leader,omitempty"`
-	ClusterID string       `json:"cluster_id,omitempty"`
+	Masters   []opclient.MasterView `json:"masters"`
+	Leader    string                `json:"leader,omitempty"`
+	ClusterID string                `json:"cluster_id,omitempty"`
 	// History is the history the masters' logs belong to, when they agree
 	// (api.ClusterStatus.History).
 	History  string   `json:"history,omitempty"`
@@ -82,7 +70,7 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve cluster status")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for each master")
-	mf := addMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -94,78 +82,25 @@ func runClusterStatus(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := printReport(out, *asJSON, rep, printClusterReport); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printClusterReport); err != nil {
 		return err
 	}
 	if !rep.Healthy {
-		return fmt.Errorf("%w: %d (the cluster is not healthy)", errUnhealthy, len(rep.Problems))
+		return fmt.Errorf("%w: %d (the cluster is not healthy)", cli.ErrUnhealthy, len(rep.Problems))
 	}
 	return nil
 }
 
 // askClusterStatus asks every master of mf's --masters for its status,
-// each within timeout, and judges the answers (collectClusterStatus).
-func askClusterStatus(ctx context.Context, mf *masterFlags, timeout time.Duration) (*clusterReport, error) {
-	client, opts, err := mf.client()
+// each within timeout (opclient.AskMasters), and judges the answers.
+func askClusterStatus(ctx context.Context, mf *opclient.MasterFlags, timeout time.Duration) (*clusterReport, error) {
+	views, err := opclient.AskMasters(ctx, mf, timeout)
 	if err != nil {
 		return nil, err
 	}
-	return collectClusterStatus(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
-		if err != nil {
-			return nil, err
-		}
-		ctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		return c.ClusterStatus(ctx)
-	}), nil
-}
-
-// collectClusterStatus asks every given master, then every server they name
-// that answered from no given URL, and judges the answers.
-func collectClusterStatus(ctx context.Context, urls []string, ask func(context.Context, string) (*api.ClusterStatus, error)) *clusterReport {
-	rep := &clusterReport{}
-	askAll := func(urls []string) {
-		views := make([]masterView, len(urls))
-		var wg sync.WaitGroup
-		for i, u := range urls {
-			wg.Go(func() {
-				views[i].URL = u
-				st, err := ask(ctx, u)
-				if err != nil {
-					views[i].Error = err.Error()
-					return
-				}
-				views[i].Status = st
-			})
-		}
-		wg.Wait()
-		rep.Masters = append(rep.Masters, views...)
-	}
-	askAll(urls)
-	// Servers known to the answers but not asked yet (by id and by URL).
-	asked, answered := map[string]bool{}, map[string]bool{}
-	for _, v := range rep.Masters {
-		asked[v.URL] = true
-		if v.Status != nil {
-			answered[v.Status.ID] = true
-		}
-	}
-	var more []string
-	for _, v := range rep.Masters {
-		if v.Status == nil {
-			continue
-		}
-		for _, s := range v.Status.Servers {
-			if !answered[s.ID] && s.URL != "" && !asked[s.URL] {
-				asked[s.URL] = true
-				more = append(more, s.URL)
-			}
-		}
-	}
-	askAll(more)
+	rep := &clusterReport{Masters: views}
 	judgeCluster(rep)
-	return rep
+	return rep, nil
 }
 
 // judgeCluster fills the report's leader, cluster id and problems (a master
@@ -418,7 +353,7 @@ func judgeVersions(rep *clusterReport) {
 // that did not answer: the server of that URL, or else the one server that
 // did not answer either, whose URL is unknown, and whose HTTP or Raft
 // address is on url's host; "" when there is no such server.
-func serverAt(views []masterView, url string) string {
+func serverAt(views []opclient.MasterView, url string) string {
 	answered := map[string]bool{}
 	for _, v := range views {
 		if v.Status != nil {
@@ -504,7 +439,7 @@ func describeGroups(groups map[string][]string, verb string) string {
 }
 
 func printClusterReport(out io.Writer, rep *clusterReport) error {
-	fmt.Fprintf(out, "leader %s, cluster id %s, history %s\n", orDash(rep.Leader), orDash(rep.ClusterID), orDash(rep.History))
+	fmt.Fprintf(out, "leader %s, cluster id %s, history %s\n", cli.OrDash(rep.Leader), cli.OrDash(rep.ClusterID), cli.OrDash(rep.History))
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MASTER\tURL\tROLE\tLEADER\tTERM\tCOMMIT\tAPPLIED\tLAST\tSNAPSHOT\tCAUGHT UP\tSERVERS\tCARVE")
 	for _, v := range rep.Masters {

@@ -2,9 +2,8 @@ package main
 
 import (
 	"fmt"
-	"strings"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 )
 
 // judgeAgentTrust reports, as problems, the agents the leader sees
@@ -27,7 +26,7 @@ func judgeAgentTrust(rep *clusterReport) {
 				names = append(names, fmt.Sprintf("%s (%s)", a.AgentID, a.Reason))
 			}
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%d agents refuse the masters' records and keep their kernel as it was, taking no change: %s; "+
-				"see docs/troubleshooting.md, \"An agent that refuses the masters\"", tr.RefusingCount, listed(names, tr.RefusingCount)))
+				"see docs/troubleshooting.md, \"An agent that refuses the masters\"", tr.RefusingCount, cli.Listed(names, tr.RefusingCount)))
 		}
 		if tr.FewPeersCount > 0 {
 			var names []string
@@ -35,32 +34,9 @@ func judgeAgentTrust(rep *clusterReport) {
 				names = append(names, fmt.Sprintf("%s (%d programmed, %d expected at index %d)", a.AgentID, a.Programmed, a.Expected, a.Index))
 			}
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%d agents program fewer peers than the masters' records give them: %s; "+
-				"see their log and carve_agent_netlink_errors_total, and docs/troubleshooting.md, \"An agent that refuses the masters\"", tr.FewPeersCount, listed(names, tr.FewPeersCount)))
+				"see their log and carve_agent_netlink_errors_total, and docs/troubleshooting.md, \"An agent that refuses the masters\"", tr.FewPeersCount, cli.Listed(names, tr.FewPeersCount)))
 		}
 		rep.Healthy = len(rep.Problems) == 0
 		return
 	}
-}
-
-// listed joins the names listed, saying how many more there are of count.
-func listed(names []string, count int) string {
-	s := strings.Join(names, ", ")
-	if more := count - len(names); more > 0 {
-		s += fmt.Sprintf(" and %d more", more)
-	}
-	return s
-}
-
-// agentsOffKey names the live agents that do not report verifying with
-// key, as the leader sees them (api.AgentTrust.OtherKey).
-func agentsOffKey(tr *api.AgentTrust) string {
-	var names []string
-	for _, a := range tr.OtherKey {
-		k := "no key reported"
-		if key, err := api.ParseSigningKey(a.SigningKey); err == nil {
-			k = "key " + api.SigningKeyFingerprint(key)
-		}
-		names = append(names, fmt.Sprintf("%s (%s)", a.AgentID, k))
-	}
-	return listed(names, tr.OtherKeyCount)
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // TestJudgeAgentTrust: agents the leader sees refusing the masters'
@@ -12,8 +13,8 @@ import (
 // problems (a non-zero exit); agents on another key alone are not.
 func TestJudgeAgentTrust(t *testing.T) {
 	leader := api.ServerInfo{ID: "m1", URL: "https://m1", Voter: true}
-	view := func(tr *api.AgentTrust) []masterView {
-		return []masterView{{URL: "https://m1", Status: &api.ClusterStatus{ID: "m1", Role: "leader", ClusterID: "c", CaughtUp: true,
+	view := func(tr *api.AgentTrust) []opclient.MasterView {
+		return []opclient.MasterView{{URL: "https://m1", Status: &api.ClusterStatus{ID: "m1", Role: "leader", ClusterID: "c", CaughtUp: true,
 			Leader: &leader, Servers: []api.ServerInfo{leader}, AgentTrust: tr}}}
 	}
 	tests := []struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // carve cluster join and remove: the Raft configuration's changes, as
@@ -30,7 +31,7 @@ func runClusterJoin(ctx context.Context, args []string, out io.Writer) error {
 	raftAddr := fs.String("raft-addr", "", "the new master's Raft address HOST:PORT (its --raft-addr)")
 	httpAddr := fs.String("http-addr", "", "the new master's API address HOST:PORT (its --http-addr): the others forward writes there when it leads")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the masters")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterMembersUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -46,7 +47,7 @@ func runClusterJoin(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w: %s %q: want HOST:PORT (the new master's own %s)", cli.ErrUsage, name, addr, name)
 		}
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func runClusterJoin(ctx context.Context, args []string, out io.Writer) error {
 func runClusterRemove(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve cluster remove")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the masters")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), clusterMembersUsage); fs.PrintDefaults() }
 	ids, err := cli.ParseOperands(fs, args)
 	if err != nil {
@@ -74,7 +75,7 @@ func runClusterRemove(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: remove one master at a time (check carve cluster status in between), not %q", cli.ErrUsage, ids)
 	}
 	id := ids[0]
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}

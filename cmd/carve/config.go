@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/netconfig"
 )
 
@@ -26,7 +27,7 @@ subnet in use); apply commits FILE through Raft (an operator certificate).
 `
 
 func runConfig(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve config", configUsage, args, out, map[string]func([]string) error{
+	return cli.Subcommand("carve config", configUsage, args, out, map[string]func([]string) error{
 		"show":  func(args []string) error { return runConfigCommand(ctx, "show", args, out) },
 		"diff":  func(args []string) error { return runConfigCommand(ctx, "diff", args, out) },
 		"apply": func(args []string) error { return runConfigCommand(ctx, "apply", args, out) },
@@ -40,7 +41,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 	if verb == "apply" {
 		dryRun = fs.Bool("dry-run", false, "say what would change, commit nothing")
 	}
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), configUsage); fs.PrintDefaults() }
 	operands, err := cli.ParseOperands(fs, args)
 	if err != nil {
@@ -57,7 +58,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 			return fmt.Errorf("%w: %v", cli.ErrUsage, err)
 		}
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}
@@ -68,7 +69,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 		if err != nil {
 			return fmt.Errorf("read the committed configuration: %w", err)
 		}
-		return writeJSON(out, ans.Config)
+		return cli.WriteJSON(out, ans.Config)
 	}
 	ans, err := client.ApplyConfig(ctx, file, verb == "diff" || *dryRun)
 	if err != nil {
@@ -82,7 +83,7 @@ func runConfigCommand(ctx context.Context, verb string, args []string, out io.Wr
 		printConfigDiff(out, ans.Config, netconfig.WithDefaults(file))
 	default:
 		fmt.Fprintf(out, "%s committed: the masters' network configuration is now\n", operands[0])
-		if err := writeJSON(out, ans.Config); err != nil {
+		if err := cli.WriteJSON(out, ans.Config); err != nil {
 			return err
 		}
 	}

@@ -89,6 +89,17 @@ var ipamParts = map[string][]string{
 	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily"},
 }
 
+// commandFamilies are the subcommand families of bin/carve moved out of
+// package main (issue 30), each with the only packages of the daemons'
+// trees (agent/, master/, raftlog/) it may import: an operator command
+// reads the cluster through its APIs, never links the daemons.
+var commandFamilies = map[string][]string{
+	module + "/ipamcmd": {module + "/agent/dockeripam"},
+}
+
+// daemonTrees are the roots commandFamilies restricts.
+var daemonTrees = []string{module + "/agent", module + "/master", module + "/raftlog"}
+
 // listPackages runs go list -deps (or plain go list) with a format printing
 // each package's path, its name and its non-test imports.
 func listPackages(t *testing.T, deps bool, pattern string) map[string][]string {
@@ -144,8 +155,9 @@ func TestNoLabInProductionBinary(t *testing.T) {
 // cmd/ or test/; the parts of master/state (stateParts) import only what
 // they list; nothing under agent/ imports the agent daemon, and the
 // agent's parts (agentParts) import of agent/ only what they list, and the
-// IPAM's parts (ipamParts) of agent/ipam/ only what they list; cmd/ holds
-// only the shipped binaries.
+// IPAM's parts (ipamParts) of agent/ipam/ only what they list; the
+// command families (commandFamilies) of agent/, master/ and raftlog/ only
+// what they list; cmd/ holds only the shipped binaries.
 func TestDependenciesPointInward(t *testing.T) {
 	pkgs := listPackages(t, false, module+"/...")
 	if len(pkgs) < 20 {
@@ -159,6 +171,11 @@ func TestDependenciesPointInward(t *testing.T) {
 	for p := range ipamParts {
 		if pkgs[p] == nil {
 			t.Errorf("%s, a part of agent/ipam, is not in the module", p)
+		}
+	}
+	for p := range commandFamilies {
+		if pkgs[p] == nil {
+			t.Errorf("%s, a command family of bin/carve, is not in the module", p)
 		}
 	}
 	for p, nameAndImports := range pkgs {
@@ -181,6 +198,9 @@ func TestDependenciesPointInward(t *testing.T) {
 			}
 			if allowed, ok := ipamParts[p]; ok && (imp == ipamService || strings.HasPrefix(imp, ipamService+"/")) && !slices.Contains(allowed, imp) {
 				t.Errorf("%s imports %s: of agent/ipam/, it imports only %v (the IPAM wires its parts, which never import it; add the dependency to ipamParts, and say why, if it belongs)", p, imp, allowed)
+			}
+			if allowed, ok := commandFamilies[p]; ok && !slices.Contains(allowed, imp) && slices.ContainsFunc(daemonTrees, func(root string) bool { return imp == root || strings.HasPrefix(imp, root+"/") }) {
+				t.Errorf("%s imports %s: a command family imports of agent/, master/ and raftlog/ only %v (it reads the cluster through its APIs)", p, imp, allowed)
 			}
 			if strings.HasPrefix(p, module+"/internal/") {
 				for _, outer := range innerTree {

@@ -12,6 +12,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/loglevel"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // runLogLevel reads or sets the log level of a running master or agent
@@ -20,7 +21,7 @@ func runLogLevel(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve log-level")
 	target := fs.String("url", "", "the API of the master (https://198.18.0.1:8080) or agent (https://198.18.0.11:9797) to ask")
 	level := fs.String("level", "", "the level to set: debug, info, warn or error (default: print the level now)")
-	tlsFiles := tlsFlags(fs, "an operator certificate of the cluster CA (carve certs issue --role operator --name NAME)")
+	tlsFiles := opclient.TLSFlags(fs, "an operator certificate of the cluster CA (carve certs issue --role operator --name NAME)")
 	insecure := fs.Bool("insecure", false, "talk to a master or agent that runs --insecure (plain HTTP, no certificate)")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the answer")
 	if err := cli.Parse(fs, args); err != nil {
@@ -35,7 +36,7 @@ func runLogLevel(ctx context.Context, args []string, out io.Writer) error {
 			return fmt.Errorf("%w: --level: %v", cli.ErrUsage, err)
 		}
 	}
-	if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
+	if err := opclient.CheckSecurityFlags(*tlsFiles, *insecure, true); err != nil {
 		return err
 	}
 	client := &http.Client{Timeout: *timeout}

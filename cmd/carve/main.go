@@ -14,8 +14,10 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/carve-net/carve/internal/certscmd"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/loglevel"
+	"github.com/carve-net/carve/ipamcmd"
 )
 
 const usage = `carve: a VXLAN overlay control plane
@@ -84,9 +86,9 @@ func main() {
 	case "snapshot":
 		err = runSnapshot(ctx, args, os.Stdout)
 	case "ipam":
-		err = runIPAM(ctx, args, os.Stdout)
+		err = ipamcmd.Run(ctx, args, os.Stdout)
 	case "certs":
-		err = runCerts(ctx, args, os.Stdout)
+		err = certscmd.Run(ctx, args, os.Stdout)
 	case "log-level":
 		err = runLogLevel(ctx, args, os.Stdout)
 	case "install-cni":

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/master/netconfig"
@@ -30,7 +30,7 @@ func runMaster(ctx context.Context, args []string) error {
 	peers := fs.String("peers", "", "initial voters: id=HOST:PORT,... (the same list on every master)")
 	config := fs.String("config", "", "network configuration JSON file that a new cluster starts with (defaults of DESIGN.md when absent); once the cluster has a configuration the file is only compared with it (carve config apply changes it)")
 	join := fs.String("join", "", "URL of a running master: join its cluster as a new voter")
-	tlsFiles := tlsFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
+	tlsFiles := opclient.TLSFlags(fs, "this master's certificate, role master, naming the hosts of --http-addr and --raft-addr (carve certs issue --role master --ip ...)")
 	signingKey := fs.String("signing-key-file", "", "the masters' record-signing key (signing.key of carve certs ca): every agent record and tombstone is signed with it; required with TLS; read again on SIGHUP")
 	signingChain := fs.String("signing-chain-file", "", "during a rotation of the record-signing key, the chain that endorses the new key with the old one (signing-chain.json of carve certs rotate-signing): agents follow it with no restart; read again on SIGHUP; an absent file: no chain (set the flag for good, the file exists during a rotation only)")
 	insecure := fs.Bool("insecure", false, "run the API and Raft without TLS or authentication: for a throwaway lab only")
@@ -76,7 +76,7 @@ func runMaster(ctx context.Context, args []string) error {
 		if *changeLog < 1 {
 			return master.Options{}, fmt.Errorf("%w: --change-log-size %d: want at least 1 (agent ids)", cli.ErrUsage, *changeLog)
 		}
-		if err := checkSecurityFlags(*tlsFiles, *insecure, true); err != nil {
+		if err := opclient.CheckSecurityFlags(*tlsFiles, *insecure, true); err != nil {
 			return master.Options{}, err
 		}
 		if !*insecure && *signingKey == "" {
@@ -180,48 +180,6 @@ func parsePeers(s string) ([]raftlog.Server, error) {
 		}
 		seen[id] = true
 		out = append(out, raftlog.Server{ID: id, Address: addr, Voter: true})
-	}
-	return out, nil
-}
-
-// tlsFlags defines --ca-file, --cert-file and --key-file; certHelp says
-// which certificate --cert-file is.
-func tlsFlags(fs *flag.FlagSet, certHelp string) *pki.Files {
-	var f pki.Files
-	fs.StringVar(&f.CA, "ca-file", "", "the cluster CA certificate (ca.pem of carve certs ca): every peer's certificate is verified against it")
-	fs.StringVar(&f.Cert, "cert-file", "", certHelp)
-	fs.StringVar(&f.Key, "key-file", "", "the private key of --cert-file")
-	return &f
-}
-
-// checkSecurityFlags refuses --insecure beside TLS files, and TLS files
-// that are missing (needCert: the certificate and key too), naming the flags.
-func checkSecurityFlags(f pki.Files, insecure, needCert bool) error {
-	if insecure {
-		if f.Enabled() {
-			return fmt.Errorf("%w: --insecure contradicts --ca-file/--cert-file/--key-file: give one or the other", cli.ErrUsage)
-		}
-		return nil
-	}
-	if err := f.Check(needCert); err != nil {
-		return fmt.Errorf("%w: %v", cli.ErrUsage, err)
-	}
-	return nil
-}
-
-// splitMasters parses --masters.
-func splitMasters(s string) ([]string, error) {
-	var out []string
-	for _, m := range strings.Split(s, ",") {
-		if m = strings.TrimSpace(m); m != "" {
-			out = append(out, m)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("%w: --masters is required (URL[,URL...])", cli.ErrUsage)
-	}
-	if _, err := api.NewClient(out, nil); err != nil {
-		return nil, fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	return out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/atomicfile"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -26,7 +27,7 @@ directories are lost, start them on empty ones with --restore-from FILE instead
 `
 
 func runSnapshot(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve snapshot", snapshotUsage, args, out, map[string]func([]string) error{
+	return cli.Subcommand("carve snapshot", snapshotUsage, args, out, map[string]func([]string) error{
 		"save":    func(args []string) error { return runSnapshotSave(ctx, args, out) },
 		"restore": func(args []string) error { return runSnapshotRestore(ctx, args, out) },
 	})
@@ -37,7 +38,7 @@ func runSnapshot(ctx context.Context, args []string, out io.Writer) error {
 func snapshotFlags(name string, args []string) (string, *api.Client, time.Duration, error) {
 	fs := cli.NewFlagSet(name)
 	t := fs.Duration("timeout", time.Minute, "how long to wait for the masters")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), snapshotUsage); fs.PrintDefaults() }
 	files, err := cli.ParseOperands(fs, args)
 	if err != nil {
@@ -51,7 +52,7 @@ func snapshotFlags(name string, args []string) (string, *api.Client, time.Durati
 	case *t <= 0:
 		return "", nil, 0, fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *t)
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return "", nil, 0, err
 	}
@@ -77,7 +78,7 @@ func runSnapshotSave(ctx context.Context, args []string, out io.Writer) error {
 	if err := atomicfile.Write(file, data, 0o600); err != nil {
 		return fmt.Errorf("write the snapshot: %w", err)
 	}
-	fmt.Fprintf(out, "saved %s: cluster %s, state index %d, %d agents\n", file, orDash(info.ClusterID), info.StateIndex, info.Agents)
+	fmt.Fprintf(out, "saved %s: cluster %s, state index %d, %d agents\n", file, cli.OrDash(info.ClusterID), info.StateIndex, info.Agents)
 	return nil
 }
 

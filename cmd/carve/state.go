@@ -11,17 +11,18 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 func runState(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve state")
 	asJSON := fs.Bool("json", false, "print the raw state as JSON")
 	consistent := fs.Bool("consistent", false, "linearizable read through the leader (needs an operator certificate)")
-	mf := addMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator or agent (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}
@@ -32,7 +33,7 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("read state: %w", err)
 	}
 	if *asJSON {
-		return writeJSON(out, st)
+		return cli.WriteJSON(out, st)
 	}
 	return printStateTable(out, st)
 }
@@ -41,7 +42,7 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 // MAC, RECORD (the Raft index of the agent's record, its version in the
 // API) and CARVE (the carve version the agent registered with).
 func printStateTable(out io.Writer, st *api.State) error {
-	fmt.Fprintf(out, "index %d, leader %s, %d agents\n", st.Index, orDash(st.Leader), len(st.Agents))
+	fmt.Fprintf(out, "index %d, leader %s, %d agents\n", st.Index, cli.OrDash(st.Leader), len(st.Agents))
 	printEncryption(out, st)
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "AGENT\tIP\tSUBNETS\tVTEP IP\tVTEP MAC\tRECORD\tCARVE")
@@ -69,7 +70,7 @@ func printStateTable(out io.Writer, st *api.State) error {
 		if !a.HasIP() {
 			ip = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", a.AgentID, ip, orDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version, orDash(a.CarveVersion))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", a.AgentID, ip, cli.OrDash(strings.Join(subnets, " ")), vtepIP, vtepMAC, a.Version, cli.OrDash(a.CarveVersion))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -139,11 +140,4 @@ func count(v *uint64) string {
 		return "-"
 	}
 	return strconv.FormatUint(*v, 10)
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // carve state lists every block of every agent with its origin, donor and
@@ -70,7 +71,7 @@ func TestVersionColumnsSayWhatTheyAre(t *testing.T) {
 	if err := printStateTable(&out, st); err != nil {
 		t.Fatal(err)
 	}
-	rep := &clusterReport{Masters: []masterView{{URL: "https://m1", Status: &api.ClusterStatus{ID: "m1", Role: "leader",
+	rep := &clusterReport{Masters: []opclient.MasterView{{URL: "https://m1", Status: &api.ClusterStatus{ID: "m1", Role: "leader",
 		Build: &api.BuildInfo{Version: "v0.4.0"}}}, {URL: "https://m2"}}}
 	var cluster bytes.Buffer
 	if err := printClusterReport(&cluster, rep); err != nil {

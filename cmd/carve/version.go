@@ -18,7 +18,7 @@ func runVersion(args []string, out io.Writer) error {
 	}
 	info := buildinfo.Get()
 	if *asJSON {
-		return writeJSON(out, info)
+		return cli.WriteJSON(out, info)
 	}
 	_, err := fmt.Fprintln(out, info.String())
 	return err

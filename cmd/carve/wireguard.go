@@ -13,6 +13,7 @@ import (
 	"github.com/carve-net/carve/agent"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 const rotateUsage = `usage:
@@ -33,7 +34,7 @@ type rotatedAgent struct {
 func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve agent rotate-wireguard-key")
 	asJSON := fs.Bool("json", false, "print the outcome as JSON")
-	af := addAgentFlags(fs)
+	af := opclient.AddAgentFlags(fs)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), rotateUsage); fs.PrintDefaults() }
 	names, err := cli.ParseOperands(fs, args)
 	if err != nil {
@@ -42,11 +43,11 @@ func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) er
 	if len(names) == 0 {
 		return fmt.Errorf("%w: name the agents whose key to rotate (agent ids or underlay IPs)\n%s", cli.ErrUsage, rotateUsage)
 	}
-	client, reader, err := af.cluster()
+	client, reader, err := af.Cluster()
 	if err != nil {
 		return err
 	}
-	st, err := readState(ctx, client, *af.timeout)
+	st, err := opclient.ReadState(ctx, client, *af.Timeout)
 	if err != nil {
 		return err
 	}
@@ -54,11 +55,11 @@ func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) er
 	failed := 0
 	for _, n := range names {
 		r := rotatedAgent{Name: n}
-		if a := findAgent(st, n); a == nil {
+		if a := opclient.FindAgent(st, n); a == nil {
 			r.Error = "no such agent in the masters' state"
 		} else {
 			r.AgentID = a.AgentID
-			errs := reader.readAgents(ctx, []api.AgentInfo{*a}, func(ctx context.Context, c *api.AgentClient, _ api.AgentInfo) error {
+			errs := reader.ReadAgents(ctx, []api.AgentInfo{*a}, func(ctx context.Context, c *api.AgentClient, _ api.AgentInfo) error {
 				ws, err := c.RotateWireGuardKey(ctx)
 				if err == nil {
 					r.PublicKey = ws.RegisteredKey
@@ -72,7 +73,7 @@ func runRotateWireGuardKey(ctx context.Context, args []string, out io.Writer) er
 		}
 		rep = append(rep, r)
 	}
-	if err := printReport(out, *asJSON, rep, printRotations); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printRotations); err != nil {
 		return err
 	}
 	if failed > 0 {

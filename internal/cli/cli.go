@@ -1,6 +1,7 @@
 // Package cli holds what carve's commands (cmd/carve, test/cmd/carve-lab) share
 // on the command line: flag sets that report errors instead of exiting,
-// refusal of stray arguments, and one mapping of errors to exit codes.
+// refusal of stray arguments, subcommands, reports as tables or JSON, and
+// one mapping of errors to exit codes.
 package cli
 
 import (

@@ -1,5 +1,6 @@
 // Package mastertest starts a one-voter master on loopback for tests of the
-// parts that talk to masters (agents, the Docker plugin); the masters'
+// parts that talk to masters (agents, the Docker plugin, the operator
+// commands, with their flags and registered agents); the masters'
 // own cluster behaviour is tested with three nodes in package master.
 package mastertest
 
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -91,4 +93,31 @@ func start(t testing.TB, dir string, cfg api.NetworkConfig, log *slog.Logger, se
 		return nil
 	})
 	return m
+}
+
+// ClientFlags are the command-line flags of a carve operator command
+// against this master: --masters and the TLS flags of a certificate of
+// role for name (issued when missing).
+func (s *Secure) ClientFlags(name string, role pki.Role) []string {
+	f := s.CA.Files(name, role)
+	return []string{"--masters", "https://" + s.HTTPAddr(), "--ca-file", f.CA, "--cert-file", f.Cert, "--key-file", f.Key}
+}
+
+// RegisterAgents registers agents (id: underlay IP), each with its own
+// certificate, both bridges enabled.
+func (s *Secure) RegisterAgents(t testing.TB, agents map[string]string) {
+	t.Helper()
+	for id, ip := range agents {
+		s.CA.IssueAgent(id, netip.MustParseAddr(ip))
+		c, err := api.NewClientWith([]string{"https://" + s.HTTPAddr()}, api.ClientOptions{TLS: s.CA.ClientTLS(id, pki.RoleAgent)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err = c.Register(ctx, api.RegisterRequest{AgentID: id, IP: ip, NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}})
+		cancel()
+		if err != nil {
+			t.Fatalf("register %s: %v", id, err)
+		}
+	}
 }

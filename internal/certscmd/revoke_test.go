@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 )
 
 func certsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
-	return runCerts(ctx, args, out)
+	return Run(ctx, args, out)
 }
 
 // carve certs revoke by name reads the issued certificate, revokes it at
@@ -22,8 +22,8 @@ func certsCmd(ctx context.Context, args []string, out *bytes.Buffer) error {
 // on; bad flags exit 2 naming the fix.
 func TestCertsRevoke(t *testing.T) {
 	m := secureMaster(t)
-	registerAgents(t, m, map[string]string{"h1": "198.18.0.11", "h2": "198.18.0.12"})
-	op := clientFlags(m, "op", pki.RoleOperator)
+	m.RegisterAgents(t, map[string]string{"h1": "198.18.0.11", "h2": "198.18.0.12"})
+	op := m.ClientFlags("op", pki.RoleOperator)
 	for _, tc := range []struct {
 		name    string
 		args    []string
@@ -42,7 +42,7 @@ func TestCertsRevoke(t *testing.T) {
 			}
 		})
 	}
-	if _, code, err := run(t, certsCmd, append([]string{"revoke", "--dir", m.CA.Dir, "--name", "h1"}, clientFlags(m, "h2", pki.RoleAgent)...)...); code != cli.ExitCode(err) || err == nil || !strings.Contains(err.Error(), "403") {
+	if _, code, err := run(t, certsCmd, append([]string{"revoke", "--dir", m.CA.Dir, "--name", "h1"}, m.ClientFlags("h2", pki.RoleAgent)...)...); code != cli.ExitCode(err) || err == nil || !strings.Contains(err.Error(), "403") {
 		t.Fatalf("an agent revokes: exit %d, %v; want a 403", code, err)
 	}
 	out, code, err := run(t, certsCmd, append([]string{"revoke", "--dir", m.CA.Dir, "--name", "h1"}, op...)...)

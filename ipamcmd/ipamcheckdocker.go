@@ -1,4 +1,4 @@
-package main
+package ipamcmd
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 )
 
 // checkDocker compares, for every agent whose Docker plugin is on, the
@@ -43,7 +44,7 @@ func checkDocker(snap ipamSnapshot, held func(network, addr string) []holder) []
 				continue
 			}
 			k := place{c.Overlay, addr.Unmap().String()}
-			h := holder{AgentID: id, ContainerID: c.ContainerID, DockerName: orDash(c.Name)}
+			h := holder{AgentID: id, ContainerID: c.ContainerID, DockerName: cli.OrDash(c.Name)}
 			if !slices.ContainsFunc(running[k], func(o holder) bool { return o.AgentID == h.AgentID && o.ContainerID == h.ContainerID }) {
 				running[k] = append(running[k], h)
 			}

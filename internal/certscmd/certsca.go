@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -32,14 +33,14 @@ var errOnOtherCA = errors.New("not every certificate in use is of the new CA")
 func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve certs check-ca")
 	newCA := fs.String("new-ca-file", "", "the CA file step 3 of a CA rotation installs (NEW/ca.pem): every live agent must present a certificate of a CA it holds")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *newCA == "" {
 		return fmt.Errorf("%w: --new-ca-file is required: the CA file step 3 installs (NEW/ca.pem of carve certs ca --dir NEW)", cli.ErrUsage)
 	}
-	if *mf.masters == "" {
+	if *mf.Masters == "" {
 		return fmt.Errorf("%w: --masters is required, with an operator certificate: only the leader knows which CA every live agent presents", cli.ErrUsage)
 	}
 	newCAs, err := readCAs(*newCA)
@@ -50,20 +51,20 @@ func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 	for _, ca := range newCAs {
 		cas[api.CAFingerprint(ca.RawSubjectPublicKeyInfo)] = true
 	}
-	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
+	masters, err := opclient.AskMasters(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	var leader *api.ClusterStatus
-	for _, v := range rep.Masters {
+	for _, v := range masters {
 		if v.Status != nil && v.Status.Role == "leader" {
 			leader = v.Status
 		}
 	}
 	// Step 3 cuts off every certificate of another CA: the masters' (each
 	// says which CA issued its own), this operator's, and the agents'.
-	problems := judgeMasterCAs(rep.Masters, *newCA, cas)
-	if p := judgeOwnCA(mf.tls.Cert, *newCA, newCAs); p != "" {
+	problems := judgeMasterCAs(masters, *newCA, cas)
+	if p := judgeOwnCA(mf.TLS.Cert, *newCA, newCAs); p != "" {
 		problems = append(problems, p)
 	}
 	n, err := judgeAgentCAs(leader, *newCA, cas)
@@ -74,13 +75,13 @@ func runCertsCheckCA(ctx context.Context, args []string, out io.Writer) error {
 		return fmt.Errorf("%w: %s", errOnOtherCA, strings.Join(problems, "; "))
 	}
 	fmt.Fprintf(out, "every master (%d), this operator and every live agent (%d) present a certificate of a CA of %s: step 3 (the CA file %s alone, SIGHUP everything) cuts none off; "+
-		"other operators' certificates must be of it too\n", len(rep.Masters), n, *newCA, *newCA)
+		"other operators' certificates must be of it too\n", len(masters), n, *newCA, *newCA)
 	return nil
 }
 
 // judgeMasterCAs names the masters whose certificate is not of the new CA
 // (cas, read from file), or that cannot say.
-func judgeMasterCAs(views []masterView, file string, cas map[string]bool) []string {
+func judgeMasterCAs(views []opclient.MasterView, file string, cas map[string]bool) []string {
 	var other, unknown []string
 	for _, v := range views {
 		switch {
@@ -171,11 +172,11 @@ func judgeAgentCAs(leader *api.ClusterStatus, file string, cas map[string]bool) 
 	if t.otherCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents present a certificate of another CA than %s: %s; step 3 would cut them off (every master refuses them): "+
 			"re-issue their certificates with carve certs issue --dir NEW (same name and --ip), install them and SIGHUP the agents (step 2), then check again",
-			t.otherCount, file, listed(t.other, t.otherCount)))
+			t.otherCount, file, cli.Listed(t.other, t.otherCount)))
 	}
 	if t.unreportedCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents whose certificate the leader %s has not seen yet: %s; an agent sends the leader a usage report at least every minute: retry in a minute",
-			t.unreportedCount, leader.ID, listed(t.unreported, t.unreportedCount)))
+			t.unreportedCount, leader.ID, cli.Listed(t.unreported, t.unreportedCount)))
 	}
 	if len(problems) > 0 {
 		return t.live, fmt.Errorf("%w: %s", errAgentsOnOtherCA, strings.Join(problems, "; "))

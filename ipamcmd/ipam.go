@@ -1,15 +1,16 @@
-package main
+// Package ipamcmd is carve's `carve ipam` commands: show (each overlay's
+// leases and address use, or who holds an address), check (the masters'
+// leases against every agent's allocations and Docker plugin, problems
+// confirmed by a second read) and release (an attachment given back
+// through the agent's IPAM socket). It reads and reports; what it changes
+// it changes through the agent's API.
+package ipamcmd
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
-	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,8 +21,8 @@ import (
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/internal/retry"
-	"github.com/carve-net/carve/pki"
 )
 
 const ipamUsage = `usage:
@@ -34,133 +35,15 @@ const ipamUsage = `usage:
                    (on the agent's host, through its IPAM socket)
 `
 
-// DefaultAgentPort is the port of the agents' HTTP API that carve ipam
-// reaches at each agent's underlay IP (carve agent --http-addr IP:9797).
-const DefaultAgentPort = 9797
-
-// maxAgentReads bounds the agents read at once.
-const maxAgentReads = 16
-
-func runIPAM(ctx context.Context, args []string, out io.Writer) error {
-	return subcommand("carve ipam", ipamUsage, args, out, map[string]func([]string) error{
+// Run runs carve ipam with args (the subcommand and its flags), printing
+// on out; errors wrap cli.ErrUsage for bad arguments and cli.ErrUnhealthy
+// when check finds problems.
+func Run(ctx context.Context, args []string, out io.Writer) error {
+	return cli.Subcommand("carve ipam", ipamUsage, args, out, map[string]func([]string) error{
 		"show":    func(args []string) error { return runIPAMShow(ctx, args, out) },
 		"check":   func(args []string) error { return runIPAMCheck(ctx, args, out) },
 		"release": func(args []string) error { return runIPAMRelease(ctx, args, out) },
 	})
-}
-
-// agentFlags are the flags of a command that reads the agents' HTTP APIs
-// as well as the masters.
-type agentFlags struct {
-	masters *masterFlags
-	port    *int
-	timeout *time.Duration
-}
-
-func addAgentFlags(fs *flag.FlagSet) *agentFlags {
-	return &agentFlags{
-		masters: addMasterFlags(fs, "a certificate of the cluster CA, role operator or agent (carve certs issue --role operator --name NAME): presented to the masters and the agents"),
-		port:    fs.Int("agent-port", DefaultAgentPort, "port of the agents' HTTP API, reached at each agent's underlay IP (the port of carve agent --http-addr)"),
-		timeout: fs.Duration("timeout", 10*time.Second, "how long to wait for the masters and for each agent"),
-	}
-}
-
-// cluster checks the flags and returns a client for the masters and a
-// reader of the agents.
-func (f *agentFlags) cluster() (*api.Client, *agentReader, error) {
-	if *f.port < 1 || *f.port > 65535 {
-		return nil, nil, fmt.Errorf("%w: --agent-port %d: want 1-65535", cli.ErrUsage, *f.port)
-	}
-	if *f.timeout <= 0 {
-		return nil, nil, fmt.Errorf("%w: --timeout %s: want a positive duration", cli.ErrUsage, *f.timeout)
-	}
-	client, opts, err := f.masters.client()
-	if err != nil {
-		return nil, nil, err
-	}
-	return client, &agentReader{port: *f.port, tls: opts.TLS, timeout: *f.timeout}, nil
-}
-
-// agentReader reads agents' HTTP APIs at their underlay IPs: over https
-// with the operator's certificate, accepting only the certificate of the
-// agent named in the masters' record.
-type agentReader struct {
-	port    int
-	tls     *tls.Config // nil: plain http (--insecure)
-	timeout time.Duration
-}
-
-// client returns a client for agent a and a function that releases it.
-func (r *agentReader) client(a api.AgentInfo) (*api.AgentClient, func(), error) {
-	if !a.HasIP() {
-		return nil, nil, errors.New("the masters' state gives it no underlay IP (another agent took it over)")
-	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	scheme := "http://"
-	if r.tls != nil {
-		scheme = "https://"
-		cfg := r.tls.Clone()
-		want := pki.Identity{Role: pki.RoleAgent, Name: a.AgentID}
-		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.VerifiedChains) == 0 || len(cs.VerifiedChains[0]) == 0 {
-				return errors.New("the agent gave no verified certificate")
-			}
-			id, err := pki.IdentityOf(cs.VerifiedChains[0][0])
-			if err != nil {
-				return fmt.Errorf("the agent's certificate: %w", err)
-			}
-			if id != want {
-				return fmt.Errorf("the certificate at %s is %s, want %s", a.IP, id, want)
-			}
-			return nil
-		}
-		tr.TLSClientConfig = cfg
-	}
-	base := scheme + net.JoinHostPort(a.IP, strconv.Itoa(r.port))
-	return api.NewAgentClient(base, &http.Client{Transport: tr, Timeout: r.timeout}), tr.CloseIdleConnections, nil
-}
-
-// readAgents calls read for every agent, at most maxAgentReads at once,
-// and returns the errors by agent id.
-func (r *agentReader) readAgents(ctx context.Context, agents []api.AgentInfo, read func(context.Context, *api.AgentClient, api.AgentInfo) error) map[string]string {
-	failed := map[string]string{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, maxAgentReads)
-	for _, a := range agents {
-		wg.Go(func() {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			err := func() error {
-				c, release, err := r.client(a)
-				if err != nil {
-					return err
-				}
-				defer release()
-				ctx, cancel := context.WithTimeout(ctx, r.timeout)
-				defer cancel()
-				return read(ctx, c, a)
-			}()
-			if err != nil {
-				mu.Lock()
-				failed[a.AgentID] = err.Error()
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	return failed
-}
-
-// readState reads the masters' state within the timeout.
-func readState(ctx context.Context, client *api.Client, timeout time.Duration) (*api.State, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	st, err := client.State(ctx, api.StateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("read the masters' state: %w", err)
-	}
-	return st, nil
 }
 
 // bridgeUse is a bridge's leased range and its use on one agent.
@@ -221,7 +104,7 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 	overlay := fs.String("overlay", "", "show only this overlay")
 	ip := fs.String("ip", "", "show who holds this address, on any agent (or whose range it is in when nobody does)")
 	owner := fs.String("owner", "", "show the allocations whose owner has this text in a field (pod, namespace, container name or id, Nomad alloc or job, netns), on any agent")
-	af := addAgentFlags(fs)
+	af := opclient.AddAgentFlags(fs)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), ipamUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -246,17 +129,17 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return runIPAMWho(ctx, q, *overlay, *asJSON, af, out)
 	}
-	client, reader, err := af.cluster()
+	client, reader, err := af.Cluster()
 	if err != nil {
 		return err
 	}
-	st, err := readState(ctx, client, *af.timeout)
+	st, err := opclient.ReadState(ctx, client, *af.Timeout)
 	if err != nil {
 		return err
 	}
 	agents := st.Agents
 	if *agentID != "" {
-		a := findAgent(st, *agentID)
+		a := opclient.FindAgent(st, *agentID)
 		if a == nil || a.AgentID != *agentID {
 			return fmt.Errorf("%w: --agent %s: no such agent in the masters' state (index %d)", cli.ErrUsage, *agentID, st.Index)
 		}
@@ -268,7 +151,7 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 	usage := map[string]*api.AgentIPAMStatus{}
 	var paths []agentDataPath
 	var mu sync.Mutex
-	failed := reader.readAgents(ctx, agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
+	failed := reader.ReadAgents(ctx, agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
 		u, err := c.IPAMStatus(ctx, "")
 		if err != nil {
 			return err
@@ -289,7 +172,7 @@ func runIPAMShow(ctx context.Context, args []string, out io.Writer) error {
 	if len(failed) > 0 {
 		rep.Unreachable = failed
 	}
-	if err := printReport(out, *asJSON, rep, printIPAMShow); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printIPAMShow); err != nil {
 		return err
 	}
 	if len(failed) > 0 {
@@ -384,11 +267,11 @@ func printIPAMShow(out io.Writer, rep *ipamShowReport) error {
 				status += " (" + au.Error + ")"
 			}
 			if len(au.Bridges) == 0 {
-				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t-\t-\t-\t-\t-\n", au.AgentID, orDash(au.IP), orDash(strings.Trim(au.Subnet+","+au.Subnet6, ",")), status)
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t-\t-\t-\t-\t-\n", au.AgentID, cli.OrDash(au.IP), cli.OrDash(strings.Trim(au.Subnet+","+au.Subnet6, ",")), status)
 			}
 			for _, b := range au.Bridges {
-				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.AgentID, orDash(au.IP), orDash(strings.Trim(au.Subnet+","+au.Subnet6, ",")),
-					status, b.Bridge, orDash(strings.Trim(b.Subnet+","+b.Subnet6, ",")), count(b.Used), count(b.Used6), count(b.Free))
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", au.AgentID, cli.OrDash(au.IP), cli.OrDash(strings.Trim(au.Subnet+","+au.Subnet6, ",")),
+					status, b.Bridge, cli.OrDash(strings.Trim(b.Subnet+","+b.Subnet6, ",")), count(b.Used), count(b.Used6), count(b.Free))
 			}
 		}
 		if err := tw.Flush(); err != nil {
@@ -417,7 +300,7 @@ func runIPAMCheck(ctx context.Context, args []string, out io.Writer) error {
 	fs := cli.NewFlagSet("carve ipam check")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	settle := fs.Duration("settle", 3*time.Second, "when a read finds problems, read again after this long and report only those seen both times (an allocation in flight is no leak); 0: one read")
-	af := addAgentFlags(fs)
+	af := opclient.AddAgentFlags(fs)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), ipamUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -425,7 +308,7 @@ func runIPAMCheck(ctx context.Context, args []string, out io.Writer) error {
 	if *settle < 0 {
 		return fmt.Errorf("%w: --settle %s: want 0 or more", cli.ErrUsage, *settle)
 	}
-	client, reader, err := af.cluster()
+	client, reader, err := af.Cluster()
 	if err != nil {
 		return err
 	}
@@ -451,26 +334,26 @@ func runIPAMCheck(ctx context.Context, args []string, out io.Writer) error {
 	for _, list := range snap.Allocations {
 		rep.Allocations += len(list.Allocations)
 	}
-	if err := printReport(out, *asJSON, rep, printIPAMCheck); err != nil {
+	if err := cli.PrintReport(out, *asJSON, rep, printIPAMCheck); err != nil {
 		return err
 	}
 	if !rep.Clean {
-		return fmt.Errorf("%w: %d", errUnhealthy, len(problems))
+		return fmt.Errorf("%w: %d", cli.ErrUnhealthy, len(problems))
 	}
 	return nil
 }
 
 // readIPAM reads the masters' state, then every agent's allocations; the
 // agents keep allocating meanwhile.
-func readIPAM(ctx context.Context, client *api.Client, reader *agentReader) (ipamSnapshot, error) {
-	st, err := readState(ctx, client, reader.timeout)
+func readIPAM(ctx context.Context, client *api.Client, reader *opclient.AgentReader) (ipamSnapshot, error) {
+	st, err := opclient.ReadState(ctx, client, reader.Timeout)
 	if err != nil {
 		return ipamSnapshot{}, err
 	}
 	snap := ipamSnapshot{State: st, Allocations: map[string]*api.AgentAllocations{}, Status: map[string]*api.AgentIPAMStatus{},
 		Docker: map[string]*dockeripam.Status{}}
 	var mu sync.Mutex
-	snap.Failed = reader.readAgents(ctx, st.Agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
+	snap.Failed = reader.ReadAgents(ctx, st.Agents, func(ctx context.Context, c *api.AgentClient, a api.AgentInfo) error {
 		list, err := c.IPAMAllocations(ctx, "")
 		if err != nil {
 			return err
@@ -525,7 +408,7 @@ func printIPAMCheck(out io.Writer, rep *ipamCheckReport) error {
 		for i, h := range p.Holders {
 			names[i] = h.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Kind, orDash(p.Network), orDash(p.Address), strings.Join(names, " "), p.Detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Kind, cli.OrDash(p.Network), cli.OrDash(p.Address), strings.Join(names, " "), p.Detail)
 	}
 	return tw.Flush()
 }

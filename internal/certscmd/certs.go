@@ -1,4 +1,9 @@
-package main
+// Package certscmd is carve's `carve certs` commands: the cluster CA and
+// its certificates (ca, issue), the record-signing key's rotation
+// (rotate-signing), revocation (revoke), and the checks of a rotation's
+// step against what the masters and their live agents report (check-ca,
+// check-mesh).
+package certscmd
 
 import (
 	"context"
@@ -24,8 +29,10 @@ const certsUsage = `usage:
   carve certs check-mesh --password-file FILE [--accepted-file FILE] --masters URLS OPERATOR_TLS
 `
 
-// runCerts creates the cluster CA and issues certificates (thin over pki).
-func runCerts(ctx context.Context, args []string, out io.Writer) error {
+// Run runs carve certs with args (the subcommand and its flags), printing
+// on out: it creates the cluster CA and issues certificates (thin over
+// pki), and checks and finishes the rotation steps against the masters.
+func Run(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: carve certs needs ca, issue, rotate-signing, revoke, check-ca or check-mesh\n%s", cli.ErrUsage, certsUsage)
 	}

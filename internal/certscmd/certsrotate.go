@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -22,7 +23,7 @@ func runCertsRotateSigning(ctx context.Context, args []string, out io.Writer) er
 	doSwitch := fs.Bool("switch", false, "step 2: make the new key (signing-next.key) the signing key; the old one moves to signing-previous.key")
 	finish := fs.Bool("finish", false, "step 3: remove the chain and the previous key pair, once every master signs with the new key and every live agent reports verifying with it (asked of --masters)")
 	force := fs.Bool("force", false, "with --finish: finish without asking the masters, or although agents do not report the new key yet (they are stranded: give them the new signing.pub and restart them)")
-	mf := addMasterFlags(fs, "with --finish: a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "with --finish: a certificate of role operator (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
@@ -76,8 +77,8 @@ var errAgentsBehind = errors.New("not every master and agent is on the new signi
 // in dir) and the leader sees every live agent report verifying with it.
 // Dropping the chain before would strand the others: they refuse the
 // masters until given the new signing.pub and restarted.
-func checkAgentsOnKey(ctx context.Context, dir string, mf *masterFlags) error {
-	if *mf.masters == "" {
+func checkAgentsOnKey(ctx context.Context, dir string, mf *opclient.MasterFlags) error {
+	if *mf.Masters == "" {
 		return fmt.Errorf("%w: --finish asks the masters whether every agent verifies with the new key: give --masters and an operator certificate (or --force, which may strand agents)", cli.ErrUsage)
 	}
 	pub, err := pki.LoadVerifyKey(filepath.Join(dir, pki.SignPub))
@@ -85,13 +86,13 @@ func checkAgentsOnKey(ctx context.Context, dir string, mf *masterFlags) error {
 		return err
 	}
 	key := api.EncodeSigningKey(pub)
-	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
+	masters, err := opclient.AskMasters(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	var leader *api.ClusterStatus
 	var behind []string
-	for _, v := range rep.Masters {
+	for _, v := range masters {
 		switch {
 		case v.Status == nil:
 			behind = append(behind, fmt.Sprintf("%s (no answer: %s)", v.URL, v.Error))

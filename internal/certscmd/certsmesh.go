@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // errAgentsOnOtherMeshRound: a round of a mesh password change is not
@@ -37,26 +38,26 @@ func runCertsCheckMesh(ctx context.Context, args []string, out io.Writer) error 
 	fs := cli.NewFlagSet("carve certs check-mesh")
 	passwordFile := fs.String("password-file", "", "the mesh password file this round gave every agent (their --mesh-password-file): every live agent must send that password")
 	acceptedFile := fs.String("accepted-file", "", "the accepted password file this round gave every agent (their --mesh-accepted-password-file): every live agent must accept that password besides; absent or empty: none")
-	mf := addMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
+	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")
 	if err := cli.Parse(fs, args); err != nil {
 		return err
 	}
 	if *passwordFile == "" {
 		return fmt.Errorf("%w: --password-file is required: the mesh password file the round just finished gave every agent", cli.ErrUsage)
 	}
-	if *mf.masters == "" {
+	if *mf.Masters == "" {
 		return fmt.Errorf("%w: --masters is required, with an operator certificate: only the leader knows which mesh passwords every live agent reports", cli.ErrUsage)
 	}
 	round, err := readMeshRound(*passwordFile, *acceptedFile)
 	if err != nil {
 		return err
 	}
-	rep, err := askClusterStatus(ctx, mf, 10*time.Second)
+	masters, err := opclient.AskMasters(ctx, mf, 10*time.Second)
 	if err != nil {
 		return err
 	}
 	var leader *api.ClusterStatus
-	for _, v := range rep.Masters {
+	for _, v := range masters {
 		if v.Status != nil && v.Status.Role == "leader" {
 			leader = v.Status
 		}
@@ -137,11 +138,11 @@ func judgeAgentMesh(leader *api.ClusterStatus, round meshRound) (int, error) {
 		}
 		problems = append(problems, fmt.Sprintf("%d live agents are not on this round, which %s: %s; the next round would cut them off from gossip: "+
 			"give them this round's files (%s) and SIGHUP them (kill -HUP), then check again",
-			t.otherCount, round.describe(round.password, round.accepted), listed(t.other, t.otherCount), fix))
+			t.otherCount, round.describe(round.password, round.accepted), cli.Listed(t.other, t.otherCount), fix))
 	}
 	if t.unreportedCount > 0 {
 		problems = append(problems, fmt.Sprintf("%d live agents report no mesh password to the leader %s: %s; they run without --mesh-password-file, predate this report (upgrade them), or have not reported since they started: retry in a minute",
-			t.unreportedCount, leader.ID, listed(t.unreported, t.unreportedCount)))
+			t.unreportedCount, leader.ID, cli.Listed(t.unreported, t.unreportedCount)))
 	}
 	if len(problems) > 0 {
 		return t.live, fmt.Errorf("%w: %s", errAgentsOnOtherMeshRound, strings.Join(problems, "; "))

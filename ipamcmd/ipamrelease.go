@@ -1,4 +1,4 @@
-package main
+package ipamcmd
 
 import (
 	"context"
@@ -85,7 +85,7 @@ func runIPAMRelease(ctx context.Context, args []string, out io.Writer) error {
 		}
 		rep.Released = append(rep.Released, got.Released...)
 	}
-	return printReport(out, *asJSON, rep, printReleased)
+	return cli.PrintReport(out, *asJSON, rep, printReleased)
 }
 
 // holds reports whether the allocation holds addr.

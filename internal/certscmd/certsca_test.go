@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -82,19 +83,19 @@ func TestJudgeAgentCAs(t *testing.T) {
 func TestJudgeMasterCAs(t *testing.T) {
 	const newCA, oldCA = "aaaa000000000000000000000000000000000000000000000000000000000000", "bbbb111111111111111111111111111111111111111111111111111111111111"
 	cas := map[string]bool{newCA: true}
-	view := func(id, ca string) masterView {
-		return masterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, CertificateCA: ca}}
+	view := func(id, ca string) opclient.MasterView {
+		return opclient.MasterView{URL: "https://" + id, Status: &api.ClusterStatus{ID: id, CertificateCA: ca}}
 	}
 	tests := []struct {
 		name     string
-		views    []masterView
+		views    []opclient.MasterView
 		mentions []string // none: allowed
 	}{
-		{"every master on the new CA", []masterView{view("m1", newCA), view("m2", newCA)}, nil},
-		{"one on the old CA", []masterView{view("m1", newCA), view("m2", oldCA)},
+		{"every master on the new CA", []opclient.MasterView{view("m1", newCA), view("m2", newCA)}, nil},
+		{"one on the old CA", []opclient.MasterView{view("m1", newCA), view("m2", oldCA)},
 			[]string{"1 masters present a certificate of another CA than NEW/ca.pem: m2 (CA bbbb111111111111)", "--role master", "SIGHUP the masters"}},
-		{"one that predates the check", []masterView{view("m1", newCA), view("m2", "")}, []string{"m2 (it predates this check"}},
-		{"one that does not answer", []masterView{view("m1", newCA), {URL: "https://m3", Error: "connection refused"}}, []string{"https://m3 (no answer: connection refused)", "retry"}},
+		{"one that predates the check", []opclient.MasterView{view("m1", newCA), view("m2", "")}, []string{"m2 (it predates this check"}},
+		{"one that does not answer", []opclient.MasterView{view("m1", newCA), {URL: "https://m3", Error: "connection refused"}}, []string{"https://m3 (no answer: connection refused)", "retry"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

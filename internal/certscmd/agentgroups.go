@@ -1,10 +1,11 @@
-package main
+package certscmd
 
 import (
 	"fmt"
 	"slices"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/cli"
 )
 
 // agentGroup is one group of the leader's live agents as a check of a
@@ -67,4 +68,18 @@ func tallyAgentGroups(leader *api.ClusterStatus, sentinel error, noGroups string
 	slices.Sort(t.other)
 	slices.Sort(t.unreported)
 	return t, nil
+}
+
+// agentsOffKey names the live agents that do not report verifying with
+// key, as the leader sees them (api.AgentTrust.OtherKey).
+func agentsOffKey(tr *api.AgentTrust) string {
+	var names []string
+	for _, a := range tr.OtherKey {
+		k := "no key reported"
+		if key, err := api.ParseSigningKey(a.SigningKey); err == nil {
+			k = "key " + api.SigningKeyFingerprint(key)
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", a.AgentID, k))
+	}
+	return cli.Listed(names, tr.OtherKeyCount)
 }

@@ -1,4 +1,4 @@
-package main
+package ipamcmd
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 )
 
 // carve ipam show --ip ADDR | --owner TEXT answers "who has this address":
@@ -106,8 +107,8 @@ type whoReport struct {
 }
 
 // runIPAMWho is carve ipam show with --ip or --owner.
-func runIPAMWho(ctx context.Context, q whoQuery, overlay string, asJSON bool, af *agentFlags, out io.Writer) error {
-	client, reader, err := af.cluster()
+func runIPAMWho(ctx context.Context, q whoQuery, overlay string, asJSON bool, af *opclient.AgentFlags, out io.Writer) error {
+	client, reader, err := af.Cluster()
 	if err != nil {
 		return err
 	}
@@ -116,7 +117,7 @@ func runIPAMWho(ctx context.Context, q whoQuery, overlay string, asJSON bool, af
 		return err
 	}
 	rep := buildWho(snap, q, overlay)
-	if err := printReport(out, asJSON, rep, printWho); err != nil {
+	if err := cli.PrintReport(out, asJSON, rep, printWho); err != nil {
 		return err
 	}
 	if len(rep.Unreachable) > 0 {
@@ -195,7 +196,7 @@ func printWho(out io.Writer, rep *whoReport) error {
 			if h.Unclaimed {
 				state += ", unclaimed"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.Network, strings.Join(addrs, ","), h.AgentID+" ("+orDash(h.AgentIP)+")", h.Bridge, owner, state)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", h.Network, strings.Join(addrs, ","), h.AgentID+" ("+cli.OrDash(h.AgentIP)+")", h.Bridge, owner, state)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

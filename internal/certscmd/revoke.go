@@ -1,4 +1,4 @@
-package main
+package certscmd
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
+	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -27,7 +28,7 @@ func runCertsRevoke(ctx context.Context, args []string, out io.Writer) error {
 	serial := fs.String("serial", "", "the certificate to revoke, by serial number in hex (carve certs issue and openssl x509 -serial print it), when its file is gone")
 	identity := fs.String("identity", "", "with --serial: the certificate's ROLE/NAME (agent/h1, say); for an agent the masters also delete its record")
 	timeout := fs.Duration("timeout", 30*time.Second, "how long to wait for the masters")
-	mf := addMasterFlags(fs, "an operator certificate (carve certs issue --role operator --name NAME): the masters refuse revocations from other roles")
+	mf := opclient.AddMasterFlags(fs, "an operator certificate (carve certs issue --role operator --name NAME): the masters refuse revocations from other roles")
 	fs.Usage = func() { fmt.Fprint(fs.Output(), revokeUsage); fs.PrintDefaults() }
 	if err := cli.Parse(fs, args); err != nil {
 		return err
@@ -36,7 +37,7 @@ func runCertsRevoke(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	client, _, err := mf.client()
+	client, _, err := mf.Client()
 	if err != nil {
 		return err
 	}
