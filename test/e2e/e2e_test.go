@@ -27,6 +27,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/labcluster"
+	"github.com/carve-net/carve/test/lab/testutil"
 	"github.com/vishvananda/netlink"
 )
 
@@ -52,6 +53,25 @@ func within(t *testing.T, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// register registers an agent record as an agent would: again while the
+// masters answer 503 (no leader, or a write whose outcome an election left
+// unknown: a registration repeated is the same record), for up to
+// converge. On a loaded machine the masters elect again now and then; any
+// other error fails at once.
+func register(ctx context.Context, t *testing.T, c *labcluster.Cluster, req api.RegisterRequest) *api.AgentInfo {
+	t.Helper()
+	var info *api.AgentInfo
+	testutil.Eventually(t, converge, "register "+req.AgentID, func() error {
+		var err error
+		info, err = c.Client().Register(ctx, req)
+		if err != nil && !api.IsCode(err, api.CodeNoLeader) && !api.IsCode(err, api.CodeUnavailable) {
+			return retry.Permanent(err)
+		}
+		return err
+	})
+	return info
 }
 
 // TestOverlay is issue 4's end-to-end scenario on four hosts: masters on

@@ -36,10 +36,7 @@ func TestGossipWithoutMasters(t *testing.T) {
 	}
 
 	// The changes host 4 misses: one agent joins, one is deleted.
-	late, err := c.Client().Register(ctx, api.RegisterRequest{AgentID: "late", IP: "198.18.2.50", MeshAddr: "198.18.2.50:6783"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	late := register(ctx, t, c, api.RegisterRequest{AgentID: "late", IP: "198.18.2.50", MeshAddr: "198.18.2.50:6783"})
 	lateEntries := entriesAtMasters(ctx, t, c, "late")
 	if err := c.StopAgent(ctx, h3); err != nil {
 		t.Fatal(err)
@@ -64,7 +61,7 @@ func TestGossipWithoutMasters(t *testing.T) {
 	if err := c.StartAgent(h4); err != nil {
 		t.Fatal(err)
 	}
-	err = retry.Until(ctx, 100*time.Millisecond, func() error {
+	err := retry.Until(ctx, 100*time.Millisecond, func() error {
 		if err := peerState(ctx, c, h4, "late", h3ID); err != nil {
 			return err
 		}

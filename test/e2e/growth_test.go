@@ -266,9 +266,7 @@ func TestGrowth(t *testing.T) {
 		// An agent registered now, growing at the masters until they have
 		// nothing left, gets the released space and none of r's.
 		const late = "late-grower"
-		if _, err := c.Client().Register(ctx, api.RegisterRequest{AgentID: late, IP: "198.18.2.60", MeshAddr: "198.18.2.60:6783"}); err != nil {
-			t.Fatal(err)
-		}
+		register(ctx, t, c, api.RegisterRequest{AgentID: late, IP: "198.18.2.60", MeshAddr: "198.18.2.60:6783"})
 		for i := 0; ; i++ {
 			_, err := c.Client().Grow(ctx, late, api.GrowRequest{Overlay: full, Bridge: api.BridgeMesos, Family: "4", RequestID: fmt.Sprintf("late-%d", i)})
 			var ae *api.Error

@@ -33,14 +33,12 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	registered := 0
-	register := func(ids ...string) {
+	registerAll := func(ids ...string) {
 		t.Helper()
 		for _, id := range ids {
 			registered++
 			ip := fmt.Sprintf("198.18.9.%d", 10+registered)
-			if _, err := c.Client().Register(ctx, api.RegisterRequest{AgentID: id, IP: ip, MeshAddr: ip + ":6783"}); err != nil {
-				t.Fatalf("register %s: %v", id, err)
-			}
+			register(ctx, t, c, api.RegisterRequest{AgentID: id, IP: ip, MeshAddr: ip + ":6783"})
 		}
 	}
 	operator := func(args ...string) (string, error) {
@@ -50,7 +48,7 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 		return string(out), err
 	}
 
-	register("kept-1", "kept-2")
+	registerAll("kept-1", "kept-2")
 	file := filepath.Join(t.TempDir(), "carve.json")
 	if out, err := operator("snapshot", "save", file); err != nil {
 		t.Fatalf("carve snapshot save: %v: %s", err, out)
@@ -58,7 +56,7 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 	// The old history goes on past the snapshot: its log grows longer than
 	// the restored one will be.
 	old := []string{"old-1", "old-2", "old-3", "old-4", "old-5", "old-6"}
-	register(old...)
+	registerAll(old...)
 
 	masters := c.Masters()
 	stale := masters[2]
@@ -99,7 +97,7 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 	if _, err := c.WaitLeader(ctx); err != nil {
 		t.Fatal(err)
 	}
-	register("new-1", "new-2", "new-3")
+	registerAll("new-1", "new-2", "new-3")
 
 	statusOf := func(m *labcluster.Master) (*api.State, error) {
 		cl, err := api.NewClient([]string{m.URL()}, c.HTTPClient())

@@ -58,9 +58,7 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 	churn := func(id, ip string) {
 		t.Helper()
-		if _, err := c.Client().Register(ctx, api.RegisterRequest{AgentID: id, IP: ip, MeshAddr: ip + ":6783"}); err != nil {
-			t.Fatal(err)
-		}
+		register(ctx, t, c, api.RegisterRequest{AgentID: id, IP: ip, MeshAddr: ip + ":6783"})
 		waitAgentsSee(ctx, t, c, func(p *api.AgentPeers) error {
 			if !hasPeer(p, id) {
 				return fmt.Errorf("does not know %s yet", id)
