@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= $(shell command -v go || echo /usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
 
-.PHONY: all build deps cni-plugins lint test test-lint test-race test-norace fuzz demo bench clean
+.PHONY: all build deps cni-plugins lint test test-lint test-race test-e2e test-norace fuzz demo bench clean
 
 all: build
 
@@ -53,8 +53,8 @@ lint: $(STATICCHECK)
 # then the tests that run real weaveworks/mesh routers over TCP, which mesh's
 # known data races keep out of -race (they carry a !race build tag), and the
 # vet and tests of carve's fork of mesh (third_party/mesh, its own module).
-# The three parts are independent and run at once (test-lint, test-race,
-# test-norace; each one's output is printed whole when it ends): the race
+# The four parts are independent and run at once (test-lint, test-race,
+# test-e2e, test-norace; each one's output is printed whole when it ends): the race
 # run spends much of its time waiting on lab clusters, which the others fill.
 # The lab tests take the binaries and plugins built here (CARVE_BINARY,
 # CARVE_LAB_BINARY, CARVE_CNI_PATH) instead of building their own.
@@ -64,7 +64,7 @@ test: build cni-plugins $(STATICCHECK)
 	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise
 	@# bind it onto itself over another package's namespaces.
 	@mkdir -p /run/netns && (mountpoint -q /run/netns || mount --bind /run/netns /run/netns) && mount --make-shared /run/netns
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-lint test-race test-norace
+	@$(MAKE) --no-print-directory -j4 --output-sync=target test-lint test-race test-e2e test-norace
 
 # The parts of `make test`, which builds what they need first.
 test-lint: $(STATICCHECK)
@@ -72,7 +72,13 @@ test-lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 test-race:
-	$(TEST_ENV) $(GO) test -race -count=1 -p 3 -timeout 15m ./...
+	$(TEST_ENV) $(GO) test -race -count=1 -p 3 -timeout 15m $$($(GO) list ./... | grep -v '/test/e2e$$')
+
+# The end-to-end tests on their own, started at once: the longest package,
+# whose tests spend their time waiting on their own lab clusters, four at
+# a time (-parallel; the engine tests stay serial).
+test-e2e:
+	$(TEST_ENV) $(GO) test -race -count=1 -parallel 4 -timeout 15m ./test/e2e/
 
 test-norace:
 	$(GO) test -count=1 -timeout 5m ./gossip/...

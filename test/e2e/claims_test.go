@@ -59,6 +59,7 @@ func forgedRing(t *testing.T, universe, subnet netip.Prefix, writer, recipient s
 // neighbours, FDB) are as before, the masters' records too, and `carve
 // ipam check` finds no duplicate.
 func TestForgedClaims(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 4*converge)
 	if err := c.Start(ctx); err != nil {

@@ -30,6 +30,7 @@ import (
 //     back, without the container's veth): carve ipam check reports the
 //     container detached.
 func TestOverlayDrain(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	const extra = "extra"
 	netCfg := netconfig.Default()
 	netCfg.Overlays = append(netCfg.Overlays, api.OverlayNetwork{Name: extra, Subnet: "10.64.0.0/16", Prefix: 24})

@@ -6,8 +6,8 @@
 //
 // Every test runs its own lab cluster (its namespaces named apart by
 // netnslab), so the tests of carve alone run in parallel (t.Parallel; at
-// most -parallel, GOMAXPROCS by default, at once): most of their time is
-// spent waiting on the cluster. The tests that run real engines
+// most -parallel at once: `make test` gives them four): most of their time
+// is spent waiting on the cluster. The tests that run real engines
 // (TestEngines, TestMixedContainers, TestCritest) stay serial.
 package e2e
 

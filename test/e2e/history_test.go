@@ -27,6 +27,7 @@ import (
 // and once the master's data directory is moved away, as the problem
 // says, it joins the restored history and the cluster is healthy.
 func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 6*converge)
 	if err := c.StartMasters(ctx); err != nil {

@@ -28,6 +28,7 @@ import (
 //     way, and the ping from a container of the first phase (its interface
 //     still 8950) reaches the new host's container by path MTU discovery.
 func TestMTUFollowsTheUnderlay(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 1, Prefix: prefix, UnderlayMTU: 9000})
 	h1, h2, h3 := c.Host(1), c.Host(2), c.Host(3)
 	if err := c.Lab.SetUnderlayMTU(h3.NS, 1500); err != nil {

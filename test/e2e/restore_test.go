@@ -27,6 +27,7 @@ import (
 //     lower index than they saw), masters reachable, their kernels as the
 //     masters' state says; then the masters restarted as usual.
 func TestSnapshotRestore(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 6*converge)
 	if err := c.Start(ctx); err != nil {

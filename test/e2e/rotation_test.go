@@ -252,6 +252,7 @@ func (l *rotationLab) servedSerial(ctx context.Context, url string) (*big.Int, e
 //     Each round's guard (carve certs check-mesh) names the agent left
 //     for last before its reload, and passes once it reloads.
 func TestRotationWithoutDowntime(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
 	ctx := within(t, 16*converge)
 	if err := c.Start(ctx); err != nil {

@@ -87,6 +87,7 @@ func waitModes(ctx context.Context, t *testing.T, c *labcluster.Cluster, want fu
 //     switchLossLimit of the stream's echoes, which runs a second before
 //     the switch and a second after every agent reports the new mode).
 func TestRoutedMixed(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	ctx := within(t, 5*converge)
 	netCfg := netconfig.Default()
 	netCfg.Dataplane = api.DataplaneRouted

@@ -131,6 +131,7 @@ func waitMetricAbove(ctx context.Context, t *testing.T, what string, floor, min 
 //     to h1, no address is held twice, and an agent registered next still
 //     gets a subnet.
 func TestCompromisedAgentCertificate(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	cfg := netconfig.Default()
 	cfg.Overlays[0].QuotaPrefix = 23
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix, Network: &cfg,

@@ -73,6 +73,7 @@ func encryptedCluster(ctx context.Context, t *testing.T, mode string) (*labclust
 //  3. A key rotation of host 2 keeps pings from host 1 flowing (no gap of
 //     more than a few seconds), and its peers follow the new key.
 func TestEncryption(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	ctx := within(t, 4*converge)
 	c, cts := encryptedCluster(ctx, t, api.EncryptionWireGuard)
 	h1, h2, h3 := c.Host(1), c.Host(2), c.Host(3)
@@ -186,6 +187,7 @@ func TestEncryption(t *testing.T) {
 // nothing goes to it or comes from it (dropped, never sent in the clear),
 // while the keyed hosts talk through WireGuard.
 func TestEncryptionStrict(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	ctx := within(t, 3*converge)
 	c, cts := encryptedCluster(ctx, t, api.EncryptionWireGuardStrict)
 	h1, h2 := c.Host(1), c.Host(2)
@@ -410,6 +412,7 @@ func (p *pinger) stop() (time.Duration, int, int) {
 // pass at every stage, and turning it off leaves no WireGuard device or
 // route of carve's behind.
 func TestEncryptionEnable(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
 	ctx := within(t, 4*converge)
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix})
 	if err := c.Start(ctx); err != nil {
