@@ -59,7 +59,7 @@ func (c *Cluster) StartAgent(h *Host, extra ...string) error {
 	if err := os.MkdirAll(h.AgentDataDir, 0o755); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}
-	if err := h.Agent.start(c.opts.Binary, c.agentArgs(h, extra)); err != nil {
+	if err := h.Agent.Start(c.opts.Binary, c.agentArgs(h, extra)); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}
 	c.log.Info("agent started", "host", h.Name, "ip", h.IP().Addr(), "pid", h.Agent.PID())

@@ -39,6 +39,7 @@ import (
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/dockerlab"
 	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/proclab"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -233,7 +234,7 @@ func New(opts Options) (_ *Cluster, err error) {
 		if err := c.sec.issue(pki.RoleAgent, h.certName, nh.IP.Addr()); err != nil {
 			return nil, err
 		}
-		h.Agent = newProcess("agent-"+name, filepath.Join(c.Dir, "logs", "agent-"+name+".log"), nh.Namespace)
+		h.Agent = proclab.New("agent-"+name, filepath.Join(c.Dir, "logs", "agent-"+name+".log"), nh.Namespace)
 		c.hosts = append(c.hosts, h)
 		if err := c.newCNIRuntime(h); err != nil {
 			return nil, err
@@ -246,7 +247,7 @@ func New(opts Options) (_ *Cluster, err error) {
 		m := &Master{ID: id, Host: h,
 			HTTPAddr: ip + ":" + strconv.Itoa(MasterHTTPPort), RaftAddr: ip + ":" + strconv.Itoa(MasterRaftPort),
 			DataDir: filepath.Join(c.Dir, "masters", id),
-			Process: newProcess(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace),
+			Process: proclab.New(id, filepath.Join(c.Dir, "logs", id+".log"), h.NS.Namespace),
 			scheme:  "https"}
 		if err := c.sec.issue(pki.RoleMaster, id, h.ip.Addr()); err != nil {
 			return nil, err
@@ -387,7 +388,7 @@ func (c *Cluster) DumpLogs(w io.Writer, n int) {
 		if fi, err := os.Stat(h.cniLog.Name()); err != nil || fi.Size() == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "--- CNI plugins on %s (their stderr): last %d lines of %s\n%s\n", h.Name, n, h.cniLog.Name(), tailFile(h.cniLog.Name(), n))
+		fmt.Fprintf(w, "--- CNI plugins on %s (their stderr): last %d lines of %s\n%s\n", h.Name, n, h.cniLog.Name(), proclab.TailFile(h.cniLog.Name(), n))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/proclab"
 	"github.com/carve-net/carve/test/lab/testutil"
 	"github.com/carve-net/carve/vxlan"
 	"github.com/vishvananda/netlink"
@@ -108,7 +109,7 @@ func TestMasters(t *testing.T) {
 	if err := c.StopMaster(ctx, leader); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(tailFile(leader.LogPath, 1000), "=== ") {
+	if !strings.Contains(proclab.TailFile(leader.LogPath, 1000), "=== ") {
 		t.Fatalf("log %s lacks the start/exit markers", leader.LogPath)
 	}
 }
@@ -439,23 +440,6 @@ func TestIsClusterProcess(t *testing.T) {
 		if got := isClusterProcess([]byte(in)); got != want {
 			t.Errorf("isClusterProcess(%q) = %v, want %v", in, got, want)
 		}
-	}
-}
-
-func TestTailFile(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "log")
-	var b strings.Builder
-	for i := range 100 {
-		fmt.Fprintf(&b, "line %d\n", i)
-	}
-	if err := os.WriteFile(p, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got := tailFile(p, 2); got != "line 98\nline 99" {
-		t.Fatalf("tail = %q", got)
-	}
-	if got := tailFile(filepath.Join(t.TempDir(), "none"), 2); !strings.Contains(got, "no such file") {
-		t.Fatalf("tail of a missing file = %q", got)
 	}
 }
 

@@ -85,7 +85,7 @@ func (c *Cluster) StartMasterWith(m *Master, extra ...string) error {
 	args = append(args, c.sec.masterArgs(m.ID)...)
 	args = append(args, c.opts.MasterArgs...)
 	args = append(args, extra...)
-	if err := m.start(c.opts.Binary, args); err != nil {
+	if err := m.Start(c.opts.Binary, args); err != nil {
 		return fmt.Errorf("labcluster: %w", err)
 	}
 	c.log.Info("master started", "id", m.ID, "host", m.Host.Name, "http", m.HTTPAddr, "pid", m.PID())

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/carve-net/carve/test/lab/proclab"
 )
 
 // RogueMeshPort is where a rogue gossip peer listens, in its host's
@@ -42,7 +44,7 @@ func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, m
 		args = append(args, "--channel", channel)
 	}
 	args = append(args, more...)
-	p := newProcess(name, filepath.Join(c.Dir, "logs", name+".log"), h.NS.Namespace)
+	p := proclab.New(name, filepath.Join(c.Dir, "logs", name+".log"), h.NS.Namespace)
 	c.mu.Lock()
 	closed := c.closed
 	if !closed {
@@ -52,7 +54,7 @@ func (c *Cluster) startRogue(h *Host, name string, withPassword bool, channel, m
 	if closed {
 		return nil, errors.New("labcluster: the cluster is closed")
 	}
-	if err := p.start(c.opts.LabBinary, args); err != nil {
+	if err := p.Start(c.opts.LabBinary, args); err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
 	c.log.Info("rogue mesh peer started", "name", name, "host", h.Name, "password", withPassword, "pid", p.PID())

@@ -1,4 +1,9 @@
-package labcluster
+// Package probelab watches a lab's dataplane from outside the system under
+// test: ping matrices between endpoints on different hosts, pings kept up
+// while something changes (the longest window each pair lost), and tcpdump
+// captures of the underlay bridge. It knows nothing of carve: the endpoints
+// are whatever the caller pings between (labcluster's containers).
+package probelab
 
 import (
 	"context"
@@ -19,6 +24,20 @@ import (
 // container's and the gateway's ARP resolve.
 const PingAttempts = 3
 
+// Endpoint is one end of a ping: a namespace echoes leave from, an address
+// they reach it at, on a host of the lab.
+type Endpoint interface {
+	// Label names the endpoint in tables and errors.
+	Label() string
+	// PingFrom is the namespace the endpoint's echoes are sent from.
+	PingFrom() *netnslab.Namespace
+	// PingAddr is the address echoes to the endpoint go to.
+	PingAddr() netip.Addr
+	// SameHost reports whether other is on the endpoint's host: such pairs
+	// are not pinged (the overlay, which the pings test, is never crossed).
+	SameHost(other Endpoint) bool
+}
+
 // PingResult is one cell of a ping matrix.
 type PingResult struct {
 	// Skipped is true on the diagonal and between containers of one host
@@ -32,17 +51,18 @@ type PingResult struct {
 	Attempts int
 }
 
-// PingMatrix is the result of every container pinging every container on
-// the other hosts. Results[i][j] is Containers[i] pinging Containers[j].
-type PingMatrix struct {
-	Containers []*Container
+// PingMatrix is the result of every endpoint (container) pinging every
+// endpoint on the other hosts. Results[i][j] is Containers[i] pinging
+// Containers[j].
+type PingMatrix[E Endpoint] struct {
+	Containers []E
 	Results    [][]PingResult
 }
 
 // Ping runs the matrix over cs: every container pings every container on
 // another host, up to PingAttempts echoes each, a few pairs at a time.
-func Ping(ctx context.Context, cs []*Container) *PingMatrix {
-	m := &PingMatrix{Containers: cs, Results: make([][]PingResult, len(cs))}
+func Ping[E Endpoint](ctx context.Context, cs []E) *PingMatrix[E] {
+	m := &PingMatrix[E]{Containers: cs, Results: make([][]PingResult, len(cs))}
 	for i := range cs {
 		m.Results[i] = make([]PingResult, len(cs))
 	}
@@ -50,7 +70,7 @@ func Ping(ctx context.Context, cs []*Container) *PingMatrix {
 	var wg sync.WaitGroup
 	for i, src := range cs {
 		for j, dst := range cs {
-			if src.Host == dst.Host {
+			if src.SameHost(dst) {
 				m.Results[i][j].Skipped = true
 				continue
 			}
@@ -59,7 +79,7 @@ func Ping(ctx context.Context, cs []*Container) *PingMatrix {
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				m.Results[i][j] = pingOnce(ctx, src.NS.Namespace, dst.Addr.Addr())
+				m.Results[i][j] = pingOnce(ctx, src.PingFrom(), dst.PingAddr())
 			}()
 		}
 	}
@@ -75,15 +95,15 @@ func pingOnce(ctx context.Context, from *netnslab.Namespace, to netip.Addr) Ping
 }
 
 // OK reports whether every pair that was pinged answered.
-func (m *PingMatrix) OK() bool { return m.Err() == nil }
+func (m *PingMatrix[E]) OK() bool { return m.Err() == nil }
 
 // Err lists the failed pairs, or is nil.
-func (m *PingMatrix) Err() error {
+func (m *PingMatrix[E]) Err() error {
 	var errs []error
 	for i, row := range m.Results {
 		for j, r := range row {
 			if !r.Skipped && r.Err != nil {
-				errs = append(errs, fmt.Errorf("%s -> %s: %w", m.Containers[i], m.Containers[j], r.Err))
+				errs = append(errs, fmt.Errorf("%s -> %s: %w", m.Containers[i].Label(), m.Containers[j].Label(), r.Err))
 			}
 		}
 	}
@@ -94,7 +114,7 @@ func (m *PingMatrix) Err() error {
 }
 
 // Pairs is the number of pairs pinged.
-func (m *PingMatrix) Pairs() int {
+func (m *PingMatrix[E]) Pairs() int {
 	n := 0
 	for _, row := range m.Results {
 		for _, r := range row {
@@ -108,7 +128,7 @@ func (m *PingMatrix) Pairs() int {
 
 // Print writes the matrix as a table: one row per source, one column per
 // destination, "ok RTT" or "FAIL" in each cell, "." where nothing was pinged.
-func (m *PingMatrix) Print(w io.Writer) error {
+func (m *PingMatrix[E]) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	head := []string{"from \\ to"}
 	for _, c := range m.Containers {
@@ -145,7 +165,7 @@ func (m *PingMatrix) Print(w io.Writer) error {
 }
 
 // String is the printed table.
-func (m *PingMatrix) String() string {
+func (m *PingMatrix[E]) String() string {
 	var b strings.Builder
 	_ = m.Print(&b)
 	return b.String()

@@ -1,4 +1,4 @@
-package labcluster
+package probelab
 
 // Captures of the underlay: tcpdump on the lab's underlay bridge, in the
 // underlay namespace, and the IPv4 packets it saw.
@@ -29,22 +29,22 @@ type Capture struct {
 	done   chan struct{} // closed when tcpdump exited
 }
 
-// StartCapture starts tcpdump (Debian's package) on the underlay bridge,
+// StartCapture starts tcpdump (Debian's package) on lab's underlay bridge,
 // whole packets, each written as it comes (--immediate-mode: a packet
 // still in the kernel's buffer when tcpdump stops would be lost), and
 // returns once it listens.
-func (c *Cluster) StartCapture(ctx context.Context) (*Capture, error) {
+func StartCapture(ctx context.Context, lab *netnslab.Lab) (*Capture, error) {
 	path, err := exec.LookPath("tcpdump")
 	if err != nil {
-		return nil, fmt.Errorf("labcluster: capture needs tcpdump (deploy/install-deps.sh installs it): %w", err)
+		return nil, fmt.Errorf("probelab: capture needs tcpdump (deploy/install-deps.sh installs it): %w", err)
 	}
 	cp := &Capture{done: make(chan struct{})}
 	cp.cmd = exec.Command(path, "--immediate-mode", "-i", netnslab.UnderlayBridge, "-n", "-U", "-s", "0", "-w", "-")
 	cp.cmd.Stdout = &cp.out
 	pr, pw := io.Pipe()
 	cp.cmd.Stderr = pw
-	if err := c.Lab.Underlay.Start(cp.cmd); err != nil {
-		return nil, fmt.Errorf("labcluster: start tcpdump: %w", err)
+	if err := lab.Underlay.Start(cp.cmd); err != nil {
+		return nil, fmt.Errorf("probelab: start tcpdump: %w", err)
 	}
 	listening := make(chan struct{})
 	go func() {
@@ -67,13 +67,13 @@ func (c *Cluster) StartCapture(ctx context.Context) (*Capture, error) {
 	case <-listening:
 		return cp, nil
 	case <-cp.done:
-		return nil, fmt.Errorf("labcluster: tcpdump exited: %s", cp.stderr.bytes())
+		return nil, fmt.Errorf("probelab: tcpdump exited: %s", cp.stderr.bytes())
 	case <-ctx.Done():
 		_ = cp.cmd.Process.Kill()
-		return nil, fmt.Errorf("labcluster: tcpdump did not start listening: %w", ctx.Err())
+		return nil, fmt.Errorf("probelab: tcpdump did not start listening: %w", ctx.Err())
 	case <-time.After(10 * time.Second):
 		_ = cp.cmd.Process.Kill()
-		return nil, errors.New("labcluster: tcpdump did not start listening within 10s")
+		return nil, errors.New("probelab: tcpdump did not start listening within 10s")
 	}
 }
 
@@ -87,7 +87,7 @@ func (cp *Capture) Stop() ([]Packet, error) {
 	case <-time.After(10 * time.Second):
 		_ = cp.cmd.Process.Kill()
 		<-cp.done
-		return nil, fmt.Errorf("labcluster: tcpdump did not stop on SIGINT: %s", cp.stderr.bytes())
+		return nil, fmt.Errorf("probelab: tcpdump did not stop on SIGINT: %s", cp.stderr.bytes())
 	}
 }
 
@@ -134,7 +134,7 @@ func (p Packet) String() string {
 // packets.
 func parsePcap(b []byte) ([]Packet, error) {
 	if len(b) < 24 {
-		return nil, errors.New("labcluster: capture: no pcap header")
+		return nil, errors.New("probelab: capture: no pcap header")
 	}
 	var order binary.ByteOrder
 	switch binary.LittleEndian.Uint32(b) {
@@ -143,10 +143,10 @@ func parsePcap(b []byte) ([]Packet, error) {
 	case 0xd4c3b2a1, 0x4d3cb2a1:
 		order = binary.BigEndian
 	default:
-		return nil, errors.New("labcluster: capture: not a pcap stream")
+		return nil, errors.New("probelab: capture: not a pcap stream")
 	}
 	if lt := order.Uint32(b[20:]); lt != 1 {
-		return nil, fmt.Errorf("labcluster: capture: link type %d, want Ethernet", lt)
+		return nil, fmt.Errorf("probelab: capture: link type %d, want Ethernet", lt)
 	}
 	var out []Packet
 	for b = b[24:]; len(b) >= 16; {

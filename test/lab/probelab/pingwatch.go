@@ -1,4 +1,4 @@
-package labcluster
+package probelab
 
 import (
 	"context"
@@ -35,12 +35,12 @@ type PingWindow struct {
 
 // WatchPings starts pinging every pair of cs on different hosts, one echo
 // per interval each, until Stop.
-func WatchPings(ctx context.Context, cs []*Container, interval time.Duration) *PingWatch {
+func WatchPings[E Endpoint](ctx context.Context, cs []E, interval time.Duration) *PingWatch {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &PingWatch{cancel: cancel, pairs: map[string]*PingWindow{}}
 	for _, src := range cs {
 		for _, dst := range cs {
-			if src.Host == dst.Host {
+			if src.SameHost(dst) {
 				continue
 			}
 			p := &PingWindow{From: src.Label(), To: dst.Label()}
@@ -53,7 +53,7 @@ func WatchPings(ctx context.Context, cs []*Container, interval time.Duration) *P
 				for {
 					start := time.Now()
 					pctx, pcancel := context.WithTimeout(ctx, interval)
-					err := src.NS.Ping(pctx, dst.Addr.Addr())
+					err := src.PingFrom().Ping(pctx, dst.PingAddr())
 					pcancel()
 					if ctx.Err() != nil {
 						return
