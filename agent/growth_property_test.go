@@ -82,8 +82,10 @@ func growthSeedList(t *testing.T) []uint64 {
 // the history are printed on failure; -growth.seed=S replays one.
 func TestGrowthInvariantAcrossAgents(t *testing.T) {
 	testutil.Require(t, netnslab.IsRoot(), "needs root to create network namespaces for the agents")
+	t.Parallel() // every history has its own namespaces, master and data dirs
 	for _, seed := range growthSeedList(t) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Parallel() // and mostly waits on its agents
 			h := newGrowthHistory(t, seed)
 			defer func() {
 				if t.Failed() || testing.Verbose() {
