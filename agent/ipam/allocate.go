@@ -121,27 +121,27 @@ func (s *Service) decideAllocation(req api.IPAMRequest) (*api.Allocation, *batch
 	if err != nil {
 		return nil, nil, err
 	}
-	if rec, ok := o.attached[at]; ok {
+	if rec, ok := o.Attached[at]; ok {
 		if rec.Bridge != req.Bridge {
 			return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds addresses on the %s bridge", at.ContainerID, at.Interface, rec.Bridge)
 		}
 		claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 		for fam, c := range claims {
-			if c.IsValid() && rec.addr(fam) != c {
-				return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds %s, not the requested %s (release it first)", at.ContainerID, at.Interface, rec.addr(fam), c)
+			if c.IsValid() && rec.Addr(fam) != c {
+				return nil, nil, failure(http.StatusConflict, api.CodeConflict, "%s/%s already holds %s, not the requested %s (release it first)", at.ContainerID, at.Interface, rec.Addr(fam), c)
 			}
 		}
 		return s.render(o, at, rec), nil, nil
 	}
-	if _, ok := o.bridges[req.Bridge]; !ok {
+	if _, ok := o.Bridges[req.Bridge]; !ok {
 		return nil, nil, failure(http.StatusBadRequest, api.CodeBadRequest, "this agent has no %s bridge on %q (see --%s-bridge)", req.Bridge, req.Network, req.Bridge)
 	}
 	rec, err := take(o, at, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	o.attached[at] = rec
-	writes := []write{putAlloc(o.name, at, rec)}
+	o.Attached[at] = rec
+	writes := []write{putAlloc(o.Name, at, rec)}
 	if s.released.forget(key) {
 		writes = append(writes, deleteReleased(key))
 	}
@@ -157,7 +157,7 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 	claims, _ := ipamvalidate.RequestedAddrs(req) // validated
 	rec := allocRecord{Bridge: req.Bridge, Owner: req.Owner}
 	for fam := range families {
-		alloc, blocks := o.alloc[fam], o.bridgeBlocks(req.Bridge, fam)
+		alloc, blocks := o.Alloc[fam], o.BridgeBlocks(req.Bridge, fam)
 		claim := claims[fam]
 		if claim.IsValid() && (alloc == nil || len(blocks) == 0 || (req.Family != "" && req.Family != ipfamily.Name(fam))) {
 			forget(o, at)
@@ -183,9 +183,9 @@ func take(o *overlay, at ring.Attachment, req api.IPAMRequest) (allocRecord, err
 			forget(o, at)
 			return allocRecord{}, claimError(o, fam, err, req, blockaddr.Describe(blocks), claim)
 		}
-		rec.setAddr(fam, addr)
+		rec.SetAddr(fam, addr)
 	}
-	if rec.empty() {
+	if rec.Empty() {
 		return allocRecord{}, failure(http.StatusBadRequest, api.CodeBadRequest, "no address family to allocate from on %q (family %q)", req.Network, req.Family)
 	}
 	return rec, nil
@@ -200,9 +200,9 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 	switch {
 	case errors.Is(err, ring.ErrAddressInUse):
 		holder := "a reserved address of the bridge"
-		if at, ok := o.alloc[fam].Holder(claim); ok {
+		if at, ok := o.Alloc[fam].Holder(claim); ok {
 			holder = "container " + at.ContainerID + " interface " + at.Interface
-			if rec, ok := o.attached[at]; ok && !rec.Owner.Empty() {
+			if rec, ok := o.Attached[at]; ok && !rec.Owner.Empty() {
 				holder = rec.Owner.String()
 			}
 		}
@@ -210,17 +210,17 @@ func claimError(o *overlay, fam int, err error, req api.IPAMRequest, subnet stri
 	case errors.Is(err, blockaddr.ErrBridgeAddress):
 		return failure(http.StatusConflict, api.CodeBridgeAddress, "%v", err)
 	case errors.Is(err, ring.ErrNotOwned), errors.Is(err, ring.ErrOutside):
-		if !o.universe[fam].Contains(claim) {
-			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is outside overlay %q (%s)", claim, o.name, o.universe[fam])
+		if !o.Universe[fam].Contains(claim) {
+			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is outside overlay %q (%s)", claim, o.Name, o.Universe[fam])
 		}
-		peer, _ := o.alloc[fam].Ring().Owner(claim)
+		peer, _ := o.Alloc[fam].Ring().Owner(claim)
 		switch peer {
-		case o.alloc[fam].Self():
+		case o.Alloc[fam].Self():
 			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is this agent's, but not in its %s bridge's %s (another bridge's range: ask on the network of that bridge)", claim, req.Bridge, subnet)
 		case "":
-			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: no agent holds it in the ring of %q yet", claim, o.name)
+			return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: no agent holds it in the ring of %q yet", claim, o.Name)
 		}
-		return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: agent %s holds it in overlay %q (run the container on that host, or let carve choose; this host's %s bridge has %s)", claim, peer, o.name, req.Bridge, subnet)
+		return failure(http.StatusConflict, api.CodeNotOwned, "requested address %s is not this host's: agent %s holds it in overlay %q (run the container on that host, or let carve choose; this host's %s bridge has %s)", claim, peer, o.Name, req.Bridge, subnet)
 	}
 	return allocError(err, req.Bridge, subnet, claim)
 }
@@ -243,29 +243,29 @@ func allocError(err error, bridge string, subnet string, claim netip.Addr) error
 // forget frees an attachment's addresses at once: the undo of an
 // allocation that never became durable.
 func forget(o *overlay, at ring.Attachment) {
-	for _, alloc := range o.alloc {
+	for _, alloc := range o.Alloc {
 		if alloc != nil {
 			alloc.Release(at)
 		}
 	}
-	delete(o.attached, at)
+	delete(o.Attached, at)
 }
 
 // release frees an attachment and queues the deletion of its record. Its
 // addresses stay reserved until the deletion is durable (see package groupcommit).
 // The caller holds s.mu and flushes the batch.
 func (s *Service) release(o *overlay, at ring.Attachment) *batch {
-	key, now := allocKey(o.name, at), time.Now()
-	writes := []write{deleteAlloc(o.name, at)}
+	key, now := allocKey(o.Name, at), time.Now()
+	writes := []write{deleteAlloc(o.Name, at)}
 	for _, k := range s.released.prune(now) {
 		writes = append(writes, deleteReleased(k))
 	}
 	writes = append(writes, putReleased(key, now))
 	s.released.mark(key, now)
-	rec := o.attached[at]
-	delete(o.attached, at)
+	rec := o.Attached[at]
+	delete(o.Attached, at)
 	var held [families]netip.Addr
-	for fam, alloc := range o.alloc {
+	for fam, alloc := range o.Alloc {
 		if alloc == nil {
 			continue
 		}
@@ -273,7 +273,7 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 			if err := alloc.Reserve(addr); err != nil {
 				// Cannot happen (the address is owned and was just freed);
 				// if it did, the address is free at once, as before group commit.
-				s.log.Error("reserve a released address until its release is durable", "overlay", o.name, "addr", addr, "err", err)
+				s.log.Error("reserve a released address until its release is durable", "overlay", o.Name, "addr", addr, "err", err)
 				continue
 			}
 			held[fam] = addr
@@ -285,21 +285,21 @@ func (s *Service) release(o *overlay, at ring.Attachment) *batch {
 		Durable: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
-					s.forgetNeighbour(o.name, rec.Bridge, addr) // before anyone can get it
-					o.alloc[fam].Unreserve(addr)
+					s.forgetNeighbour(o.Name, rec.Bridge, addr) // before anyone can get it
+					o.Alloc[fam].Unreserve(addr)
 				}
 			}
 		},
 		Undo: func() {
 			for fam, addr := range held {
 				if addr.IsValid() {
-					o.alloc[fam].Unreserve(addr)
-					if err := o.alloc[fam].Claim(at, addr); err != nil {
-						s.log.Error("take back a release that did not commit", "overlay", o.name, "addr", addr, "err", err)
+					o.Alloc[fam].Unreserve(addr)
+					if err := o.Alloc[fam].Claim(at, addr); err != nil {
+						s.log.Error("take back a release that did not commit", "overlay", o.Name, "addr", addr, "err", err)
 					}
 				}
 			}
-			o.attached[at] = rec
+			o.Attached[at] = rec
 		},
 	})
 }
@@ -333,7 +333,7 @@ func (s *Service) decideRelease(req api.IPAMRequest) (*api.Released, *batch) {
 	s.released.mark(key, time.Now())
 	out := &api.Released{Released: []api.Allocation{}}
 	if o := s.overlays[req.Network]; o != nil {
-		if rec, ok := o.attached[at]; ok {
+		if rec, ok := o.Attached[at]; ok {
 			out.Released = append(out.Released, *s.render(o, at, rec))
 			return out, s.release(o, at)
 		}
@@ -381,8 +381,8 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 		}
 		var holders []ring.Attachment
 		busy := ""
-		for _, at := range sortedAttachments(o.attached) {
-			if rec := o.attached[at]; rec.V4 != addr && rec.V6 != addr {
+		for _, at := range sortedAttachments(o.Attached) {
+			if rec := o.Attached[at]; rec.V4 != addr && rec.V6 != addr {
 				continue
 			}
 			if key := allocKey(network, at); s.commits.Pending(key) {
@@ -397,7 +397,7 @@ func (s *Service) decideReleaseAddress(network string, addr netip.Addr) (*api.Re
 		}
 		var b *batch
 		for _, at := range holders {
-			out.Released = append(out.Released, *s.render(o, at, o.attached[at]))
+			out.Released = append(out.Released, *s.render(o, at, o.Attached[at]))
 			b = s.release(o, at)
 		}
 		return out, b
@@ -441,9 +441,9 @@ func (s *Service) decideGC(req api.GCRequest, kept func(ring.Attachment) bool) (
 		return out, nil
 	}
 	var b *batch
-	for _, at := range sortedAttachments(o.attached) {
-		rec := o.attached[at]
-		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.commits.Pending(allocKey(o.name, at)) {
+	for _, at := range sortedAttachments(o.Attached) {
+		rec := o.Attached[at]
+		if kept(at) || (req.Bridge != "" && rec.Bridge != req.Bridge) || s.commits.Pending(allocKey(o.Name, at)) {
 			continue
 		}
 		out.Released = append(out.Released, *s.render(o, at, rec))
@@ -469,7 +469,7 @@ func (s *Service) Lookup(req api.IPAMRequest) (*api.Allocation, error) {
 		_, err := s.overlayFor(req.Network, false)
 		return nil, err
 	}
-	if rec, ok := o.attached[at]; ok {
+	if rec, ok := o.Attached[at]; ok {
 		return s.render(o, at, rec), nil
 	}
 	if _, pending := s.persist[req.Network][at]; pending {

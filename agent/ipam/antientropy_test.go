@@ -373,7 +373,7 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	}
 	p := netip.MustParsePrefix(ans.Prefix)
 	recipient.mu.Lock()
-	owner, _ := recipient.overlays["carve"].alloc[0].Ring().Owner(p.Addr())
+	owner, _ := recipient.overlays["carve"].Alloc[0].Ring().Owner(p.Addr())
 	recipient.mu.Unlock()
 	if owner != "self" {
 		t.Fatalf("after the answer, the recipient's ring gives %s to %q", p, owner)
@@ -382,7 +382,7 @@ func TestGrantAnswerIsWhatTheGrantWrote(t *testing.T) {
 	// the ring (never its leases: the recipient seeds those itself).
 	again, _ := donor.decideDonation(req)
 	donor.mu.Lock()
-	claims := len(donor.overlays["carve"].alloc[0].Ring().Claims().Encode())
+	claims := len(donor.overlays["carve"].Alloc[0].Ring().Claims().Encode())
 	donor.mu.Unlock()
 	if again.Kind != ipamwire.KindGrant || again.Prefix != ans.Prefix || len(again.Ring) != claims {
 		t.Errorf("a repeated request: %s %s with %d bytes of ring; want the same grant with every claim (%d)", again.Kind, again.Prefix, len(again.Ring), claims)

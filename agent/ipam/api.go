@@ -40,6 +40,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam/cnihost"
 	"github.com/carve-net/carve/agent/ipam/growth"
 	"github.com/carve-net/carve/agent/ipam/masterreport"
+	"github.com/carve-net/carve/agent/ipam/overlayspace"
 	"github.com/carve-net/carve/agent/ipam/spaceask"
 	"github.com/carve-net/carve/api"
 )
@@ -87,18 +88,8 @@ type Config struct {
 	ClaimKey ed25519.PrivateKey
 }
 
-// Peer is one agent's leases, of every overlay: the blocks of its masters'
-// record (its subnets for a record without blocks).
-type Peer struct {
-	ID      string
-	Version uint64 // Raft index of the record the subnets come from
-	// Subnets are every block the record lists: each overlay family's
-	// are the agent's complete lease set at Version in that ring.
-	Subnets []string
-	// ClaimKey is the claim key of the agent's record (nil: none): its
-	// ring claims verify under it only.
-	ClaimKey ed25519.PublicKey
-}
+// Peer is one agent's leases, of every overlay (overlayspace.Peer).
+type Peer = overlayspace.Peer
 
 // View is all the IPAM learns from the agent.
 type View struct {
@@ -129,15 +120,8 @@ type LeasedBlock = growth.LeasedBlock
 type GrantReport = growth.GrantReport
 
 // MasterBlock is a grown or granted block the masters' record of this
-// agent lists.
-type MasterBlock struct {
-	Overlay string
-	Bridge  string
-	Prefix  netip.Prefix
-	Version uint64
-	// Donor is the agent that granted the block; empty for a grown one.
-	Donor string
-}
+// agent lists (overlayspace.MasterBlock).
+type MasterBlock = overlayspace.MasterBlock
 
 // Errors of growth, for callers that branch.
 var (
@@ -182,13 +166,11 @@ type ReclaimConfig struct {
 // Where a bridge's extra block came from (heldBlock.Origin).
 const (
 	// OriginGrow is a block the masters leased to this agent on a grow
-	// request: it is a lease in the ring, and goes back through
-	// BlockSource.Return.
-	OriginGrow = "grow"
-	// OriginGrant is a block a peer granted through the ring: the ring
-	// alone says this agent owns it, and it goes back to its donor with a
-	// grant back through the ring.
-	OriginGrant = "grant"
+	// request (overlayspace.OriginGrow).
+	OriginGrow = overlayspace.OriginGrow
+	// OriginGrant is a block a peer granted through the ring
+	// (overlayspace.OriginGrant).
+	OriginGrant = overlayspace.OriginGrant
 )
 
 // ParseClaimKey decodes a claim public key as records carry it (standard

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"github.com/carve-net/carve/agent/ipam/capacity"
+	"github.com/carve-net/carve/agent/ipam/overlayspace"
 )
 
 // readCapacity reads every served overlay's use (package capacity's
@@ -12,22 +13,22 @@ func (s *Service) readCapacity() []capacity.Overlay {
 	var out []capacity.Overlay
 	for _, name := range sortedKeys(s.overlays) {
 		o := s.overlays[name]
-		if o.unserved != "" {
+		if o.Unserved != "" {
 			continue
 		}
 		oc := capacity.Overlay{Name: name}
 		for fam := range families {
-			if o.alloc[fam] == nil {
+			if o.Alloc[fam] == nil {
 				continue
 			}
-			for kind := range o.bridges {
-				if len(o.bridgeBlocks(kind, fam)) > 0 {
+			for kind := range o.Bridges {
+				if len(o.BridgeBlocks(kind, fam)) > 0 {
 					oc.Has[fam] = true
-					oc.Free[fam] = satAdd(oc.Free[fam], o.freeHosts(kind, fam))
+					oc.Free[fam] = overlayspace.SatAdd(oc.Free[fam], o.FreeHosts(kind, fam))
 				}
 			}
-			for _, rec := range o.attached {
-				if rec.addr(fam).IsValid() {
+			for _, rec := range o.Attached {
+				if rec.Addr(fam).IsValid() {
 					oc.Used[fam]++
 				}
 			}

@@ -14,7 +14,7 @@ import (
 
 // unsolicitedGrant: the ring gives this agent a range another host
 // granted it, which it never asked for: shown in the ring, never used
-// (mayAdopt).
+// (overlayspace's mayAdopt).
 const unsolicitedGrant = claimkeys.ReasonUnsolicitedGrant
 
 // admit returns what of a received ring may join an allocator's (see

@@ -68,7 +68,7 @@ func TestForgedClaimsChangeNothing(t *testing.T) {
 	owner := func() string {
 		a.svc.mu.Lock()
 		defer a.svc.mu.Unlock()
-		o, _ := a.svc.overlays["carve"].alloc[0].Ring().Owner(netip.MustParsePrefix("10.128.0.64/28").Addr())
+		o, _ := a.svc.overlays["carve"].Alloc[0].Ring().Owner(netip.MustParsePrefix("10.128.0.64/28").Addr())
 		return o
 	}
 	_, stranger, err := ed25519.GenerateKey(nil)
@@ -185,7 +185,7 @@ func TestClaimKeyReplaced(t *testing.T) {
 	}
 	svc.Sync(growthView("b"))
 	svc.mu.Lock()
-	r := svc.overlays["carve"].alloc[0].Ring()
+	r := svc.overlays["carve"].Alloc[0].Ring()
 	svc.mu.Unlock()
 	// A peer of b's record checks every claim of b's ring.
 	local, _ := ring.NewRing(r.Universe())

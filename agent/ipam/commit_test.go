@@ -171,7 +171,7 @@ func TestGroupCommitFailure(t *testing.T) {
 	checkAllocations(t, h.svc)
 	// Only the bridges' gateways stay reserved (blocks.go: never handed out
 	// nor donated).
-	if r := h.svc.overlays["carve"].alloc[0].Reserved(); fmt.Sprint(r) != "[10.128.2.1 10.128.3.1]" {
+	if r := h.svc.overlays["carve"].Alloc[0].Reserved(); fmt.Sprint(r) != "[10.128.2.1 10.128.3.1]" {
 		t.Errorf("addresses left reserved: %v", r)
 	}
 	// The failed allocations freed their addresses (.8 to .10); only the

@@ -16,6 +16,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/agent/ipam/ipfamily"
+	"github.com/carve-net/carve/agent/ipam/overlayspace"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -104,19 +105,19 @@ func (s *Service) returnIdle(now time.Time) {
 	for _, name := range sortedKeys(s.overlays) {
 		o := s.overlays[name]
 		for fam := range families {
-			a := o.alloc[fam]
+			a := o.Alloc[fam]
 			if a == nil {
 				continue
 			}
-			for _, hb := range o.blocks[fam] {
+			for _, hb := range o.Blocks[fam] {
 				if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
-					hb.idleSince = time.Time{}
+					hb.IdleSince = time.Time{}
 					continue
 				}
-				if hb.idleSince.IsZero() {
-					hb.idleSince = now
+				if hb.IdleSince.IsZero() {
+					hb.IdleSince = now
 				}
-				if now.Sub(hb.idleSince) >= s.grow.cfg.IdleReturn {
+				if now.Sub(hb.IdleSince) >= s.grow.cfg.IdleReturn {
 					todo = append(todo, hb)
 				}
 			}
@@ -133,11 +134,11 @@ func (s *Service) returnIdle(now time.Time) {
 func (s *Service) giveBack(hb *heldBlock) {
 	s.mu.Lock()
 	o := s.overlays[hb.Overlay]
-	if o == nil || o.alloc[hb.Family] == nil || !slices.Contains(o.blocks[hb.Family], hb) {
+	if o == nil || o.Alloc[hb.Family] == nil || !slices.Contains(o.Blocks[hb.Family], hb) {
 		s.mu.Unlock()
 		return
 	}
-	a := o.alloc[hb.Family]
+	a := o.Alloc[hb.Family]
 	if a.FreeHosts(hb.Prefix) != blockaddr.HostCount(hb.Prefix) {
 		s.mu.Unlock()
 		return // taken meanwhile
@@ -154,7 +155,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 			s.mu.Unlock()
 			return // nobody to give it back to: it stays
 		}
-		o.unreserveGateway(hb.Family, hb.Prefix)
+		o.UnreserveGateway(hb.Family, hb.Prefix)
 		var err error
 		if s.tombstoned(to) {
 			// The donor was deleted (and may be back with other space):
@@ -164,7 +165,7 @@ func (s *Service) giveBack(hb *heldBlock) {
 			err = a.Grant(to, hb.Prefix)
 		}
 		if err != nil {
-			o.reserveGateways()
+			o.ReserveGateways()
 			s.mu.Unlock()
 			level := slog.LevelWarn
 			if errors.Is(err, ring.ErrNotLessee) {
@@ -185,9 +186,9 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
 		// report the masters will free it on.
-		o.unreserveGateway(hb.Family, hb.Prefix)
+		o.UnreserveGateway(hb.Family, hb.Prefix)
 		if err := a.ReleaseBlock(hb.Prefix); err != nil {
-			o.reserveGateways()
+			o.ReserveGateways()
 			s.mu.Unlock()
 			s.log.Warn("an idle block could not be released in the ring", "overlay", hb.Overlay, "block", hb.Prefix, "err", err)
 			return
@@ -202,8 +203,8 @@ func (s *Service) giveBack(hb *heldBlock) {
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), ipamstore.PutReturned(hb.Prefix, version),
 			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
 	}
-	o.blocks[hb.Family] = slices.DeleteFunc(o.blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
-	writes = append(writes, deleteBlock(hb))
+	o.Blocks[hb.Family] = slices.DeleteFunc(o.Blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
+	writes = append(writes, overlayspace.DeleteBlock(hb))
 	b := s.commits.Enqueue(change{Writes: writes})
 	s.mu.Unlock()
 	if err := s.commits.Flush(b); err != nil {
@@ -228,8 +229,8 @@ func (s *Service) forgetReturned(o *overlay, v View) []write {
 	}
 	var writes []write
 	for p, version := range s.grow.returned {
-		u := o.universe[ipfamily.Of(p.Addr())]
-		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.name, p) {
+		u := o.Universe[ipfamily.Of(p.Addr())]
+		if !u.IsValid() || !u.Contains(p.Addr()) || recordedBlock(v.Blocks, o.Name, p) {
 			continue
 		}
 		if version != math.MaxUint64 && v.Self.Version <= version {

@@ -34,13 +34,13 @@ const ringPersistEvery = 10 * time.Second
 // the caller holds s.mu.
 func (s *Service) allocatorOf(overlay, family string) *ring.Allocator {
 	o := s.overlays[overlay]
-	if o == nil || o.unserved != "" {
+	if o == nil || o.Unserved != "" {
 		return nil
 	}
 	if family == "6" {
-		return o.alloc[1]
+		return o.Alloc[1]
 	}
-	return o.alloc[0]
+	return o.Alloc[0]
 }
 
 // rings returns every ring this agent serves.
@@ -88,8 +88,8 @@ func (s *Service) eachServedRing(syncFree bool, f func(k ringID, a *ring.Allocat
 // derives alike (the masters' leases), or what it already holds (a ring
 // read back from disk), so that it is never broadcast; s.mu is held.
 func (s *Service) markKnown(o *overlay, fam int, f func(known *ring.Ring) error) {
-	if a := o.alloc[fam]; a != nil {
-		s.gossip.Known(ringID{o.name, ipfamily.Name(fam)}.gossipID(), a, f)
+	if a := o.Alloc[fam]; a != nil {
+		s.gossip.Known(ringID{o.Name, ipfamily.Name(fam)}.gossipID(), a, f)
 	}
 }
 
@@ -173,7 +173,7 @@ func (s *Service) decideMerge(m ipamwire.RingMessage) (ipamwire.RingMessage, *ba
 		}
 		fam := ipfamily.Index(e.Family)
 		o := s.overlays[e.Overlay]
-		writes, adopted := o.syncBlocks(s.overlaySync(o.name), fam)
+		writes, adopted := o.SyncBlocks(s.overlaySync(o.Name), fam)
 		if len(writes) > 0 || adopted || !slices.Equal(ownedBefore, a.Owned()) {
 			// What this agent owns moved: durable before anything is
 			// allocated from it.

@@ -53,9 +53,9 @@ func checkAllocations(t *testing.T, s *Service) {
 	defer s.mu.Unlock()
 	for _, o := range s.overlays {
 		seen := map[netip.Addr]ring.Attachment{}
-		for at, rec := range o.attached {
+		for at, rec := range o.Attached {
 			for fam := range families {
-				addr := rec.addr(fam)
+				addr := rec.Addr(fam)
 				if !addr.IsValid() {
 					continue
 				}
@@ -63,10 +63,10 @@ func checkAllocations(t *testing.T, s *Service) {
 					t.Fatalf("%s held by %v and %v", addr, other, at)
 				}
 				seen[addr] = at
-				if owner, ok := o.alloc[fam].Ring().Owner(addr); !ok || owner != s.id {
+				if owner, ok := o.Alloc[fam].Ring().Owner(addr); !ok || owner != s.id {
 					t.Fatalf("%s of %v is owned by %q in the ring", addr, at, owner)
 				}
-				if holder, ok := o.alloc[fam].Holder(addr); !ok || holder != at {
+				if holder, ok := o.Alloc[fam].Holder(addr); !ok || holder != at {
 					t.Fatalf("%s of %v is held by %v in the allocator", addr, at, holder)
 				}
 			}
@@ -149,7 +149,7 @@ func TestOtherAgentsEntriesPersistedLater(t *testing.T) {
 	v := testView(testSelf())
 	s.Sync(v)
 	saved := func() []byte {
-		b, err := ringStore{s.db, s.dbPath}.savedRing("carve", 0)
+		b, err := ringStore{s.db, s.dbPath}.SavedRing("carve", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

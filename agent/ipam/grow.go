@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam/blockaddr"
 	"github.com/carve-net/carve/agent/ipam/growth"
+	"github.com/carve-net/carve/agent/ipam/overlayspace"
 	"github.com/carve-net/carve/ring"
 )
 
@@ -44,19 +45,19 @@ func (s *Service) startGrowth(overlay, bridge string, full bool) []*growth.Growt
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.overlays[overlay]
-	if o == nil || o.unserved != "" || o.seedErr != nil {
+	if o == nil || o.Unserved != "" || o.SeedErr != nil {
 		return nil
 	}
 	var out []*growth.Growth
 	for fam := range families {
-		if o.alloc[fam] == nil || !o.bridges[bridge][fam].IsValid() {
+		if o.Alloc[fam] == nil || !o.Bridges[bridge][fam].IsValid() {
 			continue
 		}
-		lw := s.grower.LowWater(o.bridges[bridge][fam])
+		lw := s.grower.LowWater(o.Bridges[bridge][fam])
 		if full {
 			lw = max(lw, 1)
 		}
-		if g := s.grower.Start(growth.Key{Overlay: overlay, Bridge: bridge, Fam: fam}, o.freeHosts(bridge, fam), lw); g != nil {
+		if g := s.grower.Start(growth.Key{Overlay: overlay, Bridge: bridge, Fam: fam}, o.FreeHosts(bridge, fam), lw); g != nil {
 			out = append(out, g)
 		}
 	}
@@ -98,33 +99,33 @@ func (t *growTable) Go(f func(ctx context.Context)) error {
 func (s *Service) addGrownBlock(k growth.Key, lb LeasedBlock) error {
 	s.mu.Lock()
 	o := s.overlays[k.Overlay]
-	if o == nil || o.alloc[k.Fam] == nil {
+	if o == nil || o.Alloc[k.Fam] == nil {
 		s.mu.Unlock()
 		return fmt.Errorf("overlay %q is not served any more", k.Overlay)
 	}
-	u := o.universe[k.Fam]
+	u := o.Universe[k.Fam]
 	if !lb.Prefix.IsValid() || lb.Prefix.Masked() != lb.Prefix || !u.Contains(lb.Prefix.Addr()) || lb.Prefix.Bits() <= u.Bits() ||
 		lb.Prefix.Bits() > blockaddr.MinBits(k.Fam) || lb.Version == 0 {
 		s.mu.Unlock()
 		return fmt.Errorf("block %v (version %d) is not a block of %v", lb.Prefix, lb.Version, u)
 	}
 	// The masters' watch may have brought the new record, and with it
-	// this block (learnMasterBlocks), before the grow's answer came back.
-	if slices.ContainsFunc(o.blocks[k.Fam], func(hb *heldBlock) bool {
+	// this block (LearnMasterBlocks), before the grow's answer came back.
+	if slices.ContainsFunc(o.Blocks[k.Fam], func(hb *heldBlock) bool {
 		return hb.Prefix == lb.Prefix && hb.Bridge == k.Bridge && hb.Origin == OriginGrow
 	}) {
 		s.mu.Unlock()
 		return nil
 	}
-	for kind := range o.bridges {
-		for _, p := range o.bridgeBlocks(kind, k.Fam) {
+	for kind := range o.Bridges {
+		for _, p := range o.BridgeBlocks(kind, k.Fam) {
 			if p.Overlaps(lb.Prefix) {
 				s.mu.Unlock()
 				return fmt.Errorf("block %v overlaps the %s bridge's %v", lb.Prefix, kind, p)
 			}
 		}
 	}
-	a := o.alloc[k.Fam]
+	a := o.Alloc[k.Fam]
 	var err error
 	if len(lb.Held) > 0 && slices.Contains(lb.Held, lb.Prefix) {
 		_, err = a.SeedSets([]ring.LeaseSet{{Owner: s.id, Version: lb.Version, Prefixes: lb.Held}}, nil)
@@ -136,11 +137,11 @@ func (s *Service) addGrownBlock(k growth.Key, lb LeasedBlock) error {
 		return err
 	}
 	hb := &heldBlock{Overlay: k.Overlay, Family: k.Fam, Bridge: k.Bridge, Prefix: lb.Prefix, Origin: OriginGrow, Version: lb.Version}
-	o.blocks[k.Fam] = append(o.blocks[k.Fam], hb)
-	slices.SortFunc(o.blocks[k.Fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
-	o.reserveGateways()
+	o.Blocks[k.Fam] = append(o.Blocks[k.Fam], hb)
+	slices.SortFunc(o.Blocks[k.Fam], func(x, y *heldBlock) int { return x.Prefix.Addr().Compare(y.Prefix.Addr()) })
+	o.ReserveGateways()
 	enc := a.EncodeRing()
-	b := s.commits.Enqueue(change{Writes: []write{putBlock(hb), putRing(k.Overlay, k.Fam, enc)}})
+	b := s.commits.Enqueue(change{Writes: []write{overlayspace.PutBlock(hb), putRing(k.Overlay, k.Fam, enc)}})
 	s.mu.Unlock()
 	s.log.Info("block leased by the masters", "overlay", k.Overlay, "bridge", k.Bridge, "block", lb.Prefix)
 	if err := s.commits.Flush(b); err != nil {

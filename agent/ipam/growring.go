@@ -37,10 +37,10 @@ func (h *askHost) Ring(overlay, bridge string, fam int) (*ring.Ring, int, bool) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.overlays[overlay]
-	if o == nil || o.alloc[fam] == nil || s.channel == nil {
+	if o == nil || o.Alloc[fam] == nil || s.channel == nil {
 		return nil, 0, false
 	}
-	return o.alloc[fam].Ring(), o.bridges[bridge][fam].Bits(), true
+	return o.Alloc[fam].Ring(), o.Bridges[bridge][fam].Bits(), true
 }
 
 func (h *askHost) Channel() (gossip.Channel, string) {
@@ -96,7 +96,7 @@ func (s *Service) acceptAnswer(k growth.Key, peer string, ans ipamwire.SpaceMess
 	o := s.overlays[k.Overlay]
 	var hb *heldBlock
 	if o != nil {
-		hb = o.held(k.Fam, p)
+		hb = o.Held(k.Fam, p)
 	}
 	if hb == nil || !hb.Prefix.Contains(p.Addr()) {
 		s.mu.Unlock()

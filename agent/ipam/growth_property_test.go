@@ -173,7 +173,7 @@ func (pc *propertyCluster) returnIdle(id string) {
 }
 
 // checkBridgeAddresses fails when a handed-out address is a network,
-// broadcast or gateway address of a prefix of its bridge, as bridgeBlocks
+// broadcast or gateway address of a prefix of its bridge, as BridgeBlocks
 // has the agent program them, or when two prefixes of an agent's bridges
 // overlap; and (checkNoDoubles) when two containers hold one address.
 func (pc *propertyCluster) checkBridgeAddresses(what string) {
@@ -185,8 +185,8 @@ func (pc *propertyCluster) checkBridgeAddresses(what string) {
 		for _, o := range svc.overlays {
 			for fam := range families {
 				var all []netip.Prefix
-				for _, kind := range sortedKeys(o.bridges) {
-					all = append(all, o.bridgeBlocks(kind, fam)...)
+				for _, kind := range sortedKeys(o.Bridges) {
+					all = append(all, o.BridgeBlocks(kind, fam)...)
 				}
 				for i, p := range all {
 					for _, q := range all[i+1:] {
@@ -196,13 +196,13 @@ func (pc *propertyCluster) checkBridgeAddresses(what string) {
 					}
 				}
 			}
-			for at, rec := range o.attached {
+			for at, rec := range o.Attached {
 				for fam := range families {
-					addr := rec.addr(fam)
+					addr := rec.Addr(fam)
 					if !addr.IsValid() {
 						continue
 					}
-					if p, ok := blockaddr.BridgeAddressOf(o.bridgeBlocks(rec.Bridge, fam), addr); ok {
+					if p, ok := blockaddr.BridgeAddressOf(o.BridgeBlocks(rec.Bridge, fam), addr); ok {
 						errs = append(errs, fmt.Sprintf("%s/%s holds %s, the network, broadcast or gateway address of the %s bridge's %s", at.ContainerID, at.Interface, addr, rec.Bridge, p))
 					}
 				}

@@ -52,7 +52,7 @@ func TestGrowthThroughRing(t *testing.T) {
 		p, _ := v4(t, al)
 		for id, nd := range c.nodes {
 			nd.svc.mu.Lock()
-			owner, _ := nd.svc.overlays["carve"].alloc[0].Ring().Owner(p.Addr())
+			owner, _ := nd.svc.overlays["carve"].Alloc[0].Ring().Owner(p.Addr())
 			nd.svc.mu.Unlock()
 			if owner != "a" {
 				t.Fatalf("%s's ring gives %s to %q", id, p.Addr(), owner)
@@ -186,7 +186,7 @@ func TestGrowthIdleReturn(t *testing.T) {
 	c.gossipRounds()
 	b := c.nodes["b"]
 	b.svc.mu.Lock()
-	owned := b.svc.overlays["carve"].alloc[0].Ring().Blocks("b")
+	owned := b.svc.overlays["carve"].Alloc[0].Ring().Blocks("b")
 	b.svc.mu.Unlock()
 	if fmt.Sprint(owned) != "[10.128.0.64/26]" {
 		t.Errorf("b owns %v after the return, want its whole lease back", owned)
@@ -200,7 +200,7 @@ func TestGrowthIdleReturn(t *testing.T) {
 	// as long as the masters are away).
 	stale := []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: reports[0].Prefix, Version: 1, Donor: reports[0].Donor}}
 	a.svc.mu.Lock()
-	writes := a.svc.overlays["carve"].learnMasterBlocks("a", stale, a.svc.grow.returned)
+	writes := a.svc.overlays["carve"].LearnMasterBlocks("a", stale, a.svc.grow.returned)
 	a.svc.mu.Unlock()
 	if len(writes) != 0 {
 		t.Errorf("a stale record took the grant given back to %s back: %d writes", reports[0].Donor, len(writes))
@@ -251,15 +251,15 @@ func TestReturnedAtTheRecordsVersion(t *testing.T) {
 	}
 	nd.svc.mu.Lock()
 	o := nd.svc.overlays["carve"]
-	hb := o.held(0, grown)
+	hb := o.Held(0, grown)
 	nd.svc.mu.Unlock()
 	if hb == nil || hb.Version != 100 {
 		t.Fatalf("the grown block held: %+v, want it at the version it was leased at (100)", hb)
 	}
 	nd.svc.giveBack(hb)
 	nd.svc.mu.Lock()
-	writes := o.learnMasterBlocks("a", v.Blocks, nd.svc.grow.returned)
-	held := o.held(0, grown)
+	writes := o.LearnMasterBlocks("a", v.Blocks, nd.svc.grow.returned)
+	held := o.Held(0, grown)
 	nd.svc.mu.Unlock()
 	if held != nil || len(writes) != 0 {
 		t.Fatalf("a record listing the block given back at version 150 gave it back to the agent (%d writes)", len(writes))
@@ -329,7 +329,7 @@ func TestDonorRestartRemembersGrants(t *testing.T) {
 	grantedToA := func() []netip.Prefix {
 		t.Helper()
 		var out []netip.Prefix
-		for _, p := range c.nodes["b"].svc.overlays["carve"].alloc[0].Ring().Blocks("a") {
+		for _, p := range c.nodes["b"].svc.overlays["carve"].Alloc[0].Ring().Blocks("a") {
 			if netip.MustParsePrefix("10.128.0.64/26").Contains(p.Addr()) {
 				out = append(out, p)
 			}
@@ -478,7 +478,7 @@ func TestDonorsKeepToTheRecipientsQuota(t *testing.T) {
 	c.checkNoDoubles()
 	for id, nd := range c.nodes {
 		nd.svc.mu.Lock()
-		blocks := nd.svc.overlays["carve"].alloc[0].Ring().Blocks("a")
+		blocks := nd.svc.overlays["carve"].Alloc[0].Ring().Blocks("a")
 		nd.svc.mu.Unlock()
 		var held int
 		for _, p := range blocks {

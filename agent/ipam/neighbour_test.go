@@ -25,7 +25,7 @@ func TestReleaseForgetsNeighbour(t *testing.T) {
 		if addr.Is6() {
 			fam = 1
 		}
-		free := !slices.Contains(h.svc.overlays["carve"].alloc[fam].Reserved(), addr)
+		free := !slices.Contains(h.svc.overlays["carve"].Alloc[fam].Reserved(), addr)
 		calls = append(calls, fmt.Sprintf("%s %s free=%v", bridge, addr, free))
 	}
 	h.svc.mu.Unlock()

@@ -56,8 +56,8 @@ func (s *Service) reclaimGone(now time.Time) []api.Allocation {
 	var cands []reclaimCandidate
 	for _, name := range sortedKeys(s.overlays) {
 		o := s.overlays[name]
-		for _, at := range sortedAttachments(o.attached) {
-			if rec := o.attached[at]; rec.Owner != nil && cnihost.Watched(s.reclaim.cfg.NetNSDirs, rec.Owner.NetNS) {
+		for _, at := range sortedAttachments(o.Attached) {
+			if rec := o.Attached[at]; rec.Owner != nil && cnihost.Watched(s.reclaim.cfg.NetNSDirs, rec.Owner.NetNS) {
 				cands = append(cands, reclaimCandidate{overlay: name, at: at, netns: rec.Owner.NetNS})
 			}
 		}
@@ -98,7 +98,7 @@ func (s *Service) decideReclaim(cands []reclaimCandidate, gone map[string]bool, 
 			continue
 		}
 		o := s.overlays[c.overlay]
-		rec, ok := o.attached[c.at]
+		rec, ok := o.Attached[c.at]
 		if !ok || rec.Owner == nil || rec.Owner.NetNS != c.netns || s.commits.Pending(key) {
 			continue
 		}

@@ -217,7 +217,7 @@ func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
 	db.Close()
 	b.Sync(growthView("b"))
 	b.mu.Lock()
-	fresh := b.overlays["carve"].alloc[0] != nil
+	fresh := b.overlays["carve"].Alloc[0] != nil
 	b.mu.Unlock()
 	if fresh {
 		t.Error("the overlay's IPv4 ring started fresh, without the grant to a")
@@ -233,7 +233,7 @@ func TestUnreadableRingIsNotStartedFresh(t *testing.T) {
 	b.db = open()
 	b.Sync(growthView("b"))
 	b.mu.Lock()
-	owner, _ := b.overlays["carve"].alloc[0].Ring().Owner(granted.Addr())
+	owner, _ := b.overlays["carve"].Alloc[0].Ring().Owner(granted.Addr())
 	b.mu.Unlock()
 	if owner != "a" {
 		t.Fatalf("after the ring was read, %s is %q's; want a's (granted)", granted.Addr(), owner)

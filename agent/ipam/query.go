@@ -18,14 +18,14 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 	if o := s.overlays[name]; o != nil {
 		switch {
 		case !allocating:
-		case o.disabled:
-			return nil, failure(http.StatusConflict, api.CodeConflict, "%s", o.unserved)
-		case o.unserved != "":
-			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s", o.unserved)
-		case errors.Is(o.seedErr, errRingUnread):
-			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%v", o.seedErr)
-		case o.seedErr != nil:
-			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "overlay %q: the address ring refused the masters' leases: %v", name, o.seedErr)
+		case o.Disabled:
+			return nil, failure(http.StatusConflict, api.CodeConflict, "%s", o.Unserved)
+		case o.Unserved != "":
+			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%s", o.Unserved)
+		case errors.Is(o.SeedErr, errRingUnread):
+			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "%v", o.SeedErr)
+		case o.SeedErr != nil:
+			return nil, failure(http.StatusServiceUnavailable, api.CodeNotReady, "overlay %q: the address ring refused the masters' leases: %v", name, o.SeedErr)
 		}
 		return o, nil
 	}
@@ -45,13 +45,13 @@ func (s *Service) overlayFor(name string, allocating bool) (*overlay, error) {
 // render is an attachment's addresses with gateways and routes. The caller
 // holds s.mu.
 func (s *Service) render(o *overlay, at ring.Attachment, rec allocRecord) *api.Allocation {
-	out := &api.Allocation{Network: o.name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, MTU: s.mtu, Owner: rec.Owner}
+	out := &api.Allocation{Network: o.Name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, MTU: s.mtu, Owner: rec.Owner}
 	for fam := range families {
-		addr := rec.addr(fam)
+		addr := rec.Addr(fam)
 		if !addr.IsValid() {
 			continue
 		}
-		sub := o.blockOf(rec.Bridge, addr)
+		sub := o.BlockOf(rec.Bridge, addr)
 		gw := blockaddr.Gateway(sub)
 		out.IPs = append(out.IPs, api.IPConfig{Address: netip.PrefixFrom(addr, sub.Bits()).String(), Gateway: gw.String()})
 		dst := "0.0.0.0/0"
@@ -74,8 +74,8 @@ func (s *Service) List(network string) *api.Allocations {
 			continue
 		}
 		o := s.overlays[name]
-		for _, at := range sortedAttachments(o.attached) {
-			out.Allocations = append(out.Allocations, *s.render(o, at, o.attached[at]))
+		for _, at := range sortedAttachments(o.Attached) {
+			out.Allocations = append(out.Allocations, *s.render(o, at, o.Attached[at]))
 		}
 	}
 	return out
@@ -88,10 +88,10 @@ func (s *Service) BridgeSubnets(network, bridge string) (v4, v6 netip.Prefix, ok
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.overlays[network]
-	if o == nil || o.unserved != "" {
+	if o == nil || o.Unserved != "" {
 		return netip.Prefix{}, netip.Prefix{}, false
 	}
-	p, ok := o.bridges[bridge]
+	p, ok := o.Bridges[bridge]
 	return p[0], p[1], ok
 }
 
@@ -112,9 +112,9 @@ func (s *Service) Status(network string) *api.IPAMStatus {
 	st.Ready = true
 	st.Free = map[string]uint64{}
 	st.Blocks, st.Blocks6 = map[string][]api.IPAMBlockUsage{}, map[string][]api.IPAMBlockUsage{}
-	for kind, subs := range o.bridges {
+	for kind, subs := range o.Bridges {
 		if subs[0].IsValid() {
-			st.Free[kind] = o.freeHosts(kind, 0)
+			st.Free[kind] = o.FreeHosts(kind, 0)
 			st.Blocks[kind] = s.blockUsage(o, kind, 0)
 		}
 		if subs[1].IsValid() {
@@ -135,7 +135,7 @@ func (s *Service) BridgeGateways(network, bridge string) []netip.Prefix {
 	}
 	var out []netip.Prefix
 	for fam := range families {
-		for _, b := range o.blocks[fam] {
+		for _, b := range o.Blocks[fam] {
 			if b.Bridge == bridge {
 				out = append(out, netip.PrefixFrom(blockaddr.Gateway(b.Prefix), b.Prefix.Bits()))
 			}
@@ -155,7 +155,7 @@ func (s *Service) PeerBlocks(known map[string][]netip.Prefix) map[string][]netip
 	for _, name := range sortedKeys(s.overlays) {
 		o := s.overlays[name]
 		for fam := range families {
-			a := o.alloc[fam]
+			a := o.Alloc[fam]
 			if a == nil {
 				continue
 			}
@@ -174,6 +174,29 @@ func (s *Service) PeerBlocks(known map[string][]netip.Prefix) map[string][]netip
 		if len(ps) == 0 {
 			delete(out, peer)
 		}
+	}
+	return out
+}
+
+// blockUsage is one block of a bridge as the status shows it.
+func (s *Service) blockUsage(o *overlay, bridge string, fam int) []api.IPAMBlockUsage {
+	var out []api.IPAMBlockUsage
+	for i, p := range o.BridgeBlocks(bridge, fam) {
+		u := api.IPAMBlockUsage{Prefix: p.String(), Origin: "lease"}
+		if i > 0 || p != o.Bridges[bridge][fam] {
+			if b := o.Held(fam, p); b != nil {
+				u.Origin, u.Donor = b.Origin, b.Donor
+			}
+		}
+		for _, rec := range o.Attached {
+			if rec.Bridge == bridge && p.Contains(rec.Addr(fam)) {
+				u.Used++
+			}
+		}
+		if a := o.Alloc[fam]; a != nil {
+			u.Free, _ = a.FreeHosts(p).Uint64()
+		}
+		out = append(out, u)
 	}
 	return out
 }

@@ -23,13 +23,13 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	if dir == "" {
 		return
 	}
-	results, err := cnihost.ReadResults(dir, o.name)
+	results, err := cnihost.ReadResults(dir, o.Name)
 	if err != nil {
 		s.log.Warn("read the CNI cache", "dir", dir, "err", err)
 		return
 	}
 	inBridge := func(addr netip.Addr) bool {
-		for _, p := range o.bridgeBlocks(api.BridgeMesos, ipfamily.Of(addr)) {
+		for _, p := range o.BridgeBlocks(api.BridgeMesos, ipfamily.Of(addr)) {
 			if p.Contains(addr) {
 				return true
 			}
@@ -40,25 +40,25 @@ func (s *Service) reclaimFromCNICache(o *overlay, add func(change)) {
 	now := time.Now()
 	for _, e := range results {
 		at := ring.Attachment{ContainerID: e.ContainerID, Interface: e.IfName}
-		if _, known := o.attached[at]; known || s.released.released(allocKey(o.name, at), now) {
+		if _, known := o.Attached[at]; known || s.released.released(allocKey(o.Name, at), now) {
 			continue
 		}
 		rec := allocRecord{Bridge: api.BridgeMesos, Owner: e.Owner}
 		for _, addr := range e.Addrs {
 			fam := ipfamily.Of(addr)
-			if o.alloc[fam] != nil && !rec.addr(fam).IsValid() && inBridge(addr) && o.alloc[fam].Claim(at, addr) == nil {
-				rec.setAddr(fam, addr)
+			if o.Alloc[fam] != nil && !rec.Addr(fam).IsValid() && inBridge(addr) && o.Alloc[fam].Claim(at, addr) == nil {
+				rec.SetAddr(fam, addr)
 			}
 		}
-		if rec.empty() {
+		if rec.Empty() {
 			continue
 		}
-		o.attached[at] = rec
-		add(change{Key: allocKey(o.name, at), Writes: []write{putAlloc(o.name, at, rec)}, Undo: func() { forget(o, at) },
+		o.Attached[at] = rec
+		add(change{Key: allocKey(o.Name, at), Writes: []write{putAlloc(o.Name, at, rec)}, Undo: func() { forget(o, at) },
 			Durable: func() { s.metrics.Ops.WithLabelValues("reclaim").Inc() }})
 		claimed++
 	}
 	if claimed > 0 {
-		s.log.Warn("reclaimed addresses of running containers from the CNI cache", "overlay", o.name, "count", claimed, "dir", dir)
+		s.log.Warn("reclaimed addresses of running containers from the CNI cache", "overlay", o.Name, "count", claimed, "dir", dir)
 	}
 }

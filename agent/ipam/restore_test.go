@@ -230,7 +230,7 @@ func TestRestoreTakesBackARecordedGrant(t *testing.T) {
 	}
 	l.sync()
 	honest.svc.mu.Lock()
-	owner, _ := honest.svc.overlays["carve"].alloc[0].Ring().Owner(inGrant)
+	owner, _ := honest.svc.overlays["carve"].Alloc[0].Ring().Owner(inGrant)
 	honest.svc.mu.Unlock()
 	t.Logf("after the restore the honest agent's ring gives %s to %q", inGrant, owner)
 	if held := heldOverlapping(honest.svc, granted); len(held) > 0 {

@@ -10,8 +10,9 @@
 // learned (its own record, every peer's leases, the tombstones) with Sync.
 //
 // It keeps the overlay table and its lock, and every change to it; the
-// jobs beneath it are its parts, none of which imports it: the store's
-// record formats (ipamstore), the group commit (groupcommit), growth and
+// jobs beneath it are its parts, none of which imports it: an overlay's
+// address space and its sync from the masters' records and the ring
+// (overlayspace), the store's record formats (ipamstore), the group commit (groupcommit), growth and
 // the donor's side of it (growth), the rings' gossip (ringgossip), asking
 // peers for space (spaceask), the claim keys (claimkeys), the reports to
 // the masters (masterreport), the capacity gauges (capacity), the
@@ -301,7 +302,7 @@ func (s *Service) Networks() []string {
 	defer s.mu.Unlock()
 	var out []string
 	for _, name := range sortedKeys(s.overlays) {
-		if s.overlays[name].unserved == "" {
+		if s.overlays[name].Unserved == "" {
 			out = append(out, name)
 		}
 	}

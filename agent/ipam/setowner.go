@@ -26,7 +26,7 @@ func (s *Service) SetOwner(network, containerID, ifName string, owner *api.Owner
 	var rec allocRecord
 	ok := false
 	if o != nil {
-		rec, ok = o.attached[at]
+		rec, ok = o.Attached[at]
 	}
 	if !ok {
 		s.mu.Unlock()
@@ -38,10 +38,10 @@ func (s *Service) SetOwner(network, containerID, ifName string, owner *api.Owner
 	}
 	prev := rec
 	rec.Owner = owner
-	o.attached[at] = rec
+	o.Attached[at] = rec
 	b := s.commits.Enqueue(change{Key: key, Writes: []write{putAlloc(network, at, rec)}, Undo: func() {
-		if cur, ok := o.attached[at]; ok && reflect.DeepEqual(cur.Owner, owner) {
-			o.attached[at] = prev
+		if cur, ok := o.Attached[at]; ok && reflect.DeepEqual(cur.Owner, owner) {
+			o.Attached[at] = prev
 		}
 	}})
 	s.mu.Unlock()

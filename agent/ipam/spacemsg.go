@@ -110,13 +110,13 @@ func (s *Service) decideDonation(m ipamwire.SpaceMessage) (ipamwire.SpaceMessage
 	before := a.Ring()
 	var within []netip.Prefix
 	var free ring.Uint128
-	for _, kind := range sortedKeys(o.bridges) {
-		if p := o.bridges[kind][fam]; p.IsValid() {
+	for _, kind := range sortedKeys(o.Bridges) {
+		if p := o.Bridges[kind][fam]; p.IsValid() {
 			within = append(within, p)
 			free = free.Add(a.FreeHosts(p))
 		}
 	}
-	p, refusal := growth.ChooseBlock(growth.Space{Alloc: a, Within: within, Free: free, Universe: o.universe[fam], Info: o.info, MinBits: blockaddr.MinBits(fam)}, m.From, m.Bits)
+	p, refusal := growth.ChooseBlock(growth.Space{Alloc: a, Within: within, Free: free, Universe: o.Universe[fam], Info: o.Info, MinBits: blockaddr.MinBits(fam)}, m.From, m.Bits)
 	switch refusal {
 	case "":
 		s.grow.granted[key] = p

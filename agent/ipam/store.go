@@ -16,28 +16,6 @@ import (
 	"github.com/carve-net/carve/ring"
 )
 
-// allocRecord is a persisted attachment (ipamstore.Alloc).
-type allocRecord ipamstore.Alloc
-
-// addr returns the record's address of a family (0: IPv4, 1: IPv6).
-func (r allocRecord) addr(fam int) netip.Addr {
-	if fam == 0 {
-		return r.V4
-	}
-	return r.V6
-}
-
-// setAddr sets the record's address of a family.
-func (r *allocRecord) setAddr(fam int, a netip.Addr) {
-	if fam == 0 {
-		r.V4 = a
-	} else {
-		r.V6 = a
-	}
-}
-
-func (r allocRecord) empty() bool { return !r.V4.IsValid() && !r.V6.IsValid() }
-
 // allocKey is an attachment's key in the store, and in Service.pending.
 func allocKey(network string, at ring.Attachment) string { return ipamstore.AllocKey(network, at) }
 
@@ -55,13 +33,6 @@ func putReleased(key string, when time.Time) write { return ipamstore.PutRelease
 func deleteReleased(key string) write { return ipamstore.DeleteReleased(key) }
 
 func putRing(overlay string, fam int, enc []byte) write { return ipamstore.PutRing(overlay, fam, enc) }
-
-func putBlock(b *heldBlock) write {
-	data, _ := json.Marshal(b) // strings, numbers and a prefix: cannot fail
-	return ipamstore.PutBlock(b.Overlay, b.Family, b.Prefix, data)
-}
-
-func deleteBlock(b *heldBlock) write { return ipamstore.DeleteBlock(b.Overlay, b.Family, b.Prefix) }
 
 // loaded is what the IPAM finds in the store when it starts.
 type loaded struct {
@@ -101,13 +72,14 @@ func load(db *bolt.DB) (loaded, error) {
 	return out, nil
 }
 
-// ringStore reads the persisted rings for a sync (ringDisk).
+// ringStore reads the persisted rings for a sync (overlayspace.RingDisk).
 type ringStore ipamstore.RingStore
 
 // errRingUnread marks a persisted ring that could not be read
 // (ipamstore.ErrRingUnread).
 var errRingUnread = ipamstore.ErrRingUnread
 
-func (st ringStore) savedRing(overlay string, fam int) ([]byte, error) {
+// SavedRing reads an overlay family's persisted ring (nil: none).
+func (st ringStore) SavedRing(overlay string, fam int) ([]byte, error) {
 	return ipamstore.RingStore(st).SavedRing(overlay, fam)
 }

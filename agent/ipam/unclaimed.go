@@ -26,7 +26,7 @@ func (s *Service) Unclaimed(network string) []api.Allocation {
 			rec := s.persist[name][at]
 			al := api.Allocation{Network: name, ContainerID: at.ContainerID, IfName: at.Interface, Bridge: rec.Bridge, Owner: rec.Owner}
 			for fam := range families {
-				if addr := rec.addr(fam); addr.IsValid() {
+				if addr := rec.Addr(fam); addr.IsValid() {
 					al.IPs = append(al.IPs, api.IPConfig{Address: netip.PrefixFrom(addr, addr.BitLen()).String()})
 				}
 			}

@@ -31,8 +31,8 @@ func TestUnsolicitedGrantIsNotAdopted(t *testing.T) {
 	}
 	recipient.svc.mu.Lock()
 	o := recipient.svc.overlays["carve"]
-	owner, _ := o.alloc[0].Ring().Owner(granted.Addr())
-	held := o.held(0, granted)
+	owner, _ := o.Alloc[0].Ring().Owner(granted.Addr())
+	held := o.Held(0, granted)
 	recipient.svc.mu.Unlock()
 	if owner != "c" {
 		t.Fatalf("the ring gives %s to %q, want c (b's own signed word counts in the ring)", granted, owner)

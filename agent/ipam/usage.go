@@ -2,7 +2,6 @@ package ipam
 
 import (
 	"context"
-	"net/netip"
 	"slices"
 	"time"
 
@@ -48,52 +47,14 @@ func (s *Service) usageReport() api.UsageReport {
 		o := s.overlays[name]
 		ou := api.OverlayUsage{Name: name, Blocks: []api.BlockUsage{}}
 		for fam := range families {
-			for _, p := range o.ownedBlocks(fam) {
-				used, free := o.counts(fam, p)
+			for _, p := range o.OwnedBlocks(fam) {
+				used, free := o.Counts(fam, p)
 				ou.Blocks = append(ou.Blocks, api.BlockUsage{Prefix: p.String(), Used: used, Free: free})
 			}
 		}
 		r.Overlays = append(r.Overlays, ou)
 	}
 	return r
-}
-
-// ownedBlocks lists the parts of the bridges' blocks of a family that the
-// ring gives this agent, in address order. The caller holds s.mu.
-func (o *overlay) ownedBlocks(fam int) []netip.Prefix {
-	a := o.alloc[fam]
-	if a == nil {
-		return nil
-	}
-	owned := a.Ring().Blocks(a.Self())
-	var out []netip.Prefix
-	for _, kind := range sortedKeys(o.bridges) {
-		for _, k := range o.bridgeBlocks(kind, fam) {
-			for _, w := range owned {
-				switch {
-				case w.Bits() <= k.Bits() && w.Contains(k.Addr()):
-					out = append(out, k)
-				case k.Bits() < w.Bits() && k.Contains(w.Addr()):
-					out = append(out, w)
-				}
-			}
-		}
-	}
-	slices.SortFunc(out, func(x, y netip.Prefix) int { return x.Addr().Compare(y.Addr()) })
-	return slices.Compact(out)
-}
-
-// counts are the addresses in use and free in a block. The caller holds s.mu.
-func (o *overlay) counts(fam int, p netip.Prefix) (used, free uint64) {
-	for _, rec := range o.attached {
-		if a := rec.addr(fam); a.IsValid() && p.Contains(a) {
-			used++
-		}
-	}
-	if a := o.alloc[fam]; a != nil {
-		free, _ = a.FreeHosts(p).Uint64()
-	}
-	return used, free
 }
 
 // BlockCounts returns the used and free counts of an overlay's blocks the
@@ -107,8 +68,8 @@ func (s *Service) BlockCounts(network string) map[string][2]uint64 {
 	}
 	out := map[string][2]uint64{}
 	for fam := range families {
-		for _, p := range o.ownedBlocks(fam) {
-			used, free := o.counts(fam, p)
+		for _, p := range o.OwnedBlocks(fam) {
+			used, free := o.Counts(fam, p)
 			out[p.String()] = [2]uint64{used, free}
 		}
 	}

@@ -84,6 +84,7 @@ var ipamParts = map[string][]string{
 	module + "/agent/ipam/ipamvalidate": {module + "/agent/ipam/ipfamily"},
 	module + "/agent/ipam/ipfamily":     nil,
 	module + "/agent/ipam/masterreport": {module + "/agent/ipam/ipamstore"},
+	module + "/agent/ipam/overlayspace": {module + "/agent/ipam/blockaddr", module + "/agent/ipam/claimkeys", module + "/agent/ipam/ipamstore", module + "/agent/ipam/ipfamily"},
 	module + "/agent/ipam/reclaimwatch": nil,
 	module + "/agent/ipam/ringgossip":   {module + "/agent/ipam/ipamwire"},
 	module + "/agent/ipam/spaceask":     {module + "/agent/ipam/ipamwire", module + "/agent/ipam/ipfamily"},

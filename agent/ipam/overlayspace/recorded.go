@@ -1,4 +1,4 @@
-package ipam
+package overlayspace
 
 // The masters' records as the authority over the blocks an agent holds,
 // not only over those it adopts (docs/design.md, "The space an agent
@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
+
 	"github.com/carve-net/carve/ring"
 )
 
@@ -17,7 +19,7 @@ import (
 // of family fam: the first record that lists it marks it Recorded; a
 // record that no longer lists a Recorded block takes it back. keep is
 // false when the block is dropped; writes persist the change. The caller
-// holds s.mu.
+// holds the table's lock.
 //
 // Why the ring alone does not do it: a restore gives the donor of a
 // recorded grant its space back at the restore's index, and a claim
@@ -26,28 +28,28 @@ import (
 // rogue's), which the recorded block's own lease shadowed, then counts
 // again over the block: the ring still gives it to this agent, and it
 // would go on handing out addresses there that the records give the donor.
-func (o *overlay) judgeRecorded(sy overlaySync, fam int, b *heldBlock) (writes []write, keep bool) {
-	if sy.recorded == nil {
+func (o *Overlay) judgeRecorded(sy Sync, fam int, b *HeldBlock) (writes []ipamstore.Write, keep bool) {
+	if sy.Recorded == nil {
 		return nil, true // no record of this agent yet: nothing to judge by
 	}
-	switch listed := sy.recorded(b.Prefix); {
+	switch listed := sy.Recorded(b.Prefix); {
 	case listed && !b.Recorded:
 		b.Recorded = true
-		return []write{putBlock(b)}, true
+		return []ipamstore.Write{PutBlock(b)}, true
 	case listed || !b.Recorded:
 		// Listed; or not recorded yet (a grant whose report is on its
 		// way, a grow the watch has not brought): the ring's word.
 		return nil, true
 	}
-	o.unreserveGateway(fam, b.Prefix)
+	o.UnreserveGateway(fam, b.Prefix)
 	held := o.attachedIn(fam, b.Prefix)
-	sy.log.Error("the masters' records no longer give this agent a block it held (their table was restored): dropped, whatever the ring shows; nothing more is handed out there, its containers keep their addresses, isolated (see carve ipam check)",
-		"overlay", o.name, "block", b.Prefix, "origin", b.Origin, "donor", b.Donor, "isolated", len(held))
+	sy.Log.Error("the masters' records no longer give this agent a block it held (their table was restored): dropped, whatever the ring shows; nothing more is handed out there, its containers keep their addresses, isolated (see carve ipam check)",
+		"overlay", o.Name, "block", b.Prefix, "origin", b.Origin, "donor", b.Donor, "isolated", len(held))
 	for _, al := range held {
-		sy.log.Error("the masters' records took back the block of an address this agent's container holds: isolated (the container keeps it, nothing else is handed out there; see carve ipam check)",
-			"overlay", o.name, "address", al.addr, "block", b.Prefix, "container", al.at.ContainerID, "ifname", al.at.Interface)
+		sy.Log.Error("the masters' records took back the block of an address this agent's container holds: isolated (the container keeps it, nothing else is handed out there; see carve ipam check)",
+			"overlay", o.Name, "address", al.addr, "block", b.Prefix, "container", al.at.ContainerID, "ifname", al.at.Interface)
 	}
-	return []write{deleteBlock(b)}, false
+	return []ipamstore.Write{DeleteBlock(b)}, false
 }
 
 // attachedAddr is one address of an attachment.
@@ -58,10 +60,10 @@ type attachedAddr struct {
 
 // attachedIn lists the addresses of family fam that the overlay's
 // attachments hold inside p, in address order.
-func (o *overlay) attachedIn(fam int, p netip.Prefix) []attachedAddr {
+func (o *Overlay) attachedIn(fam int, p netip.Prefix) []attachedAddr {
 	var out []attachedAddr
-	for at, rec := range o.attached {
-		if addr := rec.addr(fam); addr.IsValid() && p.Contains(addr) {
+	for at, rec := range o.Attached {
+		if addr := rec.Addr(fam); addr.IsValid() && p.Contains(addr) {
 			out = append(out, attachedAddr{at, addr})
 		}
 	}
@@ -69,16 +71,16 @@ func (o *overlay) attachedIn(fam int, p netip.Prefix) []attachedAddr {
 	return out
 }
 
-// isolatedCount counts the addresses of this agent's containers that the
+// IsolatedCount counts the addresses of this agent's containers that the
 // masters' records do not give it: those the ring isolated (the records
 // leased their range to another agent), and those outside both the
 // record's blocks (own, this agent's complete lease set in the records)
 // and the blocks it holds (a block the records took back while the ring
 // still shows it as this agent's). Without a record, only the first.
-func (o *overlay) isolatedCount(own []netip.Prefix) int {
+func (o *Overlay) IsolatedCount(own []netip.Prefix) int {
 	n := 0
 	for fam := range families {
-		a := o.alloc[fam]
+		a := o.Alloc[fam]
 		if a == nil {
 			continue
 		}
@@ -91,32 +93,15 @@ func (o *overlay) isolatedCount(own []netip.Prefix) int {
 			continue
 		}
 		given := slices.Clone(own)
-		for _, b := range o.blocks[fam] {
+		for _, b := range o.Blocks[fam] {
 			given = append(given, b.Prefix)
 		}
-		for _, rec := range o.attached {
-			addr := rec.addr(fam)
+		for _, rec := range o.Attached {
+			addr := rec.Addr(fam)
 			if addr.IsValid() && !isolated[addr] && !slices.ContainsFunc(given, func(p netip.Prefix) bool { return p.Contains(addr) }) {
 				n++
 			}
 		}
 	}
 	return n
-}
-
-// ownRecordBlocks is this agent's complete lease set in the view (every
-// block its record lists, in every overlay and family).
-func ownRecordBlocks(v View, self string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range v.Peers {
-		if p.ID != self {
-			continue
-		}
-		for _, s := range p.Subnets {
-			if pr, err := netip.ParsePrefix(s); err == nil {
-				out = append(out, pr)
-			}
-		}
-	}
-	return out
 }
