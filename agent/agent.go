@@ -48,6 +48,7 @@ import (
 	"github.com/carve-net/carve/agent/report"
 	"github.com/carve-net/carve/agent/store"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/firewall"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/internal/certmetrics"
@@ -69,7 +70,7 @@ type Agent struct {
 	id     string
 	ip     netip.Addr
 	store  *store.Store
-	client *api.Client
+	client *apiclient.Client
 	router Router
 	// meshPeers are the peers the router is kept connected to.
 	meshPeers *meshpeers.Set
@@ -180,7 +181,7 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := api.NewClient(cfg.Masters, sec.httpClient(cfg))
+	client, err := apiclient.NewClient(cfg.Masters, sec.httpClient(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("agent: --masters: %w", err)
 	}

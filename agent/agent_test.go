@@ -19,6 +19,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	cni "github.com/carve-net/carve/cni/netconf"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
@@ -245,7 +246,7 @@ func TestAgentsWithoutMasters(t *testing.T) {
 	// Agent 3 stops; a new agent ("late", a record only) registers; agents 1
 	// and 2 learn it from the masters; then every master goes away.
 	agents[2].stop(t)
-	client, err := api.NewClient([]string{url}, nil)
+	client, err := apiclient.NewClient([]string{url}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 )
 
 // CheckConfig runs the checks New runs before it touches anything (no
@@ -28,7 +28,7 @@ func CheckConfig(cfg Config) error {
 	if err := checkCertificateIP(cfg, sec); err != nil {
 		return err
 	}
-	if _, err := api.NewClient(cfg.Masters, sec.httpClient(cfg)); err != nil {
+	if _, err := apiclient.NewClient(cfg.Masters, sec.httpClient(cfg)); err != nil {
 		return fmt.Errorf("agent: --masters: %w", err)
 	}
 	return nil

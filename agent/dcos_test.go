@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/test/lab/dcosproto"
 	"github.com/carve-net/carve/test/lab/fakegossip"
@@ -22,7 +23,7 @@ import (
 )
 
 // masterStatus is the status the masters show for an agent's overlay.
-func masterStatus(ctx context.Context, cl *api.Client, id, overlay string) (api.OverlayState, *api.AgentInfo, error) {
+func masterStatus(ctx context.Context, cl *apiclient.Client, id, overlay string) (api.OverlayState, *api.AgentInfo, error) {
 	a, err := cl.Agent(ctx, id)
 	if err != nil {
 		return api.OverlayState{}, nil, err
@@ -54,7 +55,7 @@ func TestAgentReportsConfigurationResult(t *testing.T) {
 	dir := t.TempDir()
 	m := mastertest.Start(t, filepath.Join(dir, "m1"), cfg, quietLogger())
 	url := "http://" + m.HTTPAddr()
-	cl, err := api.NewClient([]string{url}, nil)
+	cl, err := apiclient.NewClient([]string{url}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

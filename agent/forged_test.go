@@ -13,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/gossip"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
@@ -102,7 +103,7 @@ func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, 
 func TestForgedGossipChangesNothing(t *testing.T) {
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), state.DefaultConfig(), quietLogger())
-	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})
+	op, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestForgedGossipChangesNothing(t *testing.T) {
 			return len(p) == 2 && p[other] && p["old"]
 		}))
 	}
-	st, err := op.State(ctx, api.StateOptions{})
+	st, err := op.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

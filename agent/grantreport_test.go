@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
@@ -32,7 +33,7 @@ func TestGrantReportRefusedForGood(t *testing.T) {
 	for i, id := range []string{"donor", "recipient"} {
 		ip := netip.AddrFrom4([4]byte{198, 18, 9, byte(i + 1)})
 		ms.CA.IssueAgent(id, ip)
-		cl, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: ms.CA.ClientTLS(id, pki.RoleAgent)})
+		cl, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: ms.CA.ClientTLS(id, pki.RoleAgent)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 )
 
 // masterBlocks is the IPAM's BlockSource and UsageReporter on the masters'
@@ -18,7 +19,7 @@ import (
 // client's failover retries.
 type masterBlocks struct {
 	id     string
-	client *api.Client
+	client *apiclient.Client
 }
 
 var (

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/test/lab/fakegossip"
 )
 
@@ -37,7 +38,7 @@ func TestUnchangedMasterStateCostsNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := client.State(ctx, api.StateOptions{})
+	st, err := client.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func TestUnchangedMasterStateCostsNothing(t *testing.T) {
 			t.Fatalf("the first state did not trigger %s", name)
 		}
 	}
-	again, err := client.State(ctx, api.StateOptions{})
+	again, err := client.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func TestUnchangedMasterStateCostsNothing(t *testing.T) {
 	if _, err := client.Register(ctx, api.RegisterRequest{AgentID: "third", IP: "198.18.0.98", NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}); err != nil {
 		t.Fatal(err)
 	}
-	changed, err := client.State(ctx, api.StateOptions{})
+	changed, err := client.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

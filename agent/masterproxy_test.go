@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
 )
@@ -244,20 +245,20 @@ func (p *masterProxy) serveState(w http.ResponseWriter, r *http.Request) {
 // masterState reads a master's own state.
 func masterState(t *testing.T, m *master.Master) *api.State {
 	t.Helper()
-	cl, err := api.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
+	cl, err := apiclient.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := cl.State(context.Background(), api.StateOptions{})
+	st, err := cl.State(context.Background(), apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
 }
 
-func masterClient(t *testing.T, m *master.Master) *api.Client {
+func masterClient(t *testing.T, m *master.Master) *apiclient.Client {
 	t.Helper()
-	cl, err := api.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
+	cl, err := apiclient.NewClient([]string{"http://" + m.HTTPAddr()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/test/lab/fakegossip"
 	"github.com/carve-net/carve/test/lab/mastertest"
@@ -63,7 +64,7 @@ func TestGrowthStopsAtTheMastersQuota(t *testing.T) {
 	t.Logf("%d ADDs, then: %v", added, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cl, err := api.NewClient([]string{m.URL()}, nil)
+	cl, err := apiclient.NewClient([]string{m.URL()}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

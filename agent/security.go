@@ -156,7 +156,7 @@ func (sec *security) checkMasters(cfg Config) error {
 	var plain []string
 	for _, m := range cfg.Masters {
 		if m = strings.TrimSpace(m); m != "" && !slices.Contains(secure, m) {
-			plain = append(plain, m) // no scheme means http (api.NewClient)
+			plain = append(plain, m) // no scheme means http (apiclient.NewClient)
 		}
 	}
 	switch {

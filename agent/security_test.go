@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/state"
@@ -292,11 +293,11 @@ func TestExplainMasterError(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cl, err := api.NewClient(cfg.Masters, sec.httpClient(cfg))
+			cl, err := apiclient.NewClient(cfg.Masters, sec.httpClient(cfg))
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = cl.State(context.Background(), api.StateOptions{})
+			_, err = cl.State(context.Background(), apiclient.StateOptions{})
 			if err == nil {
 				t.Fatal("the call succeeded")
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -49,7 +50,7 @@ func (a *Agent) watchLoop(ctx context.Context) {
 		applied := false
 		if full {
 			var st *api.State
-			st, err = a.client.State(ctx, api.StateOptions{Index: index, Wait: wait})
+			st, err = a.client.State(ctx, apiclient.StateOptions{Index: index, Wait: wait})
 			if err == nil {
 				a.metrics.masterReads.WithLabelValues("state").Inc()
 				applied = a.applyMasterState(st, true)
@@ -58,11 +59,11 @@ func (a *Agent) watchLoop(ctx context.Context) {
 		} else if time.Now().After(longPollUntil) {
 			out, serr := a.followStream(ctx, index)
 			switch {
-			case errors.Is(serr, api.ErrStreamUnsupported):
+			case errors.Is(serr, apiclient.ErrStreamUnsupported):
 				a.log.Info("the masters serve no changes stream (a release before it): watching with the long poll", "err", serr, "stream_again_in", streamRetryAfter)
 				longPollUntil = time.Now().Add(streamRetryAfter)
 				continue // the long poll now
-			case out.frames == 0 && errors.Is(serr, api.ErrStreamIdle):
+			case out.frames == 0 && errors.Is(serr, apiclient.ErrStreamIdle):
 				// The master sends a stream's first frame at once: none in
 				// three heartbeats is something between that holds the
 				// answer back (a buffering proxy), or a master that hangs.

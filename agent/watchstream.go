@@ -1,13 +1,14 @@
 package agent
 
 // The changes stream: one request for as long as it lives, a frame per
-// change (api.ChangeStream), judged and merged as the long poll's answers.
+// change (apiclient.ChangeStream), judged and merged as the long poll's answers.
 
 import (
 	"context"
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 )
 
 const (
@@ -40,12 +41,12 @@ func (a *Agent) streamHeartbeat() time.Duration {
 // frame is judged (changesNeedFull) and merged as a long poll's answer
 // is. The error is why it ended (nil when the outcome says: the whole
 // state is to be read, or a frame was not applied, which
-// applyMasterState logged); one wrapping api.ErrStreamUnsupported when
+// applyMasterState logged); one wrapping apiclient.ErrStreamUnsupported when
 // the masters serve no stream.
 func (a *Agent) followStream(ctx context.Context, since uint64) (streamOutcome, error) {
 	opened := time.Now()
 	var out streamOutcome
-	s, err := a.client.StreamChanges(ctx, since, api.StreamOptions{Heartbeat: a.streamHeartbeat()})
+	s, err := a.client.StreamChanges(ctx, since, apiclient.StreamOptions{Heartbeat: a.streamHeartbeat()})
 	if err != nil {
 		if why, args := changesNeedFull(nil, err, "", "", 0); why != "" && api.IsCode(err, api.CodeGone) {
 			a.metrics.masterReads.WithLabelValues("gone").Inc()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/fakegossip"
@@ -28,7 +29,7 @@ import (
 func TestAgentProvesItsWireGuardKey(t *testing.T) {
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), state.DefaultConfig(), quietLogger())
-	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})
+	op, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})
 	if err != nil {
 		t.Fatal(err)
 	}

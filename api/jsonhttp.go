@@ -3,8 +3,10 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -52,21 +54,15 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		if msg, ok := describeTrustFailure(err); ok {
-			return &Error{Message: fmt.Sprintf("%s %s: %s", method, url, msg), Code: CodeInternal,
-				cause: fmt.Errorf("%w: %w", ErrUntrusted, err)}
-		}
-		return &Error{Message: fmt.Sprintf("%s %s: %v", method, url, err), Code: CodeInternal,
-			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+		return NoAnswerError(method, url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
-		return answerError(method, url, resp)
+		return AnswerError(method, url, resp)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
 	if err != nil {
-		return &Error{Message: fmt.Sprintf("read answer of %s %s: %v", method, url, err), Code: CodeInternal,
-			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+		return UnreachableError(fmt.Sprintf("read answer of %s %s: %v", method, url, err), err)
 	}
 	if hdr != nil {
 		*hdr = resp.Header
@@ -80,14 +76,33 @@ func Call(ctx context.Context, hc *http.Client, method, url string, in, out any,
 	return nil
 }
 
-// answerError turns an answer other than 2xx into an *Error carrying the
+// NoAnswerError is the error of a request to url that got no answer (err
+// is the transport's): an *Error with Status 0 that wraps ErrUntrusted,
+// saying which flags fix it, when the TLS handshake failed on trust, and
+// ErrUnreachable otherwise. Call and apiclient's stream share it.
+func NoAnswerError(method, url string, err error) *Error {
+	if msg, ok := describeTrustFailure(err); ok {
+		return &Error{Message: fmt.Sprintf("%s %s: %s", method, url, msg), Code: CodeInternal,
+			cause: fmt.Errorf("%w: %w", ErrUntrusted, err)}
+	}
+	return &Error{Message: fmt.Sprintf("%s %s: %v", method, url, err), Code: CodeInternal,
+		cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+}
+
+// UnreachableError is the error of a call whose answer was lost on the
+// way (a read failed, a stream was cut): an *Error with message msg and
+// Status 0 that wraps ErrUnreachable and err, so IsRetryable retries it.
+func UnreachableError(msg string, err error) *Error {
+	return &Error{Message: msg, Code: CodeInternal, cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+}
+
+// AnswerError turns an answer other than 2xx into an *Error carrying the
 // status and the server's message (`{"error","code"}`, or Docker's
 // `{"message"}`).
-func answerError(method, url string, resp *http.Response) error {
+func AnswerError(method, url string, resp *http.Response) error {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
 	if err != nil {
-		return &Error{Message: fmt.Sprintf("read answer of %s %s: %v", method, url, err), Code: CodeInternal,
-			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)}
+		return UnreachableError(fmt.Sprintf("read answer of %s %s: %v", method, url, err), err)
 	}
 	var wire struct {
 		Error   string `json:"error"`
@@ -186,4 +201,30 @@ func describeJSONError(err error) error {
 		return errors.New("malformed JSON: unexpected end of input")
 	}
 	return fmt.Errorf("malformed JSON: %w", err)
+}
+
+// NewRequestID returns a random id for RegisterRequest.RequestID and friends.
+func NewRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// IsRetryable reports whether err is worth retrying later: the master could
+// not be reached, had no leader, or timed out.
+func IsRetryable(err error) bool {
+	if errors.Is(err, ErrUntrusted) {
+		return false // a configuration error: retrying does not fix it
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status == 0 || e.Status >= 500 || e.Code == CodeNoLeader || e.Code == CodeTimeout
+	}
+	return err != nil && !errors.Is(err, context.Canceled)
+}
+
+// IsCode reports whether err is an API error with the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
 }

@@ -1,12 +1,10 @@
 package api
 
 import (
-	"context"
 	"crypto/ed25519"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"net/http"
 )
 
 // Restore marks a state restored from a snapshot (carve snapshot restore):
@@ -71,25 +69,4 @@ func (r *Restore) RestoreEpoch() uint64 {
 // GET /cluster/snapshot answered (carve snapshot save), as is.
 type RestoreRequest struct {
 	Snapshot json.RawMessage `json:"snapshot"`
-}
-
-// Snapshot reads the lease table from the leader after a read barrier
-// (GET /cluster/snapshot, operator certificate): the file carve snapshot
-// save writes.
-func (c *Client) Snapshot(ctx context.Context) ([]byte, error) {
-	var out json.RawMessage
-	if err := c.do(ctx, http.MethodGet, "/cluster/snapshot", nil, &out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// RestoreSnapshot replaces the lease table with a snapshot Snapshot read
-// (POST /cluster/restore, operator certificate) and returns the restore.
-func (c *Client) RestoreSnapshot(ctx context.Context, snapshot []byte) (*Restore, error) {
-	var out Restore
-	if err := c.do(ctx, http.MethodPost, "/cluster/restore", RestoreRequest{Snapshot: snapshot}, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
 }

@@ -1,9 +1,7 @@
 package api
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"strings"
 )
 
@@ -70,26 +68,4 @@ func CanonicalSerial(s string) (string, error) {
 		h = "0"
 	}
 	return h, nil
-}
-
-// Revoke puts a certificate on the masters' deny list (operator or
-// master certificate); idempotent. A RequestID is generated when empty.
-func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (*Revocations, error) {
-	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
-	}
-	var out Revocations
-	if err := c.do(ctx, http.MethodPost, "/cluster/revocations", req, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
-}
-
-// Revocations reads the masters' deny list.
-func (c *Client) Revocations(ctx context.Context) (*Revocations, error) {
-	var out Revocations
-	if err := c.do(ctx, http.MethodGet, "/cluster/revocations", nil, &out); err != nil {
-		return nil, err
-	}
-	return &out, nil
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The frames of the changes stream (GET /overlay-master/changes/stream).
@@ -197,3 +198,17 @@ func gunzipFrame(payload []byte) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// StreamPath is the route of the changes stream.
+const StreamPath = "/overlay-master/changes/stream"
+
+// DefaultStreamHeartbeat is how often a master sends a heartbeat frame on
+// a stream where nothing changes, unless the client asks otherwise.
+const DefaultStreamHeartbeat = 15 * time.Second
+
+// Bounds of the heartbeat a stream asks for (apiclient.StreamOptions.Heartbeat,
+// the query's heartbeat; the master refuses others with 400).
+const (
+	MinStreamHeartbeat = 100 * time.Millisecond
+	MaxStreamHeartbeat = 5 * time.Minute
+)

@@ -3,15 +3,11 @@ package api
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/json"
 	"errors"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 )
 
 func gzipped(t testing.TB, b []byte) []byte {
@@ -128,64 +124,4 @@ func FuzzFrameReader(f *testing.F) {
 			}
 		}
 	})
-}
-
-// TestChangeStreamKeepsAFrameThatComesSlowly: a frame whose bytes come
-// over a slow link, taking longer than the three heartbeats after which a
-// silent stream is dropped but never silent that long, is read whole:
-// what is idle is a stream on which nothing comes, not one whose frame is
-// still coming (a frame of every record is tens of MB at 50,000 agents).
-// A stream on which nothing comes after the first frame is still dropped
-// as idle.
-func TestChangeStreamKeepsAFrameThatComesSlowly(t *testing.T) {
-	const hb = time.Second
-	payload := mustJSON(t, Changes{Index: 9, Since: 1, Agents: []AgentInfo{{AgentID: "a1", Hostname: strings.Repeat("h", 2000)}}})
-	frame := AppendFrame(nil, FrameChanges, payload)
-	const pieces = 40
-	pace := 4 * hb / pieces // the frame takes four heartbeats to come whole
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rc := http.NewResponseController(w)
-		w.WriteHeader(http.StatusOK)
-		if err := rc.Flush(); err != nil {
-			return
-		}
-		for rest := frame; len(rest) > 0; {
-			n := min(len(rest), len(frame)/pieces+1)
-			if _, err := w.Write(rest[:n]); err != nil {
-				return
-			}
-			if err := rc.Flush(); err != nil {
-				return
-			}
-			rest = rest[n:]
-			// A slow link: the bytes come at this pace (not a wait
-			// for a condition).
-			select {
-			case <-time.After(pace):
-			case <-r.Context().Done():
-				return
-			}
-		}
-		<-r.Context().Done() // then nothing: the stream goes silent
-	}))
-	t.Cleanup(srv.Close)
-	c, err := NewClient([]string{srv.URL}, srv.Client())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.StreamChanges(context.Background(), 1, StreamOptions{Heartbeat: hb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
-	ch, err := s.Next()
-	if err != nil {
-		t.Fatalf("a frame that came slowly: %v, want it whole", err)
-	}
-	if ch.Index != 9 || len(ch.Agents) != 1 || ch.Agents[0].AgentID != "a1" {
-		t.Fatalf("frame %+v", ch)
-	}
-	if _, err := s.Next(); !errors.Is(err, ErrStreamIdle) {
-		t.Fatalf("after the frame, nothing: %v, want ErrStreamIdle", err)
-	}
 }

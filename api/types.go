@@ -1,5 +1,6 @@
 // Package api holds the wire types (JSON, snake_case, DC/OS overlay compatible)
-// of the carve master and agent HTTP APIs, and a Go client for them.
+// of the carve master and agent HTTP APIs, the one JSON-over-HTTP call, and
+// a Go client of the agent's API (the masters' client is api/apiclient).
 //
 // Addresses travel as strings, as in DC/OS's overlay.proto: the servers
 // validate them and name the offending field in their errors.
@@ -501,11 +502,11 @@ type Error struct {
 	SigningKey string `json:"signing_key,omitempty"`
 	// Status is the HTTP status it came with (not on the wire).
 	Status int `json:"-"`
+	// Also are the failures of the other masters a call tried, each
+	// naming its master (not on the wire: apiclient's failover sets it).
+	Also []string `json:"-"`
 	// cause is what made a call fail without an answer (wraps ErrUnreachable).
 	cause error
-	// also are the failures of the other masters a call tried, each
-	// naming its master (everyMasterFailed).
-	also []string
 }
 
 // Unwrap returns the transport failure behind an error without an answer.
@@ -522,8 +523,8 @@ func (e *Error) Error() string {
 	case e.cause == nil && e.Code != "":
 		msg += " (" + e.Code + ")"
 	}
-	if len(e.also) > 0 {
-		msg += "; also " + strings.Join(e.also, "; ")
+	if len(e.Also) > 0 {
+		msg += "; also " + strings.Join(e.Also, "; ")
 	}
 	return msg
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/carve-net/carve/agent/dockeripam"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/internal/retry"
@@ -345,7 +346,7 @@ func runIPAMCheck(ctx context.Context, args []string, out io.Writer) error {
 
 // readIPAM reads the masters' state, then every agent's allocations; the
 // agents keep allocating meanwhile.
-func readIPAM(ctx context.Context, client *api.Client, reader *opclient.AgentReader) (ipamSnapshot, error) {
+func readIPAM(ctx context.Context, client *apiclient.Client, reader *opclient.AgentReader) (ipamSnapshot, error) {
 	st, err := opclient.ReadState(ctx, client, reader.Timeout)
 	if err != nil {
 		return ipamSnapshot{}, err

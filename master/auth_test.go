@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
@@ -199,29 +200,29 @@ func TestClientTrustFailures(t *testing.T) {
 	foreignCert.RootCAs = p.ClientTLS("", "").RootCAs // it trusts the master; the master does not trust it
 	tests := []struct {
 		name    string
-		tls     *api.ClientOptions
+		tls     *apiclient.ClientOptions
 		mention string
 	}{
-		{"certificate of another CA", &api.ClientOptions{TLS: foreignCert}, "--cert-file and --key-file"},
-		{"no CA given", &api.ClientOptions{}, "--ca-file"},
-		{"another CA given", &api.ClientOptions{TLS: foreign.ClientTLS("", "")}, "--ca-file"},
+		{"certificate of another CA", &apiclient.ClientOptions{TLS: foreignCert}, "--cert-file and --key-file"},
+		{"no CA given", &apiclient.ClientOptions{}, "--ca-file"},
+		{"another CA given", &apiclient.ClientOptions{TLS: foreign.ClientTLS("", "")}, "--ca-file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cl, err := api.NewClientWith(c.urls(), *tt.tls)
+			cl, err := apiclient.NewClientWith(c.urls(), *tt.tls)
 			if err != nil {
 				t.Fatal(err)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			_, err = cl.State(ctx, api.StateOptions{})
+			_, err = cl.State(ctx, apiclient.StateOptions{})
 			if !errors.Is(err, api.ErrUntrusted) || api.IsRetryable(err) || !strings.Contains(err.Error(), tt.mention) {
 				t.Fatalf("state: %v; want a permanent ErrUntrusted naming %s", err, tt.mention)
 			}
 		})
 	}
 	// The operator's own client works.
-	if _, err := c.client(0).State(context.Background(), api.StateOptions{}); err != nil {
+	if _, err := c.client(0).State(context.Background(), apiclient.StateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -253,7 +254,7 @@ func TestForeignMasterCannotJoin(t *testing.T) {
 	c.startWith(3, opts)
 	m4 := c.masters[3]
 
-	cl, err := api.NewClientWith([]string{c.urls()[leader]}, api.ClientOptions{TLS: m4.security.client})
+	cl, err := apiclient.NewClientWith([]string{c.urls()[leader]}, apiclient.ClientOptions{TLS: m4.security.client})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,12 +361,12 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 	cl := c.clientAs(0, "a1", pki.RoleAgent)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := cl.State(ctx, api.StateOptions{})
+	st, err := cl.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	st2, err := cl.State(ctx, api.StateOptions{Index: st.Index, Wait: 1500 * time.Millisecond})
+	st2, err := cl.State(ctx, apiclient.StateOptions{Index: st.Index, Wait: 1500 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("watch of 1.5s with 300ms server timeouts: %v", err)
 	}
@@ -375,7 +376,7 @@ func TestWatchOutlastsServerTimeouts(t *testing.T) {
 	// And a write that wakes it is seen.
 	woke := make(chan error, 1)
 	go func() {
-		st3, err := cl.State(ctx, api.StateOptions{Index: st.Index, Wait: 20 * time.Second})
+		st3, err := cl.State(ctx, apiclient.StateOptions{Index: st.Index, Wait: 20 * time.Second})
 		if err == nil && st3.Index == st.Index {
 			err = fmt.Errorf("watch returned the unchanged index %d", st3.Index)
 		}

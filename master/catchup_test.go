@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -41,7 +42,7 @@ func TestRestartedAloneDoesNotServeItsTable(t *testing.T) {
 				}
 			}
 			c.waitConverged()
-			before, err := cl.State(ctx, api.StateOptions{Consistent: true})
+			before, err := cl.State(ctx, apiclient.StateOptions{Consistent: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,12 +79,12 @@ func TestRestartedAloneDoesNotServeItsTable(t *testing.T) {
 			c.start(1)
 			c.start(2)
 			c.waitLeader()
-			only, err := api.NewClient([]string{base}, nil)
+			only, err := apiclient.NewClient([]string{base}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			testutil.Eventually(t, 0, "m1 to serve the state again", func() error {
-				st, err := only.State(ctx, api.StateOptions{})
+				st, err := only.State(ctx, apiclient.StateOptions{})
 				if err != nil {
 					return err
 				}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -38,7 +39,7 @@ func TestChangesWatchOnFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	watcher := c.clientAs(follower, "watcher", pki.RoleAgent)
-	st, err := watcher.State(ctx, api.StateOptions{Index: doomed.Version - 1, Wait: 10 * time.Second})
+	st, err := watcher.State(ctx, apiclient.StateOptions{Index: doomed.Version - 1, Wait: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func TestChangesWatchOnFollower(t *testing.T) {
 	if _, err := watcher.Changes(ctx, apiErr.Oldest, 0); err != nil {
 		t.Fatalf("changes since the oldest index served (%d): %v", apiErr.Oldest, err)
 	}
-	full, err := watcher.State(ctx, api.StateOptions{})
+	full, err := watcher.State(ctx, apiclient.StateOptions{})
 	if err != nil || full.Horizon < tomb || slices.ContainsFunc(full.Tombstones, func(tb api.Tombstone) bool { return tb.AgentID == "doomed" }) {
 		t.Fatalf("state after compaction: horizon %d, tombstones %+v (%v)", full.Horizon, full.Tombstones, err)
 	}

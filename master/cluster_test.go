@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -71,7 +72,7 @@ func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
 
 	var st *api.State
 	if err := callRetrying(ctx, func() (err error) {
-		st, err = c.client(newLeader).State(ctx, api.StateOptions{Consistent: true})
+		st, err = c.client(newLeader).State(ctx, apiclient.StateOptions{Consistent: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func testRegistrationsThroughLeaderFailover(t *testing.T, p *testPKI) {
 	idx := st.Index
 	var st2 *api.State
 	if err := callRetrying(ctx, func() (err error) {
-		st2, err = c.client(0).State(ctx, api.StateOptions{Consistent: true})
+		st2, err = c.client(0).State(ctx, apiclient.StateOptions{Consistent: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -259,7 +260,7 @@ func testFollowerProxyWatchAndStatus(t *testing.T, p *testPKI) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	onlyFollower := c.onlyClient(follower)
-	st0, err := onlyFollower.State(ctx, api.StateOptions{})
+	st0, err := onlyFollower.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +275,7 @@ func testFollowerProxyWatchAndStatus(t *testing.T, p *testPKI) {
 	}
 	woke := make(chan watchResult, 1)
 	go func() {
-		st, err := onlyFollower.State(ctx, api.StateOptions{Index: st0.Index, Wait: 30 * time.Second})
+		st, err := onlyFollower.State(ctx, apiclient.StateOptions{Index: st0.Index, Wait: 30 * time.Second})
 		woke <- watchResult{st, err}
 	}()
 	// The write goes to the follower, which proxies it to the leader.
@@ -289,13 +290,13 @@ func testFollowerProxyWatchAndStatus(t *testing.T, p *testPKI) {
 		t.Fatalf("watch: %+v %v, want the state at index %d with via-follower", r.st, r.err, info.Version)
 	}
 	// Linearizable read through the follower sees the write at once.
-	st, err := onlyFollower.State(ctx, api.StateOptions{Consistent: true})
+	st, err := onlyFollower.State(ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil || len(st.Agents) != 1 || st.Agents[0].Version != info.Version {
 		t.Fatalf("consistent read: %+v %v", st, err)
 	}
 	// A watch that times out answers with the unchanged state.
 	start := time.Now()
-	st2, err := onlyFollower.State(ctx, api.StateOptions{Index: st.Index + 1000, Wait: 300 * time.Millisecond})
+	st2, err := onlyFollower.State(ctx, apiclient.StateOptions{Index: st.Index + 1000, Wait: 300 * time.Millisecond})
 	if err != nil || st2.Index != st.Index || time.Since(start) < 300*time.Millisecond {
 		t.Errorf("timed out watch: %+v %v after %s", st2, err, time.Since(start))
 	}

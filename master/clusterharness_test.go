@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
@@ -250,19 +251,19 @@ func (c *testCluster) urls() []string {
 
 // client is a failover client starting at master first; with TLS, it
 // holds an operator's certificate.
-func (c *testCluster) client(first int) *api.Client {
+func (c *testCluster) client(first int) *apiclient.Client {
 	c.t.Helper()
 	return c.clientAs(first, "operator", pki.RoleOperator)
 }
 
 // onlyClient is an operator's client of master i alone (no failover).
-func (c *testCluster) onlyClient(i int) *api.Client {
+func (c *testCluster) onlyClient(i int) *apiclient.Client {
 	c.t.Helper()
-	var opts api.ClientOptions
+	var opts apiclient.ClientOptions
 	if c.pki != nil {
 		opts.TLS = c.pki.ClientTLS("operator", pki.RoleOperator)
 	}
-	cl, err := api.NewClientWith([]string{c.urls()[i]}, opts)
+	cl, err := apiclient.NewClientWith([]string{c.urls()[i]}, opts)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -278,7 +279,7 @@ func forEachSecurity(t *testing.T, test func(t *testing.T, p *testPKI)) {
 
 // clientAs is a failover client starting at master first with the
 // certificate of name and role (ignored without TLS).
-func (c *testCluster) clientAs(first int, name string, role pki.Role) *api.Client {
+func (c *testCluster) clientAs(first int, name string, role pki.Role) *apiclient.Client {
 	c.t.Helper()
 	urls := c.urls()
 	rot := append(append([]string{}, urls[first%len(urls):]...), urls[:first%len(urls)]...)
@@ -286,7 +287,7 @@ func (c *testCluster) clientAs(first int, name string, role pki.Role) *api.Clien
 	if c.pki != nil {
 		hc = c.pki.sharedHTTPClient(name, role)
 	}
-	cl, err := api.NewClient(rot, hc)
+	cl, err := apiclient.NewClient(rot, hc)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func (c *testCluster) waitConverged() []byte {
 
 // registerRetrying registers until acknowledged, keeping one request id
 // across retries as a real agent would.
-func registerRetrying(ctx context.Context, cl *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
+func registerRetrying(ctx context.Context, cl *apiclient.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
 	req.RequestID = api.NewRequestID()
 	var info *api.AgentInfo
 	err := callRetrying(ctx, func() (err error) {

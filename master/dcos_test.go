@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/dcosproto"
@@ -217,7 +218,7 @@ func TestAgentReports(t *testing.T) {
 	if _, err := registerRetrying(ctx, c.client(0), api.RegisterRequest{AgentID: "a2", IP: "198.18.0.2"}); err != nil {
 		t.Fatal(err)
 	}
-	before, err := c.client(0).State(ctx, api.StateOptions{Consistent: true})
+	before, err := c.client(0).State(ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +230,7 @@ func TestAgentReports(t *testing.T) {
 	if got.Version != rec.Version || got.Overlay("carve").State.Status != api.StatusOK || got.ConfigurationAttempts != 1 {
 		t.Fatalf("after the report: version %d (was %d), %+v", got.Version, rec.Version, got.Overlay("carve").State)
 	}
-	after, err := c.client(0).State(ctx, api.StateOptions{Consistent: true})
+	after, err := c.client(0).State(ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -39,7 +40,7 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 	}
 	var start, final *api.State
 	if err := callRetrying(ctx, func() (err error) {
-		start, err = op.State(ctx, api.StateOptions{Consistent: true})
+		start, err = op.State(ctx, apiclient.StateOptions{Consistent: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := callRetrying(ctx, func() (err error) {
-		final, err = op.State(ctx, api.StateOptions{Consistent: true})
+		final, err = op.State(ctx, apiclient.StateOptions{Consistent: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -142,7 +143,7 @@ func (v *watchView) index() uint64 {
 }
 
 // follow watches the changes until ctx ends.
-func (v *watchView) follow(ctx context.Context, cl *api.Client) {
+func (v *watchView) follow(ctx context.Context, cl *apiclient.Client) {
 	for ctx.Err() == nil {
 		ch, err := cl.Changes(ctx, v.index(), 10*time.Second)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/membershiptest"
@@ -56,7 +57,7 @@ func TestGrantNeedsTheDonorsWord(t *testing.T) {
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	agent := map[string]*api.Client{}
+	agent := map[string]*apiclient.Client{}
 	claim := map[string]ed25519.PrivateKey{}
 	lease := map[string]string{}
 	for i, id := range []string{"h1", "h2"} {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
@@ -81,7 +82,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 	leader := c.waitLeader()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	agent := map[string]*api.Client{}
+	agent := map[string]*apiclient.Client{}
 	claim := map[string]ed25519.PrivateKey{}
 	for i, id := range []string{"a1", "a2", "a3"} {
 		p.IssueAgent(id, netip.MustParseAddr(fmt.Sprintf("198.18.4.%d", i+1)))
@@ -193,7 +194,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 
 	// Complete usage reports from every live agent lift the quarantine;
 	// a report naming a block the masters do not know acknowledges nothing.
-	st, err := c.client(leader).State(ctx, api.StateOptions{})
+	st, err := c.client(leader).State(ctx, apiclient.StateOptions{})
 	if err != nil || len(st.Quarantine) == 0 {
 		t.Fatalf("quarantine: %v %+v", err, st)
 	}
@@ -223,7 +224,7 @@ func TestClusterGrowthThroughLeaderKill(t *testing.T) {
 		}
 	}
 	testutil.Eventually(t, 0, "the quarantine to be released", func() error {
-		st, err := c.client(leader).State(ctx, api.StateOptions{})
+		st, err := c.client(leader).State(ctx, apiclient.StateOptions{})
 		if err != nil {
 			return err
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/pkitest"
@@ -82,7 +83,7 @@ func TestAgentCANoted(t *testing.T) {
 		t.Helper()
 		cfg := ca.ClientTLS(id, pki.RoleAgent)
 		cfg.RootCAs = bundle
-		cl, err := api.NewClientWith([]string{c.urls()[i]}, api.ClientOptions{TLS: cfg})
+		cl, err := apiclient.NewClientWith([]string{c.urls()[i]}, apiclient.ClientOptions{TLS: cfg})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -36,7 +37,7 @@ func TestSilentAgentIsNotOK(t *testing.T) {
 		}
 	}
 	status := func(id string) api.OverlayState {
-		st, err := cl.State(ctx, api.StateOptions{})
+		st, err := cl.State(ctx, apiclient.StateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/buildinfo"
 	"github.com/carve-net/carve/internal/certmetrics"
 	"github.com/carve-net/carve/internal/goroutines"
@@ -117,7 +118,7 @@ type Master struct {
 	httpSrv  *httpapi.Server
 	httpLn   net.Listener
 	// joinClient reaches Options.Join (nil without one).
-	joinClient *api.Client
+	joinClient *apiclient.Client
 	// releaseKick wakes the leader's duties when a usage report gave a
 	// holdings acknowledgement (a quarantine release may be due).
 	releaseKick chan struct{}
@@ -176,11 +177,11 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 	}
 	m.signingKey.Store(&opts.SigningKey)
 	if opts.Join != "" {
-		copts := api.ClientOptions{}
+		copts := apiclient.ClientOptions{}
 		if sec != nil {
 			copts.TLS = sec.client
 		}
-		if m.joinClient, err = api.NewClientWith([]string{opts.Join}, copts); err != nil {
+		if m.joinClient, err = apiclient.NewClientWith([]string{opts.Join}, copts); err != nil {
 			return nil, fmt.Errorf("master: --join: %w", err)
 		}
 	}

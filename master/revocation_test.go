@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -91,7 +92,7 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	if err != nil || len(list.Revoked) != 1 || list.Revoked[0].Identity != "agent/a1" {
 		t.Errorf("GET /cluster/revocations: %+v %v", list, err)
 	}
-	st, err := c.client(leader).State(ctx, api.StateOptions{})
+	st, err := c.client(leader).State(ctx, apiclient.StateOptions{})
 	if err != nil || len(st.Revoked) != 1 {
 		t.Errorf("the state's revoked list: %+v %v", st.Revoked, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 )
@@ -73,7 +74,7 @@ func TestSignedRecordsAndTombstones(t *testing.T) {
 	answers = append(answers, got)
 	c.waitConverged() // every master's state, signatures included, is byte-identical
 
-	st, err := c.clientAs(follower, "a0", pki.RoleAgent).State(ctx, api.StateOptions{})
+	st, err := c.clientAs(follower, "a0", pki.RoleAgent).State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

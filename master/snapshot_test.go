@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
@@ -57,7 +58,7 @@ func testSnapshotSaveAndRestore(t *testing.T, p *testPKI) {
 	if err := cl.DeleteAgent(ctx, "a2"); err != nil {
 		t.Fatal(err)
 	}
-	before, err := cl.State(ctx, api.StateOptions{})
+	before, err := cl.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/mastertest"
@@ -246,11 +247,11 @@ func TestStateConditionalRead(t *testing.T) {
 
 // secureOperator is a secure master, an operator's TLS configuration and
 // an API client with it.
-func secureOperator(t *testing.T) (*mastertest.Secure, *tls.Config, *api.Client) {
+func secureOperator(t *testing.T) (*mastertest.Secure, *tls.Config, *apiclient.Client) {
 	t.Helper()
 	ms := mastertest.StartSecure(t, t.TempDir(), netconfig.Default(), slog.New(slog.DiscardHandler))
 	tlsCfg := ms.CA.ClientTLS("op", pki.RoleOperator)
-	op, err := api.NewClientWith([]string{ms.URL()}, api.ClientOptions{TLS: tlsCfg})
+	op, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: tlsCfg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 )
@@ -129,7 +130,7 @@ type streamCluster struct {
 	lns      []*bufferListener
 	leader   int
 	follower int // the master the streams are opened at
-	op       *api.Client
+	op       *apiclient.Client
 }
 
 func newStreamCluster(t *testing.T, writeTimeout time.Duration) *streamCluster {
@@ -166,10 +167,10 @@ func newStreamCluster(t *testing.T, writeTimeout time.Duration) *streamCluster {
 
 // streamClient is an agent's client of the streams' master alone, on
 // connections of its own.
-func (sc *streamCluster) streamClient(name string, ip int) *api.Client {
+func (sc *streamCluster) streamClient(name string, ip int) *apiclient.Client {
 	sc.t.Helper()
 	sc.p.IssueAgent(name, netip.AddrFrom4([4]byte{198, 18, 0, byte(ip)}))
-	cl, err := api.NewClient([]string{sc.urls()[sc.follower]}, sc.p.sharedHTTPClient(name, pki.RoleAgent))
+	cl, err := apiclient.NewClient([]string{sc.urls()[sc.follower]}, sc.p.sharedHTTPClient(name, pki.RoleAgent))
 	if err != nil {
 		sc.t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func (sc *streamCluster) masterView(ctx context.Context) *streamView {
 	sc.t.Helper()
 	cl := sc.onlyClient(sc.follower)
 	var st *api.State
-	if err := callRetrying(ctx, func() (err error) { st, err = cl.State(ctx, api.StateOptions{}); return err }); err != nil {
+	if err := callRetrying(ctx, func() (err error) { st, err = cl.State(ctx, apiclient.StateOptions{}); return err }); err != nil {
 		sc.t.Fatal(err)
 	}
 	v := newStreamView(st.Index)
@@ -297,7 +298,7 @@ type follower struct {
 
 // follow reads s into a view from since until s ends; stalled is the
 // connection whose failure beforeDrop is relative to (nil: none).
-func follow(t *testing.T, name string, s *api.ChangeStream, since uint64, stalled *atomic.Pointer[bufferConn]) *follower {
+func follow(t *testing.T, name string, s *apiclient.ChangeStream, since uint64, stalled *atomic.Pointer[bufferConn]) *follower {
 	t.Helper()
 	f := &follower{name: name, view: newStreamView(since), done: make(chan struct{})}
 	go func() {
@@ -496,7 +497,7 @@ func (c *slowConn) unslow() { c.freeOnce.Do(func() { close(c.free) }) }
 
 // slowClient is an agent's client of the streams' master whose one
 // connection is a slowConn.
-func (sc *streamCluster) slowClient(name string, ip int) (*api.Client, *atomic.Pointer[slowConn]) {
+func (sc *streamCluster) slowClient(name string, ip int) (*apiclient.Client, *atomic.Pointer[slowConn]) {
 	sc.t.Helper()
 	sc.p.IssueAgent(name, netip.AddrFrom4([4]byte{198, 18, 0, byte(ip)}))
 	var conn atomic.Pointer[slowConn]
@@ -514,7 +515,7 @@ func (sc *streamCluster) slowClient(name string, ip int) (*api.Client, *atomic.P
 		},
 	}
 	sc.t.Cleanup(tr.CloseIdleConnections)
-	cl, err := api.NewClient([]string{sc.urls()[sc.follower]}, &http.Client{Transport: tr})
+	cl, err := apiclient.NewClient([]string{sc.urls()[sc.follower]}, &http.Client{Transport: tr})
 	if err != nil {
 		sc.t.Fatal(err)
 	}

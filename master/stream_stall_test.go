@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -45,7 +46,7 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 	var fast []*follower
 	for i := range 3 {
 		name := fmt.Sprintf("fast-%d", i)
-		s, err := sc.streamClient(name, 60+i).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 5 * time.Second})
+		s, err := sc.streamClient(name, 60+i).StreamChanges(ctx, since, apiclient.StreamOptions{Heartbeat: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("open %s's stream: %v", name, err)
 		}
@@ -132,11 +133,11 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 	if v.index >= want.index {
 		t.Fatalf("the stalled client read up to index %d, the master's state is at %d: it missed nothing, so it was never stalled", v.index, want.index)
 	}
-	cl, err := api.NewClient([]string{base}, sc.p.sharedHTTPClient("stalled", pki.RoleAgent))
+	cl, err := apiclient.NewClient([]string{base}, sc.p.sharedHTTPClient("stalled", pki.RoleAgent))
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := cl.StreamChanges(ctx, v.index, api.StreamOptions{Heartbeat: 5 * time.Second})
+	again, err := cl.StreamChanges(ctx, v.index, apiclient.StreamOptions{Heartbeat: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	since := sc.masters[sc.follower].table.Index()
 	var none atomic.Pointer[bufferConn]
 
-	s, err := sc.streamClient("fast", 60).StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 5 * time.Second})
+	s, err := sc.streamClient("fast", 60).StreamChanges(ctx, since, apiclient.StreamOptions{Heartbeat: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestChangesStreamCoalescesForASlowReader(t *testing.T) {
 	slowCl, conn := sc.slowClient("slow", 61)
 	// The heartbeats are far apart: a frame read slowly may take a while
 	// to come whole, and the client drops a stream silent for three.
-	s, err = slowCl.StreamChanges(ctx, since, api.StreamOptions{Heartbeat: 30 * time.Second})
+	s, err = slowCl.StreamChanges(ctx, since, apiclient.StreamOptions{Heartbeat: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

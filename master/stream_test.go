@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -47,14 +48,14 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.IssueAgent("watcher", netip.MustParseAddr("198.18.0.50"))
-	var streams []*api.ChangeStream
+	var streams []*apiclient.ChangeStream
 	var st *api.State
 	for _, f := range []int{(leader + 1) % 3, (leader + 2) % 3} {
 		watcher := c.clientAs(f, "watcher", pki.RoleAgent)
-		if st, err = watcher.State(ctx, api.StateOptions{Index: doomed.Version - 1, Wait: 10 * time.Second}); err != nil {
+		if st, err = watcher.State(ctx, apiclient.StateOptions{Index: doomed.Version - 1, Wait: 10 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
-		s, err := watcher.StreamChanges(ctx, st.Index, api.StreamOptions{Heartbeat: 3 * time.Second})
+		s, err := watcher.StreamChanges(ctx, st.Index, apiclient.StreamOptions{Heartbeat: 3 * time.Second})
 		if err != nil {
 			t.Fatalf("open a stream on follower %d: %v", f, err)
 		}
@@ -152,7 +153,7 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 	})
 	watcher := c.clientAs((leader+1)%3, "watcher", pki.RoleAgent)
 	testutil.Eventually(t, 0, "a new stream of the revoked watcher is refused", func() error {
-		s, err := watcher.StreamChanges(ctx, 0, api.StreamOptions{})
+		s, err := watcher.StreamChanges(ctx, 0, apiclient.StreamOptions{})
 		if err == nil {
 			s.Close()
 			return errors.New("opened")
@@ -176,7 +177,7 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 			return nil
 		})
 	}
-	_, err = c.clientAs((leader+1)%3, "late", pki.RoleAgent).StreamChanges(ctx, st.Index, api.StreamOptions{})
+	_, err = c.clientAs((leader+1)%3, "late", pki.RoleAgent).StreamChanges(ctx, st.Index, apiclient.StreamOptions{})
 	var apiErr *api.Error
 	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusGone || apiErr.Code != api.CodeGone || apiErr.Oldest < tomb {
 		t.Fatalf("stream since %d after the horizon passed %d: %v, want 410 gone with the oldest index", st.Index, tomb, err)
@@ -185,7 +186,7 @@ func TestChangesStreamsOnFollowers(t *testing.T) {
 }
 
 // nextWith reads the stream's frames until one satisfies done and returns it.
-func nextWith(t *testing.T, s *api.ChangeStream, done func(*api.Changes) bool) *api.Changes {
+func nextWith(t *testing.T, s *apiclient.ChangeStream, done func(*api.Changes) bool) *api.Changes {
 	t.Helper()
 	for {
 		ch, err := s.Next()

@@ -15,6 +15,7 @@ import (
 	"github.com/carve-net/carve/agent/ipam/ipamwire"
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/test/lab/mastertest"
@@ -26,7 +27,7 @@ import (
 type restoreLab struct {
 	t      *testing.T
 	ctx    context.Context
-	client *api.Client
+	client *apiclient.Client
 	c      *cluster
 	st     *api.State
 }
@@ -41,7 +42,7 @@ func newRestoreLab(t *testing.T) *restoreLab {
 	m := mastertest.Start(t, filepath.Join(t.TempDir(), "m1"), cfg, testLogger())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	client, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{})
+	client, err := apiclient.NewClientWith([]string{m.URL()}, apiclient.ClientOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func newRestoreLab(t *testing.T) *restoreLab {
 // read reads the masters' state.
 func (l *restoreLab) read() {
 	l.t.Helper()
-	st, err := l.client.State(l.ctx, api.StateOptions{Consistent: true})
+	st, err := l.client.State(l.ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil {
 		l.t.Fatal(err)
 	}

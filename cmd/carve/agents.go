@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
 )
@@ -77,7 +78,7 @@ func runAgentsDelete(ctx context.Context, args []string, out io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	before, err := client.State(ctx, api.StateOptions{})
+	before, err := client.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		return fmt.Errorf("read state: %w", err)
 	}

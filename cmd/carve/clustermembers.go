@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
 )
@@ -89,7 +90,7 @@ func runClusterRemove(ctx context.Context, args []string, out io.Writer) error {
 
 // printServers prints what was done and the servers of the Raft
 // configuration after it.
-func printServers(ctx context.Context, client *api.Client, out io.Writer, done string) error {
+func printServers(ctx context.Context, client *apiclient.Client, out io.Writer, done string) error {
 	st, err := client.ClusterStatus(ctx)
 	if err != nil {
 		fmt.Fprintln(out, done)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
 	"github.com/carve-net/carve/master/netconfig"
@@ -334,11 +335,11 @@ func TestAgentsDelete(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "already deleted") {
 		t.Fatalf("delete h1 again: exit %d, %v\n%s", code, err, out)
 	}
-	c, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS("op", pki.RoleOperator)})
+	c, err := apiclient.NewClientWith([]string{"https://" + m.HTTPAddr()}, apiclient.ClientOptions{TLS: m.CA.ClientTLS("op", pki.RoleOperator)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := c.State(context.Background(), api.StateOptions{})
+	st, err := c.State(context.Background(), apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/atomicfile"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
@@ -35,7 +35,7 @@ func runSnapshot(ctx context.Context, args []string, out io.Writer) error {
 
 // snapshotFlags parses a snapshot subcommand's FILE and flags, in any
 // order, and returns FILE, a client for the masters and the timeout.
-func snapshotFlags(name string, args []string) (string, *api.Client, time.Duration, error) {
+func snapshotFlags(name string, args []string) (string, *apiclient.Client, time.Duration, error) {
 	fs := cli.NewFlagSet(name)
 	t := fs.Duration("timeout", time.Minute, "how long to wait for the masters")
 	mf := opclient.AddMasterFlags(fs, "a certificate of role operator (carve certs issue --role operator --name NAME)")

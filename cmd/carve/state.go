@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
 )
@@ -28,7 +29,7 @@ func runState(ctx context.Context, args []string, out io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := client.State(ctx, api.StateOptions{Consistent: *consistent})
+	st, err := client.State(ctx, apiclient.StateOptions{Consistent: *consistent})
 	if err != nil {
 		return fmt.Errorf("read state: %w", err)
 	}

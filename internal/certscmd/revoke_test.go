@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/pki"
 )
@@ -49,7 +50,7 @@ func TestCertsRevoke(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "revoked agent/h1 (serial ") || !strings.Contains(out, "deleted agent h1") {
 		t.Fatalf("revoke h1: exit %d, %v, output:\n%s", code, err, out)
 	}
-	cl, err := api.NewClientWith([]string{"https://" + m.HTTPAddr()}, api.ClientOptions{TLS: m.CA.ClientTLS("h1", pki.RoleAgent)})
+	cl, err := apiclient.NewClientWith([]string{"https://" + m.HTTPAddr()}, apiclient.ClientOptions{TLS: m.CA.ClientTLS("h1", pki.RoleAgent)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/pki"
 )
@@ -46,8 +47,8 @@ func AddMasterFlags(fs *flag.FlagSet, certHelp string) *MasterFlags {
 // Client checks the flags and returns a client for the masters and the
 // options it was made with, for more clients alike (TLS is nil with
 // --insecure).
-func (f *MasterFlags) Client() (*api.Client, api.ClientOptions, error) {
-	var opts api.ClientOptions
+func (f *MasterFlags) Client() (*apiclient.Client, apiclient.ClientOptions, error) {
+	var opts apiclient.ClientOptions
 	urls, err := SplitMasters(*f.Masters)
 	if err != nil {
 		return nil, opts, err
@@ -61,7 +62,7 @@ func (f *MasterFlags) Client() (*api.Client, api.ClientOptions, error) {
 		}
 		opts.TLS.VerifyConnection = RequireMaster
 	}
-	c, err := api.NewClientWith(urls, opts)
+	c, err := apiclient.NewClientWith(urls, opts)
 	if err != nil {
 		return nil, opts, fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
@@ -104,7 +105,7 @@ func SplitMasters(s string) ([]string, error) {
 	if len(out) == 0 {
 		return nil, fmt.Errorf("%w: --masters is required (URL[,URL...])", cli.ErrUsage)
 	}
-	if _, err := api.NewClient(out, nil); err != nil {
+	if _, err := apiclient.NewClient(out, nil); err != nil {
 		return nil, fmt.Errorf("%w: --masters: %v", cli.ErrUsage, err)
 	}
 	return out, nil
@@ -155,7 +156,7 @@ func AddAgentFlags(fs *flag.FlagSet) *AgentFlags {
 
 // Cluster checks the flags and returns a client for the masters and a
 // reader of the agents.
-func (f *AgentFlags) Cluster() (*api.Client, *AgentReader, error) {
+func (f *AgentFlags) Cluster() (*apiclient.Client, *AgentReader, error) {
 	if *f.Port < 1 || *f.Port > 65535 {
 		return nil, nil, fmt.Errorf("%w: --agent-port %d: want 1-65535", cli.ErrUsage, *f.Port)
 	}
@@ -241,10 +242,10 @@ func (r *AgentReader) ReadAgents(ctx context.Context, agents []api.AgentInfo, re
 }
 
 // ReadState reads the masters' state within the timeout.
-func ReadState(ctx context.Context, client *api.Client, timeout time.Duration) (*api.State, error) {
+func ReadState(ctx context.Context, client *apiclient.Client, timeout time.Duration) (*api.State, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	st, err := client.State(ctx, api.StateOptions{})
+	st, err := client.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("read the masters' state: %w", err)
 	}
@@ -287,7 +288,7 @@ func AskMasters(ctx context.Context, mf *MasterFlags, timeout time.Duration) ([]
 		return nil, err
 	}
 	return collectMasters(ctx, client.Masters(), func(ctx context.Context, url string) (*api.ClusterStatus, error) {
-		c, err := api.NewClientWith([]string{url}, opts)
+		c, err := apiclient.NewClientWith([]string{url}, opts)
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -101,13 +102,13 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 	registerAll("new-1", "new-2", "new-3")
 
 	statusOf := func(m *labcluster.Master) (*api.State, error) {
-		cl, err := api.NewClient([]string{m.URL()}, c.HTTPClient())
+		cl, err := apiclient.NewClient([]string{m.URL()}, c.HTTPClient())
 		if err != nil {
 			return nil, err
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		return cl.State(cctx, api.StateOptions{})
+		return cl.State(cctx, apiclient.StateOptions{})
 	}
 	agentsOf := func(st *api.State) []string {
 		var ids []string

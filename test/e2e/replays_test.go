@@ -21,6 +21,7 @@ import (
 	"testing"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -74,7 +75,7 @@ func TestReplayEmptyConfigLeader(t *testing.T) {
 
 	// The committed configuration is the cluster's, whichever master leads.
 	testutil.Eventually(t, converge, "the masters' state keeps the committed network configuration", func() error {
-		st, err := c.Client().State(ctx, api.StateOptions{Consistent: true})
+		st, err := c.Client().State(ctx, apiclient.StateOptions{Consistent: true})
 		if err != nil {
 			return err
 		}
@@ -137,7 +138,7 @@ func jsonOf(v any) string {
 func leadAlone(ctx context.Context, t *testing.T, c *labcluster.Cluster, m *labcluster.Master) {
 	t.Helper()
 	testutil.Eventually(t, converge, m.ID+" follows a leader, caught up", func() error {
-		cl, err := api.NewClient([]string{m.URL()}, c.HTTPClient())
+		cl, err := apiclient.NewClient([]string{m.URL()}, c.HTTPClient())
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -32,7 +33,7 @@ type rogueAgent struct {
 	c       *labcluster.Cluster
 	host    *labcluster.Host
 	honest  []*labcluster.Host
-	client  *api.Client
+	client  *apiclient.Client
 	key     ed25519.PrivateKey
 	rng     *rand.Rand
 	message string // the file the rogue peer broadcasts

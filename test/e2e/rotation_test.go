@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -180,7 +181,7 @@ func (l *rotationLab) state(ctx context.Context, t *testing.T, what string) *api
 func (l *rotationLab) terms(ctx context.Context) string {
 	var b strings.Builder
 	for _, m := range l.c.Masters() {
-		cl, err := api.NewClient([]string{m.URL()}, l.c.HTTPClient())
+		cl, err := apiclient.NewClient([]string{m.URL()}, l.c.HTTPClient())
 		if err != nil {
 			return err.Error()
 		}
@@ -355,7 +356,7 @@ func TestRotationWithoutDowntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale := c.HTTPClientWith(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: []tls.Certificate{oldOperator}})
-	staleClient, err := api.NewClient([]string{c.Masters()[0].URL()}, stale)
+	staleClient, err := apiclient.NewClient([]string{c.Masters()[0].URL()}, stale)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestRotationWithoutDowntime(t *testing.T) {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var apiErr *api.Error
-	if _, err := staleClient.State(sctx, api.StateOptions{}); err == nil || errors.As(err, &apiErr) && apiErr.Status != 0 {
+	if _, err := staleClient.State(sctx, apiclient.StateOptions{}); err == nil || errors.As(err, &apiErr) && apiErr.Status != 0 {
 		t.Errorf("CA: a certificate of the dropped CA is still accepted by the masters: %v", err)
 	} else {
 		t.Logf("CA: a certificate of the dropped CA is refused: %v", err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/carve-net/carve/agent/membership"
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
@@ -143,7 +144,7 @@ func TestCompromisedAgentCertificate(t *testing.T) {
 		}
 	}
 	h1, h2, h3 := c.Host(1), c.Host(2), c.Host(3)
-	var evil *api.Client
+	var evil *apiclient.Client
 	step("converge", func(t *testing.T) {
 		ctx := within(t, converge)
 		if err := c.Start(ctx); err != nil {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -132,7 +133,7 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, reps int) (res res
 	if err != nil {
 		return res, err
 	}
-	lc, err := api.NewClient([]string{leader.URL()}, c.HTTPClient())
+	lc, err := apiclient.NewClient([]string{leader.URL()}, c.HTTPClient())
 	if err != nil {
 		return res, err
 	}
@@ -150,7 +151,7 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, reps int) (res res
 	wakes := map[string][]time.Duration{}
 	for i := range reps {
 		id := fmt.Sprintf("baseline-%d-%d", n, i)
-		st, err := lc.State(ctx, api.StateOptions{})
+		st, err := lc.State(ctx, apiclient.StateOptions{})
 		if err != nil {
 			return res, err
 		}
@@ -199,12 +200,12 @@ func measureOn(ctx context.Context, c *labcluster.Cluster, n, reps int) (res res
 // and measures (1) process start -> its record seen by a blocking watch on
 // the leader, and (2) that -> every observer reports it programmed. Then it
 // stops and deletes the agent again and waits until the observers dropped it.
-func newAgent(ctx context.Context, c *labcluster.Cluster, lc *api.Client, observers []*labcluster.Host, h *labcluster.Host,
+func newAgent(ctx context.Context, c *labcluster.Cluster, lc *apiclient.Client, observers []*labcluster.Host, h *labcluster.Host,
 	id string, poll time.Duration) (programmed, startup time.Duration, err error) {
 	if err := c.ResetAgentData(h, id); err != nil {
 		return 0, 0, err
 	}
-	st, err := lc.State(ctx, api.StateOptions{})
+	st, err := lc.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -214,7 +215,7 @@ func newAgent(ctx context.Context, c *labcluster.Cluster, lc *api.Client, observ
 	go func() {
 		index := st.Index
 		for wctx.Err() == nil {
-			st, err := lc.State(wctx, api.StateOptions{Index: index, Wait: 10 * time.Second})
+			st, err := lc.State(wctx, apiclient.StateOptions{Index: index, Wait: 10 * time.Second})
 			if err != nil {
 				time.Sleep(10 * time.Millisecond)
 				continue
@@ -259,12 +260,12 @@ func watchAll(ctx context.Context, c *labcluster.Cluster, index uint64) func() m
 	out := map[*labcluster.Master]time.Time{}
 	var wg sync.WaitGroup
 	for _, m := range c.Masters() {
-		cl, err := api.NewClient([]string{m.URL()}, c.HTTPClient())
+		cl, err := apiclient.NewClient([]string{m.URL()}, c.HTTPClient())
 		if err != nil {
 			continue
 		}
 		wg.Go(func() {
-			if _, err := cl.State(ctx, api.StateOptions{Index: index, Wait: 10 * time.Second}); err == nil {
+			if _, err := cl.State(ctx, apiclient.StateOptions{Index: index, Wait: 10 * time.Second}); err == nil {
 				at := time.Now()
 				mu.Lock()
 				out[m] = at

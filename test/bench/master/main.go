@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/master/netconfig"
@@ -318,7 +319,7 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 		return &http.Client{Transport: tr, Timeout: time.Minute}
 	}
 	ctx := context.Background()
-	var cls []*api.Client
+	var cls []*apiclient.Client
 	for attempt := 1; ; attempt++ {
 		leader := c.leaderURL()
 		cls, err = connectClients(ctx, c, newHTTPClient, leader, clients, spread)
@@ -382,14 +383,14 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 // over the masters), and opens every client's connection, and the
 // followers' to the leader, with a consistent read (retried while a leader
 // is elected).
-func connectClients(ctx context.Context, c *cluster, newHTTPClient func() *http.Client, leader string, clients int, spread bool) ([]*api.Client, error) {
-	var cls []*api.Client
+func connectClients(ctx context.Context, c *cluster, newHTTPClient func() *http.Client, leader string, clients int, spread bool) ([]*apiclient.Client, error) {
+	var cls []*apiclient.Client
 	for w := range clients {
 		urls := []string{leader}
 		if spread {
 			urls = []string{c.urls[w%3], c.urls[(w+1)%3], c.urls[(w+2)%3]}
 		}
-		cl, err := api.NewClient(urls, newHTTPClient()) // it speaks TLS when the cluster does
+		cl, err := apiclient.NewClient(urls, newHTTPClient()) // it speaks TLS when the cluster does
 		if err != nil {
 			return nil, err
 		}
@@ -402,7 +403,7 @@ func connectClients(ctx context.Context, c *cluster, newHTTPClient func() *http.
 	for _, cl := range cls {
 		warm.Go(func() {
 			err := retry.Until(ctx, 100*time.Millisecond, func() error {
-				_, err := cl.State(ctx, api.StateOptions{Consistent: true})
+				_, err := cl.State(ctx, apiclient.StateOptions{Consistent: true})
 				return err
 			})
 			if err != nil {
@@ -432,7 +433,7 @@ func stateLatency(dir string, sec *security, n int) (getMS, marshalMS float64, s
 	transport := &http.Transport{MaxIdleConnsPerHost: 256, TLSClientConfig: sec.clientTLS()}
 	defer transport.CloseIdleConnections()
 	hc := &http.Client{Transport: transport, Timeout: time.Minute}
-	cl, err := api.NewClient([]string{c.leaderURL()}, hc)
+	cl, err := apiclient.NewClient([]string{c.leaderURL()}, hc)
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/ring"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -137,7 +138,7 @@ const (
 // message's size and the real agent's CPU seconds from before the first
 // broadcast until it had merged them.
 func feedClaims(ctx context.Context, c *labcluster.Cluster, h *labcluster.Host) (writers, size int, cpu float64, err error) {
-	st, err := c.Client().State(ctx, api.StateOptions{Consistent: true})
+	st, err := c.Client().State(ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil {
 		return 0, 0, 0, err
 	}

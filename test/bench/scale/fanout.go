@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -174,7 +175,7 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 // burst of 100 (the next ids), to every watcher of ws; it returns their
 // p99 and slowest delays, the bytes of one change per watcher and the
 // index the burst ran to.
-func measureChanges(ctx context.Context, op *api.Client, ws *watcherSet, first int, how string) (one, oneMax, burst, burstMax, oneSent, burstSent time.Duration, bytesPer float64, top uint64, err error) {
+func measureChanges(ctx context.Context, op *apiclient.Client, ws *watcherSet, first int, how string) (one, oneMax, burst, burstMax, oneSent, burstSent time.Duration, bytesPer float64, top uint64, err error) {
 	// Every watcher parked (connected, its request written) before the
 	// change: on a busy machine thousands of TLS handshakes take a while,
 	// and they are not what is measured.
@@ -242,7 +243,7 @@ func measureChanges(ctx context.Context, op *api.Client, ws *watcherSet, first i
 
 // fanoutFailover kills the leader, registers synthetic agent id once a
 // leader is back, and times it to every watcher of ws.
-func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *api.Client, ws *watcherSet, id int, f fanoutFigures) (fanoutFigures, error) {
+func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, ws *watcherSet, id int, f fanoutFigures) (fanoutFigures, error) {
 	for _, m := range c.Masters() {
 		f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
 	}
@@ -437,7 +438,7 @@ func leadingIndex(data []byte) (uint64, bool) {
 // registerRetrying registers req, again while the masters answer that the
 // outcome is unknown or that there is no leader (elections happen on a
 // busy machine); a registration is idempotent.
-func registerRetrying(ctx context.Context, op *api.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
+func registerRetrying(ctx context.Context, op *apiclient.Client, req api.RegisterRequest) (*api.AgentInfo, error) {
 	var info *api.AgentInfo
 	err := retry.Until(ctx, 100*time.Millisecond, func() error {
 		var err error
@@ -451,7 +452,7 @@ func registerRetrying(ctx context.Context, op *api.Client, req api.RegisterReque
 
 // registerAllRetrying registers n synthetic agents (no keys) with 64
 // concurrent clients, each registration retried as registerRetrying does.
-func registerAllRetrying(ctx context.Context, op *api.Client, n int) error {
+func registerAllRetrying(ctx context.Context, op *apiclient.Client, n int) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
@@ -398,7 +399,7 @@ func baselineRows(tbl *benchtable.Table) []*benchtable.Row {
 // registerToProgrammedMedian registers three more synthetic agents after
 // the n first, one at a time, and returns the medians of registration to
 // programmed in the real agent and of the Register round trip.
-func registerToProgrammedMedian(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, n int, mesh, keys bool) (time.Duration, time.Duration, error) {
+func registerToProgrammedMedian(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, h *labcluster.Host, n int, mesh, keys bool) (time.Duration, time.Duration, error) {
 	var lat, commit []time.Duration
 	for k := range 3 {
 		l, cm, err := registerToProgrammed(ctx, c, op, h, synthetic(n+1+k, mesh, keys))
@@ -438,7 +439,7 @@ func waitProgrammed(ctx context.Context, c *labcluster.Cluster, h *labcluster.Ho
 
 // registerAll registers n synthetic agents with 64 concurrent clients
 // (with their claim keys when keys).
-func registerAll(ctx context.Context, op *api.Client, n int, mesh, keys bool) error {
+func registerAll(ctx context.Context, op *apiclient.Client, n int, mesh, keys bool) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -463,7 +464,7 @@ func registerAll(ctx context.Context, op *api.Client, n int, mesh, keys bool) er
 
 // registerToProgrammed registers req and times it until the real agent
 // reports it programmed; it also returns the Register round trip.
-func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *api.Client, h *labcluster.Host, req api.RegisterRequest) (time.Duration, time.Duration, error) {
+func registerToProgrammed(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, h *labcluster.Host, req api.RegisterRequest) (time.Duration, time.Duration, error) {
 	start := time.Now()
 	if _, err := op.Register(ctx, req); err != nil {
 		return 0, 0, err

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
@@ -40,8 +40,8 @@ func get(ctx context.Context, hc *http.Client, url, encoding string) (int, error
 // bytesPerChange watches with both the changes watch and the blocking
 // state watch on a follower, registers one agent, and returns what each
 // watcher received (and the state gzip'ed).
-func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *api.Client, n int, mesh bool) (delta, full, fullGz int, err error) {
-	st, err := op.State(ctx, api.StateOptions{Consistent: true})
+func bytesPerChange(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, n int, mesh bool) (delta, full, fullGz int, err error) {
+	st, err := op.State(ctx, apiclient.StateOptions{Consistent: true})
 	if err != nil {
 		return 0, 0, 0, err
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam"
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -50,12 +50,12 @@ func (c *Cluster) StartRingFeeder(h *Host, name, messageFile string, times int) 
 
 // MasterClientAs is a master client presenting h's agent certificate, as
 // the compromised host h would.
-func (c *Cluster) MasterClientAs(h *Host) (*api.Client, error) {
+func (c *Cluster) MasterClientAs(h *Host) (*apiclient.Client, error) {
 	cfg, err := c.sec.files(h.CertName()).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}
-	return api.NewClient(c.MasterURLs(), newHTTPClient(c.Lab.Underlay, cfg))
+	return apiclient.NewClient(c.MasterURLs(), newHTTPClient(c.Lab.Underlay, cfg))
 }
 
 // ClaimKey is h's agent's claim key, read from its data dir (the agent

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/netnslab"
 	"github.com/carve-net/carve/test/lab/proclab"
@@ -93,7 +94,7 @@ func TestMasters(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 0, "the restarted "+leader.ID+" serves the lease", func() error {
-		cl, err := api.NewClient([]string{leader.URL()}, c.HTTPClient())
+		cl, err := apiclient.NewClient([]string{leader.URL()}, c.HTTPClient())
 		if err != nil {
 			return err
 		}

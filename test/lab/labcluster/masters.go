@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
 )
 
@@ -41,8 +42,8 @@ func (c *Cluster) MasterURLs() []string {
 
 // Client returns a master client (failover across all masters) whose
 // connections start in the lab.
-func (c *Cluster) Client() *api.Client {
-	cl, err := api.NewClient(c.MasterURLs(), c.http)
+func (c *Cluster) Client() *apiclient.Client {
+	cl, err := apiclient.NewClient(c.MasterURLs(), c.http)
 	if err != nil {
 		panic(fmt.Sprintf("labcluster: master URLs: %v", err)) // the cluster always has masters
 	}
@@ -104,7 +105,7 @@ func (c *Cluster) WaitLeader(ctx context.Context) (*Master, error) {
 				continue
 			}
 			running++
-			cl, err := api.NewClient([]string{m.URL()}, c.http)
+			cl, err := apiclient.NewClient([]string{m.URL()}, c.http)
 			if err != nil {
 				return err
 			}
@@ -112,7 +113,7 @@ func (c *Cluster) WaitLeader(ctx context.Context) (*Master, error) {
 			cs, err := cl.ClusterStatus(cctx)
 			if err == nil && cs.Role == "leader" && cs.Leader != nil && cs.Leader.HTTPAddr != "" {
 				var st *api.State
-				st, err = cl.State(cctx, api.StateOptions{})
+				st, err = cl.State(cctx, apiclient.StateOptions{})
 				if err == nil && st.Index > 0 {
 					cancel()
 					leader = m
@@ -149,5 +150,5 @@ func (c *Cluster) KillMaster(m *Master) error {
 
 // State is the masters' state (a consistent read).
 func (c *Cluster) State(ctx context.Context) (*api.State, error) {
-	return c.Client().State(ctx, api.StateOptions{Consistent: true})
+	return c.Client().State(ctx, apiclient.StateOptions{Consistent: true})
 }

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/pki"
 )
 
@@ -27,7 +27,7 @@ func (c *Cluster) AgentFiles(h *Host) pki.Files { return c.sec.files(h.CertName(
 // ClientAs is a client of the masters (every master, with failover, or
 // only those of urls) that presents files' certificate, dialling from the
 // underlay like the harness's own.
-func (c *Cluster) ClientAs(files pki.Files, urls ...string) (*api.Client, error) {
+func (c *Cluster) ClientAs(files pki.Files, urls ...string) (*apiclient.Client, error) {
 	hc, err := c.HTTPClientAs(files)
 	if err != nil {
 		return nil, err
@@ -35,7 +35,7 @@ func (c *Cluster) ClientAs(files pki.Files, urls ...string) (*api.Client, error)
 	if len(urls) == 0 {
 		urls = c.MasterURLs()
 	}
-	cl, err := api.NewClient(urls, hc)
+	cl, err := apiclient.NewClient(urls, hc)
 	if err != nil {
 		return nil, fmt.Errorf("labcluster: %w", err)
 	}

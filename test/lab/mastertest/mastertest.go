@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/raftlog"
@@ -109,7 +110,7 @@ func (s *Secure) RegisterAgents(t testing.TB, agents map[string]string) {
 	t.Helper()
 	for id, ip := range agents {
 		s.CA.IssueAgent(id, netip.MustParseAddr(ip))
-		c, err := api.NewClientWith([]string{"https://" + s.HTTPAddr()}, api.ClientOptions{TLS: s.CA.ClientTLS(id, pki.RoleAgent)})
+		c, err := apiclient.NewClientWith([]string{"https://" + s.HTTPAddr()}, apiclient.ClientOptions{TLS: s.CA.ClientTLS(id, pki.RoleAgent)})
 		if err != nil {
 			t.Fatal(err)
 		}

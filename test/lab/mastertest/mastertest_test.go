@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 )
@@ -17,7 +18,7 @@ import (
 func TestStartSecure(t *testing.T) {
 	m := StartSecure(t, t.TempDir(), netconfig.Default(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	m.CA.IssueAgent("a1", netip.MustParseAddr("198.18.0.1"))
-	cl, err := api.NewClientWith([]string{m.URL()}, api.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
+	cl, err := apiclient.NewClientWith([]string{m.URL()}, apiclient.ClientOptions{TLS: m.CA.ClientTLS("a1", pki.RoleAgent)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +28,7 @@ func TestStartSecure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := cl.State(ctx, api.StateOptions{})
+	st, err := cl.State(ctx, apiclient.StateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

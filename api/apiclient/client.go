@@ -1,10 +1,13 @@
-package api
+// Package apiclient is the Go client of the masters' HTTP API: a Client
+// holds the masters' URLs and tries them in turn (failover across masters,
+// the request ids a retry keeps), and opens the changes stream. It speaks
+// the wire contract of package api and adds nothing to it; api never
+// imports it, as the masters serve that contract without a client.
+package apiclient
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -13,6 +16,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/carve-net/carve/api"
 )
 
 // ErrNoMasters is returned by NewClient when no master URL is given.
@@ -105,40 +110,14 @@ func NewClientWith(masters []string, opts ClientOptions) (*Client, error) {
 // Masters returns the master base URLs.
 func (c *Client) Masters() []string { return append([]string(nil), c.masters...) }
 
-// NewRequestID returns a random id for RegisterRequest.RequestID and friends.
-func NewRequestID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// IsRetryable reports whether err is worth retrying later: the master could
-// not be reached, had no leader, or timed out.
-func IsRetryable(err error) bool {
-	if errors.Is(err, ErrUntrusted) {
-		return false // a configuration error: retrying does not fix it
-	}
-	var e *Error
-	if errors.As(err, &e) {
-		return e.Status == 0 || e.Status >= 500 || e.Code == CodeNoLeader || e.Code == CodeTimeout
-	}
-	return err != nil && !errors.Is(err, context.Canceled)
-}
-
-// IsCode reports whether err is an API error with the given code.
-func IsCode(err error, code string) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == code
-}
-
 // Register registers (or re-registers) an agent and returns its leases.
 // A RequestID is generated when empty and kept across the failover retries
 // of this call, so the registration has one effect.
-func (c *Client) Register(ctx context.Context, req RegisterRequest) (*AgentInfo, error) {
+func (c *Client) Register(ctx context.Context, req api.RegisterRequest) (*api.AgentInfo, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out AgentInfo
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents", req, &out); err != nil {
 		return nil, err
 	}
@@ -148,11 +127,11 @@ func (c *Client) Register(ctx context.Context, req RegisterRequest) (*AgentInfo,
 // Report sends an agent's configuration result per overlay and returns
 // its record as the masters now show it. A RequestID is generated when
 // empty and kept across the failover retries of this call.
-func (c *Client) Report(ctx context.Context, agentID string, req ReportRequest) (*AgentInfo, error) {
+func (c *Client) Report(ctx context.Context, agentID string, req api.ReportRequest) (*api.AgentInfo, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out AgentInfo
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/report", req, &out); err != nil {
 		return nil, err
 	}
@@ -160,8 +139,8 @@ func (c *Client) Report(ctx context.Context, agentID string, req ReportRequest) 
 }
 
 // Agent returns one agent's record.
-func (c *Client) Agent(ctx context.Context, id string) (*AgentInfo, error) {
-	var out AgentInfo
+func (c *Client) Agent(ctx context.Context, id string) (*api.AgentInfo, error) {
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodGet, "/overlay-master/agents/"+url.PathEscape(id), nil, &out); err != nil {
 		return nil, err
 	}
@@ -175,18 +154,18 @@ func (c *Client) DeleteAgent(ctx context.Context, id string) error {
 
 // DeleteAgents removes agents named by id or underlay IP (DC/OS bulk form)
 // and returns the new state.
-func (c *Client) DeleteAgents(ctx context.Context, agents []string) (*State, error) {
-	return c.DeleteAgentsRequest(ctx, DeleteAgentsRequest{Agents: agents})
+func (c *Client) DeleteAgents(ctx context.Context, agents []string) (*api.State, error) {
+	return c.DeleteAgentsRequest(ctx, api.DeleteAgentsRequest{Agents: agents})
 }
 
 // DeleteAgentsRequest sends a bulk delete and returns the new state. A
 // RequestID is generated when empty; giving the one of an earlier attempt
 // whose outcome is unknown makes the retry have one effect.
-func (c *Client) DeleteAgentsRequest(ctx context.Context, req DeleteAgentsRequest) (*State, error) {
+func (c *Client) DeleteAgentsRequest(ctx context.Context, req api.DeleteAgentsRequest) (*api.State, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out State
+	var out api.State
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/delete", req, &out); err != nil {
 		return nil, err
 	}
@@ -197,11 +176,11 @@ func (c *Client) DeleteAgentsRequest(ctx context.Context, req DeleteAgentsReques
 // returns the agent's record with it (409 exhausted when the overlay has no
 // free block of that size). A RequestID is generated when empty and kept
 // across the failover retries of this call.
-func (c *Client) Grow(ctx context.Context, agentID string, req GrowRequest) (*AgentInfo, error) {
+func (c *Client) Grow(ctx context.Context, agentID string, req api.GrowRequest) (*api.AgentInfo, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out AgentInfo
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(agentID)+"/blocks", req, &out); err != nil {
 		return nil, err
 	}
@@ -210,11 +189,11 @@ func (c *Client) Grow(ctx context.Context, agentID string, req GrowRequest) (*Ag
 
 // ReturnBlock gives back what the agent holds inside req.Prefix and returns
 // its record without it.
-func (c *Client) ReturnBlock(ctx context.Context, agentID string, req ReturnRequest) (*AgentInfo, error) {
+func (c *Client) ReturnBlock(ctx context.Context, agentID string, req api.ReturnRequest) (*api.AgentInfo, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out AgentInfo
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(agentID)+"/blocks/return", req, &out); err != nil {
 		return nil, err
 	}
@@ -224,11 +203,11 @@ func (c *Client) ReturnBlock(ctx context.Context, agentID string, req ReturnRequ
 // ReportGrant tells the masters of a ring grant; reporter is the donor or
 // the recipient (the agent whose certificate makes the call). It returns
 // the recipient's record. Idempotent.
-func (c *Client) ReportGrant(ctx context.Context, reporter string, req GrantReport) (*AgentInfo, error) {
+func (c *Client) ReportGrant(ctx context.Context, reporter string, req api.GrantReport) (*api.AgentInfo, error) {
 	if req.RequestID == "" {
-		req.RequestID = NewRequestID()
+		req.RequestID = api.NewRequestID()
 	}
-	var out AgentInfo
+	var out api.AgentInfo
 	if err := c.do(ctx, http.MethodPost, "/overlay-master/agents/"+url.PathEscape(reporter)+"/blocks/grants", req, &out); err != nil {
 		return nil, err
 	}
@@ -237,8 +216,8 @@ func (c *Client) ReportGrant(ctx context.Context, reporter string, req GrantRepo
 
 // ReportUsage sends the used and free counts of an agent's blocks (and,
 // with StateIndex set, acknowledges its holdings).
-func (c *Client) ReportUsage(ctx context.Context, agentID string, req UsageReport) (*UsageAnswer, error) {
-	var out UsageAnswer
+func (c *Client) ReportUsage(ctx context.Context, agentID string, req api.UsageReport) (*api.UsageAnswer, error) {
+	var out api.UsageAnswer
 	if err := c.do(ctx, http.MethodPut, "/overlay-master/agents/"+url.PathEscape(agentID)+"/usage", req, &out); err != nil {
 		return nil, err
 	}
@@ -256,7 +235,7 @@ type StateOptions struct {
 }
 
 // State reads the masters' state.
-func (c *Client) State(ctx context.Context, opts StateOptions) (*State, error) {
+func (c *Client) State(ctx context.Context, opts StateOptions) (*api.State, error) {
 	q := url.Values{}
 	if opts.Consistent {
 		q.Set("consistent", "true")
@@ -269,7 +248,7 @@ func (c *Client) State(ctx context.Context, opts StateOptions) (*State, error) {
 	if len(q) > 0 {
 		path += "?" + q.Encode()
 	}
-	var out State
+	var out api.State
 	if err := c.do(ctx, http.MethodGet, path, nil, &out); err != nil {
 		return nil, err
 	}
@@ -278,14 +257,14 @@ func (c *Client) State(ctx context.Context, opts StateOptions) (*State, error) {
 
 // Changes waits up to wait for the state's index to pass since and returns
 // what changed after since (GET /overlay-master/changes). When since is
-// older than the masters keep, the error is an *Error with Code CodeGone
+// older than the masters keep, the error is an *api.Error with Code api.CodeGone
 // (HTTP 410) and Oldest set: read the whole State once, then watch changes
 // since its index. A wait of 0 answers at once.
-func (c *Client) Changes(ctx context.Context, since uint64, wait time.Duration) (*Changes, error) {
+func (c *Client) Changes(ctx context.Context, since uint64, wait time.Duration) (*api.Changes, error) {
 	q := url.Values{}
 	q.Set("since", strconv.FormatUint(since, 10))
 	q.Set("wait", wait.String())
-	var out Changes
+	var out api.Changes
 	if err := c.do(ctx, http.MethodGet, "/overlay-master/changes?"+q.Encode(), nil, &out); err != nil {
 		return nil, err
 	}
@@ -293,8 +272,8 @@ func (c *Client) Changes(ctx context.Context, since uint64, wait time.Duration) 
 }
 
 // ClusterStatus returns the Raft status as the first reachable master sees it.
-func (c *Client) ClusterStatus(ctx context.Context) (*ClusterStatus, error) {
-	var out ClusterStatus
+func (c *Client) ClusterStatus(ctx context.Context) (*api.ClusterStatus, error) {
+	var out api.ClusterStatus
 	if err := c.do(ctx, http.MethodGet, "/cluster/status", nil, &out); err != nil {
 		return nil, err
 	}
@@ -302,7 +281,7 @@ func (c *Client) ClusterStatus(ctx context.Context) (*ClusterStatus, error) {
 }
 
 // Join adds a master to the Raft cluster as a voter (idempotent).
-func (c *Client) Join(ctx context.Context, req JoinRequest) error {
+func (c *Client) Join(ctx context.Context, req api.JoinRequest) error {
 	return c.do(ctx, http.MethodPost, "/cluster/join", req, nil)
 }
 
@@ -325,7 +304,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s %s: %w", method, path, ctx.Err())
 		}
-		if !IsRetryable(err) {
+		if !api.IsRetryable(err) {
 			c.preferred.Store(int32(idx))
 			return err
 		}
@@ -350,13 +329,13 @@ func everyMasterFailed(failed []masterError) error {
 	}
 	best := len(failed) - 1
 	for i, f := range failed {
-		var e *Error
+		var e *api.Error
 		if errors.As(f.err, &e) && e.Status != 0 {
 			best = i
 			break
 		}
 	}
-	var e *Error
+	var e *api.Error
 	if !errors.As(failed[best].err, &e) {
 		return failed[best].err
 	}
@@ -364,10 +343,10 @@ func everyMasterFailed(failed []masterError) error {
 	if !strings.Contains(out.Message, failed[best].url) {
 		out.Message = failed[best].url + ": " + out.Message
 	}
-	out.also = nil
+	out.Also = nil
 	for i, f := range failed {
 		if i != best {
-			out.also = append(out.also, describeFailure(f))
+			out.Also = append(out.Also, describeFailure(f))
 		}
 	}
 	return &out
@@ -376,7 +355,7 @@ func everyMasterFailed(failed []masterError) error {
 // describeFailure names the master of a failure when its message does not.
 func describeFailure(f masterError) string {
 	msg := f.err.Error()
-	var e *Error
+	var e *api.Error
 	if errors.As(f.err, &e) {
 		msg = e.Message
 		if e.Status != 0 {
@@ -390,5 +369,5 @@ func describeFailure(f masterError) string {
 }
 
 func (c *Client) once(ctx context.Context, base, method, path string, in, out any) error {
-	return Call(ctx, c.http, method, base+path, in, out, nil)
+	return api.Call(ctx, c.http, method, base+path, in, out, nil)
 }

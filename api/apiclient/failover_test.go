@@ -1,4 +1,4 @@
-package api
+package apiclient
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/carve-net/carve/api"
 )
 
 // TestEveryMasterFailedShowsEveryError (issue 20, finding 8): when every
@@ -35,8 +37,8 @@ func TestEveryMasterFailedShowsEveryError(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = c.State(context.Background(), StateOptions{})
-		var e *Error
-		if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || e.Code != CodeNoLeader {
+		var e *api.Error
+		if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || e.Code != api.CodeNoLeader {
 			t.Fatalf("masters %v: %v; want the 503 no_leader", masters, err)
 		}
 		msg := err.Error()
@@ -56,7 +58,7 @@ func TestEveryMasterFailedShowsEveryError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.State(context.Background(), StateOptions{})
-	if err == nil || strings.Contains(err.Error(), "(internal)") || !IsRetryable(err) || !errors.Is(err, ErrUnreachable) {
+	if err == nil || strings.Contains(err.Error(), "(internal)") || !api.IsRetryable(err) || !errors.Is(err, api.ErrUnreachable) {
 		t.Errorf("one unreachable master: %v", err)
 	}
 }

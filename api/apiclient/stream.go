@@ -1,4 +1,4 @@
-package api
+package apiclient
 
 import (
 	"context"
@@ -9,19 +9,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
-)
 
-// StreamPath is the route of the changes stream.
-const StreamPath = "/overlay-master/changes/stream"
-
-// DefaultStreamHeartbeat is how often a master sends a heartbeat frame on
-// a stream where nothing changes, unless the client asks otherwise.
-const DefaultStreamHeartbeat = 15 * time.Second
-
-// Bounds of StreamOptions.Heartbeat (the master refuses others with 400).
-const (
-	MinStreamHeartbeat = 100 * time.Millisecond
-	MaxStreamHeartbeat = 5 * time.Minute
+	"github.com/carve-net/carve/api"
 )
 
 // ErrStreamUnsupported marks a master (or a proxy before it) without the
@@ -41,7 +30,7 @@ var ErrStreamEnded = errors.New("the master closed the changes stream")
 // StreamOptions configure Client.StreamChanges.
 type StreamOptions struct {
 	// Heartbeat is how often the master is asked to send a heartbeat when
-	// nothing changes (0: DefaultStreamHeartbeat). The stream is dropped
+	// nothing changes (0: api.DefaultStreamHeartbeat). The stream is dropped
 	// (ErrStreamIdle) when nothing came for three of them: a frame still
 	// coming, however slowly, keeps it.
 	Heartbeat time.Duration
@@ -54,7 +43,7 @@ type ChangeStream struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	resp   *http.Response
-	frames *FrameReader
+	frames *api.FrameReader
 	idle   *time.Timer
 }
 
@@ -64,17 +53,17 @@ type ChangeStream struct {
 // change as it comes, as Changes (signed records, as the long poll's), and
 // heartbeats between. It tries the masters as every call does. A master
 // without the stream fails with an error wrapping ErrStreamUnsupported;
-// since older than the masters keep fails with CodeGone, as Changes does.
+// since older than the masters keep fails with api.CodeGone, as Changes does.
 // ctx bounds the whole stream.
 func (c *Client) StreamChanges(ctx context.Context, since uint64, opts StreamOptions) (*ChangeStream, error) {
 	hb := opts.Heartbeat
 	if hb <= 0 {
-		hb = DefaultStreamHeartbeat
+		hb = api.DefaultStreamHeartbeat
 	}
 	q := url.Values{}
 	q.Set("since", strconv.FormatUint(since, 10))
 	q.Set("heartbeat", hb.String())
-	path := StreamPath + "?" + q.Encode()
+	path := api.StreamPath + "?" + q.Encode()
 	start := int(c.preferred.Load())
 	var failed []masterError
 	unsupported := false
@@ -86,11 +75,11 @@ func (c *Client) StreamChanges(ctx context.Context, since uint64, opts StreamOpt
 			return s, nil
 		}
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("GET %s: %w", StreamPath, ctx.Err())
+			return nil, fmt.Errorf("GET %s: %w", api.StreamPath, ctx.Err())
 		}
-		var e *Error
+		var e *api.Error
 		notFound := errors.As(err, &e) && (e.Status == http.StatusNotFound || e.Status == http.StatusMethodNotAllowed)
-		if !notFound && !IsRetryable(err) {
+		if !notFound && !api.IsRetryable(err) {
 			c.preferred.Store(int32(idx))
 			return nil, err
 		}
@@ -128,19 +117,14 @@ func (c *Client) openStream(ctx context.Context, base, path string, hb time.Dura
 		if cause := context.Cause(sctx); errors.Is(cause, ErrStreamIdle) {
 			err = fmt.Errorf("%w: %w", cause, err)
 		}
-		if msg, ok := describeTrustFailure(err); ok {
-			return fail(&Error{Message: fmt.Sprintf("GET %s: %s", base+path, msg), Code: CodeInternal,
-				cause: fmt.Errorf("%w: %w", ErrUntrusted, err)})
-		}
-		return fail(&Error{Message: fmt.Sprintf("GET %s: %v", base+path, err), Code: CodeInternal,
-			cause: fmt.Errorf("%w: %w", ErrUnreachable, err)})
+		return fail(api.NoAnswerError(http.MethodGet, base+path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		return fail(answerError(http.MethodGet, base+path, resp))
+		return fail(api.AnswerError(http.MethodGet, base+path, resp))
 	}
 	body := &activeReader{r: resp.Body, idle: idle, after: idleAfter}
-	return &ChangeStream{master: base, ctx: sctx, cancel: cancel, resp: resp, frames: NewFrameReader(body), idle: idle}, nil
+	return &ChangeStream{master: base, ctx: sctx, cancel: cancel, resp: resp, frames: api.NewFrameReader(body), idle: idle}, nil
 }
 
 // activeReader reads a stream's body, putting off its idle timer at every
@@ -166,29 +150,27 @@ func (a *activeReader) Read(p []byte) (int, error) {
 func (s *ChangeStream) Master() string { return s.master }
 
 // Next returns the next changes frame, reading the heartbeats before it.
-// The stream's end is an error: the master's end frame as an *Error (with
-// the code and the HTTP status a request would have had: CodeGone with
-// Oldest, CodeRevoked, CodeNoLeader...), ErrStreamEnded when it closed
-// without one, ErrStreamIdle when it went silent, ErrBadFrame for what is
-// not a frame.
-func (s *ChangeStream) Next() (*Changes, error) {
+// The stream's end is an error: the master's end frame as an *api.Error
+// (with the code and the HTTP status a request would have had: CodeGone
+// with Oldest, CodeRevoked, CodeNoLeader...), ErrStreamEnded when it closed
+// without one, ErrStreamIdle when it went silent, api.ErrBadFrame for what
+// is not a frame.
+func (s *ChangeStream) Next() (*api.Changes, error) {
 	for {
 		fr, err := s.frames.Next()
 		if err != nil {
 			if cause := context.Cause(s.ctx); s.ctx.Err() != nil {
-				return nil, &Error{Message: fmt.Sprintf("changes stream of %s: %v", s.master, cause), Code: CodeInternal,
-					cause: fmt.Errorf("%w: %w", ErrUnreachable, cause)}
+				return nil, api.UnreachableError(fmt.Sprintf("changes stream of %s: %v", s.master, cause), cause)
 			}
-			if errors.Is(err, ErrBadFrame) {
+			if errors.Is(err, api.ErrBadFrame) {
 				return nil, fmt.Errorf("changes stream of %s: %w", s.master, err)
 			}
-			return nil, &Error{Message: fmt.Sprintf("changes stream of %s: %v", s.master, err), Code: CodeInternal,
-				cause: fmt.Errorf("%w: %w: %w", ErrUnreachable, ErrStreamEnded, err)}
+			return nil, api.UnreachableError(fmt.Sprintf("changes stream of %s: %v", s.master, err), fmt.Errorf("%w: %w", ErrStreamEnded, err))
 		}
 		switch fr.Kind {
-		case FrameHeartbeat:
+		case api.FrameHeartbeat:
 			continue
-		case FrameEnd:
+		case api.FrameEnd:
 			e := *fr.End
 			e.Status = streamEndStatus(e.Code)
 			e.Message = fmt.Sprintf("changes stream of %s ended: %s", s.master, e.Message)
@@ -206,19 +188,19 @@ func (s *ChangeStream) Close() error {
 }
 
 // streamEndStatus is the HTTP status an end frame's code stands for (what
-// the long poll would have answered), so that IsRetryable judges both
+// the long poll would have answered), so that api.IsRetryable judges both
 // alike.
 func streamEndStatus(code string) int {
 	switch code {
-	case CodeGone:
+	case api.CodeGone:
 		return http.StatusGone
-	case CodeRevoked, CodeUnauthenticated:
+	case api.CodeRevoked, api.CodeUnauthenticated:
 		return http.StatusUnauthorized
-	case CodeForbidden:
+	case api.CodeForbidden:
 		return http.StatusForbidden
-	case CodeBadRequest:
+	case api.CodeBadRequest:
 		return http.StatusBadRequest
-	case CodeNoLeader, CodeUnavailable:
+	case api.CodeNoLeader, api.CodeUnavailable:
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
