@@ -42,6 +42,12 @@ import (
 // that an agent gains nothing by going through a follower.
 const identityHeader = "X-Carve-Client-Identity"
 
+// serialHeader carries, beside identityHeader, the serial of the original
+// client's certificate: the leader checks it against its own deny list,
+// since the follower that forwarded may not have applied a revocation the
+// leader has already committed.
+const serialHeader = "X-Carve-Client-Serial"
+
 // Reasons of carve_master_auth_refusals_total.
 const (
 	refusedNoCertificate = "no_certificate"
@@ -91,6 +97,10 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 				httpapi.WriteError(w, http.StatusBadRequest, api.CodeBadRequest, fmt.Sprintf("%s from master %s: %v", identityHeader, id.Name, err))
 				return
 			}
+			if why := s.revokedSerial(r.Header.Get(serialHeader), orig.String()); why != "" {
+				s.refuse(w, r, http.StatusUnauthorized, api.CodeRevoked, refusedRevoked, why)
+				return
+			}
 			id = orig
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), identityKey{}, id)))
@@ -100,10 +110,10 @@ func (s *server) authenticate(next http.Handler) http.Handler {
 // clientIdentity is the identity of the request's verified client
 // certificate; the error says what is missing.
 func clientIdentity(r *http.Request) (pki.Identity, error) {
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+	leaf := clientLeaf(r)
+	if leaf == nil {
 		return pki.Identity{}, fmt.Errorf("no client certificate: %s %s needs a certificate of the cluster CA with a carve role (--cert-file and --key-file; carve certs issue makes one)", r.Method, r.URL.Path)
 	}
-	leaf := r.TLS.VerifiedChains[0][0]
 	id, err := pki.IdentityOf(leaf)
 	if err != nil {
 		return pki.Identity{}, fmt.Errorf("client certificate %q carries no carve role (a carve://ROLE/NAME URI): issue one with carve certs issue", leaf.Subject.CommonName)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
+	"github.com/carve-net/carve/pki"
 )
 
 // indexHeader carries the Raft index a write's answer reflects: a client (or
@@ -53,16 +54,7 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 		httpapi.WriteError(w, http.StatusInternalServerError, api.CodeInternal, err.Error())
 		return
 	}
-	req.Header.Set("Content-Type", r.Header.Get("Content-Type"))
-	req.Header.Set(forwardedHeader, s.m.opts.ID)
-	if id, ok := requestIdentity(r); ok {
-		// The leader authorizes the client, not this master.
-		req.Header.Set(identityHeader, id.String())
-	}
-	if v := presentedCAValue(r); v != "" {
-		// The leader learns which CA the agent's certificate comes from.
-		req.Header.Set(presentedCAHeader, v)
-	}
+	req.Header = forwardHeaders(r, s.m.opts.ID)
 	resp, err := s.client.Do(req)
 	if err != nil {
 		httpapi.WriteError(w, http.StatusServiceUnavailable, api.CodeNoLeader, fmt.Sprintf("forward to leader %s at %s: %v; retry", leaderID, meta.HTTPAddr, err))
@@ -84,4 +76,27 @@ func (s *server) forward(w http.ResponseWriter, r *http.Request, body []byte) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
+}
+
+// forwardHeaders are the headers of r forwarded to the leader by the
+// master of id: who the client is, for the leader to authorize and check
+// against its own deny list.
+func forwardHeaders(r *http.Request, id string) http.Header {
+	h := http.Header{}
+	h.Set("Content-Type", r.Header.Get("Content-Type"))
+	h.Set(forwardedHeader, id)
+	if id, ok := requestIdentity(r); ok {
+		// The leader authorizes the client, not this master.
+		h.Set(identityHeader, id.String())
+		if leaf := clientLeaf(r); leaf != nil {
+			// The leader checks it against its deny list, which may hold a
+			// revocation this master has not applied yet.
+			h.Set(serialHeader, pki.Serial(leaf))
+		}
+	}
+	if v := presentedCAValue(r); v != "" {
+		// The leader learns which CA the agent's certificate comes from.
+		h.Set(presentedCAHeader, v)
+	}
+	return h
 }

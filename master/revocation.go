@@ -48,19 +48,34 @@ func (s *server) revocations(w http.ResponseWriter, _ *http.Request) {
 }
 
 // revokedClient says why the request's own certificate is refused, or ""
-// when it is not revoked. A forwarded request's original client was
-// checked by the master that forwarded it.
+// when it is not revoked. A forwarded request's original client is
+// checked by revokedSerial, on the serial the forwarding master passes.
 func (s *server) revokedClient(r *http.Request) string {
-	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
-		return ""
-	}
-	leaf := r.TLS.VerifiedChains[0][0]
-	serial := pki.Serial(leaf)
-	if !s.m.table.IsRevoked(serial) {
+	leaf := clientLeaf(r)
+	if leaf == nil || !s.m.table.IsRevoked(pki.Serial(leaf)) {
 		return ""
 	}
 	s.m.metrics.trust.revokedRefusals.WithLabelValues(revokedOnAPI).Inc()
-	return fmt.Sprintf("the client certificate %q (serial %s) is revoked: the masters refuse it; issue the holder a new certificate (carve certs issue) if it is to stay", leaf.Subject.CommonName, serial)
+	return fmt.Sprintf("the client certificate %q (serial %s) is revoked: the masters refuse it; issue the holder a new certificate (carve certs issue) if it is to stay", leaf.Subject.CommonName, pki.Serial(leaf))
+}
+
+// revokedSerial says why the certificate of serial, presented by who to
+// the master that forwarded its request here, is refused, or "" when it
+// is not revoked (or no serial was passed: a master of before serialHeader).
+func (s *server) revokedSerial(serial, who string) string {
+	if serial == "" || !s.m.table.IsRevoked(serial) {
+		return ""
+	}
+	s.m.metrics.trust.revokedRefusals.WithLabelValues(revokedOnAPI).Inc()
+	return fmt.Sprintf("the client certificate of %s (serial %s) is revoked: the masters refuse it; issue the holder a new certificate (carve certs issue) if it is to stay", who, serial)
+}
+
+// clientLeaf is the request's verified client certificate, or nil.
+func clientLeaf(r *http.Request) *x509.Certificate {
+	if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+		return nil
+	}
+	return r.TLS.VerifiedChains[0][0]
 }
 
 // refuseRevokedPeers makes the Raft transport (both ways) and the

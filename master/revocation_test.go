@@ -1,8 +1,15 @@
 package master
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -12,6 +19,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/api/apiclient"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
@@ -70,6 +78,10 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	for i := range 3 {
 		testutil.Eventually(t, 0, "master "+c.ids[i]+" refuses the revoked certificate", func() error {
 			_, err := c.clientAs(i, "a1", pki.RoleAgent).Register(ctx, api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"})
+			if err == nil {
+				// Taken: the revoked agent's record is back.
+				return retry.Permanent(errors.New("the revoked certificate registered"))
+			}
 			if !api.IsCode(err, api.CodeRevoked) || !strings.Contains(err.Error(), "is revoked") {
 				return err
 			}
@@ -95,6 +107,70 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	st, err := c.client(leader).State(ctx, apiclient.StateOptions{})
 	if err != nil || len(st.Revoked) != 1 {
 		t.Errorf("the state's revoked list: %+v %v", st.Revoked, err)
+	}
+}
+
+// TestRevokedAgentRefusedThroughALaggingFollower: a follower that has
+// not applied a revocation yet still takes the revoked certificate and
+// forwards the agent's registration under its own master certificate. The
+// leader, which committed the revocation, must refuse it (it checks the
+// forwarded serial against its own deny list): before, it took the
+// follower's word, and the revoked agent's record came back. Under load
+// TestRevokedAgentIsRefused met this window by chance.
+func TestRevokedAgentRefusedThroughALaggingFollower(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
+	p := newTestPKI(t)
+	c := newTestClusterWith(t, 3, netconfig.Default(), p)
+	leader := c.waitLeader()
+	follower := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p.IssueAgent("a1", netip.MustParseAddr("198.18.6.1"))
+	if _, err := registerRetrying(ctx, c.clientAs(leader, "a1", pki.RoleAgent), api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"}); err != nil {
+		t.Fatalf("register a1: %v", err)
+	}
+	cert, err := pki.ReadCertificate(p.Files("a1", pki.RoleAgent).Cert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := retrying(ctx, func() (*api.Revocations, error) {
+		return c.client(leader).Revoke(ctx, api.RevokeRequest{Serial: pki.Serial(cert), Identity: "agent/a1", NotAfter: cert.NotAfter.Unix()})
+	}); err != nil {
+		t.Fatalf("revoke a1's certificate: %v", err)
+	}
+
+	// a1's registration as the lagging follower authenticated it, and the
+	// request it forwards for it (forwardHeaders, as forward sends them).
+	body, err := json.Marshal(api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1", RequestID: api.NewRequestID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := httptest.NewRequest(http.MethodPost, "/overlay-master/agents", nil)
+	in.Header.Set("Content-Type", "application/json")
+	in.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}
+	in = in.WithContext(context.WithValue(in.Context(), identityKey{}, pki.Identity{Role: pki.RoleAgent, Name: "a1"}))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.urls()[leader]+"/overlay-master/agents", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = forwardHeaders(in, c.ids[follower])
+	resp, err := p.httpClient(c.ids[follower], pki.RoleMaster).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var answer api.Error
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
+		t.Fatalf("the leader's answer (HTTP %d): %v", resp.StatusCode, err)
+	}
+	if resp.StatusCode != http.StatusUnauthorized || answer.Code != api.CodeRevoked || !strings.Contains(answer.Message, "is revoked") {
+		t.Errorf("the leader answers a revoked agent's registration forwarded by %s: HTTP %d %+v, want 401 %s", c.ids[follower], resp.StatusCode, answer, api.CodeRevoked)
+	}
+	if _, err := c.client(leader).Agent(ctx, "a1"); !api.IsCode(err, api.CodeNotFound) {
+		t.Errorf("the revoked agent's record: %v, want not found", err)
+	}
+	if got := revokedRefusalsOf(c.masters[leader], revokedOnAPI); got < 1 {
+		t.Errorf("the leader's carve_master_revoked_refusals_total{where=api} = %v, want at least 1", got)
 	}
 }
 
