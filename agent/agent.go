@@ -13,9 +13,10 @@
 // the history before a restore), persist.go (what is saved, and when),
 // reconcile.go and report.go (the reconcile loop around package kernel,
 // and what the masters are told of it), cniconf.go (the CNI conflists),
-// ipam*.go and growth.go (the address service's side), wireguard.go and
-// wireguardrotate.go (encryption between hosts: the key, which peers go
-// through WireGuard, rotation; package wireguard programs the device),
+// ipam*.go and growth.go (the address service's side), wireguard.go
+// (encryption between hosts as the agent serves it: the routes, rotation
+// through its registration; package encryption holds the keys, which
+// peers go through WireGuard and the device),
 // server.go, security.go, rotate.go, debug.go and metrics.go (the HTTP
 // API, TLS, rotation without a restart, profiles and metrics).
 package agent
@@ -41,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/carve-net/carve/agent/dockeripam"
+	"github.com/carve-net/carve/agent/encryption"
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/agent/membership"
@@ -87,7 +89,7 @@ type Agent struct {
 	ipam     ipamService
 	ipamLn   net.Listener
 	docker   *dockeripam.Service
-	wg       *wgAgent // encryption between hosts (wireguard.go)
+	wg       *encryption.WireGuard // encryption between hosts (package encryption, wireguard.go)
 	fw       *firewall.Forward
 	// kernel programs the kernel through dp and fw (package kernel).
 	kernel *kernel.Kernel
@@ -267,8 +269,8 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a.ipam = svc
-	if a.wg, err = newWireGuard(a.cfg, a.registry, a.log); err != nil {
-		return nil, err
+	if a.wg, err = encryption.New(a.cfg.DataDir, a.cfg.WireGuard, a.registry, a.log); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.onRebuild = svc.Rebuild
 	if cfg.DockerBridge && cfg.DockerPluginSocket != "" {
@@ -437,7 +439,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	run(a.ipam.Run)
 	run(a.reportLoop)
 	run(a.connectLoop)
-	run(a.rotateLoop)
+	run(func(ctx context.Context) { a.wg.RotateLoop(ctx, wgRegistrar{a}) })
 	if a.ipamLn != nil {
 		run(func(ctx context.Context) { a.ipam.Serve(ctx, a.ipamLn) })
 	}
@@ -487,7 +489,7 @@ func (a *Agent) closeResources() {
 		a.fw.Close()
 	}
 	if a.wg != nil {
-		a.wg.close()
+		a.wg.Close()
 	}
 	if a.ipam != nil {
 		a.ipam.Close() // its goroutines write the store: they end first

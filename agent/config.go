@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netns"
 
+	"github.com/carve-net/carve/agent/encryption"
 	"github.com/carve-net/carve/agent/ipam"
 	"github.com/carve-net/carve/agent/meshpeers"
 	"github.com/carve-net/carve/gossip"
@@ -156,6 +157,6 @@ type Config struct {
 	// first master state read, pinned in the store (see verify.go).
 	SigningKey ed25519.PublicKey
 	// WireGuard configures the key and device of encryption between hosts
-	// (wireguard.go); the network configuration turns encryption on.
-	WireGuard WireGuardConfig
+	// (package encryption); the network configuration turns encryption on.
+	WireGuard encryption.Config
 }

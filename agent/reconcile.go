@@ -9,6 +9,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/carve-net/carve/agent/encryption"
 	"github.com/carve-net/carve/agent/kernel"
 	"github.com/carve-net/carve/vxlan"
 )
@@ -69,15 +70,15 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		// and bridges stay as they are (docs/operations.md, section 7b).
 		return nil
 	}
-	var enc *encPlan
+	var enc *encryption.Plan
 	res, err := a.kernel.Reconcile(ctx, kernel.Input{Self: selfHere, Network: network, Members: members, Drained: drained,
 		Index: merged, Growth: a.ipam, Full: full,
 		// Takes the encrypted peers out of VXLAN; the FORWARD accept rules
 		// cover the WireGuard device of the agent's own namespace.
 		Divert: func(want *vxlan.Desired) string {
-			enc = a.wg.planEncryption(self, network, members, want)
-			if enc.mode != "" && a.cfg.NetNS == 0 {
-				return a.wg.cfg.Device
+			enc = a.wg.Plan(self, network, members, want)
+			if enc.Mode() != "" && a.cfg.NetNS == 0 {
+				return a.wg.Device()
 			}
 			return ""
 		}})
@@ -86,7 +87,7 @@ func (a *Agent) reconcile(ctx context.Context, full bool) error {
 		return err // nothing reached the kernel
 	}
 	// After VXLAN: the routes through WireGuard use the VTEP's address.
-	return errors.Join(err, a.applyEncryption(ctx, enc)) // the dataplane logs what it changed
+	return errors.Join(err, a.wg.Apply(ctx, enc, a.cfg.NetNS > 0)) // the dataplane logs what it changed
 }
 
 // attachedHere counts the attachments of a network on this host.

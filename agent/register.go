@@ -47,7 +47,7 @@ func (a *Agent) register(ctx context.Context) {
 		Keys:          api.AgentKeys{Claim: base64.StdEncoding.EncodeToString(a.claimKey.Public().(ed25519.PublicKey))},
 		CarveVersion:  buildinfo.Get().Version,
 	}
-	wgKey, hasWG := a.wg.registerKeyPair()
+	wgKey, hasWG := a.wg.RegisterKeyPair()
 	if hasWG {
 		req.Keys.WireGuard = wgKey.PublicKey().String()
 		req.WireGuardProofs = a.wireGuardProofs(wgKey, a.knownSigningKeys())

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/carve-net/carve/agent/encryption"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/master/state"
@@ -46,7 +49,7 @@ func TestAgentProvesItsWireGuardKey(t *testing.T) {
 	signed := func(a *runningAgent, what string) {
 		t.Helper()
 		testutil.Eventually(t, 0, fmt.Sprintf("%s: %s's WireGuard key signed", what, a.id), func() error {
-			want := a.wg.registerKey()
+			want := a.wg.RegisterKey()
 			rec, err := op.Agent(ctx, a.id)
 			if err != nil {
 				return err
@@ -86,8 +89,11 @@ func TestAgentProvesItsWireGuardKey(t *testing.T) {
 // names, once: another refusal, or one that names no key, goes on to the
 // usual backoff; at most api.MaxWireGuardProofs are sent.
 func TestProveAgainstAskedKey(t *testing.T) {
-	w := newTestWireGuard(t, WireGuardConfig{})
-	wgKey, _ := w.registerKeyPair()
+	w, err := encryption.New(t.TempDir(), encryption.Config{}, prometheus.NewRegistry(), quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wgKey, _ := w.RegisterKeyPair()
 	a := &Agent{id: "h1", log: quietLogger()}
 	key := func() ed25519.PublicKey {
 		pub, _, err := ed25519.GenerateKey(rand.Reader)

@@ -58,11 +58,12 @@ const agentDaemon = module + "/agent"
 // with one job; of what is under agent/ they import only these (the
 // membership's records), so that each can be read and tested alone.
 var agentParts = map[string][]string{
-	module + "/agent/store":     {module + "/agent/membership"},
-	module + "/agent/kernel":    {module + "/agent/membership"},
-	module + "/agent/report":    nil,
-	module + "/agent/ipamview":  nil,
-	module + "/agent/meshpeers": {module + "/agent/membership"},
+	module + "/agent/store":      {module + "/agent/membership"},
+	module + "/agent/kernel":     {module + "/agent/membership"},
+	module + "/agent/report":     nil,
+	module + "/agent/ipamview":   nil,
+	module + "/agent/meshpeers":  {module + "/agent/membership"},
+	module + "/agent/encryption": {module + "/agent/membership"},
 }
 
 // ipamService is the IPAM's package: the parts cut out of it never import it.

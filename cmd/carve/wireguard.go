@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/carve-net/carve/agent"
+	"github.com/carve-net/carve/agent/encryption"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/cli"
 	"github.com/carve-net/carve/internal/opclient"
@@ -130,19 +130,19 @@ type wireGuardFlagSet struct {
 func wireGuardFlags(fs *flag.FlagSet) *wireGuardFlagSet {
 	return &wireGuardFlagSet{
 		enabled:   fs.Bool("wireguard", true, "make a WireGuard key pair on this host (private key in --data-dir, mode 0600) and register its public key, for when the network configuration turns encryption on; false: none, and peers treat this agent as one without a key"),
-		device:    fs.String("wireguard-device", agent.DefaultWireGuardDevice, "name of the WireGuard interface the agent creates while encryption is on (with userspace WireGuard its socket is /var/run/wireguard/NAME.sock: hosts sharing a file system need distinct names)"),
+		device:    fs.String("wireguard-device", encryption.DefaultDevice, "name of the WireGuard interface the agent creates while encryption is on (with userspace WireGuard its socket is /var/run/wireguard/NAME.sock: hosts sharing a file system need distinct names)"),
 		userspace: fs.Bool("wireguard-userspace", false, "run WireGuard in the agent (wireguard-go) even when the kernel has the module (the agent falls back to it by itself when the kernel has none)"),
 		rotate:    fs.Duration("wireguard-key-rotation", 0, "rotate the WireGuard key this often (e.g. 720h); 0: only on request (carve agent rotate-wireguard-key)"),
 	}
 }
 
 // config checks the flags and returns the agent's WireGuard configuration.
-func (f *wireGuardFlagSet) config() (agent.WireGuardConfig, error) {
+func (f *wireGuardFlagSet) config() (encryption.Config, error) {
 	if err := api.ValidateIfName(*f.device); err != nil {
-		return agent.WireGuardConfig{}, fmt.Errorf("%w: --wireguard-device: %v", cli.ErrUsage, err)
+		return encryption.Config{}, fmt.Errorf("%w: --wireguard-device: %v", cli.ErrUsage, err)
 	}
 	if *f.rotate < 0 || (*f.rotate > 0 && *f.rotate < time.Minute) {
-		return agent.WireGuardConfig{}, fmt.Errorf("%w: --wireguard-key-rotation %s: want 0 (on request only) or at least 1m", cli.ErrUsage, *f.rotate)
+		return encryption.Config{}, fmt.Errorf("%w: --wireguard-key-rotation %s: want 0 (on request only) or at least 1m", cli.ErrUsage, *f.rotate)
 	}
-	return agent.WireGuardConfig{Disabled: !*f.enabled, Device: *f.device, Userspace: *f.userspace, RotateEvery: *f.rotate}, nil
+	return encryption.Config{Disabled: !*f.enabled, Device: *f.device, Userspace: *f.userspace, RotateEvery: *f.rotate}, nil
 }

@@ -1,4 +1,4 @@
-package agent
+package encryption
 
 import (
 	"log/slog"
@@ -16,9 +16,9 @@ import (
 
 // openWireGuard starts the agent's WireGuard state on dir, as a (re)start
 // of the agent does.
-func openWireGuard(t *testing.T, dir string) *wgAgent {
+func openWireGuard(t *testing.T, dir string) *WireGuard {
 	t.Helper()
-	w, err := newWireGuard(Config{DataDir: dir}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	w, err := New(dir, Config{}, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func newKeys(t *testing.T, n int) []wgtypes.Key {
 // pendingFiles lists the pending key files in dir.
 func pendingFiles(t *testing.T, dir string) []string {
 	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, wireGuardKeyFile+".next*"))
+	m, err := filepath.Glob(filepath.Join(dir, KeyFile+".next*"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,13 +96,13 @@ func TestWireGuardRotationsCloseTogether(t *testing.T) {
 					t.Fatal(err)
 				}
 				if onDisk != next[i] {
-					t.Errorf("step %d: %s holds another key than rotation %d's, which the masters signed", step, wireGuardKeyFile, i+1)
+					t.Errorf("step %d: %s holds another key than rotation %d's, which the masters signed", step, KeyFile, i+1)
 				}
 				want := w.key.PublicKey().String()
 				if r := tc.wantRegister[step]; r >= 0 {
 					want = next[r].PublicKey().String()
 				}
-				if got := w.registerKey(); got != want {
+				if got := w.RegisterKey(); got != want {
 					t.Errorf("step %d: registers %s, want %s", step, got, want)
 				}
 			}
@@ -145,7 +145,7 @@ func TestWireGuardPendingKeysAtStart(t *testing.T) {
 		}
 	}
 	w = openWireGuard(t, dir) // restarted
-	if got := w.registerKey(); got != newer.PublicKey().String() {
+	if got := w.RegisterKey(); got != newer.PublicKey().String() {
 		t.Errorf("registers %s, want the newest pending key %s", got, newer.PublicKey())
 	}
 	want := []string{
@@ -160,7 +160,7 @@ func TestWireGuardPendingKeysAtStart(t *testing.T) {
 	if k, ok := w.ownKey(legacy.PublicKey().String()); !ok || k != legacy {
 		t.Fatalf("the legacy pending key, signed: ok %v", ok)
 	}
-	if got := w.registerKey(); got != newer.PublicKey().String() {
+	if got := w.RegisterKey(); got != newer.PublicKey().String() {
 		t.Errorf("after the legacy key's install: registers %s, want %s", got, newer.PublicKey())
 	}
 }
