@@ -75,6 +75,13 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	if err != nil || len(ans.Revoked) != 1 || ans.Revoked[0].Serial != pki.Serial(cert) || strings.Join(ans.Deleted, ",") != "a1" {
 		t.Fatalf("revoke a1's certificate: %+v %v", ans, err)
 	}
+	// A follower that has not applied the revocation yet still takes the
+	// certificate and forwards the registration: the leader, which
+	// committed the revocation, refuses it (before, it took the follower's
+	// word, and the record came back; under load this test met the window).
+	if code, answer := forwardedByLaggingFollower(ctx, t, c, p, leader, follower, "a1", cert); code != http.StatusUnauthorized || answer.Code != api.CodeRevoked || !strings.Contains(answer.Message, "is revoked") {
+		t.Errorf("the leader answers a revoked agent's registration forwarded by %s: HTTP %d %+v, want 401 %s", c.ids[follower], code, answer, api.CodeRevoked)
+	}
 	for i := range 3 {
 		testutil.Eventually(t, 0, "master "+c.ids[i]+" refuses the revoked certificate", func() error {
 			_, err := c.clientAs(i, "a1", pki.RoleAgent).Register(ctx, api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"})
@@ -110,45 +117,21 @@ func TestRevokedAgentIsRefused(t *testing.T) {
 	}
 }
 
-// TestRevokedAgentRefusedThroughALaggingFollower: a follower that has
-// not applied a revocation yet still takes the revoked certificate and
-// forwards the agent's registration under its own master certificate. The
-// leader, which committed the revocation, must refuse it (it checks the
-// forwarded serial against its own deny list): before, it took the
-// follower's word, and the revoked agent's record came back. Under load
-// TestRevokedAgentIsRefused met this window by chance.
-func TestRevokedAgentRefusedThroughALaggingFollower(t *testing.T) {
-	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
-	p := newTestPKI(t)
-	c := newTestClusterWith(t, 3, netconfig.Default(), p)
-	leader := c.waitLeader()
-	follower := (leader + 1) % 3
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p.IssueAgent("a1", netip.MustParseAddr("198.18.6.1"))
-	if _, err := registerRetrying(ctx, c.clientAs(leader, "a1", pki.RoleAgent), api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1"}); err != nil {
-		t.Fatalf("register a1: %v", err)
-	}
-	cert, err := pki.ReadCertificate(p.Files("a1", pki.RoleAgent).Cert)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := retrying(ctx, func() (*api.Revocations, error) {
-		return c.client(leader).Revoke(ctx, api.RevokeRequest{Serial: pki.Serial(cert), Identity: "agent/a1", NotAfter: cert.NotAfter.Unix()})
-	}); err != nil {
-		t.Fatalf("revoke a1's certificate: %v", err)
-	}
-
-	// a1's registration as the lagging follower authenticated it, and the
-	// request it forwards for it (forwardHeaders, as forward sends them).
-	body, err := json.Marshal(api.RegisterRequest{AgentID: "a1", IP: "198.18.6.1", RequestID: api.NewRequestID()})
+// forwardedByLaggingFollower sends the leader a registration of agent id
+// (cert is its certificate) as a follower that has not applied the certificate's
+// revocation forwards it (forwardHeaders: the follower still takes the
+// certificate) under the follower's own master certificate, and returns the
+// leader's answer.
+func forwardedByLaggingFollower(ctx context.Context, t *testing.T, c *testCluster, p *testPKI, leader, follower int, id string, cert *x509.Certificate) (int, api.Error) {
+	t.Helper()
+	body, err := json.Marshal(api.RegisterRequest{AgentID: id, IP: "198.18.6.1", RequestID: api.NewRequestID()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	in := httptest.NewRequest(http.MethodPost, "/overlay-master/agents", nil)
 	in.Header.Set("Content-Type", "application/json")
 	in.TLS = &tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}
-	in = in.WithContext(context.WithValue(in.Context(), identityKey{}, pki.Identity{Role: pki.RoleAgent, Name: "a1"}))
+	in = in.WithContext(context.WithValue(in.Context(), identityKey{}, pki.Identity{Role: pki.RoleAgent, Name: id}))
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.urls()[leader]+"/overlay-master/agents", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -163,15 +146,7 @@ func TestRevokedAgentRefusedThroughALaggingFollower(t *testing.T) {
 	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
 		t.Fatalf("the leader's answer (HTTP %d): %v", resp.StatusCode, err)
 	}
-	if resp.StatusCode != http.StatusUnauthorized || answer.Code != api.CodeRevoked || !strings.Contains(answer.Message, "is revoked") {
-		t.Errorf("the leader answers a revoked agent's registration forwarded by %s: HTTP %d %+v, want 401 %s", c.ids[follower], resp.StatusCode, answer, api.CodeRevoked)
-	}
-	if _, err := c.client(leader).Agent(ctx, "a1"); !api.IsCode(err, api.CodeNotFound) {
-		t.Errorf("the revoked agent's record: %v, want not found", err)
-	}
-	if got := revokedRefusalsOf(c.masters[leader], revokedOnAPI); got < 1 {
-		t.Errorf("the leader's carve_master_revoked_refusals_total{where=api} = %v, want at least 1", got)
-	}
+	return resp.StatusCode, answer
 }
 
 // TestRevokedMasterIsCutOffRaft: revoking a follower's master certificate
