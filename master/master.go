@@ -95,7 +95,7 @@ type Options struct {
 	ChangeLogIDs int
 	// StreamWriteTimeout is how long past its heartbeat a changes stream
 	// may go without its client reading before it is dropped
-	// (DefaultStreamWriteTimeout when 0; see stream.go). Tests shorten it.
+	// (changestream.DefaultWriteTimeout when 0). Tests shorten it.
 	StreamWriteTimeout time.Duration
 }
 

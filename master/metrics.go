@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"strconv"
 
+	"github.com/carve-net/carve/master/changestream"
 	"github.com/carve-net/carve/master/state"
 )
 
@@ -90,7 +91,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 	m.streamEnds = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "carve_master_change_stream_ends_total", Help: "Changes streams ended, by reason: client, write_failed, gone, revoked, stop, failed.",
 	}, []string{"reason"})
-	for _, r := range streamEndLabelValues() {
+	for _, r := range changestream.EndLabels() {
 		m.streamEnds.WithLabelValues(r)
 	}
 	reg.MustRegister(m.streams, m.streamEnds)

@@ -14,6 +14,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/changelog"
+	"github.com/carve-net/carve/master/changestream"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -320,4 +321,27 @@ func parseWait(v string) (time.Duration, error) {
 		return 0, fmt.Errorf("wait=%q: want between 0s and %s", v, maxWait)
 	}
 	return d, nil
+}
+
+// changesStream serves GET /overlay-master/changes/stream?since=N[&heartbeat=D]
+// (the stream itself: master/changestream) once this master may serve
+// the state and still keeps the changes since N.
+func (s *server) changesStream(w http.ResponseWriter, r *http.Request) {
+	q, ok := changestream.ParseQuery(w, r)
+	if !ok || !s.servable(w, false) {
+		return
+	}
+	// A watcher already behind what is kept learns it before the stream
+	// begins, as the long poll's does.
+	if oldest := s.m.table.OldestChanges(); q.Since < oldest {
+		s.writeGone(w, q.Since, oldest)
+		return
+	}
+	q.Gzip = acceptsGzip(r)
+	streams := &changestream.Server{
+		Table: s.m.table, Identity: requestIdentity, Revoked: s.revokedClient, Stop: s.m.runCtx.Done(),
+		WriteTimeout: s.m.opts.StreamWriteTimeout, GzipMinBytes: gzipMinBytes, Log: s.log,
+		Open: s.m.metrics.streams, Ends: s.m.metrics.streamEnds,
+	}
+	streams.Serve(w, r, q)
 }

@@ -137,7 +137,7 @@ func (r *statusRecorder) Flush() {
 // FlushError flushes and says whether it could: http.ResponseController
 // prefers it to Flush, which has no error to return. Without it a changes
 // stream took a frame whose flush failed (its client stopped reading) for
-// written (stream.go).
+// written (master/changestream).
 func (r *statusRecorder) FlushError() error {
 	return http.NewResponseController(r.ResponseWriter).Flush()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/changestream"
 	"github.com/carve-net/carve/pki"
 	"github.com/carve-net/carve/test/lab/testutil"
 )
@@ -81,7 +82,7 @@ func TestChangesStreamDropsAStalledClient(t *testing.T) {
 		default:
 		}
 		var ends float64
-		for _, reason := range streamEndLabelValues() {
+		for _, reason := range changestream.EndLabels() {
 			ends += sc.streamEnds(reason)
 		}
 		if ends > 0 && sc.streamEnds("write_failed") != ends {
