@@ -48,6 +48,26 @@ var raftPatches = []raftPatch{{
 	if idx := min(a.LeaderCommitIndex, verified); a.LeaderCommitIndex > 0 && idx > r.getCommitIndex() {
 		start := time.Now()
 		r.setCommitIndex(idx)`,
+}, {
+	// A removed follower is sent its removal more than once.
+	file: "replication.go",
+	upstream: `		case maxIndex := <-s.stopCh:
+			// Make a best effort to replicate up to this index
+			if maxIndex > 0 {
+				r.replicateTo(s, maxIndex)
+			}
+			return
+		case deferErr := <-s.triggerDeferErrorCh:`,
+	carve: `		case maxIndex := <-s.stopCh:
+			// Make a best effort to replicate up to this index. carve: up to
+			// eight tries (see PATCHED.md): a removed follower learns its
+			// removal only from these entries, and one try fails whenever
+			// its log was behind or the request was lost.
+			for try := 0; maxIndex > 0 && try < 8 && atomic.LoadUint64(&s.nextIndex) <= maxIndex && r.getState() == Leader; try++ {
+				r.replicateTo(s, maxIndex)
+			}
+			return
+		case deferErr := <-s.triggerDeferErrorCh:`,
 }}
 
 // TestRaftForkIsUpstreamLessItsHarness: third_party/raft, which replaces

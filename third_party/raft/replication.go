@@ -145,8 +145,11 @@ RPC:
 	for !shouldStop {
 		select {
 		case maxIndex := <-s.stopCh:
-			// Make a best effort to replicate up to this index
-			if maxIndex > 0 {
+			// Make a best effort to replicate up to this index. carve: up to
+			// eight tries (see PATCHED.md): a removed follower learns its
+			// removal only from these entries, and one try fails whenever
+			// its log was behind or the request was lost.
+			for try := 0; maxIndex > 0 && try < 8 && atomic.LoadUint64(&s.nextIndex) <= maxIndex && r.getState() == Leader; try++ {
 				r.replicateTo(s, maxIndex)
 			}
 			return
