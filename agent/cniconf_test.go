@@ -20,6 +20,7 @@ import (
 // an error: another engine's lock, network .json, conflist and temporary
 // file, a conflist that is not JSON.
 func TestAgentLeavesForeignFilesInConfDir(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	hosts, dir, m := hostsWithMaster(t, 1)
 	gnet := fakegossip.New(fakegossip.Config{Seed: 1, GossipInterval: 300 * time.Millisecond})
 	t.Cleanup(gnet.Close)

@@ -101,6 +101,7 @@ func startSecureAgent(t *testing.T, host *netnslab.Host, ms *mastertest.Secure, 
 // once the refusal is counted, the kernel after a full resync that
 // started after that.
 func TestForgedGossipChangesNothing(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), state.DefaultConfig(), quietLogger())
 	op, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})

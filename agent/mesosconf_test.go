@@ -16,6 +16,7 @@ import (
 // leased, and prunes carve's .conf of an overlay it no longer has (left
 // from before a restart); files that are not carve's stay.
 func TestAgentWritesMesosConf(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	hosts, dir, m := hostsWithMaster(t, 1)
 	gnet := fakegossip.New(fakegossip.Config{Seed: 1, GossipInterval: 300 * time.Millisecond})
 	t.Cleanup(gnet.Close)

@@ -378,6 +378,7 @@ func TestCheckConfigNamesAnIPTheCertificateLacks(t *testing.T) {
 // refused for two minutes that logged nothing (the watch logged at
 // debug). It says so as an error naming the fix, once, not per retry.
 func TestWatchLogsARefusalOnce(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	hosts, dir, m := hostsWithMaster(t, 1)
 	p := newMasterProxy(t, m)
 	logs := &testutil.Logs{}

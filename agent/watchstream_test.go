@@ -18,6 +18,7 @@ import (
 // when the master drops it; every change registered meanwhile is
 // programmed in its kernel.
 func TestAgentWatchesChangesStream(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	tests := []struct {
 		name    string
 		streams bool // the proxy passes the stream on (else 404)

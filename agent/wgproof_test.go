@@ -30,6 +30,7 @@ import (
 // masters' signing key was rotated. Before the fix (no proofs) the
 // masters refused every new key: the records carried none.
 func TestAgentProvesItsWireGuardKey(t *testing.T) {
+	t.Parallel() // its own namespaces, masters and data dirs
 	hosts, dir, _ := hostsWithMaster(t, 2)
 	ms := mastertest.StartSecure(t, filepath.Join(dir, "secure-m1"), state.DefaultConfig(), quietLogger())
 	op, err := apiclient.NewClientWith([]string{ms.URL()}, apiclient.ClientOptions{TLS: ms.CA.ClientTLS("op", pki.RoleOperator)})

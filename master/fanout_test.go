@@ -23,6 +23,7 @@ import (
 // concurrent registrations and deletions, each end holding exactly the
 // records and tombstones of the state, byte for byte.
 func TestChangesWatchersOfABurstHoldTheState(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -18,6 +18,7 @@ import (
 )
 
 func TestSnapshotSaveAndRestore(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("cluster test")
 	}

@@ -34,6 +34,7 @@ type stateRead struct {
 // do not, and both decode to the same whole state. The state is larger
 // than the write batch (several batches plain, less than one gzip'ed).
 func TestStateConcurrentReadersSameBody(t *testing.T) {
+	t.Parallel() // its own masters: loopback ports, data dirs; it mostly waits on Raft
 	if testing.Short() {
 		t.Skip("master test")
 	}
