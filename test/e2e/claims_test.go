@@ -189,8 +189,8 @@ func TestForgedClaims(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if a2 := record(after, h2.AgentID()); a2.Version != r2.Version || !reflect.DeepEqual(a2.Overlays, r2.Overlays) {
-			t.Errorf("%s's record changed: %+v, was %+v", h2.Name, a2.Overlays, r2.Overlays)
+		if a2 := record(after, h2.AgentID()); a2.Version != r2.Version || !reflect.DeepEqual(heldBlocks(a2), heldBlocks(r2)) {
+			t.Errorf("%s's record changed: %+v, was %+v", h2.Name, heldBlocks(a2), heldBlocks(r2))
 		}
 		if slices.ContainsFunc(record(after, h1.AgentID()).Overlay("carve").Blocks, func(b api.Block) bool { return b.Prefix == half }) {
 			t.Errorf("%s holds %s", h1.Name, half)
@@ -206,4 +206,18 @@ func TestForgedClaims(t *testing.T) {
 		t.Errorf("carve ipam check: exit %d, problems %+v; want clean", code, rep.Problems)
 	}
 	waitKernelMatchesMasters(ctx, t, c)
+}
+
+// heldBlocks is what a record leases, overlay by overlay: its blocks less
+// the usage the agent reports (which changes with every report, forged
+// claims or not).
+func heldBlocks(a *api.AgentInfo) map[string][]api.Block {
+	held := map[string][]api.Block{}
+	for _, o := range a.Overlays {
+		for _, b := range o.Blocks {
+			b.Used, b.Free = nil, nil
+			held[o.Info.Name] = append(held[o.Info.Name], b)
+		}
+	}
+	return held
 }
