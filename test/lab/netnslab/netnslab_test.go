@@ -362,6 +362,8 @@ func TestPingErrors(t *testing.T) {
 	}
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
+	expired, cancelExpired := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancelExpired()
 	tests := []struct {
 		name string
 		ctx  context.Context
@@ -372,6 +374,9 @@ func TestPingErrors(t *testing.T) {
 		{"invalid address", context.Background(), netip.Addr{}, nil, "invalid address"},
 		{"no route", context.Background(), netip.MustParseAddr("198.18.99.99"), unix.ENETUNREACH, "198.18.99.99"},
 		{"cancelled", cancelled, netip.MustParseAddr("127.0.0.1"), context.Canceled, "127.0.0.1"},
+		// Its deadline passed before the echo left (a stalled pinger): not
+		// a lost echo, which PingWatch would count as the path's loss.
+		{"deadline passed before sending", expired, netip.MustParseAddr("127.0.0.1"), ErrNotSent, "before the echo request was sent"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,6 +21,11 @@ const DefaultPingTimeout = time.Second
 
 var pingSeq atomic.Uint32
 
+// ErrNotSent is a ping whose deadline passed before its echo request was
+// sent (the caller's goroutine or the switch into the namespace stalled, as
+// on a loaded machine): it says nothing about the path.
+var ErrNotSent = errors.New("the deadline passed before the echo request was sent")
+
 // Ping sends one ICMP (or ICMPv6) echo request to dst from inside the
 // namespace and waits for the matching reply until ctx's deadline or
 // DefaultPingTimeout. It uses a raw socket opened inside the namespace (a
@@ -96,6 +101,9 @@ func (n *Namespace) ping(ctx context.Context, dst netip.Addr, payload int, df bo
 	if dst.Is4() {
 		binary.BigEndian.PutUint16(pkt[2:], checksum(pkt))
 	} // the kernel fills in ICMPv6 checksums on raw ICMPv6 sockets
+	if time.Now().After(deadline) {
+		return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, errors.Join(ErrNotSent, ctx.Err()))
+	}
 	if _, err := unix.Write(fd, pkt); err != nil {
 		return fmt.Errorf("netnslab: ping %s from %s: %w", dst, n.Name, err)
 	}

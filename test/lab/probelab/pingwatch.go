@@ -2,11 +2,14 @@ package probelab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/carve-net/carve/test/lab/netnslab"
 )
 
 // PingWatch pings, continuously, every container from every container on
@@ -24,8 +27,10 @@ type PingWatch struct {
 // PingWindow is one ordered pair's record.
 type PingWindow struct {
 	From, To string
-	// Sent and Lost count single echoes (one per interval).
-	Sent, Lost int
+	// Sent and Lost count single echoes (one per interval). NotSent counts
+	// the pings whose echo left too late to be answered in time (the
+	// pinger stalled, netnslab.ErrNotSent): neither sent nor lost.
+	Sent, Lost, NotSent int
 	// Longest is the longest time from the first echo lost to the next
 	// echo answered (or to Stop).
 	Longest time.Duration
@@ -58,7 +63,11 @@ func WatchPings[E Endpoint](ctx context.Context, cs []E, interval time.Duration)
 					if ctx.Err() != nil {
 						return
 					}
-					w.record(p, start, err == nil)
+					if errors.Is(err, netnslab.ErrNotSent) {
+						w.notSent(p)
+					} else {
+						w.record(p, start, err == nil)
+					}
 					select {
 					case <-ctx.Done():
 						return
@@ -85,6 +94,13 @@ func (w *PingWatch) record(p *PingWindow, start time.Time, ok bool) {
 		p.failingSince = start
 	}
 	p.Longest = max(p.Longest, time.Since(p.failingSince))
+}
+
+// notSent notes a ping whose echo was not sent in time.
+func (w *PingWatch) notSent(p *PingWindow) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p.NotSent++
 }
 
 // Stop stops the pings and returns every pair's record, the longest
@@ -115,7 +131,7 @@ func (w *PingWatch) Stop() []PingWindow {
 func FormatPingWindows(ws []PingWindow) string {
 	var b strings.Builder
 	for _, p := range ws {
-		fmt.Fprintf(&b, "%-28s -> %-28s sent %4d lost %3d longest window %s\n", p.From, p.To, p.Sent, p.Lost, p.Longest.Round(time.Millisecond))
+		fmt.Fprintf(&b, "%-28s -> %-28s sent %4d lost %3d not sent in time %3d longest window %s\n", p.From, p.To, p.Sent, p.Lost, p.NotSent, p.Longest.Round(time.Millisecond))
 	}
 	return b.String()
 }
