@@ -58,10 +58,7 @@ lint: $(STATICCHECK)
 # run spends much of its time waiting on lab clusters, which the others fill.
 # The lab tests take the binaries and plugins built here (CARVE_BINARY,
 # CARVE_LAB_BINARY, CARVE_CNI_PATH) instead of building their own.
-# GOGC=400: the tests (and the carve processes the lab tests start) spend a
-# tenth of their CPU in the collector under the race detector; on a 2-core
-# machine the suite is bound by CPU, and memory is plenty.
-TEST_ENV := GOGC=400 CARVE_BINARY=$(CURDIR)/bin/carve CARVE_LAB_BINARY=$(CURDIR)/bin/carve-lab CARVE_CNI_PATH=$(CURDIR)/bin/cni:$(CURDIR)/bin
+TEST_ENV := CARVE_BINARY=$(CURDIR)/bin/carve CARVE_LAB_BINARY=$(CURDIR)/bin/carve-lab CARVE_CNI_PATH=$(CURDIR)/bin/cni:$(CURDIR)/bin
 test: build cni-plugins $(STATICCHECK)
 	@# /run/netns a shared mount point before any test makes a namespace (see
 	@# netnslab.EnsureNetNSDir): `ip netns add` in one package would otherwise

@@ -80,3 +80,22 @@ func Until(ctx context.Context, interval time.Duration, fn func() error) error {
 		}
 	}
 }
+
+// UntilBackoff is Until with b's waits between the calls: quick while the
+// condition is about to hold, cheap when the wait is long (a poll that
+// reads a cluster's state costs both sides).
+func UntilBackoff(ctx context.Context, b Backoff, fn func() error) error {
+	for {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		var perm permanentError
+		if errors.As(err, &perm) {
+			return perm.err
+		}
+		if !Sleep(ctx, b.Next()) {
+			return fmt.Errorf("%w; last: %w", ctx.Err(), err)
+		}
+	}
+}

@@ -14,9 +14,10 @@ import (
 // machine, short enough that a broken test fails well before -timeout.
 const WaitLimit = 30 * time.Second
 
-// Eventually polls cond (every 20 ms) until it returns nil, and fails the
-// test when it has not after timeout (WaitLimit when zero), with cond's last
-// error. It is the one way tests wait for a condition: bounded by its own
+// Eventually polls cond until it returns nil, and fails the test when it
+// has not after timeout (WaitLimit when zero), with cond's last error. It
+// polls again after 10-20 ms, backing off to 100-200 ms: a long wait must
+// not load the cluster it polls. It is the one way tests wait for a condition: bounded by its own
 // deadline, never by the test's context, which ends only after the test.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
@@ -25,7 +26,7 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := retry.Until(ctx, 20*time.Millisecond, cond); err != nil {
+	if err := retry.UntilBackoff(ctx, retry.Backoff{First: 20 * time.Millisecond, Max: 200 * time.Millisecond}, cond); err != nil {
 		t.Fatalf("waiting for %s (up to %s): %v", what, timeout, err)
 	}
 }

@@ -1,0 +1,54 @@
+package retry
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// TestUntilBackoff: it returns as soon as fn succeeds, at once on a
+// Permanent error (unwrapped), and at ctx's end with both ctx's error and
+// fn's last one.
+func TestUntilBackoff(t *testing.T) {
+	errNotYet, errGone := errors.New("not yet"), errors.New("gone")
+	b := Backoff{First: time.Millisecond, Max: 4 * time.Millisecond}
+	tests := []struct {
+		name      string
+		fn        func(call int) error
+		timeout   time.Duration
+		wantCalls int     // exact; 0: at least 2
+		want      []error // errors.Is each
+	}{
+		{"succeeds on the third call", func(call int) error {
+			if call < 3 {
+				return errNotYet
+			}
+			return nil
+		}, time.Minute, 3, nil},
+		{"permanent", func(int) error { return Permanent(errGone) }, time.Minute, 1, []error{errGone}},
+		{"never", func(int) error { return errNotYet }, 50 * time.Millisecond, 0, []error{context.DeadlineExceeded, errNotYet}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+			defer cancel()
+			calls := 0
+			err := UntilBackoff(ctx, b, func() error { calls++; return tc.fn(calls) })
+			if tc.want == nil && err != nil {
+				t.Fatalf("UntilBackoff = %v, want nil", err)
+			}
+			for _, w := range tc.want {
+				if !errors.Is(err, w) {
+					t.Errorf("UntilBackoff = %v, want it to wrap %v", err, w)
+				}
+			}
+			if _, perm := err.(permanentError); perm {
+				t.Errorf("UntilBackoff returned the Permanent wrapper: %v", err)
+			}
+			if tc.wantCalls != 0 && calls != tc.wantCalls || tc.wantCalls == 0 && calls < 2 {
+				t.Errorf("fn called %d times, want %d (0: at least 2)", calls, tc.wantCalls)
+			}
+		})
+	}
+}
