@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
 // The documentation's one rule about flags: docs/configuration.md lists,
@@ -35,16 +37,27 @@ var hiddenCommands = []string{"carve-lab rogue-gossip"}
 // the Mesos agent's.
 var otherPrograms = []string{"net", "network", "ip", "ip-range", "subnet", "network_cni_config_dir"}
 
-// buildBinaries builds the given commands (cmd/NAME) into one temporary
+// buildBinaries puts the given commands (cmd/NAME) into one temporary
 // directory, as make build puts them in bin/: carve demo runs the carve-lab
-// beside carve.
+// beside carve. Where make test built them already ($CARVE_BINARY,
+// $CARVE_LAB_BINARY, as the lab tests take them) the directory links those:
+// a build here would link carve again for every test that asks.
 func buildBinaries(t *testing.T, names ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, name := range names {
-		pkg := "github.com/carve-net/carve/cmd/" + name
-		if name == "carve-lab" { // the lab's binary lives with what does not ship
-			pkg = "github.com/carve-net/carve/test/cmd/" + name
+		pkg, env := "github.com/carve-net/carve/cmd/"+name, ""
+		switch name {
+		case "carve":
+			env = labcluster.BinaryEnv
+		case "carve-lab": // the lab's binary lives with what does not ship
+			pkg, env = "github.com/carve-net/carve/test/cmd/"+name, labcluster.LabBinaryEnv
+		}
+		if built := os.Getenv(env); env != "" && built != "" {
+			if err := os.Symlink(built, filepath.Join(dir, name)); err != nil {
+				t.Fatalf("link %s from $%s: %v", name, env, err)
+			}
+			continue
 		}
 		// go test puts the go command of its toolchain first on the test's PATH.
 		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg).CombinedOutput()
