@@ -64,27 +64,26 @@ func Permanent(err error) error {
 func Until(ctx context.Context, interval time.Duration, fn func() error) error {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
-		err := fn()
-		if err == nil {
-			return nil
-		}
-		var perm permanentError
-		if errors.As(err, &perm) {
-			return perm.err
-		}
+	return until(ctx, fn, func() bool {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w; last: %w", ctx.Err(), err)
+			return false
 		case <-t.C:
+			return true
 		}
-	}
+	})
 }
 
 // UntilBackoff is Until with b's waits between the calls: quick while the
 // condition is about to hold, cheap when the wait is long (a poll that
 // reads a cluster's state costs both sides).
 func UntilBackoff(ctx context.Context, b Backoff, fn func() error) error {
+	return until(ctx, fn, func() bool { return Sleep(ctx, b.Next()) })
+}
+
+// until is the loop of Until and UntilBackoff: wait blocks until the next
+// call is due and reports false once ctx has ended.
+func until(ctx context.Context, fn func() error, wait func() bool) error {
 	for {
 		err := fn()
 		if err == nil {
@@ -94,7 +93,7 @@ func UntilBackoff(ctx context.Context, b Backoff, fn func() error) error {
 		if errors.As(err, &perm) {
 			return perm.err
 		}
-		if !Sleep(ctx, b.Next()) {
+		if !wait() {
 			return fmt.Errorf("%w; last: %w", ctx.Err(), err)
 		}
 	}

@@ -10,7 +10,10 @@ import (
 // TestUntilBackoff: it returns as soon as fn succeeds, at once on a
 // Permanent error (unwrapped), and at ctx's end with both ctx's error and
 // fn's last one.
-func TestUntilBackoff(t *testing.T) {
+// TestUntil: Until and UntilBackoff, which share their loop, stop at the
+// first success, at a Permanent error (unwrapped) and at ctx's end (with
+// fn's last error).
+func TestUntil(t *testing.T) {
 	errNotYet, errGone := errors.New("not yet"), errors.New("gone")
 	b := Backoff{First: time.Millisecond, Max: 4 * time.Millisecond}
 	tests := []struct {
@@ -29,26 +32,35 @@ func TestUntilBackoff(t *testing.T) {
 		{"permanent", func(int) error { return Permanent(errGone) }, time.Minute, 1, []error{errGone}},
 		{"never", func(int) error { return errNotYet }, 50 * time.Millisecond, 0, []error{context.DeadlineExceeded, errNotYet}},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
-			defer cancel()
-			calls := 0
-			err := UntilBackoff(ctx, b, func() error { calls++; return tc.fn(calls) })
-			if tc.want == nil && err != nil {
-				t.Fatalf("UntilBackoff = %v, want nil", err)
-			}
-			for _, w := range tc.want {
-				if !errors.Is(err, w) {
-					t.Errorf("UntilBackoff = %v, want it to wrap %v", err, w)
+	untils := []struct {
+		name  string
+		until func(context.Context, func() error) error
+	}{
+		{"Until", func(ctx context.Context, fn func() error) error { return Until(ctx, time.Millisecond, fn) }},
+		{"UntilBackoff", func(ctx context.Context, fn func() error) error { return UntilBackoff(ctx, b, fn) }},
+	}
+	for _, u := range untils {
+		for _, tc := range tests {
+			t.Run(u.name+"/"+tc.name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
+				defer cancel()
+				calls := 0
+				err := u.until(ctx, func() error { calls++; return tc.fn(calls) })
+				if tc.want == nil && err != nil {
+					t.Fatalf("%s = %v, want nil", u.name, err)
 				}
-			}
-			if _, perm := err.(permanentError); perm {
-				t.Errorf("UntilBackoff returned the Permanent wrapper: %v", err)
-			}
-			if tc.wantCalls != 0 && calls != tc.wantCalls || tc.wantCalls == 0 && calls < 2 {
-				t.Errorf("fn called %d times, want %d (0: at least 2)", calls, tc.wantCalls)
-			}
-		})
+				for _, w := range tc.want {
+					if !errors.Is(err, w) {
+						t.Errorf("%s = %v, want it to wrap %v", u.name, err, w)
+					}
+				}
+				if _, perm := err.(permanentError); perm {
+					t.Errorf("%s returned the Permanent wrapper: %v", u.name, err)
+				}
+				if tc.wantCalls != 0 && calls != tc.wantCalls || tc.wantCalls == 0 && calls < 2 {
+					t.Errorf("fn called %d times, want %d (0: at least 2)", calls, tc.wantCalls)
+				}
+			})
+		}
 	}
 }
