@@ -35,15 +35,38 @@ import (
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
+// fanoutOptions are a fan-out run's settings.
+type fanoutOptions struct {
+	watchers   int
+	masterArgs []string
+	// perProcess: watchers one process holds (more run in watcher
+	// processes, fanoutprocs.go)
+	perProcess int
+	// noLongPolls skips the long polls (their rows stay empty)
+	noLongPolls bool
+	// restartAfter: the killed leader is started again this long after
+	// the kill, as systemd's RestartSec does (0: never), for watcher counts
+	// the two masters left cannot hold
+	restartAfter time.Duration
+}
+
+// parkLimit is how long w watchers may take to connect: TLS handshakes
+// on a machine the masters share.
+func parkLimit(w int) time.Duration {
+	return max(5*time.Minute, time.Duration(w)*10*time.Millisecond)
+}
+
 // fanoutFigures are one run's fan-out measurements.
 type fanoutFigures struct {
 	watchers        int
+	longPolls       bool          // the long polls were measured
 	one, oneMax     time.Duration // one registration: p99 and slowest watcher
 	burst, burstMax time.Duration // a burst of 100, from its last commit
 	failover        time.Duration // leader killed -> every watcher holds the next change
 	failoverP99     time.Duration
-	rssMB, hwmMB    float64 // busiest master: RSS after, and its peak
-	bytesPerWatcher float64 // bytes of one change's answer
+	restarted       time.Duration // the killed master started again this long after the kill (0: not)
+	rssMB, hwmMB    float64       // busiest master: RSS after, and its peak
+	bytesPerWatcher float64       // bytes of one change's answer
 	// The same W watchers as streams (streams: the masters serve them).
 	streams                     bool
 	streamOne, streamOneMax     time.Duration
@@ -69,14 +92,14 @@ func startWatchers(ctx context.Context, hc *http.Client, urls []string, w int, s
 }
 
 // watch is one watcher's loop.
-func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws *watcherSet) {
+func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws watchSink) {
 	m := w % len(urls)
 	for ctx.Err() == nil {
-		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { ws.parked[w].Store(true) }}
+		trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) { ws.park(w, true) }}
 		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodGet, urls[m]+"/overlay-master/changes?since="+strconv.FormatUint(since, 10)+"&wait=60s", nil)
 		req.Header.Set("Accept-Encoding", "gzip")
 		resp, err := hc.Do(req)
-		ws.parked[w].Store(false)
+		ws.park(w, false)
 		if err != nil {
 			if ctx.Err() == nil {
 				ws.fail(fmt.Sprintf("request to master %d: %v", m, err))
@@ -120,7 +143,7 @@ func watch(ctx context.Context, hc *http.Client, urls []string, w int, since uin
 }
 
 // fanoutOn measures the fan-out on c (masters started) at n agents.
-func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fanoutFigures, err error) {
+func fanoutOn(ctx context.Context, c *labcluster.Cluster, n int, o fanoutOptions) (f fanoutFigures, err error) {
 	op := c.Client()
 	progress("%d agents: registering", n)
 	if err := registerAllRetrying(ctx, op, n); err != nil {
@@ -130,45 +153,51 @@ func fanoutOn(ctx context.Context, c *labcluster.Cluster, n, watchers int) (f fa
 	if err != nil {
 		return f, err
 	}
-	f.watchers = watchers
-	urls := c.MasterURLs()
-	progress("%d agents: starting %d long-poll watchers at index %d", n, watchers, ch.Index)
-	lpctx, lpcancel := context.WithCancel(ctx)
-	defer lpcancel()
-	lpc := watchClient(c, watchers)
-	ws := startWatchers(lpctx, lpc, urls, watchers, ch.Index)
-	var top uint64
-	if f.one, f.oneMax, f.burst, f.burstMax, f.oneSent, f.burstSent, f.bytesPerWatcher, top, err = measureChanges(ctx, op, ws, n, "long poll"); err != nil {
-		return f, err
-	}
-	for _, m := range c.Masters() {
-		f.rssMB = max(f.rssMB, rssMB(m.PID()))
+	f.watchers = o.watchers
+	top := ch.Index
+	if !o.noLongPolls {
+		progress("%d agents: starting %d long-poll watchers at index %d", n, o.watchers, ch.Index)
+		ws, stop, err := startWatcherSet(ctx, c, kindPoll, o.watchers, ch.Index, o.perProcess)
+		if err != nil {
+			return f, err
+		}
+		f.longPolls = true
+		f.one, f.oneMax, f.burst, f.burstMax, f.oneSent, f.burstSent, f.bytesPerWatcher, top, err = measureChanges(ctx, op, ws, n, "long poll")
+		// The long polls end (their connections closed: one process holds
+		// at most 20,000 descriptors) before the streams begin.
+		stop()
+		if err != nil {
+			return f, err
+		}
+		for _, m := range c.Masters() {
+			f.rssMB = max(f.rssMB, rssMB(m.PID()))
+		}
 	}
 
 	if f.streams, err = streamSupported(ctx, c, top); err != nil {
 		return f, err
 	}
+	kind := kindPoll
 	if f.streams {
-		// The long polls end (their connections closed: one process holds
-		// at most 20,000 descriptors), the same number of streams begin.
-		lpcancel()
-		lpc.CloseIdleConnections()
-		progress("%d agents: starting %d stream watchers at index %d", n, watchers, top)
-		sctx, scancel := context.WithCancel(ctx)
-		defer scancel()
-		sc := watchClient(c, watchers)
-		defer sc.CloseIdleConnections()
-		ws = startStreamWatchers(sctx, sc, urls, watchers, top)
+		kind = kindStream
+	} else {
+		progress("%d agents: the masters serve no changes stream (404): long polls alone", n)
+	}
+	progress("%d agents: starting %d %s watchers at index %d", n, o.watchers, kind, top)
+	ws, stop, err := startWatcherSet(ctx, c, kind, o.watchers, top, o.perProcess)
+	if err != nil {
+		return f, err
+	}
+	defer stop()
+	if f.streams {
 		if f.streamOne, f.streamOneMax, f.streamBurst, f.streamBurstMax, f.streamOneSent, f.streamBurstSent, f.streamBytes, _, err = measureChanges(ctx, op, ws, n+101, "stream"); err != nil {
 			return f, fmt.Errorf("streams: %w", err)
 		}
 		for _, m := range c.Masters() {
 			f.streamRSSMB = max(f.streamRSSMB, rssMB(m.PID()))
 		}
-	} else {
-		progress("%d agents: the masters serve no changes stream (404): long polls alone", n)
 	}
-	return fanoutFailover(ctx, c, op, ws, n+202, f)
+	return fanoutFailover(ctx, c, op, ws, n+202, o, f)
 }
 
 // measureChanges times one registration (synthetic agent first), then a
@@ -179,7 +208,7 @@ func measureChanges(ctx context.Context, op *apiclient.Client, ws *watcherSet, f
 	// Every watcher parked (connected, its request written) before the
 	// change: on a busy machine thousands of TLS handshakes take a while,
 	// and they are not what is measured.
-	if err = ws.waitParked(ctx, 5*time.Minute); err != nil {
+	if err = ws.waitParked(ctx, parkLimit(len(ws.last))); err != nil {
 		return
 	}
 	ws.reset()
@@ -202,7 +231,7 @@ func measureChanges(ctx context.Context, op *apiclient.Client, ws *watcherSet, f
 	progress("%s: one change to %d watchers: p99 %s, slowest %s (commit took %s; p99 %s from the request)", how, len(ws.last), one, oneMax, commit.Sub(start), oneSent)
 
 	// A burst of 100 registrations at once.
-	if err = ws.waitParked(ctx, 5*time.Minute); err != nil {
+	if err = ws.waitParked(ctx, parkLimit(len(ws.last))); err != nil {
 		return
 	}
 	ws.reset()
@@ -242,15 +271,16 @@ func measureChanges(ctx context.Context, op *apiclient.Client, ws *watcherSet, f
 }
 
 // fanoutFailover kills the leader, registers synthetic agent id once a
-// leader is back, and times it to every watcher of ws.
-func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, ws *watcherSet, id int, f fanoutFigures) (fanoutFigures, error) {
+// leader is back, and times it to every watcher of ws; with
+// o.restartAfter the killed master starts again that long after the kill.
+func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *apiclient.Client, ws *watcherSet, id int, o fanoutOptions, f fanoutFigures) (fanoutFigures, error) {
 	for _, m := range c.Masters() {
 		f.hwmMB = max(f.hwmMB, procStatusMB(m.PID(), "VmHWM:"))
 	}
 
 	// Leader failover: kill it, then one registration once a leader is
 	// back; every watcher must hold it.
-	if err := ws.waitParked(ctx, 5*time.Minute); err != nil {
+	if err := ws.waitParked(ctx, parkLimit(len(ws.last))); err != nil {
 		return f, err
 	}
 	leader, err := c.WaitLeader(ctx)
@@ -261,6 +291,22 @@ func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *apiclient.Cl
 	kill := time.Now()
 	if err := c.KillMaster(leader); err != nil {
 		return f, err
+	}
+	restartErr := make(chan error, 1)
+	if o.restartAfter > 0 {
+		go func() {
+			select {
+			case <-ctx.Done():
+				restartErr <- ctx.Err()
+				return
+			case <-time.After(o.restartAfter):
+			}
+			err := c.StartMaster(leader)
+			if err == nil {
+				progress("master %s started again %s after the kill", leader.ID, time.Since(kill))
+			}
+			restartErr <- err
+		}()
 	}
 	var after *api.AgentInfo
 	rctx, rcancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -276,8 +322,14 @@ func fanoutFailover(ctx context.Context, c *labcluster.Cluster, op *apiclient.Cl
 		return f, fmt.Errorf("register after the failover: %w", err)
 	}
 	progress("leader %s killed; registered again after %s", leader.ID, time.Since(kill))
-	if f.failoverP99, f.failover, err = ws.waitAll(ctx, after.Version, kill, 3*time.Minute); err != nil {
+	if f.failoverP99, f.failover, err = ws.waitAll(ctx, after.Version, kill, max(3*time.Minute, parkLimit(len(ws.last)))); err != nil {
 		return f, fmt.Errorf("failover: %w", err)
+	}
+	if o.restartAfter > 0 {
+		if err := <-restartErr; err != nil {
+			return f, fmt.Errorf("restart the killed master: %w", err)
+		}
+		f.restarted = o.restartAfter
 	}
 	progress("failover: every watcher served again %s after the kill (p99 %s)", f.failover, f.failoverP99)
 	for _, m := range c.Masters() {
@@ -304,15 +356,15 @@ func procStatusMB(pid int, field string) float64 {
 }
 
 // fanoutRun measures the fan-out with binary at n agents.
-func fanoutRun(ctx context.Context, binary string, n, watchers int, masterArgs []string) (f fanoutFigures, err error) {
+func fanoutRun(ctx context.Context, binary string, n int, o fanoutOptions) (f fanoutFigures, err error) {
 	measured := false
 	progress("%d agents: starting the cluster (%s)", n, binary)
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: masterArgs}, os.Stderr, func(c *labcluster.Cluster) error {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: o.masterArgs}, os.Stderr, func(c *labcluster.Cluster) error {
 		if err := c.StartMasters(ctx); err != nil {
 			return err
 		}
 		var ferr error
-		f, ferr = fanoutOn(ctx, c, n, watchers)
+		f, ferr = fanoutOn(ctx, c, n, o)
 		measured = ferr == nil
 		return ferr
 	})
@@ -327,9 +379,9 @@ func fanoutRun(ctx context.Context, binary string, n, watchers int, masterArgs [
 
 // fanoutTable runs the fan-out on the new carve and on the baseline, and
 // returns the rows side by side.
-func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers int, masterArgs []string) (benchtable.Table, error) {
-	tbl := benchtable.Table{Title: fmt.Sprintf("scale: fan-out, %d synthetic agents, %d watchers of the changes over 3 secure masters (real processes, one machine)", n, watchers)}
-	f, err := fanoutRun(ctx, binary, n, watchers, masterArgs)
+func fanoutTable(ctx context.Context, binary, baseline, rev string, n int, o fanoutOptions) (benchtable.Table, error) {
+	tbl := benchtable.Table{Title: fmt.Sprintf("scale: fan-out, %d synthetic agents, %d watchers of the changes over 3 secure masters (real processes, one machine)", n, o.watchers)}
+	f, err := fanoutRun(ctx, binary, n, o)
 	if err != nil {
 		return tbl, err
 	}
@@ -337,7 +389,7 @@ func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers 
 	baseNote := ""
 	if baseline == "" {
 		baseNote = "n/a (no baseline)"
-	} else if base, err = fanoutRun(ctx, baseline, n, watchers, masterArgs); err != nil {
+	} else if base, err = fanoutRun(ctx, baseline, n, o); err != nil {
 		if ctx.Err() != nil {
 			return tbl, ctx.Err()
 		}
@@ -348,6 +400,9 @@ func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers 
 		r := benchtable.Row{Name: name, Value: v, Unit: unit, Baseline: "carve " + rev + ", same N and watchers", BaseVal: b, Note: note}
 		if baseNote != "" {
 			r.Baseline, r.BaseNA = baseNote, true
+		}
+		if strings.HasPrefix(name, "long poll") && !f.longPolls {
+			r.Value, r.BaseNA, r.Note = 0, true, "n/a: long polls not measured (-fanout-long-polls=false)"
 		}
 		tbl.Add(r)
 	}
@@ -360,13 +415,24 @@ func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers 
 		switch {
 		case !f.streams:
 			r.Value, r.BaseNA, r.Note = 0, true, "n/a: the masters serve no stream"
+		case !f.longPolls && base.streams && baseNote == "":
+			// No long polls: the baseline's streams stand beside these.
+			r.Baseline, r.BaseVal = "carve "+rev+"'s stream, same N and watchers", b
+		case !f.longPolls:
+			r.Baseline, r.BaseNA = "n/a (long polls not measured, no baseline stream)", true
 		case base.streams:
 			r.Note += fmt.Sprintf("; carve %s's stream: %.0f %s", rev, b, unit)
 		}
 		tbl.Add(r)
 	}
-	srow("stream: one registration -> every watcher, p99", ms(f.streamOne), ms(f.one), ms(base.streamOne), "ms", fmt.Sprintf("slowest %.0f ms (long poll %.0f); goal < 1 s", ms(f.streamOneMax), ms(f.oneMax)))
-	srow("stream: burst of 100 -> every watcher, p99 after the last commit", ms(f.streamBurst), ms(f.burst), ms(base.streamBurst), "ms", fmt.Sprintf("slowest %.0f ms (long poll %.0f); goal < 1 s", ms(f.streamBurstMax), ms(f.burstMax)))
+	slowest := func(v, lp, b time.Duration) string {
+		if !f.longPolls {
+			return fmt.Sprintf("slowest %.0f ms (baseline %.0f); goal < 1 s", ms(v), ms(b))
+		}
+		return fmt.Sprintf("slowest %.0f ms (long poll %.0f); goal < 1 s", ms(v), ms(lp))
+	}
+	srow("stream: one registration -> every watcher, p99", ms(f.streamOne), ms(f.one), ms(base.streamOne), "ms", slowest(f.streamOneMax, f.oneMax, base.streamOneMax))
+	srow("stream: burst of 100 -> every watcher, p99 after the last commit", ms(f.streamBurst), ms(f.burst), ms(base.streamBurst), "ms", slowest(f.streamBurstMax, f.burstMax, base.streamBurstMax))
 	srow("stream: one registration, from its request -> every watcher, p99", ms(f.streamOneSent), ms(f.oneSent), ms(base.streamOneSent), "ms", "the commit included")
 	srow("stream: burst of 100, from its first request -> every watcher, p99", ms(f.streamBurstSent), ms(f.burstSent), ms(base.streamBurstSent), "ms", "the commits included")
 	srow("stream: busiest master RSS after the burst", f.streamRSSMB, f.rssMB, base.streamRSSMB, "MB", "goal < 2 GB")
@@ -374,6 +440,9 @@ func fanoutTable(ctx context.Context, binary, baseline, rev string, n, watchers 
 	failNote := "p99 %.0f ms (baseline %.0f); includes the election and the watchers' failover"
 	if f.streams {
 		failNote += "; stream watchers (the baseline's: its own kind)"
+	}
+	if f.restarted > 0 {
+		failNote += fmt.Sprintf("; the killed master started again %s after the kill", f.restarted)
 	}
 	row("leader killed -> every watcher holds the next change", ms(f.failover), ms(base.failover), "ms", fmt.Sprintf(failNote, ms(f.failoverP99), ms(base.failoverP99)))
 	row("long poll: busiest master RSS after the burst", f.rssMB, base.rssMB, "MB", "goal < 2 GB")
@@ -405,11 +474,11 @@ func fanoutOnly(ctx context.Context, sizes []int, binary string, o idleOptions) 
 		}
 	}
 	for _, n := range sizes {
-		w := o.watchers
-		if w <= 0 {
-			w = min(n, 15000)
+		fo := fanoutOptions{watchers: o.watchers, masterArgs: strings.Fields(o.masterArgs), perProcess: o.perProcess, noLongPolls: !o.longPolls, restartAfter: o.restartAfter}
+		if fo.watchers <= 0 {
+			fo.watchers = n
 		}
-		tbl, err := fanoutTable(ctx, br.Binary, baseline, o.fanoutRev, n, w, strings.Fields(o.masterArgs))
+		tbl, err := fanoutTable(ctx, br.Binary, baseline, o.fanoutRev, n, fo)
 		if err != nil {
 			return fmt.Errorf("%d agents: %w", n, err)
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/api"
+	"github.com/carve-net/carve/internal/retry"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
@@ -26,7 +27,17 @@ var errNoStream = errors.New("the masters serve no changes stream")
 // watchClient is the HTTP client of W watchers: one connection each,
 // HTTP/1.1, the gzip'ed answers read as they come.
 func watchClient(c *labcluster.Cluster, w int) *http.Client {
-	base := c.HTTPClient().Transport.(*http.Transport).Clone()
+	return watchClientFrom(c.HTTPClient().Transport.(*http.Transport), w)
+}
+
+// watchClientFrom is watchClient on a copy of the transport t (its TLS
+// configuration and dialer).
+func watchClientFrom(t *http.Transport, w int) *http.Client {
+	base := t.Clone()
+	// As the agent's client (http.DefaultTransport's): a master at its
+	// connection cap leaves new connections in its listen backlog, and a
+	// handshake that never ends would hold its watcher there for good.
+	base.TLSHandshakeTimeout = 10 * time.Second
 	base.MaxIdleConnsPerHost = w
 	base.MaxConnsPerHost = 0
 	base.ForceAttemptHTTP2 = false
@@ -73,25 +84,40 @@ func startStreamWatchers(ctx context.Context, hc *http.Client, urls []string, w 
 	return ws
 }
 
-// streamWatch is one stream watcher's loop.
-func streamWatch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws *watcherSet) {
+// streamWatch is one stream watcher's loop. It opens its stream again as
+// an agent does (agent/watch.go over apiclient): at once, at the next
+// master, after a stream that lived a second; after every master failed
+// in a row, after a backoff step of the agent's (2 s doubling to 10 s,
+// jittered), so that thousands failing over at once spread out as agents'
+// reconnections do.
+func streamWatch(ctx context.Context, hc *http.Client, urls []string, w int, since uint64, ws watchSink) {
 	m := w % len(urls)
+	b := retry.Backoff{First: 2 * time.Second, Max: 10 * time.Second}
+	failed := 0
 	for ctx.Err() == nil {
-		err := followOneStream(ctx, hc, urls[m], w, &since, ws)
-		ws.parked[w].Store(false)
+		var opened time.Time // its first frame
+		err := followOneStream(ctx, hc, urls[m], w, &since, ws, &opened)
+		ws.park(w, false)
 		if ctx.Err() != nil {
 			return
 		}
 		ws.fail(fmt.Sprintf("stream of master %d: %v", m, err))
 		m = (m + 1) % len(urls)
-		time.Sleep(50 * time.Millisecond)
+		if !opened.IsZero() && time.Since(opened) >= time.Second {
+			failed = 0
+			b.Reset()
+			continue
+		}
+		if failed++; failed%len(urls) == 0 && !retry.Sleep(ctx, b.Next()) {
+			return
+		}
 	}
 }
 
 // followOneStream reads one stream until it fails, recording each
 // changes frame's index (read from its first bytes alone, as the long
-// poll's watchers read theirs).
-func followOneStream(ctx context.Context, hc *http.Client, base string, w int, since *uint64, ws *watcherSet) error {
+// poll's watchers read theirs) and when the first frame came in opened.
+func followOneStream(ctx context.Context, hc *http.Client, base string, w int, since *uint64, ws watchSink, opened *time.Time) error {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+api.StreamPath+"?since="+strconv.FormatUint(*since, 10)+"&heartbeat=15s", nil)
 	req.Header.Set("Accept-Encoding", "gzip")
 	resp, err := hc.Do(req)
@@ -125,7 +151,10 @@ func followOneStream(ctx context.Context, hc *http.Client, base string, w int, s
 			return err
 		}
 		at := time.Now()
-		ws.parked[w].Store(true)
+		ws.park(w, true)
+		if opened.IsZero() {
+			*opened = at
+		}
 		head := payload
 		switch kind {
 		case api.FrameChangesGzip:

@@ -32,6 +32,16 @@ type watcherSet struct {
 	failures map[string]int
 }
 
+// watchSink takes what watchers see: the watcherSet of this process, or
+// the lines a watcher process writes to the bench (fanoutprocs.go).
+type watchSink interface {
+	record(w int, index uint64, at time.Time, n int)
+	park(w int, parked bool)
+	fail(kind string)
+}
+
+func (ws *watcherSet) park(w int, parked bool) { ws.parked[w].Store(parked) }
+
 func (ws *watcherSet) fail(kind string) {
 	ws.failMu.Lock()
 	if ws.failures == nil {

@@ -71,13 +71,24 @@ func main() {
 	flag.BoolVar(&o.noClaims, "no-signed-claims", false, "hand the real agent no signed claims of the synthetic agents")
 	flag.BoolVar(&o.mesh, "synthetic-mesh", false, "give the synthetic agents mesh addresses (nothing listens there: the real agent dials absent peers)")
 	flag.StringVar(&o.only, "only", "", "\"state\": measure only the state reads (after registering and programming; no idle CPU, restart or baseline), to iterate on them; \"gossip\": only the gossip bytes rows (in process, no cluster)")
-	flag.IntVar(&o.watchers, "watchers", 0, "-only fanout: watchers of the changes (default: the agent count, at most 15000: one process holds at most 20,000 descriptors)")
+	flag.IntVar(&o.watchers, "watchers", 0, "-only fanout: watchers of the changes (default: the agent count)")
+	flag.IntVar(&o.perProcess, "watchers-per-process", 15000, "-only fanout: watchers one process holds; more run in watcher processes of this many (one process holds at most 20,000 descriptors here)")
+	flag.BoolVar(&o.longPolls, "fanout-long-polls", true, "-only fanout: measure the long polls before the streams")
+	flag.DurationVar(&o.restartAfter, "fanout-restart", 0, "-only fanout: start the killed leader again this long after the kill, as systemd's RestartSec=5s does (0: never); needed where two masters cannot hold every watcher")
+	watchChild := flag.Bool("watch-child", false, "internal: run as a watcher process of -only fanout (its spec on stdin)")
 	flag.StringVar(&o.fanoutRev, "fanout-baseline-rev", "65163cf", "git revision whose carve is the fan-out baseline (65163cf: before the shared changes answers)")
 	flag.StringVar(&o.masterArgs, "master-args", "", "-only fanout: extra flags for the masters, space separated (e.g. \"--max-connections 32768\")")
 	flag.IntVar(&o.stateRounds, "state-rounds", 1, "rounds of the concurrent state reads; the rows pool every round's latencies, each round's p50/p99 goes to stderr")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *watchChild {
+		if err := runWatchChild(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/scale:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(ctx, *sizes, *readers, *binary, o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/scale:", err)
 		os.Exit(1)
@@ -87,17 +98,20 @@ func main() {
 // idleOptions configure the idle CPU rows.
 type idleOptions struct {
 	window, settle time.Duration
-	rev            string // baseline revision, built unless binary is set
-	binary         string // baseline binary; "none" skips the baseline
-	mesh           bool   // synthetic agents have mesh addresses
-	noClaims       bool   // the real agent is handed no signed claims
-	profileDir     string // where the idle agent's CPU profile goes ("": none)
-	lab            string // carve-lab binary (the claims feeder)
-	only           string // "state": only the state-read rows
-	stateRounds    int    // rounds of the concurrent state reads
-	watchers       int    // -only fanout: watchers (0: the agent count, at most 15000)
-	fanoutRev      string // the fan-out baseline's revision
-	masterArgs     string // -only fanout: extra master flags
+	rev            string        // baseline revision, built unless binary is set
+	binary         string        // baseline binary; "none" skips the baseline
+	mesh           bool          // synthetic agents have mesh addresses
+	noClaims       bool          // the real agent is handed no signed claims
+	profileDir     string        // where the idle agent's CPU profile goes ("": none)
+	lab            string        // carve-lab binary (the claims feeder)
+	only           string        // "state": only the state-read rows
+	stateRounds    int           // rounds of the concurrent state reads
+	watchers       int           // -only fanout: watchers (0: the agent count)
+	perProcess     int           // -only fanout: watchers one process holds
+	longPolls      bool          // -only fanout: measure the long polls too
+	restartAfter   time.Duration // -only fanout: restart the killed leader after this
+	fanoutRev      string        // the fan-out baseline's revision
+	masterArgs     string        // -only fanout: extra master flags
 }
 
 // progress prints a progress line on stderr.
