@@ -15,6 +15,7 @@ import (
 	"github.com/carve-net/carve/internal/httpapi"
 	"github.com/carve-net/carve/master/changelog"
 	"github.com/carve-net/carve/master/changestream"
+	"github.com/carve-net/carve/master/state"
 	"github.com/carve-net/carve/raftlog"
 )
 
@@ -157,7 +158,7 @@ func (s *server) state(w http.ResponseWriter, r *http.Request) {
 	if !s.servable(w, consistent) {
 		return
 	}
-	if blocking && !s.waitPast(r, index, wait, false) {
+	if blocking && !s.waitPast(r, index, wait, nil) {
 		return
 	}
 	s.writeStateFor(w, r)
@@ -186,11 +187,12 @@ func (s *server) readOnLeader(w http.ResponseWriter, r *http.Request, what strin
 
 // waitPast waits until the state's index passes index, or the signing key
 // changes, or a restore put the table behind index, or wait passed, or the
-// master closes; false when the client went away. With rounds, a passed
-// index waits further for the round that holds it (state.LeaseTable.Round):
-// the changes watchers of a burst are answered together, a few times,
-// rather than once per commit each.
-func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration, rounds bool) bool {
+// master closes; false when the client went away. With a round ticket, a
+// passed index waits further for the round that holds it
+// (state.LeaseTable.Round), its ticket left in round for the caller to
+// mark Done once answered: the changes watchers of a burst are answered
+// together, a few times, rather than once per commit each.
+func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration, round *state.RoundTicket) bool {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	// A new signing key or chain (SIGHUP) is news too: the agents follow it at once.
@@ -201,11 +203,12 @@ func (s *server) waitPast(r *http.Request, index uint64, wait time.Duration, rou
 			return true
 		}
 		if idx > index {
-			if !rounds {
+			if round == nil {
 				return true
 			}
+			*round = s.m.table.Round(idx)
 			select {
-			case <-s.m.table.Round(idx):
+			case <-round.C:
 				return true
 			case <-s.m.runCtx.Done():
 				return true
@@ -265,7 +268,10 @@ func (s *server) changes(w http.ResponseWriter, r *http.Request) {
 		s.writeGone(w, since, oldest)
 		return
 	}
-	if !s.waitPast(r, since, wait, true) {
+	// The round's wave waits for this answer (state.RoundTicket).
+	var round state.RoundTicket
+	defer round.Done()
+	if !s.waitPast(r, since, wait, &round) {
 		return
 	}
 	b, err := s.m.table.ChangesBody(since)

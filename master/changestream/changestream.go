@@ -64,8 +64,9 @@ type Table interface {
 	SigningGeneration() uint64
 	// AheadOfRestore tells whether index is past the table's last restore.
 	AheadOfRestore(index uint64) bool
-	// Round is closed when the watchers of index are to be answered.
-	Round(index uint64) <-chan struct{}
+	// Round is the ticket of the round that holds index: its channel is
+	// closed when its watchers are to be answered; Done once answered.
+	Round(index uint64) state.RoundTicket
 	// ChangesBody is the shared encoding of the changes since an index
 	// (a *changelog.GoneError when they are not kept).
 	ChangesBody(since uint64) (*state.StateBody, error)
@@ -237,19 +238,26 @@ func (st *stream) run() (string, error) {
 		ch, cur := table.Changed()
 		gen := table.SigningGeneration()
 		news := first || cur > st.index || gen != signing || table.AheadOfRestore(st.index)
+		var round state.RoundTicket // the zero ticket's Done does nothing
 		if news && !first && cur > st.index {
-			// The watchers of a burst are answered together (master/state/rounds.go).
+			// The watchers of a burst are answered together, and the next
+			// round waits for this one's frames (master/state/rounds.go).
+			round = table.Round(cur)
 			select {
-			case <-table.Round(cur):
+			case <-round.C:
 			case <-st.s.Stop:
+				round.Done()
 				return endStop, st.end(http.StatusServiceUnavailable, api.Error{Code: api.CodeUnavailable,
 					Message: "the master stops: open the stream at another master"})
 			case <-st.r.Context().Done():
+				round.Done()
 				return endClient, nil
 			}
 		}
 		if news {
-			if reason, err := st.changes(); err != nil || reason != "" {
+			reason, err := st.changes()
+			round.Done()
+			if err != nil || reason != "" {
 				return reason, err
 			}
 			first, signing = false, gen
