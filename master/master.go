@@ -186,7 +186,7 @@ func Start(ctx context.Context, opts Options) (*Master, error) {
 		}
 	}
 	m.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector(buildinfo.Get()))
-	m.metrics = newMetrics(m.registry, m.table, m.evictedConns)
+	m.metrics = newMetrics(m.registry, m.table, m.connCounts)
 	m.dataDir = newDataDirHealth(m.registry)
 	m.registry.MustRegister(m.silentAgentsGauge(), prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_config_file_differs",

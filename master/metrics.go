@@ -28,7 +28,7 @@ type metrics struct {
 	streamEnds *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() uint64) *metrics {
+func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, conns func() (evicted, shed uint64)) *metrics {
 	m := &metrics{
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_registrations_total", Help: "Agent registrations answered by this master, by result.",
@@ -51,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, t *state.LeaseTable, evicted func() u
 			Help: "API requests refused by authentication (401) or authorization (403), by reason: no_certificate, forbidden_role, wrong_agent, wrong_ip, wrong_mesh_addr, wireguard_proof, revoked, grant_unsigned, grant_bad_signature, grant_expired (a recipient's grant report without its donor's valid signed word).",
 		}, []string{"reason"}),
 	}
-	m.trust = newTrustMetrics(reg, evicted, func() int { return len(t.Revoked()) })
+	m.trust = newTrustMetrics(reg, conns, func() int { return len(t.Revoked()) })
 	m.grown = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "carve_master_blocks_grown_total", Help: "Blocks leased to agents that asked to grow (answered by this master as leader).",
 	})

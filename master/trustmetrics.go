@@ -31,7 +31,7 @@ const (
 	quotaWriteGrant = "grant"
 )
 
-func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64, revokedCount func() int) *trustMetrics {
+func newTrustMetrics(reg prometheus.Registerer, conns func() (evicted, shed uint64), revokedCount func() int) *trustMetrics {
 	m := &trustMetrics{
 		revokedRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "carve_master_revoked_refusals_total",
@@ -55,11 +55,15 @@ func newTrustMetrics(reg prometheus.Registerer, evicted func() uint64, revokedCo
 	revoked := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "carve_master_revoked_certificates", Help: "Certificates on the deny list (carve certs revoke).",
 	}, func() float64 { return float64(revokedCount()) })
-	conns := prometheus.NewCounterFunc(prometheus.CounterOpts{
+	evicted := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "carve_master_unauthenticated_conns_evicted_total",
 		Help: "API connections without a client certificate closed to make room for others (their share of --max-connections was full, or every slot was taken).",
-	}, func() float64 { return float64(evicted()) })
-	reg.MustRegister(m.quotaRefusals, m.handshakeFailures, m.revokedRefusals, conns, revoked)
+	}, func() float64 { n, _ := conns(); return float64(n) })
+	shed := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "carve_master_conns_turned_away_total",
+		Help: "API connections reset as they came because authenticated clients held every slot of --max-connections (their clients try another master).",
+	}, func() float64 { _, n := conns(); return float64(n) })
+	reg.MustRegister(m.quotaRefusals, m.handshakeFailures, m.revokedRefusals, evicted, shed, revoked)
 	return m
 }
 
@@ -74,11 +78,12 @@ func (s *server) refuseQuota(w http.ResponseWriter, r *http.Request, err error) 
 	httpapi.WriteError(w, http.StatusConflict, api.CodeQuota, err.Error())
 }
 
-// evictedConns is the number of unauthenticated API connections closed to
-// make room (0 before the server starts).
-func (m *Master) evictedConns() uint64 {
+// connCounts are the unauthenticated API connections closed to make room,
+// and the connections turned away at a full cap (0 before the server
+// starts).
+func (m *Master) connCounts() (evicted, shed uint64) {
 	if m.httpSrv == nil {
-		return 0
+		return 0, 0
 	}
-	return m.httpSrv.Evicted()
+	return m.httpSrv.Evicted(), m.httpSrv.Shed()
 }

@@ -6,7 +6,7 @@ import "syscall"
 // process (Raft's connections and log, bbolt, the listeners, certificate
 // reads): a connection cap above the descriptor limit would have accept,
 // then every open of the process, fail with EMFILE once the agents filled
-// it, where the cap makes them wait in the listen backlog instead.
+// it, where the cap turns them away instead (limitListener).
 const reservedFDs = 1024
 
 // capToFDs returns the connection cap that fits in a descriptor limit of

@@ -22,8 +22,14 @@ type unauthLimits struct {
 // accept order, holds at most limits.conns of them (a new one closes the
 // oldest), and when every slot is taken closes the oldest of them rather
 // than wait: a flood of idle connections without a certificate can never
-// keep agents, operators or masters out. Otherwise Accept waits for a
-// connection to close before taking the next from the backlog.
+// keep agents, operators or masters out; and when authenticated
+// connections hold every slot, the next connection is turned away (reset)
+// unless a slot freed while it came: its client tries another master at
+// once, where in the backlog it would wait out its handshake timeout (10 s
+// for agents) before it did, and a failover's thousands of reconnecting
+// agents did so again and again. A plain server (no unauthLimits) cannot
+// tell its clients apart: Accept waits for a connection to close before
+// taking the next from the backlog.
 type limitListener struct {
 	net.Listener
 	sem       chan struct{}
@@ -31,6 +37,7 @@ type limitListener struct {
 	closeOnce sync.Once
 	limits    unauthLimits
 	evicted   atomic.Uint64
+	shed      atomic.Uint64 // connections turned away: every slot held
 
 	mu     sync.Mutex
 	unauth list.List // of *limitConn not authenticated yet, oldest first
@@ -40,26 +47,70 @@ func newLimitListener(ln net.Listener, n int, limits unauthLimits) *limitListene
 	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{}), limits: limits}
 }
 
+// Accept takes the next connection from the backlog, then a slot for it:
+// a free one, or the oldest unauthenticated connection's (closed). Without
+// one it turns the connection away (or, on a plain server, waits for a
+// slot). A slot is taken only when a connection came for it, so a server
+// at its cap closes no connection before one does.
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	default:
-		l.evictOldest() // every slot taken: an unauthenticated one makes room, if any
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.takeSlot() {
+			return l.track(c), nil
+		}
+		if l.limits.conns > 0 {
+			l.turnAway(c)
+			continue
+		}
+		// No certificates to tell clients apart (a plain server): the
+		// connection waits for a slot, the next ones in the backlog.
 		select {
 		case l.sem <- struct{}{}:
+			return l.track(c), nil
 		case <-l.done:
+			_ = c.Close()
 			return nil, net.ErrClosed
 		}
 	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
+}
+
+// takeSlot takes a free slot, or the slot of the oldest unauthenticated
+// connection (closed for it); false when authenticated connections hold
+// every slot.
+func (l *limitListener) takeSlot() bool {
+	select {
+	case l.sem <- struct{}{}:
+		return true
+	default:
 	}
+	l.evictOldest()
+	select {
+	case l.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// turnAway resets c (no slot for it): its client learns at once.
+func (l *limitListener) turnAway(c net.Conn) {
+	l.shed.Add(1)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
+}
+
+// track wraps c, which holds a slot, and counts it among the
+// unauthenticated connections (closing the oldest beyond their share).
+func (l *limitListener) track(c net.Conn) net.Conn {
 	lc := &limitConn{Conn: c, l: l}
 	if l.limits.conns == 0 {
 		lc.authenticated.Store(true)
-		return lc, nil
+		return lc
 	}
 	l.mu.Lock()
 	var oldest *limitConn
@@ -72,7 +123,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 	if oldest != nil {
 		l.evict(oldest)
 	}
-	return lc, nil
+	return lc
 }
 
 // evictOldest closes the oldest unauthenticated connection, if any.

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -93,8 +94,78 @@ func TestServerServesAuthenticatedThroughAFlood(t *testing.T) {
 	}
 }
 
-// Without client certificates (a plain server) nothing is evicted: the
-// cap makes new connections wait, as before.
+// Under TLS with client certificates, when authenticated connections hold
+// every slot, the next connection is reset at once (counted as shed): its
+// client tries another master rather than wait in the backlog for its
+// handshake timeout. Once one of them closes, the next is served.
+func TestServerTurnsAwayConnectionsBeyondAFullCap(t *testing.T) {
+	const maxConns = 4
+	ca := pkitest.New(t)
+	srv, addr := startServer(t, okHandler, ServerOptions{MaxConns: maxConns, IdleTimeout: 10 * time.Minute,
+		UnauthenticatedTimeout: 10 * time.Minute, TLS: ca.ServerTLS("m1", pki.RoleMaster, false)})
+	agentTLS := ca.ClientTLS("h1", pki.RoleAgent)
+	agentTLS.ServerName = "127.0.0.1"
+	dial := func() (*tls.Conn, *bufio.Reader, error) {
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		t.Cleanup(func() { raw.Close() })
+		// Far beyond a reset: only a connection left in the backlog meets it.
+		_ = raw.SetDeadline(time.Now().Add(30 * time.Second))
+		c := tls.Client(raw, agentTLS)
+		if err := c.Handshake(); err != nil {
+			return nil, nil, err
+		}
+		return c, bufio.NewReader(c), nil
+	}
+	var held []*tls.Conn
+	for i := range maxConns {
+		c, br, err := dial()
+		if err == nil {
+			var st string
+			if st, err = tlsRequest(c, br); err == nil && st != "200 OK" {
+				err = fmt.Errorf("status %q", st)
+			}
+		}
+		if err != nil {
+			t.Fatalf("authenticated connection %d of the cap: %v (shed %d, evicted %d, held %d)", i, err, srv.Shed(), srv.Evicted(), srv.Conns())
+		}
+		held = append(held, c)
+	}
+	c, br, err := dial()
+	if err == nil {
+		_, err = tlsRequest(c, br)
+	}
+	var ne net.Error
+	switch {
+	case err == nil:
+		t.Fatalf("a connection beyond a cap of %d authenticated ones was served", maxConns)
+	case errors.As(err, &ne) && ne.Timeout():
+		t.Fatalf("a connection beyond the cap waited (%v): it should be turned away at once", err)
+	}
+	if n := srv.Shed(); n == 0 {
+		t.Errorf("turned away a connection (%v) but counted none shed", err)
+	}
+	if n := srv.Evicted(); n != 0 {
+		t.Errorf("evicted %d connections: every one held was authenticated", n)
+	}
+	held[0].Close()
+	testutil.Eventually(t, 0, "a connection served once one of the cap closed", func() error {
+		c, br, err := dial()
+		if err != nil {
+			return err
+		}
+		st, err := tlsRequest(c, br)
+		if err == nil && st != "200 OK" {
+			err = fmt.Errorf("status %q", st)
+		}
+		return err
+	})
+}
+
+// Without client certificates (a plain server) nothing is evicted or
+// turned away: the cap makes new connections wait, as before.
 func TestServerWithoutTLSEvictsNothing(t *testing.T) {
 	srv, addr := startServer(t, okHandler, ServerOptions{MaxConns: 4})
 	for i := range 8 {
@@ -107,6 +178,9 @@ func TestServerWithoutTLSEvictsNothing(t *testing.T) {
 	testutil.Eventually(t, 0, "the server holds its cap", testutil.True(func() bool { return srv.Conns() == 4 }))
 	if n := srv.Evicted(); n != 0 {
 		t.Errorf("evicted %d connections of a plain server", n)
+	}
+	if n := srv.Shed(); n != 0 {
+		t.Errorf("turned away %d connections of a plain server", n)
 	}
 }
 

@@ -45,10 +45,12 @@ type ServerOptions struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds the request line and headers.
 	MaxHeaderBytes int
-	// MaxConns caps the connections held at once; the next ones wait in the
-	// kernel's listen backlog until one closes. Serve lowers it to what the
-	// process's descriptor limit holds, less 1,024 for the rest of the
-	// process (MaxConns tells the cap in force).
+	// MaxConns caps the connections held at once; beyond it the oldest
+	// connection without a certificate is closed, or, when authenticated
+	// connections hold every slot, the next one is reset (its client
+	// tries another master). Serve lowers it to what the process's
+	// descriptor limit holds, less 1,024 for the rest of the process
+	// (MaxConns tells the cap in force).
 	MaxConns int
 	// TLS, when set, serves HTTPS (HTTP/1.1) with this configuration.
 	TLS *tls.Config
@@ -180,6 +182,17 @@ func (s *Server) Evicted() uint64 {
 		return 0
 	}
 	return s.limit.evicted.Load()
+}
+
+// Shed is the number of connections turned away (reset) because
+// authenticated connections held every slot of the cap.
+func (s *Server) Shed() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.limit == nil {
+		return 0
+	}
+	return s.limit.shed.Load()
 }
 
 // MaxConns is the connection cap in force: ServerOptions.MaxConns, lowered
