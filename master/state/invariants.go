@@ -20,11 +20,15 @@ type ownedPrefix struct {
 // every agent's blocks lie inside its overlay and are CIDR-aligned; no two
 // agents' blocks overlap, nor a block and a quarantined one; the
 // allocators hold exactly the blocks of the records and the quarantine;
-// and what they would hand out next is free. The property and cluster
-// tests run it after every step.
+// and what they would hand out next is free; and the key index lists
+// every agent's keys. The property and cluster tests run it after every
+// step.
 func (tb *LeaseTable) CheckInvariants() error {
 	tb.mu.RLock()
 	defer tb.mu.RUnlock()
+	if err := tb.checkKeyIndex(); err != nil {
+		return err
+	}
 	for name, sp := range tb.spaces {
 		for _, space := range []*blockSpace{sp.v4, sp.v6} {
 			if space == nil {

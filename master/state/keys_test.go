@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/logcmd"
@@ -106,4 +111,87 @@ func TestKeysAreTheirHolders(t *testing.T) {
 	if res := reg("heir", "198.18.0.3", victim); res.Err != nil {
 		t.Errorf("a deleted agent's keys are free again: %v", res.Err)
 	}
+}
+
+// keysFreeByScan is keysFree as it was before the key index: every record
+// in order of id, its WireGuard key before its claim key. The property
+// test holds the index to it.
+func keysFreeByScan(tb *LeaseTable, id string, keys api.AgentKeys) string {
+	for _, other := range slices.Sorted(maps.Keys(tb.agents)) {
+		if other == id {
+			continue
+		}
+		k := tb.agents[other].Keys
+		if keys.WireGuard != "" && k.WireGuard == keys.WireGuard {
+			return "wireguard " + other
+		}
+		if keys.Claim != "" && k.Claim == keys.Claim {
+			return "claim " + other
+		}
+	}
+	return ""
+}
+
+// TestKeyIndexAgreesWithTheScan: through random registrations (keys drawn
+// from a small pool, so that agents take each other's, change keys and
+// drop them), deletions and snapshot round trips, keysFree through the
+// key index refuses exactly what the scan of every record refused, naming
+// the same agent, and the index lists every agent's keys.
+func TestKeyIndexAgreesWithTheScan(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	h := newHarness(t, DefaultConfig())
+	key := func() string {
+		if rng.IntN(4) == 0 {
+			return ""
+		}
+		return testKey(byte(1 + rng.IntN(12)))
+	}
+	refused, accepted := 0, 0
+	for step := range 2000 {
+		id := fmt.Sprintf("a%02d", rng.IntN(16))
+		switch r := rng.IntN(20); {
+		case r < 15:
+			keys := api.AgentKeys{WireGuard: key(), Claim: key()}
+			want := ""
+			if old := h.table.agents[id]; old == nil || old.Keys != keys {
+				want = keysFreeByScan(h.table, id, keys)
+			}
+			res := h.apply(command{Op: opRegister, Register: &registerCmd{AgentID: id, IP: fmt.Sprintf("198.18.1.%d", 1+rng.IntN(200)), Keys: keys,
+				Bridges: api.AgentNetworkConfig{MesosBridge: true}}})
+			switch {
+			case want == "" && res.Err != nil:
+				t.Fatalf("step %d: %s with %+v refused (%v), the scan found no holder", step, id, keys, res.Err)
+			case want != "" && (!errors.Is(res.Err, ErrKeyInUse) || !strings.Contains(res.Err.Error(), keyKind(want)) || !strings.Contains(res.Err.Error(), "agent "+strings.Fields(want)[1]+"'s")):
+				t.Fatalf("step %d: %s with %+v: %v, the scan found %s", step, id, keys, res.Err, want)
+			case want != "":
+				refused++
+			default:
+				accepted++
+			}
+		case r < 18:
+			h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{id}}})
+		default:
+			var buf bytes.Buffer
+			if err := h.table.WriteSnapshot(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.table.Restore(h.index, &buf); err != nil {
+				t.Fatalf("step %d: restore: %v", step, err)
+			}
+		}
+		checkTable(t, h.table)
+	}
+	if refused < 100 || accepted < 100 {
+		t.Fatalf("%d registrations refused and %d accepted: the pool of keys does not exercise both", refused, accepted)
+	}
+}
+
+// keyKind is how keysFree's error names the kind of key the scan found.
+func keyKind(found string) string {
+	if strings.HasPrefix(found, "wireguard") {
+		return "WireGuard public key"
+	}
+	return "claim key"
 }

@@ -109,6 +109,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 			if ip := t.agents[id].IP; ip.IsValid() && t.byIP[ip] == id {
 				delete(t.byIP, ip)
 			}
+			t.unindexKeys(id, t.agents[id].Keys)
 			delete(t.agents, id)
 			delete(t.reports, id)
 			gone = append(gone, id)

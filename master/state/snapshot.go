@@ -190,6 +190,9 @@ func (t *LeaseTable) install(dec *decodedSnapshot) {
 			t.byIP[a.IP] = a.ID
 		}
 	}
+	for id, rec := range t.agents {
+		t.indexKeys(id, rec.Keys)
+	}
 	if d.Tombstones != nil {
 		t.tombstones = d.Tombstones
 	}

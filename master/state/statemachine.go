@@ -212,34 +212,15 @@ func (t *LeaseTable) applyRegister(index uint64, c *logcmd.Register) (*agentReco
 	}
 	t.byIP[ip] = c.AgentID
 	rec.Version = index
+	if old != nil {
+		t.unindexKeys(c.AgentID, old.Keys)
+	}
+	t.indexKeys(c.AgentID, rec.Keys)
 	t.agents[c.AgentID] = rec
 	delete(t.tombstones, c.AgentID)
 	t.touch(c.AgentID)
 	t.stateIndex = index
 	return rec, nil
-}
-
-// keysFree refuses keys another agent's record holds: a WireGuard key
-// names the peer every host encrypts to (a copy would take the victim's
-// traffic, or drop its peer), a claim key the writer of ring claims. Checked
-// in the log, so every replica refuses the same registration.
-func (t *LeaseTable) keysFree(id string, keys api.AgentKeys) error {
-	if keys.WireGuard == "" && keys.Claim == "" {
-		return nil
-	}
-	for _, other := range slices.Sorted(maps.Keys(t.agents)) {
-		if other == id {
-			continue
-		}
-		k := t.agents[other].Keys
-		if keys.WireGuard != "" && k.WireGuard == keys.WireGuard {
-			return fmt.Errorf("%w: the WireGuard public key %s is agent %s's; every agent registers its own key (wireguard.key in its data directory, made at its first start: remove a copied one and restart the agent)", ErrKeyInUse, keys.WireGuard, other)
-		}
-		if keys.Claim != "" && k.Claim == keys.Claim {
-			return fmt.Errorf("%w: the claim key %s is agent %s's; every agent registers its own key (claim.key in its data directory, made at its first start: remove a copied one and restart the agent)", ErrKeyInUse, keys.Claim, other)
-		}
-	}
-	return nil
 }
 
 // ensureLeases gives rec a subnet of every enabled overlay it lacks (a
@@ -311,6 +292,7 @@ func (t *LeaseTable) applyDelete(index uint64, c *logcmd.Delete) ([]string, erro
 			continue
 		}
 		delete(t.agents, id)
+		t.unindexKeys(id, rec.Keys)
 		delete(t.reports, id)
 		t.freeLeases(index, rec, len(t.agents) > 0)
 		if rec.IP.IsValid() && t.byIP[rec.IP] == id {

@@ -74,6 +74,7 @@ type LeaseTable struct {
 	net        *network
 	agents     map[string]*agentRecord
 	byIP       map[netip.Addr]string
+	byKey      map[string]keySet // the agents that registered each key (keys.go)
 	tombstones map[string]uint64
 	servers    map[string]ServerMeta
 	requests   requestTable
@@ -145,6 +146,7 @@ func (t *LeaseTable) reset() {
 	t.index, t.stateIndex, t.clusterID, t.net = 0, 0, "", nil
 	t.agents = map[string]*agentRecord{}
 	t.byIP = map[netip.Addr]string{}
+	t.byKey = map[string]keySet{}
 	t.tombstones = map[string]uint64{}
 	t.servers = map[string]ServerMeta{}
 	t.requests = newRequestTable()
