@@ -28,6 +28,25 @@ func tlsRequest(c net.Conn, br *bufio.Reader) (string, error) {
 	return resp.Status, nil
 }
 
+// handshake opens a TLS connection to addr (a server on 127.0.0.1) with
+// cfg, its reads and writes bounded by within, closed when the test ends.
+func handshake(t *testing.T, addr string, cfg *tls.Config, within time.Duration) (*tls.Conn, *bufio.Reader, error) {
+	t.Helper()
+	cfg = cfg.Clone()
+	cfg.ServerName = "127.0.0.1"
+	raw, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(func() { raw.Close() })
+	_ = raw.SetDeadline(time.Now().Add(within))
+	c := tls.Client(raw, cfg)
+	if err := c.Handshake(); err != nil {
+		return nil, nil, err
+	}
+	return c, bufio.NewReader(c), nil
+}
+
 // Under TLS with client certificates, idle connections without one fill
 // only their share: with every slot taken the oldest of them is closed,
 // so a client with a certificate, one without (a load balancer's
@@ -104,21 +123,8 @@ func TestServerTurnsAwayConnectionsBeyondAFullCap(t *testing.T) {
 	srv, addr := startServer(t, okHandler, ServerOptions{MaxConns: maxConns, IdleTimeout: 10 * time.Minute,
 		UnauthenticatedTimeout: 10 * time.Minute, TLS: ca.ServerTLS("m1", pki.RoleMaster, false)})
 	agentTLS := ca.ClientTLS("h1", pki.RoleAgent)
-	agentTLS.ServerName = "127.0.0.1"
-	dial := func() (*tls.Conn, *bufio.Reader, error) {
-		raw, err := net.Dial("tcp", addr)
-		if err != nil {
-			return nil, nil, err
-		}
-		t.Cleanup(func() { raw.Close() })
-		// Far beyond a reset: only a connection left in the backlog meets it.
-		_ = raw.SetDeadline(time.Now().Add(30 * time.Second))
-		c := tls.Client(raw, agentTLS)
-		if err := c.Handshake(); err != nil {
-			return nil, nil, err
-		}
-		return c, bufio.NewReader(c), nil
-	}
+	// 30 s: far beyond a reset; only a connection left in the backlog meets it.
+	dial := func() (*tls.Conn, *bufio.Reader, error) { return handshake(t, addr, agentTLS, 30*time.Second) }
 	var held []*tls.Conn
 	for i := range maxConns {
 		c, br, err := dial()
@@ -216,22 +222,8 @@ func TestServerShareHoldsWhateverClientsWithoutACertificateDo(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv, addr := startServer(t, okHandler, ServerOptions{MaxConns: maxConns,
 				UnauthenticatedTimeout: 10 * time.Minute, IdleTimeout: 10 * time.Minute, ReadHeaderTimeout: 10 * time.Minute, TLS: tc.tls})
-			dial := func(cfg *tls.Config) (*tls.Conn, *bufio.Reader, error) {
-				cfg = cfg.Clone()
-				cfg.ServerName = "127.0.0.1"
-				raw, err := net.Dial("tcp", addr)
-				if err != nil {
-					return nil, nil, err
-				}
-				t.Cleanup(func() { raw.Close() })
-				// Bounds the wait of a connection the server does not take.
-				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
-				c := tls.Client(raw, cfg)
-				if err := c.Handshake(); err != nil {
-					return nil, nil, err
-				}
-				return c, bufio.NewReader(c), nil
-			}
+			// 5 s bounds the wait of a connection the server does not take.
+			dial := func(cfg *tls.Config) (*tls.Conn, *bufio.Reader, error) { return handshake(t, addr, cfg, 5*time.Second) }
 			anonTLS := ca.ClientTLS("", "")
 			for i := range 3 * maxConns {
 				c, br, err := dial(anonTLS)
