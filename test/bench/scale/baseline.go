@@ -110,7 +110,7 @@ type baselineFigures struct {
 // all, and measures its idle CPU seconds per minute and registration to
 // programmed as the current agent's.
 func baselineRun(ctx context.Context, binary string, n int, o idleOptions) (f baselineFigures, err error) {
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", Network: networkFor(n)}, os.Stderr, func(c *labcluster.Cluster) error {
 		var ferr error
 		f, ferr = baselineOn(ctx, c, n, o)
 		return ferr

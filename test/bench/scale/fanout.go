@@ -359,7 +359,7 @@ func procStatusMB(pid int, field string) float64 {
 func fanoutRun(ctx context.Context, binary string, n int, o fanoutOptions) (f fanoutFigures, err error) {
 	measured := false
 	progress("%d agents: starting the cluster (%s)", n, binary)
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: o.masterArgs}, os.Stderr, func(c *labcluster.Cluster) error {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", MasterArgs: o.masterArgs, Network: networkFor(n)}, os.Stderr, func(c *labcluster.Cluster) error {
 		if err := c.StartMasters(ctx); err != nil {
 			return err
 		}

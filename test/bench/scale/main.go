@@ -51,6 +51,7 @@ import (
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/api/apiclient"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/benchtable"
 	"github.com/carve-net/carve/test/lab/labcluster"
 	"github.com/carve-net/carve/test/lab/netnslab"
@@ -242,6 +243,19 @@ func gossipOnly(ctx context.Context, sizes []int) error {
 	return nil
 }
 
+// networkFor is the masters' network for n agents: the default's overlay
+// (10.128.0.0/9, a /24 each) holds 32,768 agents, so beyond that the
+// overlay is 10.0.0.0/8 (65,536), as an operator would size it; nil: the
+// default.
+func networkFor(n int) *api.NetworkConfig {
+	if n <= 32000 {
+		return nil
+	}
+	cfg := netconfig.Default()
+	cfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.0.0.0/8", Prefix: 24}}
+	return &cfg
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // synthetic is the registration of synthetic agent i, with its claim key
@@ -268,7 +282,7 @@ func synthetic(i int, mesh, keys bool) api.RegisterRequest {
 // row comes last, its baseline for the caller to fill in.
 func measure(ctx context.Context, binary string, n, readers int, o idleOptions) (tbl benchtable.Table, err error) {
 	progress("%d agents: starting the cluster", n)
-	err = labcluster.With(ctx, labcluster.Options{Binary: binary, LabBinary: o.lab, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn"}, os.Stderr, func(c *labcluster.Cluster) error {
+	err = labcluster.With(ctx, labcluster.Options{Binary: binary, LabBinary: o.lab, Hosts: 3, Masters: 3, Prefix: prefix, LogLevel: "warn", Network: networkFor(n)}, os.Stderr, func(c *labcluster.Cluster) error {
 		var ferr error
 		tbl, ferr = measureOn(ctx, c, n, readers, o)
 		return ferr
