@@ -119,8 +119,12 @@ func (t *LeaseTable) Round(index uint64) RoundTicket {
 func (g *roundGate) answer(wave uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if wave == g.wave+1 && g.open != nil {
+		g.waiting-- // its watcher left before the round was released: not expected
+		return
+	}
 	if wave != g.wave {
-		return // a ticket of a round not released yet (the watcher left), or of an older wave
+		return // a ticket of an older wave
 	}
 	g.answered++
 	g.checkAnswered(g.clock())

@@ -139,4 +139,22 @@ func TestRoundsWaitForTheLastWave(t *testing.T) {
 	second.Done()
 	secondToo.Done()
 	third.Done()
+
+	// A watcher that leaves before its round is released is not expected
+	// in its wave: of three tickets one left, so one answer of the other
+	// two answers the wave (all but one), and the next round goes at once.
+	h.mustRegister("a4", "198.18.0.4")
+	leaves, stays, slow := h.table.Round(h.table.Index()), h.table.Round(h.table.Index()), h.table.Round(h.table.Index())
+	leaves.Done()
+	if !released(stays) {
+		t.Fatal("held after a wave answered at its release")
+	}
+	stays.Done()
+	h.mustRegister("a5", "198.18.0.5")
+	next := h.table.Round(h.table.Index())
+	if !released(next) {
+		t.Fatal("the next round held: the watcher that left before its round was counted in the wave")
+	}
+	slow.Done()
+	next.Done()
 }
