@@ -16,8 +16,8 @@ import (
 
 // reconcileLoop programs the kernel: the difference on every change, and a
 // full read-back resync every ResyncInterval (which repairs changes made by
-// hand), or less often where a resync takes long (resyncEvery). A failed
-// reconcile is retried soon.
+// hand), or less often with tens of thousands of peers (resyncEvery). A
+// failed reconcile is retried soon.
 func (a *Agent) reconcileLoop(ctx context.Context) {
 	// Before the first conflist is written, and off the paths that serve
 	// the IPAM socket: the plugin probe takes a moment.
@@ -37,29 +37,30 @@ func (a *Agent) reconcileLoop(ctx context.Context) {
 		case <-resync.C:
 			full = true
 		}
-		start := time.Now()
 		if err := a.reconcile(ctx, full); err != nil {
 			a.log.Warn("reconcile", "err", err, "full", full)
 			retry.Reset(2 * time.Second)
 		}
 		if full {
-			resync.Reset(resyncEvery(a.cfg.ResyncInterval, time.Since(start)))
+			resync.Reset(resyncEvery(a.cfg.ResyncInterval, a.members.Len()))
 		}
 	}
 }
 
-// resyncCost is the most of its time an idle agent spends in full
-// resyncs: one in 200 (0.5% of a core).
-const resyncCost = 200
+// resyncPerPeer is how far apart full resyncs are at the least, per peer.
+// A resync reads back and recomputes every peer's entries: about 20 µs of
+// CPU a peer (a second at 50,000, where one every 30 s made the idle
+// agent's CPU 1.7 s a minute); 200 times that keeps resyncs to 0.5% of a
+// core. It counts peers, not the last resync's time, so that a loaded host
+// (or a test under the race detector) keeps its interval.
+const resyncPerPeer = 4 * time.Millisecond
 
-// resyncEvery is the wait until the next full resync after one that took
-// took: every (the --resync-interval), or resyncCost times took where that
-// is longer. A resync reads back and recomputes every peer's entries, so
-// its cost grows with the peers: about a second at 50,000, where one every
-// 30 s made the idle agent's CPU 1.7 s a minute; it runs every few minutes
-// there, and changes made by hand are repaired that much later.
-func resyncEvery(every, took time.Duration) time.Duration {
-	return max(every, took*resyncCost)
+// resyncEvery is the wait until the next full resync with peers peers:
+// every (the --resync-interval), or resyncPerPeer a peer where that is
+// longer (beyond 7,500 peers at the default 30 s: every 200 s at 50,000,
+// and changes made by hand are repaired that much later).
+func resyncEvery(every time.Duration, peers int) time.Duration {
+	return max(every, time.Duration(peers)*resyncPerPeer)
 }
 
 // reconcile computes the desired dataplane and applies it. While the agent

@@ -5,20 +5,23 @@ import (
 	"time"
 )
 
-// The full resync runs every --resync-interval, or 200 times as long as
-// the last one took where that is longer (many peers).
+// The full resync runs every --resync-interval, or 4 ms a peer where that
+// is longer (tens of thousands of peers).
 func TestResyncEvery(t *testing.T) {
 	for _, tt := range []struct {
-		every, took, want time.Duration
+		every time.Duration
+		peers int
+		want  time.Duration
 	}{
 		{30 * time.Second, 0, 30 * time.Second},
-		{30 * time.Second, 40 * time.Millisecond, 30 * time.Second},   // 5,000 peers
-		{30 * time.Second, 150 * time.Millisecond, 30 * time.Second},  // the break-even
-		{30 * time.Second, 500 * time.Millisecond, 100 * time.Second}, // 50,000 peers
-		{5 * time.Minute, time.Second, 5 * time.Minute},
+		{30 * time.Second, 5000, 30 * time.Second},
+		{30 * time.Second, 7500, 30 * time.Second}, // the break-even
+		{30 * time.Second, 50000, 200 * time.Second},
+		{200 * time.Millisecond, 3, 200 * time.Millisecond}, // the tests' fast resync
+		{5 * time.Minute, 50000, 5 * time.Minute},
 	} {
-		if got := resyncEvery(tt.every, tt.took); got != tt.want {
-			t.Errorf("resyncEvery(%s, %s) = %s, want %s", tt.every, tt.took, got, tt.want)
+		if got := resyncEvery(tt.every, tt.peers); got != tt.want {
+			t.Errorf("resyncEvery(%s, %d peers) = %s, want %s", tt.every, tt.peers, got, tt.want)
 		}
 	}
 }
