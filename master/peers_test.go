@@ -58,9 +58,9 @@ func TestStartChecksIDAndPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The removed master learns its removal only from the leader's last
-	// replication to it: up to eight tries (third_party/raft, PATCHED.md),
-	// each backing off and bounded by the transport's 10 s, which under
-	// load outlast the default wait (streak runs of 2026-11-29).
+	// replication to it, retried for up to a minute (third_party/raft,
+	// PATCHED.md), each try bounded by the transport's 10 s, which under
+	// load outlasts the default wait (streak runs of 2026-11-29).
 	testutil.Eventually(t, 2*time.Minute, c.ids[gone]+" to apply its removal", testutil.True(func() bool {
 		return !slices.ContainsFunc(c.masters[gone].node.Status().Servers, func(s raftlog.Server) bool { return s.ID == c.ids[gone] })
 	}))

@@ -145,11 +145,12 @@ RPC:
 	for !shouldStop {
 		select {
 		case maxIndex := <-s.stopCh:
-			// Make a best effort to replicate up to this index. carve: up to
-			// eight tries (see PATCHED.md): a removed follower learns its
-			// removal only from these entries, and one try fails whenever
-			// its log was behind or the request was lost.
-			for try := 0; maxIndex > 0 && try < 8 && atomic.LoadUint64(&s.nextIndex) <= maxIndex && r.getState() == Leader; try++ {
+			// Make a best effort to replicate up to this index. carve: until
+			// the follower holds it, for up to a minute (see PATCHED.md): a
+			// removed follower learns its removal only from these entries,
+			// and one try fails whenever its log was behind or the request
+			// was lost; under load, a count of tries ran out first.
+			for deadline := time.Now().Add(time.Minute); maxIndex > 0 && time.Now().Before(deadline) && atomic.LoadUint64(&s.nextIndex) <= maxIndex && r.getState() == Leader; {
 				r.replicateTo(s, maxIndex)
 			}
 			return
