@@ -294,7 +294,7 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: ring gossip channel: %w", err)
 	}
 	a.ipam.UseChannel(rings)
-	if a.dp, err = vxlan.New(vxlan.Options{NetNS: cfg.NetNS, Logger: a.log}); err != nil {
+	if a.dp, err = vxlan.New(vxlan.Options{NetNS: cfg.NetNS, Logger: a.log, NoFastPath: cfg.NoFastPath}); err != nil {
 		return nil, fmt.Errorf("agent: dataplane: %w", err)
 	}
 	if a.fw, err = firewall.New(firewall.Options{NetNS: cfg.NetNS, Logger: a.log, Registerer: a.registry}); err != nil {

@@ -122,6 +122,9 @@ type Config struct {
 	DockerBridge bool
 	// ResyncInterval is the period of the full kernel resync.
 	ResyncInterval time.Duration
+	// NoFastPath leaves routed peers' traffic to the kernel's forwarding
+	// instead of the eBPF fast path (vxlan.Options.NoFastPath).
+	NoFastPath bool
 	// WatchWait is how long one blocking state query waits.
 	WatchWait time.Duration
 	// NetNS is the namespace to program (tests); zero means the agent's own.

@@ -38,7 +38,7 @@ var units = []struct {
 	exposure           int
 }{
 	{"carve-master.service", "master", "examples/master.env", "", 15},
-	{"carve-agent.service", "agent", "examples/agent.env", "CAP_NET_ADMIN CAP_NET_RAW CAP_CHOWN", 30},
+	{"carve-agent.service", "agent", "examples/agent.env", "CAP_NET_ADMIN CAP_NET_RAW CAP_CHOWN CAP_BPF", 30},
 }
 
 // buildCarve builds cmd/carve into a temporary directory.
@@ -137,7 +137,7 @@ func TestUnitsVerifyCatchesBrokenUnits(t *testing.T) {
 		{"bad restart policy", "Restart=on-failure", "Restart=sometimes"},
 		{"misspelt key", "NoNewPrivileges=yes", "NoNewPrivilege=yes"},
 		{"bad service type", "Type=exec", "Type=execute"},
-		{"unknown capability", "CAP_NET_RAW CAP_CHOWN\nAmbient", "CAP_NET_RAWW CAP_CHOWN\nAmbient"},
+		{"unknown capability", "CAP_NET_RAW CAP_CHOWN CAP_BPF\nAmbient", "CAP_NET_RAWW CAP_CHOWN CAP_BPF\nAmbient"},
 		{"one capability more", "CapabilityBoundingSet=CAP_NET_ADMIN", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_NET_ADMIN"},
 		{"no system call filter", "SystemCallFilter=@system-service\n", ""},
 		{"file system writable", "ProtectSystem=strict\n", ""},

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/carve-net/carve/fastpath"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netns"
@@ -46,6 +47,10 @@ type Options struct {
 	// Logger receives a summary of each reconcile that changed something and
 	// every failed entry (default: slog.Default()).
 	Logger *slog.Logger
+	// NoFastPath leaves routed peers' traffic to the kernel's forwarding
+	// (and netfilter's FORWARD chain) instead of the eBPF shortcut
+	// (fastpath.go).
+	NoFastPath bool
 }
 
 // Dataplane programs one namespace. Its methods are safe for concurrent use
@@ -64,6 +69,11 @@ type Dataplane struct {
 	// state is what carve knows it has applied; nil until the first full
 	// reconcile, and reset to nil when something makes it doubtful.
 	state *applied
+	// fast is the routed data path's eBPF shortcut, loaded while routed
+	// peers exist (nil otherwise); fastErr its last failure.
+	fast       *fastpath.Path
+	fastErr    error
+	noFastPath bool
 
 	// nmu guards nh, the socket of ForgetNeighbour: its own, so that a
 	// container's release never waits for a reconcile.
@@ -86,7 +96,7 @@ type applied struct {
 // New opens netlink sockets in the namespace. Nothing is changed until the
 // first Apply or Resync.
 func New(opts Options) (*Dataplane, error) {
-	d := &Dataplane{log: opts.Logger}
+	d := &Dataplane{log: opts.Logger, noFastPath: opts.NoFastPath}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -117,7 +127,9 @@ func New(opts Options) (*Dataplane, error) {
 }
 
 // Close releases the sockets and the namespace handle. It changes nothing in
-// the kernel: the dataplane keeps forwarding while the agent restarts.
+// the kernel but for detaching the fast path: the dataplane keeps
+// forwarding while the agent restarts (routed peers' traffic through the
+// kernel's own forwarding until the next agent attaches it again).
 func (d *Dataplane) Close() error {
 	d.nmu.Lock()
 	if !d.nclosed {
@@ -131,6 +143,10 @@ func (d *Dataplane) Close() error {
 		return nil
 	}
 	d.closed = true
+	if d.fast != nil {
+		d.fast.Close() // its links end with their file descriptors, in any namespace
+		d.fast = nil
+	}
 	d.h.Close()
 	d.sock.close()
 	if d.netns != nil {
@@ -219,6 +235,7 @@ func (d *Dataplane) reconcile(ctx context.Context, want *Desired, full bool) (re
 	if want.IPForward && !ipForward {
 		ipForward = d.setSysctl("net/ipv4/ip_forward", "1", &rep)
 	}
+	d.syncFastPath(u, desired, bridges, full, &rep)
 	rpLoose := ""
 	if u != nil && rep.PeersByMode()[ModeRouted] > 0 {
 		devs := u.name + "," + want.VTEP.Name

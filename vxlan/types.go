@@ -187,7 +187,11 @@ type Report struct {
 	Rejected int
 	// Modes is how each peer with entries is reached (ModeVXLAN or
 	// ModeRouted), by peer ID: what the reconcile programmed, or tried to.
-	Modes    map[string]Mode
+	Modes map[string]Mode
+	// FastPath is the state of the routed data path's eBPF shortcut
+	// (FastPathOn, FastPathOff, or FastPathUnavailable and why); empty
+	// when routed mode is off.
+	FastPath string
 	Errors   []EntryError
 	Duration time.Duration
 }

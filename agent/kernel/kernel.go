@@ -87,7 +87,7 @@ func New(opts Options) *Kernel {
 		opts.Logger = slog.Default()
 	}
 	k := &Kernel{dp: opts.Dataplane, fw: opts.Firewall, id: opts.ID, local: opts.Local, log: opts.Logger,
-		metrics: newMetrics(opts.Registerer), drainLogged: map[string]string{}}
+		metrics: newMetrics(opts.Registerer, opts.Dataplane), drainLogged: map[string]string{}}
 	k.fwState.errLog = ratelog.New(time.Minute)
 	k.last.Store(&Result{})
 	return k

@@ -18,7 +18,7 @@ type metrics struct {
 	peersByMode *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, dp *vxlan.Dataplane) *metrics {
 	m := &metrics{
 		reconcile: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "carve_agent_reconcile_duration_seconds", Help: "Kernel reconciles, by mode (apply: the difference; resync: full read-back).",
@@ -49,6 +49,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.reconcile, m.changes, m.netlinkErrors, m.peersKnown, m.peersProgrammed, m.peersByMode)
+		if dp != nil {
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "carve_agent_fastpath_packets_total",
+				Help: "Packets between routed peers' containers and this host's that the eBPF fast path forwarded past the host's stack (since the agent started).",
+			}, func() float64 { return float64(dp.FastPathPackets()) }))
+		}
 	}
 	return m
 }

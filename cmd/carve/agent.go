@@ -54,6 +54,7 @@ func runAgent(ctx context.Context, args []string) error {
 	reclaimDryRun := fs.Bool("reclaim-dry-run", false, "with --reclaim-after: log and count the addresses that would be released, release none")
 	reclaimDirs := fs.String("reclaim-netns-dirs", strings.Join(ipam.DefaultReclaimNetNSDirs, ","), "the runtime directories, comma separated, whose network namespaces --reclaim-after watches (a namespace elsewhere is never reclaimed)")
 	resync := fs.Duration("resync-interval", agent.DefaultResyncInterval, "period of the full kernel resync")
+	fastPath := fs.Bool("fast-path", true, "in routed mode, forward IPv4 between routed peers' containers and this host's with carve's eBPF program, past the host's IP forwarding and FORWARD chain (Linux 6.6 or later; elsewhere the kernel forwards); false: always the kernel's forwarding")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	tlsFiles := opclient.TLSFlags(fs, "the agent's certificate (PEM; carve certs issue --role agent --name AGENT_ID --ip UNDERLAY_IP): presented to the masters and served on --http-addr; its name is the agent id")
 	meshPasswordFile := fs.String("mesh-password-file", "", "file holding the mesh password (the same on every agent; one trailing newline is ignored): gossip is encrypted and authenticated with it; read again on SIGHUP")
@@ -163,7 +164,7 @@ func runAgent(ctx context.Context, args []string) error {
 			DockerNetworkName:  *dockerNetworkName,
 			DockerPluginSocket: *dockerSocket, DockerHost: *dockerHost, MeshAddr: *meshAddr, MeshPeers: *meshPeers, MesosBridge: *mesosBridge, DockerBridge: *dockerBridge,
 			Reclaim:        ipam.ReclaimConfig{After: *reclaimAfter, DryRun: *reclaimDryRun, NetNSDirs: netnsDirs},
-			ResyncInterval: *resync, Logger: logger, LogLevel: level, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
+			ResyncInterval: *resync, NoFastPath: !*fastPath, Logger: logger, LogLevel: level, SocketGID: gid, GrowLowWater: *lowWater, BlockIdleReturn: *idleReturn,
 			TLS: *tlsFiles, MeshPassword: meshPassword, MeshAcceptedPasswords: meshAccepted, Insecure: *insecure,
 			SigningKey: signingKey, WireGuard: wgConfig,
 		}, nil

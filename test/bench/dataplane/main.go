@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,6 +55,7 @@ type options struct {
 	tweaks      bool   // also measure the settings carve does not make
 	binary      string // carve binary (built when empty)
 	cniPath     string // carve-ipam and the reference plugins (built when empty)
+	only        string // measure only the variants whose name holds it
 }
 
 func main() {
@@ -64,6 +66,7 @@ func main() {
 	flag.IntVar(&o.underlayMTU, "underlay-mtu", 1500, "MTU of the lab's underlay veths and bridge")
 	flag.BoolVar(&o.tweaks, "tweaks", true, "also measure, on the first overlay configuration, each data path setting carve does not make (GRO, bridge netfilter hooks) beside carve's")
 	flag.StringVar(&o.binary, "carve", "", "carve binary (default: build ./cmd/carve of this module)")
+	flag.StringVar(&o.only, "only", "", "measure only the overlay configurations whose name holds this text (e.g. routed)")
 	flag.StringVar(&o.cniPath, "cni-path", "", "directory with carve-ipam and the reference plugins (default: build them)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -84,18 +87,22 @@ type variant struct {
 	// mode is how the agents must reach each other before the
 	// measurements (api.AgentPeer.Mode; "" for WireGuard).
 	mode string
+	// agentArgs are appended to the agents' command lines.
+	agentArgs []string
 }
 
 // variants are the overlay configurations the benchmark measures, each in
 // a lab of its own and against that lab's underlay: the plain overlay
 // (VXLAN), the routed data path (the two hosts share the lab's segment: no
-// encapsulation), and the encrypted one (WireGuard between hosts,
+// encapsulation) with its eBPF fast path and without it, and the encrypted one (WireGuard between hosts,
 // userspace wireguard-go where the kernel has no module). Offload tweaks
 // are measured on the plain overlay only: they are VXLAN's.
 func variants() []variant {
 	return []variant{
 		{name: "plain overlay (VXLAN)", mode: api.DataplaneVXLAN},
 		{name: "routed overlay", mode: api.DataplaneRouted, configure: func(c *api.NetworkConfig) { c.Dataplane = api.DataplaneRouted }},
+		{name: "routed overlay, kernel forwarding (--fast-path=false)", mode: api.DataplaneRouted,
+			configure: func(c *api.NetworkConfig) { c.Dataplane = api.DataplaneRouted }, agentArgs: []string{"--fast-path=false"}},
 		{name: "encrypted overlay (WireGuard)", configure: func(c *api.NetworkConfig) { c.Encryption = api.EncryptionWireGuard }},
 	}
 }
@@ -121,6 +128,9 @@ func run(ctx context.Context, o options) error {
 	paths := benchtable.Table{Title: "data path vs underlay: container -> container across 2 hosts vs host -> host on the same veth underlay, each overlay in a lab of its own"}
 	var tables []benchtable.Table
 	for i, v := range variants() {
+		if !strings.Contains(v.name, o.only) {
+			continue
+		}
 		ts, err := measureVariant(ctx, br, filepath.Join(br.Dir, fmt.Sprintf("lab%d", i)), iperf, v, o)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
@@ -145,7 +155,7 @@ func measureVariant(ctx context.Context, br *labcluster.BenchRun, dir, iperf str
 	if v.configure != nil {
 		v.configure(&netCfg)
 	}
-	opts := labcluster.Options{Binary: br.Binary, Hosts: 2, Masters: 1, Prefix: prefix, LogLevel: "warn",
+	opts := labcluster.Options{Binary: br.Binary, Hosts: 2, Masters: 1, Prefix: prefix, LogLevel: "warn", AgentArgs: v.agentArgs,
 		Network: &netCfg, CNIPath: []string{br.CNIPath}, Dir: dir, UnderlayMTU: o.underlayMTU}
 	var tables []benchtable.Table
 	err = labcluster.With(ctx, opts, os.Stderr, func(c *labcluster.Cluster) error {
