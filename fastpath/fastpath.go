@@ -9,7 +9,11 @@
 // bridges' blocks (each with its bridge), and a packet is redirected only
 // between a block of one kind and one of the other, coming in on the device
 // its source's entry names and leaving by the one the FIB chose for its
-// destination (see program). Everything else, and everything while the
+// destination (see program). The program also runs at the bridges' ports
+// (the host ends of the containers' veths), so that a container's packet
+// skips its bridge, and learns there which port and MAC each container
+// address has, so that a packet for it skips the bridge too, into the
+// container's namespace. Everything else, and everything while the
 // agent is not running (its links close with it), takes the kernel's own
 // path, which carve programs the same way with or without the shortcut: the
 // shortcut changes how fast packets go, never where.
@@ -53,36 +57,66 @@ type Target struct {
 	Kind    Kind
 }
 
+// Port is a bridge port (the host end of a container's veth): its bridge
+// and the bridge's MAC, the one the container routes through.
+type Port struct {
+	Bridge int
+	MAC    [6]byte
+}
+
+// Want is what Sync makes the kernel hold.
+type Want struct {
+	// Blocks are the IPv4 prefixes to shortcut and where each leads.
+	Blocks map[netip.Prefix]Target
+	// Ports are the ports of the bridges of Blocks, by ifindex.
+	Ports map[int]Port
+}
+
 // maxBlocks bounds the blocks map: every routed peer's IPv4 blocks (one per
-// overlay, more after growth) and this host's.
-const maxBlocks = 1 << 20
+// overlay, more after growth) and this host's. maxPorts and maxHosts bound
+// this host's containers' ports and learned addresses (hosts is an LRU:
+// the least recently seen is forgotten first, and then takes the bridge).
+const (
+	maxBlocks = 1 << 20
+	maxPorts  = 1 << 16
+	maxHosts  = 1 << 16
+)
 
 // Path is the loaded program, its maps and its attachments. It is not safe
-// for concurrent use: its one caller (vxlan's reconcile) serialises it.
+// for concurrent use: its caller (vxlan's dataplane) serialises it.
 type Path struct {
-	prog    *ebpf.Program
-	progID  ebpf.ProgramID
-	blocks  *ebpf.Map // LPM trie: IPv4 prefix -> Target
-	counter *ebpf.Map // per-CPU array of one: packets redirected
-	links   map[int]link.Link
-	have    map[netip.Prefix]Target // what blocks holds, as Sync last wrote it
+	prog   *ebpf.Program
+	progID ebpf.ProgramID
+	m      progMaps
+	links  map[int]link.Link
+	have   map[netip.Prefix]Target // what blocks holds, as Sync last wrote it
+	ports  map[int]Port            // what ports holds
 }
 
 // New loads the program and creates its maps; nothing is attached until
 // Sync.
 func New() (*Path, error) {
-	p := &Path{links: map[int]link.Link{}, have: map[netip.Prefix]Target{}}
+	p := &Path{links: map[int]link.Link{}, have: map[netip.Prefix]Target{}, ports: map[int]Port{}}
+	specs := []struct {
+		m    **ebpf.Map
+		spec ebpf.MapSpec
+	}{
+		{&p.m.blocks, ebpf.MapSpec{Name: "carve_blocks", Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 8,
+			MaxEntries: maxBlocks, Flags: 1 /* BPF_F_NO_PREALLOC, required of LPM tries */}},
+		{&p.m.ports, ebpf.MapSpec{Name: "carve_ports", Type: ebpf.Hash, KeySize: 4, ValueSize: 12, MaxEntries: maxPorts}},
+		{&p.m.hosts, ebpf.MapSpec{Name: "carve_hosts", Type: ebpf.LRUHash, KeySize: 4, ValueSize: 12, MaxEntries: maxHosts}},
+		{&p.m.counter, ebpf.MapSpec{Name: "carve_fwd", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 2}},
+	}
+	for _, s := range specs {
+		var err error
+		if *s.m, err = ebpf.NewMap(&s.spec); err != nil {
+			p.Close()
+			return nil, fmt.Errorf("%w: map %s: %w", ErrUnsupported, s.spec.Name, err)
+		}
+	}
 	var err error
-	if p.blocks, err = ebpf.NewMap(&ebpf.MapSpec{Name: "carve_blocks", Type: ebpf.LPMTrie, KeySize: 8, ValueSize: 8,
-		MaxEntries: maxBlocks, Flags: 1 /* BPF_F_NO_PREALLOC, required of LPM tries */}); err != nil {
-		return nil, fmt.Errorf("%w: blocks map: %w", ErrUnsupported, err)
-	}
-	if p.counter, err = ebpf.NewMap(&ebpf.MapSpec{Name: "carve_fwd", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 1}); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("%w: counter map: %w", ErrUnsupported, err)
-	}
 	if p.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{Name: "carve_fastpath", Type: ebpf.SchedCLS,
-		Instructions: program(p.blocks, p.counter), License: "GPL"}); err != nil {
+		Instructions: program(p.m), License: "GPL"}); err != nil {
 		p.Close()
 		return nil, fmt.Errorf("%w: load: %w", ErrUnsupported, err)
 	}
@@ -112,7 +146,7 @@ func (p *Path) Close() error {
 	if p.prog != nil {
 		errs = append(errs, p.prog.Close())
 	}
-	for _, m := range []*ebpf.Map{p.blocks, p.counter} {
+	for _, m := range []*ebpf.Map{p.m.blocks, p.m.ports, p.m.hosts, p.m.counter} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -120,19 +154,20 @@ func (p *Path) Close() error {
 	return errors.Join(errs...)
 }
 
-// Sync makes the blocks map hold exactly want (IPv4 prefixes only) and the
-// program be attached at the ingress of exactly the devices want names. It
-// must run on a thread inside the namespace of those devices. full reads
-// the map and the attachments back from the kernel instead of trusting what
-// the last Sync wrote. It goes on past failures and returns them all.
-func (p *Path) Sync(want map[netip.Prefix]Target, full bool) error {
+// Sync makes the blocks and ports maps hold exactly want (IPv4 prefixes
+// only) and the program be attached at the ingress of exactly the devices
+// want names. It must run on a thread inside the namespace of those
+// devices. full reads the maps and the attachments back from the kernel
+// instead of trusting what the last Sync wrote. It goes on past failures
+// and returns them all.
+func (p *Path) Sync(want Want, full bool) error {
 	var errs []error
 	if full {
 		if err := p.readBack(); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	for pfx, t := range want {
+	for pfx, t := range want.Blocks {
 		if !pfx.Addr().Is4() {
 			errs = append(errs, fmt.Errorf("fastpath: %s is not an IPv4 prefix", pfx))
 			continue
@@ -141,7 +176,7 @@ func (p *Path) Sync(want map[netip.Prefix]Target, full bool) error {
 		if old, ok := p.have[pfx]; ok && old == t {
 			continue
 		}
-		if err := p.blocks.Put(key(pfx), value(t)); err != nil {
+		if err := p.m.blocks.Put(key(pfx), value(t)); err != nil {
 			errs = append(errs, fmt.Errorf("fastpath: put %s: %w", pfx, err))
 			delete(p.have, pfx)
 			continue
@@ -149,18 +184,33 @@ func (p *Path) Sync(want map[netip.Prefix]Target, full bool) error {
 		p.have[pfx] = t
 	}
 	for pfx := range p.have {
-		if _, ok := want[pfx]; ok {
+		if _, ok := want.Blocks[pfx]; ok {
 			continue
 		}
-		if err := p.blocks.Delete(key(pfx)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := p.m.blocks.Delete(key(pfx)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = append(errs, fmt.Errorf("fastpath: delete %s: %w", pfx, err))
 			continue
 		}
 		delete(p.have, pfx)
 	}
+	for idx, port := range want.Ports {
+		if err := p.putPort(idx, port); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for idx := range p.ports {
+		if _, ok := want.Ports[idx]; !ok {
+			if err := p.RemovePort(idx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
 	devices := map[int]bool{}
-	for _, t := range want {
+	for _, t := range want.Blocks {
 		devices[t.Ifindex] = true
+	}
+	for idx := range want.Ports {
+		devices[idx] = true
 	}
 	for idx, l := range p.links {
 		if !devices[idx] || (full && !p.attached(idx)) {
@@ -169,17 +219,68 @@ func (p *Path) Sync(want map[netip.Prefix]Target, full bool) error {
 		}
 	}
 	for idx := range devices {
-		if _, ok := p.links[idx]; ok {
-			continue
+		if err := p.attach(idx); err != nil {
+			errs = append(errs, err)
 		}
-		l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: p.prog, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("fastpath: attach to ifindex %d: %w", idx, err))
-			continue
-		}
-		p.links[idx] = l
 	}
 	return errors.Join(errs...)
+}
+
+// AddPort shortcuts a new port of a bridge at once (a container just
+// attached), between two Syncs. It must run inside the port's namespace.
+func (p *Path) AddPort(idx int, port Port) error {
+	if err := p.putPort(idx, port); err != nil {
+		return err
+	}
+	return p.attach(idx)
+}
+
+// RemovePort forgets a port (its container left); its link ends with the
+// device, or here.
+func (p *Path) RemovePort(idx int) error {
+	if l, ok := p.links[idx]; ok {
+		l.Close()
+		delete(p.links, idx)
+	}
+	if err := p.m.ports.Delete(uint32(idx)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("fastpath: delete port %d: %w", idx, err)
+	}
+	delete(p.ports, idx)
+	return nil
+}
+
+// HasPort tells whether idx is a port the fast path knows.
+func (p *Path) HasPort(idx int) bool {
+	_, ok := p.ports[idx]
+	return ok
+}
+
+func (p *Path) putPort(idx int, port Port) error {
+	if old, ok := p.ports[idx]; ok && old == port {
+		return nil
+	}
+	var v [12]byte
+	binary.NativeEndian.PutUint32(v[:4], uint32(port.Bridge))
+	copy(v[4:10], port.MAC[:])
+	if err := p.m.ports.Put(uint32(idx), v); err != nil {
+		delete(p.ports, idx)
+		return fmt.Errorf("fastpath: put port %d: %w", idx, err)
+	}
+	p.ports[idx] = port
+	return nil
+}
+
+// attach attaches the program at idx's ingress unless it is already.
+func (p *Path) attach(idx int) error {
+	if _, ok := p.links[idx]; ok {
+		return nil
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: p.prog, Attach: ebpf.AttachTCXIngress})
+	if err != nil {
+		return fmt.Errorf("fastpath: attach to ifindex %d: %w", idx, err)
+	}
+	p.links[idx] = l
+	return nil
 }
 
 // attached tells whether the kernel runs the program at idx's ingress.
@@ -191,19 +292,29 @@ func (p *Path) attached(idx int) bool {
 	return slices.ContainsFunc(res.Programs, func(a link.AttachedProgram) bool { return a.ID == p.progID })
 }
 
-// readBack replaces what Path believes the blocks map holds with what it
-// holds.
+// readBack replaces what Path believes the blocks and ports maps hold
+// with what they hold.
 func (p *Path) readBack() error {
 	got := map[netip.Prefix]Target{}
 	var k, v [8]byte
-	it := p.blocks.Iterate()
+	it := p.m.blocks.Iterate()
 	for it.Next(&k, &v) {
 		got[prefixOf(k)] = targetOf(v)
 	}
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("fastpath: read the blocks back: %w", err)
 	}
-	p.have = got
+	ports := map[int]Port{}
+	var pk uint32
+	var pv [12]byte
+	pit := p.m.ports.Iterate()
+	for pit.Next(&pk, &pv) {
+		ports[int(pk)] = Port{Bridge: int(binary.NativeEndian.Uint32(pv[:4])), MAC: [6]byte(pv[4:10])}
+	}
+	if err := pit.Err(); err != nil {
+		return fmt.Errorf("fastpath: read the ports back: %w", err)
+	}
+	p.have, p.ports = got, ports
 	return nil
 }
 
@@ -224,17 +335,19 @@ func (p *Path) Devices() []int {
 // device idx of the calling thread's namespace (read back).
 func (p *Path) Attached(idx int) bool { return p.attached(idx) }
 
-// Redirected is the number of packets the program has forwarded since New.
-func (p *Path) Redirected() (uint64, error) {
-	var perCPU []uint64
-	if err := p.counter.Lookup(uint32(0), &perCPU); err != nil {
-		return 0, fmt.Errorf("fastpath: read the counter: %w", err)
+// Redirected is the number of packets the program has forwarded since
+// New, and how many of them it sent straight into a container's namespace.
+func (p *Path) Redirected() (all, intoContainers uint64, err error) {
+	for slot, n := range []*uint64{&all, &intoContainers} {
+		var perCPU []uint64
+		if err := p.m.counter.Lookup(uint32(slot), &perCPU); err != nil {
+			return 0, 0, fmt.Errorf("fastpath: read the counter: %w", err)
+		}
+		for _, c := range perCPU {
+			*n += c
+		}
 	}
-	var n uint64
-	for _, c := range perCPU {
-		n += c
-	}
-	return n, nil
+	return all, intoContainers, nil
 }
 
 // key is the LPM trie's key of an IPv4 prefix: its length (host order),

@@ -30,7 +30,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/carve-net/carve/fastpath"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netns"
@@ -71,7 +70,7 @@ type Dataplane struct {
 	state *applied
 	// fast is the routed data path's eBPF shortcut, loaded while routed
 	// peers exist (nil otherwise); fastErr its last failure.
-	fast       *fastpath.Path
+	fast       *fastPath
 	fastErr    error
 	noFastPath bool
 
@@ -143,12 +142,16 @@ func (d *Dataplane) Close() error {
 		return nil
 	}
 	d.closed = true
-	if d.fast != nil {
-		d.fast.Close() // its links end with their file descriptors, in any namespace
-		d.fast = nil
-	}
+	// The fast path's links end with their file descriptors, in any
+	// namespace; its watch ends once it sees the dataplane closed.
+	f := d.closeFastPath()
 	d.h.Close()
 	d.sock.close()
+	d.mu.Unlock()
+	if f != nil {
+		<-f.stopped
+	}
+	d.mu.Lock()
 	if d.netns != nil {
 		d.netns.Close()
 	}

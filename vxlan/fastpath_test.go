@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
 	"os"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/carve-net/carve/test/lab/netnslab"
+	"github.com/carve-net/carve/test/lab/testutil"
 	"github.com/carve-net/carve/vxlan"
 )
 
@@ -33,22 +33,10 @@ func newRoutedPair(t *testing.T, opts vxlan.Options) *routedPair {
 	lab := netnslab.ForTest(t, netnslab.Options{Hosts: 2})
 	p := &routedPair{}
 	for i, h := range lab.Hosts() {
-		o := opts
-		o.NetNS = h.NsHandle()
-		o.Logger = slog.New(slog.DiscardHandler)
-		dp, err := vxlan.New(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { dp.Close() })
-		nh, err := h.Netlink()
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.envs[i] = &env{lab: lab, host: h, dp: dp, nl: nh}
+		p.envs[i] = newEnvWith(t, lab, h, opts)
 		p.desired[i] = desiredFor(i+1, 2-i)
 		p.desired[i].Routed = true
-		p.reps[i] = apply(t, dp, p.desired[i])
+		p.reps[i] = apply(t, p.envs[i].dp, p.desired[i])
 		gw := p.desired[i].Bridges[0]
 		c, err := lab.AddContainer(h, netnslab.ContainerConfig{
 			Bridge: gw.Name, Address: netip.PrefixFrom(gw.Gateway.Addr().Next(), gw.Gateway.Bits()), Gateway: gw.Gateway.Addr(),
@@ -107,64 +95,83 @@ func forwarded(t *testing.T, h *netnslab.Host) uint64 {
 	return n
 }
 
+// eachCarveMap calls fn with each map of carve's fast path program at the
+// TCX ingress of dev in h, and with the link that attaches it.
+func eachCarveMap(h *netnslab.Host, dev string, fn func(m *ebpf.Map, name string, ln link.ID) error) error {
+	return h.Do(func() error {
+		l, err := h.Netlink()
+		if err != nil {
+			return err
+		}
+		lk, err := l.LinkByName(dev)
+		l.Close()
+		if err != nil {
+			return err
+		}
+		res, err := link.QueryPrograms(link.QueryOptions{Target: lk.Attrs().Index, Attach: ebpf.AttachTCXIngress})
+		if err != nil {
+			return err
+		}
+		for _, ap := range res.Programs {
+			prog, err := ebpf.NewProgramFromID(ap.ID)
+			if err != nil {
+				return err
+			}
+			info, err := prog.Info()
+			prog.Close()
+			if err != nil || info.Name != "carve_fastpath" {
+				continue
+			}
+			ln, ok := ap.LinkID()
+			if !ok {
+				return errors.New("the kernel gives no link ID")
+			}
+			ids, _ := info.MapIDs()
+			for _, id := range ids {
+				m, err := ebpf.NewMapFromID(id)
+				if err != nil {
+					return err
+				}
+				mi, err := m.Info()
+				if err == nil {
+					err = fn(m, mi.Name, ln)
+				}
+				m.Close()
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // fastPathOn reads the kernel back: the programs named carve_fastpath at
 // the ingress of each device of the host, and the entries of their blocks
 // map (nil when none is attached).
 func fastPathOn(t *testing.T, h *netnslab.Host, devices ...string) map[netip.Prefix][2]uint32 {
 	t.Helper()
 	var blocks map[netip.Prefix][2]uint32
-	err := h.Do(func() error {
-		for _, dev := range devices {
-			l, err := h.Netlink()
-			if err != nil {
-				return err
+	for _, dev := range devices {
+		err := eachCarveMap(h, dev, func(m *ebpf.Map, name string, _ link.ID) error {
+			if name != "carve_blocks" {
+				return nil
 			}
-			lk, err := l.LinkByName(dev)
-			l.Close()
-			if err != nil {
-				return err
+			got := map[netip.Prefix][2]uint32{}
+			var k, v [8]byte
+			for it := m.Iterate(); it.Next(&k, &v); {
+				pfx := netip.PrefixFrom(netip.AddrFrom4([4]byte(k[4:])), int(binary.NativeEndian.Uint32(k[:4])))
+				got[pfx] = [2]uint32{binary.NativeEndian.Uint32(v[:4]), binary.NativeEndian.Uint32(v[4:])}
 			}
-			res, err := link.QueryPrograms(link.QueryOptions{Target: lk.Attrs().Index, Attach: ebpf.AttachTCXIngress})
-			if err != nil {
-				return err
+			if blocks != nil && len(got) != len(blocks) {
+				t.Errorf("%s: two blocks maps disagree: %v and %v", h.Name, blocks, got)
 			}
-			for _, ap := range res.Programs {
-				prog, err := ebpf.NewProgramFromID(ap.ID)
-				if err != nil {
-					return err
-				}
-				info, err := prog.Info()
-				prog.Close()
-				if err != nil || info.Name != "carve_fastpath" {
-					continue
-				}
-				ids, _ := info.MapIDs()
-				for _, id := range ids {
-					m, err := ebpf.NewMapFromID(id)
-					if err != nil {
-						return err
-					}
-					mi, err := m.Info()
-					if err == nil && mi.Name == "carve_blocks" {
-						got := map[netip.Prefix][2]uint32{}
-						var k, v [8]byte
-						for it := m.Iterate(); it.Next(&k, &v); {
-							pfx := netip.PrefixFrom(netip.AddrFrom4([4]byte(k[4:])), int(binary.NativeEndian.Uint32(k[:4])))
-							got[pfx] = [2]uint32{binary.NativeEndian.Uint32(v[:4]), binary.NativeEndian.Uint32(v[4:])}
-						}
-						if blocks != nil && len(got) != len(blocks) {
-							t.Errorf("%s: two blocks maps disagree: %v and %v", h.Name, blocks, got)
-						}
-						blocks = got
-					}
-					m.Close()
-				}
-			}
+			blocks = got
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: read the fast path back: %v", h.Name, err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("%s: read the fast path back: %v", h.Name, err)
 	}
 	return blocks
 }
@@ -200,18 +207,33 @@ func TestFastPathForwardsRoutedTraffic(t *testing.T) {
 		got := fastPathOn(t, e.host, e.host.Link, bridge.Name)
 		diffMaps(t, e.host.Name+" blocks", got, want)
 	}
-	p.ping(t) // resolves the neighbours: the fast path leaves unresolved ones to the stack
-	fwd := [2]uint64{forwarded(t, p.envs[0].host), forwarded(t, p.envs[1].host)}
-	pkts := [2]uint64{p.envs[0].dp.FastPathPackets(), p.envs[1].dp.FastPathPackets()}
+	// Each container's port, which joined the bridge after the reconcile,
+	// is shortcut too (the dataplane watches the links).
+	for i, e := range p.envs {
+		testutil.Eventually(t, 10*time.Second, fmt.Sprintf("the fast path on container %d's port", i+1), testutil.True(func() bool {
+			return fastPathOn(t, e.host, p.cs[i].HostLink) != nil
+		}))
+	}
+	p.ping(t) // resolves the neighbours (the fast path leaves unresolved ones to the stack), and teaches it the containers
+	var fwd, all, into [2]uint64
+	for i, e := range p.envs {
+		fwd[i] = forwarded(t, e.host)
+		all[i], into[i] = e.dp.FastPathPackets()
+	}
 	p.ping(t)
 	for i, e := range p.envs {
 		if got := forwarded(t, e.host); got != fwd[i] {
 			t.Errorf("host %d: the stack forwarded %d packets during the pings, want 0 (the fast path carries them)", i+1, got-fwd[i])
 		}
-		// Each ping is a request out of one host's bridge and a reply into
-		// it from the underlay, both through that host's fast path.
-		if got := e.dp.FastPathPackets(); got < pkts[i]+4 {
-			t.Errorf("host %d: the fast path forwarded %d packets during the pings, want at least 4", i+1, got-pkts[i])
+		// Each ping is a request out of one host's container and a reply
+		// into it from the underlay, both through that host's fast path;
+		// each packet from the underlay goes straight into its container.
+		gotAll, gotInto := e.dp.FastPathPackets()
+		if gotAll < all[i]+4 {
+			t.Errorf("host %d: the fast path forwarded %d packets during the pings, want at least 4", i+1, gotAll-all[i])
+		}
+		if gotInto < into[i]+2 {
+			t.Errorf("host %d: the fast path sent %d packets straight into the container, want at least 2", i+1, gotInto-into[i])
 		}
 	}
 
@@ -280,64 +302,31 @@ func TestFastPathOff(t *testing.T) {
 // the program's blocks map.
 func detachAndForget(t *testing.T, h *netnslab.Host, dev string, pfx netip.Prefix) {
 	t.Helper()
-	err := h.Do(func() error {
-		l, err := h.Netlink()
-		if err != nil {
-			return err
+	links := map[link.ID]bool{}
+	err := eachCarveMap(h, dev, func(m *ebpf.Map, name string, ln link.ID) error {
+		links[ln] = true
+		if name != "carve_blocks" {
+			return nil
 		}
-		lk, err := l.LinkByName(dev)
-		l.Close()
-		if err != nil {
-			return err
-		}
-		res, err := link.QueryPrograms(link.QueryOptions{Target: lk.Attrs().Index, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			return err
-		}
-		for _, ap := range res.Programs {
-			prog, err := ebpf.NewProgramFromID(ap.ID)
-			if err != nil {
-				return err
-			}
-			info, err := prog.Info()
-			prog.Close()
-			if err != nil || info.Name != "carve_fastpath" {
-				continue
-			}
-			ids, _ := info.MapIDs()
-			for _, id := range ids {
-				m, err := ebpf.NewMapFromID(id)
-				if err != nil {
-					return err
-				}
-				if mi, err := m.Info(); err == nil && mi.Name == "carve_blocks" {
-					var k [8]byte
-					binary.NativeEndian.PutUint32(k[:4], uint32(pfx.Bits()))
-					a := pfx.Addr().As4()
-					copy(k[4:], a[:])
-					if err := m.Delete(k); err != nil {
-						m.Close()
-						return fmt.Errorf("delete %s: %w", pfx, err)
-					}
-				}
-				m.Close()
-			}
-			id, ok := ap.LinkID()
-			if !ok {
-				return errors.New("the kernel gives no link ID")
-			}
-			ln, err := link.NewFromID(id)
-			if err != nil {
-				return err
-			}
-			err = ln.Detach()
-			ln.Close()
-			if err != nil {
-				return err
-			}
+		var k [8]byte
+		binary.NativeEndian.PutUint32(k[:4], uint32(pfx.Bits()))
+		a := pfx.Addr().As4()
+		copy(k[4:], a[:])
+		if err := m.Delete(k); err != nil {
+			return fmt.Errorf("delete %s: %w", pfx, err)
 		}
 		return nil
 	})
+	for id := range links {
+		if err != nil {
+			break
+		}
+		var ln link.Link
+		if ln, err = link.NewFromID(id); err == nil {
+			err = ln.Detach()
+			ln.Close()
+		}
+	}
 	if err != nil {
 		t.Fatalf("%s: detach the fast path by hand: %v", h.Name, err)
 	}

@@ -38,7 +38,15 @@ func newEnv(t *testing.T) *env {
 
 func newEnvOn(t *testing.T, lab *netnslab.Lab, h *netnslab.Host) *env {
 	t.Helper()
-	dp, err := vxlan.New(vxlan.Options{NetNS: h.NsHandle(), Logger: slog.New(slog.DiscardHandler)})
+	return newEnvWith(t, lab, h, vxlan.Options{})
+}
+
+// newEnvWith is newEnvOn with the dataplane's options (its namespace and
+// a silent logger filled in).
+func newEnvWith(t *testing.T, lab *netnslab.Lab, h *netnslab.Host, opts vxlan.Options) *env {
+	t.Helper()
+	opts.NetNS, opts.Logger = h.NsHandle(), slog.New(slog.DiscardHandler)
+	dp, err := vxlan.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,11 @@ func newMetrics(reg prometheus.Registerer, dp *vxlan.Dataplane) *metrics {
 			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "carve_agent_fastpath_packets_total",
 				Help: "Packets between routed peers' containers and this host's that the eBPF fast path forwarded past the host's stack (since the agent started).",
-			}, func() float64 { return float64(dp.FastPathPackets()) }))
+			}, func() float64 { all, _ := dp.FastPathPackets(); return float64(all) }))
+			reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "carve_agent_fastpath_container_packets_total",
+				Help: "Of carve_agent_fastpath_packets_total, those sent straight into a container's network namespace, past its bridge.",
+			}, func() float64 { _, into := dp.FastPathPackets(); return float64(into) }))
 		}
 	}
 	return m

@@ -123,6 +123,15 @@ func TestRoutedMixed(t *testing.T) {
 			if got, err := agentMetric(ctx, c, h, `carve_agent_peers_by_mode{mode="routed"}`); err != nil || got != want {
 				t.Errorf("%s: carve_agent_peers_by_mode{mode=\"routed\"} = %v (%v), want %v", h.Name, got, err, want)
 			}
+			// The pings between 2's and 3's containers went through the
+			// agents' eBPF fast path, straight into the containers; host
+			// 1 has no routed peer to shortcut.
+			for _, name := range []string{"carve_agent_fastpath_packets_total", "carve_agent_fastpath_container_packets_total"} {
+				got, err := agentMetric(ctx, c, h, name)
+				if err != nil || (h == h1) != (got == 0) {
+					t.Errorf("%s: %s = %v (%v), want %s", h.Name, name, got, err, map[bool]string{true: "0", false: "more than 0"}[h == h1])
+				}
+			}
 		}
 		checkRoute(t, h2, cts[2].Addr.Addr(), h3.IP().Addr(), netnslab.HostLink)
 		checkRoute(t, h3, cts[1].Addr.Addr(), h2.IP().Addr(), netnslab.HostLink)
