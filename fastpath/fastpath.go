@@ -276,6 +276,9 @@ func (p *Path) attach(idx int) error {
 		return nil
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: p.prog, Attach: ebpf.AttachTCXIngress})
+	if errors.Is(err, ebpf.ErrNotSupported) { // a kernel before 6.6
+		return fmt.Errorf("%w: attach to ifindex %d: %w", ErrUnsupported, idx, err)
+	}
 	if err != nil {
 		return fmt.Errorf("fastpath: attach to ifindex %d: %w", idx, err)
 	}
