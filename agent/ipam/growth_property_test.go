@@ -15,20 +15,42 @@ import (
 	"time"
 
 	"github.com/carve-net/carve/agent/ipam/blockaddr"
+	"github.com/carve-net/carve/agent/ipam/ipamstore"
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/ring"
+	"github.com/carve-net/carve/test/lab/testutil"
 )
 
 // recordingMasters is a TEST DOUBLE for the masters' lease table, enough
 // of it for growth: each agent's record is its lease set (its /26 and /64
 // at first), a grant report cuts the block out of the donor's set and adds
-// it to the recipient's as a granted block, a return frees a grown block,
-// and Grow has no block left (growth goes through the ring). Reports are idempotent, as
-// the real masters' are (a resent report changes nothing).
+// it to the recipient's as a granted block, a return gives a granted block
+// back to its donor, and Grow has no block left (growth goes through the
+// ring). Each agent reaches it through its own client (as), which names
+// the agent, as the real masters' client does: a return gives back only
+// what its sender holds. Reports are idempotent, as the real masters' are
+// (master/state): a resent one changes nothing, whatever happened since.
+// Its request id names one taken already (its outcome stands); else a
+// return of what the sender no longer holds, a grant whose block went back
+// since, is refused for good.
 type recordingMasters struct {
 	mu      sync.Mutex
 	index   uint64
 	records map[string]*masterRecord
+	// requests are the request ids of the reports taken; moved the grant
+	// statements that moved a block once.
+	requests, moved map[string]bool
+	// took are the reports taken, by sender, to send again (resend).
+	took []sentReport
+}
+
+// sentReport is a report the masters took: a grant, or a return (ret
+// set).
+type sentReport struct {
+	from  string
+	grant GrantReport
+	ret   netip.Prefix
+	rid   string // the return's request id
 }
 
 // masterRecord is one agent's record: its lease set and the blocks beyond
@@ -40,7 +62,7 @@ type masterRecord struct {
 }
 
 func newRecordingMasters(ids []string) *recordingMasters {
-	m := &recordingMasters{index: 100, records: map[string]*masterRecord{}}
+	m := &recordingMasters{index: 100, records: map[string]*masterRecord{}, requests: map[string]bool{}, moved: map[string]bool{}}
 	for _, id := range ids {
 		self := growthSelf(id)
 		ov := self.Overlays[0]
@@ -59,45 +81,99 @@ func (r *masterRecord) cut(p netip.Prefix) {
 	r.blocks = slices.DeleteFunc(r.blocks, func(b MasterBlock) bool { return b.Prefix.Overlaps(p) })
 }
 
-func (m *recordingMasters) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
+// covers tells whether the record's lease set covers all of p.
+func (r *masterRecord) covers(p netip.Prefix) bool {
+	return len(blockaddr.Uncovered(p, r.leases)) == 0
+}
+
+// as is agent id's client of the masters (its BlockSource).
+func (m *recordingMasters) as(id string) BlockSource { return agentMasters{m: m, id: id} }
+
+// agentMasters is the masters as one agent's client reaches them.
+type agentMasters struct {
+	m  *recordingMasters
+	id string
+}
+
+func (a agentMasters) Grow(context.Context, string, string, int, string) (LeasedBlock, error) {
 	return LeasedBlock{}, ErrMastersExhausted
 }
 
-// Return frees a block the agent holds; a granted one goes back to its
-// donor, as part of its lease set again (the real masters merge it into
-// the donor's block it came from).
-func (m *recordingMasters) Return(_ context.Context, _ string, p netip.Prefix, _ string) error {
+func (a agentMasters) Return(_ context.Context, _ string, p netip.Prefix, requestID string) error {
+	return a.m.giveBack(a.id, p, requestID)
+}
+
+func (a agentMasters) ReportGrant(_ context.Context, g GrantReport) error {
+	return a.m.reportGrant(a.id, g)
+}
+
+// giveBack frees what agent id holds of p, a granted block (or part of
+// one): its donor takes it back, as part of its lease set again (the real
+// masters merge it into the donor's block it came from). A return of what
+// id does not hold (sent again after the masters took it) is refused for
+// good, as the real masters' ErrBlockConflict is.
+func (m *recordingMasters) giveBack(id string, p netip.Prefix, requestID string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, id := range slices.Sorted(maps.Keys(m.records)) {
-		r := m.records[id]
-		if !slices.ContainsFunc(r.leases, func(l netip.Prefix) bool { return l.Overlaps(p) }) {
-			continue
-		}
-		m.index++
-		for _, b := range r.blocks {
-			if d := m.records[b.Donor]; b.Prefix.Overlaps(p) && d != nil {
-				d.leases = append(d.leases, p)
-				d.version = m.index
+	if m.requests[requestID] {
+		return nil // taken already
+	}
+	r := m.records[id]
+	if r == nil {
+		return fmt.Errorf("%w: unknown agent %q", ErrReportRefused, id)
+	}
+	var give []MasterBlock
+	for _, b := range r.blocks {
+		if b.Prefix.Overlaps(p) {
+			if b.Prefix.Bits() < p.Bits() {
+				b.Prefix = p // a part of the block
 			}
+			give = append(give, b)
 		}
-		r.cut(p)
-		r.version = m.index
+	}
+	if len(give) == 0 {
+		return fmt.Errorf("%w: agent %q holds no block inside %s", ErrReportRefused, id, p)
+	}
+	m.index++
+	m.requests[requestID] = true
+	m.took = append(m.took, sentReport{from: id, ret: p, rid: requestID})
+	r.cut(p)
+	r.version = m.index
+	for _, b := range give {
+		if d := m.records[b.Donor]; d != nil && b.Donor != id {
+			d.leases = append(d.leases, b.Prefix)
+			d.version = m.index
+		}
 	}
 	return nil
 }
 
-func (m *recordingMasters) ReportGrant(_ context.Context, g GrantReport) error {
+// reportGrant records a grant: the donor lets go of the block, the
+// recipient holds it as a granted block. A report of a grant the
+// recipient holds already changes nothing; one whose statement moved the
+// block once already (it went back since) is refused for good, as the
+// real masters' ErrStatementUsed is.
+func (m *recordingMasters) reportGrant(from string, g GrantReport) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.requests[g.RequestID] {
+		return nil // taken already
+	}
 	recip, donor := m.records[g.Recipient], m.records[g.Donor]
-	if recip == nil || donor == nil {
-		return fmt.Errorf("%w: unknown agent", ErrReportRefused)
+	if recip == nil || donor == nil || from != g.Recipient {
+		return fmt.Errorf("%w: unknown agent, or not the recipient's report", ErrReportRefused)
 	}
 	if slices.ContainsFunc(recip.leases, func(l netip.Prefix) bool { return l.Bits() <= g.Prefix.Bits() && l.Contains(g.Prefix.Addr()) }) {
 		return nil // already the recipient's
 	}
+	statement := fmt.Sprint(g.Donor, "/", g.Recipient, "/", g.Prefix, "/", g.RequestID, "/", g.DonorSignature)
+	if m.moved[statement] {
+		return fmt.Errorf("%w: the grant of %s to %s moved it once already", ErrReportRefused, g.Prefix, g.Recipient)
+	}
+	m.moved[statement] = true
+	m.requests[g.RequestID] = true
 	m.index++
+	m.took = append(m.took, sentReport{from: from, grant: g})
 	donor.cut(g.Prefix)
 	donor.version = m.index
 	recip.cut(g.Prefix)
@@ -109,6 +185,41 @@ func (m *recordingMasters) ReportGrant(_ context.Context, g GrantReport) error {
 	recip.blocks = append(recip.blocks, MasterBlock{Overlay: g.Overlay, Bridge: bridge, Prefix: g.Prefix, Version: m.index, Donor: g.Donor})
 	recip.version = m.index
 	return nil
+}
+
+// taken is the reports the masters took, in order.
+func (m *recordingMasters) taken() []sentReport {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.took)
+}
+
+// resend sends a report the masters took again, from its sender, as an
+// agent does whose answer was lost (it crashed before it deleted the
+// report from its outbox).
+func (m *recordingMasters) resend(r sentReport) {
+	src := m.as(r.from)
+	if r.ret.IsValid() {
+		_ = src.Return(context.Background(), "carve", r.ret, r.rid)
+		return
+	}
+	_ = src.ReportGrant(context.Background(), r.grant)
+}
+
+// String says what the report was.
+func (r sentReport) String() string {
+	if r.ret.IsValid() {
+		return fmt.Sprintf("%s's return of %s", r.from, r.ret)
+	}
+	return fmt.Sprintf("%s's report of %s's grant of %s", r.from, r.grant.Donor, r.grant.Prefix)
+}
+
+// recordCovers tells whether agent id's record at the masters leases all
+// of p.
+func (m *recordingMasters) recordCovers(id string, p netip.Prefix) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.records[id].covers(p)
 }
 
 // view is an agent's view of the masters' records.
@@ -140,7 +251,7 @@ func newPropertyCluster(t *testing.T, seed uint64, ids []string) *propertyCluste
 	t.Helper()
 	c := newCluster(t, seed, GrowthConfig{IdleReturn: time.Hour, LowWater: -1, Wait: 5 * time.Second})
 	pc := &propertyCluster{cluster: c, masters: newRecordingMasters(ids), ids: ids}
-	c.source = pc.masters
+	c.source = pc.masters.as
 	for _, id := range ids {
 		c.start(id, t.TempDir(), "")
 		c.nodes[id].svc.Sync(pc.masters.view(id))
@@ -149,14 +260,22 @@ func newPropertyCluster(t *testing.T, seed uint64, ids []string) *propertyCluste
 	return pc
 }
 
-// report sends every agent's outbox to the masters and syncs every agent
-// with its new view, then lets the rings converge.
+// report has every agent send its outbox to the masters and syncs every
+// agent with its new view, then lets the rings converge. The agent's own
+// loop sends (Run): its reporter has one sender, and a second one would
+// send a report twice (masterreport.Reporter).
 func (pc *propertyCluster) report() {
 	pc.t.Helper()
 	for _, id := range pc.ids {
-		if err := pc.nodes[id].svc.reports.FlushOutbox(context.Background()); err != nil {
-			pc.t.Fatalf("%s: outbox: %v", id, err)
-		}
+		svc := pc.nodes[id].svc
+		svc.reports.Kick()
+		testutil.Eventually(pc.t, 0, id+"'s outbox sent", func() error {
+			entries, err := ipamstore.ReadOutbox(svc.db)
+			if err == nil && len(entries) > 0 {
+				err = fmt.Errorf("%d reports not sent yet", len(entries))
+			}
+			return err
+		})
 	}
 	for _, id := range pc.ids {
 		pc.nodes[id].svc.Sync(pc.masters.view(id))
@@ -261,6 +380,77 @@ func TestReturnedGrantMergesIntoDonor(t *testing.T) {
 		b.alloc(t, fmt.Sprint("b", i))
 	}
 	pc.checkBridgeAddresses("after b filled its bridge")
+}
+
+// TestResentReportsChangeNothing: blocks a donor granted come back to it,
+// at the masters too, when the recipient gives them back idle, whichever
+// of the two sorts first; and any report sent again afterwards (an agent
+// whose answer was lost sends it again, and two senders of one outbox
+// send a report twice) changes nothing: the masters take no
+// space from the donor, whose containers hold addresses in the blocks that
+// came back. Before, the double gave a resent return's block up from
+// whoever held it then, the donor: its record lost the block, the sync
+// took it out of its ring, and its containers there held addresses the
+// ring gave nobody (the flake of TestGrowthPropertyBridgeAddresses).
+func TestResentReportsChangeNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		recipient, donor string
+	}{
+		{"the recipient sorts first", "a", "b"},
+		{"the donor sorts first", "b", "a"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pc := newPropertyCluster(t, 11, []string{"a", "b"})
+			recip, donor := pc.nodes[tc.recipient], pc.nodes[tc.donor]
+			lease := netip.MustParsePrefix(growthSelf(tc.donor).Overlays[0].Subnet)
+			// The donor's docker bridge is full: what it grants comes out of
+			// its mesos one.
+			for i := range 29 {
+				if _, err := donor.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("d", i), IfName: "eth0", Bridge: api.BridgeDocker}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// The recipient fills its mesos bridge and gets blocks from the
+			// donor; then its containers go, and the blocks go back.
+			for i := range 40 {
+				recip.alloc(t, fmt.Sprint("r", i))
+			}
+			pc.report()
+			if pc.masters.recordCovers(tc.donor, lease) {
+				t.Fatalf("the masters recorded no grant of %s", tc.donor)
+			}
+			for i := range 40 {
+				if _, err := recip.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("r", i), IfName: "eth0"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pc.returnIdle(tc.recipient)
+			pc.report()
+			if !pc.masters.recordCovers(tc.donor, lease) {
+				t.Errorf("after the return the masters' record of %s does not lease its %s again", tc.donor, lease)
+			}
+			// The donor fills its mesos bridge: in the blocks that came back.
+			for i := range 29 {
+				donor.alloc(t, fmt.Sprint("m", i))
+			}
+			pc.report()
+			pc.checkBridgeAddresses("after the donor filled its bridge")
+			// Each report sent again, one by one.
+			taken := pc.masters.taken()
+			if len(taken) == 0 {
+				t.Fatal("the masters took no report")
+			}
+			for _, r := range taken {
+				pc.masters.resend(r)
+				pc.report()
+				if !pc.masters.recordCovers(tc.donor, lease) {
+					t.Errorf("after %v was sent again the masters' record of %s does not lease its %s", r, tc.donor, lease)
+				}
+				pc.checkBridgeAddresses(fmt.Sprintf("after %v was sent again", r))
+			}
+		})
+	}
 }
 
 // TestGrowthPropertyBridgeAddresses runs random histories of ADDs, DELs,

@@ -421,7 +421,7 @@ func (m *quotaStandIn) Grow(context.Context, string, string, int, string) (Lease
 // granted anything.
 func TestGrowthStopsAtQuota(t *testing.T) {
 	c := newCluster(t, 6, GrowthConfig{IdleReturn: -1})
-	c.source = &quotaStandIn{}
+	c.source = func(string) BlockSource { return &quotaStandIn{} }
 	for _, id := range []string{"a", "b"} {
 		c.start(id, t.TempDir(), "")
 	}

@@ -118,8 +118,9 @@ type cluster struct {
 	t       *testing.T
 	net     *fakegossip.Network
 	masters *mastersStandIn
-	// source, when set, is the agents' BlockSource instead of masters.
-	source BlockSource
+	// source, when set, is agent id's BlockSource instead of masters
+	// (its client of the masters, which names it).
+	source func(id string) BlockSource
 	// view, when set, is an agent's first view instead of growthView's
 	// (and of the stand-in's grants).
 	view   func(id string) View
@@ -149,7 +150,7 @@ func (c *cluster) start(id, dir, cniCache string) *node {
 	cfg := c.growth
 	cfg.Source = c.masters
 	if c.source != nil {
-		cfg.Source = c.source
+		cfg.Source = c.source(id)
 	}
 	cfg.Seed = uint64(len(id)) + 7
 	cfg.OnChange = func() {
