@@ -331,3 +331,47 @@ func detachAndForget(t *testing.T, h *netnslab.Host, dev string, pfx netip.Prefi
 		t.Fatalf("%s: detach the fast path by hand: %v", h.Name, err)
 	}
 }
+
+// TestFastPathAcrossARestart: while host 1's dataplane is closed (its agent
+// stopped), the program is gone from host 1 and the stack forwards the
+// pings along the same routes; a new dataplane (the agent back) attaches
+// it again, ports included, and carries the pings past the stack.
+func TestFastPathAcrossARestart(t *testing.T) {
+	p := newRoutedPair(t, vxlan.Options{})
+	h := p.envs[0].host
+	devs := []string{h.Link, p.desired[0].Bridges[0].Name, p.cs[0].HostLink}
+	testutil.Eventually(t, 10*time.Second, "the fast path on container 1's port", testutil.True(func() bool {
+		return fastPathOn(t, h, p.cs[0].HostLink) != nil
+	}))
+	p.ping(t)
+
+	must(t, p.envs[0].dp.Close())
+	if got := fastPathOn(t, h, devs...); got != nil {
+		t.Fatalf("host 1: the fast path is still attached with its dataplane closed: %v", got)
+	}
+	fwd := forwarded(t, h)
+	p.ping(t)
+	if got := forwarded(t, h); got < fwd+2 {
+		t.Errorf("host 1 forwarded %d packets with its dataplane closed, want at least 2 (the stack carries them)", got-fwd)
+	}
+
+	e := newEnvWith(t, p.envs[0].lab, h, vxlan.Options{})
+	if rep := apply(t, e.dp, p.desired[0]); rep.FastPath != vxlan.FastPathOn {
+		t.Fatalf("host 1 after the restart: fast path %q, want %q", rep.FastPath, vxlan.FastPathOn)
+	}
+	for _, dev := range devs {
+		if fastPathOn(t, h, dev) == nil {
+			t.Errorf("host 1 after the restart: no fast path on %s", dev)
+		}
+	}
+	p.ping(t) // teaches the new program the containers
+	fwd = forwarded(t, h)
+	all, into := e.dp.FastPathPackets()
+	p.ping(t)
+	if got := forwarded(t, h); got != fwd {
+		t.Errorf("host 1 after the restart: the stack forwarded %d packets, want 0", got-fwd)
+	}
+	if gotAll, gotInto := e.dp.FastPathPackets(); gotAll < all+2 || gotInto < into+1 {
+		t.Errorf("host 1 after the restart: the fast path forwarded %d packets, %d into the container, want at least 2 and 1", gotAll-all, gotInto-into)
+	}
+}
