@@ -69,11 +69,17 @@ func (d *Dataplane) syncFastPath(u *underlay, desired *entrySet, bridges map[str
 			}
 		}
 	}
-	if links, err := d.h.LinkList(); err == nil {
-		for _, l := range links {
-			if mac, ok := brs[l.Attrs().MasterIndex]; ok {
-				want.Ports[l.Attrs().Index] = fastpath.Port{Bridge: l.Attrs().MasterIndex, MAC: mac}
-			}
+	links, err := d.h.LinkList()
+	if err != nil {
+		// Without the ports, a Sync would detach every container's; the
+		// fast path stays as it is until the next reconcile.
+		d.noteFastPathErr(fmt.Errorf("fastpath: list the bridges' ports: %w", err))
+		rep.FastPath = d.fastState()
+		return
+	}
+	for _, l := range links {
+		if mac, ok := brs[l.Attrs().MasterIndex]; ok {
+			want.Ports[l.Attrs().Index] = fastpath.Port{Bridge: l.Attrs().MasterIndex, MAC: mac}
 		}
 	}
 	if d.fast == nil {
@@ -91,7 +97,7 @@ func (d *Dataplane) syncFastPath(u *underlay, desired *entrySet, bridges map[str
 		d.startPortWatch(d.fast)
 	}
 	d.fast.bridges = brs
-	err := d.inNS(func() error { return d.fast.path.Sync(want, full) })
+	err = d.inNS(func() error { return d.fast.path.Sync(want, full) })
 	d.noteFastPathErr(err)
 	rep.FastPath = d.fastState()
 }
