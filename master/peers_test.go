@@ -57,10 +57,11 @@ func TestStartChecksIDAndPeers(t *testing.T) {
 	if err := c.client(leader).RemoveServer(ctx, c.ids[gone]); err != nil {
 		t.Fatal(err)
 	}
-	// The removed master learns its removal only from the leader's last
-	// replication to it, retried for up to a minute (third_party/raft,
-	// PATCHED.md), each try bounded by the transport's 10 s, which under
-	// load outlasts the default wait (streak runs of 2026-11-29).
+	// The removed master learns its removal from the leader's replication
+	// to it, retried while that leader leads, or else from whichever leader
+	// it asks for a vote (third_party/raft, PATCHED.md, items 3 and 4); each
+	// try is bounded by the transport's 10 s, which under load outlasts the
+	// default wait (streak runs of 2026-11-29).
 	testutil.Eventually(t, 2*time.Minute, c.ids[gone]+" to apply its removal", testutil.True(func() bool {
 		return !slices.ContainsFunc(c.masters[gone].node.Status().Servers, func(s raftlog.Server) bool { return s.ID == c.ids[gone] })
 	}))

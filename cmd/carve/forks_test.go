@@ -69,6 +69,104 @@ var raftPatches = []raftPatch{{
 			}
 			return
 		case deferErr := <-s.triggerDeferErrorCh:`,
+}, {
+	// A leader sends a removed server that campaigns its removal: the
+	// removals under way, per server.
+	file: "raft.go",
+	upstream: `	notify                       map[*verifyFuture]struct{}
+	stepDown                     chan struct{}
+}
+`,
+	carve: `	notify                       map[*verifyFuture]struct{}
+	stepDown                     chan struct{}
+	// removals holds, per server outside the configuration that asked for
+	// a vote, a channel closed once sendRemoval's try ended. carve's (see
+	// PATCHED.md).
+	removals map[ServerID]chan struct{}
+}
+`,
+}, {
+	// ... kept per leadership.
+	file: "raft.go",
+	upstream: `	r.leaderState.stepDown = make(chan struct{}, 1)
+}
+`,
+	carve: `	r.leaderState.stepDown = make(chan struct{}, 1)
+	r.leaderState.removals = make(map[ServerID]chan struct{}) // carve's (see PATCHED.md)
+}
+`,
+}, {
+	// ... when it asks for a vote,
+	file: "raft.go",
+	upstream: `			r.logger.Warn("rejecting vote request since node is not in configuration",
+				"from", candidate)
+			return`,
+	carve: `			r.logger.Warn("rejecting vote request since node is not in configuration",
+				"from", candidate)
+			r.sendRemoval(candidateID, candidate) // carve's (see PATCHED.md)
+			return`,
+}, {
+	// ... or for a pre-vote.
+	file: "raft.go",
+	upstream: `		r.logger.Warn("rejecting pre-vote request since node is not in configuration",
+			"from", candidate)
+		return`,
+	carve: `		r.logger.Warn("rejecting pre-vote request since node is not in configuration",
+			"from", candidate)
+		r.sendRemoval(candidateID, candidate) // carve's (see PATCHED.md)
+		return`,
+}, {
+	// ... by sendRemoval.
+	file: "replication.go",
+	upstream: `// replicateTo is a helper to replicate(), used to replicate the logs up to a
+// given last index.
+`,
+	carve: `// sendRemoval is carve's (see PATCHED.md). A leader that hears a vote or
+// pre-vote request from a server outside its configuration sends it the log
+// up to that configuration, from which it learns that it was removed: the
+// leader that removed it tries only while it leads, and a leader elected
+// after never contacts it, so a removal that missed it left it campaigning
+// in vain. One try at a time per server. The follower's answer moves only
+// this try: a higher term in it must not depose this leader, which is why
+// the try has its own stepDown, commitment and stop channels. This must only
+// be called from the main thread.
+func (r *Raft) sendRemoval(id ServerID, addr ServerAddress) {
+	if r.getState() != Leader || addr == "" {
+		return
+	}
+	if done, ok := r.leaderState.removals[id]; ok {
+		select {
+		case <-done:
+		default:
+			return // a try is under way
+		}
+	}
+	done := make(chan struct{})
+	r.leaderState.removals[id] = done
+	last := r.configurations.latestIndex
+	s := &followerReplication{
+		peer:                Server{Suffrage: Nonvoter, ID: id, Address: addr},
+		commitment:          newCommitment(make(chan struct{}, 1), Configuration{}, 0),
+		stopCh:              make(chan uint64, 1),
+		triggerCh:           make(chan struct{}, 1),
+		triggerDeferErrorCh: make(chan *deferError, 1),
+		currentTerm:         r.getCurrentTerm(),
+		nextIndex:           last,
+		lastContact:         time.Now(),
+		notify:              make(map[*verifyFuture]struct{}),
+		notifyCh:            make(chan struct{}, 1),
+		stepDown:            make(chan struct{}, 1),
+	}
+	r.logger.Info("sending a removed server its removal", "peer", id, "address", addr, "last-index", last)
+	r.goFunc(func() {
+		defer close(done)
+		r.replicateTo(s, last)
+	})
+}
+
+// replicateTo is a helper to replicate(), used to replicate the logs up to a
+// given last index.
+`,
 }}
 
 // TestRaftForkIsUpstreamLessItsHarness: third_party/raft, which replaces

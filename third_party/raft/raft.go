@@ -94,6 +94,10 @@ type leaderState struct {
 	replState                    map[ServerID]*followerReplication
 	notify                       map[*verifyFuture]struct{}
 	stepDown                     chan struct{}
+	// removals holds, per server outside the configuration that asked for
+	// a vote, a channel closed once sendRemoval's try ended. carve's (see
+	// PATCHED.md).
+	removals map[ServerID]chan struct{}
 }
 
 // setLeader is used to modify the current leader Address and ID of the cluster
@@ -461,6 +465,7 @@ func (r *Raft) setupLeaderState() {
 	r.leaderState.replState = make(map[ServerID]*followerReplication)
 	r.leaderState.notify = make(map[*verifyFuture]struct{})
 	r.leaderState.stepDown = make(chan struct{}, 1)
+	r.leaderState.removals = make(map[ServerID]chan struct{}) // carve's (see PATCHED.md)
 }
 
 // runLeader runs the main loop while in leader state. Do the setup here and drop into
@@ -1650,6 +1655,7 @@ func (r *Raft) requestVote(rpc RPC, req *RequestVoteRequest) {
 		if len(r.configurations.latest.Servers) > 0 && !inConfiguration(r.configurations.latest, candidateID) {
 			r.logger.Warn("rejecting vote request since node is not in configuration",
 				"from", candidate)
+			r.sendRemoval(candidateID, candidate) // carve's (see PATCHED.md)
 			return
 		}
 	}
@@ -1763,6 +1769,7 @@ func (r *Raft) requestPreVote(rpc RPC, req *RequestPreVoteRequest) {
 	if len(r.configurations.latest.Servers) > 0 && !inConfiguration(r.configurations.latest, candidateID) {
 		r.logger.Warn("rejecting pre-vote request since node is not in configuration",
 			"from", candidate)
+		r.sendRemoval(candidateID, candidate) // carve's (see PATCHED.md)
 		return
 	}
 

@@ -200,6 +200,49 @@ PIPELINE:
 	goto RPC
 }
 
+// sendRemoval is carve's (see PATCHED.md). A leader that hears a vote or
+// pre-vote request from a server outside its configuration sends it the log
+// up to that configuration, from which it learns that it was removed: the
+// leader that removed it tries only while it leads, and a leader elected
+// after never contacts it, so a removal that missed it left it campaigning
+// in vain. One try at a time per server. The follower's answer moves only
+// this try: a higher term in it must not depose this leader, which is why
+// the try has its own stepDown, commitment and stop channels. This must only
+// be called from the main thread.
+func (r *Raft) sendRemoval(id ServerID, addr ServerAddress) {
+	if r.getState() != Leader || addr == "" {
+		return
+	}
+	if done, ok := r.leaderState.removals[id]; ok {
+		select {
+		case <-done:
+		default:
+			return // a try is under way
+		}
+	}
+	done := make(chan struct{})
+	r.leaderState.removals[id] = done
+	last := r.configurations.latestIndex
+	s := &followerReplication{
+		peer:                Server{Suffrage: Nonvoter, ID: id, Address: addr},
+		commitment:          newCommitment(make(chan struct{}, 1), Configuration{}, 0),
+		stopCh:              make(chan uint64, 1),
+		triggerCh:           make(chan struct{}, 1),
+		triggerDeferErrorCh: make(chan *deferError, 1),
+		currentTerm:         r.getCurrentTerm(),
+		nextIndex:           last,
+		lastContact:         time.Now(),
+		notify:              make(map[*verifyFuture]struct{}),
+		notifyCh:            make(chan struct{}, 1),
+		stepDown:            make(chan struct{}, 1),
+	}
+	r.logger.Info("sending a removed server its removal", "peer", id, "address", addr, "last-index", last)
+	r.goFunc(func() {
+		defer close(done)
+		r.replicateTo(s, last)
+	})
+}
+
 // replicateTo is a helper to replicate(), used to replicate the logs up to a
 // given last index.
 // If the follower log is behind, we take care to bring them up to date.
