@@ -23,26 +23,21 @@ import (
 // it) and the test fails without the fork's tries.
 func TestRemovedFollowerLearnsItsRemoval(t *testing.T) {
 	nodes, transports := removalCluster(t)
-	testutil.Eventually(t, 30*time.Second, "l to lead", testutil.True(func() bool { return nodes["l"].State() == raft.Leader }))
-	if err := nodes["l"].Apply([]byte("before"), 10*time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
+	l := nodes["l"]
+	whileLeading(t, l, "l to apply an entry", func() error { return l.Apply([]byte("before"), 5*time.Second).Error() })
 
 	// The leader cannot reach the follower while it removes it: its try
 	// to send the removal fails.
 	transports["l"].Disconnect(raft.ServerAddress("gone"))
-	if err := nodes["l"].RemoveServer("gone", 0, 10*time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
+	whileLeading(t, l, "l to remove gone", func() error { return l.RemoveServer("gone", 0, 5*time.Second).Error() })
 	transports["l"].Connect(raft.ServerAddress("gone"), transports["gone"])
 
 	waitRemovalLearned(t, nodes["gone"])
 }
 
 // TestRemovalReachesAServerThatMissedIt: a follower that missed its removal
-// while the leader that removed it led (cut off from it, here, until that
-// leader handed over) learns it from the next leader, which hears it
-// campaign: a leader elected after a removal never replicates to the
+// while the leader that removed it led (cut off from it, here, for good)
+// learns it from the next leader, which hears it campaign: a leader elected after a removal never replicates to the
 // removed server, and the removed server's pre-votes are refused as "not in
 // configuration", so without the fork's sendRemoval
 // (third_party/raft/PATCHED.md, item 4) it campaigns in vain for ever and a
@@ -52,38 +47,45 @@ func TestRemovedFollowerLearnsItsRemoval(t *testing.T) {
 // removed master.
 func TestRemovalReachesAServerThatMissedIt(t *testing.T) {
 	nodes, transports := removalCluster(t)
-	testutil.Eventually(t, 30*time.Second, "l to lead", testutil.True(func() bool { return nodes["l"].State() == raft.Leader }))
-	if err := nodes["l"].Apply([]byte("before"), 10*time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
-	// gone campaigns when it stops hearing from a leader, as a removed
-	// server does (only l campaigned until now).
+	l := nodes["l"]
+	whileLeading(t, l, "l to apply an entry", func() error { return l.Apply([]byte("before"), 5*time.Second).Error() })
+
+	// Neither l nor a can reach gone while l removes it; gone still
+	// reaches both.
+	transports["l"].Disconnect(raft.ServerAddress("gone"))
+	transports["a"].Disconnect(raft.ServerAddress("gone"))
+	whileLeading(t, l, "l to remove gone", func() error { return l.RemoveServer("gone", 0, 5*time.Second).Error() })
+	// gone now campaigns when it stops hearing from a leader, as a removed
+	// server does.
+	def := raft.DefaultConfig()
 	if err := nodes["gone"].ReloadConfig(raft.ReloadableConfig{
-		TrailingLogs: raft.DefaultConfig().TrailingLogs, SnapshotInterval: raft.DefaultConfig().SnapshotInterval,
-		SnapshotThreshold: raft.DefaultConfig().SnapshotThreshold,
-		HeartbeatTimeout:  50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+		TrailingLogs: def.TrailingLogs, SnapshotInterval: def.SnapshotInterval, SnapshotThreshold: def.SnapshotThreshold,
+		HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
 	}); err != nil {
 		t.Fatal(err)
 	}
 
-	// Neither l nor a can reach gone while l removes it and hands over to
-	// a; gone still reaches both, and campaigns.
-	transports["l"].Disconnect(raft.ServerAddress("gone"))
-	transports["a"].Disconnect(raft.ServerAddress("gone"))
-	if err := nodes["l"].RemoveServer("gone", 0, 10*time.Second).Error(); err != nil {
-		t.Fatal(err)
-	}
-	if err := nodes["l"].LeadershipTransferToServer("a", "a").Error(); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 30*time.Second, "a to lead", testutil.True(func() bool {
-		return nodes["a"].State() == raft.Leader && nodes["l"].State() == raft.Follower
-	}))
-	if nodes["gone"].State() == raft.Leader {
-		t.Fatal("gone leads: the test did not cut it off")
-	}
-	// Only a can reach gone again: l, which tried while it led, stays cut
-	// off, so its last tries cannot be what tells gone.
+	// l hands over to a, and a removes l: a leads alone from then on, so
+	// no try of l's, and no later leadership of l's, can be what tells
+	// gone. (Both are asked again: under load a transfer times out, or a
+	// loses its lease and l, which campaigns, leads again.)
+	testutil.Eventually(t, time.Minute, "a to lead alone", func() error {
+		if nodes["l"].State() == raft.Leader {
+			err := nodes["l"].LeadershipTransferToServer("a", "a").Error()
+			return fmt.Errorf("l leads (transfer to a: %v)", err)
+		}
+		if nodes["a"].State() != raft.Leader {
+			return fmt.Errorf("a is %s", nodes["a"].State())
+		}
+		f := nodes["a"].GetConfiguration()
+		if err := f.Error(); err != nil {
+			return err
+		}
+		if servers := f.Configuration().Servers; len(servers) != 1 {
+			return fmt.Errorf("a leads %+v (removing l: %v)", servers, nodes["a"].RemoveServer("l", 0, 5*time.Second).Error())
+		}
+		return nil
+	})
 	transports["a"].Connect(raft.ServerAddress("gone"), transports["gone"])
 
 	waitRemovalLearned(t, nodes["gone"])
@@ -116,7 +118,11 @@ func removalCluster(t *testing.T) (map[raft.ServerID]*raft.Raft, map[raft.Server
 		cfg.LocalID = id
 		cfg.Logger = newHCLogger(testLogger(string(id)), "raft")
 		cfg.ShutdownOnRemove = false
-		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout, cfg.CommitTimeout = 50*time.Millisecond, 50*time.Millisecond, 50*time.Millisecond, 5*time.Millisecond
+		// raftlog's defaults (1 s): with 50 ms, a leader starved of CPU
+		// (-race beside two busy loops) lost its lease while it retried,
+		// and TestRemovedFollowerLearnsItsRemoval has no other leader to
+		// tell its follower.
+		cfg.HeartbeatTimeout, cfg.ElectionTimeout, cfg.LeaderLeaseTimeout, cfg.CommitTimeout = time.Second, time.Second, time.Second, 5*time.Millisecond
 		if id != "l" {
 			// Only l campaigns: the test plays a stable leader.
 			cfg.HeartbeatTimeout, cfg.ElectionTimeout = time.Hour, time.Hour
@@ -133,6 +139,19 @@ func removalCluster(t *testing.T) (map[raft.ServerID]*raft.Raft, map[raft.Server
 		t.Cleanup(func() { _ = r.Shutdown().Error() })
 	}
 	return nodes, transports
+}
+
+// whileLeading retries step until it succeeds while r leads. Under load a
+// leader loses its lease at any moment; the tests' l is the only server
+// that campaigns, and leads again.
+func whileLeading(t *testing.T, r *raft.Raft, what string, step func() error) {
+	t.Helper()
+	testutil.Eventually(t, time.Minute, what, func() error {
+		if s := r.State(); s != raft.Leader {
+			return fmt.Errorf("not leading: %s", s)
+		}
+		return step()
+	})
 }
 
 // waitRemovalLearned waits until gone's configuration no longer lists it.
