@@ -66,7 +66,7 @@ func (a *Agent) Peers() *api.AgentPeers {
 	a.mu.RLock()
 	defer a.mu.RUnlock()
 	out := &api.AgentPeers{Self: a.id, MasterIndex: a.masterIndex, ClusterID: a.clusterID, MastersReachable: a.mastersReachable,
-		Peers: []api.AgentPeer{}, Tombstones: st.Tombstones}
+		FastPath: last.FastPath(), Peers: []api.AgentPeer{}, Tombstones: st.Tombstones}
 	for _, p := range st.Records {
 		if p.ID == a.id {
 			continue

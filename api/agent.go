@@ -32,9 +32,14 @@ type AgentPeers struct {
 	// empty until a master that serves one answered.
 	ClusterID string `json:"cluster_id,omitempty"`
 	// MastersReachable tells whether the last watch of the masters succeeded.
-	MastersReachable bool        `json:"masters_reachable"`
-	Peers            []AgentPeer `json:"peers"`
-	Tombstones       []Tombstone `json:"tombstones,omitempty"`
+	MastersReachable bool `json:"masters_reachable"`
+	// FastPath is the state of the eBPF fast path of the agent's routed
+	// peers, as its last reconcile left it: "on", "off" (--fast-path=false,
+	// or no peer routed yet) or "unavailable: " and why; empty when routed
+	// mode is off.
+	FastPath   string      `json:"fast_path,omitempty"`
+	Peers      []AgentPeer `json:"peers"`
+	Tombstones []Tombstone `json:"tombstones,omitempty"`
 }
 
 // AgentClient reads an agent's HTTP API.

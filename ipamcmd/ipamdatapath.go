@@ -17,11 +17,14 @@ import (
 type agentDataPath struct {
 	AgentID string              `json:"agent_id"`
 	Peers   map[string][]string `json:"peers"`
+	// FastPath is the state of the eBPF fast path of its routed peers
+	// (api.AgentPeers.FastPath), shown beside them.
+	FastPath string `json:"fast_path,omitempty"`
 }
 
 // dataPathOf groups an agent's peers by how it reaches them.
 func dataPathOf(id string, peers *api.AgentPeers) agentDataPath {
-	dp := agentDataPath{AgentID: id, Peers: map[string][]string{}}
+	dp := agentDataPath{AgentID: id, Peers: map[string][]string{}, FastPath: peers.FastPath}
 	for _, p := range peers.Peers {
 		if p.AgentID == peers.Self {
 			continue
@@ -54,7 +57,11 @@ func printDataPaths(out io.Writer, paths []agentDataPath) error {
 			fmt.Fprintf(tw, "  %s\t-\t-\n", dp.AgentID)
 		}
 		for _, mode := range slices.Sorted(maps.Keys(dp.Peers)) {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", dp.AgentID, mode, strings.Join(dp.Peers[mode], ","))
+			shown := mode
+			if mode == api.DataplaneRouted && dp.FastPath != "" {
+				shown += " (fast path " + dp.FastPath + ")"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", dp.AgentID, shown, strings.Join(dp.Peers[mode], ","))
 		}
 	}
 	return tw.Flush()

@@ -9,9 +9,10 @@ import (
 )
 
 // TestDataPathsShown (issue 29): carve ipam show groups each agent's peers
-// by how its dataplane reaches them, never listing the agent itself.
+// by how its dataplane reaches them, never listing the agent itself, and
+// shows the state of the fast path beside its routed peers.
 func TestDataPathsShown(t *testing.T) {
-	peers := &api.AgentPeers{Self: "h2", Peers: []api.AgentPeer{
+	peers := &api.AgentPeers{Self: "h2", FastPath: "on", Peers: []api.AgentPeer{
 		{AgentID: "h2", Programmed: true},
 		{AgentID: "h4", Programmed: true, Mode: api.DataplaneRouted},
 		{AgentID: "h3", Programmed: true, Mode: api.DataplaneRouted},
@@ -20,7 +21,8 @@ func TestDataPathsShown(t *testing.T) {
 		{AgentID: "h6"},
 	}}
 	var out bytes.Buffer
-	if err := printDataPaths(&out, []agentDataPath{dataPathOf("h2", peers), dataPathOf("h7", &api.AgentPeers{Self: "h7"})}); err != nil {
+	if err := printDataPaths(&out, []agentDataPath{dataPathOf("h2", peers), dataPathOf("h7", &api.AgentPeers{Self: "h7"}),
+		dataPathOf("h8", &api.AgentPeers{Self: "h8", FastPath: "unavailable: no TCX", Peers: []api.AgentPeer{{AgentID: "h9", Programmed: true, Mode: api.DataplaneRouted}}})}); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
@@ -30,11 +32,12 @@ func TestDataPathsShown(t *testing.T) {
 	want := []string{
 		"data path (each agent's peers, by how it reaches them):",
 		"AGENT MODE PEERS",
-		"h2 routed h3,h4",
+		"h2 routed (fast path on) h3,h4",
 		"h2 unprogrammed h6",
 		"h2 vxlan h1",
 		"h2 wireguard h5",
 		"h7 - -",
+		"h8 routed (fast path unavailable: no TCX) h9",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("printed:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

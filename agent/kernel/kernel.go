@@ -289,6 +289,15 @@ func (r *Result) Mode(id string) string {
 	return string(r.Report.Modes[id])
 }
 
+// FastPath is the state of the routed peers' eBPF fast path
+// (vxlan.Report.FastPath): empty when routed mode is off.
+func (r *Result) FastPath() string {
+	if r.Report == nil {
+		return ""
+	}
+	return r.Report.FastPath
+}
+
 // OverlayError names the failure of the reconcile that concerns an
 // overlay of the agent's record: its VTEP, its bridges or their addresses
 // ("" none). Failures of single peer entries are the peers' (Programmed).

@@ -136,7 +136,9 @@ func TestRoutedMixed(t *testing.T) {
 		checkRoute(t, h2, cts[2].Addr.Addr(), h3.IP().Addr(), netnslab.HostLink)
 		checkRoute(t, h3, cts[1].Addr.Addr(), h2.IP().Addr(), netnslab.HostLink)
 		checkRoute(t, h2, cts[0].Addr.Addr(), netip.Addr{}, c.Network().VTEPName)
-		// The operator sees the same in carve ipam show.
+		// The operator sees the same in carve ipam show, with the fast
+		// path's state beside the routed peers (each agent's
+		// /overlay-agent/peers).
 		args := append([]string{"ipam", "show", "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
 		out, err := c.RunCarve(ctx, h1, args...)
 		if err != nil {
@@ -144,10 +146,10 @@ func TestRoutedMixed(t *testing.T) {
 		}
 		for _, line := range [][3]string{
 			{h1.AgentID(), api.DataplaneVXLAN, h2.AgentID() + "," + h3.AgentID()},
-			{h2.AgentID(), api.DataplaneRouted, h3.AgentID()}, {h2.AgentID(), api.DataplaneVXLAN, h1.AgentID()},
-			{h3.AgentID(), api.DataplaneRouted, h2.AgentID()}, {h3.AgentID(), api.DataplaneVXLAN, h1.AgentID()},
+			{h2.AgentID(), api.DataplaneRouted + " (fast path on)", h3.AgentID()}, {h2.AgentID(), api.DataplaneVXLAN, h1.AgentID()},
+			{h3.AgentID(), api.DataplaneRouted + " (fast path on)", h2.AgentID()}, {h3.AgentID(), api.DataplaneVXLAN, h1.AgentID()},
 		} {
-			if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(line[0]) + `\s+` + line[1] + `\s+` + regexp.QuoteMeta(line[2]) + `$`).Match(out) {
+			if !regexp.MustCompile(`(?m)^\s+` + regexp.QuoteMeta(line[0]) + `\s+` + regexp.QuoteMeta(line[1]) + `\s+` + regexp.QuoteMeta(line[2]) + `$`).Match(out) {
 				t.Errorf("carve ipam show lacks the data path line %q:\n%s", strings.Join(line[:], " "), out)
 			}
 		}
