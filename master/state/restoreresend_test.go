@@ -224,13 +224,19 @@ func agentIP(id string) string {
 func (l *resendLog) deleteAndRelease(id string) {
 	l.t.Helper()
 	l.mustApply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{id}}})
+	if res := l.mustApply(command{Op: opRelease, Release: &releaseCmd{Acks: l.acks()}}); res.Released == 0 {
+		l.t.Fatalf("releasing %s's quarantine freed nothing", id)
+	}
+}
+
+// acks are every live agent's holdings acknowledgements at the current
+// index.
+func (l *resendLog) acks() map[string]holdingsAck {
 	acks := map[string]holdingsAck{}
 	for a, rec := range l.tables[0].agents {
 		acks[a] = holdingsAck{Created: rec.Created, Index: l.index}
 	}
-	if res := l.mustApply(command{Op: opRelease, Release: &releaseCmd{Acks: acks}}); res.Released == 0 {
-		l.t.Fatalf("releasing %s's quarantine freed nothing", id)
-	}
+	return acks
 }
 
 // grantReport is a ring grant of prefix from donor to recip, reported with
