@@ -420,6 +420,10 @@ func TestStatementResentAcrossRestore(t *testing.T) {
 // forgotten, it is judged again against the table as it is, and another
 // agent's space stays its own.
 func TestReportResentAfterRequestIDsRolledOver(t *testing.T) {
+	if testing.Short() {
+		// maxRequestIDs real requests: seconds, tens of seconds under -race.
+		t.Skip("applies maxRequestIDs requests; run without -short")
+	}
 	l := newResendLog(t)
 	l.register("d", "a", "b")
 	g := grantReport("r1", "d", "a", grantedP, "sig-1")
