@@ -74,8 +74,9 @@ func grownBlock(info *api.AgentInfo, overlay, bridge string, family int) (ipam.L
 }
 
 // Return implements ipam.BlockSource.
-func (m *masterBlocks) Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error {
-	_, err := m.client.ReturnBlock(ctx, m.id, api.ReturnRequest{Overlay: overlay, Prefix: prefix.String(), RequestID: requestID})
+func (m *masterBlocks) Return(ctx context.Context, r ipam.ReturnReport) error {
+	_, err := m.client.ReturnBlock(ctx, m.id, api.ReturnRequest{Overlay: r.Overlay, Prefix: r.Prefix.String(), RequestID: r.RequestID,
+		Version: r.Version, RestoreEpoch: r.RestoreEpoch})
 	return refusedForGood(err)
 }
 

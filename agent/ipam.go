@@ -66,9 +66,10 @@ type ipamService interface {
 // Each record's blocks are its agent's lease set in the rings (the records
 // of one masters' index never overlap; across versions the rings resolve
 // overlaps by version), and this agent's own grown and granted blocks are
-// the View's Blocks. stateIndex is the masters' state index merged.
-func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members membership.State, stateIndex uint64) ipam.View {
-	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones, StateIndex: stateIndex}
+// the View's Blocks. stateIndex is the masters' state index merged, epoch
+// the restore epoch of the masters' state read last.
+func ipamView(clusterID string, self *api.AgentInfo, network *api.NetworkConfig, members membership.State, stateIndex, epoch uint64) ipam.View {
+	v := ipam.View{ClusterID: clusterID, Self: self, Network: network, Tombstones: members.Tombstones, StateIndex: stateIndex, RestoreEpoch: epoch}
 	for _, r := range members.Records {
 		if self != nil && r.ID == self.AgentID && r.Version < self.Version {
 			continue

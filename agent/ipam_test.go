@@ -27,7 +27,7 @@ func TestIPAMViewHasOwnLease(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v := ipamView("c1", self, nil, tt.members, 0)
+			v := ipamView("c1", self, nil, tt.members, 0, 0)
 			var own []string
 			for _, p := range v.Peers {
 				if p.ID == self.AgentID {

@@ -70,14 +70,14 @@ func resyncEvery(every time.Duration, peers int) time.Duration {
 // remove every peer it cannot verify now.
 func (a *Agent) reconcile(ctx context.Context, full bool) error {
 	a.mu.RLock()
-	self, network, cluster, merged, unverified := a.self, a.network, a.clusterID, a.mergedIndex, a.unverified
+	self, network, cluster, merged, epoch, unverified := a.self, a.network, a.clusterID, a.mergedIndex, a.restoreEpoch, a.unverified
 	a.mu.RUnlock()
 	if self == nil {
 		return nil // never registered and nothing persisted: nothing to program yet
 	}
 	members := withUnverified(a.members.State(), unverified)
 	network = a.kernel.WithMTUs(network, members.Records)
-	a.ipam.Sync(ipamView(cluster, self, network, members, merged))
+	a.ipam.Sync(ipamView(cluster, self, network, members, merged, epoch))
 	// The kernel and the conflists leave out the disabled overlays no
 	// container of this host is attached to any more.
 	selfHere, drained := a.kernel.Drain(self, network, a.attachedHere)

@@ -308,6 +308,14 @@ type ReturnRequest struct {
 	Overlay   string `json:"overlay"`
 	Prefix    string `json:"prefix"`
 	RequestID string `json:"request_id,omitempty"`
+	// Version is the version at which the returner's record listed the
+	// block when it decided to give it back, and RestoreEpoch the masters'
+	// restore epoch of that record (0: none yet). With them the masters
+	// refuse a return that waited across a restore while the returner was
+	// leased the block anew (409 conflict). Agents before carve 0.x send
+	// neither (Version 0) and are judged without them.
+	Version      uint64 `json:"version,omitempty"`
+	RestoreEpoch uint64 `json:"restore_epoch,omitempty"`
 }
 
 // GrantReport is the body of POST /overlay-master/agents/{agent_id}/blocks/grants:

@@ -106,6 +106,10 @@ type View struct {
 	// StateIndex is the index of the masters' state the agent has merged
 	// (its tombstones included): what a complete usage report acknowledges.
 	StateIndex uint64
+	// RestoreEpoch is the masters' restore epoch of the state the agent
+	// read last (0: none): a return names it, so that the masters can tell
+	// a return decided before a restore (api.ReturnRequest).
+	RestoreEpoch uint64
 }
 
 // BlockSource is the masters' side of growth (growth.BlockSource).
@@ -118,6 +122,9 @@ type LeasedBlock = growth.LeasedBlock
 // GrantReport is a grant through the ring, as the masters learn it
 // (growth.GrantReport).
 type GrantReport = growth.GrantReport
+
+// ReturnReport gives back a block (growth.ReturnReport).
+type ReturnReport = growth.ReturnReport
 
 // MasterBlock is a grown or granted block the masters' record of this
 // agent lists (overlayspace.MasterBlock).

@@ -180,8 +180,10 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// donor, merged into the block it came from (or free it when the
 		// donor holds that no more), never as a block of its own.
 		enc := a.EncodeRing()
+		version := max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix))
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id,
+				Version: version, RestoreEpoch: s.view.RestoreEpoch}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
@@ -201,7 +203,8 @@ func (s *Service) giveBack(hb *heldBlock) {
 		s.grow.returned[hb.Prefix] = version
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc), ipamstore.PutReturned(hb.Prefix, version),
-			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id, Version: version}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id,
+				Version: version, RestoreEpoch: s.view.RestoreEpoch}))
 	}
 	o.Blocks[hb.Family] = slices.DeleteFunc(o.Blocks[hb.Family], func(x *heldBlock) bool { return x == hb })
 	writes = append(writes, overlayspace.DeleteBlock(hb))

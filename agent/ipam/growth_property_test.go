@@ -99,8 +99,8 @@ func (a agentMasters) Grow(context.Context, string, string, int, string) (Leased
 	return LeasedBlock{}, ErrMastersExhausted
 }
 
-func (a agentMasters) Return(_ context.Context, _ string, p netip.Prefix, requestID string) error {
-	return a.m.giveBack(a.id, p, requestID)
+func (a agentMasters) Return(_ context.Context, r ReturnReport) error {
+	return a.m.giveBack(a.id, r.Prefix, r.RequestID)
 }
 
 func (a agentMasters) ReportGrant(_ context.Context, g GrantReport) error {
@@ -200,7 +200,7 @@ func (m *recordingMasters) taken() []sentReport {
 func (m *recordingMasters) resend(r sentReport) {
 	src := m.as(r.from)
 	if r.ret.IsValid() {
-		_ = src.Return(context.Background(), "carve", r.ret, r.rid)
+		_ = src.Return(context.Background(), ReturnReport{Overlay: "carve", Prefix: r.ret, RequestID: r.rid})
 		return
 	}
 	_ = src.ReportGrant(context.Background(), r.grant)

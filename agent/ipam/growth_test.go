@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -231,7 +232,11 @@ func TestGrowthFromMasters(t *testing.T) {
 // is given back. A record that still lists it at that version, until the
 // masters take the return, must not give it back to the agent: the
 // version remembered is the record's (seed 158195 of
-// TestGrowthInvariantAcrossAgents handed out addresses there).
+// TestGrowthInvariantAcrossAgents handed out addresses there). The return
+// names that version and the masters' restore epoch of the record to the
+// masters, which refuse it when a restore took the lease back and the
+// agent was leased the block anew meanwhile (master/state's
+// TestStaleReturnAfterRestore).
 func TestReturnedAtTheRecordsVersion(t *testing.T) {
 	c := newCluster(t, 5, GrowthConfig{IdleReturn: -1})
 	src := &leasingStandIn{next: netip.MustParsePrefix("10.128.0.192/27")}
@@ -241,7 +246,7 @@ func TestReturnedAtTheRecordsVersion(t *testing.T) {
 	}
 	grown := netip.MustParsePrefix("10.128.0.192/27")
 	v := growthView("a")
-	v.Self.Version = 150
+	v.Self.Version, v.RestoreEpoch = 150, 9
 	v.Blocks = []MasterBlock{{Overlay: "carve", Bridge: api.BridgeMesos, Prefix: grown, Version: 150}}
 	nd.svc.Sync(v)
 	for i := range 31 {
@@ -263,6 +268,27 @@ func TestReturnedAtTheRecordsVersion(t *testing.T) {
 	nd.svc.mu.Unlock()
 	if held != nil || len(writes) != 0 {
 		t.Fatalf("a record listing the block given back at version 150 gave it back to the agent (%d writes)", len(writes))
+	}
+	// The report the agent's reporter sends (sourceReports.Return).
+	outbox, err := (*reportHost)(nd.svc).Outbox()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ReturnReport{Overlay: "carve", Prefix: grown, Version: 150, RestoreEpoch: 9}
+	var sent []ReturnReport
+	for _, e := range outbox {
+		if err := (sourceReports{src}).Return(context.Background(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src.mu.Lock()
+	for _, r := range src.returns {
+		r.RequestID = ""
+		sent = append(sent, r)
+	}
+	src.mu.Unlock()
+	if !slices.Contains(sent, want) {
+		t.Errorf("the return reports %+v, want %+v", sent, want)
 	}
 }
 

@@ -63,7 +63,7 @@ func claimKeyOf(id string) ed25519.PrivateKey {
 type mastersStandIn struct {
 	mu      sync.Mutex
 	grants  []GrantReport
-	returns []netip.Prefix
+	returns []ReturnReport
 	down    bool
 }
 
@@ -76,13 +76,13 @@ func (m *mastersStandIn) Grow(context.Context, string, string, int, string) (Lea
 	return LeasedBlock{}, ErrMastersExhausted
 }
 
-func (m *mastersStandIn) Return(_ context.Context, _ string, p netip.Prefix, _ string) error {
+func (m *mastersStandIn) Return(_ context.Context, r ReturnReport) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.down {
 		return fmt.Errorf("no master answered")
 	}
-	m.returns = append(m.returns, p)
+	m.returns = append(m.returns, r)
 	return nil
 }
 

@@ -34,6 +34,10 @@ func (m sourceReports) ReportGrant(ctx context.Context, e ipamstore.OutboxEntry)
 		RequestID: e.RequestID, Expires: e.Expires, DonorSignature: e.DonorSignature})
 }
 
+func (m sourceReports) Return(ctx context.Context, e ipamstore.OutboxEntry) error {
+	return m.BlockSource.Return(ctx, ReturnReport{Overlay: e.Overlay, Prefix: e.Prefix, RequestID: e.RequestID, Version: e.Version, RestoreEpoch: e.RestoreEpoch})
+}
+
 // reportHost is the Service as what its reports read and settle
 // (masterreport.Host).
 type reportHost Service

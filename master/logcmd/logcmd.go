@@ -128,6 +128,10 @@ type Return struct {
 	AgentID string       `json:"agent_id"`
 	Overlay string       `json:"overlay"`
 	Prefix  netip.Prefix `json:"prefix"`
+	// Version and RestoreEpoch name the lease of the block the returner
+	// gives back (api.ReturnRequest); Version 0: not named.
+	Version      uint64 `json:"version,omitempty"`
+	RestoreEpoch uint64 `json:"restore_epoch,omitempty"`
 }
 
 // Grant records a ring grant: a transfer of Prefix from Donor to Recipient.
@@ -332,7 +336,11 @@ func ReturnCommand(agentID string, req api.ReturnRequest) (Command, error) {
 	if err := validateRequestID(req.RequestID); err != nil {
 		return Command{}, err
 	}
-	return Command{Op: OpReturn, RequestID: req.RequestID, Return: &Return{AgentID: agentID, Overlay: req.Overlay, Prefix: p}}, nil
+	if req.Version == 0 && req.RestoreEpoch != 0 {
+		return Command{}, fmt.Errorf("restore_epoch: %d without the block's version: send both, or neither", req.RestoreEpoch)
+	}
+	return Command{Op: OpReturn, RequestID: req.RequestID, Return: &Return{AgentID: agentID, Overlay: req.Overlay, Prefix: p,
+		Version: req.Version, RestoreEpoch: req.RestoreEpoch}}, nil
 }
 
 // GrantCommand records a ring grant that reporter (its donor or its

@@ -33,6 +33,8 @@ func goldenCommands(t testing.TB) map[string]Command {
 	add("grow", c, err)
 	c, err = ReturnCommand("a1", api.ReturnRequest{Overlay: "carve", Prefix: "10.128.3.0/26", RequestID: "r5"})
 	add("return", c, err)
+	c, err = ReturnCommand("a1", api.ReturnRequest{Overlay: "carve", Prefix: "10.128.3.0/26", RequestID: "r8", Version: 41, RestoreEpoch: 1800000000000000000})
+	add("return naming its lease", c, err)
 	c, err = GrantCommand("a2", api.GrantReport{Overlay: "carve", Prefix: "10.128.1.128/25", Donor: "a1", Recipient: "a2", Bridge: api.BridgeMesos,
 		DonorSignature: "c2lnbmF0dXJl", Expires: 1800000000, RequestID: "r6"})
 	add("grant", c, err)
@@ -61,6 +63,7 @@ func TestGoldenEntries(t *testing.T) {
 		{"delete agents", `{"op":"delete","request_id":"r3","delete":{"agents":["a1","198.18.0.2"]}}`, "209b5cc449eba770556669196de31cdf"},
 		{"grow", `{"op":"grow","request_id":"r4","grow":{"agent_id":"a1","overlay":"carve","bridge":"docker","family":6}}`, "0f256c6afae565fe2fb45614b382ec6b"},
 		{"return", `{"op":"return","request_id":"r5","return":{"agent_id":"a1","overlay":"carve","prefix":"10.128.3.0/26"}}`, "d58fd89ce5b306189b8b3a93a73944ca"},
+		{"return naming its lease", `{"op":"return","request_id":"r8","return":{"agent_id":"a1","overlay":"carve","prefix":"10.128.3.0/26","version":41,"restore_epoch":1800000000000000000}}`, "1429f813023a4b73d0a966944f6dd98b"},
 		{"grant", `{"op":"grant","request_id":"r6","grant":{"overlay":"carve","prefix":"10.128.1.128/25","donor":"a1","recipient":"a2","bridge":"mesos","statement":"5b46b2821536f0a33e3459a1492479c048f3262e423aaf0536c17b89ac1e6d11","expires":1800000000}}`, "fc8d0857de38e1c7ef1b7317d1ba19b1"},
 		{"set config", `{"op":"set_config","set_config":{"vtep_subnet":"100.64.0.0/16","overlays":[{"name":"carve","subnet":"10.128.0.0/16","prefix":24,"enabled":true}]}}`, "925540bff510f63dab70d142da979ed6"},
 		{"server meta", `{"op":"server_meta","server_meta":{"id":"m1","raft_addr":"198.18.0.100:7000","http_addr":"198.18.0.100:7001"}}`, "adee667c3812f61a4b0750156a398971"},
@@ -211,5 +214,19 @@ func TestValidateRegistration(t *testing.T) {
 				t.Errorf("error %v, want one naming %s", err, tt.field)
 			}
 		})
+	}
+}
+
+// TestReturnNamesItsLease: a return's restore epoch comes with the
+// block's version (what names the lease it gives back); one without the
+// other is refused, naming the field.
+func TestReturnNamesItsLease(t *testing.T) {
+	_, err := ReturnCommand("a1", api.ReturnRequest{Overlay: "carve", Prefix: "10.128.3.0/26", RestoreEpoch: 3})
+	if err == nil || !strings.Contains(err.Error(), "restore_epoch") || !strings.Contains(err.Error(), "version") {
+		t.Fatalf("a restore epoch without a version: %v, want it refused naming both", err)
+	}
+	c, err := ReturnCommand("a1", api.ReturnRequest{Overlay: "carve", Prefix: "10.128.3.0/26", Version: 7})
+	if err != nil || c.Return.Version != 7 || c.Return.RestoreEpoch != 0 {
+		t.Fatalf("a version without an epoch (no restore yet): %+v, %v", c.Return, err)
 	}
 }

@@ -268,6 +268,36 @@ func (t *LeaseTable) store(index uint64, rec *agentRecord) {
 	t.touch(rec.ID)
 }
 
+// staleReturn refuses a return decided before the last restore of the
+// table when what the returner holds inside its prefix was leased after
+// that restore: the restore took back the lease the return was decided
+// on, and the return waited (the agent's outbox, the masters down) while
+// the agent was leased the block anew. Freeing it now would free space the
+// agent allocates in. After a restore into the running cluster, leases
+// after it are the blocks of a version above its index, and what it kept
+// is at or below the snapshot's index, lower still. A whole-cluster
+// restore starts a new log whose indexes repeat the old one's (the
+// restore's index is below the snapshot's): there versions cannot tell a
+// kept block from a later lease, and the return is judged as before (the
+// gap docs/design.md names). Within one
+// epoch a held block is never a later lease of the returned one (the
+// masters never lease a block that its returner still holds), and versions
+// are not compared: a held block is re-versioned by changes that are not
+// leases (a donor's piece coming back). A return that names no version is
+// of an agent of an earlier release, judged as before.
+func (t *LeaseTable) staleReturn(c *logcmd.Return, give []leaseBlock) error {
+	if c.Version == 0 || t.restore == nil || c.RestoreEpoch >= t.restore.RestoreEpoch() || t.restore.Index <= t.restore.From {
+		return nil
+	}
+	for _, b := range give {
+		if b.Version > t.restore.Index {
+			return fmt.Errorf("%w: agent %q decided this return of %s in overlay %q before the masters' table was restored (restore epoch %d, now %d), and was leased %s again since (version %d, after the restore's index %d): the return is stale and the block stays the agent's",
+				ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay, c.RestoreEpoch, t.restore.RestoreEpoch(), b.Prefix, b.Version, t.restore.Index)
+		}
+	}
+	return nil
+}
+
 // applyReturn gives back what an agent holds inside a prefix: a grown block
 // to the free space; a granted one to its donor when the donor still holds
 // pieces of the block it was cut from, else to the free space. A first
@@ -305,6 +335,9 @@ func (t *LeaseTable) applyReturn(index uint64, c *logcmd.Return) (*agentRecord, 
 	}
 	if len(give) == 0 {
 		return nil, fmt.Errorf("%w: agent %q holds nothing inside %s in overlay %q", ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay)
+	}
+	if err := t.staleReturn(c, give); err != nil {
+		return nil, err
 	}
 	rec := old.Clone()
 	if err := t.setBlocks(rec, c.Overlay, keep); err != nil {

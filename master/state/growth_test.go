@@ -248,6 +248,8 @@ func FuzzGrowthBodies(f *testing.F) {
 	f.Add(0, []byte(`{"overlay":"g","bridge":"docker","family":"6"}`))
 	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.3.0/25"}`))
 	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.0.0/24"}`))
+	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.3.0/25","version":12,"restore_epoch":3}`))
+	f.Add(1, []byte(`{"overlay":"g","prefix":"10.9.3.0/25","restore_epoch":3}`))
 	f.Add(2, []byte(`{"overlay":"g","prefix":"10.9.0.64/26","donor":"a1","recipient":"a2"}`))
 	f.Add(2, []byte(`{"overlay":"g","prefix":"fd09::/66","donor":"a2","recipient":"a1","bridge":"docker"}`))
 	f.Add(3, []byte(`{"overlays":[{"name":"g","blocks":[{"prefix":"10.9.0.0/25","used":1,"free":2}]}],"state_index":9}`))

@@ -43,7 +43,7 @@ type BlockSource interface {
 	// have no free block left; any other error: no master answered.
 	Grow(ctx context.Context, overlay, bridge string, family int, requestID string) (LeasedBlock, error)
 	// Return gives a grown block back to the masters' free pool.
-	Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error
+	Return(ctx context.Context, r ReturnReport) error
 	// ReportGrant tells the masters of a grant made through the ring, so
 	// that they never lease that space to anyone else.
 	ReportGrant(ctx context.Context, g GrantReport) error
@@ -73,6 +73,17 @@ type GrantReport struct {
 	// grant (api.GrantSigningBytes), reported with it.
 	Expires        int64
 	DonorSignature string
+}
+
+// ReturnReport gives back a block (api.ReturnRequest): the version at which
+// the masters' record listed it and the restore epoch of that record name
+// the lease it gives back.
+type ReturnReport struct {
+	Overlay      string
+	Prefix       netip.Prefix
+	RequestID    string
+	Version      uint64
+	RestoreEpoch uint64
 }
 
 // Errors of growth, for callers that branch.

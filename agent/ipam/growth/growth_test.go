@@ -56,8 +56,8 @@ func (s fakeSource) Grow(context.Context, string, string, int, string) (LeasedBl
 	}
 	return LeasedBlock{Prefix: netip.MustParsePrefix("10.0.1.0/26"), Version: 7}, nil
 }
-func (fakeSource) Return(context.Context, string, netip.Prefix, string) error { return nil }
-func (fakeSource) ReportGrant(context.Context, GrantReport) error             { return nil }
+func (fakeSource) Return(context.Context, ReturnReport) error     { return nil }
+func (fakeSource) ReportGrant(context.Context, GrantReport) error { return nil }
 
 // TestRunner: a bridge below its low-water mark grows once (the masters
 // first, a peer when they have nothing), a growth in flight is shared, and

@@ -91,6 +91,9 @@ type OutboxEntry struct {
 	// take the return, their record still lists the block, and a restart
 	// must not take it back from that record.
 	Version uint64 `json:"version,omitempty"`
+	// RestoreEpoch is, for a return, the masters' restore epoch of the
+	// record the return was decided on (api.ReturnRequest.RestoreEpoch).
+	RestoreEpoch uint64 `json:"restore_epoch,omitempty"`
 }
 
 // AllocKey is an attachment's key in AllocBucket (and the IPAM's key of

@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"reflect"
 	"time"
 
@@ -38,7 +37,7 @@ const callTimeout = 10 * time.Second
 // Masters is the masters' side of the reports.
 type Masters interface {
 	// Return gives a grown block back to the masters' free pool.
-	Return(ctx context.Context, overlay string, prefix netip.Prefix, requestID string) error
+	Return(ctx context.Context, e ipamstore.OutboxEntry) error
 	// ReportGrant tells the masters of a grant made through the ring.
 	ReportGrant(ctx context.Context, e ipamstore.OutboxEntry) error
 }
@@ -128,7 +127,7 @@ func (r *Reporter) FlushOutbox(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		switch e.Kind {
 		case ipamstore.OutboxReturn:
-			err = src.Return(cctx, e.Overlay, e.Prefix, e.RequestID)
+			err = src.Return(cctx, e)
 		default:
 			err = src.ReportGrant(cctx, e)
 		}

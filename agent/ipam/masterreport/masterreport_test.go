@@ -37,9 +37,9 @@ type fakeMasters struct {
 	got     []string
 }
 
-func (m *fakeMasters) Return(_ context.Context, _ string, _ netip.Prefix, id string) error {
-	m.got = append(m.got, "return "+id)
-	return m.answers[id]
+func (m *fakeMasters) Return(_ context.Context, e ipamstore.OutboxEntry) error {
+	m.got = append(m.got, "return "+e.RequestID)
+	return m.answers[e.RequestID]
 }
 
 func (m *fakeMasters) ReportGrant(_ context.Context, e ipamstore.OutboxEntry) error {

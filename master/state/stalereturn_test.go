@@ -1,0 +1,89 @@
+package state
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// staleReturnReport is a's return of prefix as an agent of this release
+// sends it: naming the version at which a's record lists the block now and
+// the table's restore epoch (what a's outbox keeps when it decides).
+func (l *resendLog) staleReturnReport(requestID, id, prefix string) command {
+	l.t.Helper()
+	c := returnReport(requestID, id, prefix)
+	p := netip.MustParsePrefix(prefix)
+	for _, b := range l.tables[0].agents[id].Leases["g"].Blocks {
+		if b.Prefix == p {
+			c.Return.Version = b.Version
+		}
+	}
+	if c.Return.Version == 0 {
+		l.t.Fatalf("%s holds no block %s", id, prefix)
+	}
+	c.Return.RestoreEpoch = l.tables[0].restore.RestoreEpoch()
+	return c
+}
+
+// TestStaleReturnAfterRestore: a return that waited in an agent's outbox
+// across a restore of the masters' table (into the running cluster) is
+// refused when the agent was leased the block anew after the restore:
+// freeing it would free space the agent allocates in (the restore took
+// back the lease the return was decided on). A return whose block the
+// restore kept, or decided after the restore, is applied; so is one of an
+// agent of an earlier release, which names no version (judged as before).
+func TestStaleReturnAfterRestore(t *testing.T) {
+	tests := []struct {
+		name string
+		run  func(l *resendLog)
+	}{
+		{"decided before a restore that took the grow back, a grew the block again: refused", func(l *resendLog) {
+			l.register("a", "b", "c")
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			ret := l.staleReturnReport("r1", "a", grownP) // decided; its answer never came
+			l.restore(snap)
+			l.wantHolders(grownP)
+			l.mustApply(growRequest("r2", "a")) // first fit: the same block
+			l.wantHolders(grownP, "a")
+			l.resend(ret, ErrBlockConflict)
+			l.wantHolders(grownP, "a")
+			l.mustApply(l.staleReturnReport("r3", "a", grownP)) // decided anew: applied
+			l.wantHolders(grownP)
+		}},
+		{"decided before a restore that kept the block: applied", func(l *resendLog) {
+			l.register("a", "b", "c")
+			l.mustApply(growRequest("r0", "a"))
+			snap := l.save()
+			ret := l.staleReturnReport("r1", "a", grownP)
+			l.restore(snap)
+			l.wantHolders(grownP, "a")
+			l.resend(ret, nil)
+			l.wantHolders(grownP)
+		}},
+		{"decided after the restore, of a block grown after it: applied", func(l *resendLog) {
+			l.register("a", "b", "c")
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			l.restore(snap)
+			l.mustApply(growRequest("r1", "a"))
+			l.resend(l.staleReturnReport("r2", "a", grownP), nil)
+			l.wantHolders(grownP)
+		}},
+		{"of an agent of an earlier release (no version): judged as before", func(l *resendLog) {
+			l.register("a", "b", "c")
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			l.restore(snap)
+			l.mustApply(growRequest("r1", "a"))
+			l.resend(returnReport("r2", "a", grownP), nil)
+			l.wantHolders(grownP)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := newResendLog(t)
+			tt.run(l)
+			l.catchUp()
+		})
+	}
+}
