@@ -124,7 +124,8 @@ func (t *LeaseTable) reclaimOwnQuarantine(rec *agentRecord, def overlayDef, l ov
 		if bridge == "" {
 			bridge = api.BridgeMesos
 		}
-		l.Blocks = append(l.Blocks, leaseBlock{Bridge: bridge, Prefix: q.Prefix, Origin: api.BlockGrown, Home: q.Prefix, Version: index})
+		l.Blocks = append(l.Blocks, leaseBlock{Bridge: bridge, Prefix: q.Prefix, Origin: api.BlockGrown, Home: q.Prefix, Version: index,
+			Epoch: t.restore.RestoreEpoch()})
 	}
 	if len(keep) != len(t.quarantine[overlay]) {
 		t.quarantine[overlay] = keep
@@ -252,7 +253,7 @@ func (t *LeaseTable) applyGrow(index uint64, c *logcmd.Grow) (*agentRecord, erro
 	}
 	rec := old.Clone()
 	blocks := append(slices.Clone(rec.Leases[c.Overlay].Blocks),
-		leaseBlock{Bridge: c.Bridge, Prefix: p, Origin: api.BlockGrown, Home: p, Version: index})
+		leaseBlock{Bridge: c.Bridge, Prefix: p, Origin: api.BlockGrown, Home: p, Version: index, Epoch: t.restore.RestoreEpoch()})
 	if err := t.setBlocks(rec, c.Overlay, blocks); err != nil {
 		return nil, err
 	}
@@ -268,31 +269,26 @@ func (t *LeaseTable) store(index uint64, rec *agentRecord) {
 	t.touch(rec.ID)
 }
 
-// staleReturn refuses a return decided before the last restore of the
-// table when what the returner holds inside its prefix was leased after
-// that restore: the restore took back the lease the return was decided
-// on, and the return waited (the agent's outbox, the masters down) while
-// the agent was leased the block anew. Freeing it now would free space the
-// agent allocates in. After a restore into the running cluster, leases
-// after it are the blocks of a version above its index, and what it kept
-// is at or below the snapshot's index, lower still. A whole-cluster
-// restore starts a new log whose indexes repeat the old one's (the
-// restore's index is below the snapshot's): there versions cannot tell a
-// kept block from a later lease, and the return is judged as before (the
-// gap docs/design.md names). Within one
-// epoch a held block is never a later lease of the returned one (the
-// masters never lease a block that its returner still holds), and versions
-// are not compared: a held block is re-versioned by changes that are not
-// leases (a donor's piece coming back). A return that names no version is
-// of an agent of an earlier release, judged as before.
+// staleReturn refuses a return decided before a restore of the table when
+// what the agent holds inside its prefix was leased after that restore:
+// the restore took back the lease the return was decided on, and the
+// return waited (the agent's outbox, the masters down) while the agent was
+// leased the block anew. Freeing it now would free space the agent
+// allocates in. A block carries the restore epoch it was leased in
+// (record.Block.Epoch), and the return the epoch of the record it was
+// decided on: versions cannot tell a kept block from a later lease (a
+// whole-cluster restore starts a log whose indexes repeat the old one's,
+// and changes that are not leases re-version a block). Within one epoch
+// the masters never lease a block its returner still holds. A return that
+// names no version is of an agent of an earlier release, judged as before.
 func (t *LeaseTable) staleReturn(c *logcmd.Return, give []leaseBlock) error {
-	if c.Version == 0 || t.restore == nil || c.RestoreEpoch >= t.restore.RestoreEpoch() || t.restore.Index <= t.restore.From {
+	if c.Version == 0 {
 		return nil
 	}
 	for _, b := range give {
-		if b.Version > t.restore.Index {
-			return fmt.Errorf("%w: agent %q decided this return of %s in overlay %q before the masters' table was restored (restore epoch %d, now %d), and was leased %s again since (version %d, after the restore's index %d): the return is stale and the block stays the agent's",
-				ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay, c.RestoreEpoch, t.restore.RestoreEpoch(), b.Prefix, b.Version, t.restore.Index)
+		if b.Epoch > c.RestoreEpoch {
+			return fmt.Errorf("%w: agent %q decided this return of %s in overlay %q in restore epoch %d, and was leased %s again since, in epoch %d (version %d): the return is stale and the block stays the agent's",
+				ErrBlockConflict, c.AgentID, c.Prefix, c.Overlay, c.RestoreEpoch, b.Prefix, b.Epoch, b.Version)
 		}
 	}
 	return nil
@@ -470,7 +466,8 @@ func (t *LeaseTable) applyGrant(index uint64, c *logcmd.Grant) (*agentRecord, er
 	if bridge == "" {
 		bridge = api.BridgeMesos
 	}
-	blocks = append(blocks, leaseBlock{Bridge: bridge, Prefix: c.Prefix, Origin: api.BlockGranted, Donor: c.Donor, Home: c.Prefix, Version: index})
+	blocks = append(blocks, leaseBlock{Bridge: bridge, Prefix: c.Prefix, Origin: api.BlockGranted, Donor: c.Donor, Home: c.Prefix, Version: index,
+		Epoch: t.restore.RestoreEpoch()})
 	if err := t.setBlocks(rec, c.Overlay, blocks); err != nil {
 		return nil, err
 	}

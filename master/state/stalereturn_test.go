@@ -25,8 +25,9 @@ func (l *resendLog) staleReturnReport(requestID, id, prefix string) command {
 }
 
 // TestStaleReturnAfterRestore: a return that waited in an agent's outbox
-// across a restore of the masters' table (into the running cluster) is
-// refused when the agent was leased the block anew after the restore:
+// across a restore of the masters' table (into the running cluster, or a
+// whole-cluster one, whose log repeats the old indexes) is refused when the
+// agent was leased the block anew after the restore:
 // freeing it would free space the agent allocates in (the restore took
 // back the lease the return was decided on). A return whose block the
 // restore kept, or decided after the restore, is applied; so is one of an
@@ -48,6 +49,29 @@ func TestStaleReturnAfterRestore(t *testing.T) {
 			l.resend(ret, ErrBlockConflict)
 			l.wantHolders(grownP, "a")
 			l.mustApply(l.staleReturnReport("r3", "a", grownP)) // decided anew: applied
+			l.wantHolders(grownP)
+		}},
+		{"decided before a whole-cluster restore that took the grow back, a grew the block again: refused", func(l *resendLog) {
+			l.register("a", "b", "c")
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			l.mustApply(growRequest("r1", "b")) // the old log runs on past the new one's indexes
+			ret := l.staleReturnReport("r2", "a", grownP)
+			l.restoreWholeCluster(snap)
+			l.wantHolders(grownP)
+			l.mustApply(growRequest("r3", "a"))
+			l.wantHolders(grownP, "a")
+			l.resend(ret, ErrBlockConflict)
+			l.wantHolders(grownP, "a")
+		}},
+		{"decided before a whole-cluster restore that kept the block: applied", func(l *resendLog) {
+			l.register("a", "b", "c")
+			l.mustApply(growRequest("r0", "a"))
+			snap := l.save()
+			ret := l.staleReturnReport("r1", "a", grownP)
+			l.restoreWholeCluster(snap)
+			l.wantHolders(grownP, "a")
+			l.resend(ret, nil)
 			l.wantHolders(grownP)
 		}},
 		{"decided before a restore that kept the block: applied", func(l *resendLog) {
