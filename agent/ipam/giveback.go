@@ -179,11 +179,14 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// A return, not a grant: the masters give the block back to its
 		// donor, merged into the block it came from (or free it when the
 		// donor holds that no more), never as a block of its own.
+		// It names no version: a restart reads a return without one as
+		// given back for any lease of the block (ipamstore.Load), which a
+		// block back in its donor's ring must stay until the masters take
+		// the return. So the masters cannot tell it stale after a restore
+		// (docs/design.md, "A report sent again after a restore").
 		enc := a.EncodeRing()
-		version := max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix))
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id,
-				Version: version, RestoreEpoch: s.view.RestoreEpoch}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the
