@@ -182,6 +182,11 @@ func (g *historyGuard) serverConfig(base *tls.Config, hello *tls.ClientHelloInfo
 	peer, mine := offered(hello.SupportedProtos), g.get()
 	switch {
 	case peer == "":
+		// A node that knows no history yet: on a host whose master was
+		// refused, it is that master on an empty data directory (the fix
+		// HistoryFix names), whose history it learns from the leader. A
+		// follower may hear from it only so: it does not dial it.
+		g.agreed(hello.Conn.RemoteAddr().String())
 	case mine == "" || peer == mine:
 		cfg.NextProtos = []string{proto(peer)}
 		if peer == mine {

@@ -126,3 +126,29 @@ func TestHistoryRefusesOtherHistory(t *testing.T) {
 		})
 	}
 }
+
+// TestHistoryConflictEndsWhenTheStaleMasterStartsEmpty: a listener that
+// refused a peer of another history forgets the refusal when a node from
+// that host dials it knowing no history: the stale master was started on
+// an empty data directory, the fix the conflict names. Only a follower's
+// incoming handshakes tell it so (it does not dial the other masters), and
+// until then carve cluster status called the cluster unhealthy for the
+// two minutes a refusal shows (e2e TestRestoredHistoryRefusesOldDataDir
+// met that edge).
+func TestHistoryConflictEndsWhenTheStaleMasterStartsEmpty(t *testing.T) {
+	ca := pkitest.New(t)
+	stale, b := historyLayer(t, ca, "a", "c1"), historyLayer(t, ca, "b", "c1/200")
+	if err, _ := exchange(t, stale, b); !errors.Is(err, ErrOtherHistory) {
+		t.Fatalf("dial from the stale master: %v, want ErrOtherHistory", err)
+	}
+	if b.history.lastConflict() == "" {
+		t.Fatal("the refusal is not shown")
+	}
+	empty := historyLayer(t, ca, "a", "")
+	if err, served := exchange(t, empty, b); err != nil || !served {
+		t.Fatalf("dial from the master on an empty data directory: %v, served %t", err, served)
+	}
+	if c := b.history.lastConflict(); c != "" {
+		t.Errorf("the conflict %q is still shown", c)
+	}
+}

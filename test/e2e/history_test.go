@@ -181,7 +181,9 @@ func TestRestoredHistoryRefusesOldDataDir(t *testing.T) {
 	if err := c.StartMaster(stale); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 2*converge, "the cluster to be healthy with the master back", func() error {
+	// A follower shows its last refusal of the stale master for two
+	// minutes unless a handshake with the empty one ends it: wait longer.
+	testutil.Eventually(t, 3*converge, "the cluster to be healthy with the master back", func() error {
 		rep, err := clusterStatus()
 		if err != nil {
 			return err
