@@ -312,7 +312,7 @@ type ReturnRequest struct {
 	// block when it decided to give it back, and RestoreEpoch the masters'
 	// restore epoch of that record (0: none yet). With them the masters
 	// refuse a return that waited across a restore while the returner was
-	// leased the block anew (409 conflict). Agents before carve 0.x send
+	// leased the block anew (409 conflict). Agents of v0.4 and earlier send
 	// neither (Version 0) and are judged without them.
 	Version      uint64 `json:"version,omitempty"`
 	RestoreEpoch uint64 `json:"restore_epoch,omitempty"`

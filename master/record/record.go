@@ -100,7 +100,7 @@ type Block struct {
 	Version uint64       `json:"version"`
 	// Epoch is the table's restore epoch when the block was leased to
 	// this agent (grown, granted, taken back from its quarantine; 0 before
-	// any restore, and for blocks of tables before carve 0.x kept it). A
+	// any restore, and for blocks leased by masters of v0.4 and earlier). A
 	// return decided in an older epoch never means a block leased in a
 	// newer one (state's staleReturn). Versions cannot tell: a whole-
 	// cluster restore starts a log whose indexes repeat the old one's.
