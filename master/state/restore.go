@@ -103,16 +103,26 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	maps.Copy(t.usedStatements, used)
 	t.denied.Keep(revoked)
 	// A snapshot from before a revocation holds the revoked agent's
-	// record: it stays deleted (tombstoned below, with the others gone).
+	// record: it stays deleted (tombstoned below, with the others gone),
+	// and its blocks are quarantined as its deletion quarantined them
+	// (freeLeases): a live agent may hold a grant of it that the masters
+	// have not heard of, which freeing them would lease a second time.
+	var dropped []*agentRecord
 	for _, r := range t.denied.Sorted() {
 		if id := revokedAgent(r.Identity); id != "" && t.agents[id] != nil {
 			if ip := t.agents[id].IP; ip.IsValid() && t.byIP[ip] == id {
 				delete(t.byIP, ip)
 			}
 			t.unindexKeys(id, t.agents[id].Keys)
+			dropped = append(dropped, t.agents[id])
 			delete(t.agents, id)
 			delete(t.reports, id)
 			gone = append(gone, id)
+		}
+	}
+	if len(t.agents) > 0 {
+		for _, rec := range dropped {
+			t.quarantineBlocks(index, rec)
 		}
 	}
 	for id, rec := range t.agents {

@@ -332,10 +332,26 @@ func (t *LeaseTable) freeLeases(index uint64, rec *agentRecord, quarantine bool)
 			}
 			if quarantine {
 				_ = space.Add(b.Prefix, quarantineHolds(rec.ID)) // just freed: cannot overlap
-				t.quarantine[name] = append(t.quarantine[name], quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge, ClaimKey: rec.Keys.Claim})
+				t.quarantine[name] = append(t.quarantine[name], quarantineOf(index, rec, b))
 			}
 		}
 	}
+}
+
+// quarantineBlocks records every overlay block of rec, an agent deleted at
+// index whose record is no longer in the table, as quarantined; the
+// allocators are not touched (the caller rebuilds them: a restore).
+func (t *LeaseTable) quarantineBlocks(index uint64, rec *agentRecord) {
+	for _, name := range slices.Sorted(maps.Keys(rec.Leases)) {
+		for _, b := range rec.Leases[name].Blocks {
+			t.quarantine[name] = append(t.quarantine[name], quarantineOf(index, rec, b))
+		}
+	}
+}
+
+// quarantineOf is block b of rec, deleted at index, as quarantined space.
+func quarantineOf(index uint64, rec *agentRecord, b record.Block) quarantined {
+	return quarantined{Prefix: b.Prefix, From: rec.ID, Since: index, Bridge: b.Bridge, ClaimKey: rec.Keys.Claim}
 }
 
 // applySetConfig merges a (validated) configuration into the state.
