@@ -179,14 +179,17 @@ func (s *Service) giveBack(hb *heldBlock) {
 		// A return, not a grant: the masters give the block back to its
 		// donor, merged into the block it came from (or free it when the
 		// donor holds that no more), never as a block of its own.
-		// It names no version: a restart reads a return without one as
-		// given back for any lease of the block (ipamstore.Load), which a
-		// block back in its donor's ring must stay until the masters take
-		// the return. So the masters cannot tell it stale after a restore
-		// (docs/design.md, "A report sent again after a restore").
+		// It names the lease it gives back to the masters (LeaseVersion
+		// and RestoreEpoch: they refuse it when a restore took the grant
+		// back and the donor granted the block to this agent anew), but
+		// keeps no Version of its own: a restart reads a return without
+		// one as given back for any lease of the block (ipamstore.Load),
+		// which a block back in its donor's ring must stay until the
+		// masters take the return.
 		enc := a.EncodeRing()
 		writes = append(writes, putRing(hb.Overlay, hb.Family, enc),
-			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id}))
+			ipamstore.PutOutbox(ipamstore.OutboxEntry{Kind: ipamstore.OutboxReturn, Overlay: hb.Overlay, Prefix: hb.Prefix, RequestID: id,
+				LeaseVersion: max(hb.Version, recordedVersion(s.view.Blocks, hb.Overlay, hb.Prefix)), RestoreEpoch: s.view.RestoreEpoch}))
 	default:
 		// The ring lets go of the block first (to nobody, so that a later
 		// lease of another agent fills it), in the same commit as the

@@ -173,6 +173,13 @@ func TestGrowthIdleReturn(t *testing.T) {
 		t.Fatalf("grants reported %+v, want one", reports)
 	}
 	recordGrant(t, c, reports[0])
+	// The masters' table was restored once (epoch 4): the return names
+	// the epoch and version of the record that listed the grant.
+	a.svc.mu.Lock()
+	v := a.svc.view
+	a.svc.mu.Unlock()
+	v.RestoreEpoch = 4
+	a.svc.Sync(v)
 	for i := range 32 {
 		if _, err := a.svc.Release(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprint("c", i), IfName: "eth0"}); err != nil {
 			t.Fatal(err)
@@ -183,6 +190,20 @@ func TestGrowthIdleReturn(t *testing.T) {
 			return fmt.Errorf("blocks %+v", bs)
 		}
 		return nil
+	})
+	// The return names the grant's lease, so that the masters refuse it
+	// when a restore took the grant back and the donor granted the block
+	// to a anew (master/state's TestStaleReturnAfterRestore).
+	want := ReturnReport{Overlay: "carve", Prefix: reports[0].Prefix, Version: v.Blocks[0].Version, RestoreEpoch: 4}
+	testutil.Eventually(t, 10*time.Second, "the return reported naming its lease", func() error {
+		c.masters.mu.Lock()
+		defer c.masters.mu.Unlock()
+		for _, r := range c.masters.returns {
+			if r.RequestID = ""; r == want {
+				return nil
+			}
+		}
+		return fmt.Errorf("returns reported %+v, want %+v", c.masters.returns, want)
 	})
 	c.gossipRounds()
 	b := c.nodes["b"]

@@ -35,7 +35,7 @@ func (m sourceReports) ReportGrant(ctx context.Context, e ipamstore.OutboxEntry)
 }
 
 func (m sourceReports) Return(ctx context.Context, e ipamstore.OutboxEntry) error {
-	return m.BlockSource.Return(ctx, ReturnReport{Overlay: e.Overlay, Prefix: e.Prefix, RequestID: e.RequestID, Version: e.Version, RestoreEpoch: e.RestoreEpoch})
+	return m.BlockSource.Return(ctx, ReturnReport{Overlay: e.Overlay, Prefix: e.Prefix, RequestID: e.RequestID, Version: e.ReportedVersion(), RestoreEpoch: e.RestoreEpoch})
 }
 
 // reportHost is the Service as what its reports read and settle

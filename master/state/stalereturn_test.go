@@ -93,6 +93,20 @@ func TestStaleReturnAfterRestore(t *testing.T) {
 			l.resend(l.staleReturnReport("r2", "a", grownP), nil)
 			l.wantHolders(grownP)
 		}},
+		{"a granted block given back to its donor before a restore that took the grant back, granted anew: refused", func(l *resendLog) {
+			l.register("d", "a", "b")
+			snap := l.save()
+			l.mustApply(grantReport("r0", "d", "a", grantedP, "sig-1"))
+			ret := l.staleReturnReport("r1", "a", grantedP) // back to d through the ring; the answer never came
+			l.restore(snap)
+			l.wantHolders(grantedP, "d")
+			l.mustApply(grantReport("r2", "d", "a", grantedP, "sig-2")) // first fit in d's ring: the same block
+			l.wantHolders(grantedP, "a")
+			l.resend(ret, ErrBlockConflict)
+			l.wantHolders(grantedP, "a")
+			l.mustApply(l.staleReturnReport("r3", "a", grantedP)) // decided anew: back to d
+			l.wantHolders(grantedP, "d")
+		}},
 		{"of an agent of an earlier release (no version): judged as before", func(l *resendLog) {
 			l.register("a", "b", "c")
 			snap := l.save()

@@ -94,6 +94,20 @@ type OutboxEntry struct {
 	// RestoreEpoch is, for a return, the masters' restore epoch of the
 	// record the return was decided on (api.ReturnRequest.RestoreEpoch).
 	RestoreEpoch uint64 `json:"restore_epoch,omitempty"`
+	// LeaseVersion is, for a granted block's return to its donor, the
+	// version the masters' record listed the block at, sent as
+	// api.ReturnRequest.Version; such an entry has no Version, which Load
+	// reads as given back for any lease of the block (it is back in its
+	// donor's ring).
+	LeaseVersion uint64 `json:"lease_version,omitempty"`
+}
+
+// ReportedVersion is the lease version a return names to the masters.
+func (e OutboxEntry) ReportedVersion() uint64 {
+	if e.Version != 0 {
+		return e.Version
+	}
+	return e.LeaseVersion
 }
 
 // AllocKey is an attachment's key in AllocBucket (and the IPAM's key of

@@ -102,7 +102,9 @@ func TestLoadRefusesCorruptRecords(t *testing.T) {
 
 // TestLoadReturned: the grown blocks given back load at their highest
 // version, with the returns still in the outbox; one written before
-// versions were counts for any lease of its block.
+// versions were, or a granted block's return to its donor (which names its
+// lease to the masters only: LeaseVersion), counts for any lease of its
+// block.
 func TestLoadReturned(t *testing.T) {
 	db := openDB(t)
 	if _, err := Load(db, time.Minute, noBlocks); err != nil {
@@ -110,7 +112,7 @@ func TestLoadReturned(t *testing.T) {
 	}
 	p, q, r := netip.MustParsePrefix("10.128.1.0/28"), netip.MustParsePrefix("10.128.2.0/28"), netip.MustParsePrefix("10.128.3.0/28")
 	apply(t, db, PutReturned(p, 7), PutOutbox(OutboxEntry{Kind: OutboxReturn, Prefix: p, RequestID: "r1", Version: 9}),
-		PutOutbox(OutboxEntry{Kind: OutboxReturn, Prefix: q, RequestID: "r2"}),
+		PutOutbox(OutboxEntry{Kind: OutboxReturn, Prefix: q, RequestID: "r2", LeaseVersion: 5, RestoreEpoch: 2}),
 		PutOutbox(OutboxEntry{Kind: OutboxGrant, Prefix: r, RequestID: "r3", Version: 3}))
 	st, err := Load(db, time.Minute, noBlocks)
 	if err != nil {
