@@ -96,6 +96,8 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	for id := range t.tombstones {
 		gone = append(gone, id)
 	}
+	// What the restore may delete, whose space it quarantines.
+	before, beforeQuarantine := t.agents, t.quarantine
 	revoked := t.denied.Sorted() // a restore never takes a revocation back
 	used := t.usedStatements     // nor lets a used grant statement move space again
 	t.reset()
@@ -154,8 +156,48 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	t.horizon, t.marks = min(t.horizon, index), nil
 	if t.net != nil {
 		t.rebuildSpaces()
+		if len(t.agents) > 0 {
+			t.quarantineDeleted(index, before, beforeQuarantine)
+		}
 	}
 	return nil
+}
+
+// quarantineDeleted quarantines, at index, the space that the table before
+// a restore gave to agents the restored table does not hold (registered
+// after the snapshot, so deleted by the restore, or already deleted and
+// quarantined), wherever the restored table leaves it free: the restore
+// deletes them as a delete command would, and a live agent may hold an
+// unreported grant of theirs, which freeing the space would lease a second
+// time. An agent deleted so that registers again is leased its own
+// quarantined space first, so its containers keep their addresses. The
+// caller holds t.mu and has rebuilt the spaces.
+func (t *LeaseTable) quarantineDeleted(index uint64, before map[string]*agentRecord, beforeQuarantine map[string][]quarantined) {
+	keep := func(name string, q quarantined) {
+		space := t.spaces[name].family(q.Prefix.Addr().Is4())
+		if space != nil && space.Add(q.Prefix, quarantineHolds(q.From)) == nil { // else the restored table holds some of it
+			t.quarantine[name] = append(t.quarantine[name], q)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(before)) {
+		if t.agents[id] != nil {
+			continue
+		}
+		rec := before[id]
+		for _, name := range slices.Sorted(maps.Keys(rec.Leases)) {
+			for _, b := range rec.Leases[name].Blocks {
+				keep(name, quarantineOf(index, rec, b))
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(beforeQuarantine)) {
+		for _, q := range beforeQuarantine[name] {
+			if t.agents[q.From] == nil {
+				q.Since = index
+				keep(name, q)
+			}
+		}
+	}
 }
 
 // orString is a, or b when a is empty.
