@@ -384,7 +384,13 @@ func matches(ks *labcluster.KernelState, st *api.State, self string) error {
 // the other agents' entries as the masters have them.
 func waitKernelMatchesMasters(ctx context.Context, t *testing.T, c *labcluster.Cluster) {
 	t.Helper()
-	for _, h := range c.Hosts() {
+	waitKernelsMatch(ctx, t, c, c.Hosts()...)
+}
+
+// waitKernelsMatch is waitKernelMatchesMasters on the hosts given.
+func waitKernelsMatch(ctx context.Context, t *testing.T, c *labcluster.Cluster, hosts ...*labcluster.Host) {
+	t.Helper()
+	for _, h := range hosts {
 		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			st, err := c.State(ctx)
 			if err != nil {

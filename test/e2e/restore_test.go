@@ -18,9 +18,14 @@ import (
 // TestSnapshotRestore runs the procedures of docs/operations.md, section
 // 9a (issue 20, finding 1), with containers pinging throughout:
 //
-//  1. carve snapshot save, then churn (an agent registers that the
-//     snapshot lacks), then carve snapshot restore on the running cluster:
-//     the agents drop the agent of the churn, and nothing else moves.
+//  1. carve snapshot save, then a host joins (its agent and a container)
+//     and churn (an agent registers that the snapshot lacks), then carve
+//     snapshot restore on the running cluster while the joined host's
+//     agent is stopped: the agents drop the agent of the churn, nothing
+//     else moves, a new agent is not leased the joined host's space (the
+//     restore deleted its agent and quarantined its space), and the
+//     joined host's agent, started again, registers again with its own
+//     subnet: its container keeps its address and pings everywhere.
 //  2. churn again, then every master stopped, its data directory moved
 //     away, and started on an empty one with --restore-from: the agents,
 //     not restarted, follow the restored cluster (the same cluster id, a
@@ -29,12 +34,28 @@ import (
 func TestSnapshotRestore(t *testing.T) {
 	t.Parallel() // its own cluster: see the package comment
 	c := labcluster.ForTest(t, labcluster.Options{Hosts: 3, Masters: 3, Prefix: prefix})
-	ctx := within(t, 6*converge)
-	if err := c.Start(ctx); err != nil {
+	ctx := within(t, 7*converge)
+	if err := c.StartMasters(ctx); err != nil {
 		t.Fatal(err)
 	}
-	containers := containerPerHost(ctx, t, c)
-	waitKernelMatchesMasters(ctx, t, c)
+	joined := c.Host(3) // joins after the snapshot
+	var containers []*labcluster.Container
+	for _, h := range others(c, joined) {
+		if err := c.StartAgent(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range others(c, joined) {
+		ct, err := c.AddCNIContainer(ctx, h, "carve", labcluster.CNIOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		containers = append(containers, ct)
+	}
+	waitKernelsMatch(ctx, t, c, others(c, joined)...)
 	pingAll(ctx, t, containers)
 	saved, err := c.State(ctx)
 	if err != nil {
@@ -69,9 +90,43 @@ func TestSnapshotRestore(t *testing.T) {
 	}
 
 	// 1. Online.
+	if err := c.StartAgent(joined); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ct, err := c.AddCNIContainer(ctx, joined, "carve", labcluster.CNIOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	containers = append(containers, ct)
+	pingAll(ctx, t, containers)
+	joinedSubnet := subnetOf(ctx, t, c, joined.AgentID())
 	churn("churn-1", "198.18.9.1")
+	if err := c.StopAgent(ctx, joined); err != nil {
+		t.Fatal(err)
+	}
 	operator("snapshot", "restore", file)
 	restored := waitRestored(ctx, t, c, saved.ClusterID, from, "churn-1")
+	if slices.ContainsFunc(restored.Agents, func(a api.AgentInfo) bool { return a.AgentID == joined.AgentID() }) {
+		t.Fatalf("the restored state holds the agent of %s, which joined after the snapshot", joined.Name)
+	}
+	newcomer := register(ctx, t, c, api.RegisterRequest{AgentID: "newcomer", IP: "198.18.9.3", MeshAddr: "198.18.9.3:6783"})
+	if len(newcomer.Overlays) == 0 || newcomer.Overlays[0].Subnet == joinedSubnet {
+		t.Fatalf("a new agent was leased %+v after the restore, where %s's agent (deleted by the restore) held %s: its space was freed, not quarantined",
+			newcomer.Overlays, joined.Name, joinedSubnet)
+	}
+	if err := c.StartAgent(joined); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := subnetOf(ctx, t, c, joined.AgentID()); got != joinedSubnet {
+		t.Errorf("%s's agent registered again with %s, want its own %s back", joined.Name, got, joinedSubnet)
+	}
+	waitKernelMatchesMasters(ctx, t, c)
 	pingAll(ctx, t, containers)
 
 	// 2. Every master's data lost.
@@ -116,7 +171,7 @@ func TestSnapshotRestore(t *testing.T) {
 }
 
 // waitRestored waits until the masters show a restore of the snapshot of
-// cluster clusterID at state index from, without the agent gone, and every agent follows them:
+// cluster clusterID at state index from, without the agent gone, and every agent that runs follows them:
 // masters reachable, their index, no peer gone, every other host
 // programmed, the kernel as the state says. It returns the state.
 func waitRestored(ctx context.Context, t *testing.T, c *labcluster.Cluster, clusterID string, from uint64, gone string) *api.State {
@@ -161,14 +216,42 @@ func waitRestored(ctx context.Context, t *testing.T, c *labcluster.Cluster, clus
 	if err := c.WaitConverged(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitKernelMatchesMasters(ctx, t, c)
+	waitKernelsMatch(ctx, t, c, slices.DeleteFunc(c.Hosts(), func(h *labcluster.Host) bool { return !h.Agent.Running() })...)
 	return st
 }
 
-// waitAgentsSee waits until check passes on every agent's peers.
+// subnetOf is the subnet of the first overlay the masters lease agent id
+// (it waits until they list the agent).
+func subnetOf(ctx context.Context, t *testing.T, c *labcluster.Cluster, id string) string {
+	t.Helper()
+	var subnet string
+	err := retry.Until(ctx, 200*time.Millisecond, func() error {
+		st, err := c.State(ctx)
+		if err != nil {
+			return err
+		}
+		for _, a := range st.Agents {
+			if a.AgentID == id && len(a.Overlays) > 0 && a.Overlays[0].Subnet != "" {
+				subnet = a.Overlays[0].Subnet
+				return nil
+			}
+		}
+		return fmt.Errorf("the masters lease agent %q no subnet yet", id)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return subnet
+}
+
+// waitAgentsSee waits until check passes on the peers of every agent that
+// runs.
 func waitAgentsSee(ctx context.Context, t *testing.T, c *labcluster.Cluster, check func(*api.AgentPeers) error) {
 	t.Helper()
 	for _, h := range c.Hosts() {
+		if !h.Agent.Running() {
+			continue
+		}
 		err := retry.Until(ctx, 100*time.Millisecond, func() error {
 			p, err := c.AgentClient(h).Peers(ctx)
 			if err != nil {
