@@ -29,6 +29,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -411,18 +412,34 @@ func (c *Cluster) Close() error {
 			errs = append(errs, err)
 		}
 	}
+	// The agents (and rogues) before the masters: an agent whose master
+	// stopped opens a connection to another, and a master in its HTTP
+	// shutdown waits up to 5 s for a connection that has sent no request
+	// yet, which outlasted the stop timeout below.
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, p := range c.processes() {
-		wg.Go(func() {
-			if err := p.Stop(context.Background(), 5*time.Second); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		})
+	stop := func(ps []*Process) {
+		var wg sync.WaitGroup
+		for _, p := range ps {
+			wg.Go(func() {
+				if err := p.Stop(context.Background(), 5*time.Second); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
 	}
-	wg.Wait()
+	var masters, rest []*Process
+	for _, p := range c.processes() {
+		if slices.ContainsFunc(c.Masters(), func(m *Master) bool { return m.Process == p }) {
+			masters = append(masters, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	stop(rest)
+	stop(masters)
 	if c.http != nil {
 		c.http.CloseIdleConnections()
 	}

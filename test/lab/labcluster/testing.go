@@ -124,7 +124,9 @@ func ForTest(t testing.TB, opts Options) *Cluster {
 			t.Logf("test failed; cluster state and process logs:\n%s", b.String())
 		}
 		if err := c.Close(); err != nil {
-			t.Errorf("close cluster: %v", err)
+			var b strings.Builder
+			c.DumpLogs(&b, 60) // why a process did not stop
+			t.Errorf("close cluster: %v\nprocess logs:\n%s", err, b.String())
 		}
 	})
 	return c
