@@ -125,14 +125,7 @@ func stateOf(t *testing.T, tbl *LeaseTable) api.State {
 // before h1's certificate was revoked, the deny list keeps it and h1's
 // record, which the snapshot holds, stays deleted.
 func TestRestoreKeepsRevocations(t *testing.T) {
-	h := newHarness(t, DefaultConfig())
-	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
-	h.mustRegister("h1", "198.18.0.1")
-	h.mustRegister("h2", "198.18.0.2")
-	var snap bytes.Buffer
-	if err := h.table.WriteSnapshot(&snap); err != nil {
-		t.Fatal(err)
-	}
+	h, snap := twoAgentsSaved(t)
 	c, err := logcmd.RevokeCommand(api.RevokeRequest{Serial: "0a", Identity: "agent/h1"})
 	if err != nil {
 		t.Fatal(err)
@@ -140,11 +133,7 @@ func TestRestoreKeepsRevocations(t *testing.T) {
 	if res := h.apply(c); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	data, _ := logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
-	h.index++
-	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	h.mustRestore(snap)
 	if !h.table.IsRevoked("a") {
 		t.Errorf("the restore took the revocation back: %+v", h.table.Revoked())
 	}
@@ -208,24 +197,13 @@ func overlaps(t *testing.T, a, b string) bool {
 // agent is not leased it, and the agent registering again gets its own
 // subnet back (its containers keep their addresses).
 func TestRestoreQuarantinesTheAgentsItDeletes(t *testing.T) {
-	h := newHarness(t, DefaultConfig())
-	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
-	h.mustRegister("h1", "198.18.0.1")
-	h.mustRegister("h2", "198.18.0.2")
-	var snap bytes.Buffer
-	if err := h.table.WriteSnapshot(&snap); err != nil {
-		t.Fatal(err)
-	}
+	h, snap := twoAgentsSaved(t)
 	late := h.mustRegister("late", "198.18.0.3").Overlays[0].Subnet
 	gone := h.mustRegister("gone", "198.18.0.4").Overlays[0].Subnet
 	if res := h.apply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"gone"}}}); res.Err != nil {
 		t.Fatal(res.Err)
 	}
-	data, _ := logcmd.RestoreCommand(snap.Bytes(), time.Unix(0, 100)).Encode()
-	h.index++
-	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
-		t.Fatal(res.Err)
-	}
+	h.mustRestore(snap)
 	quarantined := map[string][]string{}
 	for _, q := range stateOf(t, h.table).Quarantine {
 		quarantined[q.From] = append(quarantined[q.From], q.Prefix)
@@ -245,5 +223,33 @@ func TestRestoreQuarantinesTheAgentsItDeletes(t *testing.T) {
 	}
 	if again := h.mustRegister("late", "198.18.0.3").Overlays[0].Subnet; again != late {
 		t.Errorf("late registered again after the restore got %s, want its own %s back", again, late)
+	}
+}
+
+// twoAgentsSaved is a table of cluster c1 with agents h1 and h2, and its
+// snapshot.
+func twoAgentsSaved(t *testing.T) (*tableHarness, []byte) {
+	t.Helper()
+	h := newHarness(t, DefaultConfig())
+	h.apply(command{Op: opSetClusterID, ClusterID: "c1"})
+	h.mustRegister("h1", "198.18.0.1")
+	h.mustRegister("h2", "198.18.0.2")
+	var snap bytes.Buffer
+	if err := h.table.WriteSnapshot(&snap); err != nil {
+		t.Fatal(err)
+	}
+	return h, snap.Bytes()
+}
+
+// mustRestore applies the restore of snap into the running table.
+func (h *tableHarness) mustRestore(snap []byte) {
+	h.t.Helper()
+	data, err := logcmd.RestoreCommand(snap, time.Unix(0, 100)).Encode()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.index++
+	if res := h.table.Apply(h.index, data).(Result); res.Err != nil {
+		h.t.Fatal(res.Err)
 	}
 }
