@@ -177,6 +177,12 @@ type Revoke struct {
 type Restore struct {
 	Epoch    uint64          `json:"epoch"`
 	Snapshot json.RawMessage `json:"snapshot"`
+	// Quarantine: the restore quarantines the space of the agents it
+	// deletes (those its snapshot lacks, and revoked ones), as a delete
+	// does. Every restore proposed since v0.5 says so; one of an earlier
+	// release's log replays as it was applied then, freeing that space,
+	// so that replicas that apply the same log stay the same.
+	Quarantine bool `json:"quarantine,omitempty"`
 }
 
 // Decode reads one Raft log entry: a command whose op is known and that
@@ -421,5 +427,5 @@ func RevokeCommand(req api.RevokeRequest) (Command, error) {
 // RestoreCommand restores the snapshot data (check it first) at the epoch
 // now gives, when that is above the table's last one.
 func RestoreCommand(data []byte, now time.Time) Command {
-	return Command{Op: OpRestore, Restore: &Restore{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data}}
+	return Command{Op: OpRestore, Restore: &Restore{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data, Quarantine: true}}
 }

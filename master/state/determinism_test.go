@@ -17,7 +17,8 @@ import (
 // another body), deletes, grows until the overlays are exhausted, returns,
 // grants (most of them invalid), releases, reports, configuration changes
 // (an overlay added, disabled, a bad one), compactions, revocations and
-// restores of a snapshot taken earlier in the same log. A /27 VTEP subnet
+// restores of a snapshot taken earlier in the same log (as v0.4 proposed
+// them, and quarantining the space of the agents they delete). A /27 VTEP subnet
 // and small overlays make addresses run out and be reused.
 func randomLog(t *testing.T, rng *rand.Rand, n int) [][]byte {
 	t.Helper()
@@ -87,7 +88,7 @@ func randomLog(t *testing.T, rng *rand.Rand, n int) [][]byte {
 		case k < 95:
 			add(command{Op: opRevoke, Revoke: &revokeCmd{Serial: fmt.Sprintf("%x", rng.IntN(1<<20)+1), Identity: "agent/" + agent()}})
 		case k < 97 && len(snapshots) > 0:
-			add(command{Op: opRestore, Restore: &restoreCmd{Snapshot: snapshots[rng.IntN(len(snapshots))]}})
+			add(command{Op: opRestore, Restore: &restoreCmd{Snapshot: snapshots[rng.IntN(len(snapshots))], Quarantine: rng.IntN(2) == 0}})
 		default:
 			add(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m" + strconv.Itoa(rng.IntN(3)), HTTPAddr: "127.0.0.1:" + strconv.Itoa(1000+rng.IntN(9))}})
 		}

@@ -170,9 +170,10 @@ func goldenRun(t *testing.T) goldenTable {
 		t.Fatal("the release freed nothing")
 	}
 
-	// A restore of the snapshot, as carve snapshot restore proposes it:
-	// the table's restore field is signed.
-	apply("restore", logcmd.RestoreCommand(snap.Bytes(), time.Unix(1800000000, 0)), nil)
+	// A restore of the snapshot, as carve snapshot restore of v0.4
+	// proposed it (no quarantine, which it replays without): the table's
+	// restore field is signed.
+	apply("restore", logcmd.Command{Op: logcmd.OpRestore, Restore: &logcmd.Restore{Epoch: 1800000000000000000, Snapshot: snap.Bytes()}}, nil)
 	state, _, err = tbl.StateJSON("m1")
 	if err != nil {
 		t.Fatal(err)

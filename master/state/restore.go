@@ -122,7 +122,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 			gone = append(gone, id)
 		}
 	}
-	if len(t.agents) > 0 {
+	if c.Quarantine && len(t.agents) > 0 {
 		for _, rec := range dropped {
 			t.quarantineBlocks(index, rec)
 		}
@@ -156,7 +156,7 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	t.horizon, t.marks = min(t.horizon, index), nil
 	if t.net != nil {
 		t.rebuildSpaces()
-		if len(t.agents) > 0 {
+		if c.Quarantine && len(t.agents) > 0 {
 			t.quarantineDeleted(index, before, beforeQuarantine)
 		}
 	}

@@ -253,3 +253,18 @@ func (h *tableHarness) mustRestore(snap []byte) {
 		h.t.Fatal(res.Err)
 	}
 }
+
+// TestRestoreOfAnEarlierReleaseReplaysAsItWasApplied: a restore entry of
+// v0.4's log (no quarantine) frees the space of the agents it deletes, as
+// masters of v0.4 applied it, so that a master replaying that log holds
+// the table the others hold.
+func TestRestoreOfAnEarlierReleaseReplaysAsItWasApplied(t *testing.T) {
+	h, snap := twoAgentsSaved(t)
+	h.mustRegister("late", "198.18.0.3")
+	if res := h.apply(command{Op: opRestore, Restore: &restoreCmd{Epoch: 100, Snapshot: snap}}); res.Err != nil {
+		t.Fatal(res.Err)
+	}
+	if q := stateOf(t, h.table).Quarantine; len(q) != 0 {
+		t.Errorf("a restore entry of v0.4 quarantined %+v: replicas replaying that log would differ from those that applied it", q)
+	}
+}
