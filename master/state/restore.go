@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"slices"
 	"strconv"
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/master/logcmd"
 	"github.com/carve-net/carve/master/snapshot"
+	"github.com/carve-net/carve/prefixspace"
 )
 
 // Restoring the table from a snapshot (carve snapshot save / restore) as
@@ -166,17 +168,47 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 // quarantineDeleted quarantines, at index, the space that the table before
 // a restore gave to agents the restored table does not hold (registered
 // after the snapshot, so deleted by the restore, or already deleted and
-// quarantined), wherever the restored table leaves it free: the restore
-// deletes them as a delete command would, and a live agent may hold an
-// unreported grant of theirs, which freeing the space would lease a second
-// time. An agent deleted so that registers again is leased its own
-// quarantined space first, so its containers keep their addresses. The
-// caller holds t.mu and has rebuilt the spaces.
+// quarantined), wherever the restored table leases it to no agent: the
+// restore deletes them as a delete command would, and a live agent may
+// hold an unreported grant of theirs, which freeing the space would lease
+// a second time. An agent deleted so that registers again is leased its
+// own quarantined space first, so its containers keep their addresses.
+// The caller holds t.mu and has rebuilt the spaces.
+//
+// Where the snapshot quarantines another deleted agent's space there, the
+// newer claim takes that part over: the table before leased the space to
+// the agent deleted now, so the older quarantine had been released since
+// (every live agent had acknowledged holding no grant of its agent), and
+// an agent registering again under that older id must not take back, as
+// its own, space in which another host may hold an unreported grant of
+// the agent deleted now.
 func (t *LeaseTable) quarantineDeleted(index uint64, before map[string]*agentRecord, beforeQuarantine map[string][]quarantined) {
 	keep := func(name string, q quarantined) {
 		space := t.spaces[name].family(q.Prefix.Addr().Is4())
-		if space != nil && space.Add(q.Prefix, quarantineHolds(q.From)) == nil { // else the restored table holds some of it
-			t.quarantine[name] = append(t.quarantine[name], q)
+		if space == nil {
+			return
+		}
+		for _, h := range space.Overlapping(q.Prefix) {
+			if h.Holder.quarantined && h.Holder.id != q.From {
+				t.cutQuarantine(name, space, h.Prefix, q.Prefix)
+			}
+		}
+		// What is left free of q (the restored table's leases, and this
+		// agent's own quarantine, stay as they are).
+		free := []netip.Prefix{q.Prefix}
+		for _, h := range space.Overlapping(q.Prefix) {
+			var rest []netip.Prefix
+			for _, p := range free {
+				rest = append(rest, prefixspace.CutOut(p, h.Prefix)...)
+			}
+			free = rest
+		}
+		for _, p := range free {
+			piece := q
+			piece.Prefix = p
+			if space.Add(p, quarantineHolds(q.From)) == nil {
+				t.quarantine[name] = append(t.quarantine[name], piece)
+			}
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(before)) {
@@ -253,4 +285,25 @@ func (t *LeaseTable) writeRestoreField(out *bytes.Buffer) error {
 	out.WriteString(`,"restore":`)
 	out.Write(b)
 	return nil
+}
+
+// cutQuarantine takes the part inside by out of the quarantined block held
+// of overlay name: its pieces outside by stay quarantined as they were.
+func (t *LeaseTable) cutQuarantine(name string, space *blockSpace, held, by netip.Prefix) {
+	qs := t.quarantine[name]
+	i := slices.IndexFunc(qs, func(q quarantined) bool { return q.Prefix == held })
+	if i < 0 {
+		return
+	}
+	old := qs[i]
+	space.RemoveHeld(held, quarantineHolds(old.From))
+	qs = slices.Delete(qs, i, i+1)
+	for _, r := range prefixspace.CutOut(held, by) {
+		piece := old
+		piece.Prefix = r
+		if space.Add(r, quarantineHolds(old.From)) == nil {
+			qs = append(qs, piece)
+		}
+	}
+	t.quarantine[name] = qs
 }
