@@ -10,7 +10,10 @@
 // the disk's sequential fsync rate measured in the same run (group commit:
 // docs/design.md). Each row's note gives the CPU a registration cost the
 // process (masters and clients) and the cores it kept busy: the rate is
-// their quotient when the CPU, not the disk, bounds it. -only runs one row
+// their quotient when the CPU, not the disk, bounds it. The floor row sends
+// the same clients' registrations to a server with no log or state (see
+// floorRun): what any design of the masters pays per request on this
+// machine, beside the same fsync rate. -only runs one row
 // (e.g. -only "1000 clients, to the leader"), and -cpuprofile,
 // -mutexprofile and -blockprofile profile its measured span: the three
 // masters run in this process, so the profile is the cluster's (go tool
@@ -98,6 +101,7 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
+	var sample registrationRun // a 1,000-client row's, for the floor
 	for _, c := range []struct {
 		clients, total int
 		spread         bool
@@ -118,12 +122,11 @@ func run(opts options) error {
 		var notes []string
 		if c.clients == 1000 {
 			notes = append(notes, "target >= 2x fsync/s (group commit)")
+			if res.answer != nil {
+				sample = res
+			}
 		}
-		// The CPU a registration costs the process (masters and clients)
-		// and the cores it kept busy: when the cores are full, the CPU
-		// bounds the rate, not the disk.
-		notes = append(notes, fmt.Sprintf("%.0f µs CPU/registration, %.2f of %d cores busy",
-			float64(res.cpu.Microseconds())/float64(c.total), res.cpu.Seconds()/res.elapsed.Seconds(), runtime.NumCPU()))
+		notes = append(notes, cpuNote(res, c.total, "registration"))
 		if res.retries > 0 {
 			notes = append(notes, fmt.Sprintf("%d answers retried (a leader changed: the machine is loaded)", res.retries))
 		}
@@ -133,6 +136,19 @@ func run(opts options) error {
 	}
 	if err := prof.write(); err != nil {
 		return err
+	}
+	if sample.answer != nil {
+		const clients, total = 1000, 12000
+		res, err := floorRun(sec, clients, total, *sample.answer, sample.clusterID)
+		if err != nil {
+			return fmt.Errorf("floor: %w", err)
+		}
+		// The budget a registration has for the 2x target, at the cores
+		// this row kept busy.
+		budget := res.cpu.Seconds() / res.elapsed.Seconds() / (2 * fsyncs) * 1e6
+		tbl.Add(benchtable.Row{Name: "floor: 1000 clients to a server with no log or state (one signed record each)", Value: float64(total) / res.elapsed.Seconds(),
+			Unit: "ops/s", Baseline: "fsync/s of the same disk", BaseVal: fsyncs, HigherIsBetter: true,
+			Note: cpuNote(res, total, "request") + fmt.Sprintf("; what the masters pay before Raft and the state machine, with the clients on the same cores; 2x fsync/s leaves %.0f µs a registration", budget)})
 	}
 	if err := tbl.Print(os.Stdout); err != nil {
 		return err
@@ -149,6 +165,14 @@ func run(opts options) error {
 	st.Add(benchtable.Row{Name: "GET state (HTTP, cached encoding)", Value: get, Unit: "ms", Baseline: "json.Marshal of the same api.State",
 		BaseVal: marshal, Note: fmt.Sprintf("%d KiB answer", size/1024)})
 	return st.Print(os.Stdout)
+}
+
+// cpuNote is the CPU a request cost the process (masters, or the floor's
+// server, and clients) and the cores it kept busy: when the cores are
+// full, the CPU bounds the rate, not the disk.
+func cpuNote(res registrationRun, total int, what string) string {
+	return fmt.Sprintf("%.0f µs CPU/%s, %.2f of %d cores busy",
+		float64(res.cpu.Microseconds())/float64(total), what, res.cpu.Seconds()/res.elapsed.Seconds(), runtime.NumCPU())
 }
 
 // fsyncRate measures write+fdatasync of 4 KiB, the cost of one unbatched log append.
@@ -305,6 +329,10 @@ const retryFor = 30 * time.Second
 type registrationRun struct {
 	elapsed, cpu time.Duration
 	retries      int64
+	// answer is one record the leader answered, and clusterID its
+	// cluster: what the floor row answers with (floorRun).
+	answer    *api.AgentInfo
+	clusterID string
 }
 
 // registrationRate registers total new agents with the given concurrency.
@@ -349,12 +377,43 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 			return registrationRun{}, err
 		}
 	}
-	var next, failed, retried atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
+	var retried atomic.Int64
+	var answer atomic.Pointer[api.AgentInfo]
 	if err := prof.start(); err != nil {
 		return registrationRun{}, err
 	}
+	elapsed, used, err := drive(cls, total, func(cl *apiclient.Client, req api.RegisterRequest) error {
+		// An agent retries what the masters could not do now (a leader
+		// changed under a loaded machine): so does the bench, with the
+		// same request id, and counts it.
+		rctx, cancel := context.WithTimeout(ctx, retryFor)
+		defer cancel()
+		return retry.Until(rctx, 100*time.Millisecond, func() error {
+			got, err := cl.Register(rctx, req)
+			if err == nil {
+				answer.CompareAndSwap(nil, got)
+			}
+			if err != nil && api.IsRetryable(err) {
+				retried.Add(1)
+				return err
+			}
+			return retry.Permanent(err)
+		})
+	})
+	prof.stop()
+	if err != nil {
+		return registrationRun{}, err
+	}
+	return registrationRun{elapsed: elapsed, cpu: used, retries: retried.Load(), answer: answer.Load(), clusterID: c.masters[0].Table().ClusterID()}, nil
+}
+
+// drive sends total registrations (registration(0) on) through the
+// clients, each client one at a time, with register, and returns the span
+// and the CPU the process used in it; an error when any failed.
+func drive(cls []*apiclient.Client, total int, register func(*apiclient.Client, api.RegisterRequest) error) (elapsed, used time.Duration, err error) {
+	var next, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
 	start, cpu := time.Now(), startCPUClock()
 	for _, cl := range cls {
 		wg.Go(func() {
@@ -363,36 +422,25 @@ func registrationRate(dir string, sec *security, clients, total int, spread bool
 				if i >= int64(total) {
 					return
 				}
-				req := api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
-					NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}, RequestID: api.NewRequestID()}
-				// An agent retries what the masters could not do now (a
-				// leader changed under a loaded machine): so does the
-				// bench, with the same request id, and counts it.
-				rctx, cancel := context.WithTimeout(ctx, retryFor)
-				err := retry.Until(rctx, 100*time.Millisecond, func() error {
-					_, err := cl.Register(rctx, req)
-					if err != nil && api.IsRetryable(err) {
-						retried.Add(1)
-						return err
-					}
-					return retry.Permanent(err)
-				})
-				cancel()
-				if err != nil {
-					if failed.Add(1) == 1 {
-						firstErr.Store(err)
-					}
+				if err := register(cl, registration(i)); err != nil && failed.Add(1) == 1 {
+					firstErr.Store(err)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	elapsed, used := time.Since(start), cpu.since()
-	prof.stop()
+	elapsed, used = time.Since(start), cpu.since()
 	if n := failed.Load(); n > 0 {
-		return registrationRun{}, fmt.Errorf("%d of %d registrations failed; the first: %v", n, total, firstErr.Load())
+		return 0, 0, fmt.Errorf("%d of %d registrations failed; the first: %v", n, total, firstErr.Load())
 	}
-	return registrationRun{elapsed: elapsed, cpu: used, retries: retried.Load()}, nil
+	return elapsed, used, nil
+}
+
+// registration is the bench's i-th registration: a new agent, with both
+// bridges.
+func registration(i int64) api.RegisterRequest {
+	return api.RegisterRequest{AgentID: fmt.Sprintf("agent-%06d", i), IP: fmt.Sprintf("198.18.%d.%d", i/250, i%250+1),
+		NetworkConfig: api.AgentNetworkConfig{MesosBridge: true, DockerBridge: true}, RequestID: api.NewRequestID()}
 }
 
 // connectClients makes the benchmark's clients, to the leader (or spread
