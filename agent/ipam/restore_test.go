@@ -294,3 +294,81 @@ func containsAddr(a *api.Allocation, addr netip.Addr) bool {
 	}
 	return false
 }
+
+// TestRestoreKeepsABlockGrownAfterTheSnapshot: the honest agent grows a
+// block at the masters after a snapshot and a container gets an address
+// there; the operator restores that snapshot into the running cluster
+// (a real master). The restore leaves the agent the block (the snapshot
+// leases that space to nobody), so the agent goes on handing out there,
+// isolates nothing, and the masters lease the block to no other agent:
+// taken back, it would be free while the container holds its address.
+func TestRestoreKeepsABlockGrownAfterTheSnapshot(t *testing.T) {
+	l := newRestoreLab(t)
+	honest := l.c.nodes["honest"]
+	snapshot, err := l.client.Snapshot(l.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grown := func() netip.Prefix {
+		rec, err := l.client.Grow(l.ctx, "honest", api.GrowRequest{Overlay: "carve", Bridge: api.BridgeMesos, Family: "4"})
+		if err != nil {
+			t.Fatalf("grow: %v", err)
+		}
+		for _, b := range rec.Overlays[0].Blocks {
+			if b.Origin == api.BlockGrown {
+				return netip.MustParsePrefix(b.Prefix)
+			}
+		}
+		t.Fatalf("the grown record lists no grown block: %+v", rec.Overlays[0].Blocks)
+		return netip.Prefix{}
+	}()
+	l.sync()
+	var inGrown netip.Addr
+	var inGrownCID string
+	for i := 0; !inGrown.IsValid(); i++ {
+		cid := fmt.Sprintf("before-%d", i)
+		p, _ := v4(t, honest.alloc(t, cid))
+		if grown.Contains(p.Addr()) {
+			inGrown, inGrownCID = p.Addr(), cid
+		}
+	}
+
+	if _, err := l.client.RestoreSnapshot(l.ctx, snapshot); err != nil {
+		t.Fatal(err)
+	}
+	l.sync()
+	if held := heldOverlapping(honest.svc, grown); len(held) != 1 || held[0] != grown.String() {
+		t.Fatalf("after the restore the honest agent hands out from %v, want %s (the restored records keep it its grow)", held, grown)
+	}
+	got, err := honest.svc.Lookup(api.IPAMRequest{Network: "carve", ContainerID: inGrownCID, IfName: "eth0"})
+	if err != nil || !containsAddr(got, inGrown) {
+		t.Errorf("the container in the grown block: %+v, %v; want it to keep %s", got, err, inGrown)
+	}
+	if n, _ := gaugeIn(t, honest.reg, "carve_agent_ipam_isolated_addresses", map[string]string{"overlay": "carve"}); n != 0 {
+		t.Errorf("carve_agent_ipam_isolated_addresses = %v, want 0: the restore took nothing back", n)
+	}
+	var more bool
+	for i := 0; !more; i++ {
+		a, err := honest.svc.Allocate(api.IPAMRequest{Network: "carve", ContainerID: fmt.Sprintf("after-%d", i), IfName: "eth0", Bridge: api.BridgeMesos})
+		if err != nil {
+			t.Fatalf("after the restore the bridge filled before handing out another address of %s: %v", grown, err)
+		}
+		p, _ := v4(t, a)
+		more = grown.Contains(p.Addr())
+	}
+	// No other agent is leased it: neither the rogue growing nor an agent
+	// registering after the restore.
+	if rec, err := l.client.Grow(l.ctx, "rogue", api.GrowRequest{Overlay: "carve", Bridge: api.BridgeMesos, Family: "4"}); err == nil {
+		for _, b := range rec.Overlays[0].Blocks {
+			if netip.MustParsePrefix(b.Prefix).Overlaps(grown) {
+				t.Errorf("after the restore the rogue was leased %s, inside the honest agent's %s", b.Prefix, grown)
+			}
+		}
+	}
+	if rec, err := l.client.Register(l.ctx, api.RegisterRequest{AgentID: "late", IP: "198.18.9.3", NetworkConfig: api.AgentNetworkConfig{MesosBridge: true}}); err == nil {
+		if s := rec.Overlays[0].Subnet; s != "" && netip.MustParsePrefix(s).Overlaps(grown) {
+			t.Errorf("an agent registered after the restore was leased %s, inside the honest agent's %s", s, grown)
+		}
+	}
+	checkAllocations(t, honest.svc)
+}

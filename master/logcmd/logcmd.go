@@ -183,6 +183,13 @@ type Restore struct {
 	// release's log replays as it was applied then, freeing that space,
 	// so that replicas that apply the same log stay the same.
 	Quarantine bool `json:"quarantine,omitempty"`
+	// KeepLive: the restore leaves each agent it keeps the blocks the
+	// table before leased it beyond its snapshot record (grown or granted
+	// after the snapshot), where the snapshot leases that space to no
+	// other agent: the agent's containers hold addresses there. Every
+	// restore proposed since v0.5 says so; one without it replays as it
+	// was applied, taking those blocks back.
+	KeepLive bool `json:"keep_live,omitempty"`
 }
 
 // Decode reads one Raft log entry: a command whose op is known and that
@@ -427,5 +434,5 @@ func RevokeCommand(req api.RevokeRequest) (Command, error) {
 // RestoreCommand restores the snapshot data (check it first) at the epoch
 // now gives, when that is above the table's last one.
 func RestoreCommand(data []byte, now time.Time) Command {
-	return Command{Op: OpRestore, Restore: &Restore{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data, Quarantine: true}}
+	return Command{Op: OpRestore, Restore: &Restore{Epoch: uint64(max(now.UnixNano(), 1)), Snapshot: data, Quarantine: true, KeepLive: true}}
 }

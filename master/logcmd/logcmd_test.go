@@ -44,10 +44,12 @@ func goldenCommands(t testing.TB) map[string]Command {
 	add("compact", CompactCommand(time.UnixMilli(1800000000000), time.Hour), nil)
 	c, err = RevokeCommand(api.RevokeRequest{Serial: "0A:1B:2C", Identity: "agent/a1", NotAfter: 1900000000, RequestID: "r7"})
 	add("revoke", c, err)
-	// A restore as masters of v0.4 proposed it (no quarantine), and as
-	// RestoreCommand proposes it now: the first replays as it was applied.
+	// A restore as masters of v0.4 proposed it (no quarantine), as masters
+	// built between v0.4 and the keep_live field proposed it, and as
+	// RestoreCommand proposes it now: each replays as it was applied.
 	add("restore", Command{Op: OpRestore, Restore: &Restore{Epoch: 1800000000000000000, Snapshot: []byte(`{"format":3,"index":7}`)}}, nil)
-	add("restore that quarantines", RestoreCommand([]byte(`{"format":3,"index":7}`), time.Unix(1800000000, 0)), nil)
+	add("restore that quarantines", Command{Op: OpRestore, Restore: &Restore{Epoch: 1800000000000000000, Snapshot: []byte(`{"format":3,"index":7}`), Quarantine: true}}, nil)
+	add("restore that keeps live agents' blocks", RestoreCommand([]byte(`{"format":3,"index":7}`), time.Unix(1800000000, 0)), nil)
 	add("release", ReleaseCommand(map[string]HoldingsAck{"a1": {Created: 4, Index: 9}, "a2": {Created: 5, Index: 8}}), nil)
 	return out
 }
@@ -75,6 +77,7 @@ func TestGoldenEntries(t *testing.T) {
 		{"revoke", `{"op":"revoke","request_id":"r7","revoke":{"serial":"a1b2c","identity":"agent/a1","not_after":1900000000}}`, "d7da8d0d1a91fc188006754a79213438"},
 		{"restore", `{"op":"restore","restore":{"epoch":1800000000000000000,"snapshot":{"format":3,"index":7}}}`, "bd7ff96e287e9e98333dd7e0b4d6c888"},
 		{"restore that quarantines", `{"op":"restore","restore":{"epoch":1800000000000000000,"snapshot":{"format":3,"index":7},"quarantine":true}}`, "001774f9e7602766ee3863e6a6bf34da"},
+		{"restore that keeps live agents' blocks", `{"op":"restore","restore":{"epoch":1800000000000000000,"snapshot":{"format":3,"index":7},"quarantine":true,"keep_live":true}}`, "8686560655432fbbf2b4c060206684fe"},
 		{"release", `{"op":"release_quarantine","release":{"acks":{"a1":{"created":4,"index":9},"a2":{"created":5,"index":8}}}}`, "008012d02d0bb18c3a164f07cd1d34bb"},
 	}
 	cmds := goldenCommands(t)

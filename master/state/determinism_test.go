@@ -88,7 +88,7 @@ func randomLog(t *testing.T, rng *rand.Rand, n int) [][]byte {
 		case k < 95:
 			add(command{Op: opRevoke, Revoke: &revokeCmd{Serial: fmt.Sprintf("%x", rng.IntN(1<<20)+1), Identity: "agent/" + agent()}})
 		case k < 97 && len(snapshots) > 0:
-			add(command{Op: opRestore, Restore: &restoreCmd{Snapshot: snapshots[rng.IntN(len(snapshots))], Quarantine: rng.IntN(2) == 0}})
+			add(command{Op: opRestore, Restore: &restoreCmd{Snapshot: snapshots[rng.IntN(len(snapshots))], Quarantine: rng.IntN(2) == 0, KeepLive: rng.IntN(2) == 0}})
 		default:
 			add(command{Op: opServerMeta, ServerMeta: &ServerMeta{ID: "m" + strconv.Itoa(rng.IntN(3)), HTTPAddr: "127.0.0.1:" + strconv.Itoa(1000+rng.IntN(9))}})
 		}

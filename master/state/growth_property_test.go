@@ -265,10 +265,14 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 			history = append(history, fmt.Sprintf("snapshot saved #%d", len(saved)-1))
 		case op == 12 && len(saved) > 0: // an earlier snapshot restored into the running table
 			i := rng.IntN(len(saved))
+			before := maps.Clone(h.table.agents) // records are immutable once stored
 			res := h.apply(logcmd.RestoreCommand(saved[i], time.Unix(0, int64(step+1))))
 			history = append(history, fmt.Sprintf("restore of snapshot #%d: %v", i, res.Err))
 			if res.Err != nil {
 				return fail("restore: %v", res.Err)
+			}
+			if err := checkRestoreKeptLive(h.table, before); err != nil {
+				return fail("%v", err)
 			}
 			// An agent the restore deleted is gone, as after a delete:
 			// what it received unreported is void. What it granted
@@ -309,6 +313,46 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 		}
 		if err := m.check(h.table); err != nil {
 			return fail("%v", err)
+		}
+	}
+	return nil
+}
+
+// checkRestoreKeptLive checks that a restore took from no agent it kept
+// any space the table before leased it (its grown and granted blocks)
+// unless the restored table leases that space to another agent: the rest
+// is still the agent's, not free and not quarantined.
+func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error {
+	for id, old := range before {
+		if tb.agents[id] == nil {
+			continue
+		}
+		if _, ok := tb.agents[id].Leases["g"]; !ok {
+			continue
+		}
+		for _, b := range old.Leases["g"].Blocks {
+			space := tb.spaces["g"].family(b.Prefix.Addr().Is4())
+			if b.Origin == api.BlockLeased || space == nil {
+				continue
+			}
+			left := []netip.Prefix{b.Prefix}
+			for _, h := range space.Overlapping(b.Prefix) {
+				if h.Holder.quarantined {
+					continue
+				}
+				var rest []netip.Prefix
+				for _, p := range left {
+					rest = append(rest, prefixspace.CutOut(p, h.Prefix)...)
+				}
+				left = rest
+			}
+			if len(left) > 0 {
+				var held []string
+				for _, h := range space.Overlapping(b.Prefix) {
+					held = append(held, fmt.Sprintf("%s by %s (quarantined %v)", h.Prefix, h.Holder.id, h.Holder.quarantined))
+				}
+				return fmt.Errorf("the restore took %v of %s's block %+v (leased to it before) back to free or quarantined space, which the snapshot leases to no agent; held now: %v", left, id, b, held)
+			}
 		}
 	}
 	return nil

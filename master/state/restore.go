@@ -158,11 +158,89 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	t.horizon, t.marks = min(t.horizon, index), nil
 	if t.net != nil {
 		t.rebuildSpaces()
+		if c.KeepLive && len(t.agents) > 0 {
+			t.keepLiveBlocks(index, before)
+		}
 		if c.Quarantine && len(t.agents) > 0 {
 			t.quarantineDeleted(index, before, beforeQuarantine)
 		}
 	}
 	return nil
+}
+
+// keepLiveBlocks leaves each agent the restore keeps the blocks the table
+// before leased it beyond its snapshot record (grown, or granted to it,
+// after the snapshot), wherever the restored table leases that space to
+// no other agent. The agent holds them and its containers have addresses
+// there: taken back, they were free, and the masters leased them again
+// while those addresses lived. Where the snapshot leases the space to
+// another agent, the snapshot wins, as before (that agent may hand out
+// addresses there again; the block's holder isolates its own). Where the
+// snapshot quarantines space there (a deleted agent's, or this agent's own
+// from before it registered again), the kept block takes that part over,
+// as quarantineDeleted does: the table before leased it to this agent, so
+// that quarantine had been released, or reclaimed, since. A kept piece
+// keeps its block's origin, home and restore epoch (a return the agent
+// decided on it before the restore is not stale), versioned at index. A
+// first lease block is not kept: an agent whose first lease differs from
+// its snapshot's (deleted and registered again since) takes the
+// snapshot's. The caller holds t.mu and has rebuilt the spaces.
+func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord) {
+	for _, id := range slices.Sorted(maps.Keys(before)) {
+		if t.agents[id] == nil {
+			continue
+		}
+		var rec *agentRecord // the clone, once something is kept
+		for _, name := range slices.Sorted(maps.Keys(before[id].Leases)) {
+			if _, ok := t.agents[id].Leases[name]; !ok {
+				continue // leased in the overlay after the snapshot: not restored
+			}
+			var kept []leaseBlock
+			for _, b := range before[id].Leases[name].Blocks {
+				space := t.spaces[name].family(b.Prefix.Addr().Is4())
+				if b.Origin == api.BlockLeased || space == nil {
+					continue
+				}
+				for _, h := range space.Overlapping(b.Prefix) {
+					if h.Holder.quarantined {
+						t.cutQuarantine(name, space, h.Prefix, b.Prefix)
+					}
+				}
+				for _, p := range freeOf(space, b.Prefix) {
+					piece := b
+					piece.Prefix, piece.Version = p, index
+					kept = append(kept, piece)
+				}
+			}
+			if len(kept) == 0 {
+				continue
+			}
+			if rec == nil {
+				rec = t.agents[id].Clone()
+			}
+			if err := t.setBlocks(rec, name, append(slices.Clone(rec.Leases[name].Blocks), kept...)); err != nil {
+				continue // cannot be: kept is free space, disjoint
+			}
+		}
+		if rec != nil {
+			rec.Version = index
+			t.agents[id] = rec
+		}
+	}
+}
+
+// freeOf is what of p the space holds for nobody (no lease, no
+// quarantine), as prefixes.
+func freeOf(space *blockSpace, p netip.Prefix) []netip.Prefix {
+	free := []netip.Prefix{p}
+	for _, h := range space.Overlapping(p) {
+		var rest []netip.Prefix
+		for _, f := range free {
+			rest = append(rest, prefixspace.CutOut(f, h.Prefix)...)
+		}
+		free = rest
+	}
+	return free
 }
 
 // quarantineDeleted quarantines, at index, the space that the table before
@@ -195,15 +273,7 @@ func (t *LeaseTable) quarantineDeleted(index uint64, before map[string]*agentRec
 		}
 		// What is left free of q (the restored table's leases, and this
 		// agent's own quarantine, stay as they are).
-		free := []netip.Prefix{q.Prefix}
-		for _, h := range space.Overlapping(q.Prefix) {
-			var rest []netip.Prefix
-			for _, p := range free {
-				rest = append(rest, prefixspace.CutOut(p, h.Prefix)...)
-			}
-			free = rest
-		}
-		for _, p := range free {
+		for _, p := range freeOf(space, q.Prefix) {
 			piece := q
 			piece.Prefix = p
 			if space.Add(p, quarantineHolds(q.From)) == nil {

@@ -265,6 +265,25 @@ const (
 	grownP   = "10.9.3.0/25"
 )
 
+// resendCase is one history on a resendLog, named.
+type resendCase struct {
+	name string
+	run  func(l *resendLog)
+}
+
+// runResendCases runs each case on a log of its own, and checks at its end
+// that a replica caught up from a Raft snapshot agrees.
+func runResendCases(t *testing.T, cases []resendCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l := newResendLog(t)
+			c.run(l)
+			l.catchUp()
+		})
+	}
+}
+
 // TestReportResentAfterRestore: a report applied after a snapshot, the
 // table restored to that snapshot, the report sent again with the same
 // request id (which the restore forgot). Whatever the restored table did
@@ -272,10 +291,7 @@ const (
 // holds, a statement moves space once, and both replicas agree after
 // every step.
 func TestReportResentAfterRestore(t *testing.T) {
-	tests := []struct {
-		name string
-		run  func(l *resendLog)
-	}{
+	runResendCases(t, []resendCase{
 		{"grant resent after the restored donor granted the space to b", func(l *resendLog) {
 			l.register("d", "a", "b")
 			snap := l.save()
@@ -351,14 +367,7 @@ func TestReportResentAfterRestore(t *testing.T) {
 			l.replay(ret, first)
 			l.wantHolders(grownP, "b")
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l := newResendLog(t)
-			tt.run(l)
-			l.catchUp()
-		})
-	}
+	})
 }
 
 // TestStatementResentAcrossRestore: a restore between a statement's use

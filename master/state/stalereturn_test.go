@@ -29,26 +29,38 @@ func (l *resendLog) staleReturnReport(requestID, id, prefix string) command {
 // whole-cluster one, whose log repeats the old indexes) is refused when the
 // agent was leased the block anew after the restore:
 // freeing it would free space the agent allocates in (the restore took
-// back the lease the return was decided on). A return whose block the
-// restore kept, or decided after the restore, is applied; so is one of an
-// agent of an earlier release, which names no version (judged as before).
+// back the lease the return was decided on: the snapshot leased it to
+// another agent). A return whose block the restore kept (the snapshot's,
+// or one grown after it that the snapshot leases to nobody), or decided
+// after the restore, is applied; so is one of an agent of an earlier
+// release, which names no version (judged as before).
 func TestStaleReturnAfterRestore(t *testing.T) {
-	tests := []struct {
-		name string
-		run  func(l *resendLog)
-	}{
-		{"decided before a restore that took the grow back, a grew the block again: refused", func(l *resendLog) {
+	runResendCases(t, []resendCase{
+		{"decided before a restore that gave the grow to the agent the snapshot leases it to, a grew the block again: refused", func(l *resendLog) {
 			l.register("a", "b", "c")
-			snap := l.save()
-			l.mustApply(growRequest("r0", "a"))
-			ret := l.staleReturnReport("r1", "a", grownP) // decided; its answer never came
+			l.mustApply(growRequest("r0", "b"))
+			snap := l.save() // the block is b's
+			l.mustApply(returnReport("r1", "b", grownP))
+			l.mustApply(growRequest("r2", "a"))           // first fit: the same block
+			ret := l.staleReturnReport("r3", "a", grownP) // decided; its answer never came
 			l.restore(snap)
-			l.wantHolders(grownP)
-			l.mustApply(growRequest("r2", "a")) // first fit: the same block
+			l.wantHolders(grownP, "b") // the snapshot's lease wins over a's later grow
+			l.mustApply(returnReport("r4", "b", grownP))
+			l.mustApply(growRequest("r5", "a"))
 			l.wantHolders(grownP, "a")
 			l.resend(ret, ErrBlockConflict)
 			l.wantHolders(grownP, "a")
-			l.mustApply(l.staleReturnReport("r3", "a", grownP)) // decided anew: applied
+			l.mustApply(l.staleReturnReport("r6", "a", grownP)) // decided anew: applied
+			l.wantHolders(grownP)
+		}},
+		{"decided before a restore that kept the block a grew after the snapshot: applied", func(l *resendLog) {
+			l.register("a", "b", "c")
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			ret := l.staleReturnReport("r1", "a", grownP)
+			l.restore(snap)
+			l.wantHolders(grownP, "a") // free in the snapshot: a keeps it
+			l.resend(ret, nil)
 			l.wantHolders(grownP)
 		}},
 		{"decided before a whole-cluster restore that took the grow back, a grew the block again: refused", func(l *resendLog) {
@@ -84,13 +96,12 @@ func TestStaleReturnAfterRestore(t *testing.T) {
 			l.resend(ret, nil)
 			l.wantHolders(grownP)
 		}},
-		{"decided after the restore, of a block grown after it: applied", func(l *resendLog) {
+		{"decided after the restore, of a block it kept: applied", func(l *resendLog) {
 			l.register("a", "b", "c")
 			snap := l.save()
 			l.mustApply(growRequest("r0", "a"))
 			l.restore(snap)
-			l.mustApply(growRequest("r1", "a"))
-			l.resend(l.staleReturnReport("r2", "a", grownP), nil)
+			l.resend(l.staleReturnReport("r1", "a", grownP), nil)
 			l.wantHolders(grownP)
 		}},
 		{"a granted block given back to its donor before a restore that took the grant back, granted anew: refused", func(l *resendLog) {
@@ -116,12 +127,5 @@ func TestStaleReturnAfterRestore(t *testing.T) {
 			l.resend(returnReport("r2", "a", grownP), nil)
 			l.wantHolders(grownP)
 		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l := newResendLog(t)
-			tt.run(l)
-			l.catchUp()
-		})
-	}
+	})
 }
