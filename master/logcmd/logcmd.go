@@ -183,12 +183,12 @@ type Restore struct {
 	// release's log replays as it was applied then, freeing that space,
 	// so that replicas that apply the same log stay the same.
 	Quarantine bool `json:"quarantine,omitempty"`
-	// KeepLive: the restore leaves each agent it keeps the blocks the
-	// table before leased it beyond its snapshot record (grown or granted
-	// after the snapshot), where the snapshot leases that space to no
-	// other agent: the agent's containers hold addresses there. Every
-	// restore proposed since v0.5 says so; one without it replays as it
-	// was applied, taking those blocks back.
+	// KeepLive: the restore leaves each agent it keeps every block the
+	// table before leased it beyond its first lease (grown or granted
+	// after the snapshot): the agent's containers hold addresses there,
+	// and the snapshot's claims on that space give way. Every restore
+	// proposed since v0.5 says so; one without it replays as it was
+	// applied, taking those blocks back.
 	KeepLive bool `json:"keep_live,omitempty"`
 }
 

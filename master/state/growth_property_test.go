@@ -278,13 +278,15 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 			// what it received unreported is void. What it granted
 			// unreported stays its recipient's where the restored table
 			// leaves the space free: the quarantine of the deleted
-			// agent's space must cover it, which this checks. The
-			// restore takes back the rest: space the restored table
-			// gives an agent (its recipient isolates the addresses it
-			// holds there, and hands none out), and a live donor's grant
-			// of space its restored record no longer holds (its report
-			// is refused; docs/status.md, what a restore takes back from
-			// a live agent). Those are no holdings here.
+			// agent's space must cover it, which this checks. A kept
+			// donor keeps every block it was leased beyond its first
+			// lease (checkRestoreKeptLive), so its unreported grants
+			// stand. The restore takes back the rest: space the restored
+			// table gives an agent (its recipient isolates the addresses
+			// it holds there, and hands none out), and a grant out of a
+			// first lease the restored record no longer holds (the donor
+			// registered again since; its report is refused). Those are
+			// no holdings here.
 			m.unreported = slices.DeleteFunc(m.unreported, func(g modelGrant) bool {
 				if h.table.agents[g.recipient] == nil {
 					return true
@@ -319,9 +321,9 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 }
 
 // checkRestoreKeptLive checks that a restore took from no agent it kept
-// any space the table before leased it (its grown and granted blocks)
-// unless the restored table leases that space to another agent: the rest
-// is still the agent's, not free and not quarantined.
+// any space the table before leased it beyond its first lease (its grown
+// and granted blocks): all of it is still the agent's, whatever the
+// snapshot said of it.
 func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error {
 	for id, old := range before {
 		if tb.agents[id] == nil {
@@ -337,7 +339,7 @@ func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error 
 			}
 			left := []netip.Prefix{b.Prefix}
 			for _, h := range space.Overlapping(b.Prefix) {
-				if h.Holder.quarantined {
+				if h.Holder != agentHolds(id) {
 					continue
 				}
 				var rest []netip.Prefix
@@ -351,7 +353,7 @@ func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error 
 				for _, h := range space.Overlapping(b.Prefix) {
 					held = append(held, fmt.Sprintf("%s by %s (quarantined %v)", h.Prefix, h.Holder.id, h.Holder.quarantined))
 				}
-				return fmt.Errorf("the restore took %v of %s's block %+v (leased to it before) back to free or quarantined space, which the snapshot leases to no agent; held now: %v", left, id, b, held)
+				return fmt.Errorf("the restore took %v of %s's block %+v (leased to it before) from it; held now: %v", left, id, b, held)
 			}
 		}
 	}

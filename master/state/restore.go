@@ -168,23 +168,24 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 	return nil
 }
 
-// keepLiveBlocks leaves each agent the restore keeps the blocks the table
-// before leased it beyond its snapshot record (grown, or granted to it,
-// after the snapshot), wherever the restored table leases that space to
-// no other agent. The agent holds them and its containers have addresses
-// there: taken back, they were free, and the masters leased them again
-// while those addresses lived. Where the snapshot leases the space to
-// another agent, the snapshot wins, as before (that agent may hand out
-// addresses there again; the block's holder isolates its own). Where the
-// snapshot quarantines space there (a deleted agent's, or this agent's own
-// from before it registered again), the kept block takes that part over,
-// as quarantineDeleted does: the table before leased it to this agent, so
-// that quarantine had been released, or reclaimed, since. A kept piece
-// keeps its block's origin, home and restore epoch (a return the agent
-// decided on it before the restore is not stale), versioned at index. A
-// first lease block is not kept: an agent whose first lease differs from
-// its snapshot's (deleted and registered again since) takes the
-// snapshot's. The caller holds t.mu and has rebuilt the spaces.
+// keepLiveBlocks leaves each agent the restore keeps every block the
+// table before leased it beyond its first lease (grown, or granted to it,
+// after the snapshot). The agent holds them and its containers have
+// addresses there; taken back, they were free space the masters leased
+// again while those addresses lived, or the lease of another agent that
+// had let go of them since (returned, granted, or lost when it was
+// deleted), whose agent then handed out there again. Whatever the
+// snapshot holds there gives way, for the table before is what the agents
+// act on: a quarantine (a deleted agent's, or this agent's own from
+// before it registered again) gives up that part, as in quarantineDeleted
+// (the table before leased it to this agent after that quarantine's
+// release), and another agent's lease is cut as a grant out of it would
+// be (cutLease). A kept piece keeps its block's origin, home and restore
+// epoch (a return the agent decided on it before the restore is not
+// stale), versioned at index. A first lease block is not kept: an agent
+// whose first lease differs from its snapshot's (deleted and registered
+// again since) takes the snapshot's. The caller holds t.mu and has
+// rebuilt the spaces.
 func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord) {
 	for _, id := range slices.Sorted(maps.Keys(before)) {
 		if t.agents[id] == nil {
@@ -202,8 +203,11 @@ func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord
 					continue
 				}
 				for _, h := range space.Overlapping(b.Prefix) {
-					if h.Holder.quarantined {
+					switch {
+					case h.Holder.quarantined:
 						t.cutQuarantine(name, space, h.Prefix, b.Prefix)
+					case h.Holder.id != id:
+						t.cutLease(index, name, h.Holder.id, b.Prefix)
 					}
 				}
 				for _, p := range freeOf(space, b.Prefix) {
@@ -227,6 +231,26 @@ func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord
 			t.agents[id] = rec
 		}
 	}
+}
+
+// cutLease takes the part inside p out of agent id's blocks of overlay
+// name, as a grant out of them would (the rest stays its, in the CIDR
+// decomposition), versioned at index. The caller holds t.mu.
+func (t *LeaseTable) cutLease(index uint64, name, id string, p netip.Prefix) {
+	old := t.agents[id]
+	if old == nil {
+		return
+	}
+	var blocks []leaseBlock
+	for _, b := range old.Leases[name].Blocks {
+		blocks = append(blocks, cutOut(b, p)...)
+	}
+	rec := old.Clone()
+	if err := t.setBlocks(rec, name, blocks); err != nil {
+		return // cannot be: only what it held is freed
+	}
+	rec.Version = index
+	t.agents[id] = rec
 }
 
 // freeOf is what of p the space holds for nobody (no lease, no

@@ -6,10 +6,10 @@ import (
 
 // TestRestoreKeepsLiveAgentsBlocks: a restore into the running cluster
 // leaves an agent it keeps the blocks it grew, or was granted, after the
-// snapshot, wherever the snapshot leases that space to no other agent: its
-// containers hold addresses there, and freed, the space would be leased
-// again while they live. Where the snapshot leases the space to another
-// agent, the snapshot wins. Each case runs on two replicas, one of them
+// snapshot: its containers hold addresses there, and freed, the space
+// would be leased again while they live. Whatever the snapshot says of
+// that space (free, quarantined, another agent's lease, which that agent
+// gave up since) gives way. Each case runs on two replicas, one of them
 // caught up from a Raft snapshot, which must agree.
 func TestRestoreKeepsLiveAgentsBlocks(t *testing.T) {
 	runResendCases(t, []resendCase{
@@ -22,21 +22,33 @@ func TestRestoreKeepsLiveAgentsBlocks(t *testing.T) {
 			l.mustApply(growRequest("r1", "b"))
 			l.wantHolders(grownP, "a")
 		}},
-		{"grown after the snapshot where the snapshot leases another agent: the snapshot's", func(l *resendLog) {
+		{"grown after the snapshot where the snapshot leases another agent, which returned it since: kept", func(l *resendLog) {
 			l.register("a", "b", "c")
 			l.mustApply(growRequest("r0", "b"))
 			snap := l.save()
 			l.mustApply(returnReport("r1", "b", grownP))
 			l.mustApply(growRequest("r2", "a"))
 			l.restore(snap)
-			l.wantHolders(grownP, "b")
+			l.wantHolders(grownP, "a")
 		}},
-		{"granted after the snapshot out of the donor's first lease: the donor's, as in the snapshot", func(l *resendLog) {
+		{"granted after the snapshot out of the donor's first lease: kept, cut out of the donor's", func(l *resendLog) {
 			l.register("d", "a", "b")
 			snap := l.save()
 			l.mustApply(grantReport("r0", "d", "a", grantedP, "sig-1"))
 			l.restore(snap)
-			l.wantHolders(grantedP, "d")
+			l.wantHolders(grantedP, "a")
+			l.wantHolders("10.9.0.0/26", "d")
+			l.wantHolders("10.9.0.128/25", "d")
+		}},
+		{"deleted after the snapshot, its space leased to a since: the restored agent's record without it", func(l *resendLog) {
+			l.register("a", "x", "b") // x: 10.9.1.0/24
+			snap := l.save()
+			l.deleteAndRelease("x")
+			l.mustApply(growRequest("r0", "a")) // first fit: inside x's old space
+			l.wantHolders("10.9.1.0/25", "a")
+			l.restore(snap)
+			l.wantHolders("10.9.1.0/25", "a")
+			l.wantHolders("10.9.1.128/25", "x")
 		}},
 		{"granted after the snapshot out of a block the donor grew after it: each keeps its part", func(l *resendLog) {
 			l.register("d", "a", "b")

@@ -126,6 +126,17 @@ func (l *resendLog) restore(snap []byte) {
 	l.mustApply(logcmd.RestoreCommand(snap, time.Unix(0, l.epoch)))
 }
 
+// restoreAsBuiltBefore commits a restore of snap as masters built before
+// the keep_live field proposed it: it takes back from the agents it keeps
+// what they were leased after the snapshot. Masters replaying a log with
+// such an entry apply it so, and the statements and returns resent after
+// it must still be judged safely.
+func (l *resendLog) restoreAsBuiltBefore(snap []byte) {
+	l.t.Helper()
+	l.epoch++
+	l.mustApply(command{Op: opRestore, Restore: &restoreCmd{Epoch: uint64(l.epoch), Snapshot: snap, Quarantine: true}})
+}
+
 // restoreWholeCluster starts a new log on empty replicas whose first
 // command restores snap (carve master --restore-from).
 func (l *resendLog) restoreWholeCluster(snap []byte) {
@@ -289,7 +300,9 @@ func runResendCases(t *testing.T, cases []resendCase) {
 // request id (which the restore forgot). Whatever the restored table did
 // with the space meanwhile, the resend never moves space another agent
 // holds, a statement moves space once, and both replicas agree after
-// every step.
+// every step. The restores that give a grant back to its donor are
+// entries as built before keep_live (a restore now keeps a live
+// recipient's grant): replayed, they must stay safe.
 func TestReportResentAfterRestore(t *testing.T) {
 	runResendCases(t, []resendCase{
 		{"grant resent after the restored donor granted the space to b", func(l *resendLog) {
@@ -298,7 +311,7 @@ func TestReportResentAfterRestore(t *testing.T) {
 			g := grantReport("r1", "d", "a", grantedP, "sig-1")
 			l.mustApply(g)
 			l.wantHolders(grantedP, "a")
-			l.restore(snap)
+			l.restoreAsBuiltBefore(snap)
 			l.wantHolders(grantedP, "d")
 			l.mustApply(grantReport("r2", "d", "b", grantedP, "sig-2"))
 			l.resend(g, ErrStatementUsed)
@@ -309,7 +322,7 @@ func TestReportResentAfterRestore(t *testing.T) {
 			snap := l.save()
 			g := grantReport("r1", "d", "a", grantedP, "") // no statement: the donor reported it
 			l.mustApply(g)
-			l.restore(snap)
+			l.restoreAsBuiltBefore(snap)
 			l.mustApply(grantReport("r2", "d", "b", grantedP, "sig-2"))
 			l.resend(g, ErrBlockConflict)
 			l.wantHolders(grantedP, "b")
@@ -319,12 +332,23 @@ func TestReportResentAfterRestore(t *testing.T) {
 			snap := l.save()
 			g := grantReport("r1", "d", "a", grantedP, "sig-1")
 			l.mustApply(g)
-			l.restore(snap)
+			l.restoreAsBuiltBefore(snap)
 			l.deleteAndRelease("d")
 			l.register("b") // first fit: d's old slice
 			l.wantHolders(grantedP, "b")
 			l.resend(g, ErrStatementUsed)
 			l.wantHolders(grantedP, "b")
+		}},
+		{"grant resent after a restore that kept it: already the recipient's", func(l *resendLog) {
+			l.register("d", "a", "b")
+			snap := l.save()
+			g := grantReport("r1", "d", "a", grantedP, "sig-1")
+			l.mustApply(g)
+			l.restore(snap)
+			l.wantHolders(grantedP, "a")
+			l.resend(g, nil)
+			l.resend(grantReport("r2", "d", "b", grantedP, "sig-2"), ErrBlockConflict) // d holds it no more
+			l.wantHolders(grantedP, "a")
 		}},
 		{"return resent after a restore to before the grow, b grew into the space", func(l *resendLog) {
 			l.register("a", "b", "c")
@@ -371,21 +395,34 @@ func TestReportResentAfterRestore(t *testing.T) {
 }
 
 // TestStatementResentAcrossRestore: a restore between a statement's use
-// and its resend. The restore takes the grant back, but not the memory of
-// the statement: sent again, under its request id or a new one, it is
-// refused and the space stays its donor's. A whole-cluster restore
+// and its resend. A restore in the running cluster keeps the grant its
+// recipient's (keep_live). One as built before keep_live takes the grant
+// back, but not the memory of the statement: sent again, under its request
+// id or a new one, it is refused and the space stays its donor's. A whole-cluster restore
 // (--restore-from) knows only the statements of its snapshot: one used
 // after the snapshot is recorded again while its donor still holds the
 // space, and refused once another agent does.
 func TestStatementResentAcrossRestore(t *testing.T) {
-	t.Run("restore in the running cluster", func(t *testing.T) {
+	t.Run("restore in the running cluster that keeps the grant", func(t *testing.T) {
+		l := newResendLog(t)
+		l.register("d", "a")
+		snap := l.save()
+		g := grantReport("r1", "d", "a", grantedP, "sig-1")
+		l.mustApply(g)
+		l.restore(snap)
+		l.wantHolders(grantedP, "a")
+		l.resend(g, nil) // already the recipient's: nothing moves
+		l.wantHolders(grantedP, "a")
+		l.catchUp()
+	})
+	t.Run("restore in the running cluster, as built before keep_live", func(t *testing.T) {
 		l := newResendLog(t)
 		l.register("d", "a")
 		snap := l.save()
 		g := grantReport("r1", "d", "a", grantedP, "sig-1")
 		l.mustApply(g)
 		l.catchUp() // the statement's memory travels in Raft snapshots
-		l.restore(snap)
+		l.restoreAsBuiltBefore(snap)
 		l.wantHolders(grantedP, "d")
 		l.resend(g, ErrStatementUsed)
 		l.resend(grantReport("r9", "d", "a", grantedP, "sig-1"), ErrStatementUsed)

@@ -25,33 +25,40 @@ func (l *resendLog) staleReturnReport(requestID, id, prefix string) command {
 }
 
 // TestStaleReturnAfterRestore: a return that waited in an agent's outbox
-// across a restore of the masters' table (into the running cluster, or a
-// whole-cluster one, whose log repeats the old indexes) is refused when the
-// agent was leased the block anew after the restore:
-// freeing it would free space the agent allocates in (the restore took
-// back the lease the return was decided on: the snapshot leased it to
-// another agent). A return whose block the restore kept (the snapshot's,
-// or one grown after it that the snapshot leases to nobody), or decided
-// after the restore, is applied; so is one of an agent of an earlier
-// release, which names no version (judged as before).
+// across a restore of the masters' table (a whole-cluster one, whose log
+// repeats the old indexes, or one into the running cluster as built before
+// keep_live) is refused when the agent was leased the block anew after the
+// restore: freeing it would free space the agent allocates in (the restore
+// took back the lease the return was decided on). A return whose block
+// the restore kept (a restore into the running cluster keeps what a live
+// agent was leased after the snapshot), or decided after the restore, is
+// applied; so is one of an agent of an earlier release, which names no
+// version (judged as before).
 func TestStaleReturnAfterRestore(t *testing.T) {
 	runResendCases(t, []resendCase{
-		{"decided before a restore that gave the grow to the agent the snapshot leases it to, a grew the block again: refused", func(l *resendLog) {
+		{"decided before a restore (as built before keep_live) that took the grow back, a grew the block again: refused", func(l *resendLog) {
 			l.register("a", "b", "c")
-			l.mustApply(growRequest("r0", "b"))
-			snap := l.save() // the block is b's
-			l.mustApply(returnReport("r1", "b", grownP))
-			l.mustApply(growRequest("r2", "a"))           // first fit: the same block
-			ret := l.staleReturnReport("r3", "a", grownP) // decided; its answer never came
-			l.restore(snap)
-			l.wantHolders(grownP, "b") // the snapshot's lease wins over a's later grow
-			l.mustApply(returnReport("r4", "b", grownP))
-			l.mustApply(growRequest("r5", "a"))
+			snap := l.save()
+			l.mustApply(growRequest("r0", "a"))
+			ret := l.staleReturnReport("r1", "a", grownP) // decided; its answer never came
+			l.restoreAsBuiltBefore(snap)
+			l.wantHolders(grownP)
+			l.mustApply(growRequest("r2", "a")) // first fit: the same block
 			l.wantHolders(grownP, "a")
 			l.resend(ret, ErrBlockConflict)
 			l.wantHolders(grownP, "a")
-			l.mustApply(l.staleReturnReport("r6", "a", grownP)) // decided anew: applied
+			l.mustApply(l.staleReturnReport("r3", "a", grownP)) // decided anew: applied
 			l.wantHolders(grownP)
+		}},
+		{"a granted block given back to its donor before a restore that kept the grant: applied", func(l *resendLog) {
+			l.register("d", "a", "b")
+			snap := l.save()
+			l.mustApply(grantReport("r0", "d", "a", grantedP, "sig-1"))
+			ret := l.staleReturnReport("r1", "a", grantedP)
+			l.restore(snap)
+			l.wantHolders(grantedP, "a")
+			l.resend(ret, nil)
+			l.wantHolders(grantedP, "d")
 		}},
 		{"decided before a restore that kept the block a grew after the snapshot: applied", func(l *resendLog) {
 			l.register("a", "b", "c")
@@ -104,12 +111,12 @@ func TestStaleReturnAfterRestore(t *testing.T) {
 			l.resend(l.staleReturnReport("r1", "a", grownP), nil)
 			l.wantHolders(grownP)
 		}},
-		{"a granted block given back to its donor before a restore that took the grant back, granted anew: refused", func(l *resendLog) {
+		{"a granted block given back to its donor before a restore (as built before keep_live) that took the grant back, granted anew: refused", func(l *resendLog) {
 			l.register("d", "a", "b")
 			snap := l.save()
 			l.mustApply(grantReport("r0", "d", "a", grantedP, "sig-1"))
 			ret := l.staleReturnReport("r1", "a", grantedP) // back to d through the ring; the answer never came
-			l.restore(snap)
+			l.restoreAsBuiltBefore(snap)
 			l.wantHolders(grantedP, "d")
 			l.mustApply(grantReport("r2", "d", "a", grantedP, "sig-2")) // first fit in d's ring: the same block
 			l.wantHolders(grantedP, "a")

@@ -106,10 +106,10 @@ func rogueKnobs(t *testing.T) ([]uint64, time.Duration) {
 	case "":
 		// Fixed in make test, so that CI replays the same runs; random
 		// draws explore. 8305642479575876046 reports a grant to h3 that
-		// the restore then takes back, inside a larger range the rogue
-		// had granted h3 through the ring unasked: h3 went on handing
-		// out the block (docs/design.md, "The space an agent allocates
-		// in").
+		// the restore then took back (restores now keep it: keep_live),
+		// inside a larger range the rogue had granted h3 through the
+		// ring unasked: h3 went on handing out the block (docs/design.md,
+		// "The space an agent allocates in").
 		return []uint64{1, 2, 8305642479575876046}, dur
 	case "random":
 		return []uint64{rand.Uint64(), rand.Uint64()}, dur

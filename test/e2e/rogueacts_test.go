@@ -299,8 +299,10 @@ func (r *rogueAgent) otherUniverse(ctx context.Context) string {
 // restoreAndReplay is the operator restoring the snapshot saved before the
 // rogue acted (the real `carve snapshot restore`, once a run; later draws
 // replay a statement instead), after which the rogue replays every grant
-// statement that moved space: the restored records hold that space in its
-// name again, yet a statement moves space once.
+// statement that moved space: a statement moves space once. The restore
+// keeps a live recipient's grant (keep_live), so the replay finds the
+// space its recipient's already and moves nothing; where the restored
+// records hold it in the rogue's name again, the replay is refused.
 func (r *rogueAgent) restoreAndReplay(ctx context.Context) string {
 	if r.restored || r.snapshot == "" {
 		return r.replayStatement(ctx)
@@ -325,15 +327,44 @@ func (r *rogueAgent) restoreAndReplay(ctx context.Context) string {
 	if err != nil {
 		return "restore not seen: " + err.Error()
 	}
+	restored, err := r.c.State(ctx)
+	if err != nil {
+		return "state: " + err.Error()
+	}
 	out := []string{fmt.Sprintf("restored; %d statements had moved space", len(r.moved))}
 	for _, g := range r.moved {
 		_, err := r.client.ReportGrant(ctx, r.host.AgentID(), g)
-		if err == nil {
+		if err == nil && !recordHolds(restored, g.Recipient, g.Overlay, g.Prefix) {
 			r.t.Errorf("after the restore the masters took again the statement of %s from %s to %s, which had moved it already", g.Prefix, g.Donor, g.Recipient)
 		}
 		out = append(out, fmt.Sprintf("replay of %s to %s: %s", g.Prefix, g.Recipient, r.outcome(err)))
 	}
 	return strings.Join(out, "; ")
+}
+
+// recordHolds tells whether agent id's record in st holds a block of
+// overlay containing prefix.
+func recordHolds(st *api.State, id, overlay, prefix string) bool {
+	p, err := netip.ParsePrefix(prefix)
+	if err != nil {
+		return false
+	}
+	for _, rec := range st.Agents {
+		if rec.AgentID != id {
+			continue
+		}
+		for _, ov := range rec.Overlays {
+			if ov.Info.Name != overlay {
+				continue
+			}
+			for _, b := range ov.Blocks {
+				if q, err := netip.ParsePrefix(b.Prefix); err == nil && q.Contains(p.Addr()) && q.Bits() <= p.Bits() {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func (r *rogueAgent) stealRegistration(ctx context.Context) string {
