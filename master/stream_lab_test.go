@@ -459,7 +459,7 @@ type slowConn struct {
 }
 
 // slowReadBytes is what a slowed read takes at most.
-const slowReadBytes = 64
+const slowReadBytes = 16
 
 func (c *slowConn) Read(p []byte) (int, error) {
 	if c.slowed.Load() {

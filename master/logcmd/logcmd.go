@@ -184,7 +184,7 @@ type Restore struct {
 	// so that replicas that apply the same log stay the same.
 	Quarantine bool `json:"quarantine,omitempty"`
 	// KeepLive: the restore leaves each agent it keeps every block the
-	// table before leased it beyond its first lease (grown or granted
+	// table before leased it (grown, granted, or a newer first lease,
 	// after the snapshot): the agent's containers hold addresses there,
 	// and the snapshot's claims on that space give way. Every restore
 	// proposed since v0.5 says so; one without it replays as it was

@@ -279,14 +279,12 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 			// unreported stays its recipient's where the restored table
 			// leaves the space free: the quarantine of the deleted
 			// agent's space must cover it, which this checks. A kept
-			// donor keeps every block it was leased beyond its first
-			// lease (checkRestoreKeptLive), so its unreported grants
+			// donor keeps every block it was leased
+			// (checkRestoreKeptLive), so its unreported grants
 			// stand. The restore takes back the rest: space the restored
 			// table gives an agent (its recipient isolates the addresses
-			// it holds there, and hands none out), and a grant out of a
-			// first lease the restored record no longer holds (the donor
-			// registered again since; its report is refused). Those are
-			// no holdings here.
+			// it holds there, and hands none out). Those are no holdings
+			// here.
 			m.unreported = slices.DeleteFunc(m.unreported, func(g modelGrant) bool {
 				if h.table.agents[g.recipient] == nil {
 					return true
@@ -321,9 +319,8 @@ func runGrowthHistory(t *testing.T, seed uint64, steps int) error {
 }
 
 // checkRestoreKeptLive checks that a restore took from no agent it kept
-// any space the table before leased it beyond its first lease (its grown
-// and granted blocks): all of it is still the agent's, whatever the
-// snapshot said of it.
+// any space the table before leased it: all of it is still the agent's,
+// whatever the snapshot said of it.
 func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error {
 	for id, old := range before {
 		if tb.agents[id] == nil {
@@ -334,7 +331,7 @@ func checkRestoreKeptLive(tb *LeaseTable, before map[string]*agentRecord) error 
 		}
 		for _, b := range old.Leases["g"].Blocks {
 			space := tb.spaces["g"].family(b.Prefix.Addr().Is4())
-			if b.Origin == api.BlockLeased || space == nil {
+			if space == nil {
 				continue
 			}
 			left := []netip.Prefix{b.Prefix}

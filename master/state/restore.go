@@ -169,23 +169,22 @@ func (t *LeaseTable) applyRestore(index uint64, c *logcmd.Restore) error {
 }
 
 // keepLiveBlocks leaves each agent the restore keeps every block the
-// table before leased it beyond its first lease (grown, or granted to it,
-// after the snapshot). The agent holds them and its containers have
-// addresses there; taken back, they were free space the masters leased
-// again while those addresses lived, or the lease of another agent that
-// had let go of them since (returned, granted, or lost when it was
-// deleted), whose agent then handed out there again. Whatever the
-// snapshot holds there gives way, for the table before is what the agents
-// act on: a quarantine (a deleted agent's, or this agent's own from
-// before it registered again) gives up that part, as in quarantineDeleted
-// (the table before leased it to this agent after that quarantine's
-// release), and another agent's lease is cut as a grant out of it would
-// be (cutLease). A kept piece keeps its block's origin, home and restore
-// epoch (a return the agent decided on it before the restore is not
-// stale), versioned at index. A first lease block is not kept: an agent
-// whose first lease differs from its snapshot's (deleted and registered
-// again since) takes the snapshot's. The caller holds t.mu and has
-// rebuilt the spaces.
+// table before leased it (grown, or granted to it, after the snapshot;
+// and a first lease it was leased when it registered again after being
+// deleted, whose blocks are kept as grown ones beside the snapshot's
+// first lease). The agent holds them and its containers have addresses
+// there; taken back, they were free space the masters leased again while
+// those addresses lived, or the lease of another agent that had let go of
+// them since (returned, granted, or lost when it was deleted), whose agent
+// then handed out there again. Whatever the snapshot holds there gives
+// way, for the table before is what the agents act on: a quarantine (a
+// deleted agent's, or this agent's own from before it registered again)
+// gives up that part, as in quarantineDeleted (the table before leased it
+// to this agent after that quarantine's release), and another agent's
+// lease is cut as a grant out of it would be (cutLease). A kept piece
+// keeps its block's origin, home and restore epoch (a return the agent
+// decided on it before the restore is not stale), versioned at index. The
+// caller holds t.mu and has rebuilt the spaces.
 func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord) {
 	for _, id := range slices.Sorted(maps.Keys(before)) {
 		if t.agents[id] == nil {
@@ -199,7 +198,7 @@ func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord
 			var kept []leaseBlock
 			for _, b := range before[id].Leases[name].Blocks {
 				space := t.spaces[name].family(b.Prefix.Addr().Is4())
-				if b.Origin == api.BlockLeased || space == nil {
+				if space == nil {
 					continue
 				}
 				for _, h := range space.Overlapping(b.Prefix) {
@@ -213,6 +212,12 @@ func (t *LeaseTable) keepLiveBlocks(index uint64, before map[string]*agentRecord
 				for _, p := range freeOf(space, b.Prefix) {
 					piece := b
 					piece.Prefix, piece.Version = p, index
+					if piece.Origin == api.BlockLeased {
+						// A first lease of the table before that the
+						// snapshot's is not (the agent was deleted and
+						// registered again since): kept as grown blocks.
+						piece.Origin, piece.Home = api.BlockGrown, p
+					}
 					kept = append(kept, piece)
 				}
 			}

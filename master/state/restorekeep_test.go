@@ -72,6 +72,19 @@ func TestRestoreKeepsLiveAgentsBlocks(t *testing.T) {
 			l.wantHolders("10.9.1.0/25", "a")
 			l.wantHolders("10.9.1.128/25", "quarantine:x")
 		}},
+		{"deleted and registered again after the snapshot with another subnet: kept as grown blocks beside the snapshot's", func(l *resendLog) {
+			l.register("a", "b", "c") // a: 10.9.0.0/24
+			snap := l.save()
+			l.mustApply(command{Op: opDelete, Delete: &deleteCmd{Agents: []string{"a"}}})
+			l.mustApply(grantReport("r0", "a", "b", grantedP, "sig-1")) // reported late: out of a's quarantine
+			l.register("a")                                             // its slice is no longer wholly its own
+			l.wantHolders("10.9.3.0/24", "a")
+			l.restore(snap)
+			l.wantHolders("10.9.3.0/24", "a")
+			l.wantHolders(grantedP, "b")
+			l.wantHolders("10.9.0.0/26", "a")
+			l.wantHolders("10.9.0.128/25", "a")
+		}},
 		{"a restore entry of a build before keep_live takes the grow back, as it was applied", func(l *resendLog) {
 			l.register("a", "b", "c")
 			snap := l.save()
