@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/carve-net/carve/api"
 	"github.com/carve-net/carve/internal/retry"
+	"github.com/carve-net/carve/master/netconfig"
 	"github.com/carve-net/carve/test/lab/labcluster"
 )
 
@@ -268,4 +270,109 @@ func waitAgentsSee(ctx context.Context, t *testing.T, c *labcluster.Cluster, che
 // hasPeer tells whether an agent's peers list id.
 func hasPeer(p *api.AgentPeers, id string) bool {
 	return slices.ContainsFunc(p.Peers, func(peer api.AgentPeer) bool { return peer.AgentID == id })
+}
+
+// TestRestoreKeepsAGrownBlock: a snapshot saved, host 1 grows a block
+// from the masters and a container gets an address there, the snapshot
+// restored on the running cluster (carve snapshot restore). The restore
+// keeps the block host 1's (docs/design.md, "A restore takes back from a
+// live agent nothing"): host 1 isolates nothing, every kernel routes the
+// block to host 1 as the masters' restored state says, the container
+// pings the other host's, and an ADD on host 2 is not given an address
+// there.
+func TestRestoreKeepsAGrownBlock(t *testing.T) {
+	t.Parallel() // its own cluster: see the package comment
+	netCfg := netconfig.Default()
+	// Four /28s: one leased to each host, two left to grow into.
+	netCfg.Overlays = []api.OverlayNetwork{{Name: "carve", Subnet: "10.128.0.0/26", Prefix: 28}}
+	c := labcluster.ForTest(t, labcluster.Options{Hosts: 2, Masters: 1, Prefix: prefix, Network: &netCfg})
+	ctx := within(t, 4*converge)
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h1, h2 := c.Host(1), c.Host(2)
+	saved, err := c.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "carve.json")
+	args := append([]string{"snapshot", "save", file, "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+	if out, err := c.RunCarve(ctx, h1, args...); err != nil {
+		t.Fatalf("carve snapshot save: %v\n%s", err, out)
+	}
+	other, err := c.AddCNIContainer(ctx, h2, "carve", labcluster.CNIOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inGrown *labcluster.Container
+	var grown netip.Prefix
+	for i := 0; inGrown == nil; i++ {
+		if i > 12 {
+			t.Fatalf("%d containers on host 1 and none in a grown block", i)
+		}
+		ct, err := c.AddCNIContainer(ctx, h1, "carve", labcluster.CNIOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := blockOf(ipamStatus(ctx, t, c, h1, "carve"), ct.Addr.Addr()); b != nil && b.Origin == api.BlockGrown {
+			inGrown, grown = ct, netip.MustParsePrefix(b.Prefix)
+		}
+	}
+	hosts := []*labcluster.Host{h1, h2}
+	vteps := map[*labcluster.Host]netip.Addr{h1: vtepOf(ctx, t, c, h1), h2: vtepOf(ctx, t, c, h2)}
+	both := []*labcluster.Container{inGrown, other}
+	routed := func(when string) {
+		t.Helper()
+		if err := retry.Until(ctx, 200*time.Millisecond, func() error { return routedToHonest(c, hosts, vteps, both) }); err != nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		pingAll(ctx, t, both)
+	}
+	routed("before the restore")
+
+	args = append([]string{"snapshot", "restore", file, "--masters", strings.Join(c.MasterURLs(), ",")}, c.OperatorArgs()...)
+	if out, err := c.RunCarve(ctx, h1, args...); err != nil {
+		t.Fatalf("carve snapshot restore: %v\n%s", err, out)
+	}
+	var st *api.State
+	err = retry.Until(ctx, 200*time.Millisecond, func() error {
+		if st, err = c.State(ctx); err == nil && (st.Restore == nil || st.Restore.From != saved.Index) {
+			err = fmt.Errorf("the masters show restore %+v, want one from index %d", st.Restore, saved.Index)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAgentsSee(ctx, t, c, func(p *api.AgentPeers) error {
+		if p.MasterIndex < st.Index {
+			return fmt.Errorf("master index %d, the restore is at %d", p.MasterIndex, st.Index)
+		}
+		return nil
+	})
+	var holder string
+	for _, a := range st.Agents {
+		for _, ov := range a.Overlays {
+			for _, b := range ov.Blocks {
+				if p, err := netip.ParsePrefix(b.Prefix); err == nil && p.Overlaps(grown) {
+					holder = a.AgentID
+				}
+			}
+		}
+	}
+	if holder != h1.AgentID() {
+		t.Fatalf("after the restore the masters' records give %s to %q, want host 1's %s (it grew it after the snapshot)", grown, holder, h1.AgentID())
+	}
+	routed("after the restore")
+	isolated, err := labcluster.MetricSample(ctx, c.HTTPClient(), h1.AgentURL(), `carve_agent_ipam_isolated_addresses{overlay="carve"}`)
+	if err != nil || isolated != 0 {
+		t.Errorf("host 1's carve_agent_ipam_isolated_addresses: %v, %v; want 0: the restore took nothing back", isolated, err)
+	}
+	if b := blockOf(ipamStatus(ctx, t, c, h1, "carve"), inGrown.Addr.Addr()); b == nil || b.Prefix != grown.String() {
+		t.Errorf("after the restore host 1 hands out from %+v for %s, want its grown %s", b, inGrown.Addr, grown)
+	}
+	ct, err := c.AddCNIContainer(ctx, h2, "carve", labcluster.CNIOptions{})
+	if err == nil && grown.Contains(ct.Addr.Addr()) {
+		t.Errorf("after the restore host 2 was given %s, inside host 1's %s", ct.Addr, grown)
+	}
 }
