@@ -217,16 +217,7 @@ func TestRestoreTakesBackARecordedGrant(t *testing.T) {
 	if held := heldOverlapping(honest.svc, granted); len(held) != 1 || held[0] != granted.String() {
 		t.Fatalf("the honest agent holds %v, want %s (the masters recorded the grant)", held, granted)
 	}
-	// Fill the bridge until an address of the granted block is handed out.
-	var inGrant netip.Addr
-	var inGrantCID string
-	for i := 0; !inGrant.IsValid(); i++ {
-		cid := fmt.Sprintf("before-%d", i)
-		p, _ := v4(t, honest.alloc(t, cid))
-		if granted.Contains(p.Addr()) {
-			inGrant, inGrantCID = p.Addr(), cid
-		}
-	}
+	inGrant, inGrantCID := allocIn(t, honest, granted)
 
 	// A restore of that snapshot into the running cluster keeps the /28
 	// the honest agent's (the masters leased it after the snapshot, and
@@ -299,6 +290,18 @@ func TestRestoreTakesBackARecordedGrant(t *testing.T) {
 	checkAllocations(t, honest.svc)
 }
 
+// allocIn fills nd's bridge (containers before-0, before-1, ...) until an
+// address of block is handed out, and returns it and its container.
+func allocIn(t *testing.T, nd *node, block netip.Prefix) (netip.Addr, string) {
+	t.Helper()
+	for i := 0; ; i++ {
+		cid := fmt.Sprintf("before-%d", i)
+		if p, _ := v4(t, nd.alloc(t, cid)); block.Contains(p.Addr()) {
+			return p.Addr(), cid
+		}
+	}
+}
+
 // containsAddr tells whether an allocation holds addr.
 func containsAddr(a *api.Allocation, addr netip.Addr) bool {
 	for _, ip := range a.IPs {
@@ -337,15 +340,7 @@ func TestRestoreKeepsABlockGrownAfterTheSnapshot(t *testing.T) {
 		return netip.Prefix{}
 	}()
 	l.sync()
-	var inGrown netip.Addr
-	var inGrownCID string
-	for i := 0; !inGrown.IsValid(); i++ {
-		cid := fmt.Sprintf("before-%d", i)
-		p, _ := v4(t, honest.alloc(t, cid))
-		if grown.Contains(p.Addr()) {
-			inGrown, inGrownCID = p.Addr(), cid
-		}
-	}
+	inGrown, inGrownCID := allocIn(t, honest, grown)
 
 	if _, err := l.client.RestoreSnapshot(l.ctx, snapshot); err != nil {
 		t.Fatal(err)

@@ -83,6 +83,9 @@ func floorRun(sec *security, clients, total int, answer api.AgentInfo, clusterID
 		}
 		cls = append(cls, cl)
 	}
+	if len(cls) == 0 {
+		return registrationRun{}, errors.New("no clients")
+	}
 	// Every client's connection is open before the clock starts, as in
 	// the cluster rows.
 	ctx := context.Background()
@@ -99,9 +102,6 @@ func floorRun(sec *security, clients, total int, answer api.AgentInfo, clusterID
 	close(warmErrs)
 	if err := <-warmErrs; err != nil {
 		return registrationRun{}, fmt.Errorf("open the clients' connections: %w", err)
-	}
-	if len(cls) == 0 {
-		return registrationRun{}, errors.New("no clients")
 	}
 	elapsed, used, err := drive(cls, total, func(cl *apiclient.Client, req api.RegisterRequest) error {
 		got, err := cl.Register(ctx, req)
